@@ -1,0 +1,10 @@
+// The subcommands of the `kimirt` binary. Each parses its own flags (flags.h), calls a library
+// entry point and prints; it returns the process exit code (0 ok, 1 error, 2 usage error).
+#pragma once
+
+namespace kimirt {
+
+int RunPlanCommand(int argc, char** argv);            // kimirt plan
+int RunMakeCheckpointCommand(int argc, char** argv);  // kimirt make-checkpoint
+
+}  // namespace kimirt

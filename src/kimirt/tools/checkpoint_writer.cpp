@@ -1,0 +1,162 @@
+#include "kimirt/tools/checkpoint_writer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kimirt/core/dtype_convert.h"
+#include "kimirt/core/random.h"
+#include "kimirt/io/safetensors.h"
+
+namespace kimirt {
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// Gaussian test weights with the scales the reference fixtures use (fixtures/*/README.md), so
+// activations stay O(1) through a random model.
+void FillFloats(const Layout& layout, const TensorSpec& t, std::string_view stream_name, uint64_t seed,
+                int64_t fan_in, std::vector<float>* out) {
+  const ModelConfig& c = layout.config();
+  SplitMix64 rng(seed ^ HashName(stream_name));
+  const std::string& n = t.name;
+  const size_t count = out->size();
+  auto normal = [&](double stddev, double mean = 0.0) {
+    for (size_t i = 0; i < count; ++i) (*out)[i] = static_cast<float>(mean + stddev * rng.Normal());
+  };
+  if (EndsWith(n, "A_log")) {
+    // log(U(1, 16)) for the real heads; K3's zero padding after them (spec §2.4).
+    const int64_t heads = c.linear_attn.num_heads;
+    for (size_t i = 0; i < count; ++i) {
+      (*out)[i] = static_cast<int64_t>(i) < heads ? static_cast<float>(std::log(1.0 + 15.0 * rng.Uniform())) : 0.0f;
+    }
+  } else if (EndsWith(n, "dt_bias")) {
+    normal(0.1);
+  } else if (Contains(n, "conv1d")) {
+    normal(0.5);
+  } else if (EndsWith(n, "e_score_correction_bias")) {
+    normal(0.01);
+  } else if (t.category == Category::kNorm) {
+    normal(0.1, 1.0);
+  } else if (EndsWith(n, "embed_tokens.weight")) {
+    normal(1.0);
+  } else if (EndsWith(n, "gate.weight")) {
+    normal(2.5 / std::sqrt(static_cast<double>(fan_in)));  // router: decisive top-k margins
+  } else if (Contains(n, "f_b_proj")) {
+    normal(0.3 / std::sqrt(static_cast<double>(fan_in)));
+  } else if (Contains(n, "patch_embed")) {
+    normal(0.02);
+  } else {
+    normal(1.0 / std::sqrt(static_cast<double>(fan_in)));
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> RandomTensorBytes(const Layout& layout, const TensorSpec& t, uint64_t seed) {
+  const int64_t n = NumElements(t.shape);
+  std::vector<uint8_t> bytes(static_cast<size_t>(t.nbytes()));
+  const bool packed = EndsWith(t.name, ".weight_packed");
+  const bool scale = EndsWith(t.name, ".weight_scale");
+  if (packed || scale) {
+    // Both halves of an MXFP4 matrix come from the same logical Gaussian matrix (spec §2.9).
+    const std::string base = t.name.substr(0, t.name.rfind('.'));
+    const int64_t rows = t.shape[0];
+    const int64_t in = t.shape[1] * (packed ? 2 : 32);
+    std::vector<float> logical(static_cast<size_t>(rows * in));
+    FillFloats(layout, t, base, seed, in, &logical);
+    std::vector<uint8_t> row_packed(static_cast<size_t>(in / 2));
+    std::vector<uint8_t> row_scale(static_cast<size_t>(in / 32));
+    for (int64_t r = 0; r < rows; ++r) {
+      QuantizeMxfp4Row(logical.data() + r * in, in, row_packed.data(), row_scale.data());
+      const std::vector<uint8_t>& src = packed ? row_packed : row_scale;
+      std::memcpy(bytes.data() + r * static_cast<int64_t>(src.size()), src.data(), src.size());
+    }
+    return bytes;
+  }
+  std::vector<float> values(static_cast<size_t>(n));
+  const int64_t fan_in = t.shape.size() >= 2 ? t.shape.back() : 1;
+  FillFloats(layout, t, t.name, seed, fan_in, &values);
+  switch (t.dtype) {
+    case DType::kF32:
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+      break;
+    case DType::kBF16: {
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      F32ToBf16(values.data(), h.data(), static_cast<size_t>(n));
+      std::memcpy(bytes.data(), h.data(), bytes.size());
+      break;
+    }
+    default:
+      // The layout only has BF16, F32 and MXFP4 U8 tensors; anything else stays zero.
+      break;
+  }
+  return bytes;
+}
+
+Result<CheckpointWriteSummary> WriteCheckpoint(const Layout& layout, const std::string& out_dir,
+                                               const CheckpointWriteOptions& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return IoError(out_dir + ": cannot create directory: " + ec.message());
+
+  const uint64_t total = layout.total_bytes();
+  int shards = options.shards;
+  if (shards <= 0) {
+    const uint64_t per = uint64_t{16} << 30;
+    shards = static_cast<int>(std::max<uint64_t>(1, (total + per - 1) / per));
+  }
+  if (static_cast<size_t>(shards) > layout.size()) shards = static_cast<int>(layout.size());
+
+  // Fill shards in layout order; shard k ends once the running total passes (k+1)/shards of
+  // the bytes, so shards are near-equal in size, as HF's writer makes them.
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  weight_map.reserve(layout.size());
+  const std::vector<TensorSpec>& tensors = layout.tensors();
+  size_t next = 0;
+  uint64_t written = 0;
+  CheckpointWriteSummary summary;
+  for (int k = 0; k < shards; ++k) {
+    char fname[64];
+    std::snprintf(fname, sizeof(fname), "model-%05d-of-%05d.safetensors", k + 1, shards);
+    const uint64_t target = static_cast<uint64_t>(
+        static_cast<long double>(total) * (k + 1) / static_cast<long double>(shards));
+    SafetensorsWriter writer;
+    writer.SetMetadata("format", "pt");
+    std::vector<std::vector<uint8_t>> buffers;
+    // Leave at least one tensor for each remaining shard.
+    const size_t must_leave = static_cast<size_t>(shards - k - 1);
+    while (next < tensors.size() && tensors.size() - next > must_leave &&
+           (writer.size() == 0 || written < target || k == shards - 1)) {
+      const TensorSpec& t = tensors[next++];
+      if (options.fill == CheckpointFill::kRandom) {
+        buffers.push_back(RandomTensorBytes(layout, t, options.seed));
+        writer.Add(t.name, t.dtype, t.shape, buffers.back());
+      } else {
+        writer.Add(t.name, t.dtype, t.shape);
+      }
+      weight_map.emplace_back(t.name, fname);
+      written += t.nbytes();
+    }
+    KIMIRT_RETURN_IF_ERROR(
+        writer.Write(out_dir + "/" + fname, options.fill == CheckpointFill::kSparse));
+    summary.tensors += static_cast<int64_t>(writer.size());
+    if (options.progress) options.progress(k + 1, shards);
+  }
+  KIMIRT_RETURN_IF_ERROR(WriteSafetensorsIndex(out_dir, weight_map, total));
+  if (!options.config_json.empty()) {
+    std::ofstream cfg(out_dir + "/config.json", std::ios::binary);
+    cfg << options.config_json;
+    if (!cfg) return IoError(out_dir + "/config.json: write failed");
+  }
+  summary.shards = shards;
+  summary.bytes = total;
+  return summary;
+}
+
+}  // namespace kimirt

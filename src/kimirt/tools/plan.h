@@ -1,0 +1,100 @@
+// The capacity planner behind `kimirt plan`: per-GPU weight bytes by the seed's categories
+// (from the Layout's placement rules, or from a checkpoint's real headers), runtime state for a
+// context, and the fit against a GPU's HBM — reproducing the seed's three tables exactly and
+// answering the same questions for any GPU, TP/PP/EP layout, KV dtype and context.
+//
+// Conventions (docs/plan.md): weight and state tables in decimal GB, the combined table in GiB,
+// as the seed prints them. "Per GPU" is the largest rank of the largest pipeline stage, counting
+// allocated bytes (vocab and MoE padding included; equal to the loaded bytes at K3 TP8).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kimirt/core/status.h"
+#include "kimirt/io/safetensors.h"
+#include "kimirt/model/layout.h"
+#include "kimirt/tools/gpu_catalog.h"
+
+namespace kimirt {
+
+enum class KvCacheDType : uint8_t { kBF16, kFP8 };
+
+struct PlanOptions {
+  Parallelism par;                 // tp, ep, MoE pad_align, vision
+  int pp = 1;                      // pipeline stages
+  int64_t context_tokens = 0;      // per sequence; 0: the config's max, else 1,048,576
+  int64_t num_seqs = 1;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kBF16;
+  std::optional<GpuSpec> gpu;      // capacity to compare against; none: no verdict
+  double gpu_memory_utilization = 0.9;  // the budget is this fraction of capacity (vLLM meaning)
+  int64_t attn_res_chunk_tokens = 8192; // prefill chunk the AttnRes bank is sized for (seed: 8K)
+  bool suggest = true;             // search the smallest layout that fits when this one does not
+};
+
+struct RuntimeRow {
+  std::string name;     // "MLA latent KV"
+  std::string formula;  // the arithmetic actually used, with its numbers
+  int64_t layers = 0;
+  uint64_t bytes = 0;
+  std::string scaling;  // "grows linearly with tokens; not sharded by TP"
+};
+
+struct StagePlan {
+  int stage = 0;
+  int64_t first_layer = 0;  // inclusive
+  int64_t last_layer = 0;   // inclusive
+  std::array<uint64_t, kNumCategories> weight_bytes{};  // per GPU (one rank of this stage)
+  uint64_t weights = 0;
+  uint64_t loaded_weights = 0;  // without vocab / MoE padding
+  std::vector<RuntimeRow> runtime;
+  uint64_t runtime_bytes = 0;
+  uint64_t total() const { return weights + runtime_bytes; }
+};
+
+struct LayoutChoice {
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  uint64_t per_gpu_bytes = 0;  // weights + runtime on the heaviest GPU
+  int gpus() const { return tp * pp; }
+};
+
+struct PlanReport {
+  std::string model;   // "Kimi-K3 (KimiK3ForConditionalGeneration)"
+  std::string source;  // "--config FILE" or "--model DIR (checkpoint headers)"
+  int64_t layers = 0, kda_layers = 0, mla_layers = 0, experts = 0, experts_per_token = 0;
+  int64_t num_tensors = 0;
+  uint64_t checkpoint_bytes = 0;
+  std::array<uint64_t, kNumCategories> full_bytes{};
+  int64_t vision_tensors = 0;
+  uint64_t vision_bytes = 0;
+
+  PlanOptions options;  // as resolved (context filled in)
+  std::vector<StagePlan> stages;
+  int heaviest_stage = 0;
+  const StagePlan& heaviest() const { return stages[static_cast<size_t>(heaviest_stage)]; }
+
+  // Present when a GPU was given.
+  std::optional<GpuSpec> gpu;
+  uint64_t budget_bytes = 0;          // utilization × capacity
+  bool fits = false;
+  int64_t kv_token_capacity = 0;      // latent-KV tokens the budget holds beside everything else
+  std::optional<LayoutChoice> smallest_fit;  // when !fits and a search found one
+  std::vector<std::string> notes;
+};
+
+Result<PlanReport> PlanFromLayout(const Layout& layout, const PlanOptions& options,
+                                  std::string source);
+// Bytes from the checkpoint's headers (dtypes and shapes as stored); placement from the layout,
+// which the checkpoint must match (missing/unexpected/mis-shaped tensors are an error).
+Result<PlanReport> PlanFromCheckpoint(const Layout& layout, const Checkpoint& checkpoint,
+                                      const PlanOptions& options, std::string source);
+
+std::string FormatPlanText(const PlanReport& report);
+std::string FormatPlanJson(const PlanReport& report);
+
+}  // namespace kimirt

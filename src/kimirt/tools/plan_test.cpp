@@ -1,0 +1,210 @@
+// The seed's three tables (../shared/seed/day0-kimi-k3-atom-mi355x.txt) are the independent
+// expectation: every number printed there must come out of the planner at the seed's precision.
+#include "kimirt/tools/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace kimirt {
+namespace {
+
+std::string SharedPath(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
+
+#define REQUIRE_SHARED(rel)                                                         \
+  if (!std::ifstream(SharedPath(rel)).good()) GTEST_SKIP() << "no " << SharedPath(rel)
+
+Layout K3Layout() {
+  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-k3.json"));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(Layout::Build(*c)).value();
+}
+
+std::string Dec3(uint64_t bytes, double unit) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.3f", static_cast<double>(bytes) / unit);
+  return b;
+}
+std::string GB(uint64_t b) { return Dec3(b, 1e9); }
+std::string GiB(uint64_t b) { return Dec3(b, 1073741824.0); }
+
+PlanOptions SeedOptions() {
+  PlanOptions o;
+  o.par.tp = 8;
+  o.context_tokens = 1048576;
+  o.kv_cache_dtype = KvCacheDType::kFP8;
+  o.gpu = FindGpu("mi355x");
+  return o;
+}
+
+TEST(Plan, ReproducesTheSeedWeightTable) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  Result<PlanReport> r = PlanFromLayout(l, SeedOptions(), "test");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_tensors, 497220);
+  EXPECT_EQ(r->checkpoint_bytes, 1560860324864ull);
+  const StagePlan& h = r->heaviest();
+  const std::pair<const char*, const char*> seed[kNumCategories] = {
+      {"1.453", "0.182"},    {"1446.456", "180.807"}, {"24.310", "3.039"}, {"61.214", "7.763"},
+      {"11.145", "2.029"},   {"0.006", "0.006"},      {"16.275", "11.231"}};
+  for (int k = 0; k < kNumCategories; ++k) {
+    SCOPED_TRACE(std::string(CategoryName(static_cast<Category>(k))));
+    EXPECT_EQ(GB(r->full_bytes[k]), seed[k].first);
+    EXPECT_EQ(GB(h.weight_bytes[k]), seed[k].second);
+  }
+  EXPECT_EQ(GB(r->checkpoint_bytes), "1560.860");
+  EXPECT_EQ(GB(h.weights), "205.057");
+  EXPECT_EQ(h.weights, 205056581360ull);  // k3-checkpoint-memory.md "Bottom line"
+  EXPECT_EQ(h.loaded_weights, h.weights);  // no padding at TP8
+}
+
+TEST(Plan, ReproducesTheSeedRuntimeAndCombinedTables) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  Result<PlanReport> r = PlanFromLayout(l, SeedOptions(), "test");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const StagePlan& h = r->heaviest();
+  ASSERT_EQ(h.runtime.size(), 4u);
+  EXPECT_EQ(GB(h.runtime[0].bytes), "14.496");
+  EXPECT_EQ(h.runtime[0].layers, 24);
+  EXPECT_EQ(GB(h.runtime[1].bytes), "0.054");
+  EXPECT_EQ(h.runtime[1].layers, 69);
+  EXPECT_EQ(GB(h.runtime[2].bytes), "0.002");
+  EXPECT_EQ(GB(h.runtime[3].bytes), "0.940");
+  EXPECT_EQ(h.runtime[3].layers, 93);
+  EXPECT_EQ(GB(h.runtime_bytes), "15.491");
+  EXPECT_EQ(h.runtime_bytes, 15491210240ull);
+  // The printed formulas are the ones used: 1 byte for the FP8 latent, 4 for the FP32 state.
+  EXPECT_EQ(h.runtime[0].formula, "1,048,576 × (512 + 64) × 1 byte (fp8)/layer");
+  EXPECT_EQ(h.runtime[1].formula, "(96 ÷ 8) × 128 × 128 × 4 bytes (fp32)/layer");
+  EXPECT_EQ(h.runtime[2].formula, "3 × (12288 ÷ 8) × (4 − 1) × 2 bytes (bf16)/layer");
+  EXPECT_EQ(h.runtime[3].formula, "8,192 × ⌈93 ÷ 12⌉ × 7168 × 2 bytes (bf16)");
+
+  EXPECT_EQ(GiB(h.weights), "190.974");
+  EXPECT_EQ(GiB(h.runtime_bytes), "14.427");
+  EXPECT_EQ(GiB(h.total()), "205.401");
+  ASSERT_TRUE(r->gpu.has_value());
+  const double cap = static_cast<double>(r->gpu->capacity_bytes);
+  char pct[16];
+  std::snprintf(pct, sizeof(pct), "%.1f", 100.0 * static_cast<double>(h.total()) / cap);
+  EXPECT_STREQ(pct, "71.3");
+  EXPECT_EQ(Dec3(r->gpu->capacity_bytes - h.total(), 1073741824.0), "82.599");
+  EXPECT_TRUE(r->fits);
+
+  // The table a person reads carries the same numbers.
+  const std::string text = FormatPlanText(*r);
+  for (const char* n : {"1446.456 GB", "180.807 GB", "205.057 GB", "15.491 GB", "190.974 GiB",
+                        "14.427 GiB", "205.401 GiB", "288 GiB", "71.3%", "82.599 GiB", "497,220 tensors",
+                        "1,560,860,324,864 bytes"}) {
+    EXPECT_NE(text.find(n), std::string::npos) << n << " missing from:\n" << text;
+  }
+}
+
+TEST(Plan, BF16LatentCacheDoublesTheKvRow) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  PlanOptions o = SeedOptions();
+  o.kv_cache_dtype = KvCacheDType::kBF16;
+  Result<PlanReport> r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok());
+  // k3-checkpoint-memory.md "Seed inconsistencies" 1: 28.991 GB; 29.987 GB; 218.901 GiB; 76.0 %.
+  EXPECT_EQ(GB(r->heaviest().runtime[0].bytes), "28.991");
+  EXPECT_EQ(GB(r->heaviest().runtime_bytes), "29.987");
+  EXPECT_EQ(GiB(r->heaviest().total()), "218.901");
+}
+
+TEST(Plan, K3DoesNotFitEightH200sAndNamesTheSmallestLayout) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  PlanOptions o = SeedOptions();
+  o.gpu = FindGpu("h200");
+  Result<PlanReport> r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->fits);
+  ASSERT_TRUE(r->smallest_fit.has_value());
+  const LayoutChoice& f = *r->smallest_fit;
+  // At least the 1.56 TB of weights must be spread: over 11 GPUs' worth of 141 GB.
+  EXPECT_GE(f.gpus(), 12);
+  EXPECT_LE(f.per_gpu_bytes, r->budget_bytes);
+  // Independently re-plan the suggestion: it must fit, and one GPU fewer (any split) must not.
+  PlanOptions fit = o;
+  fit.par.tp = f.tp;
+  fit.pp = f.pp;
+  Result<PlanReport> again = PlanFromLayout(l, fit, "test");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->fits);
+  EXPECT_EQ(again->heaviest().total(), f.per_gpu_bytes);
+  for (int tp = 1; tp <= 8; ++tp) {
+    const int n = f.gpus() - 1;
+    if (n % tp != 0) continue;
+    PlanOptions fewer = o;
+    fewer.par.tp = tp;
+    fewer.pp = n / tp;
+    fewer.suggest = false;
+    Result<PlanReport> x = PlanFromLayout(l, fewer, "test");
+    if (x.ok()) EXPECT_FALSE(x->fits) << "TP" << tp << " PP" << n / tp << " fits on fewer GPUs";
+  }
+  EXPECT_NE(FormatPlanText(*r).find("DOES NOT FIT"), std::string::npos);
+}
+
+TEST(Plan, KimiLinear48BFitsOneH200) {
+  REQUIRE_SHARED("configs/kimi-linear-48b-a3b.json");
+  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-linear-48b-a3b.json"));
+  ASSERT_TRUE(c.ok());
+  Result<Layout> l = Layout::Build(*c);
+  ASSERT_TRUE(l.ok());
+  PlanOptions o;
+  o.gpu = FindGpu("H200");
+  Result<PlanReport> r = PlanFromLayout(*l, o, "test");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->fits) << FormatPlanText(*r);
+  EXPECT_EQ(r->options.context_tokens, 1048576);  // model_max_length
+  EXPECT_EQ(r->heaviest().runtime.size(), 3u);    // no AttnRes
+  EXPECT_EQ(r->heaviest().runtime[0].layers, 7);
+  EXPECT_GT(r->kv_token_capacity, 1048576);
+}
+
+TEST(Plan, PipelineStagesSplitLayersLikeVllm) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  PlanOptions o = SeedOptions();
+  o.par.tp = 4;
+  o.pp = 4;  // 93 = 23 + 23 + 24 + 23: the remainder goes to the stage before the last
+  Result<PlanReport> r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->stages.size(), 4u);
+  EXPECT_EQ(r->stages[0].first_layer, 0);
+  EXPECT_EQ(r->stages[0].last_layer, 22);
+  EXPECT_EQ(r->stages[2].first_layer, 46);
+  EXPECT_EQ(r->stages[2].last_layer, 69);
+  EXPECT_EQ(r->stages[3].last_layer, 92);
+  // Every byte lands on exactly one stage: the stages' TP-rank sums add up to the text model.
+  uint64_t sum = 0;
+  for (const StagePlan& s : r->stages) sum += s.loaded_weights;
+  Parallelism one;
+  one.tp = 4;
+  uint64_t expect = 0;
+  for (const TensorSpec& t : l.tensors()) expect += l.SliceFor(t, one, 0).loaded_bytes;
+  EXPECT_EQ(sum, expect);
+}
+
+TEST(Plan, RejectsBadOptions) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  PlanOptions o = SeedOptions();
+  o.par.tp = 7;
+  Result<PlanReport> r = PlanFromLayout(l, o, "test");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("TP 7"), std::string::npos) << r.status().message();
+  o = SeedOptions();
+  o.pp = 94;
+  EXPECT_FALSE(PlanFromLayout(l, o, "test").ok());
+  o = SeedOptions();
+  o.gpu_memory_utilization = 1.5;
+  EXPECT_FALSE(PlanFromLayout(l, o, "test").ok());
+}
+
+}  // namespace
+}  // namespace kimirt
