@@ -50,8 +50,12 @@ class FieldReader {
   void MarkSeen(std::string_view key) { seen_.insert(std::string(key)); }
 
   // Integer in [lo, hi]; missing -> `fallback` (nullopt fallback = required).
+  // Sizes are capped at 2^24: far above any Kimi width, and products of a few dims stay far
+  // inside int64, so a hostile config cannot overflow byte counts.
+  static constexpr int64_t kMaxDim = int64_t{1} << 24;
+
   Status Int(std::string_view key, int64_t* out, std::optional<int64_t> fallback, int64_t lo = 1,
-             int64_t hi = int64_t{1} << 40) {
+             int64_t hi = kMaxDim) {
     const Json* v = Get(key);
     if (v == nullptr) {
       if (!fallback) return Error(key, "required field is missing");
@@ -61,7 +65,7 @@ class FieldReader {
     return ToInt(key, *v, out, lo, hi);
   }
   Status OptInt(std::string_view key, std::optional<int64_t>* out, int64_t lo = 1,
-                int64_t hi = int64_t{1} << 40) {
+                int64_t hi = kMaxDim) {
     const Json* v = Get(key);
     if (v == nullptr) {
       out->reset();
@@ -287,12 +291,13 @@ Status ParseVision(const Json& v, std::string_view source, VisionConfig* out,
   if (!v.is_object()) return InvalidArgument(std::string(source) + ": vision_config: expected an object");
   FieldReader r(v, "vision_config", source);
   out->present = true;
-  KIMIRT_RETURN_IF_ERROR(r.Int("patch_size", &out->patch_size, out->patch_size));
-  KIMIRT_RETURN_IF_ERROR(r.Int("vt_hidden_size", &out->hidden_size, out->hidden_size));
-  KIMIRT_RETURN_IF_ERROR(r.Int("vt_num_hidden_layers", &out->num_layers, out->num_layers));
-  KIMIRT_RETURN_IF_ERROR(r.Int("vt_intermediate_size", &out->intermediate_size, out->intermediate_size));
-  KIMIRT_RETURN_IF_ERROR(r.Int("init_pos_emb_height", &out->pos_emb_height, out->pos_emb_height));
-  KIMIRT_RETURN_IF_ERROR(r.Int("init_pos_emb_width", &out->pos_emb_width, out->pos_emb_width));
+  KIMIRT_RETURN_IF_ERROR(r.Int("patch_size", &out->patch_size, out->patch_size, 1, 1024));
+  KIMIRT_RETURN_IF_ERROR(r.Int("vt_hidden_size", &out->hidden_size, out->hidden_size, 1, 65536));
+  KIMIRT_RETURN_IF_ERROR(r.Int("vt_num_hidden_layers", &out->num_layers, out->num_layers, 1, 1024));
+  KIMIRT_RETURN_IF_ERROR(
+      r.Int("vt_intermediate_size", &out->intermediate_size, out->intermediate_size, 1, 1 << 20));
+  KIMIRT_RETURN_IF_ERROR(r.Int("init_pos_emb_height", &out->pos_emb_height, out->pos_emb_height, 1, 4096));
+  KIMIRT_RETURN_IF_ERROR(r.Int("init_pos_emb_width", &out->pos_emb_width, out->pos_emb_width, 1, 4096));
   // The rest of a vision config (mm_hidden_size, merge_kernel_size, ...) is not needed to count
   // the tower's bytes with the defaults above; keep it out of the unknown-key report.
   (void)unknown;
@@ -311,7 +316,7 @@ Status ParseText(const Json& t, std::string path, std::string_view source, Model
   };
   KIMIRT_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, std::nullopt));
   KIMIRT_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, std::nullopt));
-  KIMIRT_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, std::nullopt, 1, 100000));
+  KIMIRT_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, std::nullopt, 1, 4096));
   KIMIRT_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, std::nullopt));
   KIMIRT_RETURN_IF_ERROR(
       r.Int("num_key_value_heads", &c->num_key_value_heads, c->num_attention_heads));
@@ -326,7 +331,7 @@ Status ParseText(const Json& t, std::string path, std::string_view source, Model
   KIMIRT_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, std::nullopt));
   KIMIRT_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c->first_k_dense_replace, 1, 0));
   KIMIRT_RETURN_IF_ERROR(r.Int("moe_layer_freq", &c->moe_layer_freq, 1));
-  KIMIRT_RETURN_IF_ERROR(r.Int("num_experts", &c->num_experts, std::nullopt));
+  KIMIRT_RETURN_IF_ERROR(r.Int("num_experts", &c->num_experts, std::nullopt, 1, 65536));
   KIMIRT_RETURN_IF_ERROR(r.Int("num_experts_per_token", &c->num_experts_per_token, std::nullopt));
   KIMIRT_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c->moe_intermediate_size, std::nullopt));
   KIMIRT_RETURN_IF_ERROR(r.Int("num_shared_experts", &c->num_shared_experts, int64_t{0}, 0));
@@ -349,8 +354,8 @@ Status ParseText(const Json& t, std::string path, std::string_view source, Model
   KIMIRT_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers, 0, 0, 0));
   // Context length: K3 says max_position_embeddings, the 48B config model_max_length.
   std::optional<int64_t> max_pos, model_max;
-  KIMIRT_RETURN_IF_ERROR(r.OptInt("max_position_embeddings", &max_pos));
-  KIMIRT_RETURN_IF_ERROR(r.OptInt("model_max_length", &model_max));
+  KIMIRT_RETURN_IF_ERROR(r.OptInt("max_position_embeddings", &max_pos, 1, int64_t{1} << 40));
+  KIMIRT_RETURN_IF_ERROR(r.OptInt("model_max_length", &model_max, 1, int64_t{1} << 40));
   c->max_position_embeddings = max_pos.value_or(model_max.value_or(0));
   // Token ids: the text config's, else the wrapper's (set by the caller beforehand).
   if (r.Has("bos_token_id")) {
@@ -430,6 +435,12 @@ Status ParseText(const Json& t, std::string path, std::string_view source, Model
     return r.Error("first_k_dense_replace", "exceeds num_hidden_layers");
   }
   if (c->rms_norm_eps <= 0) return r.Error("rms_norm_eps", "must be positive");
+  // The layout enumerates every expert tensor; keep a hostile config from asking for billions.
+  if (c->num_hidden_layers * c->num_experts > 4'000'000) {
+    return r.Error("num_experts", std::to_string(c->num_experts) + " experts × " +
+                                      std::to_string(c->num_hidden_layers) +
+                                      " layers is more expert tensors than kimirt handles");
+  }
   if (c->quantization.routed_experts_mxfp4) {
     if (c->ExpertHiddenSize() % 32 != 0 || c->moe_intermediate_size % 32 != 0) {
       return r.Error("moe_intermediate_size",

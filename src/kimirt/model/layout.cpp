@@ -256,6 +256,17 @@ Result<Layout> Layout::Build(const ModelConfig& c) {
     vis("mm_projector.post_norm.weight", {D}, Category::kNorm);
   }
 
+  // A config's sizes are each capped (config.cpp), but their products are not: refuse tensors
+  // past 2^44 elements (16 T; K3's largest has 1.2 G) so byte counts never overflow.
+  for (const TensorSpec& t : L.tensors_) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 44)) {
+        return InvalidArgument("config implies tensor " + t.name + " of shape " + ShapeToString(t.shape) +
+                               ", too large to be a real checkpoint tensor");
+      }
+    }
+  }
   L.index_.reserve(L.tensors_.size());
   for (size_t k = 0; k < L.tensors_.size(); ++k) {
     if (!L.index_.emplace(L.tensors_[k].name, k).second) {

@@ -1,0 +1,186 @@
+// Drives the `kimirt` binary the way a user does: good input prints the seed's numbers, bad
+// input (a broken checkpoint, config or flag) exits non-zero with a message naming the problem
+// and never crashes.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CmdResult {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string output;  // stdout and stderr
+};
+
+CmdResult Kimirt(const std::string& args) {
+  CmdResult r;
+  const std::string cmd = std::string(KIMIRT_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Shared(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(Shared("fixtures/tiny-a/config.json"))) GTEST_SKIP() << "no shared fixtures";
+    dir_ = ::testing::TempDir() + "kimirt_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    // A valid two-shard checkpoint to break in each test.
+    CmdResult r = Kimirt("make-checkpoint --quiet --random --seed 1 --shards 2 --config " +
+                   Shared("fixtures/tiny-a/config.json") + " --out " + dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Shard(int k) const {
+    return dir_ + "/model-0000" + std::to_string(k) + "-of-00002.safetensors";
+  }
+  std::string ReadAll(const std::string& path) const {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  void WriteAll(const std::string& path, const std::string& bytes) const {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  // Replaces the first `from` inside the JSON header of shard k by `to` (same length, so every
+  // offset stays valid and only the edited field is wrong).
+  void EditHeader(int k, const std::string& from, const std::string& to) const {
+    ASSERT_EQ(from.size(), to.size());
+    std::string b = ReadAll(Shard(k));
+    const size_t at = b.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    b.replace(at, from.size(), to);
+    WriteAll(Shard(k), b);
+  }
+  CmdResult Plan() const { return Kimirt("plan --model " + dir_); }
+  void ExpectFailure(const CmdResult& r, const std::string& needle) const {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << "wanted \"" << needle << "\" in:\n" << r.output;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CliTest, ValidCheckpointPlans) {
+  CmdResult r = Plan();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("390 tensors"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, TruncatedShard) {
+  std::string b = ReadAll(Shard(2));
+  WriteAll(Shard(2), b.substr(0, b.size() / 2));
+  ExpectFailure(Plan(), "model-00002-of-00002.safetensors");
+}
+
+TEST_F(CliTest, ShorterThanTheLengthPrefix) {
+  WriteAll(Shard(1), "abc");
+  ExpectFailure(Plan(), "model-00001-of-00002.safetensors");
+}
+
+TEST_F(CliTest, HeaderLengthBeyondTheFile) {
+  std::string b = ReadAll(Shard(1));
+  b.replace(0, 8, std::string("\xff\xff\xff\x7f\x00\x00\x00\x00", 8));
+  WriteAll(Shard(1), b);
+  ExpectFailure(Plan(), "model-00001-of-00002.safetensors");
+}
+
+TEST_F(CliTest, InvalidHeaderJson) {
+  EditHeader(1, "\"dtype\"", "\"dtype'");
+  ExpectFailure(Plan(), "model-00001-of-00002.safetensors");
+}
+
+TEST_F(CliTest, UnknownDtype) {
+  EditHeader(1, "\"BF16\"", "\"XF16\"");
+  ExpectFailure(Plan(), "XF16");
+}
+
+TEST_F(CliTest, BytesDoNotMatchShape) {
+  EditHeader(1, "\"shape\":[512,64]", "\"shape\":[512,63]");
+  ExpectFailure(Plan(), "[512, 63]");
+}
+
+TEST_F(CliTest, MissingShard) {
+  fs::remove(Shard(2));
+  ExpectFailure(Plan(), "model-00002-of-00002.safetensors");
+}
+
+TEST_F(CliTest, CheckpointOfAnotherConfig) {
+  fs::copy_file(Shared("fixtures/tiny-b/config.json"), dir_ + "/config.json",
+                fs::copy_options::overwrite_existing);
+  ExpectFailure(Plan(), "does not match its config");
+}
+
+TEST_F(CliTest, MissingTensor) {
+  // Remove one tensor from the index and rename it in its shard: the checkpoint is self-consistent
+  // but lacks a tensor the config implies.
+  const std::string name = "language_model.model.norm.weight";
+  std::string idx = ReadAll(dir_ + "/model.safetensors.index.json");
+  for (int k : {1, 2}) {
+    std::string b = ReadAll(Shard(k));
+    if (b.find(name) == std::string::npos) continue;
+    b.replace(b.find(name), name.size(), "language_model.model.norm.weighX");
+    WriteAll(Shard(k), b);
+  }
+  idx.replace(idx.find(name), name.size(), "language_model.model.norm.weighX");
+  WriteAll(dir_ + "/model.safetensors.index.json", idx);
+  CmdResult r = Plan();
+  ExpectFailure(r, "1 missing (language_model.model.norm.weight)");
+  EXPECT_NE(r.output.find("1 unexpected (language_model.model.norm.weighX)"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, WrongConfigField) {
+  std::string cfg = ReadAll(dir_ + "/config.json");
+  cfg.replace(cfg.find("\"hidden_size\": 64"), 17, "\"hidden_size\": -1");
+  WriteAll(dir_ + "/config.json", cfg);
+  ExpectFailure(Plan(), "text_config.hidden_size");
+}
+
+TEST_F(CliTest, BadFlagsAreUsageErrors) {
+  CmdResult r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " --kv-cache-dtype int3");
+  ExpectFailure(r, "--kv-cache-dtype");
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " --gpu tpu9");
+  ExpectFailure(r, "unknown GPU");
+  r = Kimirt("plan --frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown flag --frobnicate"), std::string::npos);
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp");
+  EXPECT_EQ(r.exit_code, 2);
+  r = Kimirt("nonsense");
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
+  // Both spellings of the seed's flags (ATOM uses --kv_cache_dtype).
+  CmdResult r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") +
+                 " -tp 8 --gpu mi355x --context 1048576 --kv_cache_dtype fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* n : {"205.057 GB", "15.491 GB", "205.401 GiB", "71.3%", "82.599 GiB", "FITS"}) {
+    EXPECT_NE(r.output.find(n), std::string::npos) << n;
+  }
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp 8 --gpu h200 --kv-cache-dtype fp8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"fits\": false"), std::string::npos);
+  EXPECT_NE(r.output.find("\"smallest_fit\""), std::string::npos);
+}
+
+}  // namespace
