@@ -1,6 +1,7 @@
-# kimirt_layer(NAME <layer> [DEPS <libs...>])
-# Builds src/kimirt/<layer>/*.cpp (minus *_test.cpp, *_fuzz.cpp, main.cpp) into the static
-# library kimirt_<layer>, and registers the layer's *_test.cpp files for the kimirt_tests binary.
+# kimirt_layer(NAME <layer> [DIRS <subdirs...>] [DEPS <libs...>])
+# Builds src/kimirt/<layer>/*.cpp and <layer>/<subdir>/*.cpp (minus *_test.cpp, *_fuzz.cpp,
+# main.cpp) into the static library kimirt_<layer>, and registers the *_test.cpp files for the
+# kimirt_tests binary.
 # Warnings for our code. GCC 12 reports false -Wrestrict errors inside libstdc++ for
 # std::string concatenation at -O2/-O3 (GCC PR 105329), so that one check is off for GCC.
 set(KIMIRT_WARNINGS -Wall -Wextra -Werror)
@@ -9,8 +10,12 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
 endif()
 
 function(kimirt_layer)
-  cmake_parse_arguments(L "" "NAME" "DEPS" ${ARGN})
-  file(GLOB _all CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/*.cpp")
+  cmake_parse_arguments(L "" "NAME" "DEPS;DIRS" ${ARGN})
+  set(_globs "${CMAKE_CURRENT_SOURCE_DIR}/*.cpp")
+  foreach(d ${L_DIRS})
+    list(APPEND _globs "${CMAKE_CURRENT_SOURCE_DIR}/${d}/*.cpp")
+  endforeach()
+  file(GLOB _all CONFIGURE_DEPENDS ${_globs})
   set(_srcs)
   set(_tests)
   foreach(f ${_all})

@@ -320,7 +320,7 @@ Status Layout::CheckParallelism(const Parallelism& par) const {
           return InvalidArgument(t.name + ": expert intermediate " + std::to_string(units) +
                                  " does not split over TP " + std::to_string(par.tp));
         }
-        if ((units / par.tp) % p.elems_per_index != 0) {
+        if (!par.experts_dequantized && (units / par.tp) % p.elems_per_index != 0) {
           return InvalidArgument(t.name + ": a TP " + std::to_string(par.tp) + " slice of " +
                                  std::to_string(units / par.tp) +
                                  " intermediate elements cuts an MXFP4 scale group of " +

@@ -83,6 +83,9 @@ struct Parallelism {
   int ep = 1;         // expert parallel degree: 1, or == tp (experts split by id over the TP group)
   int pad_align = 128;  // FusedMoE per-rank intermediate padding (ATOM pad_align for Kimi, §11)
   bool load_vision = false;  // load the vision tower (replicated) instead of skipping it
+  // The loader widens MXFP4 experts before slicing them (CPU backend), so a slice may cut a
+  // 32-element scale group; the planner counts stored bytes and may not.
+  bool experts_dequantized = false;
 };
 
 // One rank's part of a tensor along the placement's dim.

@@ -1,0 +1,117 @@
+// Backend: the op interface the model is written against once (DESIGN.md principle 2). Ops are
+// coarse — a whole KDA core, an MLA attention over the latent cache, the routed experts of a
+// MoE layer — so each backend can fuse freely behind them and dispatch cost does not matter.
+//
+// Shapes use T = tokens of the call. All tensors are contiguous row-major on the backend's
+// device; outputs are preallocated by the caller with Empty() and fully overwritten.
+// The CPU backend (cpu/cpu_backend.h) computes in FP32 and is the reference the tests pin.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "kimirt/backend/tensor.h"
+
+namespace kimirt {
+
+enum class GluKind : uint8_t {
+  kSilu,  // silu(gate) * up (Kimi-Linear)
+  kSitu,  // beta1*tanh(gate/beta1)*sigmoid(gate) * [beta2*tanh(up/beta2) | up] (K3, spec §3.3)
+};
+
+struct GluParams {
+  GluKind kind = GluKind::kSilu;
+  float beta = 1.0f;                 // SiTU gate-branch beta (activation_situ_beta)
+  std::optional<float> linear_beta;  // SiTU up-branch soft cap; none: identity (spec §3.3)
+};
+
+enum class KdaForm : uint8_t { kRecurrent, kChunked };
+enum class MlaForm : uint8_t { kExpanded, kAbsorbed };
+
+struct RouteParams {
+  int64_t top_k = 0;
+  bool renormalize = true;
+  float scaling = 1.0f;
+  // Spec §15.6: Kimi-Linear-48B gathers the combine weights from the biased scores.
+  bool combine_biased = false;
+};
+
+// One MoE layer's routed experts as this rank holds them (TP: every expert, a slice of its
+// intermediate width). CPU: F32 [I_local, D_e] gate/up and [D_e, I_local] down per expert.
+struct ExpertWeights {
+  std::vector<Tensor> gate;  // w1
+  std::vector<Tensor> up;    // w3
+  std::vector<Tensor> down;  // w2
+};
+
+struct MlaShape {
+  int64_t heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+
+  // Memory. Empty() returns zero-filled tensors. Upload/Download move F32 host tensors
+  // to/from the device (the CPU backend returns its argument).
+  virtual Tensor Empty(Shape shape, DType dtype = DType::kF32) = 0;
+  virtual Tensor Upload(const Tensor& host) = 0;
+  virtual Tensor Download(const Tensor& t) = 0;
+  // dst rows [dst_row, dst_row + src rows) := src (same row width).
+  virtual void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) = 0;
+  // y [T, count] := x [T, :][begin, begin + count)
+  virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
+
+  // y [T, N] = x [T, K] · w [N, K]ᵀ
+  virtual void Linear(const Tensor& x, const Tensor& w, Tensor* y) = 0;
+  // Row-wise RMSNorm with gain (spec §3.1): y = w * x * rsqrt(mean(x²) + eps). x, y [T, n].
+  virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
+  // y = a + b (y may be a).
+  virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;
+  // y = x * sigmoid(g) (the MLA output gate, spec §6.4; y may be x).
+  virtual void SigmoidMul(const Tensor& x, const Tensor& g, Tensor* y) = 0;
+  // y [T, I] = GLU(gate [T, I], up [T, I]) (spec §3.3).
+  virtual void Glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor* y) = 0;
+  // y [T, D]: rows of table [V_local, D] for ids in [row_begin, row_begin + V_local), zero
+  // otherwise (vocab-parallel embedding; the caller all-reduces).
+  virtual void Embedding(std::span<const int32_t> ids, const Tensor& table, int64_t row_begin,
+                         Tensor* y) = 0;
+  // Block AttnRes mix (spec §8.2): candidates n × [T, D] (prefix last), pseudo-query proj [D],
+  // key-norm gain norm_w [D]; y [T, D] = Σ softmax_i(q·rmsnorm(v_i)) v_i.
+  virtual void AttnResMix(std::span<const Tensor* const> candidates, const Tensor& proj,
+                          const Tensor& norm_w, float eps, Tensor* y) = 0;
+
+  // KDA (spec §5). x [T, C], w [C, W], window [W-1, C] carried in place; y [T, C].
+  virtual void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) = 0;
+  // alpha [T, H*K] from f [T, H*K]; a_log [H], dt_bias [H*K] (spec §5.3).
+  virtual void KdaLogDecay(const Tensor& f, const Tensor& a_log, const Tensor& dt_bias,
+                           std::optional<float> lower_bound, Tensor* alpha) = 0;
+  // q, k, v, alpha [T, H*K]; beta_logits [T, H]; state [H, K, K] in place; o [T, H*K].
+  virtual void KdaCore(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta_logits,
+                       const Tensor& alpha, int64_t heads, KdaForm form, Tensor* state, Tensor* o) = 0;
+  // Per-head gated RMSNorm (spec §3.2): x, g, y [T, H*K]; w [K].
+  virtual void GatedRmsNorm(const Tensor& x, const Tensor& g, const Tensor& w, float eps, Tensor* y) = 0;
+
+  // MLA attention (spec §6.4/§6.6) of T new tokens at positions start.. over the cache rows
+  // [0, start + T) (the new tokens already appended). q [T, H*(dn+dr)]; cache_c [≥start+T, r];
+  // cache_ks [≥start+T, dr]; w_kvb [H*(dn+dv), r]; o [T, H*dv].
+  virtual void MlaAttention(const Tensor& q, const Tensor& cache_c, const Tensor& cache_ks,
+                            const Tensor& w_kvb, const MlaShape& shape, int64_t start, MlaForm form,
+                            Tensor* o) = 0;
+
+  // Router (spec §7.2 step 1, FP32): y [T, D], w [E, D], bias [E] → idx [T, k] (I32),
+  // weights [T, k] (F32), in top-k order.
+  virtual void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p,
+                        Tensor* idx, Tensor* weights) = 0;
+  // Routed experts (spec §7.2 steps 3-4): out [T, D_e] = Σ_j weights[t,j] · expert_{idx[t,j]}(z[t]).
+  virtual void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights,
+                          const ExpertWeights& experts, const GluParams& p, Tensor* out) = 0;
+};
+
+}  // namespace kimirt

@@ -1,0 +1,362 @@
+// The decoder forward pass (spec §4): embedding, 2 sub-layers per layer (KDA or MLA, then dense
+// MLP or MoE) mixed by Block AttnRes where the config has it (spec §8), final norm, LM head.
+#include "kimirt/model/model.h"
+
+#include <algorithm>
+
+namespace kimirt {
+namespace {
+
+// MLA latent norms take KimiRMSNorm's default eps, not rms_norm_eps (spec §6.1).
+constexpr float kMlaLatentNormEps = 1e-6f;
+
+Tensor HostCopy(Backend& be, const Tensor& t) {
+  Tensor d = be.Download(t);
+  Tensor h = Tensor::Host(d.shape(), d.dtype());
+  std::copy_n(static_cast<const uint8_t*>(d.raw()), d.nbytes(), static_cast<uint8_t*>(h.raw()));
+  return h;
+}
+
+}  // namespace
+
+Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm)
+    : layout_(std::move(layout)), w_(std::move(weights)), be_(backend), comm_(comm) {
+  const ModelConfig& c = config();
+  if (c.hidden_act == "situ") {
+    glu_.kind = GluKind::kSitu;
+    // Spec §1.3: `beta or 1.0`; an absent linear beta leaves the up branch untransformed.
+    glu_.beta = static_cast<float>(c.activation_situ_beta.value_or(1.0));
+    if (c.activation_situ_linear_beta) glu_.linear_beta = static_cast<float>(*c.activation_situ_linear_beta);
+  }
+  int kda = 0, mla = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool is_kda = c.IsKdaLayer(i);
+    kda_slot_.push_back(is_kda ? kda++ : -1);
+    mla_slot_.push_back(is_kda ? -1 : mla++);
+  }
+}
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& backend, Communicator& comm) {
+  KIMIRT_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(config));
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
+                          LoadModelWeights(layout, *ckpt, comm.size(), comm.rank(), backend));
+  return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
+}
+
+SequenceState Model::NewSequence() {
+  const ModelConfig& c = config();
+  const int tp = comm_.size();
+  const int64_t H = c.linear_attn.num_heads / tp;
+  const int64_t K = c.linear_attn.head_dim;
+  const int64_t Pl = H * K;
+  const int64_t W = c.linear_attn.short_conv_kernel_size;
+  SequenceState st;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.IsKdaLayer(i)) {
+      KdaLayerState k;
+      k.conv_q = be_.Empty({W - 1, Pl});
+      k.conv_k = be_.Empty({W - 1, Pl});
+      k.conv_v = be_.Empty({W - 1, Pl});
+      k.recurrent = be_.Empty({H, K, K});
+      st.kda.push_back(std::move(k));
+    } else {
+      st.mla.push_back(MlaLayerCache{});
+    }
+  }
+  return st;
+}
+
+void Model::GrowCaches(SequenceState* st, int64_t rows) {
+  if (rows <= st->capacity) return;
+  const ModelConfig& c = config();
+  const int64_t cap = std::max<int64_t>(rows, std::max<int64_t>(64, st->capacity * 2));
+  for (MlaLayerCache& m : st->mla) {
+    Tensor nc = be_.Empty({cap, c.kv_lora_rank});
+    Tensor nk = be_.Empty({cap, c.qk_rope_head_dim});
+    if (st->length > 0) {
+      be_.CopyRows(m.c.Rows(0, st->length), &nc, 0);
+      be_.CopyRows(m.ks.Rows(0, st->length), &nk, 0);
+    }
+    m.c = std::move(nc);
+    m.ks = std::move(nk);
+  }
+  st->capacity = cap;
+}
+
+void Model::AllReduce(Tensor* t) {
+  if (comm_.size() > 1) comm_.AllReduceSum(static_cast<float*>(t->raw()), static_cast<size_t>(t->numel()));
+}
+
+Tensor Model::Norm(const Tensor& x, const Tensor& w, float eps) {
+  Tensor y = be_.Empty(x.shape());
+  be_.RmsNorm(x, w, eps, &y);
+  return y;
+}
+
+Tensor Model::Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm) {
+  Tensor y = be_.Empty(cands.back()->shape());
+  be_.AttnResMix(cands, proj, norm, static_cast<float>(config().rms_norm_eps), &y);
+  return y;
+}
+
+Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, const ForwardOptions& o) {
+  const ModelConfig& c = config();
+  const KdaWeights& w = lw.kda;
+  const int64_t T = x.dim(0);
+  const int64_t Pl = w.q.dim(0);
+  const int64_t H = w.a_log.numel();
+  auto linear = [&](const Tensor& in, const Tensor& weight) {
+    Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
+    be_.Linear(in, weight, &y);
+    return y;
+  };
+  // Spec §5.1–5.2: projections, then the short conv + SiLU with the carried windows.
+  auto conv = [&](const Tensor& proj_w, const Tensor& conv_w, Tensor* window) {
+    Tensor raw = linear(x, proj_w);
+    Tensor y = be_.Empty({T, Pl});
+    be_.CausalConvSilu(raw, conv_w, window, &y);
+    return y;
+  };
+  Tensor q = conv(w.q, w.conv_q, &st->conv_q);
+  Tensor k = conv(w.k, w.conv_k, &st->conv_k);
+  Tensor v = conv(w.v, w.conv_v, &st->conv_v);
+  Tensor beta = linear(x, w.b);
+  Tensor f = linear(linear(x, w.f_a), w.f_b);
+  // Spec §5.3: per-channel log-decay (bounded sigmoid for K3, softplus for Kimi-Linear).
+  Tensor alpha = be_.Empty({T, Pl});
+  std::optional<float> lb;
+  if (c.linear_attn.gate_lower_bound) lb = static_cast<float>(*c.linear_attn.gate_lower_bound);
+  be_.KdaLogDecay(f, w.a_log, w.dt_bias, lb, &alpha);
+  const KdaForm form = o.kda_form.value_or(T > 64 ? KdaForm::kChunked : KdaForm::kRecurrent);
+  Tensor core = be_.Empty({T, Pl});
+  be_.KdaCore(q, k, v, beta, alpha, H, form, &st->recurrent, &core);
+  // Spec §5.6: gated RMSNorm with the output gate, then o_proj (row parallel: all-reduce).
+  Tensor gate = c.linear_attn.use_full_rank_gate ? linear(x, w.g) : linear(linear(x, w.g_a), w.g_b);
+  Tensor normed = be_.Empty({T, Pl});
+  be_.GatedRmsNorm(core, gate, w.o_norm, static_cast<float>(c.rms_norm_eps), &normed);
+  Tensor out = linear(normed, w.o);
+  AllReduce(&out);
+  return out;
+}
+
+Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, MlaLayerCache* cache, int64_t start,
+                  const ForwardOptions& o) {
+  const ModelConfig& c = config();
+  const MlaWeights& w = lw.mla;
+  const int64_t T = x.dim(0);
+  auto linear = [&](const Tensor& in, const Tensor& weight) {
+    Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
+    be_.Linear(in, weight, &y);
+    return y;
+  };
+  // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
+  Tensor q = c.q_lora_rank ? linear(Norm(linear(x, w.q_a), w.q_a_norm, kMlaLatentNormEps), w.q_b)
+                           : linear(x, w.q);
+  // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache.
+  const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+  Tensor a = linear(x, w.kv_a);
+  Tensor c_raw = be_.Empty({T, r});
+  Tensor ks = be_.Empty({T, dr});
+  be_.CopyColumns(a, 0, r, &c_raw);
+  be_.CopyColumns(a, r, dr, &ks);
+  Tensor latent = Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
+  be_.CopyRows(latent, &cache->c, start);
+  be_.CopyRows(ks, &cache->ks, start);
+  MlaShape shape;
+  shape.nope_dim = c.qk_nope_head_dim;
+  shape.rope_dim = dr;
+  shape.v_dim = c.v_head_dim;
+  shape.latent_dim = r;
+  shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
+  const MlaForm form = o.mla_form.value_or(T == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+  Tensor attn = be_.Empty({T, shape.heads * shape.v_dim});
+  be_.MlaAttention(q, cache->c, cache->ks, w.kv_b, shape, start, form, &attn);
+  // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
+  if (c.mla_use_output_gate) be_.SigmoidMul(attn, linear(x, w.g), &attn);
+  Tensor out = linear(attn, w.o);
+  AllReduce(&out);
+  return out;
+}
+
+Tensor Model::Mlp(const MlpWeights& w, const Tensor& y) {
+  const int64_t T = y.dim(0), I = w.gate.dim(0);
+  Tensor g = be_.Empty({T, I}), u = be_.Empty({T, I}), h = be_.Empty({T, I});
+  be_.Linear(y, w.gate, &g);
+  be_.Linear(y, w.up, &u);
+  be_.Glu(g, u, glu_, &h);
+  Tensor out = be_.Empty({T, w.down.dim(0)});
+  be_.Linear(h, w.down, &out);
+  AllReduce(&out);
+  return out;
+}
+
+Tensor Model::Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx) {
+  const ModelConfig& c = config();
+  const int64_t T = y.dim(0), k = c.num_experts_per_token;
+  // Spec §7.2 step 1: FP32 router on the original hidden state (replicated on every rank).
+  RouteParams rp;
+  rp.top_k = k;
+  rp.renormalize = c.moe_renormalize;
+  rp.scaling = static_cast<float>(c.routed_scaling_factor);
+  rp.combine_biased = c.RouterCombineUsesBiasedScores();
+  Tensor idx = be_.Empty({T, k}, DType::kI32);
+  Tensor weights = be_.Empty({T, k});
+  be_.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
+  if (route_idx != nullptr) *route_idx = idx;
+  // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
+  Tensor z = y;
+  if (c.UsesLatentMoe()) {
+    z = be_.Empty({T, w.latent_down.dim(0)});
+    be_.Linear(y, w.latent_down, &z);
+  }
+  Tensor routed = be_.Empty({T, z.dim(1)});
+  be_.MoeExperts(z, idx, weights, w.experts, glu_, &routed);
+  // Each rank holds a slice of every expert's intermediate width: sum the partial outputs
+  // BEFORE the latent norm, which is not linear (spec §7.2 TP caveat).
+  AllReduce(&routed);
+  if (c.UsesLatentMoe()) {
+    if (c.latent_moe_use_norm) routed = Norm(routed, w.latent_norm, static_cast<float>(c.rms_norm_eps));
+    Tensor up = be_.Empty({T, c.hidden_size});
+    be_.Linear(routed, w.latent_up, &up);
+    routed = up;
+  }
+  if (w.shared.defined()) {
+    Tensor shared = Mlp(w.shared, y);
+    be_.Add(routed, shared, &routed);
+  }
+  return routed;
+}
+
+Tensor Model::Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o) {
+  const LayerWeights& lw = w_.layers[layer];
+  if (lw.is_kda) return Kda(lw, x, &st->kda[static_cast<size_t>(kda_slot_[layer])], o);
+  return Mla(lw, x, &st->mla[static_cast<size_t>(mla_slot_[layer])], st->length, o);
+}
+
+Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, const ForwardOptions& o) {
+  const ModelConfig& c = config();
+  const int64_t T = static_cast<int64_t>(ids.size());
+  if (T == 0) return InvalidArgument("forward of zero tokens");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+    }
+  }
+  if (st->kda.size() + st->mla.size() != static_cast<size_t>(c.num_hidden_layers)) {
+    return InvalidArgument("sequence state was not made by this model");
+  }
+  GrowCaches(st, st->length + T);
+  ForwardTrace* trace = o.trace;
+  if (trace != nullptr) *trace = ForwardTrace{};
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // Spec §4 step 1: embedding (vocab-parallel: each rank fills its rows, the sum is the row).
+  Tensor h = be_.Empty({T, c.hidden_size});
+  be_.Embedding(ids, w_.embed, w_.embed_row_begin, &h);
+  AllReduce(&h);
+
+  Tensor mixed;  // the input of the final norm
+  if (c.UsesAttnRes()) {
+    // Spec §4.1 / §8: `prefix` accumulates sub-layer outputs since the last block boundary;
+    // `bank` holds the closed blocks (entry 0: the embedding). Mixes only feed the norms.
+    const int64_t block = *c.attn_res_block_size;
+    std::vector<Tensor> bank;
+    Tensor prefix = h;
+    bool has_prefix = true;
+    auto candidates = [&]() {
+      std::vector<const Tensor*> v;
+      for (const Tensor& b : bank) v.push_back(&b);
+      v.push_back(&prefix);
+      return v;
+    };
+    for (size_t i = 0; i < w_.layers.size(); ++i) {
+      const LayerWeights& lw = w_.layers[i];
+      Tensor a = bank.empty() ? prefix : Mix(candidates(), lw.attn_res_proj, lw.attn_res_norm);
+      if (static_cast<int64_t>(i) % block == 0) {
+        bank.push_back(prefix);  // the PRE-mix prefix (spec §4.1 step 2)
+        has_prefix = false;
+      }
+      Tensor x = Norm(a, lw.input_norm, eps);
+      Tensor attn = Attention(i, x, st, o);
+      if (has_prefix) {
+        Tensor sum = be_.Empty(prefix.shape());
+        be_.Add(prefix, attn, &sum);
+        prefix = sum;
+      } else {
+        prefix = attn;
+        has_prefix = true;
+      }
+      Tensor b = Mix(candidates(), lw.mlp_res_proj, lw.mlp_res_norm);
+      Tensor y = Norm(b, lw.post_norm, eps);
+      Tensor route;
+      Tensor ffn = lw.is_moe ? Moe(lw.moe, y, &route) : Mlp(lw.dense, y);
+      Tensor sum = be_.Empty(prefix.shape());
+      be_.Add(prefix, ffn, &sum);
+      prefix = sum;
+      if (trace != nullptr) {
+        trace->attn_in.push_back(HostCopy(be_, x));
+        trace->attn_out.push_back(HostCopy(be_, attn));
+        trace->ffn_in.push_back(HostCopy(be_, y));
+        trace->ffn_out.push_back(HostCopy(be_, ffn));
+        trace->route_idx.push_back(route.defined() && route.numel() > 0 ? HostCopy(be_, route) : Tensor());
+      }
+    }
+    mixed = bank.empty() ? prefix : Mix(candidates(), w_.out_res_proj, w_.out_res_norm);
+  } else {
+    // Plain pre-norm residual stream (Kimi-Linear, spec §1.3).
+    for (size_t i = 0; i < w_.layers.size(); ++i) {
+      const LayerWeights& lw = w_.layers[i];
+      Tensor x = Norm(h, lw.input_norm, eps);
+      Tensor attn = Attention(i, x, st, o);
+      Tensor h2 = be_.Empty(h.shape());
+      be_.Add(h, attn, &h2);
+      Tensor y = Norm(h2, lw.post_norm, eps);
+      Tensor route;
+      Tensor ffn = lw.is_moe ? Moe(lw.moe, y, &route) : Mlp(lw.dense, y);
+      h = be_.Empty(h.shape());
+      be_.Add(h2, ffn, &h);
+      if (trace != nullptr) {
+        trace->attn_in.push_back(HostCopy(be_, x));
+        trace->attn_out.push_back(HostCopy(be_, attn));
+        trace->ffn_in.push_back(HostCopy(be_, y));
+        trace->ffn_out.push_back(HostCopy(be_, ffn));
+        trace->route_idx.push_back(route.defined() && route.numel() > 0 ? HostCopy(be_, route) : Tensor());
+      }
+    }
+    mixed = h;
+  }
+  st->length += T;
+
+  // Spec §4 steps 5-6: final norm and the vocab-parallel head.
+  Tensor hn = Norm(mixed, w_.norm, eps);
+  if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
+  Tensor rows = o.all_logits ? hn : hn.Rows(T - 1, 1);
+  const int64_t R = rows.dim(0), Vl = w_.lm_head.dim(0), V = c.vocab_size;
+  Tensor local = be_.Empty({R, Vl});
+  be_.Linear(rows, w_.lm_head, &local);
+  Tensor host_local = HostCopy(be_, local);
+  Tensor logits = Tensor::Host({R, V});
+  const int tp = comm_.size();
+  std::vector<float> gathered;
+  const float* all = host_local.f32();
+  if (tp > 1) {
+    gathered.resize(static_cast<size_t>(tp * R * Vl));
+    comm_.AllGather(host_local.f32(), static_cast<size_t>(R * Vl), gathered.data());
+    all = gathered.data();
+  }
+  // Rank r's block [R, Vl] holds vocabulary rows [r*Vl, (r+1)*Vl); rows past V are padding.
+  for (int r = 0; r < tp; ++r) {
+    for (int64_t t = 0; t < R; ++t) {
+      for (int64_t j = 0; j < Vl; ++j) {
+        const int64_t v = r * Vl + j;
+        if (v < V) logits.f32()[t * V + v] = all[(static_cast<int64_t>(r) * R + t) * Vl + j];
+      }
+    }
+  }
+  return logits;
+}
+
+}  // namespace kimirt

@@ -1,0 +1,95 @@
+// Model: the Kimi-K3 / Kimi-Linear text decoder, written once against the Backend op interface
+// and the Communicator (spec §4–§9). One Model per rank; under tensor parallelism every rank
+// runs the same Forward on its shard and the collectives sit where the math needs them.
+//
+// A forward call continues one sequence from its SequenceState: prefill a prompt at once or in
+// chunks, then decode a token at a time; KDA state, conv windows and the MLA latent cache carry
+// over (spec §5.7, §6.5, §9).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/backend.h"
+#include "kimirt/model/config.h"
+#include "kimirt/model/layout.h"
+#include "kimirt/model/weights.h"
+#include "kimirt/parallel/communicator.h"
+
+namespace kimirt {
+
+struct KdaLayerState {
+  Tensor conv_q, conv_k, conv_v;  // [W-1, P_l] the last W-1 pre-conv projections (spec §5.7)
+  Tensor recurrent;               // [H_l, K, K] FP32 state S (spec §5.4)
+};
+
+struct MlaLayerCache {
+  Tensor c;   // [capacity, r]  normed latent (spec §6.5)
+  Tensor ks;  // [capacity, dr] raw shared key
+};
+
+// Everything a sequence carries between forward calls (spec §9). Not shareable across threads.
+struct SequenceState {
+  int64_t length = 0;    // tokens already processed
+  int64_t capacity = 0;  // rows allocated in each MLA cache
+  std::vector<KdaLayerState> kda;  // one per KDA layer, in layer order
+  std::vector<MlaLayerCache> mla;  // one per MLA layer, in layer order
+};
+
+// Host copies of intermediate tensors, for golden and debugging comparisons.
+struct ForwardTrace {
+  std::vector<Tensor> attn_in, attn_out, ffn_in, ffn_out;  // per layer [T, D]
+  std::vector<Tensor> route_idx;  // per layer [T, k] (empty for dense layers)
+  Tensor final_norm;              // [T, D]
+};
+
+struct ForwardOptions {
+  // Default: chunked for calls of more than 64 tokens, recurrent otherwise.
+  std::optional<KdaForm> kda_form;
+  // Default: expanded for prefill (T > 1), absorbed for decode (T = 1), as engines do.
+  std::optional<MlaForm> mla_form;
+  bool all_logits = true;  // false: logits of the last position only
+  ForwardTrace* trace = nullptr;
+};
+
+class Model {
+ public:
+  // Loads DIR (config.json + checkpoint) as rank comm.rank() of comm.size().
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm);
+
+  const ModelConfig& config() const { return layout_.config(); }
+  const Layout& layout() const { return layout_; }
+
+  SequenceState NewSequence();
+  // Runs `ids` as the next tokens of `state`. Returns F32 host logits [T, vocab] (or [1, vocab]
+  // with all_logits = false). ids outside the vocabulary are an InvalidArgument.
+  Result<Tensor> Forward(SequenceState* state, std::span<const int32_t> ids,
+                         const ForwardOptions& options = {});
+
+ private:
+  Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm);
+
+  Tensor Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o);
+  Tensor Kda(const LayerWeights& w, const Tensor& x, KdaLayerState* st, const ForwardOptions& o);
+  Tensor Mla(const LayerWeights& w, const Tensor& x, MlaLayerCache* cache, int64_t start,
+             const ForwardOptions& o);
+  Tensor Mlp(const MlpWeights& w, const Tensor& y);
+  Tensor Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx);
+  Tensor Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm);
+  Tensor Norm(const Tensor& x, const Tensor& w, float eps);
+  void AllReduce(Tensor* t);
+  void GrowCaches(SequenceState* st, int64_t rows);
+
+  Layout layout_;
+  ModelWeights w_;
+  Backend& be_;
+  Communicator& comm_;
+  GluParams glu_;
+  std::vector<int> kda_slot_;  // layer -> index into SequenceState::kda (or -1)
+  std::vector<int> mla_slot_;  // layer -> index into SequenceState::mla (or -1)
+};
+
+}  // namespace kimirt

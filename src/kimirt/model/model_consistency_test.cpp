@@ -1,0 +1,151 @@
+// Two implementations of the same math must agree (DESIGN.md "Testing and measuring"):
+// prefill at once == prefill in chunks == token-by-token decode; chunked KDA == recurrent KDA;
+// absorbed MLA == expanded MLA; TP = 2, 4 (threaded communicator) == TP = 1.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "kimirt/model/model_test_util.h"
+
+namespace kimirt {
+namespace {
+
+using testing::FixtureDir;
+using testing::Goldens;
+
+// Logits of `ids` run as consecutive calls of `chunk` tokens (all positions concatenated).
+Tensor RunInChunks(Model& m, const std::vector<int32_t>& ids, size_t chunk, const ForwardOptions& o = {}) {
+  const int64_t V = m.config().vocab_size;
+  Tensor all = Tensor::Host({static_cast<int64_t>(ids.size()), V});
+  SequenceState st = m.NewSequence();
+  for (size_t at = 0; at < ids.size(); at += chunk) {
+    const size_t n = std::min(chunk, ids.size() - at);
+    auto part = m.Forward(&st, std::span<const int32_t>(ids).subspan(at, n), o);
+    EXPECT_TRUE(part.ok()) << part.status().ToString();
+    if (!part.ok()) return all;
+    std::copy_n(part->f32(), n * static_cast<size_t>(V), all.f32() + at * static_cast<size_t>(V));
+  }
+  EXPECT_EQ(st.length, static_cast<int64_t>(ids.size()));
+  return all;
+}
+
+class ConsistencyTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveFixture(GetParam())) GTEST_SKIP() << "no fixture " << GetParam();
+    backend_ = MakeCpuBackend();
+    comm_ = MakeSingleRankCommunicator();
+    auto m = Model::Load(FixtureDir(GetParam()), *backend_, *comm_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(m).value();
+    // Prompt 3 (70 tokens) crosses the 64-token KDA chunk.
+    ids_ = Goldens(FixtureDir(GetParam()) + "/goldens.safetensors").Ids("prompt3.ids");
+  }
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> ids_;
+};
+
+TEST_P(ConsistencyTest, PrefillInChunksAndDecodeEqualOneCall) {
+  const Tensor once = RunInChunks(*model_, ids_, ids_.size());
+  const float scale = testing::MaxAbs(once);
+  for (size_t chunk : {1, 5, 16}) {
+    const Tensor parts = RunInChunks(*model_, ids_, chunk);
+    EXPECT_LE(testing::MaxAbsDiff(parts, once), 1e-4f * std::max(1.0f, scale)) << "chunk " << chunk;
+  }
+}
+
+TEST_P(ConsistencyTest, ChunkedKdaEqualsRecurrentKda) {
+  ForwardOptions rec, chk;
+  rec.kda_form = KdaForm::kRecurrent;
+  chk.kda_form = KdaForm::kChunked;
+  const Tensor a = RunInChunks(*model_, ids_, ids_.size(), rec);
+  const Tensor b = RunInChunks(*model_, ids_, ids_.size(), chk);
+  EXPECT_LE(testing::MaxAbsDiff(a, b), 1e-4f * std::max(1.0f, testing::MaxAbs(a)));
+}
+
+TEST_P(ConsistencyTest, AbsorbedMlaEqualsExpandedMla) {
+  ForwardOptions exp, abs;
+  exp.mla_form = MlaForm::kExpanded;
+  abs.mla_form = MlaForm::kAbsorbed;
+  const Tensor a = RunInChunks(*model_, ids_, 16, exp);
+  const Tensor b = RunInChunks(*model_, ids_, 16, abs);
+  EXPECT_LE(testing::MaxAbsDiff(a, b), 1e-4f * std::max(1.0f, testing::MaxAbs(a)));
+}
+
+TEST_P(ConsistencyTest, TensorParallelEqualsOneRank) {
+  const Tensor one = RunInChunks(*model_, ids_, 33);
+  const int64_t heads = model_->config().linear_attn.num_heads;
+  std::vector<int> degrees;
+  for (int tp : {2, 4}) {
+    if (heads % tp == 0 && model_->config().num_attention_heads % tp == 0) degrees.push_back(tp);
+  }
+  if (degrees.empty()) GTEST_SKIP() << GetParam() << ": " << heads << " KDA heads split over neither TP 2 nor 4";
+  for (int tp : degrees) {
+    std::vector<Tensor> results(static_cast<size_t>(tp));
+    std::vector<std::string> errors(static_cast<size_t>(tp));
+    RunOnThreadRanks(tp, [&](Communicator& comm) {
+      auto backend = MakeCpuBackend();
+      auto m = Model::Load(FixtureDir(GetParam()), *backend, comm);
+      if (!m.ok()) {
+        // Every rank fails the same way (same checkpoint, same degree), so no rank waits in a
+        // collective the others never reach.
+        errors[static_cast<size_t>(comm.rank())] = m.status().ToString();
+        return;
+      }
+      results[static_cast<size_t>(comm.rank())] = RunInChunks(**m, ids_, 33);
+    });
+    for (int r = 0; r < tp; ++r) {
+      ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "TP" << tp << ": " << errors[static_cast<size_t>(r)];
+      EXPECT_LE(testing::MaxAbsDiff(results[static_cast<size_t>(r)], one), 1e-5f * std::max(1.0f, testing::MaxAbs(one)))
+          << "TP" << tp << " rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ConsistencyTest, ::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(ModelLoad, CheckpointThatDoesNotMatchItsConfigNamesTheTensor) {
+  if (!testing::HaveFixture("tiny-a")) GTEST_SKIP();
+  // tiny-a's config over tiny-b's tensors: a directory holding both.
+  const std::string dir = ::testing::TempDir() + "kimirt_mismatch_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(FixtureDir("tiny-b"))) {
+    if (e.path().filename().string().rfind("model", 0) == 0) {
+      std::filesystem::create_symlink(e.path(), dir + "/" + e.path().filename().string());
+    }
+  }
+  std::filesystem::copy_file(FixtureDir("tiny-a") + "/config.json", dir + "/config.json");
+  auto backend = MakeCpuBackend();
+  auto comm = MakeSingleRankCommunicator();
+  auto m = Model::Load(dir, *backend, *comm);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("language_model.model.embed_tokens.weight is [1000, 96] BF16, expected [512, 64]"),
+            std::string::npos)
+      << m.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
+  if (!testing::HaveFixture("tiny-a")) GTEST_SKIP();
+  auto backend = MakeCpuBackend();
+  auto comm = MakeSingleRankCommunicator();
+  auto m = Model::Load(FixtureDir("tiny-a"), *backend, *comm);
+  ASSERT_TRUE(m.ok());
+  SequenceState st = (*m)->NewSequence();
+  auto r = (*m)->Forward(&st, std::vector<int32_t>{1, 512});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("512"), std::string::npos);
+  EXPECT_EQ(st.length, 0);  // nothing was consumed
+  EXPECT_FALSE((*m)->Forward(&st, std::vector<int32_t>{}).ok());
+}
+
+}  // namespace
+}  // namespace kimirt

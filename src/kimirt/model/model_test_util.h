@@ -1,0 +1,79 @@
+// Helpers shared by the model tests: fixture paths, golden tensors, comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/io/safetensors.h"
+#include "kimirt/model/model.h"
+
+namespace kimirt::testing {
+
+inline std::string FixtureDir(const std::string& name) {
+  return std::string(KIMIRT_SHARED_DIR) + "/fixtures/" + name;
+}
+inline bool HaveFixture(const std::string& name) {
+  return std::filesystem::exists(FixtureDir(name) + "/goldens.safetensors");
+}
+
+// The tensors of one goldens.safetensors / debug.safetensors file, as F32 or I32 host tensors.
+class Goldens {
+ public:
+  explicit Goldens(const std::string& path) {
+    auto f = SafetensorsFile::Open(path);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    if (f.ok()) file_ = std::move(f).value();
+  }
+  bool Has(const std::string& name) const { return file_ && file_->Find(name) != nullptr; }
+  Tensor Get(const std::string& name) const {
+    const TensorInfo* info = file_->Find(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (info == nullptr) return Tensor::Host({0});
+    Tensor t = Tensor::Host(info->shape, info->dtype);
+    auto data = file_->Data(*info);
+    EXPECT_TRUE(data.ok());
+    std::memcpy(t.raw(), data->data(), data->size());
+    return t;
+  }
+  std::vector<int32_t> Ids(const std::string& name) const {
+    Tensor t = Get(name);
+    return std::vector<int32_t>(t.i32(), t.i32() + t.numel());
+  }
+
+ private:
+  std::unique_ptr<SafetensorsFile> file_;
+};
+
+inline float MaxAbs(const Tensor& t) {
+  float m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.f32()[i]));
+  return m;
+}
+inline float MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
+}
+inline double RelL2(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = static_cast<double>(got.f32()[i]) - want.f32()[i];
+    num += d * d;
+    den += static_cast<double>(want.f32()[i]) * want.f32()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+inline int32_t ArgMax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+}  // namespace kimirt::testing

@@ -1,0 +1,78 @@
+// ModelWeights: one rank's slices of every text tensor, on the backend's device, in the shapes
+// the modules use (spec §2, placement spec §11). Loading checks the checkpoint against the
+// Layout first, so a checkpoint that does not match its config fails with the tensor named.
+#pragma once
+
+#include <vector>
+
+#include "kimirt/backend/backend.h"
+#include "kimirt/io/safetensors.h"
+#include "kimirt/model/layout.h"
+
+namespace kimirt {
+
+struct KdaWeights {
+  Tensor q, k, v;          // [P_l, D]
+  Tensor g;                // [P_l, D] full-rank output gate (K3)
+  Tensor g_a, g_b;         // [K, D], [P_l, K] low-rank output gate (Kimi-Linear)
+  Tensor b;                // [H_l, D]
+  Tensor f_a, f_b;         // [K, D], [P_l, K]
+  Tensor conv_q, conv_k, conv_v;  // [P_l, W]
+  Tensor a_log;            // [H_l] (padding stripped)
+  Tensor dt_bias;          // [P_l]
+  Tensor o_norm;           // [K]
+  Tensor o;                // [D, P_l]
+};
+
+struct MlaWeights {
+  Tensor q_a, q_a_norm, q_b;  // [rq, D], [rq], [H_l*(dn+dr), rq] (K3: q-LoRA)
+  Tensor q;                   // [H_l*(dn+dr), D] (Kimi-Linear: no q-LoRA)
+  Tensor kv_a;                // [r + dr, D]
+  Tensor kv_a_norm;           // [r]
+  Tensor kv_b;                // [H_l*(dn+dv), r]
+  Tensor g;                   // [H_l*dv, D] output gate (K3)
+  Tensor o;                   // [D, H_l*dv]
+};
+
+struct MlpWeights {
+  Tensor gate, up;  // [I_l, D]
+  Tensor down;      // [D, I_l]
+  bool defined() const { return gate.defined() && gate.numel() > 0; }
+};
+
+struct MoeWeights {
+  Tensor router;        // [E, D]
+  Tensor bias;          // [E] e_score_correction_bias
+  Tensor latent_down;   // [Dl, D] (LatentMoE)
+  Tensor latent_up;     // [D, Dl]
+  Tensor latent_norm;   // [Dl]
+  MlpWeights shared;    // sharded like a dense MLP
+  ExpertWeights experts;  // every expert, intermediate sliced
+};
+
+struct LayerWeights {
+  bool is_kda = false;
+  bool is_moe = false;
+  Tensor input_norm, post_norm;            // [D]
+  Tensor attn_res_norm, attn_res_proj;     // [D] (AttnRes)
+  Tensor mlp_res_norm, mlp_res_proj;       // [D]
+  KdaWeights kda;
+  MlaWeights mla;
+  MlpWeights dense;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  Tensor embed;               // [V_alloc, D] rows [embed_row_begin, ...) of the vocabulary
+  int64_t embed_row_begin = 0;
+  Tensor lm_head;             // [V_alloc, D], zero rows past the vocabulary
+  Tensor norm;                // [D]
+  Tensor out_res_norm, out_res_proj;  // [D]
+  std::vector<LayerWeights> layers;
+};
+
+// Loads rank `rank` of `tp` from `checkpoint` onto `backend` (F32 on the CPU backend).
+Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
+                                      int rank, Backend& backend);
+
+}  // namespace kimirt
