@@ -6,5 +6,7 @@ namespace kimirt {
 
 int RunPlanCommand(int argc, char** argv);            // kimirt plan
 int RunMakeCheckpointCommand(int argc, char** argv);  // kimirt make-checkpoint
+int RunGenerateCommand(int argc, char** argv);        // kimirt generate
+int RunLogitsCommand(int argc, char** argv);          // kimirt logits
 
 }  // namespace kimirt

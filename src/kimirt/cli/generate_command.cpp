@@ -1,0 +1,150 @@
+// `kimirt generate` and `kimirt logits`: run the CPU reference model on token ids, on one rank
+// or on --tp N in-process ranks (threads). Text prompts arrive with the tokenizer.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/cli/commands.h"
+#include "kimirt/cli/flags.h"
+#include "kimirt/model/model.h"
+
+namespace kimirt {
+namespace {
+
+Result<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || end != part.c_str() + part.size() || v < 0 || v > INT32_MAX) {
+      return InvalidArgument("--ids: \"" + part + "\" is not a token id");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return InvalidArgument("--ids: no token ids given");
+  return ids;
+}
+
+// Runs fn on every rank of a --tp group (threads); returns rank 0's status.
+Status OnRanks(int tp, const std::string& model_dir,
+               const std::function<Status(Model&, Communicator&)>& fn) {
+  if (tp < 1) return InvalidArgument("--tp must be >= 1");
+  std::vector<Status> status(static_cast<size_t>(tp));
+  auto body = [&](Communicator& comm) {
+    auto backend = MakeCpuBackend();
+    auto model = Model::Load(model_dir, *backend, comm);
+    // Every rank loads the same checkpoint at the same degree, so they fail or succeed together.
+    status[static_cast<size_t>(comm.rank())] = model.ok() ? fn(**model, comm) : model.status();
+  };
+  if (tp == 1) {
+    auto comm = MakeSingleRankCommunicator();
+    body(*comm);
+  } else {
+    RunOnThreadRanks(tp, body);
+  }
+  return status[0];
+}
+
+struct CommonFlags {
+  std::string model_dir, ids_text;
+  int tp = 1;
+  void Register(FlagSet& f) {
+    f.String("model", &model_dir, "model directory (config.json + safetensors checkpoint)");
+    f.String("ids", &ids_text, "prompt token ids, comma separated");
+    f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU threads)");
+  }
+};
+
+int Fail(const char* cmd, const Status& s, int code = 1) {
+  std::fprintf(stderr, "kimirt %s: %s\n", cmd, s.message().c_str());
+  return code;
+}
+
+}  // namespace
+
+int RunGenerateCommand(int argc, char** argv) {
+  CommonFlags common;
+  int64_t max_tokens = 16;
+  bool ignore_eos = false;
+  FlagSet flags("generate", "Greedy continuation of a prompt of token ids (CPU reference backend).");
+  common.Register(flags);
+  flags.Int("max-tokens", &max_tokens, "tokens to generate");
+  flags.Bool("ignore-eos", &ignore_eos, "keep going past the config's end-of-sequence ids");
+  if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) return Fail("generate", s, 2);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  if (common.model_dir.empty()) return Fail("generate", InvalidArgument("--model DIR is required"), 2);
+  Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
+  if (!ids.ok()) return Fail("generate", ids.status(), 2);
+  Status s = OnRanks(common.tp, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+    const int64_t V = m.config().vocab_size;
+    const std::vector<int64_t>& eos = m.config().eos_token_ids;
+    SequenceState st = m.NewSequence();
+    ForwardOptions last;
+    last.all_logits = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids, last));
+    const auto t1 = std::chrono::steady_clock::now();
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.f32(), logits.f32() + V) - logits.f32());
+      out.push_back(next);
+      if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+      if (i + 1 == max_tokens) break;
+      KIMIRT_ASSIGN_OR_RETURN(logits, m.Forward(&st, std::vector<int32_t>{next}, last));
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (comm.rank() == 0) {
+      std::string line;
+      for (int32_t t : out) line += (line.empty() ? "" : ",") + std::to_string(t);
+      std::printf("%s\n", line.c_str());
+      const double pre = std::chrono::duration<double>(t1 - t0).count();
+      const double dec = std::chrono::duration<double>(t2 - t1).count();
+      std::fprintf(stderr, "prefill %zu tokens in %.3f s; decode %zu tokens in %.3f s\n", ids->size(), pre,
+                   out.size() > 0 ? out.size() - 1 : 0, dec);
+    }
+    return Status::Ok();
+  });
+  return s.ok() ? 0 : Fail("generate", s);
+}
+
+int RunLogitsCommand(int argc, char** argv) {
+  CommonFlags common;
+  std::string out_path;
+  FlagSet flags("logits", "FP32 logits of every prompt position, written as safetensors (tensor \"logits\" [T, vocab]).");
+  common.Register(flags);
+  flags.String("out", &out_path, "output .safetensors file");
+  if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) return Fail("logits", s, 2);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return 0;
+  }
+  if (common.model_dir.empty() || out_path.empty()) {
+    return Fail("logits", InvalidArgument("--model DIR and --out FILE are required"), 2);
+  }
+  Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
+  if (!ids.ok()) return Fail("logits", ids.status(), 2);
+  Status s = OnRanks(common.tp, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+    SequenceState st = m.NewSequence();
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids));
+    if (comm.rank() != 0) return Status::Ok();
+    SafetensorsWriter w;
+    w.SetMetadata("format", "pt");
+    w.Add("logits", DType::kF32, logits.shape(),
+          std::span<const uint8_t>(static_cast<const uint8_t*>(logits.raw()), logits.nbytes()));
+    KIMIRT_RETURN_IF_ERROR(w.Write(out_path));
+    std::printf("wrote %s: logits %s\n", out_path.c_str(), ShapeToString(logits.shape()).c_str());
+    return Status::Ok();
+  });
+  return s.ok() ? 0 : Fail("logits", s);
+}
+
+}  // namespace kimirt
