@@ -33,6 +33,10 @@ std::unique_ptr<Communicator> MakeSingleRankCommunicator();
 
 // Runs fn(comm) on `ranks` threads, each with its own rank of one in-process group, and
 // returns when all are done. Collectives block until every rank reaches them.
+// Never hangs silently on misuse: if fn throws on a rank, the peers' pending and later
+// collectives throw too and RunOnThreadRanks rethrows the lowest failing rank's original
+// exception; ranks calling different collectives (op or size), or a rank returning while its
+// peers wait in a collective, make RunOnThreadRanks throw std::logic_error.
 void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn);
 
 }  // namespace kimirt
