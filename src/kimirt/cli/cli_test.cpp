@@ -184,3 +184,39 @@ TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
+  if (!fs::exists(Shared("fixtures/tiny-a/goldens.safetensors"))) GTEST_SKIP() << "no shared fixtures";
+  // tiny-a prompt1 and its 24-token greedy_fp32 continuation (fixtures/tiny-a/README.md).
+  const std::string ids = "422,53,217,295,453,382,482";
+  const std::string want =
+      "16,207,473,268,451,25,205,486,194,208,245,403,0,416,235,189,489,184,503,57,194,238,96,360";
+  for (const char* tp : {"1", "2"}) {
+    CmdResult r = Kimirt("generate --model " + Shared("fixtures/tiny-a") + " --ids " + ids +
+                         " --max-tokens 24 --ignore-eos --tp " + tp);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // stdout holds the ids (stderr, interleaved by the pipe, the timing line).
+    EXPECT_NE(r.output.find(want + "\n"), std::string::npos) << "tp " << tp << ":\n" << r.output;
+  }
+}
+
+TEST(CliModel, LogitsWritesEveryPosition) {
+  if (!fs::exists(Shared("fixtures/tiny-b/goldens.safetensors"))) GTEST_SKIP() << "no shared fixtures";
+  const std::string out = ::testing::TempDir() + "kimirt_logits_" + std::to_string(::getpid()) + ".safetensors";
+  CmdResult r = Kimirt("logits --model " + Shared("fixtures/tiny-b") + " --ids 1,2,3,999 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("logits [4, 1000]"), std::string::npos) << r.output;
+  EXPECT_GT(fs::file_size(out), 4u * 1000 * 4);  // 16,000 bytes of F32 logits plus the header
+  EXPECT_LT(fs::file_size(out), 4u * 1000 * 4 + 200);
+  fs::remove(out);
+  r = Kimirt("logits --model " + Shared("fixtures/tiny-b") + " --ids 1,1000 --out " + out);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("token id 1000 is outside the vocabulary"), std::string::npos) << r.output;
+  r = Kimirt("generate --model " + Shared("fixtures/tiny-b") + " --ids 1,x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("\"x\" is not a token id"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -21,11 +21,21 @@ class SplitMix64 {
   }
   // Uniform in [0, 1) with 53 random bits.
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  // Standard normal by Box-Muller (one value per call; simple beats fast here).
+  // Standard normal by Box-Muller (exact distribution; one value per call).
   double Normal() {
     const double u1 = 1.0 - Uniform();  // (0, 1]
     const double u2 = Uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  // Mean 0, variance 1, bell-shaped: the Irwin-Hall sum of four 16-bit uniforms from one draw,
+  // centred and scaled (a sum of 4 U(0,1) has variance 1/3). Tails stop at ±2√3; about 20×
+  // cheaper than Normal(), which matters when filling billions of random test weights.
+  float FastNormal() {
+    const uint64_t r = Next();
+    const uint32_t sum = static_cast<uint32_t>(r & 0xFFFF) + static_cast<uint32_t>((r >> 16) & 0xFFFF) +
+                         static_cast<uint32_t>((r >> 32) & 0xFFFF) + static_cast<uint32_t>(r >> 48);
+    // (sum / 65536 - mean) * sqrt(3); the mean of sum / 65536 is 4 * 32767.5 / 65536.
+    return (static_cast<float>(sum) * (1.0f / 65536.0f) - 1.999969482421875f) * 1.7320508075688772f;
   }
 
  private:

@@ -18,8 +18,8 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 }
 bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
-// Gaussian test weights with the scales the reference fixtures use (fixtures/*/README.md), so
-// activations stay O(1) through a random model.
+// Bell-shaped test weights (SplitMix64::FastNormal) with the scales the reference fixtures use
+// (fixtures/*/README.md), so activations stay O(1) through a random model.
 void FillFloats(const Layout& layout, const TensorSpec& t, std::string_view stream_name, uint64_t seed,
                 int64_t fan_in, std::vector<float>* out) {
   const ModelConfig& c = layout.config();
@@ -27,7 +27,8 @@ void FillFloats(const Layout& layout, const TensorSpec& t, std::string_view stre
   const std::string& n = t.name;
   const size_t count = out->size();
   auto normal = [&](double stddev, double mean = 0.0) {
-    for (size_t i = 0; i < count; ++i) (*out)[i] = static_cast<float>(mean + stddev * rng.Normal());
+    const float m = static_cast<float>(mean), sd = static_cast<float>(stddev);
+    for (size_t i = 0; i < count; ++i) (*out)[i] = m + sd * rng.FastNormal();
   };
   if (EndsWith(n, "A_log")) {
     // log(U(1, 16)) for the real heads; K3's zero padding after them (spec §2.4).
