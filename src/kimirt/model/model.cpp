@@ -34,6 +34,34 @@ Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator
     kda_slot_.push_back(is_kda ? kda++ : -1);
     mla_slot_.push_back(is_kda ? -1 : mla++);
   }
+  private_kv_ = MakeKvCache(0, 16, KvCacheDType::kF32, /*growable=*/true);
+}
+
+SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
+  if (this != &o) {
+    Release();
+    length = o.length;
+    kda = std::move(o.kda);
+    blocks = std::move(o.blocks);
+    kv = o.kv;
+    o.blocks.clear();
+    o.length = 0;
+    o.kv = nullptr;
+  }
+  return *this;
+}
+
+void SequenceState::Release() {
+  if (kv != nullptr && !blocks.empty()) kv->FreeBlocks(blocks);
+  blocks.clear();
+  length = 0;
+}
+
+std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
+                                                  bool growable) const {
+  const ModelConfig& c = config();
+  return std::make_unique<LatentKvCache>(static_cast<int>(c.NumMlaLayers()), num_blocks, block_size,
+                                         c.kv_lora_rank, c.qk_rope_head_dim, dtype, growable);
 }
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& backend, Communicator& comm) {
@@ -45,7 +73,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& back
   return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
 }
 
-SequenceState Model::NewSequence() {
+SequenceState Model::NewSequence(LatentKvCache* kv) {
   const ModelConfig& c = config();
   const int tp = comm_.size();
   const int64_t H = c.linear_attn.num_heads / tp;
@@ -53,36 +81,17 @@ SequenceState Model::NewSequence() {
   const int64_t Pl = H * K;
   const int64_t W = c.linear_attn.short_conv_kernel_size;
   SequenceState st;
+  st.kv = kv != nullptr ? kv : private_kv_.get();
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (c.IsKdaLayer(i)) {
-      KdaLayerState k;
-      k.conv_q = be_.Empty({W - 1, Pl});
-      k.conv_k = be_.Empty({W - 1, Pl});
-      k.conv_v = be_.Empty({W - 1, Pl});
-      k.recurrent = be_.Empty({H, K, K});
-      st.kda.push_back(std::move(k));
-    } else {
-      st.mla.push_back(MlaLayerCache{});
-    }
+    if (!c.IsKdaLayer(i)) continue;
+    KdaLayerState k;
+    k.conv_q = be_.Empty({W - 1, Pl});
+    k.conv_k = be_.Empty({W - 1, Pl});
+    k.conv_v = be_.Empty({W - 1, Pl});
+    k.recurrent = be_.Empty({H, K, K});
+    st.kda.push_back(std::move(k));
   }
   return st;
-}
-
-void Model::GrowCaches(SequenceState* st, int64_t rows) {
-  if (rows <= st->capacity) return;
-  const ModelConfig& c = config();
-  const int64_t cap = std::max<int64_t>(rows, std::max<int64_t>(64, st->capacity * 2));
-  for (MlaLayerCache& m : st->mla) {
-    Tensor nc = be_.Empty({cap, c.kv_lora_rank});
-    Tensor nk = be_.Empty({cap, c.qk_rope_head_dim});
-    if (st->length > 0) {
-      be_.CopyRows(m.c.Rows(0, st->length), &nc, 0);
-      be_.CopyRows(m.ks.Rows(0, st->length), &nk, 0);
-    }
-    m.c = std::move(nc);
-    m.ks = std::move(nk);
-  }
-  st->capacity = cap;
 }
 
 void Model::AllReduce(Tensor* t) {
@@ -141,11 +150,12 @@ Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, co
   return out;
 }
 
-Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, MlaLayerCache* cache, int64_t start,
+Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, SequenceState* st,
                   const ForwardOptions& o) {
   const ModelConfig& c = config();
   const MlaWeights& w = lw.mla;
   const int64_t T = x.dim(0);
+  const int64_t start = st->length;
   auto linear = [&](const Tensor& in, const Tensor& weight) {
     Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
     be_.Linear(in, weight, &y);
@@ -154,7 +164,9 @@ Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, MlaLayerCache* cache,
   // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
   Tensor q = c.q_lora_rank ? linear(Norm(linear(x, w.q_a), w.q_a_norm, kMlaLatentNormEps), w.q_b)
                            : linear(x, w.q);
-  // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache.
+  // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache, and
+  // attention reads every position back from it (so the cache dtype applies to the new tokens
+  // too, as in a paged-attention kernel).
   const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
   Tensor a = linear(x, w.kv_a);
   Tensor c_raw = be_.Empty({T, r});
@@ -162,8 +174,12 @@ Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, MlaLayerCache* cache,
   be_.CopyColumns(a, 0, r, &c_raw);
   be_.CopyColumns(a, r, dr, &ks);
   Tensor latent = Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
-  be_.CopyRows(latent, &cache->c, start);
-  be_.CopyRows(ks, &cache->ks, start);
+  st->kv->Write(mla_layer, st->blocks, start, be_.Download(latent), be_.Download(ks));
+  Tensor all_c = Tensor::Host({start + T, r});
+  Tensor all_ks = Tensor::Host({start + T, dr});
+  st->kv->Gather(mla_layer, st->blocks, start + T, &all_c, &all_ks);
+  Tensor cache_c = be_.Upload(all_c);
+  Tensor cache_ks = be_.Upload(all_ks);
   MlaShape shape;
   shape.nope_dim = c.qk_nope_head_dim;
   shape.rope_dim = dr;
@@ -172,7 +188,7 @@ Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, MlaLayerCache* cache,
   shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
   const MlaForm form = o.mla_form.value_or(T == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
   Tensor attn = be_.Empty({T, shape.heads * shape.v_dim});
-  be_.MlaAttention(q, cache->c, cache->ks, w.kv_b, shape, start, form, &attn);
+  be_.MlaAttention(q, cache_c, cache_ks, w.kv_b, shape, start, form, &attn);
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
   if (c.mla_use_output_gate) be_.SigmoidMul(attn, linear(x, w.g), &attn);
   Tensor out = linear(attn, w.o);
@@ -232,7 +248,7 @@ Tensor Model::Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx) {
 Tensor Model::Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o) {
   const LayerWeights& lw = w_.layers[layer];
   if (lw.is_kda) return Kda(lw, x, &st->kda[static_cast<size_t>(kda_slot_[layer])], o);
-  return Mla(lw, x, &st->mla[static_cast<size_t>(mla_slot_[layer])], st->length, o);
+  return Mla(lw, x, mla_slot_[layer], st, o);
 }
 
 Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, const ForwardOptions& o) {
@@ -245,10 +261,13 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
                              std::to_string(c.vocab_size) + ")");
     }
   }
-  if (st->kda.size() + st->mla.size() != static_cast<size_t>(c.num_hidden_layers)) {
+  if (st->kda.size() != static_cast<size_t>(c.NumKdaLayers()) || st->kv == nullptr ||
+      st->kv->num_layers() != c.NumMlaLayers()) {
     return InvalidArgument("sequence state was not made by this model");
   }
-  GrowCaches(st, st->length + T);
+  // Every latent block this call writes must exist before any layer runs, so a full pool fails
+  // the call cleanly instead of half-way through the layers.
+  KIMIRT_RETURN_IF_ERROR(st->kv->Reserve(&st->blocks, st->length + T));
   ForwardTrace* trace = o.trace;
   if (trace != nullptr) *trace = ForwardTrace{};
   const float eps = static_cast<float>(c.rms_norm_eps);

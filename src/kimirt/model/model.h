@@ -3,8 +3,8 @@
 // runs the same Forward on its shard and the collectives sit where the math needs them.
 //
 // A forward call continues one sequence from its SequenceState: prefill a prompt at once or in
-// chunks, then decode a token at a time; KDA state, conv windows and the MLA latent cache carry
-// over (spec §5.7, §6.5, §9).
+// chunks, then decode a token at a time; KDA state, conv windows and the paged MLA latent cache
+// carry over (spec §5.7, §6.5, §9).
 #pragma once
 
 #include <memory>
@@ -15,6 +15,7 @@
 
 #include "kimirt/backend/backend.h"
 #include "kimirt/model/config.h"
+#include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/model/layout.h"
 #include "kimirt/model/weights.h"
 #include "kimirt/parallel/communicator.h"
@@ -26,17 +27,24 @@ struct KdaLayerState {
   Tensor recurrent;               // [H_l, K, K] FP32 state S (spec §5.4)
 };
 
-struct MlaLayerCache {
-  Tensor c;   // [capacity, r]  normed latent (spec §6.5)
-  Tensor ks;  // [capacity, dr] raw shared key
-};
+// Everything a sequence carries between forward calls (spec §9): KDA conv windows and
+// recurrent states, and the block table of its MLA latents in a LatentKvCache. Move-only; its
+// blocks go back to the cache when it is destroyed or Release()d. Not shareable across threads.
+class SequenceState {
+ public:
+  SequenceState() = default;
+  SequenceState(SequenceState&& o) noexcept { *this = std::move(o); }
+  SequenceState& operator=(SequenceState&& o) noexcept;
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+  ~SequenceState() { Release(); }
+  // Frees the latent blocks and forgets the tokens (KDA state is left for the owner to reset).
+  void Release();
 
-// Everything a sequence carries between forward calls (spec §9). Not shareable across threads.
-struct SequenceState {
-  int64_t length = 0;    // tokens already processed
-  int64_t capacity = 0;  // rows allocated in each MLA cache
+  int64_t length = 0;              // tokens already processed
   std::vector<KdaLayerState> kda;  // one per KDA layer, in layer order
-  std::vector<MlaLayerCache> mla;  // one per MLA layer, in layer order
+  std::vector<int32_t> blocks;     // latent block table (all MLA layers share it)
+  LatentKvCache* kv = nullptr;     // where the blocks live; not owned
 };
 
 // Host copies of intermediate tensors, for golden and debugging comparisons.
@@ -63,7 +71,12 @@ class Model {
   const ModelConfig& config() const { return layout_.config(); }
   const Layout& layout() const { return layout_; }
 
-  SequenceState NewSequence();
+  // A fresh sequence whose latents live in `kv` (default: a growable F32 cache of the model's
+  // own, for tools and tests; the engine passes its paged pool).
+  SequenceState NewSequence(LatentKvCache* kv = nullptr);
+  // A latent cache shaped for this model (all its MLA layers).
+  std::unique_ptr<LatentKvCache> MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
+                                             bool growable) const;
   // Runs `ids` as the next tokens of `state`. Returns F32 host logits [T, vocab] (or [1, vocab]
   // with all_logits = false). ids outside the vocabulary are an InvalidArgument.
   Result<Tensor> Forward(SequenceState* state, std::span<const int32_t> ids,
@@ -74,14 +87,13 @@ class Model {
 
   Tensor Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o);
   Tensor Kda(const LayerWeights& w, const Tensor& x, KdaLayerState* st, const ForwardOptions& o);
-  Tensor Mla(const LayerWeights& w, const Tensor& x, MlaLayerCache* cache, int64_t start,
+  Tensor Mla(const LayerWeights& w, const Tensor& x, int mla_layer, SequenceState* st,
              const ForwardOptions& o);
   Tensor Mlp(const MlpWeights& w, const Tensor& y);
   Tensor Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx);
   Tensor Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm);
   Tensor Norm(const Tensor& x, const Tensor& w, float eps);
   void AllReduce(Tensor* t);
-  void GrowCaches(SequenceState* st, int64_t rows);
 
   Layout layout_;
   ModelWeights w_;
@@ -89,7 +101,8 @@ class Model {
   Communicator& comm_;
   GluParams glu_;
   std::vector<int> kda_slot_;  // layer -> index into SequenceState::kda (or -1)
-  std::vector<int> mla_slot_;  // layer -> index into SequenceState::mla (or -1)
+  std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1)
+  std::unique_ptr<LatentKvCache> private_kv_;
 };
 
 }  // namespace kimirt
