@@ -149,3 +149,52 @@ TEST(ModelForward, RejectsTokensOutsideTheVocabulary) {
 
 }  // namespace
 }  // namespace kimirt
+
+namespace kimirt {
+namespace {
+
+// Issue: an FP8 latent cache stays within a stated tolerance of BF16, and the difference is
+// reported. Random-weight MoE fixtures are chaotic (fixtures/*/README.md): a perturbation of
+// 1e-3 flips near-tie routing decisions downstream and moves logits by O(1), whatever caused
+// it. So the bound is stated where the cache acts alone — the output of the first MLA layer,
+// which reads every position back from the cache — and end-to-end logits are reported.
+TEST_P(ConsistencyTest, KvCacheDtypesStayCloseToTheF32Reference) {
+  const ModelConfig& c = model_->config();
+  int64_t first_mla = 0;
+  while (c.IsKdaLayer(first_mla)) ++first_mla;
+  struct Run {
+    Tensor logits, mla_out;
+  };
+  auto run = [&](KvCacheDType dt) {
+    auto kv = model_->MakeKvCache(0, 16, dt, /*growable=*/true);
+    SequenceState st = model_->NewSequence(kv.get());
+    ForwardTrace trace;
+    ForwardOptions o;
+    o.trace = &trace;
+    auto logits = model_->Forward(&st, ids_, o);
+    EXPECT_TRUE(logits.ok());
+    return Run{*logits, trace.attn_out[static_cast<size_t>(first_mla)]};
+  };
+  const Run f32 = run(KvCacheDType::kF32), bf16 = run(KvCacheDType::kBF16), fp8 = run(KvCacheDType::kFP8);
+  const double layer_bf16 = testing::RelL2(bf16.mla_out, f32.mla_out);
+  const double layer_fp8 = testing::RelL2(fp8.mla_out, bf16.mla_out);
+  const int64_t V = c.vocab_size;
+  int agree = 0;
+  for (size_t t = 0; t < ids_.size(); ++t) {
+    agree += testing::ArgMax(fp8.logits.f32() + t * V, V) == testing::ArgMax(bf16.logits.f32() + t * V, V);
+  }
+  std::printf("[ kv-cache ] %s: layer %lld MLA output rel-L2: bf16 vs f32 %.2e, fp8 vs bf16 %.2e | "
+              "logits max|diff|: bf16 vs f32 %.3g, fp8 vs bf16 %.3g (max|logit| %.3g); fp8/bf16 argmax %d/%zu\n",
+              GetParam().c_str(), static_cast<long long>(first_mla), layer_bf16, layer_fp8,
+              testing::MaxAbsDiff(bf16.logits, f32.logits), testing::MaxAbsDiff(fp8.logits, bf16.logits),
+              testing::MaxAbs(f32.logits), agree, ids_.size());
+  RecordProperty("mla_out_rel_l2_bf16_vs_f32", std::to_string(layer_bf16));
+  RecordProperty("mla_out_rel_l2_fp8_vs_bf16", std::to_string(layer_fp8));
+  // BF16 rounds each latent by ≤ 2^-9 relative; E4M3 by ≤ 2^-4 (latent_kv_cache_test.cpp).
+  // Measured (docs/kv-cache.md): 2e-3 and 3e-2; the bounds are about 3× and 2.5× those.
+  EXPECT_LE(layer_bf16, 6e-3);
+  EXPECT_LE(layer_fp8, 8e-2);
+}
+
+}  // namespace
+}  // namespace kimirt
