@@ -1,0 +1,96 @@
+// Engine: continuous batching over one Model (DESIGN.md "Data flow of one engine step").
+// Requests are token ids + SamplingParams in; a stream of RequestOutput events (new tokens,
+// their text, logprobs, the finish reason) out. The engine knows nothing about HTTP.
+//
+// One step-loop thread owns the model, the caches and the scheduler. Submit/Abort/Stats are
+// thread-safe and never block on a step. Callbacks run on the step-loop thread: they must be
+// quick and must not call back into the engine except Abort.
+//
+// Batch invariance: each running sequence is forwarded on its own, and prompts are prefilled in
+// chunks of a fixed size (`prefill_chunk`) that does not depend on the load, so a request's
+// tokens are bit-identical alone or among many (issue "Engine": batch invariance).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kimirt/core/status.h"
+#include "kimirt/engine/sampler.h"
+#include "kimirt/engine/sampling_params.h"
+#include "kimirt/model/latent_kv_cache.h"
+
+namespace kimirt {
+
+class Model;
+class Tokenizer;
+
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
+std::string_view FinishReasonName(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> token_ids;      // tokens sampled since the last event
+  std::string text;                    // their text (held back at UTF-8 or stop-string edges)
+  std::vector<SampleResult> logprobs;  // one per token when params.logprobs >= 0
+  FinishReason finish = FinishReason::kNone;
+  std::string stop_string;             // the stop string that ended it, if any
+  int32_t stop_token = -1;             // the stop token id that ended it, if any
+  Status error;                        // set when finish == kError
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;       // total so far
+};
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  std::function<void(const RequestOutput&)> on_output;
+};
+
+struct EngineOptions {
+  int32_t max_num_seqs = 64;              // running sequences (= KDA state slots)
+  int32_t max_num_batched_tokens = 10240; // tokens forwarded per step
+  int32_t block_size = 128;               // latent cache block
+  int64_t num_kv_blocks = 0;              // latent cache size; 0: from kv_cache_bytes
+  uint64_t kv_cache_bytes = 0;            // budget for the latent cache when num_kv_blocks = 0
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
+  int64_t max_model_len = 0;              // prompt + output; 0: the model's maximum
+  int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
+  int32_t max_waiting = 1024;             // queued requests before Submit refuses
+  uint64_t default_seed = 0;              // seed of requests without one
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t state_slots_total = 0, state_slots_used = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;  // totals
+};
+
+class Engine {
+ public:
+  // Starts the step loop. `tokenizer` may be null (no text, no stop strings).
+  static Result<std::unique_ptr<Engine>> Create(Model& model, const Tokenizer* tokenizer, EngineOptions options);
+  virtual ~Engine() = default;
+
+  // Queues a request. Errors: InvalidArgument (bad params, empty or too long prompt, duplicate
+  // id), ResourceExhausted (waiting queue full), Unavailable-like kResourceExhausted after
+  // Shutdown. On success the callback will be called until an event with finish != kNone.
+  virtual Status Submit(EngineRequest request) = 0;
+  // Cancels a queued or running request; its callback gets a final kAbort event. Unknown ids
+  // are ignored (the request may have finished meanwhile).
+  virtual void Abort(const std::string& request_id) = 0;
+  virtual EngineStats Stats() const = 0;
+  // Stops accepting; with drain, finishes running and queued requests first, else aborts them.
+  // Returns when the step loop has exited.
+  virtual void Shutdown(bool drain) = 0;
+  virtual const EngineOptions& options() const = 0;
+};
+
+}  // namespace kimirt

@@ -1,0 +1,264 @@
+// Engine behaviour on the tiny-a fixture (CPU): greedy output equals the model's own greedy
+// continuation; a request's tokens and logprobs are bit-identical alone or among 32 mixed
+// requests; preemption under a small cache completes everything; aborts and finished requests
+// return every block and slot.
+#include "kimirt/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/model/model.h"
+
+namespace kimirt {
+namespace {
+
+std::string Fixture(const std::string& n) { return std::string(KIMIRT_SHARED_DIR) + "/fixtures/" + n; }
+
+// Collects every request's events; Wait() blocks until the given ids finished.
+class Collector {
+ public:
+  std::function<void(const RequestOutput&)> Callback() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Result& r = results_[o.request_id];
+      r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      for (const SampleResult& s : o.logprobs) r.logprobs.push_back(s.logprob);
+      r.events += 1;
+      if (o.finish != FinishReason::kNone) {
+        r.finish = o.finish;
+        r.error = o.error;
+        r.prompt_tokens = o.prompt_tokens;
+        r.completion_tokens = o.completion_tokens;
+        cv_.notify_all();
+      }
+    };
+  }
+  struct Result {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    FinishReason finish = FinishReason::kNone;
+    Status error;
+    int events = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+  };
+  bool Wait(const std::vector<std::string>& ids, double seconds = 60) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
+      for (const std::string& id : ids) {
+        auto it = results_.find(id);
+        if (it == results_.end() || it->second.finish == FinishReason::kNone) return false;
+      }
+      return true;
+    });
+  }
+  Result Get(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_[id];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Result> results_;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+    backend_ = MakeCpuBackend();
+    comm_ = MakeSingleRankCommunicator();
+    auto m = Model::Load(Fixture("tiny-a"), *backend_, *comm_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(m).value();
+  }
+  std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
+    auto e = Engine::Create(*model_, nullptr, o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+  EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens, Collector& c) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    r.params.logprobs = 0;
+    r.on_output = c.Callback();
+    return r;
+  }
+  static std::vector<int32_t> Prompt(int len, int salt) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
+    return p;
+  }
+  static EngineOptions SmallOptions() {
+    EngineOptions o;
+    o.block_size = 8;
+    o.num_kv_blocks = 4096;
+    o.prefill_chunk = 16;
+    o.max_num_batched_tokens = 256;
+    o.max_num_seqs = 64;
+    return o;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(EngineTest, GreedyEqualsTheModelsOwnContinuation) {
+  const std::vector<int32_t> prompt = Prompt(21, 3);
+  // Reference: the same fixed chunking the engine uses (16), then one token at a time.
+  SequenceState st = model_->NewSequence();
+  ForwardOptions last;
+  last.all_logits = false;
+  Result<Tensor> logits = Status(ErrorCode::kInternal, "unset");
+  for (size_t at = 0; at < prompt.size(); at += 16) {
+    logits = model_->Forward(&st, std::span<const int32_t>(prompt).subspan(at, std::min<size_t>(16, prompt.size() - at)), last);
+  }
+  std::vector<int32_t> want;
+  for (int i = 0; i < 12; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits->f32(), logits->f32() + 512) - logits->f32());
+    want.push_back(next);
+    logits = model_->Forward(&st, std::vector<int32_t>{next}, last);
+  }
+  Collector c;
+  auto engine = MakeEngine(SmallOptions());
+  ASSERT_TRUE(engine->Submit(Request("a", prompt, 12, c)).ok());
+  ASSERT_TRUE(c.Wait({"a"}));
+  Collector::Result r = c.Get("a");
+  EXPECT_EQ(r.finish, FinishReason::kLength);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_EQ(r.prompt_tokens, 21);
+  EXPECT_EQ(r.completion_tokens, 12);
+  EXPECT_EQ(r.events, 12);  // one event per token
+}
+
+TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
+  const std::vector<int32_t> probe = Prompt(45, 9);
+  Collector alone;
+  {
+    auto engine = MakeEngine(SmallOptions());
+    ASSERT_TRUE(engine->Submit(Request("probe", probe, 20, alone)).ok());
+    ASSERT_TRUE(alone.Wait({"probe"}));
+  }
+  Collector crowd;
+  auto engine = MakeEngine(SmallOptions());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 31; ++i) {
+    ids.push_back("r" + std::to_string(i));
+    ASSERT_TRUE(engine->Submit(Request(ids.back(), Prompt(1 + (i * 13) % 70, i), 5 + i % 17, crowd)).ok());
+    if (i == 15) ASSERT_TRUE(engine->Submit(Request("probe", probe, 20, crowd)).ok());
+  }
+  ids.push_back("probe");
+  ASSERT_TRUE(crowd.Wait(ids));
+  const Collector::Result a = alone.Get("probe"), b = crowd.Get("probe");
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)))
+      << "logprobs differ in their bits";
+  EngineStats s = engine->Stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.state_slots_used, 0);
+  EXPECT_EQ(s.running + s.waiting, 0);
+}
+
+TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
+  EngineOptions o = SmallOptions();
+  o.num_kv_blocks = 12;  // 96 token positions for 8 sequences that want ~50 each
+  Collector c;
+  auto engine = MakeEngine(o);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    ids.push_back("p" + std::to_string(i));
+    ASSERT_TRUE(engine->Submit(Request(ids.back(), Prompt(20 + i, i), 30, c)).ok());
+  }
+  ASSERT_TRUE(c.Wait(ids, 120));
+  for (const std::string& id : ids) {
+    EXPECT_EQ(c.Get(id).finish, FinishReason::kLength) << id;
+    EXPECT_EQ(c.Get(id).tokens.size(), 30u) << id;
+  }
+  EngineStats s = engine->Stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+TEST_F(EngineTest, AbortFreesEverything) {
+  Collector c;
+  auto engine = MakeEngine(SmallOptions());
+  ASSERT_TRUE(engine->Submit(Request("long", Prompt(30, 1), 100000, c)).ok());
+  EngineRequest queued = Request("queued", Prompt(5, 2), 10, c);
+  ASSERT_TRUE(engine->Submit(std::move(queued)).ok());
+  while (c.Get("long").tokens.size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine->Abort("long");
+  engine->Abort("nonexistent");  // ignored
+  ASSERT_TRUE(c.Wait({"long", "queued"}));
+  EXPECT_EQ(c.Get("long").finish, FinishReason::kAbort);
+  EXPECT_EQ(c.Get("queued").finish, FinishReason::kLength);
+  // Stats are published after each step; give the loop a moment.
+  for (int i = 0; i < 100 && engine->Stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(engine->Stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine->Stats().state_slots_used, 0);
+  // The id is free again once finished.
+  EXPECT_TRUE(engine->Submit(Request("long", Prompt(3, 3), 2, c)).ok());
+}
+
+TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
+  EngineOptions o = SmallOptions();
+  o.max_waiting = 2;
+  o.max_num_seqs = 1;
+  o.max_model_len = 64;
+  Collector c;
+  auto engine = MakeEngine(o);
+  EXPECT_EQ(engine->Submit(Request("e", {}, 4, c)).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine->Submit(Request("v", {1, 512}, 4, c)).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine->Submit(Request("l", Prompt(64, 1), 4, c)).code(), ErrorCode::kInvalidArgument);
+  EngineRequest bad = Request("t", {1}, 4, c);
+  bad.params.top_p = 1.5f;
+  Status s = engine->Submit(std::move(bad));
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("top_p"), std::string::npos) << s.message();
+  ASSERT_TRUE(engine->Submit(Request("d", {1, 2}, 100000, c)).ok());
+  EXPECT_EQ(engine->Submit(Request("d", {1}, 4, c)).code(), ErrorCode::kInvalidArgument);  // duplicate id
+  // One running, then the queue of two fills up.
+  while (engine->Stats().running < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(engine->Submit(Request("q1", {1}, 2, c)).ok());
+  ASSERT_TRUE(engine->Submit(Request("q2", {1}, 2, c)).ok());
+  EXPECT_EQ(engine->Submit(Request("q3", {1}, 2, c)).code(), ErrorCode::kResourceExhausted);
+  // Generation stops at max_model_len.
+  engine->Abort("d");
+  ASSERT_TRUE(c.Wait({"d", "q1", "q2"}));
+  engine->Shutdown(/*drain=*/true);
+  EXPECT_EQ(engine->Submit(Request("z", {1}, 2, c)).code(), ErrorCode::kResourceExhausted);
+}
+
+TEST_F(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
+  EngineOptions o = SmallOptions();
+  o.max_model_len = 30;
+  Collector c;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine->Submit(Request("m", Prompt(25, 4), 100, c)).ok());
+  ASSERT_TRUE(c.Wait({"m"}));
+  EXPECT_EQ(c.Get("m").finish, FinishReason::kLength);
+  EXPECT_EQ(c.Get("m").tokens.size(), 5u);
+  // Whatever greedy produces first becomes a stop token: the request stops right there.
+  const int32_t first = c.Get("m").tokens[0];
+  EngineRequest r = Request("s", Prompt(25, 4), 100, c);
+  r.params.stop_token_ids = {first};
+  ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  ASSERT_TRUE(c.Wait({"s"}));
+  EXPECT_EQ(c.Get("s").finish, FinishReason::kStop);
+  EXPECT_EQ(c.Get("s").tokens, std::vector<int32_t>{first});
+}
+
+}  // namespace
+}  // namespace kimirt

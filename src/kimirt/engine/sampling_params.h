@@ -1,0 +1,36 @@
+// SamplingParams: what a request asks of the sampler and the stop logic (OpenAI / vLLM
+// semantics). Validation of user-facing ranges happens at the server's edge; the engine checks
+// them again (Validate) so a library caller cannot crash it either.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kimirt/core/status.h"
+
+namespace kimirt {
+
+struct SamplingParams {
+  float temperature = 1.0f;   // 0: greedy
+  float top_p = 1.0f;         // (0, 1]
+  int32_t top_k = 0;          // 0 or -1: off
+  float min_p = 0.0f;         // [0, 1]: drop tokens with p < min_p * p_max
+  std::optional<uint64_t> seed;  // per-request reproducible sampling
+  float presence_penalty = 0.0f;   // [-2, 2], OpenAI: subtract once if the token occurred
+  float frequency_penalty = 0.0f;  // [-2, 2], OpenAI: subtract count × penalty
+  float repetition_penalty = 1.0f; // > 0, vLLM/HF: divide positive / multiply negative logits
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
+  int32_t logprobs = -1;       // -1: none; 0: the sampled token's; k > 0: plus the top k
+  int32_t max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS set
+  std::vector<std::string> stop;        // stop strings (matched on text, not emitted)
+  int32_t n = 1;
+
+  Status Validate(int32_t vocab_size) const;
+};
+
+}  // namespace kimirt
