@@ -17,7 +17,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "kimirt/model/model.h"
 #include "kimirt/tokenizer/detokenizer.h"
 #include "kimirt/tokenizer/tokenizer.h"
 
@@ -40,8 +39,8 @@ struct Sequence {
   EngineRequest req;
   std::vector<int32_t> tokens;  // prompt, then sampled tokens
   int64_t prompt_len = 0;
-  int64_t computed = 0;         // tokens already forwarded into `state`
-  SequenceState state;
+  int64_t computed = 0;         // tokens already forwarded into the runner's state
+  ModelRunner::Handle handle = -1;
   bool has_state = false;
   uint64_t arrival = 0;         // admission order; the newest is preempted first
   std::unique_ptr<Sampler> sampler;
@@ -53,10 +52,10 @@ struct Sequence {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(Model& model, const Tokenizer* tokenizer, EngineOptions o, std::unique_ptr<LatentKvCache> kv)
-      : model_(model), tokenizer_(tokenizer), opt_(o), kv_(std::move(kv)) {
-    eos_ = model_.config().eos_token_ids;
-    stats_.kv_blocks_total = kv_->num_blocks();
+  EngineImpl(ModelRunner& runner, const Tokenizer* tokenizer, EngineOptions o)
+      : runner_(runner), tokenizer_(tokenizer), opt_(o) {
+    eos_ = runner_.config().eos_token_ids;
+    stats_.kv_blocks_total = runner_.kv_blocks_total();
     stats_.state_slots_total = opt_.max_num_seqs;
     loop_ = std::thread([this] { Loop(); });
   }
@@ -65,7 +64,7 @@ class EngineImpl final : public Engine {
   const EngineOptions& options() const override { return opt_; }
 
   Status Submit(EngineRequest r) override {
-    const int32_t V = static_cast<int32_t>(model_.config().vocab_size);
+    const int32_t V = static_cast<int32_t>(runner_.config().vocab_size);
     if (r.id.empty()) return InvalidArgument("request id is empty");
     if (r.prompt.empty()) return InvalidArgument("prompt is empty");
     for (int32_t id : r.prompt) {
@@ -192,8 +191,8 @@ class EngineImpl final : public Engine {
     while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opt_.max_num_seqs) {
       Sequence* s = waiting_.front().get();
       const int64_t first = std::min<int64_t>(opt_.prefill_chunk, static_cast<int64_t>(s->tokens.size()));
-      if (kv_->BlocksFor(first) > kv_->free_blocks()) break;  // admission by memory
-      s->state = model_.NewSequence(kv_.get());
+      if (runner_.kv_blocks_for(first) > runner_.kv_blocks_free()) break;  // admission by memory
+      s->handle = runner_.NewSequence();
       s->has_state = true;
       s->computed = 0;
       s->arrival = next_arrival_++;
@@ -210,7 +209,7 @@ class EngineImpl final : public Engine {
   // sequence (recompute later) while the pool is short. False if `s` itself had to yield.
   bool ReserveOrPreempt(Sequence* s, int64_t tokens) {
     for (;;) {
-      if (kv_->Reserve(&s->state.blocks, tokens).ok()) return true;
+      if (runner_.Reserve(s->handle, tokens).ok()) return true;
       Sequence* victim = nullptr;
       for (auto& r : running_) {
         if (r && (victim == nullptr || r->arrival > victim->arrival)) victim = r.get();
@@ -223,7 +222,7 @@ class EngineImpl final : public Engine {
   void Preempt(Sequence* s) {
     // Recompute preemption (vLLM): drop the state and blocks, keep the tokens; the sequence
     // goes to the front of the queue and re-prefills prompt + output when readmitted.
-    s->state = SequenceState();
+    runner_.Release(s->handle);
     s->has_state = false;
     s->computed = 0;
     ++preemptions_;
@@ -237,10 +236,8 @@ class EngineImpl final : public Engine {
   }
 
   void Forward(Sequence* s, int64_t n) {
-    ForwardOptions o;
-    o.all_logits = false;
     std::span<const int32_t> ids(s->tokens.data() + s->computed, static_cast<size_t>(n));
-    Result<Tensor> logits = model_.Forward(&s->state, ids, o);
+    Result<Tensor> logits = runner_.Forward(s->handle, ids, /*last_only=*/true);
     if (!logits.ok()) {
       Finish(s, FinishReason::kError, logits.status());
       return;
@@ -311,13 +308,17 @@ class EngineImpl final : public Engine {
 
   // Frees the sequence's slot and blocks and forgets it.
   void Release(Sequence* s) {
+    if (s->has_state) {
+      runner_.Release(s->handle);
+      s->has_state = false;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ids_.erase(s->req.id);
     }
     for (auto& r : running_) {
       if (r.get() == s) {
-        r.reset();  // ~SequenceState frees the blocks; the null is erased after the step
+        r.reset();  // the null is erased after the step
         return;
       }
     }
@@ -366,7 +367,7 @@ class EngineImpl final : public Engine {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.running = static_cast<int64_t>(running_.size());
     stats_.waiting = static_cast<int64_t>(waiting_.size());
-    stats_.kv_blocks_used = kv_->used_blocks();
+    stats_.kv_blocks_used = runner_.kv_blocks_total() - runner_.kv_blocks_free();
     stats_.state_slots_used = stats_.running;
     stats_.preemptions = preemptions_;
     stats_.steps = stats_steps_;
@@ -374,10 +375,9 @@ class EngineImpl final : public Engine {
     stats_.generation_tokens = stats_generation_tokens_;
   }
 
-  Model& model_;
+  ModelRunner& runner_;
   const Tokenizer* tokenizer_;
   EngineOptions opt_;
-  std::unique_ptr<LatentKvCache> kv_;
   std::vector<int64_t> eos_;
 
   // Step-loop state (loop thread only).
@@ -400,11 +400,10 @@ class EngineImpl final : public Engine {
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::Create(Model& model, const Tokenizer* tokenizer, EngineOptions o) {
-  const ModelConfig& c = model.config();
+Result<std::unique_ptr<Engine>> Engine::Create(ModelRunner& runner, const Tokenizer* tokenizer, EngineOptions o) {
+  const ModelConfig& c = runner.config();
   if (o.max_num_seqs < 1) return InvalidArgument("max_num_seqs must be >= 1");
   if (o.max_num_batched_tokens < 1) return InvalidArgument("max_num_batched_tokens must be >= 1");
-  if (o.block_size < 1) return InvalidArgument("block_size must be >= 1");
   if (o.prefill_chunk < 1) return InvalidArgument("prefill_chunk must be >= 1");
   if (o.prefill_chunk > o.max_num_batched_tokens) {
     return InvalidArgument("prefill chunk " + std::to_string(o.prefill_chunk) + " exceeds max_num_batched_tokens " +
@@ -416,17 +415,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model& model, const Tokenizer* to
     return InvalidArgument("max_model_len " + std::to_string(o.max_model_len) + " exceeds the model's " +
                            std::to_string(model_max));
   }
-  auto kv = model.MakeKvCache(0, o.block_size, o.kv_cache_dtype, /*growable=*/false);
-  if (o.num_kv_blocks <= 0) {
-    if (o.kv_cache_bytes == 0) return InvalidArgument("give the engine num_kv_blocks or kv_cache_bytes");
-    o.num_kv_blocks = static_cast<int64_t>(o.kv_cache_bytes / std::max<uint64_t>(1, kv->block_bytes()));
+  if (runner.kv_blocks_total() < runner.kv_blocks_for(o.prefill_chunk)) {
+    return ResourceExhausted("the latent cache holds " + std::to_string(runner.kv_blocks_total()) +
+                             " blocks, fewer than one prefill chunk of " + std::to_string(o.prefill_chunk) +
+                             " tokens needs");
   }
-  if (o.num_kv_blocks < kv->BlocksFor(o.prefill_chunk)) {
-    return ResourceExhausted("the latent cache holds " + std::to_string(o.num_kv_blocks) +
-                             " blocks, fewer than one prefill chunk needs");
-  }
-  kv = model.MakeKvCache(o.num_kv_blocks, o.block_size, o.kv_cache_dtype, /*growable=*/false);
-  return std::unique_ptr<Engine>(new EngineImpl(model, tokenizer, o, std::move(kv)));
+  return std::unique_ptr<Engine>(new EngineImpl(runner, tokenizer, o));
 }
 
 }  // namespace kimirt

@@ -21,11 +21,10 @@
 #include "kimirt/core/status.h"
 #include "kimirt/engine/sampler.h"
 #include "kimirt/engine/sampling_params.h"
-#include "kimirt/model/latent_kv_cache.h"
+#include "kimirt/engine/model_runner.h"
 
 namespace kimirt {
 
-class Model;
 class Tokenizer;
 
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
@@ -51,13 +50,10 @@ struct EngineRequest {
   std::function<void(const RequestOutput&)> on_output;
 };
 
+// The latent cache's size, block and dtype belong to the ModelRunner (RunnerOptions).
 struct EngineOptions {
   int32_t max_num_seqs = 64;              // running sequences (= KDA state slots)
   int32_t max_num_batched_tokens = 10240; // tokens forwarded per step
-  int32_t block_size = 128;               // latent cache block
-  int64_t num_kv_blocks = 0;              // latent cache size; 0: from kv_cache_bytes
-  uint64_t kv_cache_bytes = 0;            // budget for the latent cache when num_kv_blocks = 0
-  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   int64_t max_model_len = 0;              // prompt + output; 0: the model's maximum
   int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
   int32_t max_waiting = 1024;             // queued requests before Submit refuses
@@ -75,8 +71,10 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Starts the step loop. `tokenizer` may be null (no text, no stop strings).
-  static Result<std::unique_ptr<Engine>> Create(Model& model, const Tokenizer* tokenizer, EngineOptions options);
+  // Starts the step loop. `tokenizer` may be null (no text, no stop strings). The runner and
+  // the tokenizer must outlive the engine.
+  static Result<std::unique_ptr<Engine>> Create(ModelRunner& runner, const Tokenizer* tokenizer,
+                                                EngineOptions options);
   virtual ~Engine() = default;
 
   // Queues a request. Errors: InvalidArgument (bad params, empty or too long prompt, duplicate

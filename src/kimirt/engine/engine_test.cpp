@@ -69,6 +69,17 @@ class Collector {
   std::map<std::string, Result> results_;
 };
 
+// Stats are published after each step, so the last request's release shows one step after its
+// final event: wait (bounded) for the engine to go idle.
+EngineStats WaitIdle(Engine& e) {
+  EngineStats s = e.Stats();
+  for (int i = 0; i < 1000 && (s.running + s.waiting > 0 || s.kv_blocks_used > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    s = e.Stats();
+  }
+  return s;
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -79,8 +90,14 @@ class EngineTest : public ::testing::Test {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(m).value();
   }
-  std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
-    auto e = Engine::Create(*model_, nullptr, o);
+  std::unique_ptr<Engine> MakeEngine(EngineOptions o, int64_t kv_blocks = 4096) {
+    RunnerOptions ro;
+    ro.block_size = 8;
+    ro.num_kv_blocks = kv_blocks;
+    auto runner = ModelRunner::ForModel(*model_, ro);
+    EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+    runners_.push_back(std::move(runner).value());
+    auto e = Engine::Create(*runners_.back(), nullptr, o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(e).value() : nullptr;
   }
@@ -102,8 +119,6 @@ class EngineTest : public ::testing::Test {
   }
   static EngineOptions SmallOptions() {
     EngineOptions o;
-    o.block_size = 8;
-    o.num_kv_blocks = 4096;
     o.prefill_chunk = 16;
     o.max_num_batched_tokens = 256;
     o.max_num_seqs = 64;
@@ -113,6 +128,8 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Model> model_;
+  // Engines live in the test bodies and end before the fixture, so the runners outlive them.
+  std::vector<std::unique_ptr<ModelRunner>> runners_;
 };
 
 TEST_F(EngineTest, GreedyEqualsTheModelsOwnContinuation) {
@@ -166,7 +183,7 @@ TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
   EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)))
       << "logprobs differ in their bits";
-  EngineStats s = engine->Stats();
+  EngineStats s = WaitIdle(*engine);
   EXPECT_EQ(s.kv_blocks_used, 0);
   EXPECT_EQ(s.state_slots_used, 0);
   EXPECT_EQ(s.running + s.waiting, 0);
@@ -174,9 +191,8 @@ TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
 
 TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
   EngineOptions o = SmallOptions();
-  o.num_kv_blocks = 12;  // 96 token positions for 8 sequences that want ~50 each
   Collector c;
-  auto engine = MakeEngine(o);
+  auto engine = MakeEngine(o, /*kv_blocks=*/12);  // 96 token positions for 8 sequences wanting ~50 each
   std::vector<std::string> ids;
   for (int i = 0; i < 8; ++i) {
     ids.push_back("p" + std::to_string(i));
@@ -187,7 +203,7 @@ TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
     EXPECT_EQ(c.Get(id).finish, FinishReason::kLength) << id;
     EXPECT_EQ(c.Get(id).tokens.size(), 30u) << id;
   }
-  EngineStats s = engine->Stats();
+  EngineStats s = WaitIdle(*engine);
   EXPECT_GT(s.preemptions, 0);
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
@@ -204,10 +220,9 @@ TEST_F(EngineTest, AbortFreesEverything) {
   ASSERT_TRUE(c.Wait({"long", "queued"}));
   EXPECT_EQ(c.Get("long").finish, FinishReason::kAbort);
   EXPECT_EQ(c.Get("queued").finish, FinishReason::kLength);
-  // Stats are published after each step; give the loop a moment.
-  for (int i = 0; i < 100 && engine->Stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(engine->Stats().kv_blocks_used, 0);
-  EXPECT_EQ(engine->Stats().state_slots_used, 0);
+  const EngineStats s = WaitIdle(*engine);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.state_slots_used, 0);
   // The id is free again once finished.
   EXPECT_TRUE(engine->Submit(Request("long", Prompt(3, 3), 2, c)).ok());
 }
@@ -258,6 +273,58 @@ TEST_F(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
   ASSERT_TRUE(c.Wait({"s"}));
   EXPECT_EQ(c.Get("s").finish, FinishReason::kStop);
   EXPECT_EQ(c.Get("s").tokens, std::vector<int32_t>{first});
+}
+
+}  // namespace
+}  // namespace kimirt
+
+namespace kimirt {
+namespace {
+
+TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
+  if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+  auto run = [](int tp) {
+    RunnerOptions ro;
+    ro.tp = tp;
+    ro.block_size = 8;
+    ro.num_kv_blocks = 256;
+    auto runner = ModelRunner::CreateCpu(Fixture("tiny-a"), ro);
+    EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+    EngineOptions o;
+    o.prefill_chunk = 16;
+    o.max_num_batched_tokens = 64;
+    auto engine = Engine::Create(**runner, nullptr, o);
+    EXPECT_TRUE(engine.ok());
+    Collector c;
+    std::vector<std::string> ids;
+    for (int i = 0; i < 4; ++i) {
+      EngineRequest r;
+      r.id = "t" + std::to_string(i);
+      for (int k = 0; k < 10 + 7 * i; ++k) r.prompt.push_back((k * 31 + i) % 512);
+      r.params.temperature = 0;
+      r.params.max_tokens = 10;
+      r.params.ignore_eos = true;
+      r.on_output = c.Callback();
+      ids.push_back(r.id);
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+    }
+    EXPECT_TRUE(c.Wait(ids));
+    std::vector<std::vector<int32_t>> out;
+    for (const std::string& id : ids) out.push_back(c.Get(id).tokens);
+    (*engine)->Shutdown(true);
+    return out;
+  };
+  EXPECT_EQ(run(2), run(1));
+}
+
+TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
+  if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+  RunnerOptions ro;
+  ro.tp = 3;  // tiny-a has 4 heads
+  ro.num_kv_blocks = 16;
+  auto runner = ModelRunner::CreateCpu(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("do not split over TP 3"), std::string::npos) << runner.status().message();
 }
 
 }  // namespace

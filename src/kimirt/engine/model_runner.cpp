@@ -1,0 +1,271 @@
+#include "kimirt/engine/model_runner.h"
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/model/model.h"
+#include "kimirt/parallel/communicator.h"
+
+namespace kimirt {
+namespace {
+
+// One rank's model, latent cache and sequences.
+struct Rank {
+  Model* model = nullptr;
+  std::unique_ptr<LatentKvCache> kv;
+  std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
+
+  Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
+  Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only) {
+    ForwardOptions o;
+    o.all_logits = !last_only;
+    return model->Forward(&seqs.at(h), ids, o);
+  }
+};
+
+Result<int64_t> KvBlocks(const Model& model, const RunnerOptions& o) {
+  if (o.num_kv_blocks > 0) return o.num_kv_blocks;
+  if (o.kv_cache_bytes == 0) return InvalidArgument("give the runner num_kv_blocks or kv_cache_bytes");
+  auto probe = model.MakeKvCache(0, o.block_size, o.kv_cache_dtype, false);
+  return static_cast<int64_t>(o.kv_cache_bytes / std::max<uint64_t>(1, probe->block_bytes()));
+}
+
+class SingleRankRunner final : public ModelRunner {
+ public:
+  SingleRankRunner(Model& m, std::unique_ptr<LatentKvCache> kv) {
+    rank_.model = &m;
+    rank_.kv = std::move(kv);
+  }
+  const ModelConfig& config() const override { return rank_.model->config(); }
+  int tp() const override { return 1; }
+  int64_t kv_blocks_total() const override { return rank_.kv->num_blocks(); }
+  int64_t kv_blocks_free() const override { return rank_.kv->free_blocks(); }
+  int64_t kv_blocks_for(int64_t tokens) const override { return rank_.kv->BlocksFor(tokens); }
+  Handle NewSequence() override {
+    rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get()));
+    return next_++;
+  }
+  Status Reserve(Handle h, int64_t tokens) override { return rank_.Reserve(h, tokens); }
+  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
+    return rank_.Forward(h, ids, last_only);
+  }
+  void Release(Handle h) override { rank_.seqs.erase(h); }
+
+ private:
+  Rank rank_;
+  Handle next_ = 0;
+};
+
+// N ranks on N threads. Every call is broadcast: each rank thread runs the same closure on its
+// own Rank; the caller waits for all (the model's collectives already keep them in step).
+class ThreadRanksRunner final : public ModelRunner {
+ public:
+  ~ThreadRanksRunner() override {
+    if (threads_.empty()) return;
+    (void)Broadcast([](Rank&, int) { return Status::Ok(); }, /*quit=*/true);
+    for (std::thread& t : threads_) t.join();
+  }
+
+  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& dir, RunnerOptions o) {
+    auto r = std::unique_ptr<ThreadRanksRunner>(new ThreadRanksRunner());
+    r->tp_ = o.tp;
+    r->ranks_.resize(static_cast<size_t>(o.tp));
+    r->models_.resize(static_cast<size_t>(o.tp));
+    r->backends_.resize(static_cast<size_t>(o.tp));
+    // Start-up handshake, shared with the rank threads (which outlive this function).
+    struct Sync {
+      std::mutex mu;
+      std::condition_variable cv;
+      int ready = 0;
+      std::vector<Status> load;
+      bool all_ok() const {
+        for (const Status& s : load) {
+          if (!s.ok()) return false;
+        }
+        return true;
+      }
+    };
+    auto sync = std::make_shared<Sync>();
+    sync->load.resize(static_cast<size_t>(o.tp));
+    // The rank threads live as long as the runner: each runs its load, then its serve loop,
+    // inside one RunOnThreadRanks group (which owns the communicators).
+    r->threads_.emplace_back([sync, dir, o, raw = r.get()] {
+      RunOnThreadRanks(o.tp, [&](Communicator& comm) {
+        const size_t k = static_cast<size_t>(comm.rank());
+        raw->backends_[k] = MakeCpuBackend();
+        auto m = Model::Load(dir, *raw->backends_[k], comm);
+        Result<int64_t> blocks = m.ok() ? KvBlocks(**m, o) : Result<int64_t>(m.status());
+        Status st = m.ok() ? blocks.status() : m.status();
+        if (st.ok()) {
+          raw->models_[k] = std::move(m).value();
+          raw->ranks_[k].model = raw->models_[k].get();
+          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(*blocks, o.block_size, o.kv_cache_dtype, false);
+        }
+        bool serve = false;
+        {
+          std::unique_lock<std::mutex> lock(sync->mu);
+          sync->load[k] = std::move(st);
+          ++sync->ready;
+          sync->cv.notify_all();
+          sync->cv.wait(lock, [&] { return sync->ready == o.tp; });
+          serve = sync->all_ok();  // serve only if every rank loaded
+        }
+        if (serve) raw->Serve(static_cast<int>(k));
+      });
+    });
+    bool ok = false;
+    Status first_error;
+    {
+      std::unique_lock<std::mutex> lock(sync->mu);
+      sync->cv.wait(lock, [&] { return sync->ready == o.tp; });
+      ok = sync->all_ok();
+      for (const Status& s : sync->load) {
+        if (!s.ok()) {
+          first_error = s;
+          break;
+        }
+      }
+    }
+    if (!ok) {
+      r->threads_[0].join();  // no rank serves: the group ends by itself
+      r->threads_.clear();
+      return first_error;
+    }
+    return std::unique_ptr<ModelRunner>(std::move(r));
+  }
+
+  const ModelConfig& config() const override { return models_[0]->config(); }
+  int tp() const override { return tp_; }
+  int64_t kv_blocks_total() const override { return ranks_[0].kv->num_blocks(); }
+  int64_t kv_blocks_free() const override { return ranks_[0].kv->free_blocks(); }
+  int64_t kv_blocks_for(int64_t tokens) const override { return ranks_[0].kv->BlocksFor(tokens); }
+
+  Handle NewSequence() override {
+    const Handle h = next_++;
+    (void)Broadcast([h](Rank& r, int) {
+      r.seqs.emplace(h, r.model->NewSequence(r.kv.get()));
+      return Status::Ok();
+    });
+    return h;
+  }
+  Status Reserve(Handle h, int64_t tokens) override {
+    return Broadcast([h, tokens](Rank& r, int) { return r.Reserve(h, tokens); });
+  }
+  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
+    Tensor out;
+    Status s = Broadcast([&](Rank& r, int rank) -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r.Forward(h, ids, last_only));
+      if (rank == 0) out = std::move(logits);
+      return Status::Ok();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+  void Release(Handle h) override {
+    (void)Broadcast([h](Rank& r, int) {
+      r.seqs.erase(h);
+      return Status::Ok();
+    });
+  }
+
+ private:
+  ThreadRanksRunner() = default;
+  using Job = std::function<Status(Rank&, int)>;
+
+  // Runs `job` on every rank; returns rank 0's status (ranks agree: same inputs, same order).
+  Status Broadcast(Job job, bool quit = false) {
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    quit_ = quit;
+    done_ = 0;
+    statuses_.assign(static_cast<size_t>(tp_), Status::Ok());
+    ++generation_;
+    cv_.notify_all();
+    cv_done_.wait(lock, [&] { return done_ == tp_; });
+    return statuses_[0];
+  }
+
+  // A rank thread's loop: wait for a job of a new generation, run it, report.
+  void Serve(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      Job job;
+      bool quit = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        job = job_;
+        quit = quit_;
+      }
+      Status s = quit ? Status::Ok() : job(ranks_[static_cast<size_t>(rank)], rank);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        statuses_[static_cast<size_t>(rank)] = std::move(s);
+        if (++done_ == tp_) cv_done_.notify_one();
+      }
+      if (quit) return;
+    }
+  }
+
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<Rank> ranks_;
+  std::vector<std::thread> threads_;
+  int tp_ = 0;
+  Handle next_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_, cv_done_;
+  Job job_;
+  bool quit_ = false;
+  uint64_t generation_ = 0;
+  int done_ = 0;
+  std::vector<Status> statuses_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerOptions o) {
+  KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(model, o));
+  return std::unique_ptr<ModelRunner>(
+      new SingleRankRunner(model, model.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false)));
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::CreateCpu(const std::string& dir, RunnerOptions o) {
+  if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
+  if (o.tp == 1) {
+    // The single-rank runner borrows its model; this one owns it through a small holder.
+    struct Owned final : public ModelRunner {
+      std::unique_ptr<Backend> backend;
+      std::unique_ptr<Communicator> comm;
+      std::unique_ptr<Model> model;
+      std::unique_ptr<ModelRunner> inner;
+      const ModelConfig& config() const override { return inner->config(); }
+      int tp() const override { return 1; }
+      int64_t kv_blocks_total() const override { return inner->kv_blocks_total(); }
+      int64_t kv_blocks_free() const override { return inner->kv_blocks_free(); }
+      int64_t kv_blocks_for(int64_t t) const override { return inner->kv_blocks_for(t); }
+      Handle NewSequence() override { return inner->NewSequence(); }
+      Status Reserve(Handle h, int64_t t) override { return inner->Reserve(h, t); }
+      Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last) override {
+        return inner->Forward(h, ids, last);
+      }
+      void Release(Handle h) override { inner->Release(h); }
+    };
+    auto owned = std::make_unique<Owned>();
+    owned->backend = MakeCpuBackend();
+    owned->comm = MakeSingleRankCommunicator();
+    KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm));
+    KIMIRT_ASSIGN_OR_RETURN(owned->inner, ForModel(*owned->model, o));
+    return std::unique_ptr<ModelRunner>(std::move(owned));
+  }
+  return ThreadRanksRunner::Create(dir, o);
+}
+
+}  // namespace kimirt
