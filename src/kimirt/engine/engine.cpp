@@ -17,6 +17,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "kimirt/core/random.h"
 #include "kimirt/tokenizer/detokenizer.h"
 #include "kimirt/tokenizer/tokenizer.h"
 
@@ -143,9 +144,13 @@ class EngineImpl final : public Engine {
     auto s = std::make_unique<Sequence>();
     s->prompt_len = static_cast<int64_t>(r.prompt.size());
     s->tokens = r.prompt;
-    s->sampler = std::make_unique<Sampler>(r.params, opt_.default_seed);
+    // Unseeded requests get their own stream (the engine seed mixed with the request id), so two
+    // identical unseeded prompts do not sample identically.
+    s->sampler = std::make_unique<Sampler>(r.params, opt_.default_seed ^ HashName(r.id));
     if (tokenizer_ != nullptr) {
-      s->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+      // skip_special as vLLM does by default; K3's XTML markers are "special": false, so
+      // they stay in the text for the output parser (spec §10.4).
+      s->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
       s->stops = std::make_unique<StopMatcher>(r.params.stop);
     }
     s->req = std::move(r);

@@ -57,7 +57,7 @@ struct EngineOptions {
   int64_t max_model_len = 0;              // prompt + output; 0: the model's maximum
   int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
   int32_t max_waiting = 1024;             // queued requests before Submit refuses
-  uint64_t default_seed = 0;              // seed of requests without one
+  uint64_t default_seed = 0;              // mixed with the request id for requests without a seed
 };
 
 struct EngineStats {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kimirt/core/check.h"
@@ -57,15 +58,21 @@ uint64_t LatentKvCache::block_bytes() const {
   return values;
 }
 
+LatentKvCache::RawBuffer::~RawBuffer() { std::free(data); }
+
+void LatentKvCache::RawBuffer::Resize(size_t bytes) {
+  if (bytes == 0) return;
+  void* p = std::realloc(data, bytes);
+  KIMIRT_CHECK_MSG(p != nullptr, "latent KV cache allocation failed");
+  data = static_cast<uint8_t*>(p);
+  size = bytes;
+}
+
 void LatentKvCache::AddBlocks(int64_t add) {
   const int64_t old = num_blocks_;
-  const size_t per_block = static_cast<size_t>(num_layers_) * static_cast<size_t>(block_size_) *
-                           static_cast<size_t>(r_ + dr_);
-  values_.resize(values_.size() + static_cast<size_t>(add) * per_block * ElemSize(dtype_));
-  if (dtype_ == KvCacheDType::kFP8) {
-    scales_.resize(scales_.size() + static_cast<size_t>(add) * static_cast<size_t>(num_layers_) *
-                                        static_cast<size_t>(block_size_) * 2);
-  }
+  const size_t rows = static_cast<size_t>(old + add) * static_cast<size_t>(num_layers_) * static_cast<size_t>(block_size_);
+  values_.Resize(rows * static_cast<size_t>(r_ + dr_) * ElemSize(dtype_));
+  if (dtype_ == KvCacheDType::kFP8) scales_.Resize(rows * 2 * sizeof(float));
   // Free blocks pop from the back: hand out low ids first.
   for (int64_t b = old + add - 1; b >= old; --b) free_.push_back(static_cast<int32_t>(b));
   num_blocks_ = old + add;
@@ -120,15 +127,15 @@ void LatentKvCache::Write(int layer, std::span<const int32_t> table, int64_t pos
     std::memcpy(row.data() + r_, ks.f32() + t * dr_, static_cast<size_t>(dr_) * sizeof(float));
     switch (dtype_) {
       case KvCacheDType::kF32:
-        std::memcpy(values_.data() + off * 4, row.data(), row.size() * sizeof(float));
+        std::memcpy(values_.data + off * 4, row.data(), row.size() * sizeof(float));
         break;
       case KvCacheDType::kBF16: {
-        uint16_t* dst = reinterpret_cast<uint16_t*>(values_.data()) + off;
+        uint16_t* dst = reinterpret_cast<uint16_t*>(values_.data) + off;
         F32ToBf16(row.data(), dst, row.size());
         break;
       }
       case KvCacheDType::kFP8: {
-        float* scale = scales_.data() + off / static_cast<size_t>(w) * 2;
+        float* scale = reinterpret_cast<float*>(scales_.data) + off / static_cast<size_t>(w) * 2;
         for (int part = 0; part < 2; ++part) {
           const int64_t begin = part == 0 ? 0 : r_, n = part == 0 ? r_ : dr_;
           float amax = 0.0f;
@@ -136,7 +143,7 @@ void LatentKvCache::Write(int layer, std::span<const int32_t> table, int64_t pos
           const float s = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
           scale[part] = s;
           for (int64_t i = 0; i < n; ++i) {
-            values_[off + static_cast<size_t>(begin + i)] = F32ToFp8E4M3(row[static_cast<size_t>(begin + i)] / s);
+            values_.data[off + static_cast<size_t>(begin + i)] = F32ToFp8E4M3(row[static_cast<size_t>(begin + i)] / s);
           }
         }
         break;
@@ -154,15 +161,15 @@ void LatentKvCache::Gather(int layer, std::span<const int32_t> table, int64_t le
     const size_t off = ValueOffset(block, layer, p % block_size_);
     switch (dtype_) {
       case KvCacheDType::kF32:
-        std::memcpy(row.data(), values_.data() + off * 4, row.size() * sizeof(float));
+        std::memcpy(row.data(), values_.data + off * 4, row.size() * sizeof(float));
         break;
       case KvCacheDType::kBF16:
-        Bf16ToF32(reinterpret_cast<const uint16_t*>(values_.data()) + off, row.data(), row.size());
+        Bf16ToF32(reinterpret_cast<const uint16_t*>(values_.data) + off, row.data(), row.size());
         break;
       case KvCacheDType::kFP8: {
-        const float* scale = scales_.data() + off / static_cast<size_t>(w) * 2;
+        const float* scale = reinterpret_cast<const float*>(scales_.data) + off / static_cast<size_t>(w) * 2;
         for (int64_t i = 0; i < w; ++i) {
-          row[static_cast<size_t>(i)] = Fp8E4M3ToF32(values_[off + static_cast<size_t>(i)]) * scale[i < r_ ? 0 : 1];
+          row[static_cast<size_t>(i)] = Fp8E4M3ToF32(values_.data[off + static_cast<size_t>(i)]) * scale[i < r_ ? 0 : 1];
         }
         break;
       }

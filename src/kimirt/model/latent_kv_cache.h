@@ -64,14 +64,26 @@ class LatentKvCache {
   size_t ValueOffset(int32_t block, int layer, int64_t slot) const;  // element index of a token row
   void AddBlocks(int64_t add);
 
+  // Storage that is not zero-filled: every position is written before it is read, and leaving
+  // pages untouched until then makes a large pool free to create (the OS maps them lazily).
+  struct RawBuffer {
+    RawBuffer() = default;
+    RawBuffer(const RawBuffer&) = delete;
+    RawBuffer& operator=(const RawBuffer&) = delete;
+    ~RawBuffer();
+    void Resize(size_t bytes);  // keeps the first min(old, new) bytes
+    uint8_t* data = nullptr;
+    size_t size = 0;
+  };
+
   int num_layers_;
   int64_t num_blocks_;
   int block_size_;
   int64_t r_, dr_;
   KvCacheDType dtype_;
   bool growable_;
-  std::vector<uint8_t> values_;  // [num_blocks, layers, block_size, r + dr] elements of dtype_
-  std::vector<float> scales_;    // FP8 only: [num_blocks, layers, block_size, 2]
+  RawBuffer values_;  // [num_blocks, layers, block_size, r + dr] elements of dtype_
+  RawBuffer scales_;  // FP8 only: F32 [num_blocks, layers, block_size, 2]
   std::vector<int32_t> free_;    // stack of free block ids
 };
 

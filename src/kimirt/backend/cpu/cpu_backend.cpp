@@ -314,4 +314,8 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
 
+void SetCpuBackendThreads(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
+}
+
 }  // namespace kimirt

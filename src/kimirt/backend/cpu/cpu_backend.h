@@ -11,4 +11,7 @@ namespace kimirt {
 
 std::unique_ptr<Backend> MakeCpuBackend();
 
+// Threads the CPU backend's GEMMs use (OpenBLAS); 0 leaves the library's default (all cores).
+void SetCpuBackendThreads(int threads);
+
 }  // namespace kimirt
