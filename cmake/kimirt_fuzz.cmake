@@ -42,8 +42,11 @@ function(kimirt_fuzz_target)
     message(FATAL_ERROR "kimirt_fuzz_target(NAME <name> SOURCE <file> LIBS <libs...>)")
   endif()
   add_executable(${F_NAME} ${F_SOURCE})
-  target_compile_options(${F_NAME} PRIVATE -Wall -Wextra -Werror
-                         -fsanitize=fuzzer,${KIMIRT_FUZZ_SANITIZERS})
+  set(_warnings -Wall -Wextra -Werror)
+  if(DEFINED KIMIRT_WARNINGS)
+    set(_warnings ${KIMIRT_WARNINGS})  # kimirt_layer.cmake's list, as the layers use
+  endif()
+  target_compile_options(${F_NAME} PRIVATE ${_warnings} -fsanitize=fuzzer,${KIMIRT_FUZZ_SANITIZERS})
   target_link_options(${F_NAME} PRIVATE -fsanitize=fuzzer,${KIMIRT_FUZZ_SANITIZERS})
   target_link_libraries(${F_NAME} PRIVATE ${F_LIBS})
   set_target_properties(${F_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/fuzz")
