@@ -20,9 +20,10 @@ struct CmdResult {
   std::string output;  // stdout and stderr
 };
 
-CmdResult Kimirt(const std::string& args) {
+// Runs `kimirt ARGS` with optional environment assignments (`env`, e.g. "XDG_CACHE_HOME=/x").
+CmdResult Kimirt(const std::string& args, const std::string& env = "") {
   CmdResult r;
-  const std::string cmd = std::string(KIMIRT_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(KIMIRT_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -217,6 +218,50 @@ TEST(CliModel, LogitsWritesEveryPosition) {
   r = Kimirt("generate --model " + Shared("fixtures/tiny-b") + " --ids 1,x");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("\"x\" is not a token id"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// The built-in model's tokenizer through the CLI (XDG_CACHE_HOME keeps the test's copy private).
+CmdResult KimirtBuiltin(const std::string& args) {
+  return Kimirt(args, "XDG_CACHE_HOME=" + ::testing::TempDir() + "kimirt_cli_cache");
+}
+
+TEST(CliTokenizer, TokenizeAndDetokenizeRoundTrip) {
+  const std::string text = "Natalia sold 48 clips in April, and half as many in May.";
+  CmdResult ids = KimirtBuiltin("tokenize \"" + text + "\"");
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  const std::string list = ids.output.substr(0, ids.output.find('\n'));
+  EXPECT_NE(list.find(','), std::string::npos) << list;
+  CmdResult back = KimirtBuiltin("detokenize " + list);
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_EQ(back.output, text + "\n");
+  // Special-token strings are plain text unless allowed (spec §10.3).
+  CmdResult plain = KimirtBuiltin("tokenize \"<|open|>\"");
+  CmdResult special = KimirtBuiltin("tokenize --allow-special \"<|open|>\"");
+  EXPECT_EQ(special.output, "4099\n");  // base vocabulary 4096 + 3 (K3's offset, spec §10.2)
+  EXPECT_NE(plain.output, special.output);
+  EXPECT_EQ(KimirtBuiltin("detokenize 1,x").exit_code, 2);
+  EXPECT_EQ(KimirtBuiltin("detokenize 999999").exit_code, 2);
+}
+
+TEST(CliTokenizer, ChatRequestsRenderWithTheK3Markers) {
+  const std::string path = ::testing::TempDir() + "kimirt_chat_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"messages": [{"role": "user", "content": "What is 2+2?"}],
+                             "chat_template_kwargs": {"thinking": false}})";
+  CmdResult ids = KimirtBuiltin("tokenize --chat " + path);
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  CmdResult text = KimirtBuiltin("detokenize " + ids.output.substr(0, ids.output.find('\n')));
+  EXPECT_EQ(text.output,
+            "<|open|>message role=\"user\"<|sep|>What is 2+2?<|close|>message<|sep|><|end_of_msg|>"
+            "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>\n");
+  std::ofstream(path) << R"({"messages": [{"role": "wizard", "content": "hi"}]})";
+  CmdResult bad = KimirtBuiltin("tokenize --chat " + path);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("role"), std::string::npos) << bad.output;
+  fs::remove(path);
 }
 
 }  // namespace

@@ -4,8 +4,18 @@
 // unnamed ones are `<|reserved_token_N|>`).
 //
 // Encode() is byte-identical to the PyPI `tiktoken` Encoding built from the same ranks and the
-// K3 pattern string. Thread safety: a loaded Tokenizer is immutable; Encode/Decode may run
-// concurrently.
+// K3 pattern string, driven as NeMo's tokenization_kimi.py drives it: texts are first cut into
+// <= 400,000-character chunks and at runs of more than 25,000 whitespace / non-whitespace
+// characters (spec §10.1), each slice encoded on its own (TokenizerVsTiktoken checks this on a
+// multi-megabyte corpus and every code point of planes 0-3 and 14). Input is bytes: each byte
+// of ill-formed UTF-8 (which tiktoken never sees) becomes its own piece, so
+// Decode(Encode(x)) == x for any x. Implementation: tiktoken_bpe.{h,cpp}, pretokenizer.{h,cpp}.
+//
+// Special tokens: all `num_reserved` ids are special *tokens* for Encode (allow_special) and
+// Decode, whatever their "special" flag; IsSpecial() is the flag (unnamed reserved ids: true),
+// i.e. what skip_special_tokens drops.
+//
+// Thread safety: a loaded Tokenizer is immutable; Encode/Decode may run concurrently.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +43,12 @@ class Tokenizer {
                                                         int num_reserved = 256);
 
   // Ordinary text → ids. With allow_special = false, special-token strings ("<|open|>") are
-  // encoded as the plain text they are; with true, they become their special ids.
+  // encoded as the plain text they are; with true, they become their special ids (leftmost
+  // occurrence first; the longest name where names overlap) and the text between them is
+  // encoded piece by piece as if it stood alone. No BOS is added (spec §10.1).
   virtual std::vector<int32_t> Encode(std::string_view text, bool allow_special = false) const = 0;
-  // ids → bytes (special tokens as their names). The bytes may end inside a UTF-8 sequence.
+  // ids → bytes (special tokens as their names; ids outside [0, vocab_size()) add nothing).
+  // The bytes may end inside a UTF-8 sequence.
   virtual std::string Decode(std::span<const int32_t> ids) const = 0;
 
   virtual int32_t vocab_size() const = 0;  // base ranks + reserved specials
@@ -43,6 +56,9 @@ class Tokenizer {
   // The bytes of one token (special tokens: their name). Empty for ids out of range.
   virtual std::string_view TokenBytes(int32_t id) const = 0;
   virtual std::optional<int32_t> SpecialTokenId(std::string_view name) const = 0;
+  // The tokenizer_config.json "special" flag of a reserved id (false for K3's XTML markers
+  // <|open|>/<|close|>/<|sep|>; true for unnamed ids and where the flag is absent); false for
+  // base tokens and ids out of range.
   virtual bool IsSpecial(int32_t id) const = 0;
 };
 
