@@ -11,9 +11,15 @@ void Usage(FILE* out) {
   std::fprintf(out,
                "usage: kimirt <command> [flags]\n\n"
                "commands:\n"
+               "  serve            OpenAI-compatible server (built-in demo model without --model)\n"
                "  plan             capacity planner: per-GPU weights, runtime state and fit\n"
                "  make-checkpoint  write a config's checkpoint (sparse or random) as safetensors\n"
                "  generate         greedy continuation of token ids (CPU reference)\n"
+               "  tokenize         token ids of a text or of a rendered chat request\n"
+               "  detokenize       text of token ids\n"
+               "  eval gsm8k       GSM8K 5-shot as lm-eval runs it, against any OpenAI-compatible server\n"
+               "  bench serve      load generator with vllm bench serve's metrics\n"
+               "  bench model      the engine in-process: prefill tokens/s, decode step time\n"
                "  logits           FP32 logits of every position, as safetensors\n\n"
                "`kimirt <command> --help` lists a command's flags.\n");
 }
@@ -26,9 +32,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[1];
+  if (cmd == "serve") return kimirt::RunServeCommand(argc, argv);
   if (cmd == "plan") return kimirt::RunPlanCommand(argc, argv);
   if (cmd == "make-checkpoint") return kimirt::RunMakeCheckpointCommand(argc, argv);
   if (cmd == "generate") return kimirt::RunGenerateCommand(argc, argv);
+  if (cmd == "tokenize") return kimirt::RunTokenizeCommand(argc, argv);
+  if (cmd == "eval") return kimirt::RunEvalCommand(argc, argv);
+  if (cmd == "bench") return kimirt::RunBenchCommand(argc, argv);
+  if (cmd == "detokenize") return kimirt::RunDetokenizeCommand(argc, argv);
   if (cmd == "logits") return kimirt::RunLogitsCommand(argc, argv);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     Usage(stdout);

@@ -1,0 +1,76 @@
+// `kimirt bench model`: flags → BenchModelOptions → RunBenchModel → table or --json.
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "kimirt/cli/commands.h"
+#include "kimirt/cli/flags.h"
+#include "kimirt/tools/bench_model.h"
+
+namespace kimirt {
+
+int RunBenchModelCommand(int argc, char** argv) {
+  BenchModelOptions o;
+  std::string batch_sizes = "1,8", json_path, device = "cpu";
+  bool random_weights = false;
+  int64_t seed = 0;
+  FlagSet f("bench model",
+            "The engine in-process (no HTTP): prefill tokens/s and decode step time per batch size.");
+  f.String("model", &o.model_dir, "model directory");
+  f.String("config", &o.config_path, "config.json to run with --random-weights");
+  f.Bool("random-weights", &random_weights, "with --config: deterministic random weights");
+  f.Int("seed", &seed, "seed of the random weights");
+  f.String("device", &device, "cpu (cuda comes with the CUDA backend)");
+  f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU threads)");
+  f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
+  f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
+  f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
+  f.String("json", &json_path, "also write the results as JSON to this file");
+  if (Status s = f.Parse(argc, argv, 3, nullptr); !s.ok()) {
+    std::fprintf(stderr, "kimirt bench model: %s\n", s.message().c_str());
+    return 2;
+  }
+  if (f.help_requested()) {
+    std::fputs(f.Help().c_str(), stdout);
+    return 0;
+  }
+  if (device != "cpu") {
+    std::fprintf(stderr, "kimirt bench model: --device %s: only the CPU backend is built so far\n", device.c_str());
+    return 2;
+  }
+  if (!o.config_path.empty() && !random_weights) {
+    std::fprintf(stderr, "kimirt bench model: --config needs --random-weights\n");
+    return 2;
+  }
+  o.seed = static_cast<uint64_t>(seed);
+  o.batch_sizes.clear();
+  std::stringstream ss(batch_sizes);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    char* end = nullptr;
+    const long b = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || b < 1 || b > 4096) {
+      std::fprintf(stderr, "kimirt bench model: --batch-sizes: \"%s\" is not a batch size\n", part.c_str());
+      return 2;
+    }
+    o.batch_sizes.push_back(static_cast<int>(b));
+  }
+  Result<BenchModelReport> r = RunBenchModel(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kimirt bench model: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  std::fputs(r->ToText().c_str(), stdout);
+  if (!json_path.empty()) {
+    FILE* out = std::fopen(json_path.c_str(), "w");
+    if (out == nullptr) {
+      std::fprintf(stderr, "kimirt bench model: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    std::fputs(r->ToJson().c_str(), out);
+    std::fclose(out);
+  }
+  return 0;
+}
+
+}  // namespace kimirt

@@ -1,0 +1,98 @@
+// HttpServer: the HTTP transport, with cpp-httplib sealed inside http_server.cpp behind a pimpl
+// (style-examples.md, after llama.cpp's server-http.h), so no other file includes <httplib.h>.
+//
+// A handler maps a plain HttpRequest to an HttpResponse and must not throw; if one does anyway,
+// the exception becomes a 500 built by the error-body callback (the process never dies of it).
+// A streamed body is an HttpStream the transport pulls from on the connection's thread.
+//
+// Threads: cpp-httplib serves each connection on a pool thread (HttpServerOptions::threads), so a
+// handler may block (e.g. waiting for a non-streamed generation); streams occupy their thread
+// until they end. Route() must be called before Start(); Start/Stop/port from one owner thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kimirt/core/status.h"
+
+namespace kimirt {
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST"
+  std::string path;    // without the query string
+  std::string body;
+};
+
+// A response body produced piece by piece (server-sent events).
+class HttpStream {
+ public:
+  enum class Poll : uint8_t {
+    kData,  // `out` holds bytes to send; call again
+    kIdle,  // nothing yet within `wait`; the transport checks the client is still there
+    kEnd,   // the body is complete (`out` may hold a last piece)
+  };
+  virtual ~HttpStream() = default;
+  virtual Poll Next(std::string* out, std::chrono::milliseconds wait) = 0;
+  // Called exactly once, when the transport is done with the stream: `complete` is false when
+  // the client went away or a write failed before kEnd (cancel the work behind the stream).
+  virtual void Close(bool complete) = 0;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;                     // ignored when `stream` is set
+  std::shared_ptr<HttpStream> stream;   // chunked transfer; status and headers go out first
+};
+
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                           // 0: an ephemeral port, see port()
+  size_t max_body_bytes = 8u << 20;       // larger bodies get 413 before a handler runs
+  int threads = 64;                       // connections served at once
+  int read_timeout_s = 30;                // a client that stalls mid-request is dropped
+  int write_timeout_s = 30;               // a client that stops reading is dropped
+  std::chrono::milliseconds stream_poll{50};  // how often an idle stream checks its client
+};
+
+class HttpServer {
+ public:
+  // Builds the body of responses the transport makes itself: 404 (no route), 405 (route exists
+  // for another method), 413 (body too large), 400 (unparseable HTTP), and 500 for a handler
+  // that threw (`detail` = what()). Must not throw.
+  using ErrorBodyFn = std::function<HttpResponse(int status, std::string_view detail)>;
+  // Called after every response was sent (streams: after they ended), from the connection's
+  // thread, for metrics. Must not throw.
+  using ResponseObserver = std::function<void(const HttpRequest&, int status)>;
+
+  HttpServer(HttpServerOptions options, ErrorBodyFn error_body, ResponseObserver observer = nullptr);
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  void Route(std::string_view method, std::string path, HttpHandler handler);
+
+  // Binds host:port, then serves on a background thread. Errors: the address cannot be bound.
+  // Also sets SIGPIPE to ignored process-wide: cpp-httplib sends without MSG_NOSIGNAL, and a
+  // client closing its socket mid-stream must be a failed write, not the death of the process.
+  Status Start();
+  int port() const;  // the bound port (the ephemeral one when options.port was 0); 0 before Start
+  // Started and still accepting (false after Stop, or if the accept loop died on a socket error).
+  bool serving() const;
+  // Closes the listener and ends open connections (streams stop at their next piece); returns
+  // when the serving thread and every connection thread have exited. Idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kimirt

@@ -1,0 +1,76 @@
+// The OpenAI request schemas the server accepts (/v1/completions, /v1/chat/completions), parsed
+// from JSON and validated into plain structs. Unknown fields are tolerated (clients send vendor
+// extras); a known field with the wrong type or out of range is an ApiError that names it in
+// `param`, e.g. {"param": "top_p", "message": "`top_p` must be in (0, 1], got 1.5"}. JSON null
+// counts as absent, as in OpenAI's SDKs. Checks that need the tokenized prompt (empty prompt,
+// prompt + max_tokens beyond the context) happen in the handlers.
+//
+// Ranges follow vLLM's OpenAI server where it extends OpenAI: temperature >= 0 (no upper bound),
+// top_k -1/0 = off, min_p, repetition_penalty, ignore_eos, stop_token_ids, and
+// chat_template_kwargs {"thinking": bool, "thinking_effort": "low|medium|high|max"}.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kimirt/engine/sampling_params.h"
+#include "kimirt/server/errors.h"
+#include "kimirt/tokenizer/chat_message.h"
+
+namespace kimirt {
+
+// Requests and responses keep document order (tool schemas reach the prompt as written).
+using Json = nlohmann::ordered_json;
+
+struct SchemaLimits {
+  std::string served_model_name;  // `model` must equal it (or be absent)
+  int32_t vocab_size = 0;         // token ids, logit_bias and stop_token_ids must be below it
+  int32_t max_logprobs = 20;      // completions `logprobs`, chat `top_logprobs` (vLLM's default)
+  int32_t max_n = 128;            // OpenAI's limit on `n`
+  int32_t max_choices = 1024;     // prompts × n of one completions request
+};
+
+struct PromptInput {
+  bool is_text = true;
+  std::string text;           // is_text
+  std::vector<int32_t> ids;   // !is_text
+};
+
+// Fields both endpoints share. `sampling.n` is the request's n; the handlers submit one engine
+// request per choice with n = 1.
+struct GenerationOptions {
+  SamplingParams sampling;
+  bool max_tokens_set = false;  // else completions use 16 (OpenAI), chat the rest of the context
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+};
+
+struct CompletionRequest {
+  std::string model;
+  std::vector<PromptInput> prompts;  // one choice group per prompt
+  GenerationOptions gen;             // gen.sampling.logprobs = `logprobs` (-1 when absent)
+  bool echo = false;
+};
+
+struct ChatRequest {
+  std::string model;
+  std::vector<ChatMessage> messages;
+  std::vector<ToolSpec> tools;
+  ChatOptions chat;
+  GenerationOptions gen;  // gen.sampling.logprobs = top_logprobs when `logprobs` is true, else -1
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+};
+
+// The body as a JSON object; anything else is a 400.
+std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out);
+std::optional<ApiError> ParseCompletionRequest(const Json& body, const SchemaLimits& limits,
+                                               CompletionRequest* out);
+std::optional<ApiError> ParseChatRequest(const Json& body, const SchemaLimits& limits, ChatRequest* out);
+
+}  // namespace kimirt

@@ -1,0 +1,169 @@
+#include "kimirt/tools/bench_model.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "kimirt/engine/engine.h"
+#include "kimirt/engine/model_runner.h"
+#include "kimirt/model/config.h"
+#include "kimirt/model/layout.h"
+#include "kimirt/tools/checkpoint_writer.h"
+
+namespace kimirt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A config's random weights as a temporary checkpoint (the loader is the same as for real ones).
+Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t seed) {
+  KIMIRT_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(config_path));
+  KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
+  if (layout.total_bytes() > (uint64_t{16} << 30)) {
+    return Unsupported(config_path + ": " + std::to_string(layout.total_bytes() >> 30) +
+                       " GiB of random weights is beyond a CPU benchmark; use a smaller config or a GPU");
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() / ("kimirt-bench-" + std::to_string(::getpid()))).string();
+  std::ifstream in(config_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  CheckpointWriteOptions o;
+  o.fill = CheckpointFill::kRandom;
+  o.seed = seed;
+  o.shards = 1;
+  o.config_json = text.str();
+  KIMIRT_RETURN_IF_ERROR(WriteCheckpoint(layout, dir, o).status());
+  return dir;
+}
+
+}  // namespace
+
+Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
+  if (opt.model_dir.empty() == opt.config_path.empty()) {
+    return InvalidArgument("give --model DIR or --config FILE --random-weights");
+  }
+  if (opt.prompt_len < 1 || opt.decode_tokens < 1) return InvalidArgument("--prompt-len and decode tokens must be >= 1");
+  std::string dir = opt.model_dir;
+  std::string temp;
+  if (dir.empty()) {
+    KIMIRT_ASSIGN_OR_RETURN(temp, RandomCheckpoint(opt.config_path, opt.seed));
+    dir = temp;
+  }
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{temp};
+
+  int max_batch = 1;
+  for (int b : opt.batch_sizes) {
+    if (b < 1) return InvalidArgument("--batch-sizes: batch sizes must be >= 1");
+    max_batch = std::max(max_batch, b);
+  }
+  RunnerOptions ro;
+  ro.tp = opt.tp;
+  ro.block_size = 64;
+  ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2);
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::CreateCpu(dir, ro));
+  const ModelConfig& c = runner->config();
+  EngineOptions eo;
+  eo.max_num_seqs = max_batch;
+  eo.prefill_chunk = opt.prefill_chunk;
+  eo.max_num_batched_tokens = std::max<int32_t>(opt.prefill_chunk, max_batch);
+  eo.max_model_len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : (1 << 20),
+                                       opt.prompt_len + opt.decode_tokens + 1);
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*runner, nullptr, eo));
+
+  BenchModelReport report;
+  report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
+  report.tp = opt.tp;
+  report.prompt_len = opt.prompt_len;
+  report.decode_tokens = opt.decode_tokens;
+  int round = 0;
+  for (int batch : opt.batch_sizes) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int first_tokens = 0, finished = 0;
+    Clock::time_point prefill_done;
+    for (int i = 0; i < batch; ++i) {
+      EngineRequest r;
+      r.id = "bench-" + std::to_string(round) + "-" + std::to_string(i);
+      for (int64_t k = 0; k < opt.prompt_len; ++k) r.prompt.push_back(static_cast<int32_t>((k * 7919 + i * 104729 + 13) % c.vocab_size));
+      r.params.temperature = 0;
+      r.params.max_tokens = static_cast<int32_t>(opt.decode_tokens);
+      r.params.ignore_eos = true;
+      r.on_output = [&](const RequestOutput& o) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (o.completion_tokens == 1 && !o.token_ids.empty() && ++first_tokens == batch) prefill_done = Clock::now();
+        if (o.finish != FinishReason::kNone) {
+          ++finished;
+          cv.notify_all();
+        }
+      };
+      if (i == 0) report.points.push_back({});
+      KIMIRT_RETURN_IF_ERROR(engine->Submit(std::move(r)));
+    }
+    const Clock::time_point start = Clock::now();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return finished == batch; });
+    }
+    const Clock::time_point end = Clock::now();
+    BenchModelPoint& p = report.points.back();
+    p.batch = batch;
+    p.prefill_seconds = std::chrono::duration<double>(prefill_done - start).count();
+    p.prefill_tokens_per_s = static_cast<double>(batch * opt.prompt_len) / p.prefill_seconds;
+    p.decode_seconds = std::chrono::duration<double>(end - prefill_done).count();
+    const double steps = static_cast<double>(std::max<int64_t>(1, opt.decode_tokens - 1));
+    p.decode_step_ms = 1e3 * p.decode_seconds / steps;
+    p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
+    ++round;
+  }
+  engine->Shutdown(/*drain=*/true);
+  return report;
+}
+
+std::string BenchModelReport::ToText() const {
+  std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens (CPU reference backend)\n";
+  char line[160];
+  std::snprintf(line, sizeof(line), "%8s %16s %16s %18s\n", "batch", "prefill tok/s", "decode ms/step", "decode tok/s");
+  s += line;
+  for (const BenchModelPoint& p : points) {
+    std::snprintf(line, sizeof(line), "%8d %16.1f %16.2f %18.1f\n", p.batch, p.prefill_tokens_per_s, p.decode_step_ms,
+                  p.decode_tokens_per_s);
+    s += line;
+  }
+  return s;
+}
+
+std::string BenchModelReport::ToJson() const {
+  nlohmann::ordered_json j;
+  j["model"] = model;
+  j["device"] = "cpu";
+  j["tp"] = tp;
+  j["prompt_len"] = prompt_len;
+  j["decode_tokens"] = decode_tokens;
+  j["points"] = nlohmann::ordered_json::array();
+  for (const BenchModelPoint& p : points) {
+    j["points"].push_back({{"batch", p.batch},
+                           {"prefill_seconds", p.prefill_seconds},
+                           {"prefill_tokens_per_s", p.prefill_tokens_per_s},
+                           {"decode_seconds", p.decode_seconds},
+                           {"decode_step_ms", p.decode_step_ms},
+                           {"decode_tokens_per_s", p.decode_tokens_per_s}});
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace kimirt
