@@ -11,6 +11,7 @@
 
 #include "kimirt/backend/cpu/kda_kernels.h"
 #include "kimirt/backend/cpu/mla_kernels.h"
+#include "kimirt/core/parallel_for.h"
 
 namespace kimirt {
 namespace {
@@ -315,7 +316,9 @@ class CpuBackend final : public Backend {
 std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
 
 void SetCpuBackendThreads(int threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
+  if (threads <= 0) return;
+  openblas_set_num_threads(threads);
+  SetParallelForThreads(threads - 1);  // the caller is the other thread
 }
 
 }  // namespace kimirt

@@ -11,7 +11,8 @@ namespace kimirt {
 
 std::unique_ptr<Backend> MakeCpuBackend();
 
-// Threads the CPU backend's GEMMs use (OpenBLAS); 0 leaves the library's default (all cores).
+// Threads the CPU backend uses (OpenBLAS GEMMs and the per-head ParallelFor loops); 0 leaves
+// the defaults (all cores). Call before the first forward.
 void SetCpuBackendThreads(int threads);
 
 }  // namespace kimirt

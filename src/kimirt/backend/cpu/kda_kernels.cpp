@@ -8,6 +8,8 @@
 // on separate threads without changing a single bit of the results.
 #include "kimirt/backend/cpu/kda_kernels.h"
 
+#include "kimirt/core/parallel_for.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -310,16 +312,15 @@ void KdaLogDecay(const float* f, int64_t T, const KdaGateParams& p, float* alpha
 }
 
 void KdaRecurrent(const KdaCoreArgs& a, float* state, float* o) {
-  // Heads are independent (see the top of the file): parallelize this loop, not the inner ones.
-  for (int64_t h = 0; h < a.heads; ++h)
-    KdaRecurrentHead(a, h, state + h * a.head_dim * a.head_dim, o);
+  // Heads are independent (see the top of the file): each writes only its own state and output
+  // slices, so running them on several threads changes no bit.
+  ParallelFor(a.heads, [&](int64_t h) { KdaRecurrentHead(a, h, state + h * a.head_dim * a.head_dim, o); });
 }
 
 void KdaChunked(const KdaCoreArgs& a, float* state, float* o, int64_t chunk) {
   KIMIRT_CHECK(chunk >= 1);
   if (a.tokens == 0) return;
-  for (int64_t h = 0; h < a.heads; ++h)
-    KdaChunkedHead(a, h, chunk, state + h * a.head_dim * a.head_dim, o);
+  ParallelFor(a.heads, [&](int64_t h) { KdaChunkedHead(a, h, chunk, state + h * a.head_dim * a.head_dim, o); });
 }
 
 void GatedRmsNorm(const float* x, const float* g, const float* w, int64_t T, int64_t H, int64_t K,

@@ -13,6 +13,8 @@
 // them one at a time or in chunks.
 #include "kimirt/backend/cpu/mla_kernels.h"
 
+#include "kimirt/core/parallel_for.h"
+
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -72,11 +74,12 @@ void MlaAttentionExpanded(const MlaAttentionArgs& a, float* o) {
   // Per head, k_n and v of every cached position, computed once per call (not once per query):
   // that is S·(dn+dv)·r work per head, and the attention itself S·T·(dq+dv), so a prefill stays
   // quadratic in its length. Reused across heads.
-  std::vector<float> kn(static_cast<size_t>(S * dn));
-  std::vector<float> v(static_cast<size_t>(S * dv));
-  std::vector<float> p(static_cast<size_t>(S));
-
-  for (int64_t h = 0; h < H; ++h) {
+  // Heads are independent and write disjoint outputs: one task per head, each with its own
+  // scratch, so the result does not depend on the thread count.
+  ParallelFor(H, [&](int64_t h) {
+    std::vector<float> kn(static_cast<size_t>(S * dn));
+    std::vector<float> v(static_cast<size_t>(S * dv));
+    std::vector<float> p(static_cast<size_t>(S));
     // W_UK,h = rows [h(dn+dv), h(dn+dv)+dn) of kv_b_proj, W_UV,h = the next dv rows (§2.5, §6.2).
     const float* w_uk = a.w_kvb + h * (dn + dv) * r;
     const float* w_uv = w_uk + dn * r;
@@ -104,7 +107,7 @@ void MlaAttentionExpanded(const MlaAttentionArgs& a, float* o) {
       for (int64_t s = 0; s < len; ++s) Axpy(p[s], v.data() + s * dv, out, dv);
       for (int64_t i = 0; i < dv; ++i) out[i] *= inv_sum;
     }
-  }
+  });
 }
 
 void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
@@ -114,11 +117,10 @@ void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
                 r = a.latent_dim;
   const int64_t dq = dn + dr;
 
-  std::vector<float> q_bar(static_cast<size_t>(r));
-  std::vector<float> o_bar(static_cast<size_t>(r));
-  std::vector<float> p(static_cast<size_t>(a.start + T));
-
-  for (int64_t h = 0; h < H; ++h) {
+  ParallelFor(H, [&](int64_t h) {
+    std::vector<float> q_bar(static_cast<size_t>(r));
+    std::vector<float> o_bar(static_cast<size_t>(r));
+    std::vector<float> p(static_cast<size_t>(a.start + T));
     const float* w_uk = a.w_kvb + h * (dn + dv) * r;  // [dn, r]
     const float* w_uv = w_uk + dn * r;                // [dv, r]
     for (int64_t t = 0; t < T; ++t) {
@@ -146,7 +148,7 @@ void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
       float* out = o + (t * H + h) * dv;
       for (int64_t i = 0; i < dv; ++i) out[i] = Dot(w_uv + i * r, o_bar.data(), r);
     }
-  }
+  });
 }
 
 }  // namespace kimirt::cpu
