@@ -5,11 +5,14 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -262,6 +265,63 @@ TEST(CliTokenizer, ChatRequestsRenderWithTheK3Markers) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("role"), std::string::npos) << bad.output;
   fs::remove(path);
+}
+
+}  // namespace
+
+namespace {
+
+// The seed's ATOM command line, program name aside, must be accepted as written (issue
+// "Engine and OpenAI-compatible server" item 5). The built-in model has 8 heads and a 32K context,
+// so it really runs: 8 tensor-parallel CPU ranks, FP8 latent cache, 16K max model length.
+TEST(CliServe, TheSeedsCommandLineServesAsWritten) {
+  const std::string log = ::testing::TempDir() + "kimirt_seed_serve_" + std::to_string(::getpid()) + ".log";
+  const std::string cmd =
+      "XDG_CACHE_HOME=" + ::testing::TempDir() + "kimirt_cli_cache timeout 120 " + std::string(KIMIRT_BINARY) +
+      " serve --kv_cache_dtype fp8 -tp 8 --trust-remote-code --max-model-len 16384 --max-num-seqs 64"
+      " --max-num-batched-tokens 10240 --gpu-memory-utilization 0.93 --block-size 128"
+      " --no-enable_prefix_caching --port 0 > " + log + " 2>&1 & echo $!";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char pid_text[32] = {0};
+  ASSERT_NE(fgets(pid_text, sizeof(pid_text), p), nullptr);
+  pclose(p);
+  std::string out;
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream in(log);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    out = ss.str();
+    const size_t at = out.find("listening on http://127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(out.c_str() + at + 30);
+  }
+  ASSERT_GT(port, 0) << out;
+  EXPECT_NE(out.find("on 8 CPU ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("(fp8)"), std::string::npos) << out;
+  // Python's urllib is the HTTP client every CI machine of ours has (curl may be missing).
+  const std::string request =
+      "python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:" + std::to_string(port) +
+      "/v1/completions', data=b'{\\\"prompt\\\": \\\"Natalia sold clips\\\", \\\"max_tokens\\\": 4, "
+      "\\\"temperature\\\": 0}', headers={'Content-Type': 'application/json'}), timeout=60).read().decode())\"";
+  FILE* c = popen(request.c_str(), "r");
+  ASSERT_NE(c, nullptr);
+  std::string body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), c)) > 0) body.append(buf, n);
+  pclose(c);
+  EXPECT_NE(body.find("\"completion_tokens\":4"), std::string::npos) << body;
+  (void)std::system(("kill -TERM " + std::string(pid_text)).c_str());
+  for (int i = 0; i < 300 && std::system(("kill -0 " + std::string(pid_text) + " 2>/dev/null").c_str()) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::ifstream in(log);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("kimirt serve: stopped"), std::string::npos) << ss.str();
+  fs::remove(log);
 }
 
 }  // namespace

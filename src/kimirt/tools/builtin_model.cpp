@@ -20,10 +20,11 @@ extern const std::string_view kBuiltinTokenizerConfig;
 namespace {
 
 // Bump when the config, the weights' recipe or the tokenizer changes, so caches are rebuilt.
-constexpr const char* kVersion = "v1";
+constexpr const char* kVersion = "v2";
 
 // A K3-shaped text config at toy widths; the special ids sit at K3's offsets from the base
-// vocabulary (spec §10.2), so the chat renderer's markers work unchanged.
+// vocabulary (spec §10.2), so the chat renderer's markers work unchanged. Eight KDA and MLA heads
+// and a 32K context let the seed's command line (-tp 8 --max-model-len 16384) run as written.
 std::string BuiltinConfig(int32_t base, int32_t vocab) {
   const std::string b = std::to_string(base);
   return R"({
@@ -37,7 +38,7 @@ std::string BuiltinConfig(int32_t base, int32_t vocab) {
     "model_type": "kimi_linear",
     "vocab_size": )" + std::to_string(vocab) + R"(,
     "hidden_size": 256, "num_hidden_layers": 6, "intermediate_size": 512,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 128, "kv_lora_rank": 64,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 128, "kv_lora_rank": 64,
     "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
     "mla_use_nope": true, "mla_use_output_gate": true,
     "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_experts": 8, "num_experts_per_token": 2,
@@ -46,9 +47,9 @@ std::string BuiltinConfig(int32_t base, int32_t vocab) {
     "activation_situ_linear_beta": 25.0, "moe_router_activation_func": "sigmoid",
     "use_grouped_topk": true, "num_expert_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
     "moe_renormalize": true, "routed_scaling_factor": 1.0, "rms_norm_eps": 1e-05,
-    "attn_res_block_size": 2, "max_position_embeddings": 8192, "tie_word_embeddings": false,
+    "attn_res_block_size": 2, "max_position_embeddings": 32768, "tie_word_embeddings": false,
     "eos_token_id": )" + std::to_string(base + 2) + R"(,
-    "linear_attn_config": {"num_heads": 4, "head_dim": 64, "short_conv_kernel_size": 4,
+    "linear_attn_config": {"num_heads": 8, "head_dim": 32, "short_conv_kernel_size": 4,
       "use_full_rank_gate": true, "gate_lower_bound": -5.0,
       "kda_layers": [1, 2, 3, 5], "full_attn_layers": [4, 6]},
     "quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
