@@ -60,6 +60,9 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("threads", &threads, "CPU threads for GEMMs (0: all cores)");
   f.Bool("enable-prefix-caching", &prefix_caching, "not supported: prefix caching cannot recover KDA state");
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
+  std::string forced;
+  f.String("test-forced-completion", &forced,
+           "testing only: every request generates this text (special-token names allowed), then EOS");
   if (Status s = f.Parse(argc, argv, 2, nullptr); !s.ok()) return Fail(s, 2);
   if (f.help_requested()) {
     std::fputs(f.Help().c_str(), stdout);
@@ -111,6 +114,11 @@ int RunServeCommand(int argc, char** argv) {
   eo.max_model_len = max_model_len;
   eo.prefill_chunk = std::min(prefill_chunk, max_batched);
   eo.max_waiting = max_waiting;
+  if (!forced.empty()) {
+    eo.test_forced_completion = (*tokenizer)->Encode(forced, /*allow_special=*/true);
+    std::fprintf(stderr, "kimirt serve: TESTING: every request generates a fixed %zu-token completion\n",
+                 eo.test_forced_completion.size());
+  }
   Result<std::unique_ptr<Engine>> engine = Engine::Create(**runner, tokenizer->get(), eo);
   if (!engine.ok()) return Fail(engine.status());
   const EngineOptions& used = (*engine)->options();

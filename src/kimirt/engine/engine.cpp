@@ -254,6 +254,11 @@ class EngineImpl final : public Engine {
     const std::span<const int32_t> prompt(s->tokens.data(), static_cast<size_t>(s->prompt_len));
     const std::span<const int32_t> output(s->tokens.data() + s->prompt_len, static_cast<size_t>(s->generated()));
     SampleResult r = s->sampler->Sample(row, prompt, output);
+    if (!opt_.test_forced_completion.empty()) {
+      const size_t k = static_cast<size_t>(s->generated());
+      r.token = k < opt_.test_forced_completion.size() ? opt_.test_forced_completion[k]
+                                                       : static_cast<int32_t>(eos_.empty() ? 0 : eos_[0]);
+    }
     s->tokens.push_back(r.token);
     ++stats_generation_tokens_;
     Emit(s, r);

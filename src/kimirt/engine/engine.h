@@ -58,6 +58,10 @@ struct EngineOptions {
   int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
   int32_t max_waiting = 1024;             // queued requests before Submit refuses
   uint64_t default_seed = 0;              // mixed with the request id for requests without a seed
+  // Testing only: every request generates exactly these tokens, then the model's first EOS id
+  // (the model still runs; sampled tokens are replaced). Lets end-to-end tests drive output
+  // paths, such as K3 tool calls, that a random-weight model would never produce.
+  std::vector<int32_t> test_forced_completion;
 };
 
 struct EngineStats {
