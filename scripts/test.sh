@@ -3,7 +3,10 @@
 # ../shared beside the checkout (override with KIMIRT_SHARED_DIR=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-shared="${KIMIRT_SHARED_DIR:-$(cd .. && pwd)/shared}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_SHARED_DIR="$shared" >/dev/null
+# The same configuration as scripts/setup.sh (so nothing rebuilds), unless KIMIRT_SHARED_DIR
+# points elsewhere.
+extra=()
+[ -n "${KIMIRT_SHARED_DIR:-}" ] && extra+=("-DKIMIRT_SHARED_DIR=$KIMIRT_SHARED_DIR")
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >/dev/null
 cmake --build build
 ctest --test-dir build --output-on-failure -j "$(nproc)"
