@@ -17,6 +17,16 @@ Tensor HostCopy(Backend& be, const Tensor& t) {
   return h;
 }
 
+// Host copies of one layer's sub-layer inputs and outputs (ForwardTrace).
+void RecordLayer(Backend& be, const Tensor& attn_in, const Tensor& attn_out, const Tensor& ffn_in,
+                 const Tensor& ffn_out, const Tensor& route, ForwardTrace* trace) {
+  trace->attn_in.push_back(HostCopy(be, attn_in));
+  trace->attn_out.push_back(HostCopy(be, attn_out));
+  trace->ffn_in.push_back(HostCopy(be, ffn_in));
+  trace->ffn_out.push_back(HostCopy(be, ffn_out));
+  trace->route_idx.push_back(route.defined() && route.numel() > 0 ? HostCopy(be, route) : Tensor());
+}
+
 }  // namespace
 
 Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm)
@@ -315,13 +325,7 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
       Tensor sum = be_.Empty(prefix.shape());
       be_.Add(prefix, ffn, &sum);
       prefix = sum;
-      if (trace != nullptr) {
-        trace->attn_in.push_back(HostCopy(be_, x));
-        trace->attn_out.push_back(HostCopy(be_, attn));
-        trace->ffn_in.push_back(HostCopy(be_, y));
-        trace->ffn_out.push_back(HostCopy(be_, ffn));
-        trace->route_idx.push_back(route.defined() && route.numel() > 0 ? HostCopy(be_, route) : Tensor());
-      }
+      if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
     }
     mixed = bank.empty() ? prefix : Mix(candidates(), w_.out_res_proj, w_.out_res_norm);
   } else {
@@ -337,13 +341,7 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
       Tensor ffn = lw.is_moe ? Moe(lw.moe, y, &route) : Mlp(lw.dense, y);
       h = be_.Empty(h.shape());
       be_.Add(h2, ffn, &h);
-      if (trace != nullptr) {
-        trace->attn_in.push_back(HostCopy(be_, x));
-        trace->attn_out.push_back(HostCopy(be_, attn));
-        trace->ffn_in.push_back(HostCopy(be_, y));
-        trace->ffn_out.push_back(HostCopy(be_, ffn));
-        trace->route_idx.push_back(route.defined() && route.numel() > 0 ? HostCopy(be_, route) : Tensor());
-      }
+      if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
     }
     mixed = h;
   }

@@ -11,6 +11,7 @@
 
 #include "kimirt/server/chat_schema.h"
 #include "kimirt/server/json_fields.h"
+#include "kimirt/core/json_depth.h"
 
 namespace kimirt {
 
@@ -183,27 +184,7 @@ MaybeError ParsePrompts(const Json& body, int32_t vocab, std::vector<PromptInput
 // the chat renderers recurse, and a hostile 8 MiB body of '[' must not exhaust the stack.
 constexpr int kMaxJsonDepth = 128;
 
-bool NestingWithinLimit(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
+bool NestingWithinLimit(std::string_view text) { return JsonNestingWithin(text, kMaxJsonDepth); }
 
 }  // namespace
 

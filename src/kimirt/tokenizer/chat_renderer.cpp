@@ -16,6 +16,7 @@
 
 #include "kimirt/tokenizer/detokenizer.h"
 #include "kimirt/tokenizer/tokenizer.h"
+#include "kimirt/core/json_depth.h"
 
 namespace kimirt {
 
@@ -47,27 +48,7 @@ namespace {
 // parser (and our recursive dumper) could exhaust the stack on hostile input.
 constexpr int kMaxJsonDepth = 256;
 
-bool NestingWithinLimit(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
+bool NestingWithinLimit(std::string_view text) { return JsonNestingWithin(text, kMaxJsonDepth); }
 
 template <typename Json>
 std::optional<Json> ParseJson(std::string_view text) {
