@@ -26,6 +26,7 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
   f.String("json", &json_path, "also write the results as JSON to this file");
+  f.Double("peak-gbps", &o.peak_gb_per_s, "memory bandwidth (GB/s) to report decode traffic against");
   if (Status s = f.Parse(argc, argv, 3, nullptr); !s.ok()) {
     std::fprintf(stderr, "kimirt bench model: %s\n", s.message().c_str());
     return 2;

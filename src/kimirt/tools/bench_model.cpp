@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -46,6 +47,36 @@ Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t se
 
 }  // namespace
 
+uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
+                         bool weights_f32) {
+  const ModelConfig& c = layout.config();
+  Parallelism par;
+  par.tp = tp;
+  par.experts_dequantized = true;  // count the stored bytes of each rank's slice
+  double shared = 0, experts = 0;
+  for (const TensorSpec& t : layout.tensors()) {
+    if (t.component == Component::kVision) continue;
+    if (t.name.size() >= 19 && t.name.compare(t.name.size() - 19, 19, "embed_tokens.weight") == 0) continue;
+    double bytes = static_cast<double>(layout.SliceFor(t, par, 0).loaded_bytes);
+    if (weights_f32) {
+      // Logical elements × 4: packed MXFP4 bytes hold 2 elements; scales are folded in.
+      const bool packed = t.name.size() > 14 && t.name.compare(t.name.size() - 14, 14, "weight_packed") == 0;
+      const bool scale = t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13, "weight_scale") == 0;
+      bytes = scale ? 0.0 : bytes / static_cast<double>(DTypeSize(t.dtype)) * (packed ? 2.0 : 1.0) * 4.0;
+    }
+    (t.category == Category::kRoutedExpert ? experts : shared) += bytes;
+  }
+  // Expected distinct experts a batch touches per MoE layer, relative to all of them.
+  const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.num_experts_per_token);
+  const double touched = E > 0 ? 1.0 - std::pow(1.0 - k / E, batch) : 0.0;
+  const double latent = static_cast<double>(batch) * static_cast<double>(context) *
+                        static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) * kv_bytes_per_value *
+                        static_cast<double>(c.NumMlaLayers());
+  const double H = static_cast<double>(c.linear_attn.num_heads / tp), K = static_cast<double>(c.linear_attn.head_dim);
+  const double kda = 2.0 * static_cast<double>(batch) * H * K * K * 4.0 * static_cast<double>(c.NumKdaLayers());
+  return static_cast<uint64_t>(shared + touched * experts + latent + kda);
+}
+
 Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   if (opt.model_dir.empty() == opt.config_path.empty()) {
     return InvalidArgument("give --model DIR or --config FILE --random-weights");
@@ -76,6 +107,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2);
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::CreateCpu(dir, ro));
   const ModelConfig& c = runner->config();
+  KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
   EngineOptions eo;
   eo.max_num_seqs = max_batch;
   eo.prefill_chunk = opt.prefill_chunk;
@@ -89,6 +121,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.tp = opt.tp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
+  report.peak_gb_per_s = opt.peak_gb_per_s;
   int round = 0;
   for (int batch : opt.batch_sizes) {
     std::mutex mu;
@@ -127,6 +160,11 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     const double steps = static_cast<double>(std::max<int64_t>(1, opt.decode_tokens - 1));
     p.decode_step_ms = 1e3 * p.decode_seconds / steps;
     p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
+    // The CPU reference keeps weights and the latent cache in F32 (4 bytes per value).
+    p.decode_step_bytes =
+        DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4, /*weights_f32=*/true);
+    p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
+    p.bandwidth_fraction = opt.peak_gb_per_s > 0 ? p.decode_gb_per_s / opt.peak_gb_per_s : 0.0;
     ++round;
   }
   engine->Shutdown(/*drain=*/true);
@@ -137,12 +175,19 @@ std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens (CPU reference backend)\n";
   char line[160];
-  std::snprintf(line, sizeof(line), "%8s %16s %16s %18s\n", "batch", "prefill tok/s", "decode ms/step", "decode tok/s");
+  std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
+                "decode tok/s", "MB/step", "GB/s");
   s += line;
   for (const BenchModelPoint& p : points) {
-    std::snprintf(line, sizeof(line), "%8d %16.1f %16.2f %18.1f\n", p.batch, p.prefill_tokens_per_s, p.decode_step_ms,
-                  p.decode_tokens_per_s);
+    std::snprintf(line, sizeof(line), "%8d %16.1f %16.2f %16.1f %14.1f %12.2f", p.batch, p.prefill_tokens_per_s,
+                  p.decode_step_ms, p.decode_tokens_per_s, static_cast<double>(p.decode_step_bytes) / 1e6,
+                  p.decode_gb_per_s);
     s += line;
+    if (peak_gb_per_s > 0) {
+      std::snprintf(line, sizeof(line), " = %.3f of %.0f GB/s", p.bandwidth_fraction, peak_gb_per_s);
+      s += line;
+    }
+    s += "\n";
   }
   return s;
 }
@@ -154,6 +199,7 @@ std::string BenchModelReport::ToJson() const {
   j["tp"] = tp;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;
+  j["peak_gb_per_s"] = peak_gb_per_s;
   j["points"] = nlohmann::ordered_json::array();
   for (const BenchModelPoint& p : points) {
     j["points"].push_back({{"batch", p.batch},
@@ -161,7 +207,10 @@ std::string BenchModelReport::ToJson() const {
                            {"prefill_tokens_per_s", p.prefill_tokens_per_s},
                            {"decode_seconds", p.decode_seconds},
                            {"decode_step_ms", p.decode_step_ms},
-                           {"decode_tokens_per_s", p.decode_tokens_per_s}});
+                           {"decode_tokens_per_s", p.decode_tokens_per_s},
+                           {"decode_step_bytes", p.decode_step_bytes},
+                           {"decode_gb_per_s", p.decode_gb_per_s},
+                           {"bandwidth_fraction", p.bandwidth_fraction}});
   }
   return j.dump(2) + "\n";
 }

@@ -9,8 +9,20 @@
 #include <vector>
 
 #include "kimirt/core/status.h"
+#include "kimirt/model/layout.h"
 
 namespace kimirt {
+
+// Bytes one decode step must move through memory on one rank (TP slice), at `batch` sequences of
+// `context` tokens: every weight except the embedding table and the routed experts, read once
+// and shared by the batch; the routed experts the batch selects — in expectation
+// E·(1 − (1 − k/E)^B) distinct experts per MoE layer, as if routing were uniform; each sequence's
+// latent cache (every MLA layer reads all its positions); each sequence's KDA state, read and
+// written. The roofline a decode step is held to: achieved bytes/s ÷ peak bandwidth.
+// `weights_f32`: weights held widened to F32 (the CPU backend; MXFP4 experts then move 8× their
+// stored bytes), else as stored in the checkpoint.
+uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
+                         bool weights_f32);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
@@ -21,18 +33,23 @@ struct BenchModelOptions {
   int64_t prompt_len = 128;
   int64_t decode_tokens = 16;
   int prefill_chunk = 256;
+  double peak_gb_per_s = 0;  // memory bandwidth to compare with (--gpu NAME or --peak-gbps); 0: none
 };
 
 struct BenchModelPoint {
   int batch = 0;
   double prefill_seconds = 0, prefill_tokens_per_s = 0;
   double decode_seconds = 0, decode_step_ms = 0, decode_tokens_per_s = 0;
+  uint64_t decode_step_bytes = 0;   // DecodeStepBytes at the mean context of the decode phase
+  double decode_gb_per_s = 0;       // decode_step_bytes / step time
+  double bandwidth_fraction = 0;    // decode_gb_per_s / peak (0 without a peak)
 };
 
 struct BenchModelReport {
   std::string model;
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
+  double peak_gb_per_s = 0;
   std::vector<BenchModelPoint> points;
   std::string ToText() const;
   std::string ToJson() const;

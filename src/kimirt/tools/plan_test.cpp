@@ -208,3 +208,31 @@ TEST(Plan, RejectsBadOptions) {
 
 }  // namespace
 }  // namespace kimirt
+
+#include "kimirt/tools/bench_model.h"
+
+namespace kimirt {
+namespace {
+
+// The decode-traffic estimate of `kimirt bench model`, against hand arithmetic on K3 at TP8.
+TEST(DecodeStepBytes, K3AtTp8CountsSharedWeightsExpectedExpertsAndCaches) {
+  REQUIRE_SHARED("configs/kimi-k3.json");
+  Layout l = K3Layout();
+  // One sequence, empty context: shared weights (the TP8 per-GPU weights minus routed experts
+  // and the embedding shard) + 16/896 of the experts + the KDA states read and written.
+  const uint64_t per_gpu = 205056581360ull;                 // the seed's TP8 per-GPU bytes
+  const uint64_t experts_tp8 = 1446456066048ull / 8;         // routed experts, each rank's slice
+  const uint64_t embed_tp8 = 163840ull * 7168 * 2 / 8;       // embedding shard (rows read: ~0)
+  const double want_shared = static_cast<double>(per_gpu - experts_tp8 - embed_tp8);
+  const double kda = 2.0 * 12 * 128 * 128 * 4 * 69;          // 12 heads per rank, FP32, r+w
+  const double want = want_shared + experts_tp8 * (16.0 / 896.0) + kda;
+  const double got = static_cast<double>(DecodeStepBytes(l, 8, 1, 0, 1, /*weights_f32=*/false));
+  EXPECT_NEAR(got, want, want * 1e-9);
+  // A large batch touches every expert; the latent cache adds 576 bytes per token and MLA layer.
+  const double big = static_cast<double>(DecodeStepBytes(l, 8, 4096, 1000, 1, false));
+  const double want_big = want_shared + experts_tp8 + 4096.0 * 1000 * 576 * 24 + kda * 4096;
+  EXPECT_NEAR(big, want_big, want_big * 1e-6);
+}
+
+}  // namespace
+}  // namespace kimirt
