@@ -3,8 +3,9 @@
 Runs against the built-in model: completions and chat, streaming and not, n=2, stop strings,
 logprobs, usage numbers, error statuses, and a client that disconnects mid-stream. Usage is
 checked against the tokenizer's own count as the server reports it: with echo and logprobs the
-prompt's tokens are listed one by one (logprob null), so usage.prompt_tokens must equal their
-number; with ignore_eos the completion is exactly max_tokens tokens.
+prompt's tokens are listed one by one (the first with a null logprob, the rest scored), so
+usage.prompt_tokens must equal their number; with ignore_eos the completion is exactly
+max_tokens tokens.
 
 Skipped as a whole when `openai` is not installed or the binary is not built.
 """
@@ -44,9 +45,11 @@ def test_completion_usage_matches_tokens(client):
     choice = r.choices[0]
     assert choice.text.startswith(PROMPT)
     lp = choice.logprobs
-    n_prompt = sum(1 for x in lp.token_logprobs if x is None)
-    assert r.usage.prompt_tokens == n_prompt > 0
-    assert r.usage.completion_tokens == 7 == len(lp.tokens) - n_prompt
+    n_prompt = len(lp.tokens) - 7
+    assert r.usage.prompt_tokens == n_prompt > 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0.0 for x in lp.token_logprobs[1:])
+    assert r.usage.completion_tokens == 7
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert choice.finish_reason == "length"
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
@@ -85,7 +88,24 @@ def test_completion_prompt_list_and_token_ids(client):
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].text == by_text.choices[0].text
     assert r.usage.prompt_tokens > n_prompt
-    assert n_prompt == len([x for x in ids_echo.choices[0].logprobs.token_logprobs if x is None])
+    assert n_prompt == len(ids_echo.choices[0].logprobs.tokens) - 1
+
+
+def test_echo_scores_the_prompt_as_decoding_scored_it(client):
+    # lm-eval's loglikelihood request (echo, logprobs=1, max_tokens=1) over a prompt that ends
+    # with what greedy decoding produced: each of those tokens' prompt logprob (from a chunked
+    # prefill) must equal the logprob it had when decoded one step at a time, and be the top one.
+    gen = greedy(client, max_tokens=6, logprobs=0, extra_body={"ignore_eos": True})
+    tokens, logprobs = gen.choices[0].logprobs.tokens, gen.choices[0].logprobs.token_logprobs
+    r = greedy(client, prompt=PROMPT + gen.choices[0].text, max_tokens=1, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    scored = slice(len(lp.tokens) - 1 - len(tokens), len(lp.tokens) - 1)
+    assert lp.tokens[scored] == tokens  # the text re-tokenizes to the same tokens
+    for got, want, top, token in zip(lp.token_logprobs[scored], logprobs, lp.top_logprobs[scored], tokens):
+        assert got == pytest.approx(want, abs=1e-3)
+        assert max(top.values()) <= got + 1e-5  # greedy: nothing scored above it
+        assert token in top
+    assert r.choices[0].text.startswith(PROMPT + gen.choices[0].text)
 
 
 def test_n2_seeded(client):

@@ -47,6 +47,8 @@ struct Sequence {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::unique_ptr<StopMatcher> stops;
+  std::vector<SampleResult> prompt_logprobs;  // scored so far, until sent
+  bool prompt_logprobs_sent = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
@@ -230,6 +232,7 @@ class EngineImpl final : public Engine {
     runner_.Release(s->handle);
     s->has_state = false;
     s->computed = 0;
+    if (!s->prompt_logprobs_sent) s->prompt_logprobs.clear();  // the re-prefill scores again
     ++preemptions_;
     for (auto& r : running_) {
       if (r.get() == s) {
@@ -242,15 +245,25 @@ class EngineImpl final : public Engine {
 
   void Forward(Sequence* s, int64_t n) {
     std::span<const int32_t> ids(s->tokens.data() + s->computed, static_cast<size_t>(n));
-    Result<Tensor> logits = runner_.Forward(s->handle, ids, /*last_only=*/true);
+    const int32_t prompt_top = s->req.params.prompt_logprobs;
+    const bool score_prompt = prompt_top >= 0 && !s->prompt_logprobs_sent && s->computed < s->prompt_len;
+    Result<Tensor> logits = runner_.Forward(s->handle, ids, /*last_only=*/!score_prompt);
     if (!logits.ok()) {
       Finish(s, FinishReason::kError, logits.status());
       return;
     }
+    const size_t V = static_cast<size_t>(logits->dim(1));
+    if (score_prompt) {
+      // Row i holds the distribution of the token after position computed + i.
+      for (int64_t i = 0; i < n && s->computed + i + 1 < s->prompt_len; ++i) {
+        const std::span<const float> at(logits->f32() + static_cast<size_t>(i) * V, V);
+        s->prompt_logprobs.push_back(ScoreToken(at, s->tokens[static_cast<size_t>(s->computed + i + 1)], prompt_top));
+      }
+    }
     if (s->computed == 0) stats_prompt_tokens_ += std::min<int64_t>(n, s->prompt_len);
     s->computed += n;
     if (s->computed < static_cast<int64_t>(s->tokens.size())) return;  // prefill continues
-    const std::span<const float> row(logits->f32(), static_cast<size_t>(logits->numel()));
+    const std::span<const float> row(logits->f32() + static_cast<size_t>(logits->dim(0) - 1) * V, V);
     const std::span<const int32_t> prompt(s->tokens.data(), static_cast<size_t>(s->prompt_len));
     const std::span<const int32_t> output(s->tokens.data() + s->prompt_len, static_cast<size_t>(s->generated()));
     SampleResult r = s->sampler->Sample(row, prompt, output);
@@ -272,6 +285,7 @@ class EngineImpl final : public Engine {
     out.request_id = s->req.id;
     out.token_ids.push_back(r.token);
     if (p.logprobs >= 0) out.logprobs.push_back(r);
+    TakePromptLogprobs(s, &out);
     FinishReason finish = FinishReason::kNone;
     const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), r.token) != eos_.end();
     const bool is_stop_token = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) != p.stop_token_ids.end();
@@ -303,6 +317,13 @@ class EngineImpl final : public Engine {
     out.finish = finish;
     s->req.on_output(out);
     if (finish != FinishReason::kNone) Release(s);
+  }
+
+  void TakePromptLogprobs(Sequence* s, RequestOutput* out) {
+    if (s->req.params.prompt_logprobs < 0 || s->prompt_logprobs_sent) return;
+    out->prompt_logprobs = std::move(s->prompt_logprobs);
+    s->prompt_logprobs.clear();
+    s->prompt_logprobs_sent = true;
   }
 
   void Finish(Sequence* s, FinishReason reason, Status error = Status::Ok()) {

@@ -35,6 +35,12 @@ struct RequestOutput {
   std::vector<int32_t> token_ids;      // tokens sampled since the last event
   std::string text;                    // their text (held back at UTF-8 or stop-string edges)
   std::vector<SampleResult> logprobs;  // one per token when params.logprobs >= 0
+  // With params.prompt_logprobs >= 0, on the first event that carries a token: one entry per
+  // prompt token after the first, in order (a request aborted before its first token gets none). They come from the
+  // same chunked prefill that produces the first token, which reads the last position's logits
+  // exactly as a request without prompt logprobs would (Model::Forward), so asking for them
+  // never changes the tokens.
+  std::vector<SampleResult> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string stop_string;             // the stop string that ended it, if any
   int32_t stop_token = -1;             // the stop token id that ended it, if any

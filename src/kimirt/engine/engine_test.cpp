@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +32,10 @@ class Collector {
       Result& r = results_[o.request_id];
       r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
       for (const SampleResult& s : o.logprobs) r.logprobs.push_back(s.logprob);
+      if (!o.prompt_logprobs.empty()) {
+        r.prompt_logprobs_event = r.events;
+        r.prompt_logprobs.insert(r.prompt_logprobs.end(), o.prompt_logprobs.begin(), o.prompt_logprobs.end());
+      }
       r.events += 1;
       if (o.finish != FinishReason::kNone) {
         r.finish = o.finish;
@@ -43,6 +49,8 @@ class Collector {
   struct Result {
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
+    std::vector<SampleResult> prompt_logprobs;
+    int prompt_logprobs_event = -1;  // the index of the event that carried them
     FinishReason finish = FinishReason::kNone;
     Status error;
     int events = 0;
@@ -187,6 +195,70 @@ TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   EXPECT_EQ(s.kv_blocks_used, 0);
   EXPECT_EQ(s.state_slots_used, 0);
   EXPECT_EQ(s.running + s.waiting, 0);
+}
+
+TEST_F(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
+  const std::vector<int32_t> prompt = Prompt(45, 5);  // chunks of 16, 16 and 13
+  // Reference: the whole prompt in one forward, every position's logits, log_softmax in double.
+  SequenceState st = model_->NewSequence();
+  Result<Tensor> all = model_->Forward(&st, prompt);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  const int64_t V = all->dim(1);
+  auto ref_logprob = [&](size_t row, int32_t token) {
+    const float* x = all->f32() + row * static_cast<size_t>(V);
+    const double m = *std::max_element(x, x + V);
+    double z = 0.0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(x[v]) - m);
+    return static_cast<double>(x[token]) - m - std::log(z);
+  };
+
+  Collector plain, scored;
+  auto engine = MakeEngine(SmallOptions());
+  ASSERT_TRUE(engine->Submit(Request("plain", prompt, 8, plain)).ok());
+  EngineRequest r = Request("scored", prompt, 8, scored);
+  r.params.prompt_logprobs = 3;
+  ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  ASSERT_TRUE(plain.Wait({"plain"}) && scored.Wait({"scored"}));
+  const Collector::Result a = plain.Get("plain"), b = scored.Get("scored");
+  EXPECT_TRUE(a.prompt_logprobs.empty());
+  EXPECT_EQ(b.prompt_logprobs_event, 0);  // all on the first token's event
+  ASSERT_EQ(b.prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 0; i < b.prompt_logprobs.size(); ++i) {
+    const SampleResult& s = b.prompt_logprobs[i];
+    EXPECT_EQ(s.token, prompt[i + 1]) << i;
+    EXPECT_NEAR(s.logprob, ref_logprob(i, prompt[i + 1]), 1e-4) << "prompt position " << i + 1;
+    ASSERT_EQ(s.top.size(), 3u);
+    const float* x = all->f32() + i * static_cast<size_t>(V);
+    EXPECT_EQ(s.top[0].token, std::max_element(x, x + V) - x) << i;
+    EXPECT_NEAR(s.top[0].logprob, ref_logprob(i, s.top[0].token), 1e-4) << i;
+    EXPECT_GE(s.top[0].logprob, s.top[1].logprob);
+    EXPECT_GE(s.top[1].logprob, s.top[2].logprob);
+  }
+  // Asking for them reads the same last-position logits: same tokens, same bits.
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)));
+
+  // Preempted mid-prefill and recomputed: still one list, and the same bits.
+  Collector squeezed;
+  auto small = MakeEngine(SmallOptions(), /*kv_blocks=*/14);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back("s" + std::to_string(i));
+    EngineRequest q = Request(ids.back(), prompt, 8, squeezed);
+    q.params.prompt_logprobs = 3;
+    ASSERT_TRUE(small->Submit(std::move(q)).ok());
+  }
+  ASSERT_TRUE(squeezed.Wait(ids, 120));
+  EXPECT_GT(WaitIdle(*small).preemptions, 0);
+  for (const std::string& id : ids) {
+    const Collector::Result c = squeezed.Get(id);
+    ASSERT_EQ(c.prompt_logprobs.size(), b.prompt_logprobs.size()) << id;
+    for (size_t i = 0; i < c.prompt_logprobs.size(); ++i) {
+      EXPECT_EQ(c.prompt_logprobs[i].logprob, b.prompt_logprobs[i].logprob) << id << " position " << i + 1;
+    }
+    EXPECT_EQ(c.tokens, b.tokens) << id;
+  }
 }
 
 TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {

@@ -516,12 +516,21 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
     result.token = SampleRandom(processed, logits);
   }
   if (params_.logprobs >= 0) {
-    const RawLogSoftmax ls = ComputeRawLogSoftmax(logits.data(), n);
-    result.logprob = ls.Of(logits[static_cast<size_t>(result.token)]);
-    if (params_.logprobs > 0) {
-      TopRaw(logits.data(), n, std::min(static_cast<size_t>(params_.logprobs), n), ls, &result.top);
-    }
+    SampleResult scored = ScoreToken(logits, result.token, params_.logprobs);
+    result.logprob = scored.logprob;
+    result.top = std::move(scored.top);
   }
+  return result;
+}
+
+SampleResult ScoreToken(std::span<const float> logits, int32_t token, int32_t top) {
+  KIMIRT_CHECK_MSG(token >= 0 && static_cast<size_t>(token) < logits.size(), "ScoreToken: token outside the logits");
+  const size_t n = logits.size();
+  const RawLogSoftmax ls = ComputeRawLogSoftmax(logits.data(), n);
+  SampleResult result;
+  result.token = token;
+  result.logprob = ls.Of(logits[static_cast<size_t>(token)]);
+  if (top > 0) TopRaw(logits.data(), n, std::min(static_cast<size_t>(top), n), ls, &result.top);
   return result;
 }
 

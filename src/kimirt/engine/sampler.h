@@ -64,6 +64,11 @@ struct SampleResult {
   std::vector<TokenLogprob> top;   // params.logprobs entries, descending, ties to lower id
 };
 
+// The raw log_softmax of `logits` at `token`, and the `top` tokens with the highest raw
+// logprob (descending, ties to the lower id): what a sampled token's logprobs report, and what
+// prompt logprobs report for a prompt token given the logits of the position before it.
+SampleResult ScoreToken(std::span<const float> logits, int32_t token, int32_t top);
+
 class Sampler {
  public:
   // `params` should have passed Validate(vocab). The RNG seed is (params.seed, or

@@ -39,6 +39,9 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
   if (logprobs < -1 || logprobs > 20) {
     return InvalidArgument("logprobs must be in [-1, 20], got " + std::to_string(logprobs));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > 20) {
+    return InvalidArgument("prompt_logprobs must be in [-1, 20], got " + std::to_string(prompt_logprobs));
+  }
   if (max_tokens < 1) return InvalidArgument("max_tokens must be >= 1, got " + std::to_string(max_tokens));
   if (n < 1 || n > 128) return InvalidArgument("n must be in [1, 128], got " + std::to_string(n));
   for (const auto& [id, bias] : logit_bias) {

@@ -24,6 +24,10 @@ struct SamplingParams {
   float repetition_penalty = 1.0f; // > 0, vLLM/HF: divide positive / multiply negative logits
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   int32_t logprobs = -1;       // -1: none; 0: the sampled token's; k > 0: plus the top k
+  // Prompt logprobs (vLLM's `prompt_logprobs`; the completions endpoint's echo + logprobs):
+  // -1: none; k >= 0: each prompt token after the first, scored by the logits of the position
+  // before it, plus the top k there. Raw log_softmax, as for `logprobs`.
+  int32_t prompt_logprobs = -1;
   int32_t max_tokens = 16;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS set

@@ -353,7 +353,15 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
   Tensor rows = o.all_logits ? hn : hn.Rows(T - 1, 1);
   const int64_t R = rows.dim(0), Vl = w_.lm_head.dim(0), V = c.vocab_size;
   Tensor local = be_.Empty({R, Vl});
-  be_.Linear(rows, w_.lm_head, &local);
+  // The last row goes through the head on its own even when every row is wanted: a GEMM's
+  // summation order may depend on its row count, and the row a sampler reads must not change
+  // when a caller also asks for the others (engine.h, prompt logprobs).
+  if (R > 1) {
+    Tensor head = local.Rows(0, R - 1);
+    be_.Linear(rows.Rows(0, R - 1), w_.lm_head, &head);
+  }
+  Tensor last = local.Rows(R - 1, 1);
+  be_.Linear(rows.Rows(R - 1, 1), w_.lm_head, &last);
   Tensor host_local = HostCopy(be_, local);
   Tensor logits = Tensor::Host({R, V});
   const int tp = comm_.size();

@@ -181,26 +181,22 @@ class ChatStream : public HttpStream {
   bool done_ = false;
 };
 
-HttpResponse RespondWhenDone(Chat& c, GenerationJob& job, const ServingContext& ctx) {
+HttpResponse RespondWhenDone(Chat& c, GenerationJob& job, const ServingContext& ctx, const HttpRequest& request) {
   std::optional<ApiError> failure;
-  bool more = true;
-  while (more) {
-    std::vector<JobEvent> events;
-    more = job.Take(&events, std::chrono::milliseconds(500));
-    for (JobEvent& ev : events) {
-      Choice& ch = c.choices[ev.choice];
-      RequestOutput& o = ev.output;
-      ch.completion_tokens = o.completion_tokens;
-      Append(&ch.message, ch.parser.Feed(o.text));
-      for (SampleResult& s : o.logprobs) ch.samples.push_back(std::move(s));
-      if (o.finish != FinishReason::kNone) {
-        ch.finish = o.finish;
-        Append(&ch.message, ch.parser.Finish());
-        ch.tool_calls = ch.message.tool_calls.size();
-      }
-      if (!failure) failure = FailureOf(o, ctx.stopping());
+  const bool answered = CollectUnlessClientGone(job, request.client_gone, [&](JobEvent& ev) {
+    Choice& ch = c.choices[ev.choice];
+    RequestOutput& o = ev.output;
+    ch.completion_tokens = o.completion_tokens;
+    Append(&ch.message, ch.parser.Feed(o.text));
+    for (SampleResult& s : o.logprobs) ch.samples.push_back(std::move(s));
+    if (o.finish != FinishReason::kNone) {
+      ch.finish = o.finish;
+      Append(&ch.message, ch.parser.Finish());
+      ch.tool_calls = ch.message.tool_calls.size();
     }
-  }
+    if (!failure) failure = FailureOf(o, ctx.stopping());
+  });
+  if (!answered) return ErrorResponse(ClientClosed());
   if (failure) return ErrorResponse(*failure);
   Json body = c.Header("chat.completion");
   Json choices = Json::array();
@@ -299,7 +295,7 @@ HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest&
   if (Status s = job->Submit(std::move(job_choices)); !s.ok()) {
     return ErrorResponse(ApiErrorFromStatus(s, ctx.stopping()));
   }
-  if (!req.gen.stream) return RespondWhenDone(c, *job, ctx);
+  if (!req.gen.stream) return RespondWhenDone(c, *job, ctx, request);
   HttpResponse r;
   r.content_type = std::string(kSseContentType);
   r.stream = std::make_shared<ChatStream>(std::move(c), std::move(job), ctx);

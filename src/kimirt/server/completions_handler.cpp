@@ -29,6 +29,7 @@ struct Choice {
   size_t prompt = 0;
   std::string text;                       // generated so far (non-streaming)
   std::optional<LegacyLogprobs> logprobs;
+  bool echoed = false;  // the choice's first event was seen: prompt logprobs listed, echo sent
   FinishReason finish = FinishReason::kNone;
   int64_t completion_tokens = 0;
 };
@@ -65,6 +66,15 @@ struct Completion {
     return j;
   }
 
+  // Echo with logprobs, on a choice's first event (which carries the engine's prompt
+  // logprobs): the prompt's first token has nothing to be scored by; the rest are scored.
+  void AddPromptLogprobs(Choice* ch, const RequestOutput& o) const {
+    ch->echoed = true;
+    if (!echo || !ch->logprobs) return;
+    ch->logprobs->AddPromptToken(prompts[ch->prompt].ids.front());
+    for (const SampleResult& s : o.prompt_logprobs) ch->logprobs->AddPromptToken(s);
+  }
+
   Json Usage() const {
     int64_t prompt_tokens = 0, completion_tokens = 0;
     for (const Prompt& p : prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
@@ -82,18 +92,6 @@ class CompletionStream : public HttpStream {
 
   Poll Next(std::string* out, std::chrono::milliseconds wait) override {
     if (done_) return Poll::kEnd;
-    if (!preamble_sent_) {
-      preamble_sent_ = true;
-      if (c_.echo) {
-        for (size_t i = 0; i < c_.choices.size(); ++i) {
-          Choice& ch = c_.choices[i];
-          Json lp = ch.logprobs ? ch.logprobs->TakeJson() : Json(nullptr);
-          *out += SseEvent(c_.Chunk(i, c_.prompts[ch.prompt].text, std::move(lp), std::nullopt).dump(
-              -1, ' ', false, Json::error_handler_t::replace));
-        }
-        return Poll::kData;
-      }
-    }
     std::vector<JobEvent> events;
     const bool more = job_->Take(&events, wait);
     for (const JobEvent& ev : events) OnEvent(ev, out);
@@ -126,6 +124,13 @@ class CompletionStream : public HttpStream {
       *out += SseEvent(RenderError(*failure).body);
       return;
     }
+    if (c_.echo && !ch.echoed) {
+      // The prompt's own chunk, once its logprobs (which come with the first token) are known.
+      c_.AddPromptLogprobs(&ch, o);
+      Json lp = ch.logprobs ? ch.logprobs->TakeJson() : Json(nullptr);
+      *out += SseEvent(c_.Chunk(ev.choice, c_.prompts[ch.prompt].text, std::move(lp), std::nullopt)
+                           .dump(-1, ' ', false, Json::error_handler_t::replace));
+    }
     Json lp = nullptr;
     if (ch.logprobs && !o.logprobs.empty()) {
       for (const SampleResult& s : o.logprobs) ch.logprobs->AddSampled(s);
@@ -141,28 +146,25 @@ class CompletionStream : public HttpStream {
   Completion c_;
   std::unique_ptr<GenerationJob> job_;
   const ServingContext& ctx_;
-  bool preamble_sent_ = false;
   bool done_ = false;
 };
 
-HttpResponse RespondWhenDone(Completion& c, GenerationJob& job, const ServingContext& ctx) {
+HttpResponse RespondWhenDone(Completion& c, GenerationJob& job, const ServingContext& ctx,
+                             const HttpRequest& request) {
   std::optional<ApiError> failure;
-  bool more = true;
-  while (more) {
-    std::vector<JobEvent> events;
-    more = job.Take(&events, std::chrono::milliseconds(500));
-    for (const JobEvent& ev : events) {
-      Choice& ch = c.choices[ev.choice];
-      const RequestOutput& o = ev.output;
-      ch.text += o.text;
-      ch.completion_tokens = o.completion_tokens;
-      if (ch.logprobs) {
-        for (const SampleResult& s : o.logprobs) ch.logprobs->AddSampled(s);
-      }
-      if (o.finish != FinishReason::kNone) ch.finish = o.finish;
-      if (!failure) failure = FailureOf(o, ctx.stopping());
+  const bool answered = CollectUnlessClientGone(job, request.client_gone, [&](const JobEvent& ev) {
+    Choice& ch = c.choices[ev.choice];
+    const RequestOutput& o = ev.output;
+    ch.text += o.text;
+    ch.completion_tokens = o.completion_tokens;
+    if (!ch.echoed) c.AddPromptLogprobs(&ch, o);
+    if (ch.logprobs) {
+      for (const SampleResult& s : o.logprobs) ch.logprobs->AddSampled(s);
     }
-  }
+    if (o.finish != FinishReason::kNone) ch.finish = o.finish;
+    if (!failure) failure = FailureOf(o, ctx.stopping());
+  });
+  if (!answered) return ErrorResponse(ClientClosed());
   if (failure) return ErrorResponse(*failure);
   Json body = c.Header("text_completion");
   Json choices = Json::array();
@@ -223,15 +225,11 @@ HttpResponse HandleCompletions(const ServingContext& ctx, const HttpRequest& req
     for (const SamplingParams& sp : params) {
       Choice ch;
       ch.prompt = p;
-      if (c.logprobs) {
-        const Prompt& prompt = c.prompts[p];
-        ch.logprobs.emplace(tok, c.echo ? 0 : [&] { return CodePoints(prompt.text); }());
-        if (c.echo) {
-          for (int32_t id : prompt.ids) ch.logprobs->AddPromptToken(id);
-        }
-      }
+      if (c.logprobs) ch.logprobs.emplace(tok, c.echo ? 0 : CodePoints(c.prompts[p].text));
       c.choices.push_back(std::move(ch));
-      job_choices.push_back({c.prompts[p].ids, sp});
+      SamplingParams with_prompt = sp;
+      if (c.echo) with_prompt.prompt_logprobs = sp.logprobs;  // -1 without logprobs
+      job_choices.push_back({c.prompts[p].ids, std::move(with_prompt)});
     }
   }
 
@@ -239,7 +237,7 @@ HttpResponse HandleCompletions(const ServingContext& ctx, const HttpRequest& req
   if (Status s = job->Submit(std::move(job_choices)); !s.ok()) {
     return ErrorResponse(ApiErrorFromStatus(s, ctx.stopping()));
   }
-  if (!req.gen.stream) return RespondWhenDone(c, *job, ctx);
+  if (!req.gen.stream) return RespondWhenDone(c, *job, ctx, request);
   HttpResponse r;
   r.content_type = std::string(kSseContentType);
   r.stream = std::make_shared<CompletionStream>(std::move(c), std::move(job), ctx);

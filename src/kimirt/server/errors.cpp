@@ -23,6 +23,7 @@ KindInfo Info(ApiErrorKind kind) {
     case ApiErrorKind::kMethodNotAllowed: return {405, "invalid_request_error", "method_not_allowed"};
     case ApiErrorKind::kPayloadTooLarge: return {413, "invalid_request_error", "request_too_large"};
     case ApiErrorKind::kQueueFull: return {429, "rate_limit_error", "queue_full"};
+    case ApiErrorKind::kClientClosed: return {499, "client_closed_request", nullptr};
     case ApiErrorKind::kInternal: return {500, "server_error", nullptr};
     case ApiErrorKind::kNotImplemented: return {501, "not_supported_error", "not_implemented"};
     case ApiErrorKind::kShuttingDown: return {503, "unavailable_error", "shutting_down"};

@@ -20,6 +20,7 @@ enum class ApiErrorKind : uint8_t {
   kMethodNotAllowed,  // 405: the endpoint exists for another method
   kPayloadTooLarge,   // 413: body over ServerOptions::max_body_bytes
   kQueueFull,         // 429: the engine's waiting queue is full
+  kClientClosed,      // 499 (nginx's "client closed request"): logged, never read by anyone
   kInternal,          // 500: a bug or an engine failure
   kNotImplemented,    // 501: a feature this build does not have
   kShuttingDown,      // 503: the server stopped accepting requests

@@ -21,6 +21,7 @@ TEST(ServerErrors, EveryKindHasItsStatusAndType) {
       {ApiErrorKind::kMethodNotAllowed, 405, "invalid_request_error"},
       {ApiErrorKind::kPayloadTooLarge, 413, "invalid_request_error"},
       {ApiErrorKind::kQueueFull, 429, "rate_limit_error"},
+      {ApiErrorKind::kClientClosed, 499, "client_closed_request"},
       {ApiErrorKind::kInternal, 500, "server_error"},
       {ApiErrorKind::kNotImplemented, 501, "not_supported_error"},
       {ApiErrorKind::kShuttingDown, 503, "unavailable_error"},

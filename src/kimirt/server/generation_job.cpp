@@ -155,4 +155,21 @@ void GenerationJob::Abort() {
   for (const std::string& id : ids) engine_.Abort(id);
 }
 
+bool CollectUnlessClientGone(GenerationJob& job, const std::function<bool()>& client_gone,
+                             const std::function<void(JobEvent&)>& on_event, std::chrono::milliseconds poll) {
+  bool more = true;
+  while (more) {
+    std::vector<JobEvent> events;
+    more = job.Take(&events, poll);
+    for (JobEvent& ev : events) on_event(ev);
+    if (more && client_gone && client_gone()) {
+      job.Abort();
+      std::vector<JobEvent> rest;
+      while (job.Take(&rest, poll)) rest.clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace kimirt

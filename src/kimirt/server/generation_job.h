@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -77,5 +78,13 @@ class GenerationJob {
   std::shared_ptr<Shared> shared_;
   size_t num_choices_ = 0;
 };
+
+// A non-streamed answer's wait: hands every event of `job` to `on_event` until all its choices
+// have finished. Meanwhile `client_gone` (may be empty) is asked every `poll`; once it says the
+// client hung up, the job is aborted (its blocks and slots freed now, not at max_tokens), the
+// remaining events are drained without `on_event`, and false is returned.
+bool CollectUnlessClientGone(GenerationJob& job, const std::function<bool()>& client_gone,
+                             const std::function<void(JobEvent&)>& on_event,
+                             std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 
 }  // namespace kimirt

@@ -16,6 +16,8 @@
 
 #include <httplib.h>
 
+#include "kimirt/server/socket_probe.h"
+
 namespace kimirt {
 namespace {
 
@@ -49,7 +51,7 @@ std::string EscapeRegex(std::string_view path) {
   return out;
 }
 
-HttpRequest ToRequest(const httplib::Request& req) { return {req.method, req.path, req.body}; }
+HttpRequest ToRequest(const httplib::Request& req) { return {req.method, req.path, req.body, nullptr}; }
 
 }  // namespace
 
@@ -168,7 +170,10 @@ void HttpServer::Route(std::string_view method, std::string path, HttpHandler ha
   auto wrapped = [impl, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
     HttpResponse response;
     try {
-      response = handler(ToRequest(req));
+      HttpRequest request = ToRequest(req);
+      auto probe = std::make_shared<SocketProbe>(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+      request.client_gone = [probe] { return probe->Gone(); };
+      response = handler(request);
     } catch (const std::exception& e) {
       response = impl->SafeErrorBody(500, e.what());
     } catch (...) {

@@ -26,6 +26,10 @@ struct HttpRequest {
   std::string method;  // "GET", "POST"
   std::string path;    // without the query string
   std::string body;
+  // True once the client has hung up (its socket reads EOF or fails). For handlers that work a
+  // long time before answering; each call is one non-blocking poll. Empty in tests that build
+  // requests by hand: treat as "still there".
+  std::function<bool()> client_gone;
 };
 
 // A response body produced piece by piece (server-sent events).

@@ -60,15 +60,24 @@ void LegacyLogprobs::AddToken(int32_t id, Entry entry) {
 void LegacyLogprobs::AddPromptToken(int32_t id) {
   Entry e;
   e.is_prompt = true;
+  e.scored = false;
   AddToken(id, std::move(e));
 }
 
-void LegacyLogprobs::AddSampled(const SampleResult& sample) {
+void LegacyLogprobs::AddPromptToken(const SampleResult& scored) {
+  Entry e = Scored(scored);
+  e.is_prompt = true;
+  AddToken(scored.token, std::move(e));
+}
+
+void LegacyLogprobs::AddSampled(const SampleResult& sample) { AddToken(sample.token, Scored(sample)); }
+
+LegacyLogprobs::Entry LegacyLogprobs::Scored(const SampleResult& sample) const {
   Entry e;
   e.logprob = JsonLogprob(sample.logprob);
   for (const TokenLogprob& t : sample.top) e.top.emplace_back(TokenDisplayText(tokenizer_, t.token), JsonLogprob(t.logprob));
   e.top.emplace_back(TokenDisplayText(tokenizer_, sample.token), e.logprob);  // dropped if already listed
-  AddToken(sample.token, std::move(e));
+  return e;
 }
 
 Json LegacyLogprobs::TakeJson() {
@@ -76,7 +85,7 @@ Json LegacyLogprobs::TakeJson() {
   for (Entry& e : pending_) {
     tokens.push_back(std::move(e.token));
     offsets.push_back(e.text_offset);
-    if (e.is_prompt) {
+    if (!e.scored) {
       logprobs.push_back(nullptr);
       tops.push_back(nullptr);
       continue;

@@ -3,8 +3,9 @@
 // Legacy completions (`logprobs: k`):
 //   {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob, ...}, ...],
 //    "text_offset": [...]}
-//   top_logprobs holds the k most likely tokens plus the sampled one (OpenAI and vLLM). Echoed
-//   prompt tokens are listed with null logprobs: the engine computes no prompt logprobs.
+//   top_logprobs holds the k most likely tokens plus the sampled one (OpenAI and vLLM). With
+//   echo, the prompt's tokens come first: the first with null logprob and top_logprobs (nothing
+//   precedes it), the others scored by the engine's prompt logprobs (same k).
 //   text_offset counts Unicode code points from the start of the prompt text, so echo starts at
 //   0 and a plain completion at the prompt's length. Generated special tokens take no room: the
 //   engine leaves them out of the text (skip_special_tokens, vLLM's default).
@@ -37,7 +38,8 @@ double JsonLogprob(float logprob);
 class LegacyLogprobs {
  public:
   LegacyLogprobs(const Tokenizer& tokenizer, int64_t initial_text_offset);
-  void AddPromptToken(int32_t id);  // echo: logprob and top_logprobs null
+  void AddPromptToken(int32_t id);                  // echo's first token: logprob and top null
+  void AddPromptToken(const SampleResult& scored);  // echo's later tokens (prompt logprobs)
   void AddSampled(const SampleResult& sample);
   Json TakeJson();
   bool empty() const { return pending_.empty(); }
@@ -46,11 +48,13 @@ class LegacyLogprobs {
   struct Entry {
     std::string token;
     int64_t text_offset = 0;
-    bool is_prompt = false;  // logprob and top null
+    bool is_prompt = false;  // part of the prompt's text (special tokens included)
+    bool scored = true;      // false: logprob and top null
     double logprob = 0.0;
     std::vector<std::pair<std::string, double>> top;
   };
   void AddToken(int32_t id, Entry entry);
+  Entry Scored(const SampleResult& sample) const;
 
   const Tokenizer& tokenizer_;
   int64_t offset_;

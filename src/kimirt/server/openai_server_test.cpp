@@ -158,11 +158,32 @@ TEST_F(ServerTest, CompletionLogprobs) {
   ASSERT_EQ(r.status, 200) << r.body;
   json lp = Body(r)["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], json({"a", "b", "H", "e"}));
-  EXPECT_EQ(lp["token_logprobs"], json({nullptr, nullptr, -0.25, -0.5}));
+  // Echo asks the engine for prompt logprobs with the same k; the first prompt token has none.
+  ASSERT_EQ(engine_.submitted().size(), 1u);
+  EXPECT_EQ(engine_.submitted()[0].params.prompt_logprobs, 2);
+  EXPECT_EQ(lp["token_logprobs"], json({nullptr, -0.125, -0.25, -0.5}));
   EXPECT_EQ(lp["text_offset"], json({0, 1, 2, 3}));
   ASSERT_EQ(lp["top_logprobs"].size(), 4u);
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["top_logprobs"][1], json({{"x", -3.0}, {"y", -4.0}, {"b", -0.125}}));
   EXPECT_EQ(lp["top_logprobs"][2], json({{"a", -1.0}, {"b", -2.0}, {"H", -0.25}}));
+
+  // The same, streamed: the echo chunk carries the prompt's share once the first token came.
+  r = Post("/v1/completions",
+           {{"prompt", "ab"}, {"max_tokens", 2}, {"logprobs", 1}, {"echo", true}, {"stream", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<std::string> events = SseData(r.body);
+  ASSERT_GE(events.size(), 3u) << r.body;
+  const json first = json::parse(events[0])["choices"][0], second = json::parse(events[1])["choices"][0];
+  EXPECT_EQ(first["text"], "ab");
+  EXPECT_EQ(first["logprobs"]["token_logprobs"], json({nullptr, -0.125}));
+  EXPECT_EQ(second["text"], "H");
+  EXPECT_EQ(second["logprobs"]["token_logprobs"], json({-0.25}));
+  EXPECT_EQ(second["logprobs"]["text_offset"], json({2}));
+
+  // Without echo the engine is not asked for prompt logprobs.
+  Post("/v1/completions", {{"prompt", "ab"}, {"max_tokens", 1}, {"logprobs", 2}});
+  EXPECT_EQ(engine_.submitted().back().params.prompt_logprobs, -1);
 
   r = Post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1}, {"logprobs", 0}});
   lp = Body(r)["choices"][0]["logprobs"];
@@ -321,6 +342,42 @@ TEST_F(ServerTest, DisconnectWhileQueuedIsNoticedWithoutATokenArriving) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(engine_.aborted().size(), 1u);
+}
+
+TEST_F(ServerTest, NonStreamedRequestOfAClientThatHungUpIsAborted) {
+  // cpp-httplib gives a blocking handler no signal; the socket probe notices the closed socket
+  // while the answer is still being generated (here: long before the 200 tokens would be done).
+  engine_.reply = std::string(500, 'z');
+  engine_.delay = std::chrono::milliseconds(20);
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    SCOPED_TRACE(path);
+    const size_t before = engine_.aborted().size();
+    {
+      TestConnection c(server_->port());
+      json body = {{"max_tokens", 200}};
+      if (std::string(path) == "/v1/completions") {
+        body["prompt"] = "x";
+      } else {
+        body["messages"] = json::array({{{"role", "user"}, {"content", "x"}}});
+      }
+      c.Send("POST", path, body.dump());
+      const auto submitted = engine_.submitted().size();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (engine_.submitted().size() == submitted && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      c.Close();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (engine_.aborted().size() == before && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(engine_.aborted().size(), before + 1);
+    EXPECT_EQ(engine_.aborted().back(), engine_.submitted().back().id);
+  }
+  // The connection that stayed gets its answer as usual.
+  engine_.delay = std::chrono::milliseconds(0);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}}).status, 200);
 }
 
 TEST_F(ServerTest, StopRefusesNewRequestsAndAbortsInFlight) {

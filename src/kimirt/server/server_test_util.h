@@ -194,6 +194,16 @@ class FakeEngine : public Engine {
         for (int32_t k = 0; k < p.logprobs; ++k) s.top.push_back({'a' + k, -1.0f - static_cast<float>(k)});
         step.logprobs = {s};
       }
+      if (i == 0 && p.prompt_logprobs >= 0) {
+        // Prompt token j (j >= 1) scored -0.125·j, its top list 'x', 'y', ...
+        for (size_t j = 1; j < run.request.prompt.size(); ++j) {
+          SampleResult s;
+          s.token = run.request.prompt[j];
+          s.logprob = -0.125f * static_cast<float>(j);
+          for (int32_t k = 0; k < p.prompt_logprobs; ++k) s.top.push_back({'x' + k, -3.0f - static_cast<float>(k)});
+          step.prompt_logprobs.push_back(s);
+        }
+      }
       step.completion_tokens = static_cast<int64_t>(i + 1);
       out.completion_tokens = step.completion_tokens;
       run.request.on_output(step);

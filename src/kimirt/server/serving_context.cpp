@@ -91,4 +91,8 @@ std::optional<ApiError> FailureOf(const RequestOutput& final_event, bool shuttin
   }
 }
 
+ApiError ClientClosed() {
+  return {ApiErrorKind::kClientClosed, "The client closed the connection before the answer was ready", {}, {}};
+}
+
 }  // namespace kimirt

@@ -56,5 +56,7 @@ std::optional<ApiError> CheckContextLength(int64_t prompt_tokens, int64_t max_to
 std::string_view OpenAiFinishReason(FinishReason reason);
 // The error a final event stands for, or nullopt for a normal finish (kStop, kLength).
 std::optional<ApiError> FailureOf(const RequestOutput& final_event, bool shutting_down);
+// What a non-streamed request whose client hung up is answered with (for the log and metrics).
+ApiError ClientClosed();
 
 }  // namespace kimirt
