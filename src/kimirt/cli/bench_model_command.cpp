@@ -6,21 +6,22 @@
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/tools/bench_model.h"
+#include "kimirt/tools/builtin_model.h"
 
 namespace kimirt {
 
 int RunBenchModelCommand(int argc, char** argv) {
   BenchModelOptions o;
-  std::string batch_sizes = "1,8", json_path, device = "cpu";
+  std::string batch_sizes = "1,8", json_path;
   bool random_weights = false;
   int64_t seed = 0;
   FlagSet f("bench model",
             "The engine in-process (no HTTP): prefill tokens/s and decode step time per batch size.");
-  f.String("model", &o.model_dir, "model directory");
+  f.String("model", &o.model_dir, "model directory (default: the built-in model, as `serve`)");
   f.String("config", &o.config_path, "config.json to run with --random-weights");
   f.Bool("random-weights", &random_weights, "with --config: deterministic random weights");
   f.Int("seed", &seed, "seed of the random weights");
-  f.String("device", &device, "cpu (cuda comes with the CUDA backend)");
+  f.String("device", &o.device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
   f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU threads)");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
@@ -35,13 +36,17 @@ int RunBenchModelCommand(int argc, char** argv) {
     std::fputs(f.Help().c_str(), stdout);
     return 0;
   }
-  if (device != "cpu") {
-    std::fprintf(stderr, "kimirt bench model: --device %s: only the CPU backend is built so far\n", device.c_str());
-    return 2;
-  }
   if (!o.config_path.empty() && !random_weights) {
     std::fprintf(stderr, "kimirt bench model: --config needs --random-weights\n");
     return 2;
+  }
+  if (o.model_dir.empty() && o.config_path.empty()) {
+    Result<std::string> dir = EnsureBuiltinModel();
+    if (!dir.ok()) {
+      std::fprintf(stderr, "kimirt bench model: %s\n", dir.status().message().c_str());
+      return 1;
+    }
+    o.model_dir = *dir;
   }
   o.seed = static_cast<uint64_t>(seed);
   o.batch_sizes.clear();

@@ -1,5 +1,6 @@
-// `kimirt generate` and `kimirt logits`: run the CPU reference model on token ids, on one rank
-// or on --tp N in-process ranks (threads). Text prompts arrive with the tokenizer.
+// `kimirt generate` and `kimirt logits`: run the model on token ids, on one rank or on --tp N
+// in-process CPU ranks (threads), or on one GPU (--device cuda). Text prompts arrive with the
+// tokenizer.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -7,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/model/model.h"
@@ -32,13 +33,18 @@ Result<std::vector<int32_t>> ParseIds(const std::string& text) {
 }
 
 // Runs fn on every rank of a --tp group (threads); returns rank 0's status.
-Status OnRanks(int tp, const std::string& model_dir,
+Status OnRanks(int tp, const std::string& device, const std::string& model_dir,
                const std::function<Status(Model&, Communicator&)>& fn) {
   if (tp < 1) return InvalidArgument("--tp must be >= 1");
+  if (device != "cpu" && tp != 1) return Unsupported("--device " + device + " runs one GPU so far (--tp 1)");
   std::vector<Status> status(static_cast<size_t>(tp));
   auto body = [&](Communicator& comm) {
-    auto backend = MakeCpuBackend();
-    auto model = Model::Load(model_dir, *backend, comm);
+    Result<std::unique_ptr<Backend>> backend = MakeBackend(device);
+    if (!backend.ok()) {
+      status[static_cast<size_t>(comm.rank())] = backend.status();
+      return;
+    }
+    auto model = Model::Load(model_dir, **backend, comm);
     // Every rank loads the same checkpoint at the same degree, so they fail or succeed together.
     status[static_cast<size_t>(comm.rank())] = model.ok() ? fn(**model, comm) : model.status();
   };
@@ -52,10 +58,11 @@ Status OnRanks(int tp, const std::string& model_dir,
 }
 
 struct CommonFlags {
-  std::string model_dir, ids_text;
+  std::string model_dir, ids_text, device = "cpu";
   int tp = 1;
   void Register(FlagSet& f) {
     f.String("model", &model_dir, "model directory (config.json + safetensors checkpoint)");
+    f.String("device", &device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
     f.String("ids", &ids_text, "prompt token ids, comma separated");
     f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU threads)");
   }
@@ -72,7 +79,7 @@ int RunGenerateCommand(int argc, char** argv) {
   CommonFlags common;
   int64_t max_tokens = 16;
   bool ignore_eos = false;
-  FlagSet flags("generate", "Greedy continuation of a prompt of token ids (CPU reference backend).");
+  FlagSet flags("generate", "Greedy continuation of a prompt of token ids.");
   common.Register(flags);
   flags.Int("max-tokens", &max_tokens, "tokens to generate");
   flags.Bool("ignore-eos", &ignore_eos, "keep going past the config's end-of-sequence ids");
@@ -84,7 +91,7 @@ int RunGenerateCommand(int argc, char** argv) {
   if (common.model_dir.empty()) return Fail("generate", InvalidArgument("--model DIR is required"), 2);
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("generate", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+  Status s = OnRanks(common.tp, common.device, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
     const int64_t V = m.config().vocab_size;
     const std::vector<int64_t>& eos = m.config().eos_token_ids;
     SequenceState st = m.NewSequence();
@@ -132,7 +139,7 @@ int RunLogitsCommand(int argc, char** argv) {
   }
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("logits", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+  Status s = OnRanks(common.tp, common.device, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
     SequenceState st = m.NewSequence();
     KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids));
     if (comm.rank() != 0) return Status::Ok();

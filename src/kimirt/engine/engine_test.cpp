@@ -360,7 +360,7 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
     ro.tp = tp;
     ro.block_size = 8;
     ro.num_kv_blocks = 256;
-    auto runner = ModelRunner::CreateCpu(Fixture("tiny-a"), ro);
+    auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
     EXPECT_TRUE(runner.ok()) << runner.status().ToString();
     EngineOptions o;
     o.prefill_chunk = 16;
@@ -394,7 +394,7 @@ TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
   RunnerOptions ro;
   ro.tp = 3;  // tiny-a has 4 heads
   ro.num_kv_blocks = 16;
-  auto runner = ModelRunner::CreateCpu(Fixture("tiny-a"), ro);
+  auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
   ASSERT_FALSE(runner.ok());
   EXPECT_NE(runner.status().message().find("do not split over TP 3"), std::string::npos) << runner.status().message();
 }

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/model/model.h"
 #include "kimirt/parallel/communicator.h"
@@ -237,8 +238,12 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerO
       new SingleRankRunner(model, model.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false)));
 }
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::CreateCpu(const std::string& dir, RunnerOptions o) {
+Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir, RunnerOptions o) {
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
+  if (o.device != "cpu" && o.tp != 1) {
+    return Unsupported("--device " + o.device + " runs on one GPU so far (-tp 1); tensor parallelism over NCCL "
+                       "is not built yet (-tp " + std::to_string(o.tp) + " asked)");
+  }
   if (o.tp == 1) {
     // The single-rank runner borrows its model; this one owns it through a small holder.
     struct Owned final : public ModelRunner {
@@ -259,7 +264,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::CreateCpu(const std::string& d
       void Release(Handle h) override { inner->Release(h); }
     };
     auto owned = std::make_unique<Owned>();
-    owned->backend = MakeCpuBackend();
+    KIMIRT_ASSIGN_OR_RETURN(owned->backend, MakeBackend(o.device));
     owned->comm = MakeSingleRankCommunicator();
     KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm));
     KIMIRT_ASSIGN_OR_RETURN(owned->inner, ForModel(*owned->model, o));

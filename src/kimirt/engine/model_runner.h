@@ -22,7 +22,8 @@ namespace kimirt {
 class Model;
 
 struct RunnerOptions {
-  int tp = 1;                // ranks (CPU: in-process threads)
+  std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
+  int tp = 1;                // ranks (CPU: in-process threads; CUDA: 1 for now)
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;
   int block_size = 128;
@@ -34,8 +35,9 @@ class ModelRunner {
   using Handle = int64_t;
   virtual ~ModelRunner() = default;
 
-  // Loads DIR on `options.tp` CPU ranks.
-  static Result<std::unique_ptr<ModelRunner>> CreateCpu(const std::string& model_dir, RunnerOptions options);
+  // Loads DIR on `options.tp` ranks of `options.device`. CUDA runs one rank (one GPU) so far;
+  // more is an Unsupported error that says so.
+  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& model_dir, RunnerOptions options);
   // Drives an already loaded single-rank model (tests, tools). The model must outlive the runner.
   static Result<std::unique_ptr<ModelRunner>> ForModel(Model& model, RunnerOptions options);
 

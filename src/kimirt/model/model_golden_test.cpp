@@ -1,8 +1,12 @@
-// The CPU reference against the upstream reference implementations' FP32 goldens
+// The model on each backend against the upstream reference implementations' FP32 goldens
 // (../shared/fixtures/*/README.md): logits of every position of every prompt, per-layer
-// sub-layer outputs, and the greedy continuation.
+// sub-layer outputs, and the greedy continuation. The CPU backend always runs; the CUDA one
+// where the build has it and a GPU is visible (else those cases skip, saying why).
 #include <gtest/gtest.h>
 
+#include <tuple>
+
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/model/model_test_util.h"
 
 namespace kimirt {
@@ -11,16 +15,20 @@ namespace {
 using testing::FixtureDir;
 using testing::Goldens;
 
-class GoldenTest : public ::testing::TestWithParam<std::string> {
+// (fixture, device)
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
+  static const std::string& Fixture() { return std::get<0>(GetParam()); }
   void SetUp() override {
-    if (!testing::HaveFixture(GetParam())) GTEST_SKIP() << "no fixture " << GetParam();
-    backend_ = MakeCpuBackend();
+    if (!testing::HaveFixture(Fixture())) GTEST_SKIP() << "no fixture " << Fixture();
+    auto be = MakeBackend(std::get<1>(GetParam()));
+    if (!be.ok()) GTEST_SKIP() << be.status().ToString();
+    backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
-    auto m = Model::Load(FixtureDir(GetParam()), *backend_, *comm_);
+    auto m = Model::Load(FixtureDir(Fixture()), *backend_, *comm_);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(m).value();
-    goldens_ = std::make_unique<Goldens>(FixtureDir(GetParam()) + "/goldens.safetensors");
+    goldens_ = std::make_unique<Goldens>(FixtureDir(Fixture()) + "/goldens.safetensors");
   }
 
   std::unique_ptr<Backend> backend_;
@@ -83,9 +91,11 @@ TEST_P(GoldenTest, GreedyContinuationByIncrementalDecode) {
   EXPECT_EQ(got, want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
+                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
+                                            ::testing::Values("cpu", "cuda")),
                          [](const auto& info) {
-                           std::string n = info.param;
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });

@@ -102,10 +102,11 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     max_batch = std::max(max_batch, b);
   }
   RunnerOptions ro;
+  ro.device = opt.device;
   ro.tp = opt.tp;
   ro.block_size = 64;
   ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2);
-  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::CreateCpu(dir, ro));
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(dir, ro));
   const ModelConfig& c = runner->config();
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
   EngineOptions eo;
@@ -118,6 +119,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
   BenchModelReport report;
   report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
+  report.device = opt.device;
   report.tp = opt.tp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
@@ -160,7 +162,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     const double steps = static_cast<double>(std::max<int64_t>(1, opt.decode_tokens - 1));
     p.decode_step_ms = 1e3 * p.decode_seconds / steps;
     p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
-    // The CPU reference keeps weights and the latent cache in F32 (4 bytes per value).
+    // Both backends keep weights and the latent cache in F32 so far (4 bytes per value).
     p.decode_step_bytes =
         DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4, /*weights_f32=*/true);
     p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
@@ -173,7 +175,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
-                  " tokens, " + std::to_string(decode_tokens) + " decode tokens (CPU reference backend)\n";
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + "\n";
   char line[160];
   std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "decode tok/s", "MB/step", "GB/s");
@@ -195,7 +197,7 @@ std::string BenchModelReport::ToText() const {
 std::string BenchModelReport::ToJson() const {
   nlohmann::ordered_json j;
   j["model"] = model;
-  j["device"] = "cpu";
+  j["device"] = device;
   j["tp"] = tp;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

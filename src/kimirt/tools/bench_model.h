@@ -1,7 +1,7 @@
 // `kimirt bench model`: the engine in-process (no HTTP) on a model directory, or on a config with
 // random weights: for each batch size B, B requests of `prompt_len` tokens run to `decode_tokens`
 // outputs; reported are prefill tokens/s (all prompts) and the decode step time with B sequences
-// running. On CPU this measures the reference backend; the GPU adds HBM-roofline fields later.
+// running, and the decode step's memory traffic against a given bandwidth (--peak-gbps).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@ struct BenchModelOptions {
   std::string model_dir;       // or
   std::string config_path;     // with random weights
   uint64_t seed = 0;
+  std::string device = "cpu";  // or "cuda"
   int tp = 1;
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
@@ -47,6 +48,7 @@ struct BenchModelPoint {
 
 struct BenchModelReport {
   std::string model;
+  std::string device = "cpu";
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   double peak_gb_per_s = 0;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine (the device tool), from the repository root, with .carry carried:
+# unpacks .carry/gpu/bundle.tar.xz (scripts/gpu_bundle.sh), then
+#   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
+#   2. the same tests under compute-sanitizer memcheck (when the machine has it),
+#   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT).
+# Usage: bash scripts/gpu_check.sh [tests|bench|all]
+set -uo pipefail
+what="${1:-all}"
+out="${OUT:-/tmp/kimirt-out}"
+mkdir -p "$out"
+root=/tmp/kimirt-gpu
+rm -rf "$root" && mkdir -p "$root"
+tar -C "$root" -xJf .carry/gpu/bundle.tar.xz
+# The test binary looks for the fixtures where it was built to: <repo>/../shared.
+mkdir -p /work && rm -rf /work/shared && ln -s "$root/shared" /work/shared
+cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+         find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+cudart=$(ls /usr/local/cuda/lib64/libcudart.so.13 2>/dev/null ||
+         find / -xdev -name 'libcudart.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$root/lib:$(dirname "$cublas"):$(dirname "$cudart"):${LD_LIBRARY_PATH:-}"
+export XDG_CACHE_HOME=/tmp/kimirt-cache
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+echo "cublas: $cublas  cudart: $cudart"
+status=0
+filter='CudaBackend*:Fixtures/GoldenTest.*cuda*'
+if [[ "$what" == tests || "$what" == all ]]; then
+  # Time limits everywhere: a hung kernel must not eat the lease.
+  timeout 120 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
+    tee "$out/gtest-cuda.txt" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' | head -60
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" --gtest_filter="$filter" \
+      >"$out/memcheck.txt" 2>&1
+    echo "memcheck exit $? ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses)"
+  fi
+fi
+if [[ "$what" == bench || "$what" == all ]]; then
+  for dev in cuda cpu; do
+    timeout 120 "$root/kimirt" bench model --device "$dev" --batch-sizes 1,8 --prompt-len 256 --decode-tokens 32 \
+      --peak-gbps 4800 --json "$out/bench-model-builtin-$dev.json" 2>&1 | tail -4
+  done
+fi
+exit $status

@@ -1,0 +1,416 @@
+// CudaBackend (cuda_backend.h): memory, transfers, cuBLAS GEMMs, and the dispatch of each op
+// to its kernel (kernels.h).
+#include "kimirt/backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/cuda/kernels.h"
+
+namespace kimirt {
+namespace {
+
+// A failed CUDA call after start-up means a bad argument or a broken device: stop loudly.
+#define KIMIRT_CUDA_OK(expr)                                                                          \
+  do {                                                                                                \
+    const cudaError_t kimirt_e = (expr);                                                              \
+    if (kimirt_e != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "kimirt: %s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(kimirt_e), __FILE__, \
+                   __LINE__);                                                                         \
+      std::abort();                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+#define KIMIRT_CUBLAS_OK(expr)                                                                  \
+  do {                                                                                          \
+    const cublasStatus_t kimirt_s = (expr);                                                     \
+    if (kimirt_s != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "kimirt: %s failed: cuBLAS status %d (%s:%d)\n", #expr, static_cast<int>(kimirt_s), \
+                   __FILE__, __LINE__);                                                         \
+      std::abort();                                                                             \
+    }                                                                                           \
+  } while (0)
+
+int64_t Rows(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(0); }
+int64_t Cols(const Tensor& t) { return Rows(t) == 0 ? 0 : t.numel() / Rows(t); }
+
+// Size classes: 512 bytes, then steps of a quarter of the power of two below (at most 25% waste),
+// so a buffer that grows by a row per decode step reuses the same block most of the time.
+size_t SizeClass(size_t bytes) {
+  if (bytes <= 512) return 512;
+  size_t p = 1;
+  while (p * 2 <= bytes) p *= 2;
+  const size_t step = p / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+// A caching pool of device blocks. Blocks are handed out and returned on the backend's one
+// stream, in issue order, so a returned block can be reused at once (like PyTorch's caching
+// allocator on a single stream). Shared with every tensor's deleter, so it outlives them.
+class DevicePool {
+ public:
+  explicit DevicePool(int device) : device_(device) {}
+  ~DevicePool() {
+    for (auto& [size, p] : free_) cudaFree(p);  // errors at exit are of no use to anyone
+  }
+  void* Get(size_t bytes) {
+    const size_t cls = SizeClass(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        return p;
+      }
+    }
+    void* p = nullptr;
+    KIMIRT_CUDA_OK(cudaSetDevice(device_));
+    cudaError_t e = cudaMalloc(&p, cls);
+    if (e == cudaErrorMemoryAllocation) {
+      // Out of memory: give the cached blocks back to the driver and try once more.
+      (void)cudaGetLastError();
+      Trim();
+      e = cudaMalloc(&p, cls);
+    }
+    KIMIRT_CUDA_OK(e);
+    return p;
+  }
+  void Put(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(SizeClass(bytes), p);
+  }
+  void Trim() {
+    std::lock_guard<std::mutex> lock(mu_);
+    KIMIRT_CUDA_OK(cudaDeviceSynchronize());
+    for (auto& [size, p] : free_) cudaFree(p);
+    free_.clear();
+  }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
+      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+
+  Tensor Empty(Shape shape, DType dtype) override {
+    Tensor t = Raw(std::move(shape), dtype);
+    if (t.nbytes() > 0) KIMIRT_CUDA_OK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_));
+    return t;
+  }
+
+  Tensor Upload(const Tensor& host) override {
+    if (host.device() == Device::kCuda) return host;
+    Tensor t = Raw(host.shape(), host.dtype());
+    // From pageable memory the copy is staged before the call returns, so `host` may go.
+    if (t.nbytes() > 0) {
+      KIMIRT_CUDA_OK(cudaMemcpyAsync(t.raw(), host.raw(), t.nbytes(), cudaMemcpyHostToDevice, stream_));
+    }
+    return t;
+  }
+
+  Tensor Download(const Tensor& t) override {
+    if (t.device() == Device::kCpu) return t;
+    Tensor h = Tensor::Host(t.shape(), t.dtype());
+    if (t.nbytes() > 0) {
+      KIMIRT_CUDA_OK(cudaMemcpyAsync(h.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    }
+    KIMIRT_CUDA_OK(cudaStreamSynchronize(stream_));
+    return h;
+  }
+
+  void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
+    KIMIRT_CHECK(Cols(src) == Cols(*dst) && dst_row + Rows(src) <= Rows(*dst) && src.dtype() == dst->dtype());
+    if (src.nbytes() == 0) return;
+    char* to = static_cast<char*>(dst->raw()) + static_cast<size_t>(dst_row * Cols(*dst)) * DTypeSize(dst->dtype());
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(to, src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {
+    const int64_t T = Rows(x), C = Cols(x);
+    KIMIRT_CHECK(begin >= 0 && begin + count <= C && Rows(*y) == T && Cols(*y) == count);
+    if (T == 0 || count == 0) return;
+    KIMIRT_CUDA_OK(cudaMemcpy2DAsync(y->raw(), count * sizeof(float), F(x) + begin, C * sizeof(float),
+                                     count * sizeof(float), T, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void Linear(const Tensor& x, const Tensor& w, Tensor* y) override {
+    const int64_t T = Rows(x), K = Cols(x), N = Rows(w);
+    KIMIRT_CHECK_MSG(Cols(w) == K && Rows(*y) == T && Cols(*y) == N, "Linear shapes");
+    Gemm(F(x), F(w), F(*y), T, N, K);
+  }
+
+  void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) override {
+    KIMIRT_CHECK(w.numel() == Cols(x) && y->numel() == x.numel());
+    cuda::RmsNorm(F(x), F(w), eps, Rows(x), Cols(x), F(*y), stream_);
+  }
+
+  void Add(const Tensor& a, const Tensor& b, Tensor* y) override {
+    KIMIRT_CHECK(a.numel() == b.numel() && a.numel() == y->numel());
+    cuda::Add(F(a), F(b), F(*y), a.numel(), stream_);
+  }
+
+  void SigmoidMul(const Tensor& x, const Tensor& g, Tensor* y) override {
+    KIMIRT_CHECK(x.numel() == g.numel() && x.numel() == y->numel());
+    cuda::SigmoidMul(F(x), F(g), F(*y), x.numel(), stream_);
+  }
+
+  void Glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor* y) override {
+    KIMIRT_CHECK(gate.numel() == up.numel() && gate.numel() == y->numel());
+    GluRaw(F(gate), F(up), F(*y), gate.numel(), p);
+  }
+
+  void Embedding(std::span<const int32_t> ids, const Tensor& table, int64_t row_begin, Tensor* y) override {
+    const int64_t T = static_cast<int64_t>(ids.size());
+    KIMIRT_CHECK(Rows(*y) == T && Cols(*y) == Cols(table));
+    Tensor d_ids = UploadInts(std::vector<int32_t>(ids.begin(), ids.end()));
+    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, F(table), Rows(table), Cols(table), row_begin,
+                    F(*y), stream_);
+  }
+
+  void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
+                  Tensor* y) override {
+    KIMIRT_CHECK(!cands.empty());
+    std::vector<const float*> ptrs;
+    for (const Tensor* c : cands) ptrs.push_back(F(*c));
+    Tensor d_ptrs = Raw({static_cast<int64_t>(ptrs.size() * sizeof(void*))}, DType::kU8);
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice,
+                                   stream_));
+    cuda::AttnResMix(static_cast<const float* const*>(d_ptrs.raw()), static_cast<int>(ptrs.size()), F(proj),
+                     F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
+  }
+
+  void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) override {
+    cuda::CausalConvSilu(F(x), Rows(x), Cols(x), F(w), Cols(w), F(*window), F(*y), stream_);
+  }
+
+  void KdaLogDecay(const Tensor& f, const Tensor& a_log, const Tensor& dt_bias, std::optional<float> lower_bound,
+                   Tensor* alpha) override {
+    const int64_t H = a_log.numel(), K = dt_bias.numel() / H;
+    cuda::KdaLogDecay(F(f), Rows(f), H, K, F(a_log), F(dt_bias), lower_bound.has_value(), lower_bound.value_or(0.0f),
+                      F(*alpha), stream_);
+  }
+
+  void KdaCore(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta_logits, const Tensor& alpha,
+               int64_t heads, KdaForm /*form*/, Tensor* state, Tensor* o) override {
+    // Both forms compute the same function (spec §5.5); this backend runs the recurrent one.
+    cuda::KdaRecurrent(F(q), F(k), F(v), F(beta_logits), F(alpha), Rows(q), heads, Cols(q) / heads, F(*state),
+                       F(*o), stream_);
+  }
+
+  void GatedRmsNorm(const Tensor& x, const Tensor& g, const Tensor& w, float eps, Tensor* y) override {
+    const int64_t K = w.numel();
+    cuda::GatedRmsNorm(F(x), F(g), F(w), eps, x.numel() / K, K, F(*y), stream_);
+  }
+
+  void MlaAttention(const Tensor& q, const Tensor& cache_c, const Tensor& cache_ks, const Tensor& w_kvb,
+                    const MlaShape& s, int64_t start, MlaForm form, Tensor* o) override {
+    const int64_t T = Rows(q), H = s.heads, dn = s.nope_dim, dr = s.rope_dim, dv = s.v_dim, r = s.latent_dim;
+    const int64_t S = start + T;
+    KIMIRT_CHECK(Rows(cache_c) >= S && Cols(cache_c) == r && Cols(q) == H * (dn + dr));
+    cuda::AttentionArgs a;
+    a.T = T;
+    a.H = H;
+    a.start = start;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+    a.kb = F(cache_ks);
+    a.kb_s = dr;
+    a.db = dr;
+    a.o = F(*o);
+    if (form == MlaForm::kExpanded) {
+      // k_n and v of every cached position for every head: one GEMM, [S, H·(dn+dv)].
+      Tensor kv = Raw({S, H * (dn + dv)}, DType::kF32);
+      Gemm(F(cache_c), F(w_kvb), F(kv), S, H * (dn + dv), r);
+      a.q = F(q);
+      a.q_t = H * (dn + dr);
+      a.q_h = dn + dr;
+      a.ka = F(kv);
+      a.ka_s = H * (dn + dv);
+      a.ka_h = dn + dv;
+      a.da = dn;
+      a.v = F(kv) + dn;
+      a.v_s = H * (dn + dv);
+      a.v_h = dn + dv;
+      a.dv = dv;
+      a.o_t = H * dv;
+      a.o_h = dv;
+      cuda::CausalAttention(a, stream_);
+      return;
+    }
+    // Absorbed (spec §6.6): attend in the latent space, expand the output afterwards.
+    Tensor qc = Raw({T, H, r + dr}, DType::kF32);
+    cuda::AbsorbQuery(F(q), T, H, dn, dr, dv, r, F(w_kvb), F(qc), stream_);
+    Tensor o_bar = Raw({T, H, r}, DType::kF32);
+    a.q = F(qc);
+    a.q_t = H * (r + dr);
+    a.q_h = r + dr;
+    a.ka = F(cache_c);
+    a.ka_s = r;
+    a.da = r;
+    a.v = F(cache_c);
+    a.v_s = r;
+    a.dv = r;
+    a.o = F(o_bar);
+    a.o_t = H * r;
+    a.o_h = r;
+    cuda::CausalAttention(a, stream_);
+    cuda::AbsorbOutput(F(o_bar), T, H, dn, dv, r, F(w_kvb), F(*o), stream_);
+  }
+
+  void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p, Tensor* idx,
+                Tensor* weights) override {
+    const int64_t T = Rows(y), D = Cols(y), E = Rows(w), k = p.top_k;
+    KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E);
+    Tensor logits = Raw({T, E}, DType::kF32);
+    Gemm(F(y), F(w), F(logits), T, E, D);
+    cuda::MoeRoute(F(logits), F(bias), T, E, k, p.renormalize, p.scaling, p.combine_biased,
+                   static_cast<int32_t*>(idx->raw()), F(*weights), stream_);
+  }
+
+  void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
+                  const GluParams& p, Tensor* out) override {
+    const int64_t T = Rows(z), De = Cols(z), k = Cols(idx);
+    const int64_t E = static_cast<int64_t>(ex.gate.size());
+    if (T == 0) return;
+    // Group the T·k slots by expert on the host (the same order as the CPU reference), so each
+    // expert runs one GEMM over its tokens; the combine then reads each slot's row back.
+    Tensor host_idx = Download(idx);
+    std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
+    for (int64_t s = 0; s < T * k; ++s) {
+      const int32_t e = host_idx.i32()[s];
+      KIMIRT_CHECK(e >= 0 && e < E);
+      slots_of[static_cast<size_t>(e)].push_back(static_cast<int32_t>(s));
+    }
+    std::vector<int32_t> rows_and_pos(static_cast<size_t>(2 * T * k));  // [token of group row | group row of slot]
+    std::vector<int64_t> offset(static_cast<size_t>(E + 1), 0);
+    int64_t g = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      offset[static_cast<size_t>(e)] = g;
+      for (int32_t s : slots_of[static_cast<size_t>(e)]) {
+        rows_and_pos[static_cast<size_t>(g)] = static_cast<int32_t>(s / k);
+        rows_and_pos[static_cast<size_t>(T * k + s)] = static_cast<int32_t>(g);
+        ++g;
+      }
+    }
+    offset[static_cast<size_t>(E)] = g;
+    Tensor d_rows = UploadInts(rows_and_pos);
+    const int32_t* rows = static_cast<const int32_t*>(d_rows.raw());
+    const int64_t I = Rows(ex.gate[0]);
+    Tensor xin = Raw({T * k, De}, DType::kF32);
+    cuda::GatherRows(F(z), De, rows, T * k, F(xin), stream_);
+    Tensor gate = Raw({T * k, I}, DType::kF32), up = Raw({T * k, I}, DType::kF32), h = Raw({T * k, I}, DType::kF32);
+    Tensor grouped = Raw({T * k, De}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t at = offset[static_cast<size_t>(e)], n = offset[static_cast<size_t>(e) + 1] - at;
+      if (n == 0) continue;
+      const size_t ei = static_cast<size_t>(e);
+      Gemm(F(xin) + at * De, F(ex.gate[ei]), F(gate) + at * I, n, I, De);
+      Gemm(F(xin) + at * De, F(ex.up[ei]), F(up) + at * I, n, I, De);
+      GluRaw(F(gate) + at * I, F(up) + at * I, F(h) + at * I, n * I, p);
+      Gemm(F(h) + at * I, F(ex.down[ei]), F(grouped) + at * De, n, De, I);
+    }
+    cuda::MoeCombine(F(grouped), rows + T * k, F(weights), T, k, De, F(*out), stream_);
+  }
+
+ private:
+  static float* F(const Tensor& t) {
+    if (t.dtype() != DType::kF32 || (t.device() != Device::kCuda && t.numel() != 0)) {
+      std::fprintf(stderr, "kimirt: CUDA backend op on a non-F32 or host tensor %s\n", t.ToString().c_str());
+      std::abort();
+    }
+    return static_cast<float*>(const_cast<void*>(t.raw()));
+  }
+
+  // An uninitialized device tensor from the pool.
+  Tensor Raw(Shape shape, DType dtype) {
+    const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+    if (bytes == 0) return Tensor(nullptr, nullptr, std::move(shape), dtype, Device::kCuda);
+    void* p = pool_->Get(bytes);
+    std::shared_ptr<void> owner(p, [pool = pool_, bytes](void* q) { pool->Put(q, bytes); });
+    return Tensor(std::move(owner), p, std::move(shape), dtype, Device::kCuda);
+  }
+
+  Tensor UploadInts(const std::vector<int32_t>& v) {
+    Tensor t = Raw({static_cast<int64_t>(v.size())}, DType::kI32);
+    if (!v.empty()) {
+      KIMIRT_CUDA_OK(cudaMemcpyAsync(t.raw(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    }
+    return t;
+  }
+
+  // y [m, n] = x [m, k] · w [n, k]ᵀ, row-major: in cuBLAS's column-major terms yᵀ = w · xᵀ.
+  void Gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      KIMIRT_CUDA_OK(cudaMemsetAsync(y, 0, static_cast<size_t>(m * n) * sizeof(float), stream_));
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    KIMIRT_CUBLAS_OK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                 static_cast<int>(k), &one, w, static_cast<int>(k), x, static_cast<int>(k), &zero, y,
+                                 static_cast<int>(n)));
+  }
+
+  void GluRaw(const float* gate, const float* up, float* y, int64_t n, const GluParams& p) {
+    cuda::Glu(gate, up, y, n, p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
+              p.linear_beta.value_or(1.0f), stream_);
+  }
+
+  int device_;
+  cudaStream_t stream_;
+  cublasHandle_t blas_;
+  std::shared_ptr<DevicePool> pool_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Unsupported(std::string("no usable CUDA device: ") + cudaGetErrorString(e));
+  }
+  if (device < 0 || device >= count) {
+    return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                           " visible)");
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return Internal(std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return Internal(std::string("cudaStreamCreate: ") + cudaGetErrorString(e));
+  }
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    return Internal("cublasCreate failed");
+  }
+  // Plain FP32 (the default math mode uses no TF32), so GEMMs stay at FP32 rounding.
+  cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);
+  cublasSetStream(blas, stream);
+  return std::unique_ptr<Backend>(new CudaBackend(device, stream, blas));
+}
+
+}  // namespace kimirt

@@ -1,0 +1,25 @@
+// The CUDA backend: every Backend op (backend.h) on one NVIDIA GPU, in FP32, checked op by op
+// against the CPU reference and end to end on the fixtures' goldens (cuda_backend_test.cpp,
+// model_golden_test.cpp). Built only with -DKIMIRT_CUDA=ON; callers go through MakeBackend
+// (backend_factory.h), which says so when it is not.
+//
+// Memory: tensors come from a caching pool (size classes a quarter-power of two apart), so a
+// forward pass allocates from the pool, not from the driver, once warm. Everything runs on the
+// backend's own stream in issue order; Download() waits for it. GEMMs go through cuBLAS in plain
+// FP32 (no TF32), so results stay within rounding of the CPU reference.
+//
+// Not yet: BF16/FP8/MXFP4 weights, a device-resident paged latent cache (the model gathers the
+// cache on the host for now), the chunked KDA form (computed recurrently), NCCL ranks.
+#pragma once
+
+#include <memory>
+
+#include "kimirt/backend/backend.h"
+#include "kimirt/core/status.h"
+
+namespace kimirt {
+
+// Errors: no CUDA device with that index, or the driver or cuBLAS could not start.
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+}  // namespace kimirt

@@ -1,0 +1,149 @@
+// Kimi Delta Attention on CUDA (kernels.h; spec §5): the short causal conv + SiLU, the decay
+// gate, and the delta rule in its recurrent form, with the CPU reference's operation order
+// (cpu/kda_kernels.cpp) so the two agree to rounding.
+//
+// The recurrent kernel runs one block per head and one thread per state column j: thread j owns
+// S[:, j], so the rank-1 update and both reads of S need no synchronization beyond the per-token
+// loads of q̂, k̂ and the decays. The chunked form (spec §5.5) is the same function; prefill
+// through it on the GPU is a later step (Backend::KdaCore takes either form and this backend
+// computes both recurrently).
+#include "kimirt/backend/cuda/block_reduce.cuh"
+#include "kimirt/backend/cuda/kernels.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace kimirt::cuda {
+namespace {
+
+constexpr int kMaxConvTaps = 16;
+
+__device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ float Silu(float x) { return x / (1.0f + expf(-x)); }
+// torch softplus (beta 1, threshold 20), as the CPU reference.
+__device__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// One thread per channel: its window column in registers, taps j = 0..W-1 oldest first.
+__global__ void CausalConvSiluKernel(const float* x, int64_t T, int64_t C, const float* w, int W, float* window,
+                                     float* y) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  const int hist = W - 1;
+  float buf[kMaxConvTaps];
+  for (int i = 0; i < hist; ++i) buf[i] = window[i * C + c];
+  const float* wc = w + c * W;
+  for (int64_t t = 0; t < T; ++t) {
+    const float xt = x[t * C + c];
+    float acc = 0.0f;
+    for (int j = 0; j < hist; ++j) acc += wc[j] * buf[j];
+    acc += wc[hist] * xt;
+    y[t * C + c] = Silu(acc);
+    for (int i = 0; i + 1 < hist; ++i) buf[i] = buf[i + 1];
+    if (hist > 0) buf[hist - 1] = xt;
+  }
+  // New window = the last `hist` inputs (spec §5.7).
+  for (int i = 0; i < hist; ++i) window[i * C + c] = buf[i];
+}
+
+__global__ void KdaLogDecayKernel(const float* f, int64_t n, int64_t H, int64_t K, const float* a_log,
+                                  const float* dt_bias, bool has_lb, float lb, float* alpha) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = i % K, h = (i / K) % H;
+    const float a = expf(a_log[h]);
+    const float xv = f[i] + dt_bias[h * K + d];
+    // The lower bound is reached through the sigmoid, not by clamping (spec §5.3).
+    alpha[i] = has_lb ? lb * Sigmoid(a * xv) : -a * Softplus(xv);
+  }
+}
+
+// dynamic shared memory: q̂ [K], k̂ [K], decay [K]
+__global__ void KdaRecurrentKernel(const float* q, const float* k, const float* v, const float* beta_logits,
+                                   const float* alpha, int64_t T, int64_t H, int64_t K, float* state, float* o) {
+  extern __shared__ float smem[];
+  __shared__ float scratch[33];
+  float* qn = smem;
+  float* kn = smem + K;
+  float* decay = smem + 2 * K;
+  const int64_t h = blockIdx.x;
+  const int64_t j = threadIdx.x;
+  const bool active = j < K;  // the block is rounded up to whole warps
+  float* S = state + h * K * K;
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = (t * H + h) * K;
+    const float qj = active ? q[row + j] : 0.0f, kj = active ? k[row + j] : 0.0f;
+    // Spec §3.4: L2 norm with eps inside the sqrt of the sum; q scaled by 1/sqrt(K) after.
+    const float sq = BlockSum(qj * qj, scratch);
+    const float sk = BlockSum(kj * kj, scratch);
+    if (active) {
+      qn[j] = qj * (1.0f / sqrtf(sq + 1e-6f)) * q_scale;
+      kn[j] = kj * (1.0f / sqrtf(sk + 1e-6f));
+      decay[j] = expf(alpha[row + j]);
+    }
+    // Barriers stay outside the `active` branches: every thread of the block must reach each
+    // one (a barrier inside a branch that only some threads take is undefined, and hangs).
+    __syncthreads();
+    if (active) {
+      const float beta = Sigmoid(beta_logits[t * H + h]);
+      // Steps 1-2: decay, then p_j = Σ_d k̂_d S[d, j] (d ascending).
+      float p = 0.0f;
+      for (int64_t d = 0; d < K; ++d) {
+        const float s = S[d * K + j] * decay[d];
+        S[d * K + j] = s;
+        p += kn[d] * s;
+      }
+      // Step 3: δ = β (v − p); steps 4-5: rank-1 write, then o = q̂ᵀ S.
+      const float delta = beta * (v[row + j] - p);
+      float out = 0.0f;
+      for (int64_t d = 0; d < K; ++d) {
+        const float s = S[d * K + j] + kn[d] * delta;
+        S[d * K + j] = s;
+        out += qn[d] * s;
+      }
+      o[row + j] = out;
+    }
+    __syncthreads();  // qn/kn/decay are rewritten by the next token
+  }
+}
+
+}  // namespace
+
+void CausalConvSilu(const float* x, int64_t T, int64_t C, const float* w, int64_t W, float* window, float* y,
+                    cudaStream_t s) {
+  if (W < 1 || W > kMaxConvTaps) {
+    std::fprintf(stderr, "kimirt: causal conv of %lld taps (1..%d supported)\n", static_cast<long long>(W),
+                 kMaxConvTaps);
+    std::abort();
+  }
+  if (C == 0) return;
+  const int threads = 128;
+  CausalConvSiluKernel<<<static_cast<unsigned>((C + threads - 1) / threads), threads, 0, s>>>(
+      x, T, C, w, static_cast<int>(W), window, y);
+  CheckLaunch("CausalConvSilu");
+}
+
+void KdaLogDecay(const float* f, int64_t T, int64_t H, int64_t K, const float* a_log, const float* dt_bias,
+                 bool has_lower_bound, float lower_bound, float* alpha, cudaStream_t s) {
+  const int64_t n = T * H * K;
+  if (n == 0) return;
+  const int threads = 256;
+  const int64_t blocks = (n + threads - 1) / threads;
+  KdaLogDecayKernel<<<static_cast<unsigned>(blocks < 1048576 ? blocks : 1048576), threads, 0, s>>>(
+      f, n, H, K, a_log, dt_bias, has_lower_bound, lower_bound, alpha);
+  CheckLaunch("KdaLogDecay");
+}
+
+void KdaRecurrent(const float* q, const float* k, const float* v, const float* beta_logits, const float* alpha,
+                  int64_t T, int64_t H, int64_t K, float* state, float* o, cudaStream_t s) {
+  if (K < 1 || K > 1024) {
+    std::fprintf(stderr, "kimirt: KDA head dim %lld: the CUDA kernel takes 1..1024\n", static_cast<long long>(K));
+    std::abort();
+  }
+  if (T == 0 || H == 0) return;
+  const unsigned threads = static_cast<unsigned>((K + 31) / 32 * 32);
+  KdaRecurrentKernel<<<static_cast<unsigned>(H), threads, 3 * K * sizeof(float), s>>>(
+      q, k, v, beta_logits, alpha, T, H, K, state, o);
+  CheckLaunch("KdaRecurrent");
+}
+
+}  // namespace kimirt::cuda

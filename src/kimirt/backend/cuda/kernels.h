@@ -1,0 +1,85 @@
+// Launchers of the CUDA backend's kernels (cuda_backend.cu calls them; the *.cu files beside this
+// define them). All FP32, all on the caller's stream, all deterministic: every reduction runs
+// in one fixed order (fixed block shapes, tree reductions in shared memory, no atomics), so the
+// same inputs give the same bits on every run, whatever else the GPU is doing.
+//
+// Layouts are the Backend's (backend.h): contiguous row-major, T = tokens of the call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kimirt::cuda {
+
+// --- elementwise_kernels.cu ---
+void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
+// kind 0: silu(gate)·up; kind 1: SiTU with beta and, if has_linear_beta, the up soft cap.
+void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, float beta, bool has_linear_beta,
+         float linear_beta, cudaStream_t s);
+void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
+               float* y, cudaStream_t s);
+
+// --- norm_kernels.cu ---
+void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
+// rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
+void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int64_t rows, int64_t K, float* y,
+                  cudaStream_t s);
+// cands: a device array of n device pointers, each [T, D] (spec §8.2).
+void AttnResMix(const float* const* cands, int n, const float* proj, const float* norm_w, float eps, int64_t T,
+                int64_t D, float* y, cudaStream_t s);
+
+// --- kda_kernels.cu (spec §5) ---
+void CausalConvSilu(const float* x, int64_t T, int64_t C, const float* w, int64_t W, float* window, float* y,
+                    cudaStream_t s);
+void KdaLogDecay(const float* f, int64_t T, int64_t H, int64_t K, const float* a_log, const float* dt_bias,
+                 bool has_lower_bound, float lower_bound, float* alpha, cudaStream_t s);
+void KdaRecurrent(const float* q, const float* k, const float* v, const float* beta_logits, const float* alpha,
+                  int64_t T, int64_t H, int64_t K, float* state, float* o, cudaStream_t s);
+
+// --- attention_kernels.cu (spec §6.4, §6.6) ---
+// Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
+// parts (a per-head part and a part shared by all heads) and a value. Element pointers:
+//   query  q  + t·q_t + h·q_h            [da + db]
+//   key a  ka + s·ka_s + h·ka_h          [da]
+//   key b  kb + s·kb_s                   [db]   (may be null when db = 0)
+//   value  v  + s·v_s + h·v_h            [dv]
+//   output o  + t·o_t + h·o_h            [dv]
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t q_t = 0, q_h = 0;
+  const float* ka = nullptr;
+  int64_t ka_s = 0, ka_h = 0, da = 0;
+  const float* kb = nullptr;
+  int64_t kb_s = 0, db = 0;
+  const float* v = nullptr;
+  int64_t v_s = 0, v_h = 0, dv = 0;
+  float* o = nullptr;
+  int64_t o_t = 0, o_h = 0;
+  int64_t T = 0, H = 0, start = 0;
+  float scale = 1.0f;
+};
+constexpr int64_t kAttentionMaxValueDim = 1024;
+constexpr int64_t kAttentionMaxQueryDim = 2048;
+void CausalAttention(const AttentionArgs& a, cudaStream_t s);
+// Weight absorption (spec §6.6): qc[t,h] = [W_UK,hᵀ q_n(t,h) ‖ q_s(t,h)]  ([T, H, r + dr]).
+void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
+                 const float* w_kvb, float* qc, cudaStream_t s);
+// o[t,h] = W_UV,h ō(t,h)  (ō [T, H, r] → o [T, H·dv]).
+void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
+                  const float* w_kvb, float* o, cudaStream_t s);
+
+// --- moe_kernels.cu (spec §7.2) ---
+void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+              float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
+// dst[i] = src[rows[i]] (rows of D floats).
+void GatherRows(const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst, cudaStream_t s);
+// out[t] = Σ_j weights[t,j] · grouped[pos[t·k + j]], j ascending.
+void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,
+                float* out, cudaStream_t s);
+
+// Aborts with the kernel's name when a launch failed (a bad configuration is a programmer error).
+void CheckLaunch(const char* what);
+
+}  // namespace kimirt::cuda
