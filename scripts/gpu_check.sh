@@ -3,8 +3,9 @@
 # unpacks .carry/gpu/bundle.tar.xz (scripts/gpu_bundle.sh), then
 #   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
-#   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT).
-# Usage: bash scripts/gpu_check.sh [tests|bench|all]
+#   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
+#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -40,5 +41,17 @@ if [[ "$what" == bench || "$what" == all ]]; then
     timeout 120 "$root/kimirt" bench model --device "$dev" --batch-sizes 1,8 --prompt-len 256 --decode-tokens 32 \
       --peak-gbps 4800 --json "$out/bench-model-builtin-$dev.json" 2>&1 | tail -4
   done
+fi
+if [[ "$what" == serve || "$what" == all ]]; then
+  log="$out/serve-cuda.log"
+  "$root/kimirt" serve --device cuda --port 8123 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 300); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  grep -E "loaded in|listening" "$log"
+  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8123 --input-len 256 --output-len 64 \
+    --num-prompts 64 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda.json" 2>&1 | tail -12
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  kill -TERM $server; wait $server
+  echo "serve exit $?"
 fi
 exit $status

@@ -3,7 +3,8 @@
 // MoE layer — so each backend can fuse freely behind them and dispatch cost does not matter.
 //
 // Shapes use T = tokens of the call. All tensors are contiguous row-major on the backend's
-// device; outputs are preallocated by the caller with Empty() and fully overwritten.
+// device; outputs are preallocated by the caller with Empty() and fully overwritten (the CUDA
+// tests poison them first to check that).
 // The CPU backend (cpu/cpu_backend.h) computes in FP32 and is the reference the tests pin.
 #pragma once
 
@@ -52,21 +53,55 @@ struct MlaShape {
   int64_t heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
 };
 
+// The bytes of the paged MLA latent cache (model/latent_kv_cache.h owns the block accounting):
+// `blocks` blocks of `block_size` token rows for each of `layers` layers, a row being the normed
+// latent c [latent_dim] ‖ the shared key k_s [rope_dim], stored as `dtype`: F32 (exact), BF16
+// (round to nearest even), or F8E4M3 with one F32 scale per token, layer and part (c, k_s):
+// scale = amax / 448 (1 when amax is 0), code = RNE-saturating E4M3 of value / scale. Every
+// backend stores the same codes, so a cache written on one reads back identically on another.
+struct KvStorageShape {
+  int layers = 0;
+  int block_size = 0;
+  int64_t latent_dim = 0, rope_dim = 0;
+  DType dtype = DType::kF32;
+};
+
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+  // Room for `blocks` blocks (never less than before), keeping the rows already written.
+  virtual void Resize(int64_t blocks) = 0;
+  // Rows [pos, pos + T) of `layer`, through the block table, := c [T, r] ‖ ks [T, dr] (tensors of
+  // the backend's device).
+  virtual void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks) = 0;
+  // c [≥len, r], ks [≥len, dr] rows [0, len) := rows [0, len) of `layer`, widened to F32.
+  virtual void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
 
-  // Memory. Empty() returns zero-filled tensors. Upload/Download move F32 host tensors
-  // to/from the device (the CPU backend returns its argument).
+  // Memory. Empty() returns a tensor whose contents are unspecified (every op overwrites all of
+  // its output); Zeros() one filled with zeros (recurrent state, conv windows). Upload/Download
+  // move host tensors to/from the device (the CPU backend returns its argument).
   virtual Tensor Empty(Shape shape, DType dtype = DType::kF32) = 0;
+  virtual Tensor Zeros(Shape shape, DType dtype = DType::kF32) = 0;
   virtual Tensor Upload(const Tensor& host) = 0;
   virtual Tensor Download(const Tensor& t) = 0;
   // dst rows [dst_row, dst_row + src rows) := src (same row width).
   virtual void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) = 0;
   // y [T, count] := x [T, :][begin, begin + count)
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
+  // The device's free and total bytes (cudaMemGetInfo), or nothing for host memory.
+  struct MemoryInfo {
+    uint64_t free = 0, total = 0;
+  };
+  virtual std::optional<MemoryInfo> DeviceMemory() { return std::nullopt; }
+  // Latent cache storage on this backend's device, initially for 0 blocks.
+  virtual std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) = 0;
 
   // y [T, N] = x [T, K] · w [N, K]ᵀ
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor* y) = 0;

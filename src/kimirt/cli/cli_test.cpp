@@ -171,6 +171,17 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(r.exit_code, 2);
   r = Kimirt("nonsense");
   EXPECT_EQ(r.exit_code, 2);
+  // Devices: an unknown one, a bad memory fraction, and CUDA beyond one GPU (in a build without
+  // CUDA it says that instead; either way nothing starts).
+  auto refused = [&](const std::string& args, const std::string& needle) {
+    const CmdResult c = Kimirt(args);
+    EXPECT_NE(c.exit_code, 0) << args;
+    EXPECT_NE(c.output.find(needle), std::string::npos) << "wanted \"" << needle << "\" in:\n" << c.output;
+  };
+  refused("serve --device tpu --port 0", "--device: expected cpu or cuda");
+  refused("serve --device cuda --gpu-memory-utilization 1.5 --port 0", "--gpu-memory-utilization must be in (0, 1]");
+  refused("generate --device cuda --tp 2 --model " + dir_ + " --ids 1,2", "--device cuda runs one GPU so far");
+  refused("bench model --device cuda -tp 2 --model " + dir_, "-tp 1");
 }
 
 TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {

@@ -81,10 +81,10 @@ int RunServeCommand(int argc, char** argv) {
     if (!parsed) return Fail(InvalidArgument("--kv-cache-dtype: expected auto, f32, bf16 or fp8, got \"" + kv_dtype + "\""), 2);
     kv = *parsed;
   }
-  if (f.WasSet("gpu-memory-utilization")) {
-    // The latent cache lives in host memory on both devices so far (cuda_backend.h "Not yet").
-    std::fprintf(stderr, "kimirt serve: note: --gpu-memory-utilization is not used yet: the latent cache is "
-                         "in host memory, sized by --cpu-memory-gib\n");
+  if (!(gpu_util > 0 && gpu_util <= 1)) return Fail(InvalidArgument("--gpu-memory-utilization must be in (0, 1]"), 2);
+  if (device == "cpu" && f.WasSet("gpu-memory-utilization")) {
+    std::fprintf(stderr, "kimirt serve: note: --gpu-memory-utilization applies to --device cuda; the CPU "
+                         "latent cache is sized by --cpu-memory-gib\n");
   }
   SetCpuBackendThreads(threads);
 
@@ -104,6 +104,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);
+  if (device == "cuda") ro.gpu_memory_utilization = gpu_util;  // the cache is in GPU memory there
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);
   if (!runner.ok()) return Fail(runner.status());

@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -267,6 +268,18 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     KIMIRT_ASSIGN_OR_RETURN(owned->backend, MakeBackend(o.device));
     owned->comm = MakeSingleRankCommunicator();
     KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm));
+    if (std::optional<Backend::MemoryInfo> mem = owned->backend->DeviceMemory();
+        mem && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
+      const double budget = o.gpu_memory_utilization * static_cast<double>(mem->total);
+      const double in_use = static_cast<double>(mem->total - mem->free);
+      if (budget <= in_use) {
+        return ResourceExhausted("--gpu-memory-utilization " + std::to_string(o.gpu_memory_utilization) +
+                                 " leaves no room for the latent cache: " + std::to_string(in_use / 1073741824.0) +
+                                 " GiB of the GPU's " + std::to_string(mem->total / 1073741824.0) +
+                                 " GiB are in use after loading the weights");
+      }
+      o.kv_cache_bytes = static_cast<uint64_t>(budget - in_use);
+    }
     KIMIRT_ASSIGN_OR_RETURN(owned->inner, ForModel(*owned->model, o));
     return std::unique_ptr<ModelRunner>(std::move(owned));
   }

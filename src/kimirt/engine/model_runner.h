@@ -26,6 +26,9 @@ struct RunnerOptions {
   int tp = 1;                // ranks (CPU: in-process threads; CUDA: 1 for now)
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;
+  // GPU devices: when > 0, the latent cache gets what this fraction of the GPU's memory leaves
+  // after the weights (and whatever else is on the GPU), as vLLM's --gpu-memory-utilization.
+  double gpu_memory_utilization = 0;
   int block_size = 128;
   KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
 };

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -31,12 +32,17 @@ std::string_view KvCacheDTypeName(KvCacheDType t);
 // "f32"/"float32", "bf16"/"bfloat16", "fp8"/"fp8_e4m3".
 std::optional<KvCacheDType> ParseKvCacheDType(std::string_view name);
 
+class Backend;
+class KvStorage;
+
 class LatentKvCache {
  public:
+  // The rows live on `backend`'s device (Backend::MakeKvStorage); the block accounting here.
   // `growable`: when the pool is empty, AllocateBlock grows it (private caches of tools and
   // tests); otherwise it fails and the caller must wait or preempt (the engine).
-  LatentKvCache(int num_layers, int64_t num_blocks, int block_size, int64_t latent_dim, int64_t rope_dim,
-                KvCacheDType dtype, bool growable);
+  LatentKvCache(Backend& backend, int num_layers, int64_t num_blocks, int block_size, int64_t latent_dim,
+                int64_t rope_dim, KvCacheDType dtype, bool growable);
+  ~LatentKvCache();
 
   int num_layers() const { return num_layers_; }
   int block_size() const { return block_size_; }
@@ -55,35 +61,21 @@ class LatentKvCache {
   // cannot provide every missing block.
   Status Reserve(std::vector<int32_t>* table, int64_t tokens);
 
-  // Positions [pos, pos + T) of `layer` := c [T, r], ks [T, dr] (F32 host tensors).
+  // Positions [pos, pos + T) of `layer` := c [T, r], ks [T, dr] (F32 tensors of the backend).
   void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks);
   // c [len, r], ks [len, dr] := positions [0, len) of `layer`, widened to F32.
   void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) const;
 
  private:
-  size_t ValueOffset(int32_t block, int layer, int64_t slot) const;  // element index of a token row
   void AddBlocks(int64_t add);
 
-  // Storage that is not zero-filled: every position is written before it is read, and leaving
-  // pages untouched until then makes a large pool free to create (the OS maps them lazily).
-  struct RawBuffer {
-    RawBuffer() = default;
-    RawBuffer(const RawBuffer&) = delete;
-    RawBuffer& operator=(const RawBuffer&) = delete;
-    ~RawBuffer();
-    void Resize(size_t bytes);  // keeps the first min(old, new) bytes
-    uint8_t* data = nullptr;
-    size_t size = 0;
-  };
-
+  std::unique_ptr<KvStorage> storage_;
   int num_layers_;
   int64_t num_blocks_;
   int block_size_;
   int64_t r_, dr_;
   KvCacheDType dtype_;
   bool growable_;
-  RawBuffer values_;  // [num_blocks, layers, block_size, r + dr] elements of dtype_
-  RawBuffer scales_;  // FP8 only: F32 [num_blocks, layers, block_size, 2]
   std::vector<int32_t> free_;    // stack of free block ids
 };
 

@@ -5,10 +5,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/core/random.h"
 
 namespace kimirt {
 namespace {
+
+// The cache keeps a reference to the backend that made its storage: one for the whole test.
+Backend* CpuBackend() {
+  static std::unique_ptr<Backend> be = MakeCpuBackend();
+  return be.get();
+}
 
 Tensor RandomRows(int64_t rows, int64_t cols, uint64_t seed, float scale = 1.0f) {
   Tensor t = Tensor::Host({rows, cols});
@@ -20,7 +27,7 @@ Tensor RandomRows(int64_t rows, int64_t cols, uint64_t seed, float scale = 1.0f)
 TEST(LatentKvCache, PagedWritesReadBackAcrossBlocksAndLayers) {
   const int layers = 3, block = 4;
   const int64_t r = 10, dr = 3;
-  LatentKvCache kv(layers, 16, block, r, dr, KvCacheDType::kF32, false);
+  LatentKvCache kv(*CpuBackend(), layers, 16, block, r, dr, KvCacheDType::kF32, false);
   // Two sequences interleave their block allocations, so tables are not contiguous.
   std::vector<int32_t> a, b;
   const Tensor ca = RandomRows(11, r, 1), ka = RandomRows(11, dr, 2);
@@ -52,14 +59,14 @@ TEST(LatentKvCache, PagedWritesReadBackAcrossBlocksAndLayers) {
 }
 
 TEST(LatentKvCache, ReserveFailsWholeWhenThePoolIsShort) {
-  LatentKvCache kv(1, 3, 2, 4, 2, KvCacheDType::kBF16, false);
+  LatentKvCache kv(*CpuBackend(), 1, 3, 2, 4, 2, KvCacheDType::kBF16, false);
   std::vector<int32_t> t;
   ASSERT_TRUE(kv.Reserve(&t, 4).ok());  // 2 blocks
   Status s = kv.Reserve(&t, 7);         // needs 2 more, 1 free
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted);
   EXPECT_EQ(t.size(), 2u);
   EXPECT_EQ(kv.free_blocks(), 1);
-  LatentKvCache grow(1, 0, 2, 4, 2, KvCacheDType::kF32, true);
+  LatentKvCache grow(*CpuBackend(), 1, 0, 2, 4, 2, KvCacheDType::kF32, true);
   std::vector<int32_t> g;
   ASSERT_TRUE(grow.Reserve(&g, 100).ok());
   EXPECT_EQ(g.size(), 50u);
@@ -73,7 +80,7 @@ TEST(LatentKvCache, Bf16AndFp8StorageErrorsAreBounded) {
   const int64_t r = 512, dr = 64, T = 9;
   const Tensor c = RandomRows(T, r, 5), ks = RandomRows(T, dr, 6, 30.0f);  // different scales
   for (KvCacheDType dt : {KvCacheDType::kBF16, KvCacheDType::kFP8}) {
-    LatentKvCache kv(2, 4, 8, r, dr, dt, false);
+    LatentKvCache kv(*CpuBackend(), 2, 4, 8, r, dr, dt, false);
     std::vector<int32_t> t;
     ASSERT_TRUE(kv.Reserve(&t, T).ok());
     kv.Write(1, t, 0, c, ks);

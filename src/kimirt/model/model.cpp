@@ -70,7 +70,7 @@ void SequenceState::Release() {
 std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
                                                   bool growable) const {
   const ModelConfig& c = config();
-  return std::make_unique<LatentKvCache>(static_cast<int>(c.NumMlaLayers()), num_blocks, block_size,
+  return std::make_unique<LatentKvCache>(be_, static_cast<int>(c.NumMlaLayers()), num_blocks, block_size,
                                          c.kv_lora_rank, c.qk_rope_head_dim, dtype, growable);
 }
 
@@ -95,10 +95,10 @@ SequenceState Model::NewSequence(LatentKvCache* kv) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (!c.IsKdaLayer(i)) continue;
     KdaLayerState k;
-    k.conv_q = be_.Empty({W - 1, Pl});
-    k.conv_k = be_.Empty({W - 1, Pl});
-    k.conv_v = be_.Empty({W - 1, Pl});
-    k.recurrent = be_.Empty({H, K, K});
+    k.conv_q = be_.Zeros({W - 1, Pl});
+    k.conv_k = be_.Zeros({W - 1, Pl});
+    k.conv_v = be_.Zeros({W - 1, Pl});
+    k.recurrent = be_.Zeros({H, K, K});
     st.kda.push_back(std::move(k));
   }
   return st;
@@ -184,12 +184,10 @@ Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, Sequen
   be_.CopyColumns(a, 0, r, &c_raw);
   be_.CopyColumns(a, r, dr, &ks);
   Tensor latent = Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
-  st->kv->Write(mla_layer, st->blocks, start, be_.Download(latent), be_.Download(ks));
-  Tensor all_c = Tensor::Host({start + T, r});
-  Tensor all_ks = Tensor::Host({start + T, dr});
-  st->kv->Gather(mla_layer, st->blocks, start + T, &all_c, &all_ks);
-  Tensor cache_c = be_.Upload(all_c);
-  Tensor cache_ks = be_.Upload(all_ks);
+  st->kv->Write(mla_layer, st->blocks, start, latent, ks);
+  Tensor cache_c = be_.Empty({start + T, r});
+  Tensor cache_ks = be_.Empty({start + T, dr});
+  st->kv->Gather(mla_layer, st->blocks, start + T, &cache_c, &cache_ks);
   MlaShape shape;
   shape.nope_dim = c.qk_nope_head_dim;
   shape.rope_dim = dr;

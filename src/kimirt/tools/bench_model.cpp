@@ -105,14 +105,18 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.device = opt.device;
   ro.tp = opt.tp;
   ro.block_size = 64;
-  ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2);
+  // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
+  ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2) +
+                     (opt.prefill_chunk + 63) / 64;
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(dir, ro));
   const ModelConfig& c = runner->config();
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
   EngineOptions eo;
   eo.max_num_seqs = max_batch;
   eo.prefill_chunk = opt.prefill_chunk;
-  eo.max_num_batched_tokens = std::max<int32_t>(opt.prefill_chunk, max_batch);
+  // Room for every sequence's prefill chunk in one step: the batch prefills in lockstep, so all
+  // of it is decoding from the same step on and the decode phase times full-batch steps.
+  eo.max_num_batched_tokens = std::max<int32_t>(opt.prefill_chunk * max_batch, max_batch);
   eo.max_model_len = std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : (1 << 20),
                                        opt.prompt_len + opt.decode_tokens + 1);
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*runner, nullptr, eo));
@@ -124,6 +128,28 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.peak_gb_per_s = opt.peak_gb_per_s;
+  {
+    // Warm-up, untimed: first-use costs (page faults, GPU clocks ramping up from idle, kernel
+    // loading, the allocator's first blocks) stay out of the numbers.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    EngineRequest r;
+    r.id = "bench-warmup";
+    for (int64_t k = 0; k < opt.prompt_len; ++k) r.prompt.push_back(static_cast<int32_t>((k * 31 + 5) % c.vocab_size));
+    r.params.temperature = 0;
+    r.params.max_tokens = static_cast<int32_t>(std::min<int64_t>(opt.decode_tokens, 8));
+    r.params.ignore_eos = true;
+    r.on_output = [&](const RequestOutput& o) {
+      if (o.finish == FinishReason::kNone) return;
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    };
+    KIMIRT_RETURN_IF_ERROR(engine->Submit(std::move(r)));
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
   int round = 0;
   for (int batch : opt.batch_sizes) {
     std::mutex mu;

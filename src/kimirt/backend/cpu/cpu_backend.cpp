@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "kimirt/backend/cpu/cpu_kv_storage.h"
 #include "kimirt/backend/cpu/kda_kernels.h"
 #include "kimirt/backend/cpu/mla_kernels.h"
 #include "kimirt/core/parallel_for.h"
@@ -39,8 +40,10 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
 
   Tensor Empty(Shape shape, DType dtype) override { return Tensor::Host(std::move(shape), dtype); }
+  Tensor Zeros(Shape shape, DType dtype) override { return Tensor::Host(std::move(shape), dtype); }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
+  std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) override { return MakeCpuKvStorage(shape); }
 
   void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
     KIMIRT_CHECK(Cols(src) == Cols(*dst) && dst_row + Rows(src) <= Rows(*dst));

@@ -101,6 +101,74 @@ class DevicePool {
   std::multimap<size_t, void*> free_;
 };
 
+// Small host-to-device copies in a step (token ids, block tables, pointer arrays) go through a
+// pinned ring, so cudaMemcpyAsync returns at once: from pageable memory the driver stages the
+// copy itself and may wait for the stream, which stalls the GPU several times per layer. A chunk
+// of the ring is reused only after an event recorded behind its last copy has completed.
+class PinnedRing {
+ public:
+  static constexpr size_t kBytes = 4u << 20, kChunks = 16, kChunk = kBytes / kChunks;
+  PinnedRing() {
+    KIMIRT_CUDA_OK(cudaHostAlloc(&base_, kBytes, cudaHostAllocDefault));
+    for (cudaEvent_t& e : done_) KIMIRT_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  ~PinnedRing() {
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+    cudaFreeHost(base_);
+  }
+  // Copies `bytes` from `src` to device `dst` on `stream`, asynchronously.
+  void Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    if (bytes > kChunk) {  // rare and large: let the driver stage it
+      KIMIRT_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+      return;
+    }
+    if (used_ + bytes > kChunk) Advance(stream);
+    if (!armed_[chunk_]) {
+      KIMIRT_CUDA_OK(cudaEventSynchronize(done_[chunk_]));  // its previous copies have landed
+      armed_[chunk_] = true;
+    }
+    char* at = base_ + chunk_ * kChunk + used_;
+    std::memcpy(at, src, bytes);
+    used_ += (bytes + 15) / 16 * 16;
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream));
+  }
+
+ private:
+  void Advance(cudaStream_t stream) {
+    KIMIRT_CUDA_OK(cudaEventRecord(done_[chunk_], stream));
+    armed_[chunk_] = false;
+    chunk_ = (chunk_ + 1) % kChunks;
+    used_ = 0;
+  }
+  char* base_ = nullptr;
+  cudaEvent_t done_[kChunks] = {};
+  bool armed_[kChunks] = {};
+  size_t chunk_ = 0, used_ = 0;
+};
+
+class CudaBackend;
+
+// The latent cache's rows on the GPU (backend.h KvStorage): one device buffer of
+// [blocks, layers, block_size, r + dr] codes, plus the FP8 scales [.., 2].
+class CudaKvStorage final : public KvStorage {
+ public:
+  CudaKvStorage(CudaBackend& be, const KvStorageShape& s) : be_(be), s_(s), w_(s.latent_dim + s.rope_dim) {
+    kind_ = s.dtype == DType::kF32 ? 0 : s.dtype == DType::kBF16 ? 1 : 2;
+    KIMIRT_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16 || s.dtype == DType::kF8E4M3);
+  }
+  void Resize(int64_t blocks) override;
+  void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks) override;
+  void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) override;
+
+ private:
+  CudaBackend& be_;
+  KvStorageShape s_;
+  int64_t w_;
+  int kind_ = 0;
+  int64_t blocks_ = 0;
+  Tensor values_, scales_;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
@@ -114,7 +182,10 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
 
-  Tensor Empty(Shape shape, DType dtype) override {
+  // No fill: a forward allocates a few hundred outputs, each fully written by its op, and a
+  // memset apiece was a measurable share of the launches of a decode step.
+  Tensor Empty(Shape shape, DType dtype) override { return Raw(std::move(shape), dtype); }
+  Tensor Zeros(Shape shape, DType dtype) override {
     Tensor t = Raw(std::move(shape), dtype);
     if (t.nbytes() > 0) KIMIRT_CUDA_OK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_));
     return t;
@@ -138,6 +209,17 @@ class CudaBackend final : public Backend {
     }
     KIMIRT_CUDA_OK(cudaStreamSynchronize(stream_));
     return h;
+  }
+
+  std::optional<MemoryInfo> DeviceMemory() override {
+    size_t free = 0, total = 0;
+    KIMIRT_CUDA_OK(cudaSetDevice(device_));
+    KIMIRT_CUDA_OK(cudaMemGetInfo(&free, &total));
+    return MemoryInfo{free, total};
+  }
+
+  std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) override {
+    return std::make_unique<CudaKvStorage>(*this, shape);
   }
 
   void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
@@ -184,7 +266,7 @@ class CudaBackend final : public Backend {
   void Embedding(std::span<const int32_t> ids, const Tensor& table, int64_t row_begin, Tensor* y) override {
     const int64_t T = static_cast<int64_t>(ids.size());
     KIMIRT_CHECK(Rows(*y) == T && Cols(*y) == Cols(table));
-    Tensor d_ids = UploadInts(std::vector<int32_t>(ids.begin(), ids.end()));
+    Tensor d_ids = UploadInts(ids);
     cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, F(table), Rows(table), Cols(table), row_begin,
                     F(*y), stream_);
   }
@@ -195,8 +277,7 @@ class CudaBackend final : public Backend {
     std::vector<const float*> ptrs;
     for (const Tensor* c : cands) ptrs.push_back(F(*c));
     Tensor d_ptrs = Raw({static_cast<int64_t>(ptrs.size() * sizeof(void*))}, DType::kU8);
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice,
-                                   stream_));
+    staging_.Copy(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*), stream_);
     cuda::AttnResMix(static_cast<const float* const*>(d_ptrs.raw()), static_cast<int>(ptrs.size()), F(proj),
                      F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
   }
@@ -293,7 +374,21 @@ class CudaBackend final : public Backend {
     const int64_t T = Rows(z), De = Cols(z), k = Cols(idx);
     const int64_t E = static_cast<int64_t>(ex.gate.size());
     if (T == 0) return;
-    // Group the T·k slots by expert on the host (the same order as the CPU reference), so each
+    const int64_t I = Rows(ex.gate[0]);
+    if (T <= kPerSlotMaxTokens) {
+      // Decode: each slot reads its own expert's rows straight from the router's choice on the
+      // device; no synchronization with the host.
+      const ExpertPointers& ptrs = PointersOf(ex);
+      Tensor h = Raw({T * k, I}, DType::kF32), per_slot = Raw({T * k, De}, DType::kF32);
+      Tensor iota = Raw({T * k}, DType::kI32);
+      cuda::MoeExpertsPerSlot(F(z), static_cast<const int32_t*>(idx.raw()), T, k, De, I, ptrs.gate(), ptrs.up(),
+                              ptrs.down(), p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
+                              p.linear_beta.value_or(1.0f), F(h), F(per_slot), static_cast<int32_t*>(iota.raw()),
+                              stream_);
+      cuda::MoeCombine(F(per_slot), static_cast<const int32_t*>(iota.raw()), F(weights), T, k, De, F(*out), stream_);
+      return;
+    }
+    // Prefill: group the T·k slots by expert on the host (the same order as the CPU reference), so each
     // expert runs one GEMM over its tokens; the combine then reads each slot's row back.
     Tensor host_idx = Download(idx);
     std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
@@ -316,7 +411,6 @@ class CudaBackend final : public Backend {
     offset[static_cast<size_t>(E)] = g;
     Tensor d_rows = UploadInts(rows_and_pos);
     const int32_t* rows = static_cast<const int32_t*>(d_rows.raw());
-    const int64_t I = Rows(ex.gate[0]);
     Tensor xin = Raw({T * k, De}, DType::kF32);
     cuda::GatherRows(F(z), De, rows, T * k, F(xin), stream_);
     Tensor gate = Raw({T * k, I}, DType::kF32), up = Raw({T * k, I}, DType::kF32), h = Raw({T * k, I}, DType::kF32);
@@ -334,6 +428,38 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  friend class CudaKvStorage;
+
+  // Up to this many tokens, MoeExperts runs per slot on the device (GEMV-shaped work, where
+  // per-expert GEMMs would cost a host round trip and a launch per expert).
+  static constexpr int64_t kPerSlotMaxTokens = 4;
+
+  // Device arrays of every expert's gate / up / down weight pointers, made once per weight set.
+  struct ExpertPointers {
+    Tensor table;  // 3·E pointers
+    std::vector<const float*> host;  // the same, to check the entry still names these tensors
+    int64_t E = 0;
+    const float* const* gate() const { return static_cast<const float* const*>(table.raw()); }
+    const float* const* up() const { return gate() + E; }
+    const float* const* down() const { return gate() + 2 * E; }
+  };
+  const ExpertPointers& PointersOf(const ExpertWeights& ex) {
+    // Keyed by the first gate tensor's address and checked pointer by pointer: freed weights can
+    // hand their addresses to a new weight set (the pool reuses blocks).
+    std::vector<const float*> host;
+    for (const auto* list : {&ex.gate, &ex.up, &ex.down}) {
+      for (const Tensor& w : *list) host.push_back(F(w));
+    }
+    ExpertPointers& ptrs = expert_pointers_[host.front()];
+    if (ptrs.host == host) return ptrs;
+    ptrs.E = static_cast<int64_t>(ex.gate.size());
+    ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(ptrs.table.raw(), host.data(), host.size() * sizeof(void*),
+                                   cudaMemcpyHostToDevice, stream_));
+    ptrs.host = std::move(host);
+    return ptrs;
+  }
+
   static float* F(const Tensor& t) {
     if (t.dtype() != DType::kF32 || (t.device() != Device::kCuda && t.numel() != 0)) {
       std::fprintf(stderr, "kimirt: CUDA backend op on a non-F32 or host tensor %s\n", t.ToString().c_str());
@@ -351,11 +477,9 @@ class CudaBackend final : public Backend {
     return Tensor(std::move(owner), p, std::move(shape), dtype, Device::kCuda);
   }
 
-  Tensor UploadInts(const std::vector<int32_t>& v) {
+  Tensor UploadInts(std::span<const int32_t> v) {
     Tensor t = Raw({static_cast<int64_t>(v.size())}, DType::kI32);
-    if (!v.empty()) {
-      KIMIRT_CUDA_OK(cudaMemcpyAsync(t.raw(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    }
+    if (!v.empty()) staging_.Copy(t.raw(), v.data(), v.size() * sizeof(int32_t), stream_);
     return t;
   }
 
@@ -381,7 +505,42 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
+  PinnedRing staging_;
+  std::map<const void*, ExpertPointers> expert_pointers_;
 };
+
+void CudaKvStorage::Resize(int64_t blocks) {
+  if (blocks <= blocks_) return;
+  const int64_t rows = blocks * s_.layers * s_.block_size;
+  Tensor values = be_.Raw({rows * w_ * static_cast<int64_t>(DTypeSize(s_.dtype))}, DType::kU8);
+  Tensor scales = kind_ == 2 ? be_.Raw({rows * 2}, DType::kF32) : Tensor();
+  // Keep what was written (only growable private caches ever grow). A default Tensor has rank 0,
+  // so "nothing yet" is blocks_ == 0, not nbytes() == 0.
+  if (blocks_ > 0) {
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(values.raw(), values_.raw(), values_.nbytes(), cudaMemcpyDeviceToDevice, be_.stream_));
+  }
+  if (blocks_ > 0 && kind_ == 2) {
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(scales.raw(), scales_.raw(), scales_.nbytes(), cudaMemcpyDeviceToDevice, be_.stream_));
+  }
+  values_ = values;
+  scales_ = scales;
+  blocks_ = blocks;
+}
+
+void CudaKvStorage::Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks) {
+  const int64_t T = c.dim(0);
+  Tensor d_table = be_.UploadInts(table);
+  cuda::KvWrite(CudaBackend::F(c), s_.rope_dim > 0 ? CudaBackend::F(ks) : nullptr, T, s_.latent_dim, s_.rope_dim,
+                static_cast<const int32_t*>(d_table.raw()), pos, s_.layers, layer, s_.block_size, kind_, values_.raw(),
+                kind_ == 2 ? static_cast<float*>(scales_.raw()) : nullptr, be_.stream_);
+}
+
+void CudaKvStorage::Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) {
+  Tensor d_table = be_.UploadInts(table);
+  cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, s_.latent_dim,
+                 s_.rope_dim, static_cast<const int32_t*>(d_table.raw()), s_.layers, layer, s_.block_size, kind_,
+                 CudaBackend::F(*c), s_.rope_dim > 0 ? CudaBackend::F(*ks) : nullptr, be_.stream_);
+}
 
 }  // namespace
 

@@ -8,8 +8,8 @@
 // backend's own stream in issue order; Download() waits for it. GEMMs go through cuBLAS in plain
 // FP32 (no TF32), so results stay within rounding of the CPU reference.
 //
-// Not yet: BF16/FP8/MXFP4 weights, a device-resident paged latent cache (the model gathers the
-// cache on the host for now), the chunked KDA form (computed recurrently), NCCL ranks.
+// Not yet (docs/cuda.md): batched decode, CUDA graphs, BF16/FP8/MXFP4 weights, the chunked KDA
+// form (computed recurrently), NCCL ranks.
 #pragma once
 
 #include <memory>

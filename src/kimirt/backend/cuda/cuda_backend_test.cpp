@@ -234,8 +234,51 @@ TEST_F(CudaBackendTest, MoeRouteAndExperts) {
     const GluParams situ{GluKind::kSitu, 2.0f, 4.0f};
     Tensor want = cpu_->Empty({T, De}), got = Poisoned({T, De});
     cpu_->MoeExperts(z, idx_want, w_want, cpu_ex, situ, &want);
-    gpu_->MoeExperts(Up(z), idx_got, w_got, gpu_ex, situ, &got);
+    gpu_->MoeExperts(Up(z), idx_got, w_got, gpu_ex, situ, &got);  // grouped GEMMs (prefill)
     ExpectClose(got, want);
+    // A few tokens take the per-slot path (decode): the same function.
+    for (int64_t few : {1, 3}) {
+      Tensor z_few = z.Rows(0, few), idx_few = idx_want.Rows(0, few), w_few = w_want.Rows(0, few);
+      Tensor want_few = cpu_->Empty({few, De}), got_few = Poisoned({few, De});
+      cpu_->MoeExperts(z_few, idx_few, w_few, cpu_ex, situ, &want_few);
+      gpu_->MoeExperts(Up(z_few), Up(idx_few), Up(w_few), gpu_ex, situ, &got_few);
+      ExpectClose(got_few, want_few);
+    }
+  }
+}
+
+// The latent cache stores the same codes on both devices: what the CPU gathers back, the GPU
+// gathers back bit for bit, for every storage dtype (FP8 rows with an outlier included).
+TEST_F(CudaBackendTest, KvStorageKeepsTheCpuCodes) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string(DTypeName(dt)));
+    const KvStorageShape shape{3, 4, 512, 64, dt};
+    auto on_cpu = cpu_->MakeKvStorage(shape);
+    auto on_gpu = gpu_->MakeKvStorage(shape);
+    on_cpu->Resize(2);
+    on_gpu->Resize(2);
+    std::vector<int32_t> table = {1, 0};  // positions 0..7 in blocks 1, 0
+    auto write = [&](int layer, int64_t pos, int64_t T) {
+      Tensor c = Random({T, 512}), ks = Random({T, 64}, 3.0f);
+      c.f32()[3] = 200.0f;  // an outlier in the first row's latent
+      on_cpu->Write(layer, table, pos, c, ks);
+      on_gpu->Write(layer, table, pos, Up(c), Up(ks));
+    };
+    write(0, 0, 7);
+    write(2, 0, 8);
+    on_cpu->Resize(6);  // growing keeps the rows already written
+    on_gpu->Resize(6);
+    table.push_back(5);  // positions 8..11
+    write(0, 7, 5);
+    write(2, 8, 4);
+    for (int layer : {0, 2}) {
+      Tensor c_cpu = cpu_->Empty({12, 512}), ks_cpu = cpu_->Empty({12, 64});
+      Tensor c_gpu = Poisoned({12, 512}), ks_gpu = Poisoned({12, 64});
+      on_cpu->Gather(layer, table, 12, &c_cpu, &ks_cpu);
+      on_gpu->Gather(layer, table, 12, &c_gpu, &ks_gpu);
+      ExpectClose(c_gpu, c_cpu, 0.0);
+      ExpectClose(ks_gpu, ks_cpu, 0.0);
+    }
   }
 }
 

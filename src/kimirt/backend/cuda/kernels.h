@@ -75,9 +75,23 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
               float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
 // dst[i] = src[rows[i]] (rows of D floats).
 void GatherRows(const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst, cudaStream_t s);
+// The few-token path (decode), with no host round trip: per_slot[t·k + j] = expert idx[t,j]
+// applied to z[t] (w1/w3/w2: device arrays of each expert's weight pointers; h: [T·k, I]
+// scratch), and iota[s] = s, the identity row map for MoeCombine.
+void MoeExpertsPerSlot(const float* z, const int32_t* idx, int64_t T, int64_t k, int64_t De, int64_t I,
+                       const float* const* w1, const float* const* w3, const float* const* w2, int kind, float beta,
+                       bool has_linear_beta, float linear_beta, float* h, float* per_slot, int32_t* iota,
+                       cudaStream_t s);
 // out[t] = Σ_j weights[t,j] · grouped[pos[t·k + j]], j ascending.
 void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,
                 float* out, cudaStream_t s);
+
+// --- kv_cache_kernels.cu (backend.h KvStorage) ---
+// kind: 0 F32, 1 BF16, 2 FP8 E4M3 with per-token per-part scales [.., 2].
+void KvWrite(const float* c, const float* ks, int64_t T, int64_t r, int64_t dr, const int32_t* table, int64_t pos,
+             int layers, int layer, int block_size, int kind, void* values, float* scales, cudaStream_t s);
+void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,
+              int layers, int layer, int block_size, int kind, float* c, float* ks, cudaStream_t s);
 
 // Aborts with the kernel's name when a launch failed (a bad configuration is a programmer error).
 void CheckLaunch(const char* what);

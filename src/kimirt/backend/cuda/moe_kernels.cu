@@ -65,7 +65,82 @@ __global__ void MoeCombineKernel(const float* grouped, const int32_t* pos, const
   }
 }
 
+// Warp-per-output dot products for the few-token case (decode): no host round trip to group
+// tokens by expert; each slot reads its own expert's rows. Lanes stride the reduction dim
+// (coalesced), then a fixed butterfly sums them.
+__device__ float WarpSum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float b2) {
+  if (kind == 0) return a * Sigmoid(a) * u;
+  const float s = b1 * tanhf(a / b1) * Sigmoid(a);
+  return s * (has_b2 ? b2 * tanhf(u / b2) : u);
+}
+
+// h[slot, i] = GLU(W1_e[i] · z[t], W3_e[i] · z[t]) for slot = t·k + j, e = idx[slot].
+__global__ void MoeGateUpKernel(const float* z, const int32_t* idx, int64_t slots, int64_t k, int64_t De, int64_t I,
+                                const float* const* w1, const float* const* w3, int kind, float b1, bool has_b2,
+                                float b2, float* h) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp >= slots * I) return;  // a whole warp leaves together: the butterfly stays full
+  const int64_t slot = warp / I, i = warp % I;
+  const float* x = z + (slot / k) * De;
+  const int32_t e = idx[slot];
+  const float* g = w1[e] + i * De;
+  const float* u = w3[e] + i * De;
+  float sg = 0.0f, su = 0.0f;
+  for (int64_t d = lane; d < De; d += 32) {
+    sg += g[d] * x[d];
+    su += u[d] * x[d];
+  }
+  sg = WarpSum(sg);
+  su = WarpSum(su);
+  if (lane == 0) h[slot * I + i] = GluOf(sg, su, kind, b1, has_b2, b2);
+}
+
+// grouped[slot, d] = W2_e[d] · h[slot]
+__global__ void MoeDownKernel(const float* h, const int32_t* idx, int64_t slots, int64_t De, int64_t I,
+                              const float* const* w2, float* out) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp >= slots * De) return;
+  const int64_t slot = warp / De, d = warp % De;
+  const float* row = w2[idx[slot]] + d * I;
+  const float* hs = h + slot * I;
+  float s = 0.0f;
+  for (int64_t i = lane; i < I; i += 32) s += row[i] * hs[i];
+  s = WarpSum(s);
+  if (lane == 0) out[slot * De + d] = s;
+}
+
+__global__ void IotaKernel(int32_t* pos, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    pos[i] = static_cast<int32_t>(i);
+  }
+}
+
 }  // namespace
+
+void MoeExpertsPerSlot(const float* z, const int32_t* idx, int64_t T, int64_t k, int64_t De, int64_t I,
+                       const float* const* w1, const float* const* w3, const float* const* w2, int kind, float beta,
+                       bool has_linear_beta, float linear_beta, float* h, float* per_slot, int32_t* iota,
+                       cudaStream_t s) {
+  const int64_t slots = T * k;
+  if (slots == 0) return;
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  const int64_t gate_warps = slots * I, down_warps = slots * De;
+  MoeGateUpKernel<<<static_cast<unsigned>((gate_warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(
+      z, idx, slots, k, De, I, w1, w3, kind, beta, has_linear_beta, linear_beta, h);
+  CheckLaunch("MoeGateUp");
+  MoeDownKernel<<<static_cast<unsigned>((down_warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(h, idx, slots, De, I,
+                                                                                               w2, per_slot);
+  CheckLaunch("MoeDown");
+  IotaKernel<<<static_cast<unsigned>((slots + 255) / 256), 256, 0, s>>>(iota, slots);
+  CheckLaunch("Iota");
+}
 
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
               float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s) {

@@ -15,13 +15,18 @@ constexpr int kMaxCandidates = 128;
 
 __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// rsqrt(mean(row²) + eps) of one row, by the whole block.
+__device__ float InverseRms(const float* row, int64_t n, float eps, float* scratch) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
+  ss = BlockSum(ss, scratch);
+  return 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+}
+
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t n, float* y) {
   __shared__ float scratch[33];
   const float* r = x + blockIdx.x * n;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += r[i] * r[i];
-  ss = BlockSum(ss, scratch);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const float inv = InverseRms(r, n, eps, scratch);
   float* out = y + blockIdx.x * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = w[i] * (r[i] * inv);
 }
@@ -30,10 +35,7 @@ __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* 
   __shared__ float scratch[33];
   const float* xr = x + blockIdx.x * K;
   const float* gr = g + blockIdx.x * K;
-  float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < K; d += blockDim.x) ss += xr[d] * xr[d];
-  ss = BlockSum(ss, scratch);
-  const float rstd = 1.0f / sqrtf(ss / static_cast<float>(K) + eps);
+  const float rstd = InverseRms(xr, K, eps, scratch);
   float* yr = y + blockIdx.x * K;
   // Weight before gate (spec §3.2).
   for (int64_t d = threadIdx.x; d < K; d += blockDim.x) yr[d] = xr[d] * rstd * w[d] * Sigmoid(gr[d]);
