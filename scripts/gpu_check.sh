@@ -37,9 +37,10 @@ if [[ "$what" == tests || "$what" == all ]]; then
   fi
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
-  for dev in cuda cpu; do
-    timeout 120 "$root/kimirt" bench model --device "$dev" --batch-sizes 1,8 --prompt-len 256 --decode-tokens 32 \
-      --peak-gbps 4800 --json "$out/bench-model-builtin-$dev.json" 2>&1 | tail -4
+  for run in "cuda bfloat16" "cuda float32" "cpu float32"; do
+    set -- $run
+    timeout 120 "$root/kimirt" bench model --device "$1" --dtype "$2" --batch-sizes 1,8 --prompt-len 256 \
+      --decode-tokens 32 --peak-gbps 4800 --json "$out/bench-model-builtin-$1-$2.json" 2>&1 | tail -4
   done
 fi
 if [[ "$what" == serve || "$what" == all ]]; then

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kimirt/cli/commands.h"
+#include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/tools/bench_model.h"
 #include "kimirt/tools/builtin_model.h"
@@ -22,6 +23,8 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Bool("random-weights", &random_weights, "with --config: deterministic random weights");
   f.Int("seed", &seed, "seed of the random weights");
   f.String("device", &o.device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
+  std::string dtype = "auto";
+  f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
   f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU threads)");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
@@ -48,6 +51,12 @@ int RunBenchModelCommand(int argc, char** argv) {
     }
     o.model_dir = *dir;
   }
+  Result<DType> matrix_dtype = ParseDtypeFlag(dtype, o.device);
+  if (!matrix_dtype.ok()) {
+    std::fprintf(stderr, "kimirt bench model: %s\n", matrix_dtype.status().message().c_str());
+    return 2;
+  }
+  o.matrix_dtype = *matrix_dtype;
   o.seed = static_cast<uint64_t>(seed);
   o.batch_sizes.clear();
   std::stringstream ss(batch_sizes);

@@ -12,6 +12,7 @@
 
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
+#include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/engine/engine.h"
 #include "kimirt/engine/model_runner.h"
@@ -48,7 +49,9 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("port", &port, "port to bind (0: any free port; the bound one is printed)");
   f.String("device", &device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
   f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU: threads)");
-  f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype: auto (cpu: f32), f32, bf16, fp8");
+  f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
+  std::string dtype = "auto";
+  f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
   f.Int("max-model-len", &max_model_len, "prompt + output tokens per request (0: the model's maximum)");
   f.Int("max-num-seqs", &max_num_seqs, "sequences running at once");
   f.Int("max-num-batched-tokens", &max_batched, "tokens forwarded per engine step");
@@ -75,7 +78,8 @@ int RunServeCommand(int argc, char** argv) {
   }
   if (device != "cpu" && device != "cuda") return Fail(InvalidArgument("--device: expected cpu or cuda, got \"" + device + "\""), 2);
   if (!(cpu_mem_gib > 0)) return Fail(InvalidArgument("--cpu-memory-gib must be positive"), 2);
-  KvCacheDType kv = KvCacheDType::kF32;  // auto on CPU: the reference precision
+  // auto: the checkpoint's own precision on the GPU (vLLM's auto), the reference precision on CPU.
+  KvCacheDType kv = device == "cuda" ? KvCacheDType::kBF16 : KvCacheDType::kF32;
   if (kv_dtype != "auto") {
     std::optional<KvCacheDType> parsed = ParseKvCacheDType(kv_dtype);
     if (!parsed) return Fail(InvalidArgument("--kv-cache-dtype: expected auto, f32, bf16 or fp8, got \"" + kv_dtype + "\""), 2);
@@ -98,8 +102,11 @@ int RunServeCommand(int argc, char** argv) {
 
   Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
+  Result<DType> matrix_dtype = ParseDtypeFlag(dtype, device);
+  if (!matrix_dtype.ok()) return Fail(matrix_dtype.status(), 2);
   RunnerOptions ro;
   ro.device = device;
+  ro.matrix_dtype = *matrix_dtype;
   ro.tp = tp;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;

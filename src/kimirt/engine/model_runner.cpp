@@ -241,6 +241,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerO
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir, RunnerOptions o) {
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
+  if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
+    return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
+  }
   if (o.device != "cpu" && o.tp != 1) {
     return Unsupported("--device " + o.device + " runs on one GPU so far (-tp 1); tensor parallelism over NCCL "
                        "is not built yet (-tp " + std::to_string(o.tp) + " asked)");
@@ -267,7 +270,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     auto owned = std::make_unique<Owned>();
     KIMIRT_ASSIGN_OR_RETURN(owned->backend, MakeBackend(o.device));
     owned->comm = MakeSingleRankCommunicator();
-    KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm));
+    LoadOptions lo;
+    lo.matrix_dtype = o.matrix_dtype;
+    KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm, lo));
     if (std::optional<Backend::MemoryInfo> mem = owned->backend->DeviceMemory();
         mem && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
       const double budget = o.gpu_memory_utilization * static_cast<double>(mem->total);

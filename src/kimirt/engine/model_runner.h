@@ -23,6 +23,7 @@ class Model;
 
 struct RunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
+  DType matrix_dtype = DType::kF32;  // GEMM weights as held on the device (weights.h LoadOptions)
   int tp = 1;                // ranks (CPU: in-process threads; CUDA: 1 for now)
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;

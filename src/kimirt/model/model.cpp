@@ -74,12 +74,13 @@ std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_
                                          c.kv_lora_rank, c.qk_rope_head_dim, dtype, growable);
 }
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& backend, Communicator& comm) {
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& backend, Communicator& comm,
+                                           const LoadOptions& options) {
   KIMIRT_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(config));
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
   KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
-                          LoadModelWeights(layout, *ckpt, comm.size(), comm.rank(), backend));
+                          LoadModelWeights(layout, *ckpt, comm.size(), comm.rank(), backend, options));
   return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
 }
 

@@ -66,7 +66,8 @@ struct ForwardOptions {
 class Model {
  public:
   // Loads DIR (config.json + checkpoint) as rank comm.rank() of comm.size().
-  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm);
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
+                                              const LoadOptions& options = {});
 
   const ModelConfig& config() const { return layout_.config(); }
   const Layout& layout() const { return layout_; }

@@ -21,11 +21,16 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::
   static const std::string& Fixture() { return std::get<0>(GetParam()); }
   void SetUp() override {
     if (!testing::HaveFixture(Fixture())) GTEST_SKIP() << "no fixture " << Fixture();
-    auto be = MakeBackend(std::get<1>(GetParam()));
+    // "cuda-bf16": the CUDA backend holding GEMM weights as BF16 (the fixtures store them as
+    // BF16 or MXFP4, so the values are the same and so is the bar).
+    const std::string device = std::get<1>(GetParam());
+    auto be = MakeBackend(device == "cuda-bf16" ? "cuda" : device);
     if (!be.ok()) GTEST_SKIP() << be.status().ToString();
     backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
-    auto m = Model::Load(FixtureDir(Fixture()), *backend_, *comm_);
+    LoadOptions lo;
+    if (device == "cuda-bf16") lo.matrix_dtype = DType::kBF16;
+    auto m = Model::Load(FixtureDir(Fixture()), *backend_, *comm_, lo);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(m).value();
     goldens_ = std::make_unique<Goldens>(FixtureDir(Fixture()) + "/goldens.safetensors");
@@ -91,9 +96,20 @@ TEST_P(GoldenTest, GreedyContinuationByIncrementalDecode) {
   EXPECT_EQ(got, want);
 }
 
+TEST(ModelLoad, TheCpuBackendRefusesBf16HeldWeights) {
+  if (!testing::HaveFixture("tiny-a")) GTEST_SKIP() << "no fixture tiny-a";
+  auto be = MakeBackend("cpu");
+  auto comm = MakeSingleRankCommunicator();
+  LoadOptions lo;
+  lo.matrix_dtype = DType::kBF16;
+  auto m = Model::Load(FixtureDir("tiny-a"), **be, *comm, lo);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("the CPU computes with F32 weights"), std::string::npos) << m.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
-                                            ::testing::Values("cpu", "cuda")),
+                                            ::testing::Values("cpu", "cuda", "cuda-bf16")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
                            std::replace(n.begin(), n.end(), '-', '_');

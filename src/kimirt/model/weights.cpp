@@ -37,18 +37,28 @@ Tensor SliceAlong(const Tensor& full, int dim, int64_t begin, int64_t length, in
   return out;
 }
 
+// A host F32 tensor as BF16 (its values are BF16 values: exact).
+Tensor ToBf16(const Tensor& f32) {
+  Tensor t = Tensor::Host(f32.shape(), DType::kBF16);
+  F32ToBf16(f32.f32(), static_cast<uint16_t*>(t.raw()), static_cast<size_t>(f32.numel()));
+  return t;
+}
+
 class Loader {
  public:
-  Loader(const Layout& layout, const Checkpoint& ckpt, int tp, int rank, Backend& backend)
-      : layout_(layout), ckpt_(ckpt), rank_(rank), backend_(backend) {
+  Loader(const Layout& layout, const Checkpoint& ckpt, int tp, int rank, Backend& backend, const LoadOptions& o)
+      : layout_(layout), ckpt_(ckpt), rank_(rank), backend_(backend), options_(o) {
     par_.tp = tp;
     par_.experts_dequantized = true;
   }
 
   Status Check() const { return layout_.CheckParallelism(par_); }
 
+  // A GEMM weight: held as options.matrix_dtype when the checkpoint's values fit it exactly.
+  Result<Tensor> Matrix(const std::string& name) { return Get(name, {}, /*matrix=*/true); }
+
   // The rank's slice of `name` as a device tensor, reshaped to `shape` if given.
-  Result<Tensor> Get(const std::string& name, Shape shape = {}) {
+  Result<Tensor> Get(const std::string& name, Shape shape = {}, bool matrix = false) {
     const TensorSpec* spec = layout_.Find(name);
     if (spec == nullptr) return Internal("loader asked for " + name + ", which the layout does not have");
     KIMIRT_ASSIGN_OR_RETURN(Tensor full, ReadF32(*spec));
@@ -65,6 +75,7 @@ class Loader {
       if (p.kind == PlacementKind::kVocab) vocab_begin_ = s.dim >= 0 ? s.begin : 0;
     }
     if (!shape.empty()) part = part.Reshape(std::move(shape));
+    if (matrix && options_.matrix_dtype == DType::kBF16 && StoredExactlyAsBf16(*spec)) return backend_.Upload(ToBf16(part));
     return backend_.Upload(part);
   }
 
@@ -106,10 +117,18 @@ class Loader {
     return t;
   }
 
+  // BF16 in the checkpoint, or MXFP4 (E2M1 values times a power of two, all BF16 values).
+  bool StoredExactlyAsBf16(const TensorSpec& spec) const {
+    if (EndsWith(spec.name, ".weight_packed")) return true;
+    const Checkpoint::Entry* e = ckpt_.Find(spec.name);
+    return e != nullptr && e->info->dtype == DType::kBF16;
+  }
+
   const Layout& layout_;
   const Checkpoint& ckpt_;
   int rank_;
   Backend& backend_;
+  LoadOptions options_;
   Parallelism par_;
   int64_t vocab_begin_ = 0;
 };
@@ -117,9 +136,15 @@ class Loader {
 }  // namespace
 
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
-                                      int rank, Backend& backend) {
+                                      int rank, Backend& backend, const LoadOptions& options) {
   KIMIRT_RETURN_IF_ERROR(CheckCheckpoint(layout, checkpoint).ToStatus(checkpoint.dir()));
-  Loader ld(layout, checkpoint, tp, rank, backend);
+  if (options.matrix_dtype != DType::kF32 &&
+      (options.matrix_dtype != DType::kBF16 || backend.device() == Device::kCpu)) {
+    return Unsupported(std::string(backend.name()) + " backend: weights held as " +
+                       std::string(DTypeName(options.matrix_dtype)) + " are not supported (the CPU computes with F32 "
+                       "weights; CUDA takes F32 or BF16)");
+  }
+  Loader ld(layout, checkpoint, tp, rank, backend, options);
   KIMIRT_RETURN_IF_ERROR(ld.Check());
   const ModelConfig& c = layout.config();
   const std::string& P = layout.model_prefix();
@@ -130,7 +155,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
   } else {
-    KIMIRT_ASSIGN_OR_RETURN(w.lm_head, ld.Get(root + "lm_head.weight"));
+    KIMIRT_ASSIGN_OR_RETURN(w.lm_head, ld.Matrix(root + "lm_head.weight"));
   }
   KIMIRT_ASSIGN_OR_RETURN(w.norm, ld.Get(P + "norm.weight"));
   if (c.UsesAttnRes()) {
@@ -157,71 +182,71 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
     const std::string A = L + "self_attn.";
     if (lw.is_kda) {
       KdaWeights& k = lw.kda;
-      KIMIRT_ASSIGN_OR_RETURN(k.q, ld.Get(A + "q_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(k.k, ld.Get(A + "k_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(k.v, ld.Get(A + "v_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.q, ld.Matrix(A + "q_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.k, ld.Matrix(A + "k_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.v, ld.Matrix(A + "v_proj.weight"));
       if (c.linear_attn.use_full_rank_gate) {
-        KIMIRT_ASSIGN_OR_RETURN(k.g, ld.Get(A + "g_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(k.g, ld.Matrix(A + "g_proj.weight"));
       } else {
-        KIMIRT_ASSIGN_OR_RETURN(k.g_a, ld.Get(A + "g_a_proj.weight"));
-        KIMIRT_ASSIGN_OR_RETURN(k.g_b, ld.Get(A + "g_b_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(k.g_a, ld.Matrix(A + "g_a_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(k.g_b, ld.Matrix(A + "g_b_proj.weight"));
       }
-      KIMIRT_ASSIGN_OR_RETURN(k.b, ld.Get(A + "b_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(k.f_a, ld.Get(A + "f_a_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(k.f_b, ld.Get(A + "f_b_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.b, ld.Matrix(A + "b_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.f_a, ld.Matrix(A + "f_a_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.f_b, ld.Matrix(A + "f_b_proj.weight"));
       KIMIRT_ASSIGN_OR_RETURN(k.conv_q, ld.Get(A + "q_conv1d.weight", {Pl, W}));
       KIMIRT_ASSIGN_OR_RETURN(k.conv_k, ld.Get(A + "k_conv1d.weight", {Pl, W}));
       KIMIRT_ASSIGN_OR_RETURN(k.conv_v, ld.Get(A + "v_conv1d.weight", {Pl, W}));
       KIMIRT_ASSIGN_OR_RETURN(k.a_log, ld.Get(A + "A_log", {H}));
       KIMIRT_ASSIGN_OR_RETURN(k.dt_bias, ld.Get(A + "dt_bias"));
       KIMIRT_ASSIGN_OR_RETURN(k.o_norm, ld.Get(A + "o_norm.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(k.o, ld.Get(A + "o_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(k.o, ld.Matrix(A + "o_proj.weight"));
     } else {
       MlaWeights& m = lw.mla;
       if (c.q_lora_rank) {
-        KIMIRT_ASSIGN_OR_RETURN(m.q_a, ld.Get(A + "q_a_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.q_a, ld.Matrix(A + "q_a_proj.weight"));
         KIMIRT_ASSIGN_OR_RETURN(m.q_a_norm, ld.Get(A + "q_a_layernorm.weight"));
-        KIMIRT_ASSIGN_OR_RETURN(m.q_b, ld.Get(A + "q_b_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.q_b, ld.Matrix(A + "q_b_proj.weight"));
       } else {
-        KIMIRT_ASSIGN_OR_RETURN(m.q, ld.Get(A + "q_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.q, ld.Matrix(A + "q_proj.weight"));
       }
-      KIMIRT_ASSIGN_OR_RETURN(m.kv_a, ld.Get(A + "kv_a_proj_with_mqa.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(m.kv_a, ld.Matrix(A + "kv_a_proj_with_mqa.weight"));
       KIMIRT_ASSIGN_OR_RETURN(m.kv_a_norm, ld.Get(A + "kv_a_layernorm.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(m.kv_b, ld.Get(A + "kv_b_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(m.kv_b, ld.Matrix(A + "kv_b_proj.weight"));
       if (c.mla_use_output_gate) {
-        KIMIRT_ASSIGN_OR_RETURN(m.g, ld.Get(A + "g_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.g, ld.Matrix(A + "g_proj.weight"));
       }
-      KIMIRT_ASSIGN_OR_RETURN(m.o, ld.Get(A + "o_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(m.o, ld.Matrix(A + "o_proj.weight"));
     }
     if (!lw.is_moe) {
       const std::string M = L + "mlp.";
-      KIMIRT_ASSIGN_OR_RETURN(lw.dense.gate, ld.Get(M + "gate_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(lw.dense.up, ld.Get(M + "up_proj.weight"));
-      KIMIRT_ASSIGN_OR_RETURN(lw.dense.down, ld.Get(M + "down_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(lw.dense.gate, ld.Matrix(M + "gate_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(lw.dense.up, ld.Matrix(M + "up_proj.weight"));
+      KIMIRT_ASSIGN_OR_RETURN(lw.dense.down, ld.Matrix(M + "down_proj.weight"));
     } else {
       const std::string M = L + "block_sparse_moe.";
       MoeWeights& m = lw.moe;
       KIMIRT_ASSIGN_OR_RETURN(m.router, ld.Get(M + "gate.weight"));
       KIMIRT_ASSIGN_OR_RETURN(m.bias, ld.Get(M + "gate.e_score_correction_bias"));
       if (c.UsesLatentMoe()) {
-        KIMIRT_ASSIGN_OR_RETURN(m.latent_down, ld.Get(M + "routed_expert_down_proj.weight"));
-        KIMIRT_ASSIGN_OR_RETURN(m.latent_up, ld.Get(M + "routed_expert_up_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.latent_down, ld.Matrix(M + "routed_expert_down_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.latent_up, ld.Matrix(M + "routed_expert_up_proj.weight"));
         if (c.latent_moe_use_norm) {
           KIMIRT_ASSIGN_OR_RETURN(m.latent_norm, ld.Get(M + "routed_expert_norm.weight"));
         }
       }
       if (c.num_shared_experts > 0) {
-        KIMIRT_ASSIGN_OR_RETURN(m.shared.gate, ld.Get(M + "shared_experts.gate_proj.weight"));
-        KIMIRT_ASSIGN_OR_RETURN(m.shared.up, ld.Get(M + "shared_experts.up_proj.weight"));
-        KIMIRT_ASSIGN_OR_RETURN(m.shared.down, ld.Get(M + "shared_experts.down_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.shared.gate, ld.Matrix(M + "shared_experts.gate_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.shared.up, ld.Matrix(M + "shared_experts.up_proj.weight"));
+        KIMIRT_ASSIGN_OR_RETURN(m.shared.down, ld.Matrix(M + "shared_experts.down_proj.weight"));
       }
       const bool mxfp4 = c.quantization.routed_experts_mxfp4;
       const char* suffix = mxfp4 ? ".weight_packed" : ".weight";
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string X = M + "experts." + std::to_string(e) + ".";
-        KIMIRT_ASSIGN_OR_RETURN(Tensor g, ld.Get(X + "w1" + suffix));
-        KIMIRT_ASSIGN_OR_RETURN(Tensor u, ld.Get(X + "w3" + suffix));
-        KIMIRT_ASSIGN_OR_RETURN(Tensor d, ld.Get(X + "w2" + suffix));
+        KIMIRT_ASSIGN_OR_RETURN(Tensor g, ld.Matrix(X + "w1" + suffix));
+        KIMIRT_ASSIGN_OR_RETURN(Tensor u, ld.Matrix(X + "w3" + suffix));
+        KIMIRT_ASSIGN_OR_RETURN(Tensor d, ld.Matrix(X + "w2" + suffix));
         m.experts.gate.push_back(std::move(g));
         m.experts.up.push_back(std::move(u));
         m.experts.down.push_back(std::move(d));

@@ -48,7 +48,7 @@ Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t se
 }  // namespace
 
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         bool weights_f32) {
+                         int weight_bytes) {
   const ModelConfig& c = layout.config();
   Parallelism par;
   par.tp = tp;
@@ -58,11 +58,13 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
     if (t.component == Component::kVision) continue;
     if (t.name.size() >= 19 && t.name.compare(t.name.size() - 19, 19, "embed_tokens.weight") == 0) continue;
     double bytes = static_cast<double>(layout.SliceFor(t, par, 0).loaded_bytes);
-    if (weights_f32) {
-      // Logical elements × 4: packed MXFP4 bytes hold 2 elements; scales are folded in.
+    if (weight_bytes > 0) {
+      // Logical elements × the bytes they are held in: packed MXFP4 bytes hold 2 elements and
+      // their scales are folded in; in BF16 mode, F32-stored tensors stay F32.
       const bool packed = t.name.size() > 14 && t.name.compare(t.name.size() - 14, 14, "weight_packed") == 0;
       const bool scale = t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13, "weight_scale") == 0;
-      bytes = scale ? 0.0 : bytes / static_cast<double>(DTypeSize(t.dtype)) * (packed ? 2.0 : 1.0) * 4.0;
+      const double held = t.dtype == DType::kF32 ? 4.0 : static_cast<double>(weight_bytes);
+      bytes = scale ? 0.0 : bytes / static_cast<double>(DTypeSize(t.dtype)) * (packed ? 2.0 : 1.0) * held;
     }
     (t.category == Category::kRoutedExpert ? experts : shared) += bytes;
   }
@@ -103,6 +105,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   }
   RunnerOptions ro;
   ro.device = opt.device;
+  ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
   ro.block_size = 64;
   // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
@@ -124,6 +127,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   BenchModelReport report;
   report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
   report.device = opt.device;
+  report.matrix_dtype = opt.matrix_dtype;
   report.tp = opt.tp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
@@ -188,9 +192,9 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     const double steps = static_cast<double>(std::max<int64_t>(1, opt.decode_tokens - 1));
     p.decode_step_ms = 1e3 * p.decode_seconds / steps;
     p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
-    // Both backends keep weights and the latent cache in F32 so far (4 bytes per value).
-    p.decode_step_bytes =
-        DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4, /*weights_f32=*/true);
+    // The latent cache is F32 here (4 bytes per value); weights as the loader holds them.
+    p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4,
+                                          opt.matrix_dtype == DType::kBF16 ? 2 : 4);
     p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
     p.bandwidth_fraction = opt.peak_gb_per_s > 0 ? p.decode_gb_per_s / opt.peak_gb_per_s : 0.0;
     ++round;
@@ -201,7 +205,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
-                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + "\n";
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + std::string(DTypeName(matrix_dtype)) + "\n";
   char line[160];
   std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "decode tok/s", "MB/step", "GB/s");
@@ -224,6 +228,7 @@ std::string BenchModelReport::ToJson() const {
   nlohmann::ordered_json j;
   j["model"] = model;
   j["device"] = device;
+  j["weights"] = DTypeName(matrix_dtype);
   j["tp"] = tp;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

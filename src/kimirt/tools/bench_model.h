@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kimirt/core/dtype.h"
 #include "kimirt/core/status.h"
 #include "kimirt/model/layout.h"
 
@@ -19,16 +20,18 @@ namespace kimirt {
 // E·(1 − (1 − k/E)^B) distinct experts per MoE layer, as if routing were uniform; each sequence's
 // latent cache (every MLA layer reads all its positions); each sequence's KDA state, read and
 // written. The roofline a decode step is held to: achieved bytes/s ÷ peak bandwidth.
-// `weights_f32`: weights held widened to F32 (the CPU backend; MXFP4 experts then move 8× their
-// stored bytes), else as stored in the checkpoint.
+// `weight_bytes`: 0: weights as stored in the checkpoint; 4: every weight widened to F32 (the CPU
+// backend; MXFP4 experts then move 8× their stored bytes); 2: BF16- and MXFP4-stored weights held
+// as BF16, F32-stored ones as F32 (the CUDA backend's --dtype bfloat16).
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         bool weights_f32);
+                         int weight_bytes);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
   std::string config_path;     // with random weights
   uint64_t seed = 0;
   std::string device = "cpu";  // or "cuda"
+  DType matrix_dtype = DType::kF32;
   int tp = 1;
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
@@ -49,6 +52,7 @@ struct BenchModelPoint {
 struct BenchModelReport {
   std::string model;
   std::string device = "cpu";
+  DType matrix_dtype = DType::kF32;
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   double peak_gb_per_s = 0;

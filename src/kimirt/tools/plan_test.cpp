@@ -226,10 +226,10 @@ TEST(DecodeStepBytes, K3AtTp8CountsSharedWeightsExpectedExpertsAndCaches) {
   const double want_shared = static_cast<double>(per_gpu - experts_tp8 - embed_tp8);
   const double kda = 2.0 * 12 * 128 * 128 * 4 * 69;          // 12 heads per rank, FP32, r+w
   const double want = want_shared + experts_tp8 * (16.0 / 896.0) + kda;
-  const double got = static_cast<double>(DecodeStepBytes(l, 8, 1, 0, 1, /*weights_f32=*/false));
+  const double got = static_cast<double>(DecodeStepBytes(l, 8, 1, 0, 1, /*weight_bytes=*/0));
   EXPECT_NEAR(got, want, want * 1e-9);
   // A large batch touches every expert; the latent cache adds 576 bytes per token and MLA layer.
-  const double big = static_cast<double>(DecodeStepBytes(l, 8, 4096, 1000, 1, false));
+  const double big = static_cast<double>(DecodeStepBytes(l, 8, 4096, 1000, 1, 0));
   const double want_big = want_shared + experts_tp8 + 4096.0 * 1000 * 576 * 24 + kda * 4096;
   EXPECT_NEAR(big, want_big, want_big * 1e-6);
 }

@@ -74,14 +74,14 @@ __global__ void CausalAttentionKernel(AttentionArgs a) {
 
 // qc[t,h,j] = Σ_i q_n[t,h,i] W_UK,h[i,j] for j < r; then q_s copied after it.
 __global__ void AbsorbQueryKernel(const float* q, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
-                                  const float* w_kvb, float* qc) {
+                                  const void* w_kvb, bool bf16, float* qc) {
   const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
   const float* qn = q + (t * H + h) * (dn + dr);
-  const float* w_uk = w_kvb + h * (dn + dv) * r;
+  const int64_t w_uk = h * (dn + dv) * r;  // element offset of W_UK,h
   float* out = qc + (t * H + h) * (r + dr);
   for (int64_t j = threadIdx.x; j < r; j += blockDim.x) {
     float sum = 0.0f;
-    for (int64_t i = 0; i < dn; ++i) sum += qn[i] * w_uk[i * r + j];
+    for (int64_t i = 0; i < dn; ++i) sum += qn[i] * WeightAt(w_kvb, w_uk + i * r + j, bf16);
     out[j] = sum;
   }
   for (int64_t i = threadIdx.x; i < dr; i += blockDim.x) out[r + i] = qn[dn + i];
@@ -89,13 +89,13 @@ __global__ void AbsorbQueryKernel(const float* q, int64_t H, int64_t dn, int64_t
 
 // o[t,h,i] = Σ_j W_UV,h[i,j] ō[t,h,j]
 __global__ void AbsorbOutputKernel(const float* o_bar, int64_t H, int64_t dn, int64_t dv, int64_t r,
-                                   const float* w_kvb, float* o) {
+                                   const void* w_kvb, bool bf16, float* o) {
   const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
   const float* ob = o_bar + (t * H + h) * r;
-  const float* w_uv = w_kvb + (h * (dn + dv) + dn) * r;
+  const int64_t w_uv = (h * (dn + dv) + dn) * r;  // element offset of W_UV,h
   for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
     float sum = 0.0f;
-    for (int64_t j = 0; j < r; ++j) sum += w_uv[i * r + j] * ob[j];
+    for (int64_t j = 0; j < r; ++j) sum += WeightAt(w_kvb, w_uv + i * r + j, bf16) * ob[j];
     o[(t * H + h) * dv + i] = sum;
   }
 }
@@ -116,16 +116,16 @@ void CausalAttention(const AttentionArgs& a, cudaStream_t s) {
 }
 
 void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
-                 const float* w_kvb, float* qc, cudaStream_t s) {
+                 const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
-  AbsorbQueryKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(q, H, dn, dr, dv, r, w_kvb, qc);
+  AbsorbQueryKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(q, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
   CheckLaunch("AbsorbQuery");
 }
 
-void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r, const float* w_kvb,
-                  float* o, cudaStream_t s) {
+void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r, const void* w_kvb,
+                  bool w_bf16, float* o, cudaStream_t s) {
   if (T == 0 || H == 0) return;
-  AbsorbOutputKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(o_bar, H, dn, dv, r, w_kvb, o);
+  AbsorbOutputKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(o_bar, H, dn, dv, r, w_kvb, w_bf16, o);
   CheckLaunch("AbsorbOutput");
 }
 

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -240,7 +241,7 @@ class CudaBackend final : public Backend {
   void Linear(const Tensor& x, const Tensor& w, Tensor* y) override {
     const int64_t T = Rows(x), K = Cols(x), N = Rows(w);
     KIMIRT_CHECK_MSG(Cols(w) == K && Rows(*y) == T && Cols(*y) == N, "Linear shapes");
-    Gemm(F(x), F(w), F(*y), T, N, K);
+    GemmW(F(x), w, F(*y), T, N, K);
   }
 
   void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) override {
@@ -322,7 +323,7 @@ class CudaBackend final : public Backend {
     if (form == MlaForm::kExpanded) {
       // k_n and v of every cached position for every head: one GEMM, [S, H·(dn+dv)].
       Tensor kv = Raw({S, H * (dn + dv)}, DType::kF32);
-      Gemm(F(cache_c), F(w_kvb), F(kv), S, H * (dn + dv), r);
+      GemmW(F(cache_c), w_kvb, F(kv), S, H * (dn + dv), r);
       a.q = F(q);
       a.q_t = H * (dn + dr);
       a.q_h = dn + dr;
@@ -341,7 +342,8 @@ class CudaBackend final : public Backend {
     }
     // Absorbed (spec §6.6): attend in the latent space, expand the output afterwards.
     Tensor qc = Raw({T, H, r + dr}, DType::kF32);
-    cuda::AbsorbQuery(F(q), T, H, dn, dr, dv, r, F(w_kvb), F(qc), stream_);
+    const bool bf16 = w_kvb.dtype() == DType::kBF16;
+    cuda::AbsorbQuery(F(q), T, H, dn, dr, dv, r, W(w_kvb), bf16, F(qc), stream_);
     Tensor o_bar = Raw({T, H, r}, DType::kF32);
     a.q = F(qc);
     a.q_t = H * (r + dr);
@@ -356,7 +358,7 @@ class CudaBackend final : public Backend {
     a.o_t = H * r;
     a.o_h = r;
     cuda::CausalAttention(a, stream_);
-    cuda::AbsorbOutput(F(o_bar), T, H, dn, dv, r, F(w_kvb), F(*o), stream_);
+    cuda::AbsorbOutput(F(o_bar), T, H, dn, dv, r, W(w_kvb), bf16, F(*o), stream_);
   }
 
   void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p, Tensor* idx,
@@ -382,7 +384,8 @@ class CudaBackend final : public Backend {
       Tensor h = Raw({T * k, I}, DType::kF32), per_slot = Raw({T * k, De}, DType::kF32);
       Tensor iota = Raw({T * k}, DType::kI32);
       cuda::MoeExpertsPerSlot(F(z), static_cast<const int32_t*>(idx.raw()), T, k, De, I, ptrs.gate(), ptrs.up(),
-                              ptrs.down(), p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
+                              ptrs.down(), ex.gate[0].dtype() == DType::kBF16, p.kind == GluKind::kSilu ? 0 : 1,
+                              p.beta, p.linear_beta.has_value(),
                               p.linear_beta.value_or(1.0f), F(h), F(per_slot), static_cast<int32_t*>(iota.raw()),
                               stream_);
       cuda::MoeCombine(F(per_slot), static_cast<const int32_t*>(iota.raw()), F(weights), T, k, De, F(*out), stream_);
@@ -419,10 +422,10 @@ class CudaBackend final : public Backend {
       const int64_t at = offset[static_cast<size_t>(e)], n = offset[static_cast<size_t>(e) + 1] - at;
       if (n == 0) continue;
       const size_t ei = static_cast<size_t>(e);
-      Gemm(F(xin) + at * De, F(ex.gate[ei]), F(gate) + at * I, n, I, De);
-      Gemm(F(xin) + at * De, F(ex.up[ei]), F(up) + at * I, n, I, De);
+      GemmW(F(xin) + at * De, ex.gate[ei], F(gate) + at * I, n, I, De);
+      GemmW(F(xin) + at * De, ex.up[ei], F(up) + at * I, n, I, De);
       GluRaw(F(gate) + at * I, F(up) + at * I, F(h) + at * I, n * I, p);
-      Gemm(F(h) + at * I, F(ex.down[ei]), F(grouped) + at * De, n, De, I);
+      GemmW(F(h) + at * I, ex.down[ei], F(grouped) + at * De, n, De, I);
     }
     cuda::MoeCombine(F(grouped), rows + T * k, F(weights), T, k, De, F(*out), stream_);
   }
@@ -437,18 +440,18 @@ class CudaBackend final : public Backend {
   // Device arrays of every expert's gate / up / down weight pointers, made once per weight set.
   struct ExpertPointers {
     Tensor table;  // 3·E pointers
-    std::vector<const float*> host;  // the same, to check the entry still names these tensors
+    std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
-    const float* const* gate() const { return static_cast<const float* const*>(table.raw()); }
-    const float* const* up() const { return gate() + E; }
-    const float* const* down() const { return gate() + 2 * E; }
+    const void* const* gate() const { return static_cast<const void* const*>(table.raw()); }
+    const void* const* up() const { return gate() + E; }
+    const void* const* down() const { return gate() + 2 * E; }
   };
   const ExpertPointers& PointersOf(const ExpertWeights& ex) {
     // Keyed by the first gate tensor's address and checked pointer by pointer: freed weights can
     // hand their addresses to a new weight set (the pool reuses blocks).
-    std::vector<const float*> host;
+    std::vector<const void*> host;
     for (const auto* list : {&ex.gate, &ex.up, &ex.down}) {
-      for (const Tensor& w : *list) host.push_back(F(w));
+      for (const Tensor& w : *list) host.push_back(W(w));
     }
     ExpertPointers& ptrs = expert_pointers_[host.front()];
     if (ptrs.host == host) return ptrs;
@@ -466,6 +469,45 @@ class CudaBackend final : public Backend {
       std::abort();
     }
     return static_cast<float*>(const_cast<void*>(t.raw()));
+  }
+
+  // A weight held as F32 or BF16 on this device.
+  static const void* W(const Tensor& t) {
+    if ((t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) || t.device() != Device::kCuda) {
+      std::fprintf(stderr, "kimirt: CUDA backend weight must be an F32 or BF16 device tensor, got %s\n",
+                   t.ToString().c_str());
+      std::abort();
+    }
+    return t.raw();
+  }
+
+  // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 (cuBLAS) or BF16: a GEMV kernel for
+  // few rows; else the weight widened to F32 in chunks of at most 16 M elements, each a cuBLAS
+  // SGEMM into its columns of y. Either way the products are of the weight's exact values, in F32.
+  void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
+    if (w.dtype() == DType::kF32) {
+      Gemm(x, F(w), y, m, n, k);
+      return;
+    }
+    const void* wb = W(w);
+    if (m <= cuda::kGemvMaxRows) {
+      cuda::GemvBf16(x, wb, y, m, n, k, stream_);
+      return;
+    }
+    if (m == 0 || n == 0 || k == 0) {
+      Gemm(x, nullptr, y, m, n, k);
+      return;
+    }
+    const int64_t chunk_rows = std::max<int64_t>(1, (int64_t{16} << 20) / k);
+    Tensor scratch = Raw({std::min(n, chunk_rows) * k}, DType::kF32);
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t n0 = 0; n0 < n; n0 += chunk_rows) {
+      const int64_t nn = std::min(chunk_rows, n - n0);
+      cuda::Bf16ToF32(static_cast<const uint16_t*>(wb) + n0 * k, F(scratch), nn * k, stream_);
+      KIMIRT_CUBLAS_OK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nn), static_cast<int>(m),
+                                   static_cast<int>(k), &one, F(scratch), static_cast<int>(k), x, static_cast<int>(k),
+                                   &zero, y + n0, static_cast<int>(n)));
+    }
   }
 
   // An uninitialized device tensor from the pool.

@@ -6,9 +6,11 @@
 // Memory: tensors come from a caching pool (size classes a quarter-power of two apart), so a
 // forward pass allocates from the pool, not from the driver, once warm. Everything runs on the
 // backend's own stream in issue order; Download() waits for it. GEMMs go through cuBLAS in plain
-// FP32 (no TF32), so results stay within rounding of the CPU reference.
+// FP32 (no TF32) or BF16-weight kernels with F32 accumulation, so results stay within rounding of
+// the CPU reference.
 //
-// Not yet (docs/cuda.md): batched decode, CUDA graphs, BF16/FP8/MXFP4 weights, the chunked KDA
+// Weights: F32, or BF16 for the GEMM weights (weights.h LoadOptions), always with F32 math.
+// Not yet (docs/cuda.md): batched decode, CUDA graphs, packed MXFP4 experts, the chunked KDA
 // form (computed recurrently), NCCL ranks.
 #pragma once
 

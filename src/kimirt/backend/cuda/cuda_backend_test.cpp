@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
 
 namespace kimirt {
@@ -43,6 +44,14 @@ class CudaBackendTest : public ::testing::Test {
     return gpu_->Upload(h);
   }
   Tensor Up(const Tensor& h) { return gpu_->Upload(h); }
+  // A weight as the loader holds it with --dtype bfloat16: `w` rounded to BF16 in place (so the
+  // CPU reference sees the same values), and the device copy in BF16.
+  Tensor UpBf16(Tensor& w) {
+    Tensor b = Tensor::Host(w.shape(), DType::kBF16);
+    F32ToBf16(w.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(w.numel()));
+    Bf16ToF32(static_cast<const uint16_t*>(b.raw()), w.f32(), static_cast<size_t>(w.numel()));
+    return gpu_->Upload(b);
+  }
   Tensor Down(const Tensor& d) { return gpu_->Download(d); }
 
   static double RelL2(const Tensor& got, const Tensor& want) {
@@ -102,6 +111,19 @@ TEST_F(CudaBackendTest, LinearNormsAndElementwise) {
   Tensor rows_got = Up(Random({40, 70}));
   gpu_->CopyRows(Up(a), &rows_got, 5);
   EXPECT_EQ(RelL2(Down(rows_got).Rows(5, 33), a), 0.0);
+}
+
+// BF16-held weights: a GEMV for few rows, chunked widening + SGEMM for many (three chunks here).
+TEST_F(CudaBackendTest, LinearWithBf16Weights) {
+  for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{{1, 7168, 512}, {5, 300, 77}, {37, 7168, 5000}}) {
+    SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K) + "x" + std::to_string(N));
+    Tensor x = Random({T, K}), w = Random({N, K}, 0.05f);
+    Tensor wb = UpBf16(w);
+    Tensor want = cpu_->Empty({T, N}), got = Poisoned({T, N});
+    cpu_->Linear(x, w, &want);
+    gpu_->Linear(Up(x), wb, &got);
+    ExpectClose(got, want);
+  }
 }
 
 TEST_F(CudaBackendTest, EmbeddingOfAVocabSlice) {
@@ -196,17 +218,23 @@ TEST_F(CudaBackendTest, MlaAttentionBothFormsOverACausalWindow) {
     Tensor q = Random({c.T, s.heads * (s.nope_dim + s.rope_dim)});
     Tensor cache_c = Random({S, s.latent_dim}), cache_ks = Random({S, s.rope_dim});
     Tensor w = Random({s.heads * (s.nope_dim + s.v_dim), s.latent_dim}, 0.1f);
-    for (MlaForm form : {MlaForm::kExpanded, MlaForm::kAbsorbed}) {
-      Tensor want = cpu_->Empty({c.T, s.heads * s.v_dim}), got = Poisoned({c.T, s.heads * s.v_dim});
-      cpu_->MlaAttention(q, cache_c, cache_ks, w, s, c.start, form, &want);
-      gpu_->MlaAttention(Up(q), Up(cache_c), Up(cache_ks), Up(w), s, c.start, form, &got);
-      ExpectClose(got, want, 2e-5);
+    for (bool bf16 : {false, true}) {
+      Tensor w_dev = bf16 ? UpBf16(w) : Up(w);  // kv_b as F32, then as BF16 (same values)
+      for (MlaForm form : {MlaForm::kExpanded, MlaForm::kAbsorbed}) {
+        SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f32 ") + (form == MlaForm::kExpanded ? "expanded" : "absorbed"));
+        Tensor want = cpu_->Empty({c.T, s.heads * s.v_dim}), got = Poisoned({c.T, s.heads * s.v_dim});
+        cpu_->MlaAttention(q, cache_c, cache_ks, w, s, c.start, form, &want);
+        gpu_->MlaAttention(Up(q), Up(cache_c), Up(cache_ks), w_dev, s, c.start, form, &got);
+        ExpectClose(got, want, 2e-5);
+      }
     }
   }
 }
 
 TEST_F(CudaBackendTest, MoeRouteAndExperts) {
   for (bool combine_biased : {false, true}) {
+    const bool bf16 = combine_biased;  // the second round holds the experts as BF16
+    SCOPED_TRACE(bf16 ? "biased combine, BF16 experts" : "plain combine, F32 experts");
     const int64_t T = 19, D = 96, E = 64, De = 48, I = 40, k = 8;
     Tensor y = Random({T, D}), router = Random({E, D}, 0.2f), bias = Random({E}, 0.05f);
     RouteParams rp;
@@ -226,9 +254,9 @@ TEST_F(CudaBackendTest, MoeRouteAndExperts) {
       cpu_ex.gate.push_back(Random({I, De}, 0.2f));
       cpu_ex.up.push_back(Random({I, De}, 0.2f));
       cpu_ex.down.push_back(Random({De, I}, 0.2f));
-      gpu_ex.gate.push_back(Up(cpu_ex.gate.back()));
-      gpu_ex.up.push_back(Up(cpu_ex.up.back()));
-      gpu_ex.down.push_back(Up(cpu_ex.down.back()));
+      gpu_ex.gate.push_back(bf16 ? UpBf16(cpu_ex.gate.back()) : Up(cpu_ex.gate.back()));
+      gpu_ex.up.push_back(bf16 ? UpBf16(cpu_ex.up.back()) : Up(cpu_ex.up.back()));
+      gpu_ex.down.push_back(bf16 ? UpBf16(cpu_ex.down.back()) : Up(cpu_ex.down.back()));
     }
     Tensor z = Random({T, De});
     const GluParams situ{GluKind::kSitu, 2.0f, 4.0f};

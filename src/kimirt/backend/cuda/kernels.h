@@ -21,6 +21,12 @@ void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, floa
 void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
                float* y, cudaStream_t s);
 
+// --- weight_kernels.cu: BF16-held weights ---
+constexpr int kGemvMaxRows = 8;
+// y [m, n] = x [m, k] · w [n, k]ᵀ, w BF16, m <= kGemvMaxRows.
+void GemvBf16(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
+void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
+
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
 // rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
@@ -65,10 +71,10 @@ constexpr int64_t kAttentionMaxQueryDim = 2048;
 void CausalAttention(const AttentionArgs& a, cudaStream_t s);
 // Weight absorption (spec §6.6): qc[t,h] = [W_UK,hᵀ q_n(t,h) ‖ q_s(t,h)]  ([T, H, r + dr]).
 void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
-                 const float* w_kvb, float* qc, cudaStream_t s);
+                 const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s);
 // o[t,h] = W_UV,h ō(t,h)  (ō [T, H, r] → o [T, H·dv]).
 void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
-                  const float* w_kvb, float* o, cudaStream_t s);
+                  const void* w_kvb, bool w_bf16, float* o, cudaStream_t s);
 
 // --- moe_kernels.cu (spec §7.2) ---
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
@@ -79,9 +85,9 @@ void GatherRows(const float* src, int64_t D, const int32_t* rows, int64_t n, flo
 // applied to z[t] (w1/w3/w2: device arrays of each expert's weight pointers; h: [T·k, I]
 // scratch), and iota[s] = s, the identity row map for MoeCombine.
 void MoeExpertsPerSlot(const float* z, const int32_t* idx, int64_t T, int64_t k, int64_t De, int64_t I,
-                       const float* const* w1, const float* const* w3, const float* const* w2, int kind, float beta,
-                       bool has_linear_beta, float linear_beta, float* h, float* per_slot, int32_t* iota,
-                       cudaStream_t s);
+                       const void* const* w1, const void* const* w3, const void* const* w2, bool w_bf16, int kind,
+                       float beta, bool has_linear_beta, float linear_beta, float* h, float* per_slot,
+                       int32_t* iota, cudaStream_t s);
 // out[t] = Σ_j weights[t,j] · grouped[pos[t·k + j]], j ascending.
 void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,
                 float* out, cudaStream_t s);
@@ -92,6 +98,14 @@ void KvWrite(const float* c, const float* ks, int64_t T, int64_t r, int64_t dr, 
              int layers, int layer, int block_size, int kind, void* values, float* scales, cudaStream_t s);
 void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,
               int layers, int layer, int block_size, int kind, float* c, float* ks, cudaStream_t s);
+
+// Element i of a weight array held as F32 or BF16 (a uniform branch in every kernel using it).
+#ifdef __CUDACC__
+__device__ inline float WeightAt(const void* w, int64_t i, bool bf16) {
+  if (bf16) return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(w)[i]) << 16);
+  return static_cast<const float*>(w)[i];
+}
+#endif
 
 // Aborts with the kernel's name when a launch failed (a bad configuration is a programmer error).
 void CheckLaunch(const char* what);

@@ -81,20 +81,18 @@ __device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float 
 
 // h[slot, i] = GLU(W1_e[i] · z[t], W3_e[i] · z[t]) for slot = t·k + j, e = idx[slot].
 __global__ void MoeGateUpKernel(const float* z, const int32_t* idx, int64_t slots, int64_t k, int64_t De, int64_t I,
-                                const float* const* w1, const float* const* w3, int kind, float b1, bool has_b2,
-                                float b2, float* h) {
+                                const void* const* w1, const void* const* w3, bool bf16, int kind, float b1,
+                                bool has_b2, float b2, float* h) {
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (warp >= slots * I) return;  // a whole warp leaves together: the butterfly stays full
   const int64_t slot = warp / I, i = warp % I;
   const float* x = z + (slot / k) * De;
   const int32_t e = idx[slot];
-  const float* g = w1[e] + i * De;
-  const float* u = w3[e] + i * De;
   float sg = 0.0f, su = 0.0f;
   for (int64_t d = lane; d < De; d += 32) {
-    sg += g[d] * x[d];
-    su += u[d] * x[d];
+    sg += WeightAt(w1[e], i * De + d, bf16) * x[d];
+    su += WeightAt(w3[e], i * De + d, bf16) * x[d];
   }
   sg = WarpSum(sg);
   su = WarpSum(su);
@@ -103,15 +101,15 @@ __global__ void MoeGateUpKernel(const float* z, const int32_t* idx, int64_t slot
 
 // grouped[slot, d] = W2_e[d] · h[slot]
 __global__ void MoeDownKernel(const float* h, const int32_t* idx, int64_t slots, int64_t De, int64_t I,
-                              const float* const* w2, float* out) {
+                              const void* const* w2, bool bf16, float* out) {
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (warp >= slots * De) return;
   const int64_t slot = warp / De, d = warp % De;
-  const float* row = w2[idx[slot]] + d * I;
+  const void* w = w2[idx[slot]];
   const float* hs = h + slot * I;
   float s = 0.0f;
-  for (int64_t i = lane; i < I; i += 32) s += row[i] * hs[i];
+  for (int64_t i = lane; i < I; i += 32) s += WeightAt(w, d * I + i, bf16) * hs[i];
   s = WarpSum(s);
   if (lane == 0) out[slot * De + d] = s;
 }
@@ -125,18 +123,18 @@ __global__ void IotaKernel(int32_t* pos, int64_t n) {
 }  // namespace
 
 void MoeExpertsPerSlot(const float* z, const int32_t* idx, int64_t T, int64_t k, int64_t De, int64_t I,
-                       const float* const* w1, const float* const* w3, const float* const* w2, int kind, float beta,
-                       bool has_linear_beta, float linear_beta, float* h, float* per_slot, int32_t* iota,
-                       cudaStream_t s) {
+                       const void* const* w1, const void* const* w3, const void* const* w2, bool w_bf16, int kind,
+                       float beta, bool has_linear_beta, float linear_beta, float* h, float* per_slot,
+                       int32_t* iota, cudaStream_t s) {
   const int64_t slots = T * k;
   if (slots == 0) return;
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int64_t gate_warps = slots * I, down_warps = slots * De;
   MoeGateUpKernel<<<static_cast<unsigned>((gate_warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(
-      z, idx, slots, k, De, I, w1, w3, kind, beta, has_linear_beta, linear_beta, h);
+      z, idx, slots, k, De, I, w1, w3, w_bf16, kind, beta, has_linear_beta, linear_beta, h);
   CheckLaunch("MoeGateUp");
   MoeDownKernel<<<static_cast<unsigned>((down_warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(h, idx, slots, De, I,
-                                                                                               w2, per_slot);
+                                                                                               w2, w_bf16, per_slot);
   CheckLaunch("MoeDown");
   IotaKernel<<<static_cast<unsigned>((slots + 255) / 256), 256, 0, s>>>(iota, slots);
   CheckLaunch("Iota");
