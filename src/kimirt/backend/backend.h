@@ -95,6 +95,11 @@ class Backend {
   virtual void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) = 0;
   // y [T, count] := x [T, :][begin, begin + count)
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
+  // Up to how many rows every per-token op computes each row exactly as it would alone (same
+  // bits whatever the other rows are): the engine batches decode steps of up to this many
+  // sequences into one forward without giving up batch invariance. 1: never batch (the CPU's
+  // BLAS picks kernels by row count).
+  virtual int64_t RowInvariantRows() const { return 1; }
   // The device's free and total bytes (cudaMemGetInfo), or nothing for host memory.
   struct MemoryInfo {
     uint64_t free = 0, total = 0;

@@ -5,7 +5,8 @@
 // A step: admit waiting requests (a state slot and the first chunk's latent blocks), pick work
 // under the token budget (decodes first, then prefill chunks of a fixed size), reserve blocks
 // (preempting the newest running sequence, to be recomputed later, when the pool runs dry),
-// forward each sequence on its own, sample where a sequence has caught up, emit events.
+// forward (prefill chunks one sequence at a time; decodes batched where the runner allows),
+// sample where a sequence has caught up, emit events.
 #include "kimirt/engine/engine.h"
 
 #include <algorithm>
@@ -183,11 +184,27 @@ class EngineImpl final : public Engine {
       work.emplace_back(s.get(), chunk);
       budget -= chunk;
     }
+    // Reserve everything first (a reservation may preempt a sequence planned for this step),
+    // then forward: decodes together when the runner can batch them without changing a bit
+    // (ModelRunner::decode_batch_limit), prefill chunks one sequence at a time.
+    std::vector<std::pair<Sequence*, int64_t>> ready;
     for (auto& [seq, n] : work) {
       if (!IsRunning(seq)) continue;  // preempted by an earlier reservation in this step
       if (!ReserveOrPreempt(seq, seq->computed + n)) continue;
-      Forward(seq, n);
+      ready.emplace_back(seq, n);
     }
+    std::vector<Sequence*> decodes;
+    const int64_t limit = runner_.decode_batch_limit();
+    for (auto& [seq, n] : ready) {
+      if (!IsRunning(seq)) continue;  // preempted by a later reservation
+      if (n == 1 && limit > 1) {
+        decodes.push_back(seq);
+        if (static_cast<int64_t>(decodes.size()) == limit) ForwardDecodes(&decodes);
+      } else {
+        Forward(seq, n);
+      }
+    }
+    ForwardDecodes(&decodes);
     // Drop finished sequences.
     running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s == nullptr; }),
                    running_.end());
@@ -245,25 +262,59 @@ class EngineImpl final : public Engine {
 
   void Forward(Sequence* s, int64_t n) {
     std::span<const int32_t> ids(s->tokens.data() + s->computed, static_cast<size_t>(n));
-    const int32_t prompt_top = s->req.params.prompt_logprobs;
-    const bool score_prompt = prompt_top >= 0 && !s->prompt_logprobs_sent && s->computed < s->prompt_len;
-    Result<Tensor> logits = runner_.Forward(s->handle, ids, /*last_only=*/!score_prompt);
+    Result<Tensor> logits = runner_.Forward(s->handle, ids, /*last_only=*/!ScoresPrompt(s));
     if (!logits.ok()) {
       Finish(s, FinishReason::kError, logits.status());
       return;
     }
-    const size_t V = static_cast<size_t>(logits->dim(1));
-    if (score_prompt) {
+    Advance(s, n, *logits);
+  }
+
+  // One token for each of `seqs` in one runner call; empties the list.
+  void ForwardDecodes(std::vector<Sequence*>* seqs) {
+    if (seqs->empty()) return;
+    if (seqs->size() == 1) {
+      Forward(seqs->front(), 1);
+      seqs->clear();
+      return;
+    }
+    std::vector<ModelRunner::Handle> handles;
+    std::vector<int32_t> ids;
+    for (Sequence* s : *seqs) {
+      handles.push_back(s->handle);
+      ids.push_back(s->tokens[static_cast<size_t>(s->computed)]);
+    }
+    Result<Tensor> logits = runner_.ForwardDecode(handles, ids);
+    for (size_t b = 0; b < seqs->size(); ++b) {
+      if (!logits.ok()) {
+        Finish((*seqs)[b], FinishReason::kError, logits.status());
+      } else {
+        Advance((*seqs)[b], 1, logits->Rows(static_cast<int64_t>(b), 1));
+      }
+    }
+    seqs->clear();
+  }
+
+  bool ScoresPrompt(const Sequence* s) const {
+    return s->req.params.prompt_logprobs >= 0 && !s->prompt_logprobs_sent && s->computed < s->prompt_len;
+  }
+
+  // After a forward of s's next n tokens: score prompt tokens, then sample if s caught up.
+  // `logits` holds the rows of those n positions ([n, V]), or just the last ([1, V]).
+  void Advance(Sequence* s, int64_t n, const Tensor& logits) {
+    const int32_t prompt_top = s->req.params.prompt_logprobs;
+    const size_t V = static_cast<size_t>(logits.dim(1));
+    if (ScoresPrompt(s)) {
       // Row i holds the distribution of the token after position computed + i.
       for (int64_t i = 0; i < n && s->computed + i + 1 < s->prompt_len; ++i) {
-        const std::span<const float> at(logits->f32() + static_cast<size_t>(i) * V, V);
+        const std::span<const float> at(logits.f32() + static_cast<size_t>(i) * V, V);
         s->prompt_logprobs.push_back(ScoreToken(at, s->tokens[static_cast<size_t>(s->computed + i + 1)], prompt_top));
       }
     }
     if (s->computed == 0) stats_prompt_tokens_ += std::min<int64_t>(n, s->prompt_len);
     s->computed += n;
     if (s->computed < static_cast<int64_t>(s->tokens.size())) return;  // prefill continues
-    const std::span<const float> row(logits->f32() + static_cast<size_t>(logits->dim(0) - 1) * V, V);
+    const std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
     const std::span<const int32_t> prompt(s->tokens.data(), static_cast<size_t>(s->prompt_len));
     const std::span<const int32_t> output(s->tokens.data() + s->prompt_len, static_cast<size_t>(s->generated()));
     SampleResult r = s->sampler->Sample(row, prompt, output);

@@ -6,9 +6,11 @@
 // thread-safe and never block on a step. Callbacks run on the step-loop thread: they must be
 // quick and must not call back into the engine except Abort.
 //
-// Batch invariance: each running sequence is forwarded on its own, and prompts are prefilled in
-// chunks of a fixed size (`prefill_chunk`) that does not depend on the load, so a request's
-// tokens are bit-identical alone or among many (issue "Engine": batch invariance).
+// Batch invariance: prompts are prefilled one sequence at a time in chunks of a fixed size
+// (`prefill_chunk`) that does not depend on the load; decode steps are forwarded one sequence at
+// a time too, or together in one forward where the runner's backend computes every row exactly
+// as alone (ModelRunner::decode_batch_limit: CUDA). So a request's tokens are bit-identical
+// alone or among many (issue "Engine": batch invariance).
 #pragma once
 
 #include <atomic>

@@ -15,7 +15,7 @@
 #include <map>
 #include <mutex>
 
-#include "kimirt/backend/cpu/cpu_backend.h"
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/model/model.h"
 
 namespace kimirt {
@@ -88,11 +88,16 @@ EngineStats WaitIdle(Engine& e) {
   return s;
 }
 
-class EngineTest : public ::testing::Test {
+// Every engine test runs on each device: "cpu" (one forward per sequence) and "cuda", where
+// decode steps of several sequences share one forward (the backend is row-invariant), which
+// the bit-identity tests then hold to the same standard.
+class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
-    backend_ = MakeCpuBackend();
+    auto be = MakeBackend(GetParam());
+    if (!be.ok()) GTEST_SKIP() << be.status().ToString();
+    backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
     auto m = Model::Load(Fixture("tiny-a"), *backend_, *comm_);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -140,7 +145,7 @@ class EngineTest : public ::testing::Test {
   std::vector<std::unique_ptr<ModelRunner>> runners_;
 };
 
-TEST_F(EngineTest, GreedyEqualsTheModelsOwnContinuation) {
+TEST_P(EngineTest, GreedyEqualsTheModelsOwnContinuation) {
   const std::vector<int32_t> prompt = Prompt(21, 3);
   // Reference: the same fixed chunking the engine uses (16), then one token at a time.
   SequenceState st = model_->NewSequence();
@@ -168,7 +173,7 @@ TEST_F(EngineTest, GreedyEqualsTheModelsOwnContinuation) {
   EXPECT_EQ(r.events, 12);  // one event per token
 }
 
-TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
+TEST_P(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   const std::vector<int32_t> probe = Prompt(45, 9);
   Collector alone;
   {
@@ -197,7 +202,7 @@ TEST_F(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   EXPECT_EQ(s.running + s.waiting, 0);
 }
 
-TEST_F(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
+TEST_P(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
   const std::vector<int32_t> prompt = Prompt(45, 5);  // chunks of 16, 16 and 13
   // Reference: the whole prompt in one forward, every position's logits, log_softmax in double.
   SequenceState st = model_->NewSequence();
@@ -261,7 +266,7 @@ TEST_F(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
   }
 }
 
-TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
+TEST_P(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
   EngineOptions o = SmallOptions();
   Collector c;
   auto engine = MakeEngine(o, /*kv_blocks=*/12);  // 96 token positions for 8 sequences wanting ~50 each
@@ -280,7 +285,7 @@ TEST_F(EngineTest, PreemptionUnderASmallCacheCompletesEveryRequest) {
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
-TEST_F(EngineTest, AbortFreesEverything) {
+TEST_P(EngineTest, AbortFreesEverything) {
   Collector c;
   auto engine = MakeEngine(SmallOptions());
   ASSERT_TRUE(engine->Submit(Request("long", Prompt(30, 1), 100000, c)).ok());
@@ -299,7 +304,7 @@ TEST_F(EngineTest, AbortFreesEverything) {
   EXPECT_TRUE(engine->Submit(Request("long", Prompt(3, 3), 2, c)).ok());
 }
 
-TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
+TEST_P(EngineTest, RefusesBadRequestsAndAFullQueue) {
   EngineOptions o = SmallOptions();
   o.max_waiting = 2;
   o.max_num_seqs = 1;
@@ -328,7 +333,7 @@ TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
   EXPECT_EQ(engine->Submit(Request("z", {1}, 2, c)).code(), ErrorCode::kResourceExhausted);
 }
 
-TEST_F(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
+TEST_P(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
   EngineOptions o = SmallOptions();
   o.max_model_len = 30;
   Collector c;
@@ -352,6 +357,9 @@ TEST_F(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
 
 namespace kimirt {
 namespace {
+
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
 
 TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
   if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";

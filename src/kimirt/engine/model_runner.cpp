@@ -28,6 +28,11 @@ struct Rank {
     o.all_logits = !last_only;
     return model->Forward(&seqs.at(h), ids, o);
   }
+  Result<Tensor> ForwardDecode(std::span<const ModelRunner::Handle> hs, std::span<const int32_t> ids) {
+    std::vector<SequenceState*> states;
+    for (ModelRunner::Handle h : hs) states.push_back(&seqs.at(h));
+    return model->ForwardDecode(states, ids);
+  }
 };
 
 Result<int64_t> KvBlocks(const Model& model, const RunnerOptions& o) {
@@ -55,6 +60,10 @@ class SingleRankRunner final : public ModelRunner {
   Status Reserve(Handle h, int64_t tokens) override { return rank_.Reserve(h, tokens); }
   Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
     return rank_.Forward(h, ids, last_only);
+  }
+  int64_t decode_batch_limit() const override { return rank_.model->backend().RowInvariantRows(); }
+  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids) override {
+    return rank_.ForwardDecode(hs, ids);
   }
   void Release(Handle h) override { rank_.seqs.erase(h); }
 
@@ -233,6 +242,10 @@ class ThreadRanksRunner final : public ModelRunner {
 
 }  // namespace
 
+Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<const int32_t>) {
+  return Unsupported("this runner forwards each sequence alone (decode_batch_limit 1)");
+}
+
 Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerOptions o) {
   KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(model, o));
   return std::unique_ptr<ModelRunner>(
@@ -264,6 +277,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
       Status Reserve(Handle h, int64_t t) override { return inner->Reserve(h, t); }
       Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last) override {
         return inner->Forward(h, ids, last);
+      }
+      int64_t decode_batch_limit() const override { return inner->decode_batch_limit(); }
+      Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids) override {
+        return inner->ForwardDecode(hs, ids);
       }
       void Release(Handle h) override { inner->Release(h); }
     };

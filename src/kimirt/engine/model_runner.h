@@ -59,6 +59,13 @@ class ModelRunner {
   virtual Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) = 0;
   // Frees the sequence's blocks and state.
   virtual void Release(Handle h) = 0;
+
+  // How many sequences one ForwardDecode may take: more than 1 only where the backend computes
+  // each row of a batch exactly as alone (Backend::RowInvariantRows), so batching keeps batch
+  // invariance. 1: the engine forwards each sequence alone.
+  virtual int64_t decode_batch_limit() const { return 1; }
+  // One next token for each of `hs` (distinct, reserved); rank 0's logits [B, vocab], row b for hs[b].
+  virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids);
 };
 
 }  // namespace kimirt

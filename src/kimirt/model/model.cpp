@@ -121,10 +121,11 @@ Tensor Model::Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Te
   return y;
 }
 
-Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, const ForwardOptions& o) {
+Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, int kda_layer, const Rows& rows, const ForwardOptions& o) {
   const ModelConfig& c = config();
   const KdaWeights& w = lw.kda;
   const int64_t T = x.dim(0);
+  auto state = [&](size_t b) { return &rows.seqs[b]->kda[static_cast<size_t>(kda_layer)]; };
   const int64_t Pl = w.q.dim(0);
   const int64_t H = w.a_log.numel();
   auto linear = [&](const Tensor& in, const Tensor& weight) {
@@ -132,16 +133,20 @@ Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, co
     be_.Linear(in, weight, &y);
     return y;
   };
-  // Spec §5.1–5.2: projections, then the short conv + SiLU with the carried windows.
-  auto conv = [&](const Tensor& proj_w, const Tensor& conv_w, Tensor* window) {
+  // Spec §5.1–5.2: projections (all rows), then the short conv + SiLU with each sequence's
+  // carried window (its own rows).
+  auto conv = [&](const Tensor& proj_w, const Tensor& conv_w, Tensor KdaLayerState::*window) {
     Tensor raw = linear(x, proj_w);
     Tensor y = be_.Empty({T, Pl});
-    be_.CausalConvSilu(raw, conv_w, window, &y);
+    for (size_t b = 0; b < rows.seqs.size(); ++b) {
+      Tensor out = y.Rows(rows.begin(b), rows.count(b));
+      be_.CausalConvSilu(raw.Rows(rows.begin(b), rows.count(b)), conv_w, &(state(b)->*window), &out);
+    }
     return y;
   };
-  Tensor q = conv(w.q, w.conv_q, &st->conv_q);
-  Tensor k = conv(w.k, w.conv_k, &st->conv_k);
-  Tensor v = conv(w.v, w.conv_v, &st->conv_v);
+  Tensor q = conv(w.q, w.conv_q, &KdaLayerState::conv_q);
+  Tensor k = conv(w.k, w.conv_k, &KdaLayerState::conv_k);
+  Tensor v = conv(w.v, w.conv_v, &KdaLayerState::conv_v);
   Tensor beta = linear(x, w.b);
   Tensor f = linear(linear(x, w.f_a), w.f_b);
   // Spec §5.3: per-channel log-decay (bounded sigmoid for K3, softplus for Kimi-Linear).
@@ -149,9 +154,14 @@ Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, co
   std::optional<float> lb;
   if (c.linear_attn.gate_lower_bound) lb = static_cast<float>(*c.linear_attn.gate_lower_bound);
   be_.KdaLogDecay(f, w.a_log, w.dt_bias, lb, &alpha);
-  const KdaForm form = o.kda_form.value_or(T > 64 ? KdaForm::kChunked : KdaForm::kRecurrent);
   Tensor core = be_.Empty({T, Pl});
-  be_.KdaCore(q, k, v, beta, alpha, H, form, &st->recurrent, &core);
+  for (size_t b = 0; b < rows.seqs.size(); ++b) {
+    const int64_t at = rows.begin(b), n = rows.count(b);
+    const KdaForm form = o.kda_form.value_or(n > 64 ? KdaForm::kChunked : KdaForm::kRecurrent);
+    Tensor out = core.Rows(at, n);
+    be_.KdaCore(q.Rows(at, n), k.Rows(at, n), v.Rows(at, n), beta.Rows(at, n), alpha.Rows(at, n), H, form,
+                &state(b)->recurrent, &out);
+  }
   // Spec §5.6: gated RMSNorm with the output gate, then o_proj (row parallel: all-reduce).
   Tensor gate = c.linear_attn.use_full_rank_gate ? linear(x, w.g) : linear(linear(x, w.g_a), w.g_b);
   Tensor normed = be_.Empty({T, Pl});
@@ -161,12 +171,10 @@ Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, KdaLayerState* st, co
   return out;
 }
 
-Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, SequenceState* st,
-                  const ForwardOptions& o) {
+Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, const Rows& rows, const ForwardOptions& o) {
   const ModelConfig& c = config();
   const MlaWeights& w = lw.mla;
   const int64_t T = x.dim(0);
-  const int64_t start = st->length;
   auto linear = [&](const Tensor& in, const Tensor& weight) {
     Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
     be_.Linear(in, weight, &y);
@@ -185,19 +193,24 @@ Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, Sequen
   be_.CopyColumns(a, 0, r, &c_raw);
   be_.CopyColumns(a, r, dr, &ks);
   Tensor latent = Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
-  st->kv->Write(mla_layer, st->blocks, start, latent, ks);
-  Tensor cache_c = be_.Empty({start + T, r});
-  Tensor cache_ks = be_.Empty({start + T, dr});
-  st->kv->Gather(mla_layer, st->blocks, start + T, &cache_c, &cache_ks);
   MlaShape shape;
   shape.nope_dim = c.qk_nope_head_dim;
   shape.rope_dim = dr;
   shape.v_dim = c.v_head_dim;
   shape.latent_dim = r;
   shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
-  const MlaForm form = o.mla_form.value_or(T == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
   Tensor attn = be_.Empty({T, shape.heads * shape.v_dim});
-  be_.MlaAttention(q, cache_c, cache_ks, w.kv_b, shape, start, form, &attn);
+  for (size_t b = 0; b < rows.seqs.size(); ++b) {
+    SequenceState* st = rows.seqs[b];
+    const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
+    st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
+    Tensor cache_c = be_.Empty({start + n, r});
+    Tensor cache_ks = be_.Empty({start + n, dr});
+    st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
+    const MlaForm form = o.mla_form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+    Tensor out = attn.Rows(at, n);
+    be_.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, form, &out);
+  }
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
   if (c.mla_use_output_gate) be_.SigmoidMul(attn, linear(x, w.g), &attn);
   Tensor out = linear(attn, w.o);
@@ -254,15 +267,43 @@ Tensor Model::Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx) {
   return routed;
 }
 
-Tensor Model::Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o) {
+Tensor Model::Attention(size_t layer, const Tensor& x, const Rows& rows, const ForwardOptions& o) {
   const LayerWeights& lw = w_.layers[layer];
-  if (lw.is_kda) return Kda(lw, x, &st->kda[static_cast<size_t>(kda_slot_[layer])], o);
-  return Mla(lw, x, mla_slot_[layer], st, o);
+  if (lw.is_kda) return Kda(lw, x, kda_slot_[layer], rows, o);
+  return Mla(lw, x, mla_slot_[layer], rows, o);
 }
 
 Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, const ForwardOptions& o) {
+  SequenceState* const one[] = {st};
+  Rows rows;
+  rows.seqs = one;
+  rows.T = static_cast<int64_t>(ids.size());
+  return Run(rows, ids, o);
+}
+
+Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
+                                    const ForwardOptions& o) {
+  if (states.size() != ids.size()) {
+    return InvalidArgument("decode batch of " + std::to_string(states.size()) + " sequences and " +
+                           std::to_string(ids.size()) + " tokens");
+  }
+  if (states.size() == 1) return Forward(states[0], ids, o);
+  for (size_t i = 0; i < states.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
+    }
+  }
+  Rows rows;
+  rows.seqs = states;
+  rows.T = static_cast<int64_t>(ids.size());
+  ForwardOptions every_row = o;
+  every_row.all_logits = true;  // each row is some sequence's last position
+  return Run(rows, ids, every_row);
+}
+
+Result<Tensor> Model::Run(const Rows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
   const ModelConfig& c = config();
-  const int64_t T = static_cast<int64_t>(ids.size());
+  const int64_t T = rows.T;
   if (T == 0) return InvalidArgument("forward of zero tokens");
   for (int32_t id : ids) {
     if (id < 0 || id >= c.vocab_size) {
@@ -270,13 +311,18 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
                              std::to_string(c.vocab_size) + ")");
     }
   }
-  if (st->kda.size() != static_cast<size_t>(c.NumKdaLayers()) || st->kv == nullptr ||
-      st->kv->num_layers() != c.NumMlaLayers()) {
-    return InvalidArgument("sequence state was not made by this model");
+  for (SequenceState* st : rows.seqs) {
+    if (st->kda.size() != static_cast<size_t>(c.NumKdaLayers()) || st->kv == nullptr ||
+        st->kv->num_layers() != c.NumMlaLayers()) {
+      return InvalidArgument("sequence state was not made by this model");
+    }
   }
   // Every latent block this call writes must exist before any layer runs, so a full pool fails
   // the call cleanly instead of half-way through the layers.
-  KIMIRT_RETURN_IF_ERROR(st->kv->Reserve(&st->blocks, st->length + T));
+  for (size_t b = 0; b < rows.seqs.size(); ++b) {
+    SequenceState* st = rows.seqs[b];
+    KIMIRT_RETURN_IF_ERROR(st->kv->Reserve(&st->blocks, st->length + rows.count(b)));
+  }
   ForwardTrace* trace = o.trace;
   if (trace != nullptr) *trace = ForwardTrace{};
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -308,7 +354,7 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
         has_prefix = false;
       }
       Tensor x = Norm(a, lw.input_norm, eps);
-      Tensor attn = Attention(i, x, st, o);
+      Tensor attn = Attention(i, x, rows, o);
       if (has_prefix) {
         Tensor sum = be_.Empty(prefix.shape());
         be_.Add(prefix, attn, &sum);
@@ -332,7 +378,7 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
     for (size_t i = 0; i < w_.layers.size(); ++i) {
       const LayerWeights& lw = w_.layers[i];
       Tensor x = Norm(h, lw.input_norm, eps);
-      Tensor attn = Attention(i, x, st, o);
+      Tensor attn = Attention(i, x, rows, o);
       Tensor h2 = be_.Empty(h.shape());
       be_.Add(h, attn, &h2);
       Tensor y = Norm(h2, lw.post_norm, eps);
@@ -344,23 +390,23 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
     }
     mixed = h;
   }
-  st->length += T;
+  for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
 
   // Spec §4 steps 5-6: final norm and the vocab-parallel head.
   Tensor hn = Norm(mixed, w_.norm, eps);
   if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
-  Tensor rows = o.all_logits ? hn : hn.Rows(T - 1, 1);
-  const int64_t R = rows.dim(0), Vl = w_.lm_head.dim(0), V = c.vocab_size;
+  Tensor head_in = o.all_logits ? hn : hn.Rows(T - 1, 1);
+  const int64_t R = head_in.dim(0), Vl = w_.lm_head.dim(0), V = c.vocab_size;
   Tensor local = be_.Empty({R, Vl});
   // The last row goes through the head on its own even when every row is wanted: a GEMM's
   // summation order may depend on its row count, and the row a sampler reads must not change
   // when a caller also asks for the others (engine.h, prompt logprobs).
   if (R > 1) {
     Tensor head = local.Rows(0, R - 1);
-    be_.Linear(rows.Rows(0, R - 1), w_.lm_head, &head);
+    be_.Linear(head_in.Rows(0, R - 1), w_.lm_head, &head);
   }
   Tensor last = local.Rows(R - 1, 1);
-  be_.Linear(rows.Rows(R - 1, 1), w_.lm_head, &last);
+  be_.Linear(head_in.Rows(R - 1, 1), w_.lm_head, &last);
   Tensor host_local = HostCopy(be_, local);
   Tensor logits = Tensor::Host({R, V});
   const int tp = comm_.size();

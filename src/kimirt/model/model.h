@@ -70,6 +70,7 @@ class Model {
                                               const LoadOptions& options = {});
 
   const ModelConfig& config() const { return layout_.config(); }
+  Backend& backend() const { return be_; }
   const Layout& layout() const { return layout_; }
 
   // A fresh sequence whose latents live in `kv` (default: a growable F32 cache of the model's
@@ -82,14 +83,29 @@ class Model {
   // with all_logits = false). ids outside the vocabulary are an InvalidArgument.
   Result<Tensor> Forward(SequenceState* state, std::span<const int32_t> ids,
                          const ForwardOptions& options = {});
+  // One decode step of several sequences at once: ids[b] is the next token of states[b]; returns
+  // F32 host logits [B, vocab]. The sequences share every per-token op (projections, norms, MoE,
+  // head); KDA and MLA run per sequence on its row. On a backend whose ops are row-invariant up
+  // to B rows (Backend::RowInvariantRows) each row's logits equal, bit for bit, a Forward of that
+  // sequence alone. States must be distinct.
+  Result<Tensor> ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
+                               const ForwardOptions& options = {});
 
  private:
   Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm);
 
-  Tensor Attention(size_t layer, const Tensor& x, SequenceState* st, const ForwardOptions& o);
-  Tensor Kda(const LayerWeights& w, const Tensor& x, KdaLayerState* st, const ForwardOptions& o);
-  Tensor Mla(const LayerWeights& w, const Tensor& x, int mla_layer, SequenceState* st,
-             const ForwardOptions& o);
+  // The sequences of a call and their rows of the activations: one sequence owning all T rows
+  // (Forward), or B sequences owning one row each (ForwardDecode).
+  struct Rows {
+    std::span<SequenceState* const> seqs;
+    int64_t T = 0;
+    int64_t count(size_t /*b*/) const { return seqs.size() == 1 ? T : 1; }
+    int64_t begin(size_t b) const { return seqs.size() == 1 ? 0 : static_cast<int64_t>(b); }
+  };
+  Result<Tensor> Run(const Rows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
+  Tensor Attention(size_t layer, const Tensor& x, const Rows& rows, const ForwardOptions& o);
+  Tensor Kda(const LayerWeights& w, const Tensor& x, int kda_layer, const Rows& rows, const ForwardOptions& o);
+  Tensor Mla(const LayerWeights& w, const Tensor& x, int mla_layer, const Rows& rows, const ForwardOptions& o);
   Tensor Mlp(const MlpWeights& w, const Tensor& y);
   Tensor Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx);
   Tensor Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm);

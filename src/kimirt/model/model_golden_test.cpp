@@ -110,11 +110,7 @@ TEST(ModelLoad, TheCpuBackendRefusesBf16HeldWeights) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
                                             ::testing::Values("cpu", "cuda", "cuda-bf16")),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         testing::FixtureDeviceName);
 
 }  // namespace
 }  // namespace kimirt

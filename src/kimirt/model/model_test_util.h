@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kimirt/backend/cpu/cpu_backend.h"
@@ -72,6 +73,13 @@ inline double RelL2(const Tensor& got, const Tensor& want) {
   }
   return std::sqrt(num / std::max(den, 1e-30));
 }
+// Test names for (fixture, device) parameters: ("tiny-a", "cuda-bf16") → "tiny_a_cuda_bf16".
+inline std::string FixtureDeviceName(const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
+  std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
 inline int32_t ArgMax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }

@@ -212,6 +212,8 @@ class CudaBackend final : public Backend {
     return h;
   }
 
+  int64_t RowInvariantRows() const override { return cuda::kGemvMaxRows; }
+
   std::optional<MemoryInfo> DeviceMemory() override {
     size_t free = 0, total = 0;
     KIMIRT_CUDA_OK(cudaSetDevice(device_));
@@ -366,7 +368,7 @@ class CudaBackend final : public Backend {
     const int64_t T = Rows(y), D = Cols(y), E = Rows(w), k = p.top_k;
     KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E);
     Tensor logits = Raw({T, E}, DType::kF32);
-    Gemm(F(y), F(w), F(logits), T, E, D);
+    GemmW(F(y), w, F(logits), T, E, D);  // row-invariant for decode batches, like every GEMM
     cuda::MoeRoute(F(logits), F(bias), T, E, k, p.renormalize, p.scaling, p.combine_biased,
                    static_cast<int32_t*>(idx->raw()), F(*weights), stream_);
   }
@@ -434,8 +436,9 @@ class CudaBackend final : public Backend {
   friend class CudaKvStorage;
 
   // Up to this many tokens, MoeExperts runs per slot on the device (GEMV-shaped work, where
-  // per-expert GEMMs would cost a host round trip and a launch per expert).
-  static constexpr int64_t kPerSlotMaxTokens = 4;
+  // per-expert GEMMs would cost a host round trip and a launch per expert); per slot, each
+  // token's result does not depend on the others (a decode batch is row-invariant).
+  static constexpr int64_t kPerSlotMaxTokens = cuda::kGemvMaxRows;
 
   // Device arrays of every expert's gate / up / down weight pointers, made once per weight set.
   struct ExpertPointers {
@@ -481,17 +484,18 @@ class CudaBackend final : public Backend {
     return t.raw();
   }
 
-  // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 (cuBLAS) or BF16: a GEMV kernel for
-  // few rows; else the weight widened to F32 in chunks of at most 16 M elements, each a cuBLAS
-  // SGEMM into its columns of y. Either way the products are of the weight's exact values, in F32.
+  // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16: the row-invariant GEMV
+  // kernel for up to kGemvMaxRows rows; else cuBLAS SGEMM, a BF16 weight widened to F32 in chunks
+  // of at most 16 M elements first. Either way the products are of the weight's exact values, in
+  // F32.
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
-    if (w.dtype() == DType::kF32) {
-      Gemm(x, F(w), y, m, n, k);
+    const void* wb = W(w);
+    if (m <= cuda::kGemvMaxRows && k > 0) {
+      cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
       return;
     }
-    const void* wb = W(w);
-    if (m <= cuda::kGemvMaxRows) {
-      cuda::GemvBf16(x, wb, y, m, n, k, stream_);
+    if (w.dtype() == DType::kF32) {
+      Gemm(x, F(w), y, m, n, k);
       return;
     }
     if (m == 0 || n == 0 || k == 0) {

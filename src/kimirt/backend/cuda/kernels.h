@@ -21,10 +21,11 @@ void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, floa
 void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
                float* y, cudaStream_t s);
 
-// --- weight_kernels.cu: BF16-held weights ---
-constexpr int kGemvMaxRows = 8;
-// y [m, n] = x [m, k] · w [n, k]ᵀ, w BF16, m <= kGemvMaxRows.
-void GemvBf16(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
+// --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
+// Up to this many rows, GEMMs run as Gemv (row-invariant); more go to cuBLAS.
+constexpr int64_t kGemvMaxRows = 64;
+// y [m, n] = x [m, k] · w [n, k]ᵀ, w F32 or BF16; each row computed as it would be alone.
+void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 
 // --- norm_kernels.cu ---

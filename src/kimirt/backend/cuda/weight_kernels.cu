@@ -1,7 +1,7 @@
-// GEMMs against BF16-held weights with F32 activations and F32 accumulation (kernels.h): the
-// weights are the checkpoint's own BF16 values, so the results equal the F32-weight path up to
-// summation order. Few rows (decode): a warp per output column reads the weight row once for
-// all rows of x. Many rows (prefill): the weight is widened to F32 chunk by chunk for cuBLAS.
+// GEMM kernels for few rows and for BF16-held weights, F32 accumulation (kernels.h): BF16 weights
+// are the checkpoint's own values, so results equal the F32-weight path up to summation order.
+// Few rows (decode, and decode batches): a warp per output column, row-invariant. Many rows
+// (prefill): BF16 weights are widened to F32 chunk by chunk for cuBLAS.
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cuda_bf16.h>
@@ -9,26 +9,33 @@
 namespace kimirt::cuda {
 namespace {
 
-__global__ void GemvBf16Kernel(const float* x, const __nv_bfloat16* w, float* y, int m, int64_t n, int64_t k) {
+// A warp per output column; rows go by in groups of kGroup (the weight row is re-read per group,
+// from cache after the first). Each row's sum runs in the same order — lanes over k, then the
+// butterfly — whatever m is, so a row's result does not depend on the other rows (row-invariant:
+// Backend::RowInvariantRows).
+constexpr int kGroup = 8;
+
+__global__ void GemvKernel(const float* x, const void* w, bool bf16, float* y, int64_t m, int64_t n, int64_t k) {
   const int64_t col = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (col >= n) return;  // whole warps leave together
-  const __nv_bfloat16* row = w + col * k;
-  float acc[kGemvMaxRows];
+  for (int64_t r0 = 0; r0 < m; r0 += kGroup) {
+    float acc[kGroup];
 #pragma unroll
-  for (int r = 0; r < kGemvMaxRows; ++r) acc[r] = 0.0f;
-  for (int64_t i = lane; i < k; i += 32) {
-    const float wv = __bfloat162float(row[i]);
+    for (int r = 0; r < kGroup; ++r) acc[r] = 0.0f;
+    for (int64_t i = lane; i < k; i += 32) {
+      const float wv = WeightAt(w, col * k + i, bf16);
 #pragma unroll
-    for (int r = 0; r < kGemvMaxRows; ++r) {
-      if (r < m) acc[r] += x[r * k + i] * wv;
+      for (int r = 0; r < kGroup; ++r) {
+        if (r0 + r < m) acc[r] += x[(r0 + r) * k + i] * wv;
+      }
     }
-  }
 #pragma unroll
-  for (int r = 0; r < kGemvMaxRows; ++r) {
-    float v = acc[r];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0 && r < m) y[r * n + col] = v;
+    for (int r = 0; r < kGroup; ++r) {
+      float v = acc[r];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && r0 + r < m) y[(r0 + r) * n + col] = v;
+    }
   }
 }
 
@@ -40,13 +47,12 @@ __global__ void Bf16ToF32Kernel(const __nv_bfloat16* src, float* dst, int64_t n)
 
 }  // namespace
 
-void GemvBf16(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
   if (m == 0 || n == 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (n * 32 + kThreads - 1) / kThreads;
-  GemvBf16Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, static_cast<const __nv_bfloat16*>(w), y,
-                                                                     static_cast<int>(m), n, k);
-  CheckLaunch("GemvBf16");
+  GemvKernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, w, w_bf16, y, m, n, k);
+  CheckLaunch("Gemv");
 }
 
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s) {
