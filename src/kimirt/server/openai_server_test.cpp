@@ -360,8 +360,9 @@ TEST_F(ServerTest, NonStreamedRequestOfAClientThatHungUpIsAborted) {
       } else {
         body["messages"] = json::array({{{"role", "user"}, {"content", "x"}}});
       }
-      c.Send("POST", path, body.dump());
+      // Counted before sending: the server may submit before the next line runs.
       const auto submitted = engine_.submitted().size();
+      c.Send("POST", path, body.dump());
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       while (engine_.submitted().size() == submitted && std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
