@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kimirt/server/job_stream.h"
 #include "kimirt/server/logprobs_format.h"
 #include "kimirt/server/sse.h"
 #include "kimirt/tokenizer/chat_renderer.h"
@@ -104,43 +105,23 @@ struct Chat {
   }
 };
 
-class ChatStream : public HttpStream {
+class ChatStream : public JobStream {
  public:
   ChatStream(Chat chat, std::unique_ptr<GenerationJob> job, const ServingContext& ctx)
-      : c_(std::move(chat)), job_(std::move(job)), ctx_(ctx) {}
-
-  Poll Next(std::string* out, std::chrono::milliseconds wait) override {
-    if (done_) return Poll::kEnd;
-    if (!preamble_sent_) {
-      preamble_sent_ = true;
-      for (size_t i = 0; i < c_.choices.size(); ++i) {
-        *out += c_.Chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr, std::nullopt);
-      }
-      return Poll::kData;
-    }
-    std::vector<JobEvent> events;
-    const bool more = job_->Take(&events, wait);
-    for (const JobEvent& ev : events) OnEvent(ev, out);
-    if (!more) {
-      if (c_.include_usage) {
-        Json last = c_.Header("chat.completion.chunk");
-        last["choices"] = Json::array();
-        last["usage"] = c_.Usage();
-        *out += SseEvent(last.dump());
-      }
-      *out += kSseDone;
-      done_ = true;
-      return Poll::kEnd;
-    }
-    return out->empty() ? Poll::kIdle : Poll::kData;
-  }
-
-  void Close(bool complete) override {
-    if (!complete) job_->Abort();
-  }
+      : JobStream(std::move(job)), c_(std::move(chat)), ctx_(ctx) {}
 
  private:
-  void OnEvent(const JobEvent& ev, std::string* out) {
+  void Preamble(std::string* out) override {
+    for (size_t i = 0; i < c_.choices.size(); ++i) {
+      *out += c_.Chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr, std::nullopt);
+    }
+  }
+
+  void Tail(std::string* out) override {
+    if (c_.include_usage) *out += UsageEvent(c_.Header("chat.completion.chunk"), c_.Usage());
+  }
+
+  void OnEvent(const JobEvent& ev, std::string* out) override {
     Choice& ch = c_.choices[ev.choice];
     const RequestOutput& o = ev.output;
     ch.completion_tokens = o.completion_tokens;
@@ -175,10 +156,7 @@ class ChatStream : public HttpStream {
   }
 
   Chat c_;
-  std::unique_ptr<GenerationJob> job_;
   const ServingContext& ctx_;
-  bool preamble_sent_ = false;
-  bool done_ = false;
 };
 
 HttpResponse RespondWhenDone(Chat& c, GenerationJob& job, const ServingContext& ctx, const HttpRequest& request) {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kimirt/server/job_stream.h"
 #include "kimirt/server/logprobs_format.h"
 #include "kimirt/server/sse.h"
 #include "kimirt/tokenizer/detokenizer.h"
@@ -85,37 +86,17 @@ struct Completion {
   }
 };
 
-class CompletionStream : public HttpStream {
+class CompletionStream : public JobStream {
  public:
   CompletionStream(Completion completion, std::unique_ptr<GenerationJob> job, const ServingContext& ctx)
-      : c_(std::move(completion)), job_(std::move(job)), ctx_(ctx) {}
-
-  Poll Next(std::string* out, std::chrono::milliseconds wait) override {
-    if (done_) return Poll::kEnd;
-    std::vector<JobEvent> events;
-    const bool more = job_->Take(&events, wait);
-    for (const JobEvent& ev : events) OnEvent(ev, out);
-    if (!more) {
-      if (c_.include_usage) {
-        Json last = c_.Header("text_completion");
-        last["choices"] = Json::array();
-        last["usage"] = c_.Usage();
-        *out += SseEvent(last.dump());
-      }
-      *out += kSseDone;
-      done_ = true;
-      return Poll::kEnd;
-    }
-    return out->empty() ? Poll::kIdle : Poll::kData;
-  }
-
-  void Close(bool complete) override {
-    // A client that left mid-stream: free the engine's blocks and slot now.
-    if (!complete) job_->Abort();
-  }
+      : JobStream(std::move(job)), c_(std::move(completion)), ctx_(ctx) {}
 
  private:
-  void OnEvent(const JobEvent& ev, std::string* out) {
+  void Tail(std::string* out) override {
+    if (c_.include_usage) *out += UsageEvent(c_.Header("text_completion"), c_.Usage());
+  }
+
+  void OnEvent(const JobEvent& ev, std::string* out) override {
     Choice& ch = c_.choices[ev.choice];
     const RequestOutput& o = ev.output;
     ch.completion_tokens = o.completion_tokens;
@@ -144,9 +125,7 @@ class CompletionStream : public HttpStream {
   }
 
   Completion c_;
-  std::unique_ptr<GenerationJob> job_;
   const ServingContext& ctx_;
-  bool done_ = false;
 };
 
 HttpResponse RespondWhenDone(Completion& c, GenerationJob& job, const ServingContext& ctx,
