@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -51,9 +53,25 @@ std::string EscapeRegex(std::string_view path) {
   return out;
 }
 
-HttpRequest ToRequest(const httplib::Request& req) { return {req.method, req.path, req.body, nullptr}; }
+HttpRequest ToRequest(const httplib::Request& req) {
+  HttpRequest r{req.method, req.path, req.body, {}, nullptr};
+  for (const auto& [name, value] : req.headers) r.headers.push_back({name, value});
+  return r;
+}
 
 }  // namespace
+
+const std::string* HttpRequest::Header(std::string_view name) const {
+  for (const HttpHeader& h : headers) {
+    if (h.name.size() == name.size() &&
+        std::equal(name.begin(), name.end(), h.name.begin(),
+                   [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) ==
+                                               std::tolower(static_cast<unsigned char>(b)); })) {
+      return &h.value;
+    }
+  }
+  return nullptr;
+}
 
 struct HttpServer::Impl {
   HttpServerOptions options;
@@ -70,6 +88,7 @@ struct HttpServer::Impl {
 
   void Fill(httplib::Response& res, HttpResponse response) {
     res.status = response.status;
+    for (const HttpHeader& h : response.headers) res.set_header(h.name, h.value);
     if (!response.stream) {
       res.set_content(std::move(response.body), response.content_type.c_str());
       return;

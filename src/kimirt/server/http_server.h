@@ -17,15 +17,25 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kimirt/core/status.h"
 
 namespace kimirt {
 
+// An HTTP header as received or to send. Names compare case-insensitively (RFC 9110 §5.1).
+struct HttpHeader {
+  std::string name;
+  std::string value;
+};
+
 struct HttpRequest {
   std::string method;  // "GET", "POST"
   std::string path;    // without the query string
   std::string body;
+  std::vector<HttpHeader> headers;
+  // The first header named `name` (any case), or nullptr.
+  const std::string* Header(std::string_view name) const;
   // True once the client has hung up (its socket reads EOF or fails). For handlers that work a
   // long time before answering; each call is one non-blocking poll. Empty in tests that build
   // requests by hand: treat as "still there".
@@ -51,6 +61,7 @@ struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;                     // ignored when `stream` is set
+  std::vector<HttpHeader> headers;      // extra headers (Content-Type comes from content_type)
   std::shared_ptr<HttpStream> stream;   // chunked transfer; status and headers go out first
 };
 
