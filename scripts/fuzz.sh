@@ -15,8 +15,7 @@
 # into $KIMIRT_FUZZ_WRITE_SEEDS (safetensors_header_fuzz does, using SafetensorsWriter); it is
 # run with -runs=0, so a target without a generator just does nothing. Then files that fit
 # the target are added: the fixture shards' headers (8-byte length + JSON, data cut off) for
-# safetensors targets, the configs for config targets. Fixtures come from ../shared (override
-# with KIMIRT_SHARED_DIR=...).
+# safetensors targets, the configs for config targets (tests/fixtures, configs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +29,6 @@ while getopts "t:b:h" opt; do
   esac
 done
 shift $((OPTIND - 1))
-shared="${KIMIRT_SHARED_DIR:-$(cd .. && pwd)/shared}"
 
 # Until the top CMakeLists includes cmake/kimirt_fuzz.cmake itself, include it right after
 # project(). The flags below instrument every library wherever the include sits.
@@ -100,13 +98,13 @@ for name in "${targets[@]}"; do
   KIMIRT_FUZZ_WRITE_SEEDS="$corpus" "$bin" -runs=0 >/dev/null 2>&1 || true
   case "$name" in
     *safetensors*)
-      for f in "$shared"/fixtures/*/*.safetensors; do
+      for f in tests/fixtures/*/*.safetensors; do
         [ -f "$f" ] || continue
         n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
         head -c $((8 + n)) "$f" >"$corpus/fixture-$(basename "$(dirname "$f")")-$(basename "$f")"
       done ;;
     *config*)
-      for f in configs/*.json "$shared"/fixtures/*/config.json; do
+      for f in configs/*.json tests/fixtures/*/config.json; do
         [ -f "$f" ] && cp "$f" "$corpus/seed-$(basename "$(dirname "$f")")-$(basename "$f")"
       done ;;
   esac

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to run kimirt's CUDA tests and benches into .carry/gpu/
 # (git-ignored): the CUDA build's `kimirt` and `kimirt_tests`, stripped, with the Debian shared
-# libraries they need that a CUDA image lacks, and the fixtures. cuBLAS and the CUDA runtime
+# libraries they need that a CUDA image lacks, and the test data (tests/fixtures, configs). cuBLAS and the CUDA runtime
 # are not packed (hundreds of MB): scripts/gpu_check.sh finds the GPU machine's own.
 #
 # Usage: scripts/gpu_bundle.sh   (then run scripts/gpu_check.sh on the GPU machine, carrying .carry)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-shared="${KIMIRT_SHARED_DIR:-$(cd .. && pwd)/shared}"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DKIMIRT_SHARED_DIR="$shared" >/dev/null
+  -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
 ninja -C build-cuda kimirt kimirt_tests
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -20,7 +19,8 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libpcre2-8.so.0 li
            libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$stage/lib/"
 done
-cp -r "$shared/fixtures" "$stage/shared/"
+# The shared layout the tests read through KIMIRT_SHARED_DIR (testing/test_data.h).
+cp -r tests/fixtures configs "$stage/shared/"
 mkdir -p .carry/gpu
 tar -C "$stage" -cJf .carry/gpu/bundle.tar.xz .
 cp scripts/gpu_check.sh .carry/gpu/

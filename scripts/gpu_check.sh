@@ -13,8 +13,8 @@ mkdir -p "$out"
 root=/tmp/kimirt-gpu
 rm -rf "$root" && mkdir -p "$root"
 tar -C "$root" -xJf .carry/gpu/bundle.tar.xz
-# The test binary looks for the fixtures where it was built to: <repo>/../shared.
-mkdir -p /work && rm -rf /work/shared && ln -s "$root/shared" /work/shared
+# The test binary reads its data from the bundle (testing/test_data.h); a missing file fails.
+export KIMIRT_SHARED_DIR="$root/shared"
 cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
          find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
 cudart=$(ls /usr/local/cuda/lib64/libcudart.so.13 2>/dev/null ||

@@ -198,9 +198,8 @@ def write_tokenizer_config(path, num_base, offsets=None):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    shared = os.environ.get("KIMIRT_SHARED_DIR", os.path.join(here, "..", "..", "shared"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.path.join(shared, "data", "gsm8k", "train.jsonl"))
+    ap.add_argument("--data", default=os.path.join(here, "..", "data", "gsm8k", "train.jsonl"))
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--out", default=os.path.join(here, "..", "assets", "builtin"))
     args = ap.parse_args()

@@ -25,8 +25,7 @@ def kimirt_binary():
 class ServerProcess:
     def __init__(self, args, startup_timeout=120.0):
         binary = kimirt_binary()
-        if not binary.exists():
-            pytest.skip(f"{binary} not built")
+        assert binary.exists(), f"{binary} is not built (scripts/setup.sh builds it; KIMIRT_BINARY names another)"
         cmd = [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.port = None

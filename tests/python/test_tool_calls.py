@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ServerProcess
 
-openai = pytest.importorskip("openai")
+import openai  # scripts/python_deps.sh installs it
 
 COMPLETION = (
     "I should look the weather up.<|close|>think<|sep|>"

@@ -2,7 +2,7 @@
 """Reference token ids from the PyPI `tiktoken` library, for the C++ tokenizer to match
 (src/kimirt/tokenizer/tokenizer_test.cpp, TokenizerVsTiktoken.*; spec §10.1).
 
-  tokenizer_vs_tiktoken.py --out DIR [--shared SHARED_DIR] [--builtin ASSETS_DIR]
+  tokenizer_vs_tiktoken.py --out DIR [--gsm8k GSM8K_DIR] [--builtin ASSETS_DIR]
                            [--large-ranks 20000] [--no-probes]
 
 Builds the corpus (tokenizer_corpus.py) and encodes it the way NeMo's tokenization_kimi.py drives
@@ -125,8 +125,7 @@ def write_ids(path, all_ids):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", default=os.environ.get("KIMIRT_SHARED_DIR",
-                                                        os.path.join(ROOT, "..", "shared")))
+    ap.add_argument("--gsm8k", default=os.path.join(ROOT, "data", "gsm8k"))
     ap.add_argument("--builtin", default=os.path.join(ROOT, "assets", "builtin"))
     ap.add_argument("--large-ranks", type=int, default=20000)
     ap.add_argument("--no-probes", action="store_true")
@@ -137,7 +136,7 @@ def main():
 
     builtin_base = len(load_ranks(os.path.join(args.builtin, "tiktoken.model")))
     names = set(special_tokens(args.builtin, builtin_base)) | set(bpe.special_names(args.large_ranks).values())
-    segments = tokenizer_corpus.build_corpus(os.path.join(args.shared, "data", "gsm8k"), names)
+    segments = tokenizer_corpus.build_corpus(args.gsm8k, names)
     write_segments(os.path.join(args.out, "corpus.bin"), segments)
 
     # The large vocabulary: learned from the multilingual segments and GSM8K test.
@@ -145,7 +144,7 @@ def main():
     os.makedirs(large_dir, exist_ok=True)
     train_texts = [t for label, t in segments
                    if label in ("synthetic", "handwritten", "handwritten-joined")]
-    with open(os.path.join(args.shared, "data", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
+    with open(os.path.join(args.gsm8k, "test.jsonl"), encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)
             train_texts += [rec["question"], rec["answer"]]

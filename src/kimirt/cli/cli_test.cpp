@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "kimirt/testing/test_data.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -37,12 +39,12 @@ CmdResult Kimirt(const std::string& args, const std::string& env = "") {
   return r;
 }
 
-std::string Shared(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
+std::string Shared(const std::string& rel) { return kimirt::testing::TestDataPath(rel); }
 
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(Shared("fixtures/tiny-a/config.json"))) GTEST_SKIP() << "no shared fixtures";
+    KIMIRT_REQUIRE_FILE(Shared("fixtures/tiny-a/config.json"));
     dir_ = ::testing::TempDir() + "kimirt_cli_" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
@@ -203,7 +205,7 @@ TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
 namespace {
 
 TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
-  if (!fs::exists(Shared("fixtures/tiny-a/goldens.safetensors"))) GTEST_SKIP() << "no shared fixtures";
+  KIMIRT_REQUIRE_FILE(Shared("fixtures/tiny-a/goldens.safetensors"));
   // tiny-a prompt1 and its 24-token greedy_fp32 continuation (fixtures/tiny-a/README.md).
   const std::string ids = "422,53,217,295,453,382,482";
   const std::string want =
@@ -218,7 +220,7 @@ TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
 }
 
 TEST(CliModel, LogitsWritesEveryPosition) {
-  if (!fs::exists(Shared("fixtures/tiny-b/goldens.safetensors"))) GTEST_SKIP() << "no shared fixtures";
+  KIMIRT_REQUIRE_FILE(Shared("fixtures/tiny-b/goldens.safetensors"));
   const std::string out = ::testing::TempDir() + "kimirt_logits_" + std::to_string(::getpid()) + ".safetensors";
   CmdResult r = Kimirt("logits --model " + Shared("fixtures/tiny-b") + " --ids 1,2,3,999 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -17,11 +17,13 @@
 
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/model/model.h"
+#include "kimirt/testing/devices.h"
+#include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
 
-std::string Fixture(const std::string& n) { return std::string(KIMIRT_SHARED_DIR) + "/fixtures/" + n; }
+std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
 
 // Collects every request's events; Wait() blocks until the given ids finished.
 class Collector {
@@ -94,9 +96,9 @@ EngineStats WaitIdle(Engine& e) {
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+    KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
     auto be = MakeBackend(GetParam());
-    if (!be.ok()) GTEST_SKIP() << be.status().ToString();
+    ASSERT_TRUE(be.ok()) << be.status().ToString();
     backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
     auto m = Model::Load(Fixture("tiny-a"), *backend_, *comm_);
@@ -358,11 +360,11 @@ TEST_P(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
 namespace kimirt {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::Values("cpu", "cuda"),
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::ValuesIn(testing::BuiltDevices()),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
-  if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   auto run = [](int tp) {
     RunnerOptions ro;
     ro.tp = tp;
@@ -398,7 +400,7 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
 }
 
 TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
-  if (!std::filesystem::exists(Fixture("tiny-a/config.json"))) GTEST_SKIP() << "no fixture";
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions ro;
   ro.tp = 3;  // tiny-a has 4 heads
   ro.num_kv_blocks = 16;

@@ -335,9 +335,6 @@ Json ReadJson(const std::string& path) {
 }
 
 TEST_F(EvalE2eTest, BinaryEvalAndBench) {
-  if (Kimirt("eval gsm8k --help").out.find("--num-fewshot") == std::string::npos) {
-    GTEST_SKIP() << KIMIRT_BINARY << " has no `eval gsm8k` yet";
-  }
   const std::string report = dir_ + "/report.json";
   Cmd e = Kimirt("eval gsm8k --url " + server_.url() + " --limit 5 --data-dir " + dir_ + " --output " + report +
               " --no-progress");

@@ -69,10 +69,6 @@ std::string DefaultGsm8kDataDir(const char* argv0) {
 #ifdef KIMIRT_EVAL_SOURCE_DATA_DIR
   candidates.emplace_back(KIMIRT_EVAL_SOURCE_DATA_DIR);
 #endif
-#ifdef KIMIRT_EVAL_SHARED_DATA_DIR
-  candidates.emplace_back(KIMIRT_EVAL_SHARED_DATA_DIR);
-#endif
-  candidates.emplace_back("../shared/data/gsm8k");
   for (const fs::path& c : candidates) {
     if (HasTestFile(c)) return fs::weakly_canonical(c, ec).string();
   }

@@ -4,6 +4,7 @@
 
 #include "kimirt/eval/gsm8k.h"
 #include "kimirt/eval/mt19937.h"
+#include "kimirt/testing/test_data.h"
 
 namespace kimirt::eval {
 namespace {
@@ -61,8 +62,8 @@ TEST(Gsm8kPrompt, LimitIsAPrefixOfTheFullRunAndZeroShotDrawsNothing) {
 }
 
 TEST(Gsm8kPrompt, RealDataFirstPromptsAsLmEvalDrawsThem) {
-  const std::string dir = std::string(KIMIRT_SOURCE_DIR) + "/data/gsm8k";
-  if (!std::filesystem::exists(dir + "/test.jsonl")) GTEST_SKIP() << "no " << dir;
+  const std::string dir = testing::TestDataPath("data/gsm8k");
+  KIMIRT_REQUIRE_FILE(dir + "/test.jsonl");
   Result<Gsm8kData> data = LoadGsm8k(dir);
   ASSERT_TRUE(data.ok()) << data.status().message();
   ASSERT_EQ(data->train.size(), 7473u);

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kimirt/io/safetensors.h"
+#include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
@@ -58,8 +59,8 @@ class CheckpointFixture : public ::testing::TestWithParam<FixtureCase> {};
 
 TEST_P(CheckpointFixture, OpensRealCheckpoint) {
   const FixtureCase& c = GetParam();
-  const std::string dir = std::string(KIMIRT_SHARED_DIR) + "/fixtures/" + c.name;
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " does not exist";
+  const std::string dir = testing::TestDataPath(std::string("fixtures/") + c.name);
+  KIMIRT_REQUIRE_FILE(dir);
   auto ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   EXPECT_EQ((*ckpt)->num_tensors(), c.tensors);

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "kimirt/testing/test_data.h"
+
 namespace kimirt {
 namespace {
 
@@ -516,8 +518,8 @@ TEST(SafetensorsFile, OpenErrorsNameTheFile) {
 
 TEST(SafetensorsFile, ReadsRealPytorchWrittenFiles) {
   // Written by PyTorch's safetensors (the fixtures' goldens and debug dumps).
-  const std::string root = std::string(KIMIRT_SHARED_DIR) + "/fixtures/tiny-a";
-  if (!std::filesystem::exists(root)) GTEST_SKIP() << root << " does not exist";
+  const std::string root = testing::TestDataPath("fixtures/tiny-a");
+  KIMIRT_REQUIRE_FILE(root);
   for (const char* name : {"goldens.safetensors", "debug.safetensors"}) {
     auto f = SafetensorsFile::Open(root + "/" + name);
     ASSERT_TRUE(f.ok()) << f.status().ToString();

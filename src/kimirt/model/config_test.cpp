@@ -5,10 +5,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "kimirt/testing/test_data.h"
+
 namespace kimirt {
 namespace {
 
-std::string SharedPath(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
+using testing::TestDataPath;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -17,12 +19,9 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-#define REQUIRE_SHARED(rel)                                                         \
-  if (!std::ifstream(SharedPath(rel)).good()) GTEST_SKIP() << "no " << SharedPath(rel)
-
 TEST(ModelConfig, ParsesTheKimiK3ReleaseConfig) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
-  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-k3.json"));
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath("configs/kimi-k3.json"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->family, ModelFamily::kKimiK3);
   EXPECT_TRUE(c->multimodal_wrapper);
@@ -55,8 +54,8 @@ TEST(ModelConfig, ParsesTheKimiK3ReleaseConfig) {
 }
 
 TEST(ModelConfig, ParsesKimiLinear48B) {
-  REQUIRE_SHARED("configs/kimi-linear-48b-a3b.json");
-  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-linear-48b-a3b.json"));
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-linear-48b-a3b.json"));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath("configs/kimi-linear-48b-a3b.json"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->family, ModelFamily::kKimiLinear);
   EXPECT_FALSE(c->multimodal_wrapper);
@@ -78,8 +77,8 @@ TEST(ModelConfig, ParsesKimiLinear48B) {
 
 TEST(ModelConfig, ParsesEveryFixtureConfig) {
   for (const char* fx : {"tiny-a", "tiny-b", "kimi-linear-tiny"}) {
-    const std::string path = SharedPath(std::string("fixtures/") + fx + "/config.json");
-    if (!std::ifstream(path).good()) GTEST_SKIP() << "no " << path;
+    const std::string path = TestDataPath(std::string("fixtures/") + fx + "/config.json");
+    KIMIRT_REQUIRE_FILE(path);
     Result<ModelConfig> c = LoadModelConfig(path);
     ASSERT_TRUE(c.ok()) << fx << ": " << c.status().ToString();
     EXPECT_EQ(c->vocab_size, std::string(fx) == "tiny-b" ? 1000 : 512) << fx;

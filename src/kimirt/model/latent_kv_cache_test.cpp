@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/core/random.h"
@@ -29,9 +31,16 @@ TEST(LatentKvCache, PagedWritesReadBackAcrossBlocksAndLayers) {
   const int64_t r = 10, dr = 3;
   LatentKvCache kv(*CpuBackend(), layers, 16, block, r, dr, KvCacheDType::kF32, false);
   // Two sequences interleave their block allocations, so tables are not contiguous.
+  // Every layer gets its own rows (a layer-offset bug would read another layer's back).
   std::vector<int32_t> a, b;
-  const Tensor ca = RandomRows(11, r, 1), ka = RandomRows(11, dr, 2);
-  const Tensor cb = RandomRows(7, r, 3), kb = RandomRows(7, dr, 4);
+  std::vector<Tensor> ca, ka, cb, kb;
+  for (int l = 0; l < layers; ++l) {
+    const uint64_t seed = 10 * static_cast<uint64_t>(l);
+    ca.push_back(RandomRows(11, r, seed + 1));
+    ka.push_back(RandomRows(11, dr, seed + 2));
+    cb.push_back(RandomRows(7, r, seed + 3));
+    kb.push_back(RandomRows(7, dr, seed + 4));
+  }
   ASSERT_TRUE(kv.Reserve(&a, 3).ok());
   ASSERT_TRUE(kv.Reserve(&b, 7).ok());
   ASSERT_TRUE(kv.Reserve(&a, 11).ok());
@@ -40,18 +49,20 @@ TEST(LatentKvCache, PagedWritesReadBackAcrossBlocksAndLayers) {
   EXPECT_EQ(kv.used_blocks(), 5);
   for (int l = 0; l < layers; ++l) {
     // Sequence a written in two pieces that straddle a block boundary.
-    kv.Write(l, a, 0, ca.Rows(0, 6), ka.Rows(0, 6));
-    kv.Write(l, a, 6, ca.Rows(6, 5), ka.Rows(6, 5));
-    kv.Write(l, b, 0, cb, kb);
+    kv.Write(l, a, 0, ca[l].Rows(0, 6), ka[l].Rows(0, 6));
+    kv.Write(l, a, 6, ca[l].Rows(6, 5), ka[l].Rows(6, 5));
+    kv.Write(l, b, 0, cb[l], kb[l]);
   }
   for (int l = 0; l < layers; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
     Tensor c = Tensor::Host({11, r}), k = Tensor::Host({11, dr});
     kv.Gather(l, a, 11, &c, &k);
-    EXPECT_TRUE(std::equal(c.f32(), c.f32() + c.numel(), ca.f32()));
-    EXPECT_TRUE(std::equal(k.f32(), k.f32() + k.numel(), ka.f32()));
+    EXPECT_TRUE(std::equal(c.f32(), c.f32() + c.numel(), ca[l].f32()));
+    EXPECT_TRUE(std::equal(k.f32(), k.f32() + k.numel(), ka[l].f32()));
     Tensor c2 = Tensor::Host({7, r}), k2 = Tensor::Host({7, dr});
     kv.Gather(l, b, 7, &c2, &k2);
-    EXPECT_TRUE(std::equal(c2.f32(), c2.f32() + c2.numel(), cb.f32()));
+    EXPECT_TRUE(std::equal(c2.f32(), c2.f32() + c2.numel(), cb[l].f32()));
+    EXPECT_TRUE(std::equal(k2.f32(), k2.f32() + k2.numel(), kb[l].f32()));
   }
   kv.FreeBlocks(a);
   kv.FreeBlocks(b);

@@ -7,13 +7,15 @@
 #include <cctype>
 #include <set>
 
+#include "kimirt/testing/test_data.h"
+
 namespace kimirt {
 namespace {
 
-std::string SharedPath(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
+using testing::TestDataPath;
 
 Layout BuildFrom(const std::string& rel) {
-  Result<ModelConfig> c = LoadModelConfig(SharedPath(rel));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath(rel));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   Result<Layout> l = Layout::Build(*c);
   EXPECT_TRUE(l.ok()) << l.status().ToString();
@@ -39,13 +41,10 @@ std::string IndexPattern(const std::string& name) {
   return out;
 }
 
-#define REQUIRE_SHARED(rel)                                                         \
-  if (!std::ifstream(SharedPath(rel)).good()) GTEST_SKIP() << "no " << SharedPath(rel)
-
 // Anchors of the real K3 checkpoint (k3-checkpoint-memory.md "How the inventory was pinned
 // down"; spec §2.10): tensor count, byte total, distinct key patterns, BF16 / F32 parameters.
 TEST(Layout, KimiK3MatchesTheReleasedCheckpointAnchors) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = BuildFrom("configs/kimi-k3.json");
   EXPECT_EQ(l.size(), 497220u);
   EXPECT_EQ(l.total_bytes(), 1560860324864ull);
@@ -78,7 +77,7 @@ TEST(Layout, KimiK3MatchesTheReleasedCheckpointAnchors) {
 // dtypes, nothing missing, nothing extra. The fixtures were written by the upstream exporter,
 // independently of this code.
 void ExpectLayoutMatchesFixture(const std::string& fixture, size_t tensors, uint64_t bytes) {
-  const std::string dir = SharedPath("fixtures/" + fixture);
+  const std::string dir = TestDataPath("fixtures/" + fixture);
   Layout l = BuildFrom("fixtures/" + fixture + "/config.json");
   Result<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
@@ -96,20 +95,20 @@ void ExpectLayoutMatchesFixture(const std::string& fixture, size_t tensors, uint
 }
 
 TEST(Layout, MatchesFixtureTinyA) {
-  REQUIRE_SHARED("fixtures/tiny-a/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-a/config.json"));
   ExpectLayoutMatchesFixture("tiny-a", 390, 614816);
 }
 TEST(Layout, MatchesFixtureTinyB) {
-  REQUIRE_SHARED("fixtures/tiny-b/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-b/config.json"));
   ExpectLayoutMatchesFixture("tiny-b", 1002, 3251424);
 }
 TEST(Layout, MatchesFixtureKimiLinearTiny) {
-  REQUIRE_SHARED("fixtures/kimi-linear-tiny/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/kimi-linear-tiny/config.json"));
   ExpectLayoutMatchesFixture("kimi-linear-tiny", 233, 968800);
 }
 
 TEST(Layout, KimiLinear48BHasTheBareNamesAndBf16Experts) {
-  REQUIRE_SHARED("configs/kimi-linear-48b-a3b.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-linear-48b-a3b.json"));
   Layout l = BuildFrom("configs/kimi-linear-48b-a3b.json");
   const TensorSpec* w1 = l.Find("model.layers.1.block_sparse_moe.experts.255.w1.weight");
   ASSERT_NE(w1, nullptr);
@@ -128,7 +127,7 @@ TEST(Layout, KimiLinear48BHasTheBareNamesAndBf16Experts) {
 }
 
 TEST(Layout, K3SlicesFollowAtomPlacementAtTp8) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = BuildFrom("configs/kimi-k3.json");
   Parallelism par;
   par.tp = 8;
@@ -173,7 +172,7 @@ TEST(Layout, K3SlicesFollowAtomPlacementAtTp8) {
 }
 
 TEST(Layout, MoePaddingAndVocabPaddingAtUnevenDegrees) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = BuildFrom("configs/kimi-k3.json");
   Parallelism par;
   par.tp = 16;  // 3072 / 16 = 192 per rank, padded to 256 (ATOM pad_align 128, spec §11)
@@ -194,7 +193,7 @@ TEST(Layout, MoePaddingAndVocabPaddingAtUnevenDegrees) {
 }
 
 TEST(Layout, ExpertParallelHoldsWholeExperts) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = BuildFrom("configs/kimi-k3.json");
   Parallelism par;
   par.tp = 8;
@@ -212,7 +211,7 @@ TEST(Layout, ExpertParallelHoldsWholeExperts) {
 }
 
 TEST(Layout, UnsplittableDegreeNamesTheTensor) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = BuildFrom("configs/kimi-k3.json");
   Parallelism par;
   par.tp = 5;
@@ -225,7 +224,7 @@ TEST(Layout, UnsplittableDegreeNamesTheTensor) {
 }
 
 TEST(Layout, TinyFixtureMxfp4SplitThatCutsAScaleGroupIsRefused) {
-  REQUIRE_SHARED("fixtures/tiny-a/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-a/config.json"));
   Layout l = BuildFrom("fixtures/tiny-a/config.json");
   Parallelism par;
   par.tp = 2;  // intermediate 32 / 2 = 16 elements: half of a 32-element E8M0 group

@@ -19,9 +19,9 @@ class DecodeBatchTest : public ::testing::TestWithParam<std::tuple<std::string, 
  protected:
   void SetUp() override {
     const std::string& fixture = std::get<0>(GetParam());
-    if (!testing::HaveFixture(fixture)) GTEST_SKIP() << "no fixture " << fixture;
+    KIMIRT_REQUIRE_FIXTURE(fixture);
     auto be = MakeBackend(std::get<1>(GetParam()));
-    if (!be.ok()) GTEST_SKIP() << be.status().ToString();
+    ASSERT_TRUE(be.ok()) << be.status().ToString();
     backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
     auto m = Model::Load(FixtureDir(fixture), *backend_, *comm_);
@@ -77,7 +77,7 @@ TEST_P(DecodeBatchTest, EachRowIsTheSequenceDecodedAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeBatchTest,
                          ::testing::Combine(::testing::Values("tiny-a", "kimi-linear-tiny"),
-                                            ::testing::Values("cpu", "cuda")),
+                                            ::testing::ValuesIn(testing::BuiltDevices())),
                          testing::FixtureDeviceName);
 
 }  // namespace

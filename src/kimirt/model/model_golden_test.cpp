@@ -20,12 +20,12 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::
  protected:
   static const std::string& Fixture() { return std::get<0>(GetParam()); }
   void SetUp() override {
-    if (!testing::HaveFixture(Fixture())) GTEST_SKIP() << "no fixture " << Fixture();
+    KIMIRT_REQUIRE_FIXTURE(Fixture());
     // "cuda-bf16": the CUDA backend holding GEMM weights as BF16 (the fixtures store them as
     // BF16 or MXFP4, so the values are the same and so is the bar).
     const std::string device = std::get<1>(GetParam());
     auto be = MakeBackend(device == "cuda-bf16" ? "cuda" : device);
-    if (!be.ok()) GTEST_SKIP() << be.status().ToString();
+    ASSERT_TRUE(be.ok()) << be.status().ToString();
     backend_ = std::move(be).value();
     comm_ = MakeSingleRankCommunicator();
     LoadOptions lo;
@@ -70,7 +70,12 @@ TEST_P(GoldenTest, PerLayerOutputsOfPrompt2) {
   ForwardOptions o;
   o.trace = &trace;
   ASSERT_TRUE(model_->Forward(&st, ids, o).ok());
-  for (size_t i = 0; i < trace.attn_out.size(); ++i) {
+  // One entry per decoder layer, each against that layer's golden: an empty or short trace fails.
+  const size_t layers = static_cast<size_t>(model_->config().num_hidden_layers);
+  ASSERT_EQ(trace.attn_out.size(), layers);
+  ASSERT_EQ(trace.ffn_out.size(), layers);
+  ASSERT_TRUE(goldens_->Has("prompt2.layer" + std::to_string(layers - 1) + ".ffn_out"));
+  for (size_t i = 0; i < layers; ++i) {
     const std::string pre = "prompt2.layer" + std::to_string(i) + ".";
     EXPECT_LE(testing::RelL2(trace.attn_out[i], goldens_->Get(pre + "attn_out")), 5e-5) << pre << "attn_out";
     EXPECT_LE(testing::RelL2(trace.ffn_out[i], goldens_->Get(pre + "ffn_out")), 5e-5) << pre << "ffn_out";
@@ -97,7 +102,7 @@ TEST_P(GoldenTest, GreedyContinuationByIncrementalDecode) {
 }
 
 TEST(ModelLoad, TheCpuBackendRefusesBf16HeldWeights) {
-  if (!testing::HaveFixture("tiny-a")) GTEST_SKIP() << "no fixture tiny-a";
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
   auto be = MakeBackend("cpu");
   auto comm = MakeSingleRankCommunicator();
   LoadOptions lo;
@@ -109,7 +114,7 @@ TEST(ModelLoad, TheCpuBackendRefusesBf16HeldWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
-                                            ::testing::Values("cpu", "cuda", "cuda-bf16")),
+                                            ::testing::ValuesIn(testing::BuiltDevices({"cuda", "cuda-bf16"}))),
                          testing::FixtureDeviceName);
 
 }  // namespace

@@ -15,15 +15,13 @@
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/io/safetensors.h"
 #include "kimirt/model/model.h"
+#include "kimirt/testing/devices.h"
+#include "kimirt/testing/test_data.h"
 
 namespace kimirt::testing {
 
-inline std::string FixtureDir(const std::string& name) {
-  return std::string(KIMIRT_SHARED_DIR) + "/fixtures/" + name;
-}
-inline bool HaveFixture(const std::string& name) {
-  return std::filesystem::exists(FixtureDir(name) + "/goldens.safetensors");
-}
+// Fails the calling test (ASSERT_*) when a fixture's files are not where the tests look.
+#define KIMIRT_REQUIRE_FIXTURE(name) KIMIRT_REQUIRE_FILE(::kimirt::testing::FixtureDir(name) + "/goldens.safetensors")
 
 // The tensors of one goldens.safetensors / debug.safetensors file, as F32 or I32 host tensors.
 class Goldens {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "kimirt/testing/test_data.h"
+
 namespace kimirt {
 namespace {
 
@@ -218,8 +220,9 @@ TEST(Pretokenizer, FastPathMatchesPcre2OnRandomText) {
 }
 
 TEST(Pretokenizer, FastPathMatchesPcre2OnGsm8k) {
-  std::ifstream in(std::string(KIMIRT_SHARED_DIR) + "/data/gsm8k/test.jsonl", std::ios::binary);
-  if (!in) GTEST_SKIP() << "no GSM8K data under " << KIMIRT_SHARED_DIR;
+  const std::string path = testing::TestDataPath("data/gsm8k/test.jsonl");
+  KIMIRT_REQUIRE_FILE(path);
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "kimirt/tokenizer/pretokenizer.h"
+#include "kimirt/testing/test_data.h"
 #include "kimirt/tokenizer/tiktoken_bpe.h"
 
 namespace kimirt {
@@ -396,8 +397,8 @@ TEST(TokenizerEncode, IllFormedUtf8RoundTrips) {
 }
 
 TEST(TokenizerEncode, RoundTripsGsm8k) {
-  const std::string text = ReadFile(std::string(KIMIRT_SHARED_DIR) + "/data/gsm8k/test.jsonl");
-  if (text.empty()) GTEST_SKIP() << "no GSM8K data under " << KIMIRT_SHARED_DIR;
+  KIMIRT_REQUIRE_FILE(testing::TestDataPath("data/gsm8k/test.jsonl"));
+  const std::string text = ReadFile(testing::TestDataPath("data/gsm8k/test.jsonl"));
   const Ids ids = Builtin().Encode(text);
   EXPECT_EQ(Builtin().Decode(ids), text);
   EXPECT_LT(ids.size(), text.size() / 2);
@@ -530,7 +531,7 @@ TEST(TokenizerEncode, LongInputCutMatchesAPortOfNemo) {
 
 TEST(TokenizerEncode, ConcurrentEncodesAgree) {
   const std::string text =
-      ReadFile(std::string(KIMIRT_SHARED_DIR) + "/data/gsm8k/test.jsonl") + "你好 мир 😀";
+      ReadFile(testing::TestDataPath("data/gsm8k/test.jsonl")) + "你好 мир 😀";
   const Ids want = Builtin().Encode(text);
   std::vector<Ids> got(8);
   std::vector<std::thread> threads;
@@ -629,10 +630,8 @@ std::string Describe(const Tokenizer& t, std::string_view label, std::string_vie
 }
 
 TEST(TokenizerVsTiktoken, MatchesOnCorpusAndUnicodeProbes) {
-  if (!PythonHasTiktoken()) GTEST_SKIP() << "python3 with tiktoken and regex is not available";
-  if (!std::filesystem::exists(std::string(KIMIRT_SHARED_DIR) + "/data/gsm8k/train.jsonl")) {
-    GTEST_SKIP() << "no GSM8K data under " << KIMIRT_SHARED_DIR;
-  }
+  ASSERT_TRUE(PythonHasTiktoken()) << "python3 with tiktoken and regex is not available (scripts/python_deps.sh installs them)";
+  KIMIRT_REQUIRE_FILE(testing::TestDataPath("data/gsm8k/train.jsonl"));
   // KIMIRT_TIKTOKEN_REFERENCE=DIR reuses (or creates once) the reference in DIR, for iterating on
   // the C++ side; by default it goes to a fresh temporary directory that is removed afterwards.
   const char* keep = std::getenv("KIMIRT_TIKTOKEN_REFERENCE");
@@ -646,8 +645,8 @@ TEST(TokenizerVsTiktoken, MatchesOnCorpusAndUnicodeProbes) {
   }
   if (keep == nullptr || !std::filesystem::exists(dir + "/manifest.json")) {
     const std::string cmd = "python3 " + std::string(KIMIRT_SOURCE_DIR) +
-                            "/tests/python/tokenizer_vs_tiktoken.py --out " + dir + " --shared " +
-                            KIMIRT_SHARED_DIR + " --builtin " + BuiltinDir() + " > " + dir +
+                            "/tests/python/tokenizer_vs_tiktoken.py --out " + dir + " --gsm8k " +
+                            testing::TestDataPath("data/gsm8k") + " --builtin " + BuiltinDir() + " > " + dir +
                             "/log.txt 2>&1";
     std::filesystem::create_directories(dir);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << ReadFile(dir + "/log.txt");

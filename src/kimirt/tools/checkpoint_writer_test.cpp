@@ -10,15 +10,13 @@
 #include <fstream>
 
 #include "kimirt/core/dtype_convert.h"
+#include "kimirt/testing/test_data.h"
 #include "kimirt/tools/plan.h"
 
 namespace kimirt {
 namespace {
 
-std::string SharedPath(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
-
-#define REQUIRE_SHARED(rel)                                                         \
-  if (!std::ifstream(SharedPath(rel)).good()) GTEST_SKIP() << "no " << SharedPath(rel)
+using testing::TestDataPath;
 
 std::string TempDir(const std::string& name) {
   std::string dir = ::testing::TempDir() + "kimirt_" + name + "_" + std::to_string(::getpid());
@@ -27,13 +25,13 @@ std::string TempDir(const std::string& name) {
 }
 
 Layout LayoutOf(const std::string& rel) {
-  Result<ModelConfig> c = LoadModelConfig(SharedPath(rel));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath(rel));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return std::move(Layout::Build(*c)).value();
 }
 
 TEST(CheckpointWriter, RandomTinyCheckpointRoundTrips) {
-  REQUIRE_SHARED("fixtures/tiny-b/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-b/config.json"));
   Layout l = LayoutOf("fixtures/tiny-b/config.json");
   const std::string dir = TempDir("random_tiny_b");
   CheckpointWriteOptions o;
@@ -86,7 +84,7 @@ TEST(CheckpointWriter, RandomTinyCheckpointRoundTrips) {
 // The whole 1.56 TB release as holes: 96 shards whose headers must give the same plan as the
 // layout (the seed's tables from real headers), with almost nothing allocated on disk.
 TEST(CheckpointWriter, SparseKimiK3PlansLikeItsConfig) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = LayoutOf("configs/kimi-k3.json");
   const std::string dir = TempDir("sparse_k3");
   CheckpointWriteOptions o;
@@ -128,12 +126,12 @@ TEST(CheckpointWriter, SparseKimiK3PlansLikeItsConfig) {
 }
 
 TEST(CheckpointWriter, PlanFromCheckpointNamesMissingAndMisShapedTensors) {
-  REQUIRE_SHARED("fixtures/tiny-a/config.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-a/config.json"));
   Layout l = LayoutOf("fixtures/tiny-a/config.json");
-  Result<ModelConfig> c = LoadModelConfig(SharedPath("fixtures/tiny-b/config.json"));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath("fixtures/tiny-b/config.json"));
   ASSERT_TRUE(c.ok());
   // tiny-b's checkpoint checked against tiny-a's layout: every kind of mismatch at once.
-  Result<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(SharedPath("fixtures/tiny-b"));
+  Result<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(TestDataPath("fixtures/tiny-b"));
   ASSERT_TRUE(ckpt.ok());
   PlanOptions po;
   Result<PlanReport> r = PlanFromCheckpoint(l, **ckpt, po, "x");

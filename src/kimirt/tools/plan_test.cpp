@@ -7,16 +7,15 @@
 #include <cstdio>
 #include <fstream>
 
+#include "kimirt/testing/test_data.h"
+
 namespace kimirt {
 namespace {
 
-std::string SharedPath(const std::string& rel) { return std::string(KIMIRT_SHARED_DIR) + "/" + rel; }
-
-#define REQUIRE_SHARED(rel)                                                         \
-  if (!std::ifstream(SharedPath(rel)).good()) GTEST_SKIP() << "no " << SharedPath(rel)
+using testing::TestDataPath;
 
 Layout K3Layout() {
-  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-k3.json"));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath("configs/kimi-k3.json"));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return std::move(Layout::Build(*c)).value();
 }
@@ -39,7 +38,7 @@ PlanOptions SeedOptions() {
 }
 
 TEST(Plan, ReproducesTheSeedWeightTable) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   Result<PlanReport> r = PlanFromLayout(l, SeedOptions(), "test");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -61,7 +60,7 @@ TEST(Plan, ReproducesTheSeedWeightTable) {
 }
 
 TEST(Plan, ReproducesTheSeedRuntimeAndCombinedTables) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   Result<PlanReport> r = PlanFromLayout(l, SeedOptions(), "test");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -103,7 +102,7 @@ TEST(Plan, ReproducesTheSeedRuntimeAndCombinedTables) {
 }
 
 TEST(Plan, BF16LatentCacheDoublesTheKvRow) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   PlanOptions o = SeedOptions();
   o.kv_cache_dtype = KvCacheDType::kBF16;
@@ -116,7 +115,7 @@ TEST(Plan, BF16LatentCacheDoublesTheKvRow) {
 }
 
 TEST(Plan, K3DoesNotFitEightH200sAndNamesTheSmallestLayout) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   PlanOptions o = SeedOptions();
   o.gpu = FindGpu("h200");
@@ -150,8 +149,8 @@ TEST(Plan, K3DoesNotFitEightH200sAndNamesTheSmallestLayout) {
 }
 
 TEST(Plan, KimiLinear48BFitsOneH200) {
-  REQUIRE_SHARED("configs/kimi-linear-48b-a3b.json");
-  Result<ModelConfig> c = LoadModelConfig(SharedPath("configs/kimi-linear-48b-a3b.json"));
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-linear-48b-a3b.json"));
+  Result<ModelConfig> c = LoadModelConfig(TestDataPath("configs/kimi-linear-48b-a3b.json"));
   ASSERT_TRUE(c.ok());
   Result<Layout> l = Layout::Build(*c);
   ASSERT_TRUE(l.ok());
@@ -167,7 +166,7 @@ TEST(Plan, KimiLinear48BFitsOneH200) {
 }
 
 TEST(Plan, PipelineStagesSplitLayersLikeVllm) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   PlanOptions o = SeedOptions();
   o.par.tp = 4;
@@ -191,7 +190,7 @@ TEST(Plan, PipelineStagesSplitLayersLikeVllm) {
 }
 
 TEST(Plan, RejectsBadOptions) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   PlanOptions o = SeedOptions();
   o.par.tp = 7;
@@ -216,7 +215,7 @@ namespace {
 
 // The decode-traffic estimate of `kimirt bench model`, against hand arithmetic on K3 at TP8.
 TEST(DecodeStepBytes, K3AtTp8CountsSharedWeightsExpectedExpertsAndCaches) {
-  REQUIRE_SHARED("configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   // One sequence, empty context: shared weights (the TP8 per-GPU weights minus routed experts
   // and the embedding shard) + 16/896 of the experts + the KDA states read and written.

@@ -27,7 +27,7 @@ class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto g = MakeBackend("cuda");
-    if (!g.ok()) GTEST_SKIP() << g.status().ToString();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
     gpu_ = std::move(g).value();
     cpu_ = std::move(MakeBackend("cpu")).value();
   }
