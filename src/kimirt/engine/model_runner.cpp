@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
-#include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/model/model.h"
 #include "kimirt/parallel/communicator.h"
 
@@ -42,14 +41,26 @@ Result<int64_t> KvBlocks(const Model& model, const RunnerOptions& o) {
   return static_cast<int64_t>(o.kv_cache_bytes / std::max<uint64_t>(1, probe->block_bytes()));
 }
 
+// What a runner loaded from a directory owns; members end in reverse: the model before its
+// communicator and backend.
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Model> model;
+};
+
 class SingleRankRunner final : public ModelRunner {
  public:
-  SingleRankRunner(Model& m, std::unique_ptr<LatentKvCache> kv) {
-    rank_.model = &m;
-    rank_.kv = std::move(kv);
+  // Drives `m`, which `owned` holds (ModelRunner::Create) or the caller keeps alive (ForModel).
+  static Result<std::unique_ptr<ModelRunner>> Create(Model& m, const RunnerOptions& o, LoadedModel owned) {
+    KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(m, o));
+    auto r = std::unique_ptr<SingleRankRunner>(new SingleRankRunner());
+    r->owned_ = std::move(owned);
+    r->rank_.model = &m;
+    r->rank_.kv = m.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+    return std::unique_ptr<ModelRunner>(std::move(r));
   }
   const ModelConfig& config() const override { return rank_.model->config(); }
-  int tp() const override { return 1; }
   int64_t kv_blocks_total() const override { return rank_.kv->num_blocks(); }
   int64_t kv_blocks_free() const override { return rank_.kv->free_blocks(); }
   int64_t kv_blocks_for(int64_t tokens) const override { return rank_.kv->BlocksFor(tokens); }
@@ -68,6 +79,9 @@ class SingleRankRunner final : public ModelRunner {
   void Release(Handle h) override { rank_.seqs.erase(h); }
 
  private:
+  SingleRankRunner() = default;
+
+  LoadedModel owned_;  // declared first: outlives the rank's sequences and cache
   Rank rank_;
   Handle next_ = 0;
 };
@@ -108,15 +122,14 @@ class ThreadRanksRunner final : public ModelRunner {
     r->threads_.emplace_back([sync, dir, o, raw = r.get()] {
       RunOnThreadRanks(o.tp, [&](Communicator& comm) {
         const size_t k = static_cast<size_t>(comm.rank());
-        raw->backends_[k] = MakeCpuBackend();
-        auto m = Model::Load(dir, *raw->backends_[k], comm);
-        Result<int64_t> blocks = m.ok() ? KvBlocks(**m, o) : Result<int64_t>(m.status());
-        Status st = m.ok() ? blocks.status() : m.status();
-        if (st.ok()) {
-          raw->models_[k] = std::move(m).value();
+        Status st = [&]() -> Status {
+          KIMIRT_ASSIGN_OR_RETURN(raw->backends_[k], MakeBackend(o.device));
+          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(dir, *raw->backends_[k], comm));
+          KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(*raw->models_[k], o));
           raw->ranks_[k].model = raw->models_[k].get();
-          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(*blocks, o.block_size, o.kv_cache_dtype, false);
-        }
+          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+          return Status::Ok();
+        }();
         bool serve = false;
         {
           std::unique_lock<std::mutex> lock(sync->mu);
@@ -151,7 +164,6 @@ class ThreadRanksRunner final : public ModelRunner {
   }
 
   const ModelConfig& config() const override { return models_[0]->config(); }
-  int tp() const override { return tp_; }
   int64_t kv_blocks_total() const override { return ranks_[0].kv->num_blocks(); }
   int64_t kv_blocks_free() const override { return ranks_[0].kv->free_blocks(); }
   int64_t kv_blocks_for(int64_t tokens) const override { return ranks_[0].kv->BlocksFor(tokens); }
@@ -247,9 +259,7 @@ Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<con
 }
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerOptions o) {
-  KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(model, o));
-  return std::unique_ptr<ModelRunner>(
-      new SingleRankRunner(model, model.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false)));
+  return SingleRankRunner::Create(model, o, {});
 }
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir, RunnerOptions o) {
@@ -262,35 +272,13 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
                        "is not built yet (-tp " + std::to_string(o.tp) + " asked)");
   }
   if (o.tp == 1) {
-    // The single-rank runner borrows its model; this one owns it through a small holder.
-    struct Owned final : public ModelRunner {
-      std::unique_ptr<Backend> backend;
-      std::unique_ptr<Communicator> comm;
-      std::unique_ptr<Model> model;
-      std::unique_ptr<ModelRunner> inner;
-      const ModelConfig& config() const override { return inner->config(); }
-      int tp() const override { return 1; }
-      int64_t kv_blocks_total() const override { return inner->kv_blocks_total(); }
-      int64_t kv_blocks_free() const override { return inner->kv_blocks_free(); }
-      int64_t kv_blocks_for(int64_t t) const override { return inner->kv_blocks_for(t); }
-      Handle NewSequence() override { return inner->NewSequence(); }
-      Status Reserve(Handle h, int64_t t) override { return inner->Reserve(h, t); }
-      Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last) override {
-        return inner->Forward(h, ids, last);
-      }
-      int64_t decode_batch_limit() const override { return inner->decode_batch_limit(); }
-      Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids) override {
-        return inner->ForwardDecode(hs, ids);
-      }
-      void Release(Handle h) override { inner->Release(h); }
-    };
-    auto owned = std::make_unique<Owned>();
-    KIMIRT_ASSIGN_OR_RETURN(owned->backend, MakeBackend(o.device));
-    owned->comm = MakeSingleRankCommunicator();
+    LoadedModel owned;
+    KIMIRT_ASSIGN_OR_RETURN(owned.backend, MakeBackend(o.device));
+    owned.comm = MakeSingleRankCommunicator();
     LoadOptions lo;
     lo.matrix_dtype = o.matrix_dtype;
-    KIMIRT_ASSIGN_OR_RETURN(owned->model, Model::Load(dir, *owned->backend, *owned->comm, lo));
-    if (std::optional<Backend::MemoryInfo> mem = owned->backend->DeviceMemory();
+    KIMIRT_ASSIGN_OR_RETURN(owned.model, Model::Load(dir, *owned.backend, *owned.comm, lo));
+    if (std::optional<Backend::MemoryInfo> mem = owned.backend->DeviceMemory();
         mem && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
       const double budget = o.gpu_memory_utilization * static_cast<double>(mem->total);
       const double in_use = static_cast<double>(mem->total - mem->free);
@@ -302,8 +290,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
       }
       o.kv_cache_bytes = static_cast<uint64_t>(budget - in_use);
     }
-    KIMIRT_ASSIGN_OR_RETURN(owned->inner, ForModel(*owned->model, o));
-    return std::unique_ptr<ModelRunner>(std::move(owned));
+    Model& model = *owned.model;
+    return SingleRankRunner::Create(model, o, std::move(owned));
   }
   return ThreadRanksRunner::Create(dir, o);
 }

@@ -46,7 +46,6 @@ class ModelRunner {
   static Result<std::unique_ptr<ModelRunner>> ForModel(Model& model, RunnerOptions options);
 
   virtual const ModelConfig& config() const = 0;
-  virtual int tp() const = 0;
   virtual int64_t kv_blocks_total() const = 0;
   virtual int64_t kv_blocks_free() const = 0;
   virtual int64_t kv_blocks_for(int64_t tokens) const = 0;
