@@ -122,12 +122,14 @@ int RunServeCommand(int argc, char** argv) {
   eo.max_model_len = max_model_len;
   eo.prefill_chunk = std::min(prefill_chunk, max_batched);
   eo.max_waiting = max_waiting;
+  EngineTestHooks hooks;
   if (!forced.empty()) {
-    eo.test_forced_completion = (*tokenizer)->Encode(forced, /*allow_special=*/true);
+    const std::vector<int32_t> forced_ids = (*tokenizer)->Encode(forced, /*allow_special=*/true);
+    hooks = EngineTestHooks::ForcedCompletion(forced_ids, (*runner)->config());
     std::fprintf(stderr, "kimirt serve: TESTING: every request generates a fixed %zu-token completion\n",
-                 eo.test_forced_completion.size());
+                 forced_ids.size());
   }
-  Result<std::unique_ptr<Engine>> engine = Engine::Create(**runner, tokenizer->get(), eo);
+  Result<std::unique_ptr<Engine>> engine = Engine::Create(**runner, tokenizer->get(), eo, std::move(hooks));
   if (!engine.ok()) return Fail(engine.status());
   const EngineOptions& used = (*engine)->options();
   const int64_t tokens = (*runner)->kv_blocks_total() * block_size;

@@ -66,10 +66,18 @@ struct EngineOptions {
   int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
   int32_t max_waiting = 1024;             // queued requests before Submit refuses
   uint64_t default_seed = 0;              // mixed with the request id for requests without a seed
-  // Testing only: every request generates exactly these tokens, then the model's first EOS id
-  // (the model still runs; sampled tokens are replaced). Lets end-to-end tests drive output
-  // paths, such as K3 tool calls, that a random-weight model would never produce.
-  std::vector<int32_t> test_forced_completion;
+};
+
+// Test-only hooks into the step loop; production code passes none (Engine::Create's default).
+struct EngineTestHooks {
+  // When set, replaces each sampled token with what it returns, given the request's count of
+  // tokens generated before this one. The model still runs and the logprobs stay the sampled
+  // token's; stop conditions and text follow the replacement.
+  std::function<int32_t(int64_t generated)> override_token;
+
+  // Every request generates exactly `tokens`, then the model's first EOS id. Lets end-to-end
+  // tests drive output paths, such as K3 tool calls, that a random-weight model never produces.
+  static EngineTestHooks ForcedCompletion(std::vector<int32_t> tokens, const ModelConfig& config);
 };
 
 struct EngineStats {
@@ -86,7 +94,7 @@ class Engine {
   // Starts the step loop. `tokenizer` may be null (no text, no stop strings). The runner and
   // the tokenizer must outlive the engine.
   static Result<std::unique_ptr<Engine>> Create(ModelRunner& runner, const Tokenizer* tokenizer,
-                                                EngineOptions options);
+                                                EngineOptions options, EngineTestHooks hooks = {});
   virtual ~Engine() = default;
 
   // Queues a request. Errors: InvalidArgument (bad params, empty or too long prompt, duplicate

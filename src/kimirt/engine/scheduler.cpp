@@ -1,0 +1,117 @@
+// Scheduler (scheduler.h): admission, the step's work under the token budget, block
+// reservation with recompute preemption.
+#include "kimirt/engine/scheduler.h"
+
+#include <algorithm>
+
+namespace kimirt {
+
+int64_t StepPlan::num_tokens() const {
+  int64_t n = static_cast<int64_t>(decodes.size());
+  for (const Chunk& c : prefills) n += c.size();
+  return n;
+}
+
+Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options) : runner_(runner), opt_(options) {}
+
+void Scheduler::Add(Sequence* s) {
+  s->running = false;
+  s->computed = 0;
+  waiting_.push_back(s);
+}
+
+void Scheduler::Remove(Sequence* s) {
+  if (s->running) {
+    Release(s);
+    running_.erase(std::find(running_.begin(), running_.end(), s));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
+  }
+}
+
+int64_t Scheduler::NextChunkEnd(const Sequence& s) const {
+  const int64_t chunk = opt_.prefill_chunk;
+  return std::min<int64_t>((s.computed / chunk + 1) * chunk, static_cast<int64_t>(s.tokens.size()));
+}
+
+StepPlan Scheduler::Schedule() {
+  Admit();
+  // The work, within the token budget: one-token forwards first (they keep running sequences
+  // moving), then prefill chunks in admission order. A chunk that does not fit waits for a later
+  // step rather than shrinking: its size must not depend on the load.
+  int64_t budget = opt_.max_num_batched_tokens;
+  std::vector<StepPlan::Chunk> work;
+  for (Sequence* s : running_) {
+    if (s->pending() == 1 && budget >= 1) {
+      work.push_back({s, s->computed, s->computed + 1});
+      budget -= 1;
+    }
+  }
+  for (Sequence* s : running_) {
+    if (s->pending() <= 1) continue;
+    const StepPlan::Chunk c{s, s->computed, NextChunkEnd(*s)};
+    if (c.size() > budget) continue;
+    work.push_back(c);
+    budget -= c.size();
+  }
+  // Reserve everything before anything runs: a reservation may preempt a sequence that an
+  // earlier reservation of this step already covered, so only the survivors go in the plan.
+  StepPlan plan;
+  std::vector<StepPlan::Chunk> reserved;
+  for (const StepPlan::Chunk& c : work) {
+    if (!c.seq->running) continue;  // preempted by an earlier reservation in this step
+    if (ReserveOrPreempt(c.seq, c.end, &plan)) reserved.push_back(c);
+  }
+  for (const StepPlan::Chunk& c : reserved) {
+    if (!c.seq->running) continue;  // preempted by a later reservation
+    if (c.size() == 1) {
+      plan.decodes.push_back(c.seq);
+    } else {
+      plan.prefills.push_back(c);
+    }
+  }
+  return plan;
+}
+
+void Scheduler::Admit() {
+  // Admission by memory: a state slot, and free blocks for the first chunk (later chunks reserve
+  // as they come, preempting when the pool is short).
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
+    Sequence* s = waiting_.front();
+    if (runner_.kv_blocks_for(NextChunkEnd(*s)) > runner_.kv_blocks_free()) break;
+    s->handle = runner_.NewSequence();
+    s->running = true;
+    s->arrival = next_arrival_++;
+    running_.push_back(s);
+    waiting_.pop_front();
+  }
+}
+
+bool Scheduler::ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan) {
+  for (;;) {
+    if (runner_.Reserve(s->handle, tokens).ok()) return true;
+    Sequence* victim = *std::max_element(running_.begin(), running_.end(),
+                                         [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+    Preempt(victim);
+    plan->preempted.push_back(victim);
+    if (victim == s) return false;
+  }
+}
+
+void Scheduler::Preempt(Sequence* s) {
+  // Recompute preemption (vLLM): drop the state and blocks, keep the tokens; the sequence goes to
+  // the front of the queue and re-prefills prompt + output when readmitted.
+  Release(s);
+  running_.erase(std::find(running_.begin(), running_.end(), s));
+  waiting_.push_front(s);
+  ++preemptions_;
+}
+
+void Scheduler::Release(Sequence* s) {
+  runner_.Release(s->handle);
+  s->running = false;
+  s->handle = -1;
+  s->computed = 0;
+}
+
+}  // namespace kimirt

@@ -1,0 +1,107 @@
+// Scheduler: what one engine step runs (DESIGN.md "Data flow of one engine step"), as vLLM v1
+// separates its Scheduler from the step that executes its output. Each step it admits waiting
+// sequences while a state slot and their first chunk's latent blocks are free, picks the work
+// under the token budget (one-token forwards first, then prefill chunks), reserves the latent
+// blocks that work writes (preempting the newest running sequence while the pool is short) and
+// returns the result as a StepPlan. The step loop executes the plan and advances each
+// Sequence's `computed`; it appends sampled tokens; it calls Remove when a sequence ends.
+//
+// Batch invariance: a prefill chunk ends at the next multiple of `prefill_chunk` in absolute
+// positions (or at the sequence's end) and is never shrunk to fit the budget (a chunk that does
+// not fit waits), so how a sequence's tokens are chunked never depends on the load.
+//
+// Thread safety: none; the engine's step loop owns it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "kimirt/engine/model_runner.h"
+
+namespace kimirt {
+
+// One request's token stream as the scheduler sees it. Owned by the engine; the scheduler keeps
+// pointers from Add until Remove.
+struct Sequence {
+  std::string id;               // the request id
+  std::vector<int32_t> tokens;  // prompt, then sampled tokens (the step loop appends)
+  int64_t prompt_len = 0;
+  int64_t computed = 0;         // tokens already forwarded into the runner's state (the step loop advances it)
+
+  // Kept by the scheduler.
+  bool running = false;             // holds a runner sequence: a state slot and latent blocks
+  ModelRunner::Handle handle = -1;  // the runner sequence, while running
+  uint64_t arrival = 0;             // admission order; the newest is preempted first
+
+  int64_t pending() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+// One step's work. Every sequence in `decodes` and `prefills` appears once, is running, and has
+// latent blocks reserved for the positions it forwards.
+struct StepPlan {
+  // Forwards of exactly one token, tokens[computed]: decodes, and prefills whose last chunk is a
+  // single token. One-token forwards compute the same alone or batched where the runner allows
+  // (ModelRunner::decode_batch_limit), so the step loop may group them.
+  std::vector<Sequence*> decodes;
+  // Prefill chunks of more than one token: tokens [begin, end) of `seq`, begin == seq->computed;
+  // forwarded one sequence at a time.
+  struct Chunk {
+    Sequence* seq = nullptr;
+    int64_t begin = 0, end = 0;
+    int64_t size() const { return end - begin; }
+  };
+  std::vector<Chunk> prefills;
+  // Sequences preempted while reserving this step's blocks: their state and blocks are gone,
+  // they wait at the front of the queue and recompute from position 0 when readmitted.
+  std::vector<Sequence*> preempted;
+
+  int64_t num_tokens() const;
+  bool empty() const { return decodes.empty() && prefills.empty(); }
+};
+
+struct SchedulerOptions {
+  int32_t max_num_seqs = 64;               // running sequences (= state slots)
+  int32_t max_num_batched_tokens = 10240;  // tokens forwarded per step
+  int32_t prefill_chunk = 256;             // fixed prefill chunk, aligned to absolute positions
+};
+
+class Scheduler {
+ public:
+  // The runner provides state slots and latent blocks (NewSequence, Reserve, Release) and must
+  // outlive the scheduler.
+  Scheduler(ModelRunner& runner, SchedulerOptions options);
+
+  // Queues `s` (not running, nothing computed) behind the waiting sequences.
+  void Add(Sequence* s);
+  // Forgets `s`, waiting or running; a running one's state slot and blocks are released.
+  void Remove(Sequence* s);
+  // The next step's plan; admits and preempts as it goes.
+  StepPlan Schedule();
+
+  // The tokens `s` forwards next: to the next multiple of prefill_chunk, or to its end.
+  int64_t NextChunkEnd(const Sequence& s) const;
+
+  const std::vector<Sequence*>& running() const { return running_; }  // in admission order
+  const std::deque<Sequence*>& waiting() const { return waiting_; }    // in the order they will be admitted
+  int64_t num_preemptions() const { return preemptions_; }
+
+ private:
+  void Admit();
+  // Makes s's blocks cover `tokens` positions, preempting the newest running sequence while the
+  // pool is short. False when s itself was the newest and was preempted.
+  bool ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan);
+  void Preempt(Sequence* s);
+  void Release(Sequence* s);  // the runner sequence, if any
+
+  ModelRunner& runner_;
+  SchedulerOptions opt_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+  uint64_t next_arrival_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace kimirt

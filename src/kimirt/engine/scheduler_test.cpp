@@ -1,0 +1,288 @@
+// The Scheduler on its own, without a model: a runner that only keeps latent blocks (the real
+// LatentKvCache allocator, one tiny layer) stands in for the model, and the tests play the step
+// loop's part (advance `computed`, append a sampled token once a sequence caught up). They check
+// admission by blocks and state slots, prefill chunks ending at multiples of the chunk size, the
+// token budget, and preemption of the newest running sequence when the pool runs dry.
+#include "kimirt/engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kimirt/backend/cpu/cpu_backend.h"
+
+namespace kimirt {
+namespace {
+
+// Block accounting only: sequences own block tables in a real LatentKvCache; nothing forwards.
+class BlocksOnlyRunner final : public ModelRunner {
+ public:
+  BlocksOnlyRunner(int64_t num_blocks, int block_size)
+      : backend_(MakeCpuBackend()),
+        kv_(*backend_, /*num_layers=*/1, num_blocks, block_size, /*latent_dim=*/1, /*rope_dim=*/1, KvCacheDType::kF32,
+            /*growable=*/false) {}
+
+  const ModelConfig& config() const override { return config_; }
+  int64_t kv_blocks_total() const override { return kv_.num_blocks(); }
+  int64_t kv_blocks_free() const override { return kv_.free_blocks(); }
+  int64_t kv_blocks_for(int64_t tokens) const override { return kv_.BlocksFor(tokens); }
+  Handle NewSequence() override {
+    tables_[next_];
+    return next_++;
+  }
+  Status Reserve(Handle h, int64_t tokens) override { return kv_.Reserve(&tables_.at(h), tokens); }
+  Result<Tensor> Forward(Handle, std::span<const int32_t>, bool) override {
+    return Unsupported("the scheduler tests forward nothing");
+  }
+  void Release(Handle h) override {
+    kv_.FreeBlocks(tables_.at(h));
+    tables_.erase(h);
+  }
+
+  int64_t blocks_of(const Sequence& s) const { return static_cast<int64_t>(tables_.at(s.handle).size()); }
+  int64_t live_sequences() const { return static_cast<int64_t>(tables_.size()); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  LatentKvCache kv_;
+  ModelConfig config_;
+  std::map<Handle, std::vector<int32_t>> tables_;
+  Handle next_ = 0;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  // Block size 4 throughout, so position counts convert to blocks by ceil(n / 4).
+  void Make(int64_t num_blocks, SchedulerOptions o) {
+    runner_ = std::make_unique<BlocksOnlyRunner>(num_blocks, 4);
+    scheduler_ = std::make_unique<Scheduler>(*runner_, o);
+  }
+  static SchedulerOptions Options(int32_t chunk, int32_t budget, int32_t max_seqs = 64) {
+    SchedulerOptions o;
+    o.prefill_chunk = chunk;
+    o.max_num_batched_tokens = budget;
+    o.max_num_seqs = max_seqs;
+    return o;
+  }
+  Sequence* Add(const std::string& id, int64_t prompt_len) {
+    auto s = std::make_unique<Sequence>();
+    s->id = id;
+    s->prompt_len = prompt_len;
+    s->tokens.assign(static_cast<size_t>(prompt_len), 7);
+    seqs_.push_back(std::move(s));
+    scheduler_->Add(seqs_.back().get());
+    return seqs_.back().get();
+  }
+  // The step loop's part: every planned forward completes; a sequence that caught up samples.
+  static void Execute(const StepPlan& plan) {
+    auto advance = [](Sequence* s, int64_t end) {
+      s->computed = end;
+      if (s->pending() == 0) s->tokens.push_back(9);
+    };
+    for (Sequence* s : plan.decodes) advance(s, s->computed + 1);
+    for (const StepPlan::Chunk& c : plan.prefills) {
+      ASSERT_EQ(c.begin, c.seq->computed) << c.seq->id;
+      advance(c.seq, c.end);
+    }
+  }
+  // The plan as "id[begin,end)" strings: decodes, then prefills.
+  static std::vector<std::string> Describe(const StepPlan& plan) {
+    std::vector<std::string> out;
+    for (const Sequence* s : plan.decodes) {
+      out.push_back(s->id + "[" + std::to_string(s->computed) + "," + std::to_string(s->computed + 1) + ")");
+    }
+    for (const StepPlan::Chunk& c : plan.prefills) {
+      out.push_back(c.seq->id + "[" + std::to_string(c.begin) + "," + std::to_string(c.end) + ")");
+    }
+    return out;
+  }
+  static std::vector<std::string> Ids(const auto& seqs) {
+    std::vector<std::string> out;
+    for (const Sequence* s : seqs) out.push_back(s->id);
+    return out;
+  }
+
+  std::unique_ptr<BlocksOnlyRunner> runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+using V = std::vector<std::string>;
+
+TEST_F(SchedulerTest, PrefillChunksEndAtMultiplesOfTheChunkSizeThenDecode) {
+  Make(64, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 21);
+  std::vector<V> steps;
+  for (int i = 0; i < 5; ++i) {
+    const StepPlan plan = scheduler_->Schedule();
+    steps.push_back(Describe(plan));
+    Execute(plan);
+  }
+  EXPECT_EQ(steps, (std::vector<V>{{"a[0,8)"}, {"a[8,16)"}, {"a[16,21)"}, {"a[21,22)"}, {"a[22,23)"}}));
+  EXPECT_EQ(a->generated(), 3);
+  EXPECT_EQ(runner_->blocks_of(*a), 6);  // ceil(23 / 4): blocks cover exactly what was forwarded
+}
+
+TEST_F(SchedulerTest, NextChunkEndIsTheNextMultipleOfTheChunkInAbsolutePositions) {
+  Make(64, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence s;
+  s.tokens.assign(30, 1);
+  const std::vector<std::pair<int64_t, int64_t>> cases = {{0, 8}, {5, 8}, {7, 8}, {8, 16}, {13, 16}, {24, 30}, {29, 30}};
+  for (auto [computed, end] : cases) {
+    s.computed = computed;
+    EXPECT_EQ(scheduler_->NextChunkEnd(s), end) << "computed " << computed;
+  }
+}
+
+TEST_F(SchedulerTest, AOneTokenPrefillTailIsForwardedWithTheDecodes) {
+  Make(64, Options(/*chunk=*/8, /*budget=*/64));
+  Add("a", 17);
+  Execute(scheduler_->Schedule());
+  Execute(scheduler_->Schedule());
+  const StepPlan tail = scheduler_->Schedule();
+  EXPECT_EQ(Ids(tail.decodes), V{"a"});
+  EXPECT_TRUE(tail.prefills.empty());
+  EXPECT_EQ(tail.decodes[0]->computed, 16);
+}
+
+TEST_F(SchedulerTest, TheTokenBudgetTakesDecodesFirstAndNeverShrinksAChunk) {
+  Make(256, Options(/*chunk=*/8, /*budget=*/12));
+  // Four sequences whose one-token prompts make them decoders after their first step.
+  for (int i = 0; i < 4; ++i) Add("d" + std::to_string(i), 1);
+  StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"d0[0,1)", "d1[0,1)", "d2[0,1)", "d3[0,1)"}));
+  Execute(plan);  // all four now decode
+  Add("x", 20);  // wants [0,8): fits the 8 left after four decodes
+  Add("y", 20);  // wants [0,8): nothing left; waits rather than forwarding fewer tokens
+  Add("z", 20);
+  plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"d0[1,2)", "d1[1,2)", "d2[1,2)", "d3[1,2)", "x[0,8)"}));
+  EXPECT_EQ(plan.num_tokens(), 12);
+  Execute(plan);
+  // Without the decodes: x's next 8, then y's chunk (8) does not fit the 4 left and is skipped
+  // whole, while a later, smaller chunk that fits (w: 3 tokens) still runs.
+  for (Sequence* s : std::vector<Sequence*>(scheduler_->running())) {
+    if (s->id[0] == 'd') scheduler_->Remove(s);
+  }
+  Add("w", 3);
+  plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"x[8,16)", "w[0,3)"}));
+  EXPECT_EQ(plan.num_tokens(), 11);
+}
+
+TEST_F(SchedulerTest, AdmissionNeedsAStateSlot) {
+  Make(64, Options(/*chunk=*/8, /*budget=*/64, /*max_seqs=*/2));
+  Add("a", 4);
+  Add("b", 4);
+  Add("c", 4);
+  scheduler_->Schedule();
+  EXPECT_EQ(Ids(scheduler_->running()), (V{"a", "b"}));
+  EXPECT_EQ(Ids(scheduler_->waiting()), V{"c"});
+  scheduler_->Remove(scheduler_->running()[0]);
+  scheduler_->Schedule();
+  EXPECT_EQ(Ids(scheduler_->running()), (V{"b", "c"}));
+}
+
+TEST_F(SchedulerTest, AdmissionNeedsFreeBlocksForTheFirstChunk) {
+  // 5 blocks of 4 positions. a's 16-token prompt holds 4 after two chunks, leaving 1.
+  Make(5, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 16);
+  Execute(scheduler_->Schedule());
+  Execute(scheduler_->Schedule());
+  EXPECT_EQ(runner_->kv_blocks_free(), 1);
+  Add("b", 8);  // its first chunk needs 2 blocks: not admitted, and it holds the queue
+  Add("c", 2);  // would fit, but admission is in order
+  StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), V{"a[16,17)"});
+  EXPECT_EQ(Ids(scheduler_->waiting()), (V{"b", "c"}));
+  EXPECT_EQ(runner_->live_sequences(), 1);
+  // a finishes: its blocks come back and both are admitted.
+  scheduler_->Remove(a);
+  EXPECT_EQ(runner_->kv_blocks_free(), 5);
+  plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"b[0,8)", "c[0,2)"}));
+  EXPECT_TRUE(scheduler_->waiting().empty());
+}
+
+TEST_F(SchedulerTest, WhenBlocksRunOutTheNewestRunningSequenceIsPreempted) {
+  // 6 blocks of 4 = 24 positions; three 8-token prompts take 2 blocks each.
+  Make(6, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 8);
+  Sequence* b = Add("b", 8);
+  Sequence* c = Add("c", 8);
+  Execute(scheduler_->Schedule());
+  EXPECT_EQ(runner_->kv_blocks_free(), 0);
+  // Each decode at position 8 needs a third block: c, the newest, gives its two up.
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"a[8,9)", "b[8,9)"}));
+  EXPECT_EQ(Ids(plan.preempted), V{"c"});
+  EXPECT_EQ(scheduler_->num_preemptions(), 1);
+  EXPECT_FALSE(c->running);
+  EXPECT_EQ(c->computed, 0);            // recomputes from position 0 ...
+  EXPECT_EQ(c->tokens.size(), 9u);      // ... with the token it already sampled
+  EXPECT_EQ(Ids(scheduler_->waiting()), V{"c"});
+  EXPECT_EQ(runner_->live_sequences(), 2);
+  EXPECT_EQ(runner_->blocks_of(*a), 3);
+  EXPECT_EQ(runner_->blocks_of(*b), 3);
+  Execute(plan);
+  // When a finishes, c is readmitted and re-prefills its 9 tokens in aligned chunks.
+  scheduler_->Remove(a);
+  StepPlan next = scheduler_->Schedule();
+  EXPECT_EQ(Describe(next), (V{"b[9,10)", "c[0,8)"}));
+  EXPECT_GT(c->arrival, b->arrival);  // readmitted: now the newest
+}
+
+TEST_F(SchedulerTest, AReservationPreemptsANewerSequenceAlreadyPlannedThisStep) {
+  // a (older) prefills 24 tokens; b (newer) decodes. Its decode is reserved first (one-token
+  // forwards go first), then a's last chunk finds the pool empty: b, the newest, yields, and the
+  // plan no longer holds it.
+  Make(6, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 24);
+  Sequence* b = Add("b", 4);
+  Execute(scheduler_->Schedule());  // a[0,8) b[0,4)
+  Execute(scheduler_->Schedule());  // b[4,5) a[8,16)
+  EXPECT_EQ(runner_->kv_blocks_free(), 0);
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), V{"a[16,24)"});
+  EXPECT_EQ(Ids(plan.preempted), V{"b"});
+  EXPECT_EQ(runner_->blocks_of(*a), 6);
+  EXPECT_FALSE(b->running);
+  EXPECT_EQ(b->tokens.size(), 6u);
+}
+
+TEST_F(SchedulerTest, ASequenceThatIsItselfTheNewestYieldsItsOwnPlace) {
+  // Only a runs and it outgrows the pool: it is preempted, not planned, and waits.
+  Make(2, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 8);
+  Execute(scheduler_->Schedule());
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_TRUE(plan.empty());
+  EXPECT_EQ(Ids(plan.preempted), V{"a"});
+  EXPECT_EQ(Ids(scheduler_->waiting()), V{"a"});
+  EXPECT_EQ(runner_->kv_blocks_free(), 2);
+  EXPECT_FALSE(a->running);
+}
+
+TEST_F(SchedulerTest, RemoveReturnsEverySlotAndBlock) {
+  Make(16, Options(/*chunk=*/8, /*budget=*/64, /*max_seqs=*/2));
+  Sequence* a = Add("a", 10);
+  Sequence* b = Add("b", 10);
+  Sequence* c = Add("c", 10);
+  Execute(scheduler_->Schedule());
+  EXPECT_EQ(runner_->kv_blocks_free(), 12);
+  scheduler_->Remove(c);  // waiting
+  scheduler_->Remove(b);  // running
+  scheduler_->Remove(a);
+  EXPECT_TRUE(scheduler_->running().empty());
+  EXPECT_TRUE(scheduler_->waiting().empty());
+  EXPECT_EQ(runner_->kv_blocks_free(), 16);
+  EXPECT_EQ(runner_->live_sequences(), 0);
+  EXPECT_TRUE(scheduler_->Schedule().empty());
+}
+
+}  // namespace
+}  // namespace kimirt
