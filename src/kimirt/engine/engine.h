@@ -7,10 +7,11 @@
 // quick and must not call back into the engine except Abort.
 //
 // Batch invariance: prompts are prefilled one sequence at a time in chunks of a fixed size
-// (`prefill_chunk`) that does not depend on the load; decode steps are forwarded one sequence at
-// a time too, or together in one forward where the runner's backend computes every row exactly
-// as alone (ModelRunner::decode_batch_limit: CUDA). So a request's tokens are bit-identical
-// alone or among many (issue "Engine": batch invariance).
+// (`prefill_chunk`, aligned to absolute positions: scheduler.h) that does not depend on the
+// load; decode steps are forwarded one sequence at a time too, or together in one forward where
+// the runner's backend computes every row exactly as alone (ModelRunner::decode_batch_limit:
+// CUDA). So a request's tokens are bit-identical alone or among many (issue "Engine": batch
+// invariance).
 #pragma once
 
 #include <atomic>

@@ -105,14 +105,14 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(m).value();
   }
-  std::unique_ptr<Engine> MakeEngine(EngineOptions o, int64_t kv_blocks = 4096) {
+  std::unique_ptr<Engine> MakeEngine(EngineOptions o, int64_t kv_blocks = 4096, EngineTestHooks hooks = {}) {
     RunnerOptions ro;
     ro.block_size = 8;
     ro.num_kv_blocks = kv_blocks;
     auto runner = ModelRunner::ForModel(*model_, ro);
     EXPECT_TRUE(runner.ok()) << runner.status().ToString();
     runners_.push_back(std::move(runner).value());
-    auto e = Engine::Create(*runners_.back(), nullptr, o);
+    auto e = Engine::Create(*runners_.back(), nullptr, o, std::move(hooks));
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(e).value() : nullptr;
   }
@@ -352,6 +352,21 @@ TEST_P(EngineTest, StopsAtMaxModelLenAndAtStopTokens) {
   ASSERT_TRUE(c.Wait({"s"}));
   EXPECT_EQ(c.Get("s").finish, FinishReason::kStop);
   EXPECT_EQ(c.Get("s").tokens, std::vector<int32_t>{first});
+}
+
+TEST_P(EngineTest, AForcedCompletionHookGeneratesItsTokensThenEos) {
+  // tiny-a's EOS is 258; the forced tokens replace what greedy would pick, and EOS ends the
+  // request as a stop (ignore_eos off), whatever max_tokens allows.
+  ASSERT_EQ(model_->config().eos_token_ids, std::vector<int64_t>{258});
+  Collector c;
+  auto engine = MakeEngine(SmallOptions(), 4096, EngineTestHooks::ForcedCompletion({5, 6, 7}, model_->config()));
+  EngineRequest r = Request("f", Prompt(20, 6), 100, c);
+  r.params.ignore_eos = false;
+  ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  ASSERT_TRUE(c.Wait({"f"}));
+  EXPECT_EQ(c.Get("f").tokens, (std::vector<int32_t>{5, 6, 7, 258}));
+  EXPECT_EQ(c.Get("f").finish, FinishReason::kStop);
+  EXPECT_EQ(c.Get("f").completion_tokens, 4);
 }
 
 }  // namespace
