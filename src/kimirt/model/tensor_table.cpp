@@ -16,7 +16,7 @@ using R = TensorRole;
 int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 Placement Replicated() { return {}; }
-Placement Column(int64_t units, int8_t dim = 0) { return {PlacementKind::kColumn, dim, units, 1}; }
+Placement Column(int64_t units) { return {PlacementKind::kColumn, 0, units, 1}; }
 Placement Row(int64_t units) { return {PlacementKind::kRow, 1, units, 1}; }
 
 // One row of a block's table. `name` is relative to the block's prefix; `alt` is the dtype a
@@ -39,6 +39,8 @@ class Block {
       : out_(out), prefix_(std::move(prefix)), layer_(layer), expert_(expert), component_(component) {}
 
   void Add(Entry e) {
+    // The text server skips the vision tower (spec §2.1); --with-vision loads it replicated.
+    if (component_ == Component::kVision) e.placement = {PlacementKind::kSkipped, 0, 0, 1};
     TensorSpec t;
     t.name = prefix_ + e.name;
     t.role = e.role;
@@ -91,14 +93,16 @@ void LayerAttnResTable(const ModelConfig& c, Block layer) {
   layer.Add({.role = R::kAttnResNorm, .name = "self_attention_res_norm.weight", .shape = {D},
              .category = Category::kNorm});
   layer.Add({.role = R::kAttnResProj, .name = "self_attention_res_proj.weight", .shape = {1, D}});
-  layer.Add({.role = R::kMlpResNorm, .name = "mlp_res_norm.weight", .shape = {D}, .category = Category::kNorm});
+  layer.Add({.role = R::kMlpResNorm, .name = "mlp_res_norm.weight", .shape = {D},
+             .category = Category::kNorm});
   layer.Add({.role = R::kMlpResProj, .name = "mlp_res_proj.weight", .shape = {1, D}});
 }
 
 // Spec §2.3: the two pre-norms of every layer.
 void LayerNormTable(const ModelConfig& c, Block layer) {
   const int64_t D = c.hidden_size;
-  layer.Add({.role = R::kInputNorm, .name = "input_layernorm.weight", .shape = {D}, .category = Category::kNorm});
+  layer.Add({.role = R::kInputNorm, .name = "input_layernorm.weight", .shape = {D},
+             .category = Category::kNorm});
   layer.Add({.role = R::kPostAttnNorm, .name = "post_attention_layernorm.weight", .shape = {D},
              .category = Category::kNorm});
 }
@@ -115,35 +119,37 @@ void KdaTable(const ModelConfig& c, Block attn) {
   // Spec §2.8 vs the 48B fixture: K3 stores conv taps and o_norm F32; Kimi-Linear BF16.
   const DType islands = k3 ? DType::kF32 : DType::kBF16;
   const DType islands_alt = k3 ? DType::kBF16 : DType::kF32;
-  attn.Add({.role = R::kKdaQ, .name = "q_proj.weight", .shape = {P, D}, .category = gemm, .placement = Column(H)});
-  attn.Add({.role = R::kKdaK, .name = "k_proj.weight", .shape = {P, D}, .category = gemm, .placement = Column(H)});
-  attn.Add({.role = R::kKdaV, .name = "v_proj.weight", .shape = {P, D}, .category = gemm, .placement = Column(H)});
+  const Placement heads = Column(H);
+  attn.Add({.role = R::kKdaQ, .name = "q_proj.weight", .shape = {P, D}, .category = gemm, .placement = heads});
+  attn.Add({.role = R::kKdaK, .name = "k_proj.weight", .shape = {P, D}, .category = gemm, .placement = heads});
+  attn.Add({.role = R::kKdaV, .name = "v_proj.weight", .shape = {P, D}, .category = gemm, .placement = heads});
   if (c.linear_attn.use_full_rank_gate) {
     attn.Add({.role = R::kKdaGate, .name = "g_proj.weight", .shape = {P, D}, .category = gemm,
-              .placement = Column(H)});
+              .placement = heads});
   } else {
     attn.Add({.role = R::kKdaGateA, .name = "g_a_proj.weight", .shape = {K, D}, .category = gemm});
     attn.Add({.role = R::kKdaGateB, .name = "g_b_proj.weight", .shape = {P, K}, .category = gemm,
-              .placement = Column(H)});
+              .placement = heads});
   }
-  attn.Add({.role = R::kKdaBeta, .name = "b_proj.weight", .shape = {H, D}, .category = gemm, .placement = Column(H)});
+  attn.Add({.role = R::kKdaBeta, .name = "b_proj.weight", .shape = {H, D}, .category = gemm, .placement = heads});
   attn.Add({.role = R::kKdaDecayA, .name = "f_a_proj.weight", .shape = {K, D}, .category = gemm});
   attn.Add({.role = R::kKdaDecayB, .name = "f_b_proj.weight", .shape = {P, K}, .category = gemm,
-            .placement = Column(H)});
-  for (auto [role, name] : {std::pair{R::kKdaConvQ, "q_conv1d.weight"}, std::pair{R::kKdaConvK, "k_conv1d.weight"},
-                            std::pair{R::kKdaConvV, "v_conv1d.weight"}}) {
-    attn.Add({.role = role, .name = name, .shape = {P, 1, W}, .dtype = islands, .alt = islands_alt,
-              .placement = Column(H)});
-  }
+            .placement = heads});
+  attn.Add({.role = R::kKdaConvQ, .name = "q_conv1d.weight", .shape = {P, 1, W}, .dtype = islands,
+            .alt = islands_alt, .placement = heads});
+  attn.Add({.role = R::kKdaConvK, .name = "k_conv1d.weight", .shape = {P, 1, W}, .dtype = islands,
+            .alt = islands_alt, .placement = heads});
+  attn.Add({.role = R::kKdaConvV, .name = "v_conv1d.weight", .shape = {P, 1, W}, .dtype = islands,
+            .alt = islands_alt, .placement = heads});
   // Spec §2.4: K3 stores A_log F32 padded to a multiple of 128 (only the first H are real);
   // Kimi-Linear as [1, 1, H, 1].
-  const Placement heads{PlacementKind::kHeadVector, static_cast<int8_t>(k3 ? 0 : 2), H, 1};
   attn.Add({.role = R::kKdaALog, .name = "A_log", .shape = k3 ? Shape{RoundUp(H, 128)} : Shape{1, 1, H, 1},
-            .dtype = DType::kF32, .alt = DType::kBF16, .placement = heads});
+            .dtype = DType::kF32, .alt = DType::kBF16,
+            .placement = {PlacementKind::kHeadVector, static_cast<int8_t>(k3 ? 0 : 2), H, 1}});
   attn.Add({.role = R::kKdaDtBias, .name = "dt_bias", .shape = {P}, .dtype = DType::kF32, .alt = DType::kBF16,
-            .placement = Column(H)});
-  attn.Add({.role = R::kKdaOutNorm, .name = "o_norm.weight", .shape = {K}, .dtype = islands, .alt = islands_alt,
-            .category = Category::kNorm});
+            .placement = heads});
+  attn.Add({.role = R::kKdaOutNorm, .name = "o_norm.weight", .shape = {K}, .dtype = islands,
+            .alt = islands_alt, .category = Category::kNorm});
   attn.Add({.role = R::kKdaOut, .name = "o_proj.weight", .shape = {D, P}, .category = gemm, .placement = Row(H)});
 }
 
@@ -158,7 +164,8 @@ void MlaTable(const ModelConfig& c, Block attn) {
   if (c.q_lora_rank) {
     const int64_t rq = *c.q_lora_rank;
     attn.Add({.role = R::kMlaQA, .name = "q_a_proj.weight", .shape = {rq, D}, .category = gemm});
-    attn.Add({.role = R::kMlaQANorm, .name = "q_a_layernorm.weight", .shape = {rq}, .category = Category::kNorm});
+    attn.Add({.role = R::kMlaQANorm, .name = "q_a_layernorm.weight", .shape = {rq},
+              .category = Category::kNorm});
     attn.Add({.role = R::kMlaQB, .name = "q_b_proj.weight", .shape = {H * qk, rq}, .category = gemm,
               .placement = Column(H)});
   } else {
@@ -167,14 +174,16 @@ void MlaTable(const ModelConfig& c, Block attn) {
   }
   attn.Add({.role = R::kMlaKvA, .name = "kv_a_proj_with_mqa.weight", .shape = {r + c.qk_rope_head_dim, D},
             .category = gemm});
-  attn.Add({.role = R::kMlaKvANorm, .name = "kv_a_layernorm.weight", .shape = {r}, .category = Category::kNorm});
+  attn.Add({.role = R::kMlaKvANorm, .name = "kv_a_layernorm.weight", .shape = {r},
+            .category = Category::kNorm});
   attn.Add({.role = R::kMlaKvB, .name = "kv_b_proj.weight", .shape = {H * (c.qk_nope_head_dim + dv), r},
             .category = gemm, .placement = Column(H)});
   if (c.mla_use_output_gate) {
     attn.Add({.role = R::kMlaGate, .name = "g_proj.weight", .shape = {H * dv, D}, .category = gemm,
               .placement = Column(H)});
   }
-  attn.Add({.role = R::kMlaOut, .name = "o_proj.weight", .shape = {D, H * dv}, .category = gemm, .placement = Row(H)});
+  attn.Add({.role = R::kMlaOut, .name = "o_proj.weight", .shape = {D, H * dv}, .category = gemm,
+            .placement = Row(H)});
 }
 
 // Spec §2.6, §2.7: a GLU MLP of intermediate width I (the dense FFN and the MoE's shared expert);
@@ -184,7 +193,8 @@ struct GluRoles {
 };
 void GluMlpTable(const ModelConfig& c, Block mlp, int64_t I, Category cat, GluRoles roles) {
   const int64_t D = c.hidden_size;
-  mlp.Add({.role = roles.gate, .name = "gate_proj.weight", .shape = {I, D}, .category = cat, .placement = Column(I)});
+  mlp.Add({.role = roles.gate, .name = "gate_proj.weight", .shape = {I, D}, .category = cat,
+           .placement = Column(I)});
   mlp.Add({.role = roles.up, .name = "up_proj.weight", .shape = {I, D}, .category = cat, .placement = Column(I)});
   mlp.Add({.role = roles.down, .name = "down_proj.weight", .shape = {D, I}, .category = cat, .placement = Row(I)});
 }
@@ -218,10 +228,10 @@ void ExpertTable(const ModelConfig& c, Block expert) {
                   .placement = shard(m.dim, 1)});
       continue;
     }
-    expert.Add({.role = m.codes, .name = n + "weight_packed", .shape = {m.rows, m.in / 2}, .dtype = DType::kU8,
-                .category = cat, .placement = shard(m.dim, m.dim == 1 ? 2 : 1)});
-    expert.Add({.role = m.scales, .name = n + "weight_scale", .shape = {m.rows, m.in / 32}, .dtype = DType::kU8,
-                .category = cat, .placement = shard(m.dim, m.dim == 1 ? 32 : 1)});
+    expert.Add({.role = m.codes, .name = n + "weight_packed", .shape = {m.rows, m.in / 2},
+                .dtype = DType::kU8, .category = cat, .placement = shard(m.dim, m.dim == 1 ? 2 : 1)});
+    expert.Add({.role = m.scales, .name = n + "weight_scale", .shape = {m.rows, m.in / 32},
+                .dtype = DType::kU8, .category = cat, .placement = shard(m.dim, m.dim == 1 ? 32 : 1)});
   }
 }
 
@@ -248,42 +258,43 @@ void MoeTable(const ModelConfig& c, Block moe) {
   for (int64_t e = 0; e < E; ++e) ExpertTable(c, moe.Expert(e));
 }
 
-// The MoonViT3d tower and projector (k3-checkpoint-memory.md inventory): 168 tensors, no biases.
-// The text server skips them (spec §2.1); --with-vision loads them replicated.
+// The MoonViT3d tower and projector (k3-checkpoint-memory.md inventory): 168 tensors, no biases,
+// all skipped by the text server (Block::Add).
 void VisionTable(const ModelConfig& c, std::vector<TensorSpec>* out) {
   const VisionConfig& v = c.vision;
+  const int64_t D = c.hidden_size;
   const int64_t Hv = v.hidden_size;
   const int64_t Hmm = Hv * v.merge_kernel_area;
-  const Placement skip{PlacementKind::kSkipped, 0, 0, 1};
+  const int64_t I = v.intermediate_size;
   const Category norm = Category::kNorm;
   Block tower(out, "vision_tower.", -1, -1, Component::kVision);
-  tower.Add({.role = R::kVisionPatchProj, .name = "patch_embed.proj.weight", .shape = {Hv, 3, v.patch_size, v.patch_size},
-             .placement = skip});
+  tower.Add({.role = R::kVisionPatchProj, .name = "patch_embed.proj.weight",
+             .shape = {Hv, 3, v.patch_size, v.patch_size}});
   tower.Add({.role = R::kVisionPosEmb, .name = "patch_embed.pos_emb.weight",
-             .shape = {v.pos_emb_height, v.pos_emb_width, Hv}, .placement = skip});
+             .shape = {v.pos_emb_height, v.pos_emb_width, Hv}});
   for (int64_t b = 0; b < v.num_layers; ++b) {
     Block blk = tower.Sub("encoder.blocks." + std::to_string(b) + ".");
-    blk.Add({.role = R::kVisionNorm0, .name = "norm0.weight", .shape = {Hv}, .category = norm, .placement = skip});
-    blk.Add({.role = R::kVisionNorm1, .name = "norm1.weight", .shape = {Hv}, .category = norm, .placement = skip});
-    blk.Add({.role = R::kVisionFc0, .name = "mlp.fc0.weight", .shape = {v.intermediate_size, Hv}, .placement = skip});
-    blk.Add({.role = R::kVisionFc1, .name = "mlp.fc1.weight", .shape = {Hv, v.intermediate_size}, .placement = skip});
-    blk.Add({.role = R::kVisionQkv, .name = "wqkv.weight", .shape = {3 * v.qkv_hidden_size, Hv}, .placement = skip});
-    blk.Add({.role = R::kVisionOut, .name = "wo.weight", .shape = {Hv, v.qkv_hidden_size}, .placement = skip});
+    blk.Add({.role = R::kVisionNorm0, .name = "norm0.weight", .shape = {Hv}, .category = norm});
+    blk.Add({.role = R::kVisionNorm1, .name = "norm1.weight", .shape = {Hv}, .category = norm});
+    blk.Add({.role = R::kVisionFc0, .name = "mlp.fc0.weight", .shape = {I, Hv}});
+    blk.Add({.role = R::kVisionFc1, .name = "mlp.fc1.weight", .shape = {Hv, I}});
+    blk.Add({.role = R::kVisionQkv, .name = "wqkv.weight", .shape = {3 * v.qkv_hidden_size, Hv}});
+    blk.Add({.role = R::kVisionOut, .name = "wo.weight", .shape = {Hv, v.qkv_hidden_size}});
   }
-  tower.Add({.role = R::kVisionFinalNorm, .name = "encoder.final_layernorm.weight", .shape = {Hv}, .category = norm,
-             .placement = skip});
+  tower.Add({.role = R::kVisionFinalNorm, .name = "encoder.final_layernorm.weight", .shape = {Hv},
+             .category = norm});
   Block projector(out, "mm_projector.", -1, -1, Component::kVision);
-  projector.Add({.role = R::kProjectorFc0, .name = "proj.0.weight", .shape = {Hmm, Hmm}, .placement = skip});
-  projector.Add({.role = R::kProjectorFc2, .name = "proj.2.weight", .shape = {c.hidden_size, Hmm}, .placement = skip});
-  projector.Add({.role = R::kProjectorNorm, .name = "post_norm.weight", .shape = {c.hidden_size}, .category = norm,
-                 .placement = skip});
+  projector.Add({.role = R::kProjectorFc0, .name = "proj.0.weight", .shape = {Hmm, Hmm}});
+  projector.Add({.role = R::kProjectorFc2, .name = "proj.2.weight", .shape = {D, Hmm}});
+  projector.Add({.role = R::kProjectorNorm, .name = "post_norm.weight", .shape = {D}, .category = norm});
 }
 
 }  // namespace
 
 std::vector<TensorSpec> BuildTensorTable(const ModelConfig& c) {
   std::vector<TensorSpec> out;
-  out.reserve(static_cast<size_t>(16 + c.num_hidden_layers * 24 + c.NumMoeLayers() * c.num_experts * 6 + 200));
+  out.reserve(static_cast<size_t>(16 + c.num_hidden_layers * 24 + c.NumMoeLayers() * c.num_experts * 6 +
+                                  200));
   // Spec §2.1: K3 wraps the text model in `language_model.` beside the vision tower.
   const Block root(&out, c.multimodal_wrapper ? "language_model." : "");
   const Block model = root.Sub("model.");
