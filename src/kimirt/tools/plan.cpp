@@ -292,7 +292,7 @@ std::string PlacementText(Category cat, const PlanOptions& o) {
     case Category::kNorm:
       return o.par.load_vision ? "replicated (vision norms too)" : "replicated; vision norms skipped";
     case Category::kOther:
-      return std::string("embedding/lm_head vocab-sharded; router, LatentMoE, AttnRes replicated; ") +
+      return std::string("embedding and LM head vocab-sharded; router, LatentMoE, AttnRes replicated; ") +
              (o.par.load_vision ? "vision replicated" : "vision skipped");
   }
   return "";
