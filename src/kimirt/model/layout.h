@@ -44,7 +44,7 @@ enum class PlacementKind : uint8_t {
   kRow,          // the same along the input dim (RowParallelLinear)
   kVocab,        // split dim 0 into ceil(V/tp)-row parts; the last rank's part is padded
   kHeadVector,   // the first `units` entries of `dim` are per-head values; rank r takes its heads
-                 // (A_log: stored padded to 128 entries, only the first H are real; spec §2.4)
+                 // (K3's per-head log-rates: stored padded to 128, only the first H real; §2.4)
   kExpertShard,  // MoE expert matrix: split along the intermediate dim (TP, every rank holds every
                  // expert, per-rank width padded to a multiple of pad_align), or whole experts per
                  // rank under expert parallelism

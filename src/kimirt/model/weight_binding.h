@@ -12,7 +12,8 @@ namespace kimirt {
 enum class HeldAs : uint8_t {
   kF32,        // the rank's slice, in its stored shape
   kMatrix,     // a GEMM weight: LoadOptions::matrix_dtype where the stored values fit it exactly
-  kF32Vector,  // flattened to 1-D: A_log ([1, 1, H, 1] or the padded [128], §2.4), AttnRes queries [1, D]
+  kF32Vector,  // flattened to 1-D: per-head log-rates ([1, 1, H, 1], or K3's padded [128], §2.4),
+               // AttnRes pseudo-queries [1, D]
   kF32Taps,    // conv taps [P, 1, W] held as [P, W]
 };
 

@@ -82,7 +82,7 @@ class Loader {
     const Placement& p = spec.placement;
     if (p.kind == PlacementKind::kExpertShard || p.kind == PlacementKind::kHeadVector) {
       // Experts: logical intermediate elements per rank. Head vectors: also at TP 1, to strip
-      // the stored padding (K3's A_log holds 128 entries for 96 heads, spec §2.4).
+      // the stored padding (K3 stores 128 per-head log-rates for 96 heads, spec §2.4).
       const int64_t per = p.units / par_.tp;
       part = SliceAlong(full, p.dim, rank_ * per, per, per);
     } else {
