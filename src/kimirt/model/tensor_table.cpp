@@ -80,22 +80,21 @@ void EmbeddingTable(const ModelConfig& c, Block model, Block root) {
   model.Add({.role = R::kFinalNorm, .name = "norm.weight", .shape = {D}, .category = Category::kNorm});
 }
 
-// Spec §2.2, §2.3, §8: the AttnRes pseudo-queries and their norms, replicated: one mix for the
-// model's output, two (before attention, before the FFN) in every layer.
-void OutputAttnResTable(const ModelConfig& c, Block model) {
+// Spec §2.2, §2.3, §8: AttnRes mixes, each an RMSNorm gain [D] and a pseudo-query [1, D],
+// replicated: one over the model's output (`output`, in the model block), two in every layer
+// (before attention, before the FFN).
+void AttnResTable(const ModelConfig& c, Block b, bool output) {
   const int64_t D = c.hidden_size;
-  model.Add({.role = R::kOutputResNorm, .name = "output_attn_res_norm.weight", .shape = {D},
-             .category = Category::kNorm});
-  model.Add({.role = R::kOutputResProj, .name = "output_attn_res_proj.weight", .shape = {1, D}});
-}
-void LayerAttnResTable(const ModelConfig& c, Block layer) {
-  const int64_t D = c.hidden_size;
-  layer.Add({.role = R::kAttnResNorm, .name = "self_attention_res_norm.weight", .shape = {D},
-             .category = Category::kNorm});
-  layer.Add({.role = R::kAttnResProj, .name = "self_attention_res_proj.weight", .shape = {1, D}});
-  layer.Add({.role = R::kMlpResNorm, .name = "mlp_res_norm.weight", .shape = {D},
-             .category = Category::kNorm});
-  layer.Add({.role = R::kMlpResProj, .name = "mlp_res_proj.weight", .shape = {1, D}});
+  const Category norm = Category::kNorm;
+  if (output) {
+    b.Add({.role = R::kOutputResNorm, .name = "output_attn_res_norm.weight", .shape = {D}, .category = norm});
+    b.Add({.role = R::kOutputResProj, .name = "output_attn_res_proj.weight", .shape = {1, D}});
+    return;
+  }
+  b.Add({.role = R::kAttnResNorm, .name = "self_attention_res_norm.weight", .shape = {D}, .category = norm});
+  b.Add({.role = R::kAttnResProj, .name = "self_attention_res_proj.weight", .shape = {1, D}});
+  b.Add({.role = R::kMlpResNorm, .name = "mlp_res_norm.weight", .shape = {D}, .category = norm});
+  b.Add({.role = R::kMlpResProj, .name = "mlp_res_proj.weight", .shape = {1, D}});
 }
 
 // Spec §2.3: the two pre-norms of every layer.
@@ -299,11 +298,11 @@ std::vector<TensorSpec> BuildTensorTable(const ModelConfig& c) {
   const Block root(&out, c.multimodal_wrapper ? "language_model." : "");
   const Block model = root.Sub("model.");
   EmbeddingTable(c, model, root);
-  if (c.UsesAttnRes()) OutputAttnResTable(c, model);
+  if (c.UsesAttnRes()) AttnResTable(c, model, /*output=*/true);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Block layer = model.Layer(i);
     LayerNormTable(c, layer);
-    if (c.UsesAttnRes()) LayerAttnResTable(c, layer);
+    if (c.UsesAttnRes()) AttnResTable(c, layer, /*output=*/false);
     const Block attn = layer.Sub("self_attn.");
     if (c.IsKdaLayer(i)) {
       KdaTable(c, attn);
