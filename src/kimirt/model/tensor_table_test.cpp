@@ -9,18 +9,20 @@
 #include <map>
 #include <set>
 
-#include "kimirt/model/model_test_util.h"
 #include "kimirt/model/weight_binding.h"
+#include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
 
+using testing::FixtureDir;
+using testing::TestDataPath;
+
 // Every config kimirt knows: the two released ones and the three fixtures.
 std::vector<std::string> ConfigPaths() {
-  const std::string src = std::string(KIMIRT_SOURCE_DIR) + "/configs/";
-  return {src + "kimi-k3.json", src + "kimi-linear-48b-a3b.json",
-          testing::FixtureDir("tiny-a") + "/config.json", testing::FixtureDir("tiny-b") + "/config.json",
-          testing::FixtureDir("kimi-linear-tiny") + "/config.json"};
+  return {TestDataPath("configs/kimi-k3.json"), TestDataPath("configs/kimi-linear-48b-a3b.json"),
+          FixtureDir("tiny-a") + "/config.json", FixtureDir("tiny-b") + "/config.json",
+          FixtureDir("kimi-linear-tiny") + "/config.json"};
 }
 
 Layout BuildLayout(const std::string& path) {
@@ -86,6 +88,7 @@ std::set<const Tensor*> FieldsTheModelReads(const ModelConfig& c, ModelWeights& 
 TEST(TensorTable, EveryTensorBindsToItsOwnFieldAndEveryFieldIsBound) {
   for (const std::string& path : ConfigPaths()) {
     SCOPED_TRACE(path);
+    KIMIRT_REQUIRE_FILE(path);
     Layout layout = BuildLayout(path);
     const ModelConfig& c = layout.config();
     ModelWeights w = EmptyModelWeights(c);
@@ -124,7 +127,8 @@ TEST(TensorTable, EveryTensorBindsToItsOwnFieldAndEveryFieldIsBound) {
 // The spec's names carry the spec's roles (§2.4's role column, §2.7's w1 = gate, w3 = up, w2 =
 // down, §2.9's packed codes and E8M0 scales), one name per role K3 has.
 TEST(TensorTable, K3NamesHaveTheSpecsRoles) {
-  Layout l = BuildLayout(std::string(KIMIRT_SOURCE_DIR) + "/configs/kimi-k3.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
+  Layout l = BuildLayout(TestDataPath("configs/kimi-k3.json"));
   using R = TensorRole;
   const std::string P = "language_model.model.";
   const std::string kda = P + "layers.1.self_attn.";  // layer 1: KDA and MoE (spec §1.2)
@@ -218,7 +222,8 @@ TEST(TensorTable, K3NamesHaveTheSpecsRoles) {
 
 // The roles only Kimi-Linear has (§1.4): the low-rank KDA gate, MLA without q-LoRA, BF16 experts.
 TEST(TensorTable, KimiLinearNamesHaveTheSpecsRoles) {
-  Layout l = BuildLayout(std::string(KIMIRT_SOURCE_DIR) + "/configs/kimi-linear-48b-a3b.json");
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-linear-48b-a3b.json"));
+  Layout l = BuildLayout(TestDataPath("configs/kimi-linear-48b-a3b.json"));
   using R = TensorRole;
   const std::map<std::string, R> want = {
       {"model.layers.0.self_attn.g_a_proj.weight", R::kKdaGateA},
