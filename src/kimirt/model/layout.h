@@ -1,7 +1,8 @@
 // Layout: every tensor of the released checkpoint that a config implies — name, shape, dtype,
-// the seed's accounting category and the tensor-parallel placement rule — and, for a TP degree
-// and rank, the slice each rank loads. One source of truth (DESIGN.md principle 1): the loader,
-// the planner, the checkpoint validator and the checkpoint writer all read it.
+// the seed's accounting category, the tensor-parallel placement rule and the tensor's role — and,
+// for a TP degree and rank, the slice each rank loads. One source of truth (DESIGN.md principle
+// 1): the loader, the planner, the checkpoint validator and the checkpoint writer all read it.
+// The tensors themselves come from the tensor table (tensor_table.h); this indexes and slices them.
 //
 // Spec: k3-model-spec.md §2 (names, shapes, dtypes), §11 (ATOM placement);
 // k3-checkpoint-memory.md (inventory and categories that reproduce the seed's tables).
@@ -17,6 +18,7 @@
 #include "kimirt/core/status.h"
 #include "kimirt/io/safetensors.h"
 #include "kimirt/model/config.h"
+#include "kimirt/model/tensor_role.h"
 
 namespace kimirt {
 
@@ -42,7 +44,7 @@ enum class PlacementKind : uint8_t {
   kRow,          // the same along the input dim (RowParallelLinear)
   kVocab,        // split dim 0 into ceil(V/tp)-row parts; the last rank's part is padded
   kHeadVector,   // the first `units` entries of `dim` are per-head values; rank r takes its heads
-                 // (A_log: stored padded to 128 entries, only the first H are real; spec §2.4)
+                 // (K3's per-head log-rates: stored padded to 128, only the first H real; §2.4)
   kExpertShard,  // MoE expert matrix: split along the intermediate dim (TP, every rank holds every
                  // expert, per-rank width padded to a multiple of pad_align), or whole experts per
                  // rank under expert parallelism
@@ -63,6 +65,7 @@ struct Placement {
 
 struct TensorSpec {
   std::string name;
+  TensorRole role = TensorRole::kSentinel;  // what the tensor is to the model (tensor_role.h)
   Shape shape;
   DType dtype = DType::kBF16;
   Category category = Category::kOther;
@@ -109,10 +112,6 @@ class Layout {
   const TensorSpec* Find(std::string_view name) const;
   uint64_t total_bytes() const;
 
-  // "language_model.model." (K3 release) or "model." (Kimi-Linear).
-  const std::string& model_prefix() const { return model_prefix_; }
-  std::string LayerPrefix(int64_t layer) const;
-
   // Checks that `par` can split every loaded tensor (heads divisible by tp, ...). The error names
   // the first tensor that cannot be split and why.
   Status CheckParallelism(const Parallelism& par) const;
@@ -124,7 +123,6 @@ class Layout {
   Layout() = default;
 
   ModelConfig config_;
-  std::string model_prefix_;
   std::vector<TensorSpec> tensors_;
   std::unordered_map<std::string_view, size_t> index_;
 };

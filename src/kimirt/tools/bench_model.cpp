@@ -56,13 +56,13 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   double shared = 0, experts = 0;
   for (const TensorSpec& t : layout.tensors()) {
     if (t.component == Component::kVision) continue;
-    if (t.name.size() >= 19 && t.name.compare(t.name.size() - 19, 19, "embed_tokens.weight") == 0) continue;
+    if (t.role == TensorRole::kEmbed) continue;
     double bytes = static_cast<double>(layout.SliceFor(t, par, 0).loaded_bytes);
     if (weight_bytes > 0) {
       // Logical elements × the bytes they are held in: packed MXFP4 bytes hold 2 elements and
       // their scales are folded in; in BF16 mode, F32-stored tensors stay F32.
-      const bool packed = t.name.size() > 14 && t.name.compare(t.name.size() - 14, 14, "weight_packed") == 0;
-      const bool scale = t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13, "weight_scale") == 0;
+      const bool packed = IsMxfp4Codes(t.role);
+      const bool scale = IsMxfp4Scales(t.role);
       const double held = t.dtype == DType::kF32 ? 4.0 : static_cast<double>(weight_bytes);
       bytes = scale ? 0.0 : bytes / static_cast<double>(DTypeSize(t.dtype)) * (packed ? 2.0 : 1.0) * held;
     }

@@ -13,44 +13,40 @@
 namespace kimirt {
 namespace {
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
-
 // Bell-shaped test weights (SplitMix64::FastNormal) with the scales the reference fixtures use
 // (fixtures/*/README.md), so activations stay O(1) through a random model.
 void FillFloats(const Layout& layout, const TensorSpec& t, std::string_view stream_name, uint64_t seed,
                 int64_t fan_in, std::vector<float>* out) {
   const ModelConfig& c = layout.config();
   SplitMix64 rng(seed ^ HashName(stream_name));
-  const std::string& n = t.name;
   const size_t count = out->size();
+  using R = TensorRole;
+  const TensorRole role = t.role;
   auto normal = [&](double stddev, double mean = 0.0) {
     const float m = static_cast<float>(mean), sd = static_cast<float>(stddev);
     for (size_t i = 0; i < count; ++i) (*out)[i] = m + sd * rng.FastNormal();
   };
-  if (EndsWith(n, "A_log")) {
+  if (role == R::kKdaALog) {
     // log(U(1, 16)) for the real heads; K3's zero padding after them (spec §2.4).
     const int64_t heads = c.linear_attn.num_heads;
     for (size_t i = 0; i < count; ++i) {
       (*out)[i] = static_cast<int64_t>(i) < heads ? static_cast<float>(std::log(1.0 + 15.0 * rng.Uniform())) : 0.0f;
     }
-  } else if (EndsWith(n, "dt_bias")) {
+  } else if (role == R::kKdaDtBias) {
     normal(0.1);
-  } else if (Contains(n, "conv1d")) {
+  } else if (role == R::kKdaConvQ || role == R::kKdaConvK || role == R::kKdaConvV) {
     normal(0.5);
-  } else if (EndsWith(n, "e_score_correction_bias")) {
+  } else if (role == R::kRouterBias) {
     normal(0.01);
   } else if (t.category == Category::kNorm) {
     normal(0.1, 1.0);
-  } else if (EndsWith(n, "embed_tokens.weight")) {
+  } else if (role == R::kEmbed) {
     normal(1.0);
-  } else if (EndsWith(n, "gate.weight")) {
+  } else if (role == R::kRouter) {
     normal(2.5 / std::sqrt(static_cast<double>(fan_in)));  // router: decisive top-k margins
-  } else if (Contains(n, "f_b_proj")) {
+  } else if (role == R::kKdaDecayB) {
     normal(0.3 / std::sqrt(static_cast<double>(fan_in)));
-  } else if (Contains(n, "patch_embed")) {
+  } else if (role == R::kVisionPatchProj || role == R::kVisionPosEmb) {
     normal(0.02);
   } else {
     normal(1.0 / std::sqrt(static_cast<double>(fan_in)));
@@ -62,10 +58,11 @@ void FillFloats(const Layout& layout, const TensorSpec& t, std::string_view stre
 std::vector<uint8_t> RandomTensorBytes(const Layout& layout, const TensorSpec& t, uint64_t seed) {
   const int64_t n = NumElements(t.shape);
   std::vector<uint8_t> bytes(static_cast<size_t>(t.nbytes()));
-  const bool packed = EndsWith(t.name, ".weight_packed");
-  const bool scale = EndsWith(t.name, ".weight_scale");
+  const bool packed = IsMxfp4Codes(t.role);
+  const bool scale = IsMxfp4Scales(t.role);
   if (packed || scale) {
-    // Both halves of an MXFP4 matrix come from the same logical Gaussian matrix (spec §2.9).
+    // Both halves of an MXFP4 matrix come from the same logical Gaussian matrix (spec §2.9),
+    // drawn from the stream of the name the two share (up to the last dot).
     const std::string base = t.name.substr(0, t.name.rfind('.'));
     const int64_t rows = t.shape[0];
     const int64_t in = t.shape[1] * (packed ? 2 : 32);

@@ -59,15 +59,11 @@ std::vector<std::pair<int64_t, int64_t>> PipelineStages(int64_t layers, int pp) 
   return out;
 }
 
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Which pipeline stage holds a tensor: its layer's stage; the embedding (and vision) on the
 // first, the final norm, output AttnRes and the head on the last.
 int StageOf(const TensorSpec& t, const std::vector<int>& stage_of_layer, int pp) {
   if (t.layer >= 0) return stage_of_layer[static_cast<size_t>(t.layer)];
-  if (t.component == Component::kVision || EndsWith(t.name, "embed_tokens.weight")) return 0;
+  if (t.component == Component::kVision || t.role == TensorRole::kEmbed) return 0;
   return pp - 1;
 }
 
@@ -296,7 +292,7 @@ std::string PlacementText(Category cat, const PlanOptions& o) {
     case Category::kNorm:
       return o.par.load_vision ? "replicated (vision norms too)" : "replicated; vision norms skipped";
     case Category::kOther:
-      return std::string("embedding/lm_head vocab-sharded; router, LatentMoE, AttnRes replicated; ") +
+      return std::string("embedding and LM head vocab-sharded; router, LatentMoE, AttnRes replicated; ") +
              (o.par.load_vision ? "vision replicated" : "vision skipped");
   }
   return "";
