@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -151,9 +152,9 @@ class EngineImpl final : public Engine {
     // identical unseeded prompts do not sample identically.
     s->sampler = std::make_unique<Sampler>(r.params, opt_.default_seed ^ HashName(r.id));
     if (tokenizer_ != nullptr) {
-      // skip_special as vLLM does by default; K3's XTML markers are "special": false, so
-      // they stay in the text for the output parser (spec §10.4).
-      s->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
+      // skip_special_tokens defaults to true as in vLLM; K3's XTML markers are "special": false,
+      // so they stay in the text for the output parser (spec §10.4).
+      s->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, r.params.skip_special_tokens);
       s->stops = std::make_unique<StopMatcher>(r.params.stop);
     }
     s->req = std::move(r);
@@ -314,7 +315,9 @@ class EngineImpl final : public Engine {
     if (s->computed == 0) stats_prompt_tokens_ += std::min<int64_t>(n, s->prompt_len);
     s->computed += n;
     if (s->computed < static_cast<int64_t>(s->tokens.size())) return;  // prefill continues
-    const std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+    std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+    std::vector<float> masked;
+    if (s->generated() < s->req.params.min_tokens) row = MaskStopTokens(row, s->req.params, &masked);
     const std::span<const int32_t> prompt(s->tokens.data(), static_cast<size_t>(s->prompt_len));
     const std::span<const int32_t> output(s->tokens.data() + s->prompt_len, static_cast<size_t>(s->generated()));
     SampleResult r = s->sampler->Sample(row, prompt, output);
@@ -326,6 +329,20 @@ class EngineImpl final : public Engine {
     s->tokens.push_back(r.token);
     ++stats_generation_tokens_;
     Emit(s, r);
+  }
+
+  // min_tokens (vLLM): the row with EOS (unless ignore_eos) and stop_token_ids at -inf, in `scratch`.
+  std::span<const float> MaskStopTokens(std::span<const float> row, const SamplingParams& p,
+                                        std::vector<float>* scratch) const {
+    scratch->assign(row.begin(), row.end());
+    auto mask = [&](int64_t id) {
+      if (id >= 0 && id < static_cast<int64_t>(scratch->size())) {
+        (*scratch)[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
+    };
+    if (!p.ignore_eos) for (int64_t id : eos_) mask(id);
+    for (int32_t id : p.stop_token_ids) mask(id);
+    return *scratch;
   }
 
   // --- Output and stop conditions ---
