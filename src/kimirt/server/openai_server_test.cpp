@@ -43,6 +43,8 @@ class ServerTest : public ::testing::Test {
     o.served_model_name = "tiny";
     o.max_body_bytes = max_body;
     o.http_threads = 8;
+    o.log_requests = false;
+    o.stats_interval = std::chrono::milliseconds(0);
     auto s = Server::Create(o, engine_, tokenizer_, family);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);

@@ -317,5 +317,33 @@ TEST_F(VllmCompatTest, DefaultChatTemplateKwargsApplyUnderTheRequests) {
   EXPECT_FALSE(Server::Create(o, engine_, tokenizer_, ChatFormat::kK3).ok());
 }
 
+// The request log line and vLLM's periodic stats line, on stderr.
+TEST_F(VllmCompatTest, RequestAndStatsLogLines) {
+  ServerOptions o;
+  Start();  // a quiet server first, so the one under test is the only writer
+  server_->Stop(std::chrono::milliseconds(0));
+  engine_.reply = "abcdefgh";
+  engine_.delay = std::chrono::milliseconds(40);
+  ::testing::internal::CaptureStderr();
+  {
+    o.host = "127.0.0.1";
+    o.served_model_name = "tiny";
+    o.stats_interval = std::chrono::milliseconds(50);
+    auto s = Server::Create(o, engine_, tokenizer_, ChatFormat::kK3);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->Start().ok());
+    EXPECT_EQ(HttpCall((*s)->port(), "POST", "/v1/completions", R"({"prompt":"x","max_tokens":8})",
+                       "X-Request-Id: log-me\r\n").status,
+              200);
+    (*s)->Stop(std::chrono::milliseconds(0));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("INFO "), std::string::npos) << log;
+  EXPECT_NE(log.find("POST /v1/completions 200 "), std::string::npos) << log;
+  EXPECT_NE(log.find("request_id=log-me"), std::string::npos) << log;
+  EXPECT_NE(log.find("Avg prompt throughput: "), std::string::npos) << log;
+  EXPECT_NE(log.find("Running: 1 reqs, Waiting: 0 reqs, KV cache usage: 2.0%"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace kimirt
