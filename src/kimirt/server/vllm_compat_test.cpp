@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kimirt/server/api_gateway.h"
 #include "kimirt/server/openai_server.h"
 #include "kimirt/server/server_test_util.h"
 #include "kimirt/server/version.h"
@@ -245,7 +246,7 @@ TEST_F(VllmCompatTest, RequestIdIsEchoedOrMade) {
   EXPECT_NE(a, b);
 }
 
-TEST_F(VllmCompatTest, CorsHeadersAndPreflight) {
+TEST_F(VllmCompatTest, CorsHeaders) {
   ServerOptions o;
   o.allowed_origins = {"https://ui.example"};
   o.api_key = "k";
@@ -254,8 +255,54 @@ TEST_F(VllmCompatTest, CorsHeadersAndPreflight) {
   EXPECT_EQ(Header(r, "Access-Control-Allow-Origin"), "https://ui.example");
   r = Get("/v1/models", "Origin: https://evil.example\r\nAuthorization: Bearer k\r\n");
   EXPECT_EQ(Header(r, "Access-Control-Allow-Origin"), "");
+}
+
+// The preflight answer itself, without a transport.
+TEST(ApiGateway, PreflightAndKey) {
+  const ApiGateway gw({"k", {"https://ui.example"}, false});
+  HttpRequest pre;
+  pre.method = "OPTIONS";
+  pre.path = "/v1/chat/completions";
+  pre.headers = {{"origin", "https://ui.example"}, {"Access-Control-Request-Headers", "authorization"}};
+  const HttpResponse r = gw.Preflight(pre);
+  EXPECT_EQ(r.status, 200);
+  auto header = [&](std::string_view name) {
+    for (const HttpHeader& h : r.headers) {
+      if (h.name == name) return h.value;
+    }
+    return std::string();
+  };
+  EXPECT_EQ(header("Access-Control-Allow-Origin"), "https://ui.example");
+  EXPECT_EQ(header("Access-Control-Allow-Headers"), "authorization");
+  EXPECT_NE(header("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_FALSE(header("X-Request-Id").empty());
+  pre.headers = {{"Origin", "https://evil.example"}};
+  EXPECT_EQ(gw.Preflight(pre).headers.size(), 1u);  // X-Request-Id only
+
+  HttpRequest get;
+  get.path = "/v1/models";
+  EXPECT_FALSE(gw.Authorized(get));
+  get.headers = {{"Authorization", "Bearer k"}};
+  EXPECT_TRUE(gw.Authorized(get));
+  get.headers = {{"Authorization", "Bearer kk"}};
+  EXPECT_FALSE(gw.Authorized(get));
+  get.headers = {{"Authorization", "k"}};
+  EXPECT_FALSE(gw.Authorized(get));
+  get.path = "/health";
+  EXPECT_TRUE(gw.Authorized(get));
+  get.path = "/v1x";  // only /v1 and below
+  EXPECT_TRUE(gw.Authorized(get));
+}
+
+// Needs a transport that routes OPTIONS (the replacement transport of issue 11 does; the
+// cpp-httplib one answers 405 before any handler runs).
+TEST_F(VllmCompatTest, CorsPreflight) {
+  ServerOptions o;
+  o.allowed_origins = {"https://ui.example"};
+  o.api_key = "k";
+  Start(o);
   // A browser's preflight carries no API key; it must still succeed.
-  r = HttpCall(server_->port(), "OPTIONS", "/v1/chat/completions", "",
+  const TestReply r = HttpCall(server_->port(), "OPTIONS", "/v1/chat/completions", "",
                "Origin: https://ui.example\r\nAccess-Control-Request-Method: POST\r\n"
                "Access-Control-Request-Headers: authorization, content-type\r\n");
   EXPECT_EQ(r.status, 200) << r.headers;
