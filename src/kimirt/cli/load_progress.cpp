@@ -25,11 +25,12 @@ uint64_t ProcField(const char* path, const std::string& key, uint64_t unit) {
   return 0;
 }
 
-}  // namespace
-
+// Bytes this process has read or mapped in so far (load_progress.h); 0 where /proc is absent.
 uint64_t ProcessBytesIn() {
   return ProcField("/proc/self/io", "rchar:", 1) + ProcField("/proc/self/status", "RssFile:", 1024);
 }
+
+}  // namespace
 
 LoadProgress::LoadProgress(const std::string& model_dir) {
   namespace fs = std::filesystem;

@@ -32,7 +32,4 @@ class LoadProgress {
   std::thread thread_;
 };
 
-// Bytes this process has read or mapped in so far (the sum above); 0 where /proc is absent.
-uint64_t ProcessBytesIn();
-
 }  // namespace kimirt

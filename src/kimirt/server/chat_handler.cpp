@@ -277,6 +277,12 @@ HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest&
   if (auto e = CheckContextLength(prompt_tokens, sp.max_tokens, ctx.max_model_len, "messages")) {
     return ErrorResponse(*e);
   }
+  if (sp.min_tokens > sp.max_tokens) {
+    return ErrorResponse(InvalidRequest("`min_tokens` (" + std::to_string(sp.min_tokens) +
+                                            ") exceeds the room left for the completion (" +
+                                            std::to_string(sp.max_tokens) + " tokens)",
+                                        "min_tokens"));
+  }
 
   Chat c;
   c.id = NewRequestId("chatcmpl");

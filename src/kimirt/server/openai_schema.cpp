@@ -127,7 +127,9 @@ MaybeError ParseGeneration(const Json& body, const SchemaLimits& limits, bool ch
   }
 
   KIMIRT_RETURN_IF_API_ERROR(ReadInt32(body, "min_tokens", 0, kMaxTokens, &p.min_tokens));
-  if (gen->max_tokens_set && p.min_tokens > p.max_tokens) {
+  // Completions default max_tokens to 16 here; chat's default (the rest of the context) is
+  // checked by the chat handler once the prompt is known.
+  if ((gen->max_tokens_set || !chat) && p.min_tokens > p.max_tokens) {
     return InvalidRequest("`min_tokens` (" + std::to_string(p.min_tokens) + ") must not exceed `max_tokens` (" +
                               std::to_string(p.max_tokens) + ")",
                           "min_tokens");

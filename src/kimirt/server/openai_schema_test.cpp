@@ -178,6 +178,7 @@ TEST(OpenAiSchema, OutOfRangeValuesNameTheField) {
       {R"({"prompt":"x","stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]})", "stop"},
       {R"({"prompt":"x","min_tokens":-1})", "min_tokens"},
       {R"({"prompt":"x","min_tokens":6,"max_tokens":5})", "min_tokens"},
+      {R"({"prompt":"x","min_tokens":17})", "min_tokens"},  // over the default max_tokens of 16
       {R"({"prompt":"x","skip_special_tokens":"no"})", "skip_special_tokens"},
       {R"({"prompt":"x","include_stop_str_in_output":1})", "include_stop_str_in_output"},
       {R"({"prompt":"x","use_beam_search":true})", "use_beam_search"},

@@ -208,6 +208,8 @@ TEST_F(VllmCompatTest, ValidationErrorsNameTheField) {
   json stops = json::array();
   for (int i = 0; i < 17; ++i) stops.push_back("s" + std::to_string(i));
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stop", stops}}), 400, "stop");
+  // Chat's default max_tokens is the rest of the context (2048 − prompt here).
+  ExpectError(Post("/v1/chat/completions", {{"messages", kUserHi}, {"min_tokens", 2048}}), 400, "min_tokens");
   ExpectError(Post("/v1/chat/completions",
                    {{"messages", kUserHi},
                     {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "{}"}}}}}}}),
