@@ -13,7 +13,7 @@
 
 #include "kimirt/core/check.h"
 #include "kimirt/core/dtype.h"
-#include "kimirt/io/safetensors.h"  // Shape, NumElements, ShapeToString
+#include "kimirt/core/shape.h"
 
 namespace kimirt {
 
