@@ -45,12 +45,6 @@ class CpuBackend final : public Backend {
   Tensor Download(const Tensor& t) override { return t; }
   std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) override { return MakeCpuKvStorage(shape); }
 
-  void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
-    KIMIRT_CHECK(Cols(src) == Cols(*dst) && dst_row + Rows(src) <= Rows(*dst));
-    std::memcpy(static_cast<uint8_t*>(dst->raw()) + static_cast<size_t>(dst_row * Cols(*dst)) * DTypeSize(dst->dtype()),
-                src.raw(), src.nbytes());
-  }
-
   void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {
     const int64_t T = Rows(x), C = Cols(x);
     KIMIRT_CHECK(begin >= 0 && begin + count <= C && Rows(*y) == T && Cols(*y) == count);

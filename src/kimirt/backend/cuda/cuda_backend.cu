@@ -225,13 +225,6 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaKvStorage>(*this, shape);
   }
 
-  void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
-    KIMIRT_CHECK(Cols(src) == Cols(*dst) && dst_row + Rows(src) <= Rows(*dst) && src.dtype() == dst->dtype());
-    if (src.nbytes() == 0) return;
-    char* to = static_cast<char*>(dst->raw()) + static_cast<size_t>(dst_row * Cols(*dst)) * DTypeSize(dst->dtype());
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(to, src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  }
-
   void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {
     const int64_t T = Rows(x), C = Cols(x);
     KIMIRT_CHECK(begin >= 0 && begin + count <= C && Rows(*y) == T && Cols(*y) == count);
