@@ -73,4 +73,8 @@ class Tensor {
   Device device_ = Device::kCpu;
 };
 
+// A tensor seen as a matrix: dim 0 rows (a scalar is one row) of numel / rows elements each.
+inline int64_t Rows(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(0); }
+inline int64_t Cols(const Tensor& t) { return Rows(t) == 0 ? 0 : t.numel() / Rows(t); }
+
 }  // namespace kimirt

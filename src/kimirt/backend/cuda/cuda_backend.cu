@@ -39,9 +39,6 @@ namespace {
     }                                                                                           \
   } while (0)
 
-int64_t Rows(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(0); }
-int64_t Cols(const Tensor& t) { return Rows(t) == 0 ? 0 : t.numel() / Rows(t); }
-
 // Size classes: 512 bytes, then steps of a quarter of the power of two below (at most 25% waste),
 // so a buffer that grows by a row per decode step reuses the same block most of the time.
 size_t SizeClass(size_t bytes) {
