@@ -54,7 +54,10 @@ std::string EscapeRegex(std::string_view path) {
 }
 
 HttpRequest ToRequest(const httplib::Request& req) {
-  HttpRequest r{req.method, req.path, req.body, {}, nullptr};
+  HttpRequest r;
+  r.method = req.method;
+  r.path = req.path;
+  r.body = req.body;
   for (const auto& [name, value] : req.headers) r.headers.push_back({name, value});
   return r;
 }
@@ -144,8 +147,8 @@ HttpServer::HttpServer(HttpServerOptions options, ErrorBodyFn error_body, Respon
   const size_t threads = static_cast<size_t>(impl->options.threads > 0 ? impl->options.threads : 1);
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(impl->options.max_body_bytes);
-  s.set_read_timeout(impl->options.read_timeout_s, 0);
-  s.set_write_timeout(impl->options.write_timeout_s, 0);
+  s.set_read_timeout(std::chrono::duration_cast<std::chrono::seconds>(impl->options.body_timeout).count(), 0);
+  s.set_write_timeout(std::chrono::duration_cast<std::chrono::seconds>(impl->options.write_timeout).count(), 0);
   s.set_keep_alive_max_count(1000);
   s.set_keep_alive_timeout(5);
   // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind a port that is

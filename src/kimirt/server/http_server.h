@@ -32,6 +32,7 @@ struct HttpHeader {
 struct HttpRequest {
   std::string method;  // "GET", "POST"
   std::string path;    // without the query string
+  std::string query;   // what follows '?' in the target, without it ("" when none)
   std::string body;
   std::vector<HttpHeader> headers;
   // The first header named `name` (any case), or nullptr.
@@ -70,11 +71,17 @@ using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                           // 0: an ephemeral port, see port()
-  size_t max_body_bytes = 8u << 20;       // larger bodies get 413 before a handler runs
-  int threads = 64;                       // connections served at once
-  int read_timeout_s = 30;                // a client that stalls mid-request is dropped
-  int write_timeout_s = 30;               // a client that stops reading is dropped
-  std::chrono::milliseconds stream_poll{50};  // how often an idle stream checks its client
+  size_t max_body_bytes = 8u << 20;       // larger bodies get 413 before a handler runs, chunked or not
+  size_t max_header_bytes = 64u << 10;    // a larger request line + headers gets 431
+  int threads = 64;                       // handler threads started up front (see "Threads" above)
+  int max_active_requests = 4096;         // handlers running at once; more wait for a thread
+  int max_connections = 10000;            // open connections; more are closed on accept
+  // Deadlines; a client that misses one is disconnected (it never holds a thread meanwhile).
+  std::chrono::milliseconds idle_timeout{30000};    // waiting for a request's first byte (keep-alive)
+  std::chrono::milliseconds header_timeout{10000};  // first byte to the end of the headers (slowloris)
+  std::chrono::milliseconds body_timeout{30000};    // end of the headers to the end of the body
+  std::chrono::milliseconds write_timeout{30000};   // one write to a client that stopped reading
+  std::chrono::milliseconds stream_poll{50};        // how often an idle stream checks its client
 };
 
 class HttpServer {

@@ -235,6 +235,8 @@ class TestConnection {
   }
   ~TestConnection() { Close(); }
   bool connected() const { return connected_; }
+  // The server closed the connection (seen by a ReadUntil).
+  bool eof() const { return eof_; }
 
   void Send(std::string_view method, std::string_view path, std::string_view body,
             std::string_view extra_headers = "") {
