@@ -3,7 +3,8 @@
 Starts `kimirt serve` (the built-in model; $KIMIRT_BINARY or build/kimirt), then for 0 and 100
 slow clients (each sends one header byte every 2 s) reports GET /health latency (median and max
 of 10 calls (3 s timeout), each on a new connection) and GET /health requests/s over 4 keep-alive connections
-for 3 s. Run: python3 tests/python/http_load_probe.py
+for 3 s. Run: python3 tests/python/http_load_probe.py [--port N]
+(--port: measure a server already listening on 127.0.0.1:N instead, e.g. another library's).
 """
 import http.client
 import socket
@@ -54,8 +55,16 @@ def requests_per_second(port, seconds=3.0, clients=4):
     return sum(count) / seconds
 
 
+class External:
+    def __init__(self, port):
+        self.port = port
+
+    def stop(self):
+        pass
+
+
 def main():
-    server = ServerProcess([])
+    server = External(int(sys.argv[2])) if sys.argv[1:2] == ["--port"] else ServerProcess([])
     try:
         slow, stop = [], threading.Event()
         for label, n_slow in (("0 slow clients", 0), ("100 slow clients", 100)):

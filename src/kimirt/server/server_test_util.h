@@ -1,5 +1,5 @@
 // Test doubles for the server tests: a byte-level Tokenizer, a scripted Engine, and a minimal
-// HTTP/1.1 client over a 127.0.0.1 socket (the tests never include cpp-httplib; only
+// HTTP/1.1 client over a 127.0.0.1 socket (the tests never include the HTTP library; only
 // http_server.cpp does). Header-only, included by *_test.cpp files only.
 #pragma once
 
