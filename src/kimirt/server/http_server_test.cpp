@@ -112,6 +112,24 @@ class HttpServerTest : public ::testing::Test {
     TestReply r = ParseReply(c.ReadUntil("\x01never\x01", 3s));
     return {r, Clock::now() - t0};
   }
+  // Starts a server with 2 handler threads, opens `n` connections that each sent `prefix` (part
+  // of a request line, or nothing) and then nothing, and checks /health still answers at once.
+  std::vector<std::unique_ptr<TestConnection>> StartBesideStalled(HttpServerOptions o, int n, std::string_view prefix) {
+    o.threads = 2;
+    Start(o);
+    std::vector<std::unique_ptr<TestConnection>> conns;
+    for (int i = 0; i < n; ++i) {
+      conns.push_back(std::make_unique<TestConnection>(port()));
+      if (!prefix.empty()) conns.back()->SendRaw(prefix);
+    }
+    ExpectHealthWithinOneSecond(std::to_string(n) + " stalled connections");
+    return conns;
+  }
+  void ExpectHealthWithinOneSecond(const std::string& beside) {
+    auto [health, took] = TimedHealth();
+    EXPECT_EQ(health.status, 200) << beside;
+    EXPECT_LT(took, 1s) << beside << " held the server";
+  }
 
   std::unique_ptr<HttpServer> server_;
   std::atomic<int> handled_{0};
@@ -120,27 +138,12 @@ class HttpServerTest : public ::testing::Test {
   std::atomic<int> saw_hangup_{0};
 };
 
-// Opens `n` connections that each sent part of a request line and then nothing.
-std::vector<std::unique_ptr<TestConnection>> OpenStalled(int port, int n, std::string_view prefix) {
-  std::vector<std::unique_ptr<TestConnection>> conns;
-  for (int i = 0; i < n; ++i) {
-    conns.push_back(std::make_unique<TestConnection>(port));
-    if (!prefix.empty()) conns.back()->SendRaw(prefix);
-  }
-  return conns;
-}
-
 TEST_F(HttpServerTest, SlowHeaderClientsAreDroppedAtTheHeaderDeadline) {
   HttpServerOptions o;
-  o.threads = 2;
   o.header_timeout = 600ms;
-  Start(o);
   // More slow clients than handler threads, each trickling its header one byte at a time.
-  std::vector<std::unique_ptr<TestConnection>> slow = OpenStalled(port(), 16, "G");
   const auto t0 = Clock::now();
-  auto [health, took] = TimedHealth();
-  EXPECT_EQ(health.status, 200);
-  EXPECT_LT(took, 1s) << "the slow clients held the server";
+  std::vector<std::unique_ptr<TestConnection>> slow = StartBesideStalled(o, 16, "G");
   // Keep trickling: the deadline counts from the first byte, so they are cut off all the same.
   const std::string rest = "ET /health HTTP/1.1\r\nHost: x\r\n";
   for (size_t i = 0; i < rest.size() && Clock::now() - t0 < 2s; ++i) {
@@ -158,13 +161,8 @@ TEST_F(HttpServerTest, SlowHeaderClientsAreDroppedAtTheHeaderDeadline) {
 
 TEST_F(HttpServerTest, IdleConnectionsHoldNoThreadAndAreClosed) {
   HttpServerOptions o;
-  o.threads = 2;
   o.idle_timeout = 800ms;
-  Start(o);
-  std::vector<std::unique_ptr<TestConnection>> idle = OpenStalled(port(), 200, "");
-  auto [health, took] = TimedHealth();
-  EXPECT_EQ(health.status, 200);
-  EXPECT_LT(took, 1s) << "200 idle connections held the server";
+  std::vector<std::unique_ptr<TestConnection>> idle = StartBesideStalled(o, 200, "");
   int closed = 0;
   for (auto& c : idle) {
     c->ReadUntil("\x01never\x01", 1500ms);
@@ -315,11 +313,7 @@ TEST_F(HttpServerTest, HealthAnswersWhileHundredStreamsRun) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(started_by - Clock::now());
     ASSERT_NE(s->ReadUntil("tick 0", std::max(left, 1ms)).find("tick 0"), std::string::npos);
   }
-  for (int i = 0; i < 3; ++i) {
-    auto [health, took] = TimedHealth();
-    EXPECT_EQ(health.status, 200);
-    EXPECT_LT(took, 1s);
-  }
+  for (int i = 0; i < 3; ++i) ExpectHealthWithinOneSecond("100 streams");
   // Every client hangs up: every stream is closed as incomplete, soon.
   for (auto& s : streams) s->Close();
   const auto deadline = Clock::now() + 3s;
