@@ -212,9 +212,12 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
   }
 
   // From a handler thread: the non-streamed response, or the end of a stream (`bytes` is its
-  // last piece, `complete` false when it failed or the client left).
-  void PostFinal(std::shared_ptr<HttpRequest> req, int status, std::string bytes, bool complete) {
-    asio::post(s_.io, [self = shared_from_this(), req = std::move(req), status, bytes = std::move(bytes), complete] {
+  // last piece, `complete` false when it failed or the client left). `how.keep_alive` false ends
+  // the connection after it.
+  void PostFinal(std::shared_ptr<HttpRequest> req, int status, std::string bytes, bool complete, ResponseHead how) {
+    asio::post(s_.io, [self = shared_from_this(), req = std::move(req), status, bytes = std::move(bytes), complete,
+                       how] {
+      self->keep_alive_ = self->keep_alive_ && how.keep_alive;
       self->Finish(*req, status, bytes, complete);
     });
   }
@@ -377,11 +380,11 @@ class HttpServer::Impl::Connection : public std::enable_shared_from_this<Connect
     if (!response.stream) {
       std::string bytes = SerializeHead(response, how);
       if (!how.head_only) bytes += response.body;
-      return PostFinal(req, response.status, std::move(bytes), true);
+      return PostFinal(req, response.status, std::move(bytes), true, how);
     }
     if (!how.chunked) how.keep_alive = false;  // HTTP/1.0: the body ends with the connection
     const bool complete = RunStream(ex, *response.stream, SerializeHead(response, how), how);
-    PostFinal(req, response.status, complete && how.chunked ? "0\r\n\r\n" : "", complete);
+    PostFinal(req, response.status, complete && how.chunked ? "0\r\n\r\n" : "", complete, how);
   }
 
   // On a handler thread: pulls the stream and writes it. Returns whether it reached kEnd with

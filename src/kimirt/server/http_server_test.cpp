@@ -90,6 +90,12 @@ class HttpServerTest : public ::testing::Test {
       r.stream = std::make_shared<TickStream>(&stream_closes_, 100ms);
       return r;
     });
+    server_->Route("GET", "/three-ticks", [this](const HttpRequest&) {
+      HttpResponse r;
+      r.content_type = "text/plain";
+      r.stream = std::make_shared<TickStream>(&stream_closes_, 10ms, 3);
+      return r;
+    });
     server_->Route("POST", "/wait-for-hangup", [this](const HttpRequest& req) {
       ++handled_;
       const auto deadline = Clock::now() + 5s;
@@ -319,6 +325,28 @@ TEST_F(HttpServerTest, HealthAnswersWhileHundredStreamsRun) {
   const auto deadline = Clock::now() + 3s;
   while (stream_closes_ < 100 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(stream_closes_, 100);
+}
+
+TEST_F(HttpServerTest, StreamsAreChunkedOnKeepAliveAndCloseDelimitedForHttp10) {
+  Start();
+  TestConnection c(port());
+  // A stream, then a pipelined request on the same connection: the stream's end is its last chunk.
+  c.SendRaw("GET /three-ticks HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string& got = c.ReadUntil("\x01never\x01", 3s);
+  const size_t second = got.find("HTTP/1.1 200", 1);
+  ASSERT_NE(second, std::string::npos) << got;
+  TestReply stream = ParseReply(got.substr(0, second));
+  EXPECT_NE(stream.headers.find("Transfer-Encoding: chunked"), std::string::npos) << stream.headers;
+  EXPECT_EQ(stream.body, "tick 0\ntick 1\ntick 2\n");
+  EXPECT_EQ(ParseReply(got.substr(second)).body, "ok");
+  // HTTP/1.0 has no chunked encoding: the body is sent as is and ends with the connection.
+  TestConnection old(port());
+  old.SendRaw("GET /three-ticks HTTP/1.0\r\n\r\n");
+  TestReply r = ParseReply(old.ReadUntil("\x01never\x01", 3s));
+  EXPECT_TRUE(old.eof());
+  EXPECT_EQ(r.headers.find("chunked"), std::string::npos) << r.headers;
+  EXPECT_EQ(r.body, "tick 0\ntick 1\ntick 2\n");
+  EXPECT_EQ(stream_closes_, 2000);  // both streams closed as complete
 }
 
 TEST_F(HttpServerTest, NonStreamingHandlerSeesTheClientHangUp) {
