@@ -158,10 +158,12 @@ TEST_F(CudaBackendTest, DecodeGemmMatchesCpu) {
 // Row invariance (Backend::RowInvariantRows, docs/architecture.md): each row of a BF16-weight
 // Linear of m rows is bit-identical to that row computed alone, for every m in the buckets and at
 // their edges, whatever the other rows hold (rows drawn at random from a pool whose scales span
-// 1e-3 .. 1e3, at random positions).
+// 1e-3 .. 1e3, at random positions), whether k is split across blocks or not.
 TEST_F(CudaBackendTest, DecodeGemmRowsAreBitIdenticalToAlone) {
-  for (auto [K, N] : std::vector<std::array<int64_t, 2>>{{7168, 512}, {2304, 1000}, {300, 77}}) {
+  // k split 14 ways, 4 ways, unsplit and unaligned (scalar loads), unsplit and aligned.
+  for (auto [K, N] : std::vector<std::array<int64_t, 2>>{{7168, 512}, {2304, 1000}, {300, 77}, {256, 33000}}) {
     SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N));
+    EXPECT_EQ(cuda::DecodeGemmSplits(N, K), K == 7168 ? 14 : K == 2304 ? 4 : 1);
     Tensor w = Random({N, K}, 0.05f);
     Tensor wb = UpBf16(w);
     constexpr int64_t kPool = 64;

@@ -51,7 +51,7 @@ struct Plan {
   int64_t k_pad = 0;     // k rounded up to a step
   int64_t slice = 0;     // k per split, a multiple of kSliceQuantum
   int64_t splits = 1;    // from n and k only
-  size_t x_bytes = 0;    // x_hi and x_lo, [m_pad, k_pad] BF16 each
+  size_t x_bytes = 0;    // x_hi and x_lo, m_pad · k_pad BF16 each (SplitXKernel)
   size_t part_bytes = 0; // partial sums [splits, m, n] F32 when splits > 1
 };
 
@@ -70,13 +70,16 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-// x [m, k] F32 → x_hi, x_lo [m_pad, k_pad] BF16, zero-padded. A non-finite x_hi gets x_lo = 0, so
-// ±inf stays ±inf instead of inf − inf = NaN.
-__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int64_t m_pad, int64_t k_pad, __nv_bfloat16* hi,
+// x [m, k] F32 → x_hi, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
+// warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
+// row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
+// bytes. A non-finite x_hi gets x_lo = 0, so ±inf stays ±inf instead of inf − inf = NaN.
+__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, __nv_bfloat16* hi,
                              __nv_bfloat16* lo) {
-  const int64_t total = m_pad * k_pad;
+  const int64_t total = tiles * 8 * k_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / k_pad, c = i % k_pad;
+    const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
+    const int64_t r = tile * 8 + lane / 4, c = step * kStepK + lane % 4 * 8 + e;
     const float v = r < m && c < k ? x[r * k + c] : 0.0f;
     const __nv_bfloat16 h = __float2bfloat16_rn(v);
     const float hf = __bfloat162float(h);
@@ -183,10 +186,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
-      const int64_t kk = kb + u * kStepK + 8 * t;
+      const int64_t step = (kb + u * kStepK) / kStepK;
 #pragma unroll
       for (int r = 0; r < kTiles; ++r) {
-        const int64_t xi = (r * 8 + g) * k_pad + kk;
+        const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
         const uint4 xh = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
         const uint4 xl = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
 #pragma unroll
@@ -250,7 +253,7 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   const Plan p = MakePlan(m, n, k);
   auto* hi = static_cast<uint16_t*>(scratch);
   uint16_t* lo = hi + p.m_pad * p.k_pad;
-  SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.m_pad, p.k_pad,
+  SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad,
                                                           reinterpret_cast<__nv_bfloat16*>(hi),
                                                           reinterpret_cast<__nv_bfloat16*>(lo));
   CheckLaunch("DecodeGemm split x");
