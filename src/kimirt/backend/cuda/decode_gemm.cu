@@ -34,7 +34,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kColTiles = 2;                              // 16-column MMA tiles per warp
 constexpr int64_t kBlockCols = kWarps * kColTiles * 16;  // 128 output columns per block
-constexpr int64_t kStepK = 32;                            // k per step: two m16n8k16 MMAs
+constexpr int64_t kStepK = 32;                            // k per step: two m16n8k16 k-slots
 constexpr int kUnroll = 4;                                // steps whose weight loads go out together
 constexpr int64_t kSliceQuantum = kStepK * kUnroll;
 // Split k across blocks until about two blocks per multiprocessor of an H200 (132) exist, but
