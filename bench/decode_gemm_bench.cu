@@ -7,8 +7,11 @@
 // against a device-to-device copy measured in the same run.
 //
 // Each point: CUDA events around every call, the median of --reps after --warmup calls, the
-// weight rotated among enough copies that together they are ≥ 4× the L2, so HBM serves it. Inputs
-// are random (never zeros: METHOD.md), and every CUDA call is checked.
+// weight rotated among enough copies that together they are ≥ 4× the L2, so HBM serves it. Also
+// timed as replays of a CUDA graph of max(20, copies) calls (the median replay over the calls):
+// without the launch gaps, which count for the small shapes (a call is 2-3 kernels), and which a
+// decode step captured as a graph will not pay either. Inputs are random (never zeros:
+// METHOD.md), and every CUDA call is checked.
 //
 // Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--json PATH]
 #include <cuda_bf16.h>
@@ -110,8 +113,23 @@ std::vector<int64_t> ParseRows(const char* s) {
 struct Point {
   std::string name;
   int64_t m, n, k, splits;
-  double ms, gbps;
+  double ms, gbps, ms_graph, gbps_graph;
 };
+
+// The median time of one call of `fn`, from replays of a graph of `calls` calls.
+template <typename Fn>
+double GraphMsPerCall(cudaStream_t s, int reps, int calls, Fn fn) {
+  cudaGraph_t graph = nullptr;
+  BENCH_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(i);
+  BENCH_CUDA_OK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = TimeMs(s, 2, std::max(3, reps / 10), [&](int) { BENCH_CUDA_OK(cudaGraphLaunch(exec, s)); });
+  BENCH_CUDA_OK(cudaGraphExecDestroy(exec));
+  BENCH_CUDA_OK(cudaGraphDestroy(graph));
+  return ms / calls;
+}
 
 }  // namespace
 
@@ -173,24 +191,29 @@ int main(int argc, char** argv) {
     for (int64_t m : rows) {
       void* scratch = nullptr;
       BENCH_CUDA_OK(cudaMalloc(&scratch, kimirt::cuda::DecodeGemmScratchBytes(m, sh.n, sh.k)));
-      const double ms = TimeMs(s, warmup, reps, [&](int i) {
+      const auto call = [&](int i) {
         kimirt::cuda::DecodeGemm(x, w[static_cast<size_t>(i % copies)], y, m, sh.n, sh.k, scratch, s);
-      });
+      };
+      const double ms = TimeMs(s, warmup, reps, call);
+      const double ms_graph = GraphMsPerCall(s, reps, std::max(20, copies), call);
       BENCH_CUDA_OK(cudaFree(scratch));
-      const double gbps = static_cast<double>(w_bytes) / (ms * 1e-3) / 1e9;
-      points.push_back({sh.name, m, sh.n, sh.k, kimirt::cuda::DecodeGemmSplits(sh.n, sh.k), ms, gbps});
+      const double gb = static_cast<double>(w_bytes) / 1e9;
+      points.push_back({sh.name, m, sh.n, sh.k, kimirt::cuda::DecodeGemmSplits(sh.n, sh.k), ms, gb / (ms * 1e-3),
+                        ms_graph, gb / (ms_graph * 1e-3)});
     }
     for (uint16_t* p : w) BENCH_CUDA_OK(cudaFree(p));
     BENCH_CUDA_OK(cudaFree(x));
     BENCH_CUDA_OK(cudaFree(y));
   }
 
-  std::printf("%-18s %4s %7s %6s %6s %9s %8s %7s %7s\n", "shape", "m", "n", "k", "splits", "ms", "GB/s", "of4.8T",
-              "ofcopy");
+  // Per call (events) and in a graph; fractions of 4.8 TB/s and of the copy.
+  std::printf("%-17s %3s %6s %5s %3s %8s %6s %6s %6s %8s %6s %6s\n", "shape", "m", "n", "k", "spl", "ms", "GB/s",
+              "of4.8T", "ofcopy", "graph_ms", "GB/s", "of4.8T");
   for (const Point& p : points) {
-    std::printf("%-18s %4lld %7lld %6lld %6lld %9.4f %8.0f %7.3f %7.3f\n", p.name.c_str(),
+    std::printf("%-17s %3lld %6lld %5lld %3lld %8.4f %6.0f %6.3f %6.3f %8.4f %6.0f %6.3f\n", p.name.c_str(),
                 static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k),
-                static_cast<long long>(p.splits), p.ms, p.gbps, p.gbps / kPeakGbps, p.gbps / copy_gbps);
+                static_cast<long long>(p.splits), p.ms, p.gbps, p.gbps / kPeakGbps, p.gbps / copy_gbps, p.ms_graph,
+                p.gbps_graph, p.gbps_graph / kPeakGbps);
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
@@ -204,10 +227,11 @@ int main(int argc, char** argv) {
       const Point& p = points[i];
       std::fprintf(f,
                    "%s\n  {\"name\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"splits\": %lld, \"ms\": %.5f, "
-                   "\"gbps\": %.1f, \"bandwidth_fraction\": %.4f, \"copy_fraction\": %.4f}",
+                   "\"gbps\": %.1f, \"bandwidth_fraction\": %.4f, \"copy_fraction\": %.4f, \"ms_graph\": %.5f, "
+                   "\"gbps_graph\": %.1f, \"bandwidth_fraction_graph\": %.4f}",
                    i ? "," : "", p.name.c_str(), static_cast<long long>(p.m), static_cast<long long>(p.n),
                    static_cast<long long>(p.k), static_cast<long long>(p.splits), p.ms, p.gbps, p.gbps / kPeakGbps,
-                   p.gbps / copy_gbps);
+                   p.gbps / copy_gbps, p.ms_graph, p.gbps_graph, p.gbps_graph / kPeakGbps);
     }
     std::fprintf(f, "\n]}\n");
     std::fclose(f);
