@@ -12,8 +12,9 @@
 // layout), the rows of x are its B operand (16 k × 8 rows), so rows pad to 8, 16, 32 or 64
 // (kTiles = 1, 2, 4, 8 tiles of 8) and the padding is zeros. Each lane loads 16 bytes of a weight
 // row (8 consecutive k) and the same 8 k of its x rows; the 32 k of a step are assigned to the two
-// MMAs' k slots by the same permutation for A and B (LaneK below), so they multiply matching
-// pairs.
+// MMAs' k slots by the same permutation for A and B (Step below), so they multiply matching
+// pairs. x is split once per call into scratch (SplitXKernel) for 2 tiles and more; for 1 tile
+// the GEMM splits it in registers (LoadSplitX), one launch fewer, with the same SplitOne.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the four MMAs of Step, then one F32 add) in every
@@ -51,7 +52,7 @@ struct Plan {
   int64_t k_pad = 0;     // k rounded up to a step
   int64_t slice = 0;     // k per split, a multiple of kSliceQuantum
   int64_t splits = 1;    // from n and k only
-  size_t x_bytes = 0;    // x_hi and x_lo, m_pad · k_pad BF16 each (SplitXKernel)
+  size_t x_bytes = 0;    // x_hi and x_lo, m_pad · k_pad BF16 each (SplitXKernel; none for 1 tile)
   size_t part_bytes = 0; // partial sums [splits, m, n] F32 when splits > 1
 };
 
@@ -65,27 +66,57 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   const int64_t want = std::clamp<int64_t>(CeilDiv(kTargetBlocks, col_blocks), 1, max_splits);
   p.slice = CeilDiv(CeilDiv(p.k_pad, want), kSliceQuantum) * kSliceQuantum;
   p.splits = CeilDiv(p.k_pad, p.slice);
-  p.x_bytes = CeilDiv(static_cast<int64_t>(2 * p.m_pad * p.k_pad * sizeof(uint16_t)), 256) * 256;
+  p.x_bytes = p.tiles == 1 ? 0 : CeilDiv(static_cast<int64_t>(2 * p.m_pad * p.k_pad * sizeof(uint16_t)), 256) * 256;
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
+}
+
+// One x value as BF16 bits hi + lo (x = hi + lo to 2⁻¹⁷ relative). A non-finite hi gets lo = 0, so
+// ±inf stays ±inf instead of inf − inf = NaN. The one definition both SplitXKernel and the GEMM's
+// own split (1 tile) use, so a row gets the same bits either way.
+__device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(v);
+  const float hf = __bfloat162float(h);
+  hi = __bfloat16_as_ushort(h);
+  lo = __bfloat16_as_ushort(__float2bfloat16_rn(isfinite(hf) ? v - hf : 0.0f));
 }
 
 // x [m, k] F32 → x_hi, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
 // warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
 // row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
-// bytes. A non-finite x_hi gets x_lo = 0, so ±inf stays ±inf instead of inf − inf = NaN.
-__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, __nv_bfloat16* hi,
-                             __nv_bfloat16* lo) {
+// bytes. For 2 tiles and more; 1 tile splits in the GEMM (LoadSplitX).
+__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
+                             uint16_t* lo) {
   const int64_t total = tiles * 8 * k_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
     const int64_t r = tile * 8 + lane / 4, c = step * kStepK + lane % 4 * 8 + e;
-    const float v = r < m && c < k ? x[r * k + c] : 0.0f;
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    const float hf = __bfloat162float(h);
-    hi[i] = h;
-    lo[i] = __float2bfloat16_rn(isfinite(hf) ? v - hf : 0.0f);
+    uint32_t h, l;
+    SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, h, l);
+    hi[i] = static_cast<uint16_t>(h);
+    lo[i] = static_cast<uint16_t>(l);
   }
+}
+
+// For 1 tile (m ≤ 8), with no SplitXKernel launch: x[row][kk .. kk+7] read here (zeros past m or
+// k) and split by SplitOne, packed as SplitXKernel stores them (element e in bits 16·(e%2) of
+// word e/2). `vec`: x rows 16-byte aligned and k % 8 == 0, so the 8 are all in or all out.
+__device__ __forceinline__ void LoadSplitX(const float* x, int64_t row, int64_t kk, int64_t m, int64_t k, bool vec,
+                                           uint4& xh, uint4& xl) {
+  float v[8];
+  if (vec && row < m && kk < k) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + row * k + kk));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + row * k + kk + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = row < m && kk + e < k ? __ldg(x + row * k + kk + e) : 0.0f;
+  }
+  uint32_t h[8], l[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) SplitOne(v[e], h[e], l[e]);
+  xh = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+  xl = make_uint4(l[0] | l[1] << 16, l[2] | l[3] << 16, l[4] | l[5] << 16, l[6] | l[7] << 16);
 }
 
 // 16 bytes of the weight, read once: no L1 allocation, it will not be read again this call.
@@ -149,9 +180,9 @@ __device__ __forceinline__ void Step(float (&acc)[4], const uint4& row_g, const 
 // tiles) × all kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
 template <int kTiles, bool kVec>
 __global__ void __launch_bounds__(kWarps * 32)
-    DecodeGemmKernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x_hi,
-                     const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m, int64_t n, int64_t k,
-                     int64_t k_pad, int64_t slice) {
+    DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
+                     const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_lo, float* __restrict__ out,
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = int64_t{blockIdx.x} * kBlockCols + warp * (kColTiles * 16);
   const int64_t k_begin = int64_t{blockIdx.y} * slice;
@@ -189,9 +220,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t step = (kb + u * kStepK) / kStepK;
 #pragma unroll
       for (int r = 0; r < kTiles; ++r) {
-        const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
-        const uint4 xh = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
-        const uint4 xl = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
+        uint4 xh, xl;
+        if constexpr (kTiles == 1) {
+          LoadSplitX(x, g, step * kStepK + 8 * t, m, k, x_vec, xh, xl);
+        } else {
+          const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
+          xh = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
+          xl = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
+        }
 #pragma unroll
         for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xh, xl);
       }
@@ -222,12 +258,12 @@ __global__ void SumSplitsKernel(const float* part, int64_t splits, int64_t mn, f
 }
 
 template <int kTiles>
-void Launch(bool vec, dim3 grid, const uint16_t* w, const uint16_t* hi, const uint16_t* lo, float* out, int64_t m,
-            int64_t n, int64_t k, const Plan& p, cudaStream_t s) {
+void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
+            const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p, cudaStream_t s) {
   if (vec) {
-    DecodeGemmKernel<kTiles, true><<<grid, kWarps * 32, 0, s>>>(w, hi, lo, out, m, n, k, p.k_pad, p.slice);
+    DecodeGemmKernel<kTiles, true><<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, lo, out, m, n, k, p.k_pad, p.slice);
   } else {
-    DecodeGemmKernel<kTiles, false><<<grid, kWarps * 32, 0, s>>>(w, hi, lo, out, m, n, k, p.k_pad, p.slice);
+    DecodeGemmKernel<kTiles, false><<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, lo, out, m, n, k, p.k_pad, p.slice);
   }
 }
 
@@ -251,21 +287,24 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
     std::abort();
   }
   const Plan p = MakePlan(m, n, k);
-  auto* hi = static_cast<uint16_t*>(scratch);
-  uint16_t* lo = hi + p.m_pad * p.k_pad;
-  SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad,
-                                                          reinterpret_cast<__nv_bfloat16*>(hi),
-                                                          reinterpret_cast<__nv_bfloat16*>(lo));
-  CheckLaunch("DecodeGemm split x");
+  uint16_t* hi = nullptr;
+  uint16_t* lo = nullptr;
+  if (p.tiles > 1) {  // 1 tile: the GEMM splits x itself (LoadSplitX)
+    hi = static_cast<uint16_t*>(scratch);
+    lo = hi + p.m_pad * p.k_pad;
+    SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad, hi, lo);
+    CheckLaunch("DecodeGemm split x");
+  }
   const auto* w = static_cast<const uint16_t*>(w_bf16);
   const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const bool x_vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
   switch (p.tiles) {
-    case 1: Launch<1>(vec, grid, w, hi, lo, out, m, n, k, p, s); break;
-    case 2: Launch<2>(vec, grid, w, hi, lo, out, m, n, k, p, s); break;
-    case 4: Launch<4>(vec, grid, w, hi, lo, out, m, n, k, p, s); break;
-    default: Launch<8>(vec, grid, w, hi, lo, out, m, n, k, p, s); break;
+    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
+    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
+    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
+    default: Launch<8>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
   }
   CheckLaunch("DecodeGemm");
   if (p.splits > 1) {
