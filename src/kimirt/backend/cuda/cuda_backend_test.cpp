@@ -131,7 +131,8 @@ TEST_F(CudaBackendTest, LinearWithBf16Weights) {
 // at the models' widths — K3 hidden 7168; Kimi-Linear hidden 2304 with its KDA / MLA / MLP
 // projections, the down projection split across blocks along k — and at odd shapes: n and k
 // no multiple of any tile, k no multiple of 8 (rows not 16-byte aligned), k under one step.
-// Same bar as every op: the hi + lo split keeps ~16 mantissa bits of x (≤ 2⁻¹⁷ relative each).
+// Same bar as every op: the hi + lo split keeps ~16 mantissa bits of x (≤ 2⁻¹⁶ relative each,
+// ~2e-6 typical).
 TEST_F(CudaBackendTest, DecodeGemmMatchesCpu) {
   struct Case {
     int64_t T, K, N;

@@ -5,8 +5,8 @@
 // Why tensor cores: at 64 rows the FP32 cores would need 2.4e12 weights/s × 2 × 64 ≈ 300 TFLOP/s
 // to keep up with HBM, 4.5× what they have. mma.sync m16n8k16 BF16 → FP32 has the rate; to keep
 // F32 accuracy the activation is split in two BF16 parts, x = x_hi + x_lo (x_hi = bf16(x),
-// x_lo = bf16(x − x_hi), 16 of F32's 24 mantissa bits, relative error ≤ 2⁻¹⁷), and each weight tile
-// is multiplied by both. The weight is BF16 already, so its products are exact.
+// x_lo = bf16(x − x_hi), 16 of F32's 24 mantissa bits, relative error ≤ 2⁻¹⁶), and each weight
+// tile is multiplied by both. The weight is BF16 already, so its products are exact.
 //
 // Layout: the weight is the MMA's A operand (16 output columns × 16 k, row-major = w's own
 // layout), the rows of x are its B operand (16 k × 8 rows), so rows pad to 8, 16, 32 or 64
@@ -71,8 +71,8 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-// One x value as BF16 bits hi + lo (x = hi + lo to 2⁻¹⁷ relative). A non-finite hi gets lo = 0, so
-// ±inf stays ±inf instead of inf − inf = NaN. The one definition both SplitXKernel and the GEMM's
+// One x value as BF16 bits hi + lo (x = hi + lo to 2⁻¹⁶ relative). A non-finite hi gets lo = 0,
+// so ±inf stays ±inf instead of inf − inf = NaN. The one definition both SplitXKernel and the GEMM's
 // own split (1 tile) use, so a row gets the same bits either way.
 __device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& lo) {
   const __nv_bfloat16 h = __float2bfloat16_rn(v);
