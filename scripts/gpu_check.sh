@@ -4,8 +4,10 @@
 #   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
-#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all]
+#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`,
+#   5. (gemm) the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
+#      (bench/decode_gemm_bench.cu; table last, JSON to $OUT/decode-gemm.json); not part of `all`.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|gemm|all]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -54,5 +56,10 @@ if [[ "$what" == serve || "$what" == all ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   echo "serve exit $?"
+fi
+if [[ "$what" == gemm ]]; then
+  timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
+    tee "$out/decode-gemm.txt" | tail -70
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 exit $status
