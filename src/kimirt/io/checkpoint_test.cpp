@@ -8,46 +8,15 @@
 #include <fstream>
 
 #include "kimirt/io/safetensors.h"
+#include "kimirt/testing/status_test_util.h"
+#include "kimirt/testing/temp_dir.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
 
-#define EXPECT_ERROR_HAS(st_expr, ...)                                                   \
-  do {                                                                                   \
-    const ::kimirt::Status _st = (st_expr);                                              \
-    ASSERT_FALSE(_st.ok()) << "expected an error";                                       \
-    const std::vector<std::string> _parts{__VA_ARGS__};                                   \
-    for (const std::string& _part : _parts) {                                            \
-      EXPECT_NE(_st.message().find(_part), std::string::npos)                            \
-          << "missing \"" << _part << "\" in: " << _st.message();                        \
-    }                                                                                    \
-  } while (0)
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kimirt_ckpt_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void WriteText(const std::string& path, std::string_view text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  ASSERT_TRUE(f.good()) << path;
-}
+using testing::TempDir;
+using testing::WriteFileBytes;
 
 struct FixtureCase {
   const char* name;
@@ -204,7 +173,7 @@ TEST(Checkpoint, ShardPathTraversal) {
     WriteTwoShards(dir, &total);
     const std::string index = R"({"metadata":{"total_size":64},"weight_map":{"a.0.weight":")" +
                               std::string(shard) + R"("}})";
-    WriteText(dir.File("model.safetensors.index.json"), index);
+    WriteFileBytes(dir.File("model.safetensors.index.json"), index);
     EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "weight_map \"a.0.weight\"",
                      "is not a plain file name");
     // The writer refuses to produce such an index too.
@@ -235,7 +204,7 @@ TEST(Checkpoint, MalformedIndex) {
        {"weight_map lists tensor \"a.0.weight\" twice"}},
   };
   for (const Case& c : cases) {
-    WriteText(path, c.index);
+    WriteFileBytes(path, c.index);
     const Status st = Checkpoint::Open(dir.path()).status();
     ASSERT_FALSE(st.ok()) << c.index;
     for (const std::string& part : c.parts) {
@@ -252,7 +221,7 @@ TEST(Checkpoint, IndexMetadataExtrasAndEscapedNames) {
   w.Add("na\"me", DType::kU8, {4}, d);
   ASSERT_TRUE(w.Write(dir.File("s.safetensors")).ok());
   // Unknown metadata keys and top-level keys are skipped; escaped names are decoded.
-  WriteText(dir.File("model.safetensors.index.json"),
+  WriteFileBytes(dir.File("model.safetensors.index.json"),
             R"({"metadata":{"total_parameters":4,"total_size":4,"x":[1,{"y":null}]},)"
             R"("extra":true,"weight_map":{"na\u0022me":"s.safetensors"}})");
   auto ckpt = Checkpoint::Open(dir.path());
