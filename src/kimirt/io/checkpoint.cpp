@@ -88,14 +88,7 @@ struct ParsedIndex {
 };
 
 Status ParseWeightMap(JsonScanner& s, std::string_view text, ParsedIndex* index) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"weight_map\" must be an object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"weight_map\" must be an object"));
   index->entries.reserve(text.size() / 96);  // index lines are ~100 bytes; saves regrowth
   std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> shard_ids;
   // Index files list many consecutive tensors of one shard; remember the last lookup.
@@ -131,14 +124,7 @@ Status ParseWeightMap(JsonScanner& s, std::string_view text, ParsedIndex* index)
 }
 
 Status ParseIndexMetadata(JsonScanner& s, ParsedIndex* index) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"metadata\" must be an object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"metadata\" must be an object"));
   std::string_view key;
   for (;;) {
     KIMIRT_ASSIGN_OR_RETURN(bool more, s.NextMember(&key));
@@ -156,14 +142,7 @@ Status ParseIndexMetadata(JsonScanner& s, ParsedIndex* index) {
 
 Status ParseIndex(std::string_view text, ParsedIndex* index) {
   JsonScanner s(text);
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("the index must be a JSON object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("the index must be a JSON object"));
   bool have_map = false, have_metadata = false;
   std::string_view key;
   for (;;) {

@@ -88,13 +88,7 @@ Status ReadOffsets(JsonScanner& s, uint64_t* begin, uint64_t* end) {
 // Parses one tensor entry (the value after its name) into *t and checks it on its own:
 // fields, dtype, shape × dtype size against the offsets, offsets against the data section.
 Status ParseTensorEntry(JsonScanner& s, uint64_t data_size, TensorInfo* t) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("entry must be an object, got " + std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("entry must be an object"));
   bool have_dtype = false, have_shape = false, have_offsets = false;
   std::string_view field;
   for (;;) {
@@ -153,14 +147,7 @@ Status ParseTensorEntry(JsonScanner& s, uint64_t data_size, TensorInfo* t) {
 }
 
 Status ParseMetadata(JsonScanner& s, std::map<std::string, std::string>* metadata) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"__metadata__\" must be an object of strings, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"__metadata__\" must be an object of strings"));
   std::string_view key;
   for (;;) {
     KIMIRT_ASSIGN_OR_RETURN(bool more, s.NextMember(&key));
