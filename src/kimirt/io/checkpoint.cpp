@@ -10,10 +10,10 @@
 #include <cerrno>
 #include <deque>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "kimirt/io/json_scanner.h"
+#include "kimirt/io/message_text.h"
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
@@ -22,9 +22,8 @@ namespace {
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 constexpr std::string_view kSingleName = "model.safetensors";
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
-
-std::string ErrnoString(int err) { return std::error_code(err, std::generic_category()).message(); }
+using io_internal::ErrnoString;
+using io_internal::Quote;
 
 std::string JoinPath(const std::string& dir, std::string_view name) {
   if (dir.empty()) return std::string(name);

@@ -12,10 +12,10 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
-#include <system_error>
 
 #include "kimirt/core/check.h"
 #include "kimirt/io/json_scanner.h"
+#include "kimirt/io/message_text.h"
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
@@ -41,7 +41,8 @@ std::string ShapeToString(const Shape& shape) {
 
 namespace {
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
+using io_internal::ErrnoString;
+using io_internal::Quote;
 
 std::string TensorContext(std::string_view name) { return "tensor " + Quote(name); }
 
@@ -250,8 +251,6 @@ Status ParseHeaderIndexed(std::string_view json, uint64_t data_size, Safetensors
   }
   return CheckContiguous(header->tensors, data_size);
 }
-
-std::string ErrnoString(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // pread until `size` bytes are read; EOF early is an error (the file shrank under us).
 Status PreadFull(int fd, void* buf, size_t size, uint64_t offset) {
