@@ -23,11 +23,12 @@ def kimirt_binary():
 
 
 class ServerProcess:
-    def __init__(self, args, startup_timeout=120.0):
+    def __init__(self, args, startup_timeout=120.0, env=None):
         binary = kimirt_binary()
         assert binary.exists(), f"{binary} is not built (scripts/setup.sh builds it; KIMIRT_BINARY names another)"
         cmd = [str(binary), "serve", "--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=None if env is None else {**os.environ, **env})
         self.port = None
         self.stderr_lines = []
         # Collect stderr on a thread so a chatty server never blocks on a full pipe.
@@ -57,13 +58,16 @@ class ServerProcess:
             return r.status, r.read().decode()
 
     def metrics(self):
-        """The unlabelled samples of /metrics as {name: value}."""
+        """The samples of /metrics that carry no label but vLLM's model_name, as {name: value}."""
         _, text = self.get("/metrics")
         out = {}
         for line in text.splitlines():
-            if line.startswith("#") or "{" in line or not line.strip():
+            if line.startswith("#") or not line.strip():
                 continue
-            name, value = line.rsplit(" ", 1)
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            if labels and not re.fullmatch(r'model_name="[^"]*"}', labels):
+                continue
             out[name] = float(value)
         return out
 

@@ -61,3 +61,22 @@ def test_bench_serve_small(server, tmp_path):
     if sm and sm.get("ttft"):
         lo, hi = sm["ttft"]["p90_ms_bucket"]
         assert run0["p90_ttft_ms"] >= lo * 0.5 and (hi is None or run0["p90_ttft_ms"] <= hi * 2), (run0, sm)
+
+
+def test_bench_serve_save_result_is_vllm_shaped(server, tmp_path):
+    """--save-result writes what `vllm bench serve --save-result` writes: flat keys, vLLM's names."""
+    r = run(["bench", "serve", "--url", server.base_url, "--dataset", "random", "--input-len", "16",
+             "--output-len", "4", "--num-prompts", "6", "--max-concurrency", "2", "--seed", "1",
+             "--save-result", "--result-dir", str(tmp_path), "--result-filename", "vllm.json",
+             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"])
+    assert r.returncode == 0, r.stderr
+    result = json.loads((tmp_path / "vllm.json").read_text())
+    expected = {"completed": int, "total_input_tokens": int, "total_output_tokens": int,
+                "request_throughput": (int, float), "output_throughput": (int, float), "duration": (int, float)}
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p90", "p99"):
+            expected[f"{stat}_{metric}_ms"] = (int, float)
+    check_keys(result, expected, "vllm result")
+    assert result["completed"] == 6 and result["total_output_tokens"] == 6 * 4
+    assert result["max_concurrency"] == 2 and result["request_rate"] == "inf"
+    assert result["p50_ttft_ms"] <= result["p99_ttft_ms"]

@@ -14,6 +14,7 @@
 #include "kimirt/cli/flags.h"
 #include "kimirt/eval/bench_plot.h"
 #include "kimirt/eval/bench_serve.h"
+#include "kimirt/eval/bench_vllm_result.h"
 #include "kimirt/eval/gsm8k.h"
 
 namespace kimirt {
@@ -73,7 +74,15 @@ int RunBenchServeCommand(int argc, char** argv) {
   flags.Bool("calibrate", &o.calibrate, "random: fit prompt words to the server's token counts (--no-calibrate: one word per token)");
   flags.Bool("server-metrics", &o.server_metrics, "read the server's GET /metrics histograms around each run");
   flags.Bool("detailed,save-detailed", &o.detailed, "per-request arrays (ttfts, itls, latencies, ...) in the JSON");
-  flags.String("json", &json_path, "write the results as JSON to FILE");
+  flags.String("json", &json_path, "write the results as JSON to FILE (kimirt's schema, every run)");
+  bool save_result = false;
+  std::string result_dir, result_filename, percentile_metrics = "ttft,tpot,itl", metric_percentiles = "99";
+  flags.Bool("save-result", &save_result, "write each run as vllm bench serve --save-result does (flat JSON)");
+  flags.String("result-dir", &result_dir, "--save-result: directory (default: the current one)");
+  flags.String("result-filename", &result_filename,
+               "--save-result: file name (default: vLLM's openai-{rate}qps[-concurrency{N}]-{model}-{date}.json)");
+  flags.String("percentile-metrics", &percentile_metrics, "--save-result: metrics with percentiles: ttft,tpot,itl,e2el");
+  flags.String("metric-percentiles", &metric_percentiles, "--save-result: percentiles, e.g. 50,90,99");
   flags.String("plot", &plot_path, "draw throughput vs latency per concurrency into FILE.png (needs gnuplot)");
   flags.String("data-dir", &data_dir, "gsm8k: directory with train.jsonl and test.jsonl");
   flags.Double("timeout", &timeout, "seconds a response may stay silent before the request fails");
@@ -108,6 +117,14 @@ int RunBenchServeCommand(int argc, char** argv) {
   if (!(timeout > 0)) return fail(InvalidArgument("--timeout must be > 0"));
   o.http.read_timeout_s = timeout;
   if (!flags.WasSet("ignore-eos")) o.ignore_eos = o.dataset == "random";
+  eval::VllmResultOptions vllm_result;
+  if (save_result) {
+    Result<std::vector<std::string>> metrics = eval::ParsePercentileMetrics(percentile_metrics);
+    if (!metrics.ok()) return fail(metrics.status());
+    Result<std::vector<double>> percentiles = eval::ParseMetricPercentiles(metric_percentiles);
+    if (!percentiles.ok()) return fail(percentiles.status());
+    vllm_result = {*metrics, *percentiles};
+  }
   if (!plot_path.empty() && eval::FindOnPath("gnuplot").empty()) {
     // Fail before the run, not after minutes of load.
     return fail(NotFound("--plot needs gnuplot, which is not on PATH: install the Debian package gnuplot-nox "
@@ -134,6 +151,22 @@ int RunBenchServeCommand(int argc, char** argv) {
     f << eval::BenchServeReportToJson(*report).dump(2) << "\n";
     if (!f) return fail(IoError(json_path + ": cannot write the results"));
     std::printf("results: %s\n", json_path.c_str());
+  }
+  if (save_result) {
+    for (size_t i = 0; i < report->runs.size(); ++i) {
+      const eval::BenchRun& run = report->runs[i];
+      std::string name = result_filename.empty() ? eval::VllmResultFileName(*report, run) : result_filename;
+      if (!result_filename.empty() && report->runs.size() > 1) {
+        // One file per concurrency of a sweep: name-c{N}.json.
+        const size_t dot = name.rfind(".json");
+        name = name.substr(0, dot) + "-c" + std::to_string(run.max_concurrency) + (dot == std::string::npos ? "" : ".json");
+      }
+      const std::string path = result_dir.empty() ? name : result_dir + "/" + name;
+      std::ofstream f(path, std::ios::binary);
+      f << eval::VllmResultJson(*report, run, vllm_result).dump(2) << "\n";
+      if (!f) return fail(IoError(path + ": cannot write the results"));
+      std::printf("result: %s\n", path.c_str());
+    }
   }
   if (!plot_path.empty()) {
     const std::string title = report->options.model + ", " + report->options.dataset + " " +

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kimirt/cli/commands.h"
+#include "kimirt/server/version.h"
 
 namespace {
 
@@ -21,7 +22,7 @@ void Usage(FILE* out) {
                "  bench serve      load generator with vllm bench serve's metrics\n"
                "  bench model      the engine in-process: prefill tokens/s, decode step time\n"
                "  logits           FP32 logits of every position, as safetensors\n\n"
-               "`kimirt <command> --help` lists a command's flags.\n");
+               "`kimirt <command> --help` lists a command's flags; `kimirt --version` prints the version.\n");
 }
 
 }  // namespace
@@ -41,6 +42,10 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return kimirt::RunBenchCommand(argc, argv);
   if (cmd == "detokenize") return kimirt::RunDetokenizeCommand(argc, argv);
   if (cmd == "logits") return kimirt::RunLogitsCommand(argc, argv);
+  if (cmd == "--version" || cmd == "-V" || cmd == "version") {
+    std::printf("kimirt %.*s\n", static_cast<int>(kimirt::kKimirtVersion.size()), kimirt::kKimirtVersion.data());
+    return 0;
+  }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     Usage(stdout);
     return 0;

@@ -3,19 +3,32 @@
 // --max-model-len 16384 --max-num-seqs 64 --max-num-batched-tokens 10240
 // --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching.
 // Without --model it serves the built-in demo model (tools/builtin_model.h).
+//
+// vLLM drop-in: `kimirt serve MODEL` (positional, as `vllm serve MODEL`), --api-key (or
+// $KIMIRT_API_KEY / $VLLM_API_KEY), --seed, --disable-log-requests, --disable-log-stats,
+// --enable-auto-tool-choice, --tool-call-parser / --reasoning-parser (kimi_k3: the only parser
+// kimirt has, always on for K3 models), --default-chat-template-kwargs, --allowed-origins,
+// --log-level.
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/flags.h"
+#include "kimirt/cli/load_progress.h"
 #include "kimirt/engine/engine.h"
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/model/config.h"
+#include "kimirt/server/log.h"
 #include "kimirt/server/openai_server.h"
 #include "kimirt/tokenizer/tokenizer.h"
 #include "kimirt/tools/builtin_model.h"
@@ -29,6 +42,43 @@ void OnSignal(int sig) { g_signal.store(sig); }
 int Fail(const Status& s, int code = 1) {
   std::fprintf(stderr, "kimirt serve: %s\n", s.message().c_str());
   return code;
+}
+
+// --tool-call-parser / --reasoning-parser: vLLM picks a parser per model family; kimirt has the
+// K3 one built in. Anything else would silently parse nothing, so it is refused.
+Status CheckParserFlag(const char* flag, const std::string& value) {
+  if (value.empty() || value == "kimi_k3") return Status::Ok();
+  return InvalidArgument(std::string("--") + flag + " \"" + value +
+                         "\" is not available: kimirt parses Kimi-K3 output itself; use kimi_k3 (or leave it out)");
+}
+
+// --allowed-origins: vLLM's JSON list ('["https://a.example"]'), or a comma-separated list.
+Result<std::vector<std::string>> ParseOrigins(const std::string& text) {
+  std::vector<std::string> out;
+  if (!text.empty() && text.front() == '[') {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_array()) return InvalidArgument("--allowed-origins: not a JSON list: " + text);
+    for (const auto& v : j) {
+      if (!v.is_string()) return InvalidArgument("--allowed-origins: every origin must be a string: " + text);
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  }
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    std::string origin = text.substr(start, comma - start);
+    while (!origin.empty() && origin.front() == ' ') origin.erase(origin.begin());
+    while (!origin.empty() && origin.back() == ' ') origin.pop_back();
+    if (!origin.empty()) out.push_back(origin);
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
 }  // namespace
@@ -63,14 +113,46 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("threads", &threads, "CPU threads for GEMMs (0: all cores)");
   f.Bool("enable-prefix-caching", &prefix_caching, "not supported: prefix caching cannot recover KDA state");
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
+  std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";
+  int64_t seed = 0;
+  bool no_request_log = false, no_stats_log = false, auto_tool_choice = false;
+  f.String("api-key", &api_key, "require `Authorization: Bearer KEY` on /v1/* (default: $KIMIRT_API_KEY, $VLLM_API_KEY)");
+  f.Int("seed", &seed, "base of the seeds of requests that set none (reproducible runs); default: random");
+  f.Bool("disable-log-requests", &no_request_log, "no log line per request");
+  f.Bool("disable-log-stats", &no_stats_log, "no periodic throughput / queue / cache line");
+  f.Bool("enable-auto-tool-choice", &auto_tool_choice,
+         "accepted for vLLM command lines: K3 tool calls are always parsed (tool_choice auto)");
+  f.String("tool-call-parser", &tool_parser, "kimi_k3 (the built-in K3 parser; the only one)");
+  f.String("reasoning-parser", &reasoning_parser, "kimi_k3 (reasoning_content from K3's think channel; the only one)");
+  f.String("default-chat-template-kwargs", &chat_kwargs,
+           "JSON object under every chat request's chat_template_kwargs, e.g. '{\"thinking\": false}'");
+  f.String("allowed-origins", &origins, "CORS origins: a JSON list or comma-separated; \"*\" allows any");
+  f.String("log-level", &log_level, "debug, info, warning or error");
   std::string forced;
   f.String("test-forced-completion", &forced,
            "testing only: every request generates this text (special-token names allowed), then EOS");
-  if (Status s = f.Parse(argc, argv, 2, nullptr); !s.ok()) return Fail(s, 2);
+  std::vector<std::string> positional;
+  if (Status s = f.Parse(argc, argv, 2, &positional); !s.ok()) return Fail(s, 2);
   if (f.help_requested()) {
     std::fputs(f.Help().c_str(), stdout);
     return 0;
   }
+  if (positional.size() > 1) return Fail(InvalidArgument("at most one MODEL argument, got " + std::to_string(positional.size())), 2);
+  if (positional.size() == 1) {
+    if (!model_dir.empty() && model_dir != positional[0]) {
+      return Fail(InvalidArgument("MODEL \"" + positional[0] + "\" and --model \"" + model_dir + "\" disagree"), 2);
+    }
+    model_dir = positional[0];
+  }
+  for (const auto& [flag, value] : {std::pair{"tool-call-parser", tool_parser}, {"reasoning-parser", reasoning_parser}}) {
+    if (Status s = CheckParserFlag(flag, value); !s.ok()) return Fail(s, 2);
+  }
+  Result<LogLevel> level = ParseLogLevel(log_level);
+  if (!level.ok()) return Fail(level.status(), 2);
+  SetLogLevel(*level);
+  Result<std::vector<std::string>> allowed = ParseOrigins(origins);
+  if (!allowed.ok()) return Fail(allowed.status(), 2);
+  if (api_key.empty()) api_key = EnvOr("KIMIRT_API_KEY", EnvOr("VLLM_API_KEY", ""));
   if (prefix_caching) {
     return Fail(Unsupported("--enable-prefix-caching: the KDA recurrent state of a cached prefix cannot be "
                             "recovered from the latent cache (ATOM disables it too); use --no-enable-prefix-caching"),
@@ -113,7 +195,9 @@ int RunServeCommand(int argc, char** argv) {
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);
   if (device == "cuda") ro.gpu_memory_utilization = gpu_util;  // the cache is in GPU memory there
   const auto t0 = std::chrono::steady_clock::now();
+  LoadProgress progress(model_dir);
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);
+  progress.Finish();
   if (!runner.ok()) return Fail(runner.status());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EngineOptions eo;
@@ -147,14 +231,23 @@ int RunServeCommand(int argc, char** argv) {
   so.port = port;
   so.served_model_name = served_name;
   so.max_model_len = used.max_model_len;
-  Result<std::unique_ptr<Server>> server = Server::Create(so, **engine, **tokenizer, (*runner)->config().family);
+  so.model_vocab_size = static_cast<int32_t>((*runner)->config().vocab_size);
+  so.api_key = api_key;
+  so.allowed_origins = *allowed;
+  if (f.WasSet("seed")) so.seed = static_cast<uint64_t>(seed);
+  so.log_requests = !no_request_log;
+  if (no_stats_log) so.stats_interval = std::chrono::milliseconds(0);
+  so.default_chat_template_kwargs = chat_kwargs;
+  const ChatFormat format =
+      (*runner)->config().family == ModelFamily::kKimiK3 ? ChatFormat::kK3 : ChatFormat::kKimiLinear;
+  Result<std::unique_ptr<Server>> server = Server::Create(so, **engine, **tokenizer, format);
   if (!server.ok()) return Fail(server.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  std::printf("kimirt serve: listening on http://%s:%d (model \"%s\")\n", host.c_str(), (*server)->port(),
-              served_name.c_str());
+  std::printf("kimirt serve: listening on http://%s:%d (model \"%s\")%s\n", host.c_str(), (*server)->port(),
+              served_name.c_str(), api_key.empty() ? "" : "; /v1/* need the API key");
   std::fflush(stdout);
   while (g_signal.load() == 0 && (*server)->serving()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const bool died = g_signal.load() == 0;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -57,6 +58,7 @@ struct Request {
   Sequence seq;
   Sampler sampler;
   OutputProcessor output;
+  int64_t prompt_counted = 0;  // prompt tokens counted in the stats (a preempted prompt is not counted twice)
 };
 
 class EngineImpl final : public Engine {
@@ -215,6 +217,20 @@ class EngineImpl final : public Engine {
     return r.output.wants_prompt_logprobs() && r.seq.computed < r.seq.prompt_len;
   }
 
+  // min_tokens (vLLM): the row with EOS (unless ignore_eos) and stop_token_ids at -inf, in `scratch`.
+  std::span<const float> MaskStopTokens(std::span<const float> row, const SamplingParams& p,
+                                        std::vector<float>* scratch) const {
+    scratch->assign(row.begin(), row.end());
+    auto mask = [&](int64_t id) {
+      if (id >= 0 && id < static_cast<int64_t>(scratch->size())) {
+        (*scratch)[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
+    };
+    if (!p.ignore_eos) for (int64_t id : out_context_.eos_token_ids) mask(id);
+    for (int32_t id : p.stop_token_ids) mask(id);
+    return *scratch;
+  }
+
   // After a forward of r's next n tokens: score prompt tokens, then sample if r caught up.
   // `logits` holds the rows of those n positions ([n, V]), or just the last ([1, V]).
   void Advance(Request& r, int64_t n, const Tensor& logits) {
@@ -228,10 +244,16 @@ class EngineImpl final : public Engine {
         r.output.AddPromptLogprob(ScoreToken(at, s.tokens[static_cast<size_t>(s.computed + i + 1)], top));
       }
     }
-    if (s.computed == 0) stats_prompt_tokens_ += std::min<int64_t>(n, s.prompt_len);
+    const int64_t prompt_done = std::min<int64_t>(s.computed + n, s.prompt_len);
+    if (prompt_done > r.prompt_counted) {
+      stats_prompt_tokens_ += prompt_done - r.prompt_counted;
+      r.prompt_counted = prompt_done;
+    }
     s.computed += n;
     if (s.pending() > 0) return;  // prefill continues
-    const std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+    std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+    std::vector<float> masked;
+    if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);
     const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.prompt_len));
     const std::span<const int32_t> output(s.tokens.data() + s.prompt_len, static_cast<size_t>(s.generated()));
     SampleResult sampled = r.sampler.Sample(row, prompt, output);

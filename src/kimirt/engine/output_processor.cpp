@@ -12,9 +12,9 @@ OutputProcessor::OutputProcessor(const OutputContext& context, std::string reque
     : context_(context), id_(std::move(request_id)), params_(params), prompt_len_(prompt_len),
       on_output_(std::move(on_output)) {
   if (context_.tokenizer != nullptr) {
-    // skip_special as vLLM does by default; K3's XTML markers are "special": false, so they stay
-    // in the text for the output parser (spec §10.4).
-    detok_ = std::make_unique<IncrementalDetokenizer>(*context_.tokenizer, /*skip_special=*/true);
+    // skip_special_tokens defaults to true as in vLLM; K3's XTML markers are "special": false,
+    // so they stay in the text for the output parser (spec §10.4).
+    detok_ = std::make_unique<IncrementalDetokenizer>(*context_.tokenizer, params_.skip_special_tokens);
     stops_ = std::make_unique<StopMatcher>(params_.stop);
   }
 }

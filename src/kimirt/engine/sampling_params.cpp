@@ -60,11 +60,13 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
                              " is out of range " + vocab_range);
     }
   }
-  constexpr size_t kMaxStops = 16;
-  constexpr size_t kMaxStopBytes = 256;
-  if (stop.size() > kMaxStops) {
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return InvalidArgument("min_tokens must be in [0, max_tokens = " + std::to_string(max_tokens) + "], got " +
+                           std::to_string(min_tokens));
+  }
+  if (stop.size() > kMaxStopStrings) {
     return InvalidArgument("stop has " + std::to_string(stop.size()) + " strings; at most " +
-                           std::to_string(kMaxStops) + " are allowed");
+                           std::to_string(kMaxStopStrings) + " are allowed");
   }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) return InvalidArgument("stop[" + std::to_string(i) + "] is empty");

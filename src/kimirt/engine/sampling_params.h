@@ -29,9 +29,17 @@ struct SamplingParams {
   // before it, plus the top k there. Raw log_softmax, as for `logprobs`.
   int32_t prompt_logprobs = -1;
   int32_t max_tokens = 16;
+  // vLLM's min_tokens: until this many tokens were generated, EOS and stop_token_ids cannot be
+  // sampled (their logits are -inf). Stop strings still apply.
+  int32_t min_tokens = 0;
   bool ignore_eos = false;
+  // OpenAI/vLLM skip_special_tokens: drop special tokens from the text. K3's XTML markers are
+  // not special (spec §10.4) and stay either way.
+  bool skip_special_tokens = true;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS set
   std::vector<std::string> stop;        // stop strings (matched on text, not emitted)
+  static constexpr size_t kMaxStopStrings = 16;
+  static constexpr size_t kMaxStopBytes = 256;
   int32_t n = 1;
 
   Status Validate(int32_t vocab_size) const;

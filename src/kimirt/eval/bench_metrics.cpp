@@ -32,10 +32,22 @@ LatencyStats SummarizeMs(const std::vector<double>& seconds) {
   return s;
 }
 
+MetricSamples CollectMetricSamples(const std::vector<RequestRecord>& records) {
+  MetricSamples s;
+  for (const RequestRecord& r : records) {
+    if (!r.success) continue;
+    if (r.output_tokens > 1) s.tpot.push_back((r.latency_s - r.ttft_s) / static_cast<double>(r.output_tokens - 1));
+    s.itl.insert(s.itl.end(), r.itl_s.begin(), r.itl_s.end());
+    s.ttft.push_back(r.ttft_s);
+    s.e2el.push_back(r.latency_s);
+    s.queue.push_back(r.start_s - r.arrival_s);
+  }
+  return s;
+}
+
 BenchMetrics ComputeBenchMetrics(const std::vector<RequestRecord>& records, double duration_s) {
   BenchMetrics m;
   m.duration_s = duration_s;
-  std::vector<double> ttfts, tpots, itls, e2els, queues;
   std::vector<std::pair<double, int>> events;  // (time, +1 start / -1 end)
   double min_start = 0, max_end = 0;
   bool any = false;
@@ -47,11 +59,6 @@ BenchMetrics ComputeBenchMetrics(const std::vector<RequestRecord>& records, doub
     ++m.completed;
     m.total_input_tokens += r.prompt_tokens;
     m.total_output_tokens += r.output_tokens;
-    if (r.output_tokens > 1) tpots.push_back((r.latency_s - r.ttft_s) / static_cast<double>(r.output_tokens - 1));
-    itls.insert(itls.end(), r.itl_s.begin(), r.itl_s.end());
-    ttfts.push_back(r.ttft_s);
-    e2els.push_back(r.latency_s);
-    queues.push_back(r.start_s - r.arrival_s);
     events.emplace_back(r.start_s, +1);
     events.emplace_back(r.start_s + r.latency_s, -1);
     min_start = any ? std::min(min_start, r.start_s) : r.start_s;
@@ -64,11 +71,12 @@ BenchMetrics ComputeBenchMetrics(const std::vector<RequestRecord>& records, doub
     m.output_throughput = static_cast<double>(m.total_output_tokens) / duration_s;
     m.total_token_throughput = static_cast<double>(m.total_input_tokens + m.total_output_tokens) / duration_s;
   }
-  m.ttft = SummarizeMs(ttfts);
-  m.tpot = SummarizeMs(tpots);
-  m.itl = SummarizeMs(itls);
-  m.e2el = SummarizeMs(e2els);
-  m.queue = SummarizeMs(queues);
+  const MetricSamples samples = CollectMetricSamples(records);
+  m.ttft = SummarizeMs(samples.ttft);
+  m.tpot = SummarizeMs(samples.tpot);
+  m.itl = SummarizeMs(samples.itl);
+  m.e2el = SummarizeMs(samples.e2el);
+  m.queue = SummarizeMs(samples.queue);
 
   if (any) {
     // Peak concurrency: a sweep over half-open [start, end) intervals, ends before starts on ties.

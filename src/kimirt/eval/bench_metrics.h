@@ -54,4 +54,10 @@ struct BenchMetrics {
 
 BenchMetrics ComputeBenchMetrics(const std::vector<RequestRecord>& records, double duration_s);
 
+// The per-metric samples (seconds) of the successful requests, as the statistics above pool them.
+struct MetricSamples {
+  std::vector<double> ttft, tpot, itl, e2el, queue;
+};
+MetricSamples CollectMetricSamples(const std::vector<RequestRecord>& records);
+
 }  // namespace kimirt::eval

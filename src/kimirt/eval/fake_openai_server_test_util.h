@@ -41,12 +41,13 @@ class FakeOpenAiServer {
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       std::lock_guard<std::mutex> lock(mu_);
       std::ostringstream m;
-      m << "# TYPE kimirt_time_to_first_token_seconds histogram\n"
-        << "kimirt_time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n"
-        << "kimirt_time_to_first_token_seconds_bucket{le=\"0.05\"} " << streams_ << "\n"
-        << "kimirt_time_to_first_token_seconds_bucket{le=\"+Inf\"} " << streams_ << "\n"
-        << "kimirt_time_to_first_token_seconds_sum " << 0.002 * streams_ << "\n"
-        << "kimirt_time_to_first_token_seconds_count " << streams_ << "\n";
+      // As kimirt serve and vLLM export it (server/metrics.h): vLLM's name and model_name label.
+      m << "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        << "vllm:time_to_first_token_seconds_bucket{model_name=\"fake\",le=\"0.001\"} 0\n"
+        << "vllm:time_to_first_token_seconds_bucket{model_name=\"fake\",le=\"0.05\"} " << streams_ << "\n"
+        << "vllm:time_to_first_token_seconds_bucket{model_name=\"fake\",le=\"+Inf\"} " << streams_ << "\n"
+        << "vllm:time_to_first_token_seconds_sum{model_name=\"fake\"} " << 0.002 * streams_ << "\n"
+        << "vllm:time_to_first_token_seconds_count{model_name=\"fake\"} " << streams_ << "\n";
       res.set_content(m.str(), "text/plain; version=0.0.4");
     });
     // Without TCP_NODELAY small SSE writes are held back by Nagle's algorithm and arrive in

@@ -1,8 +1,8 @@
 // Histograms read from a server's GET /metrics (Prometheus text exposition format 0.0.4), so a
-// benchmark can set its client-side TTFT/ITL/E2EL beside the server's own: kimirt's
-// kimirt_time_to_first_token_seconds, kimirt_time_per_output_token_seconds (inter-token gaps),
-// kimirt_e2e_request_latency_seconds, and vLLM's vllm:* equivalents. Series that differ only in
-// labels other than `le` (e.g. model_name) are summed.
+// benchmark can set its client-side TTFT/ITL/E2EL beside the server's own: vllm:time_to_first_
+// token_seconds, vllm:inter_token_latency_seconds / vllm:time_per_output_token_seconds,
+// vllm:e2e_request_latency_seconds, as vLLM and kimirt serve (server/metrics.h) both export them.
+// Series that differ only in labels other than `le` (e.g. model_name) are summed.
 #pragma once
 
 #include <map>

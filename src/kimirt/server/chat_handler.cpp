@@ -26,19 +26,28 @@ constexpr int32_t kDefaultChatMaxTokens = 4096;
 // Splits one choice's generated text into channels: K3's parser, or plain content.
 class AssistantParser {
  public:
-  AssistantParser(ModelFamily family, K3ParseStart start, std::string call_id_prefix) {
-    if (family == ModelFamily::kKimiK3) k3_.emplace(start, std::move(call_id_prefix));
+  // `tools_allowed` false (tool_choice "none"): calls the model makes anyway are dropped, so
+  // the client never receives a call it ruled out.
+  AssistantParser(ChatFormat format, K3ParseStart start, std::string call_id_prefix, bool tools_allowed)
+      : tools_allowed_(tools_allowed) {
+    if (format == ChatFormat::kK3) k3_.emplace(start, std::move(call_id_prefix));
   }
   K3ParseDelta Feed(std::string_view text) {
-    if (k3_) return k3_->Feed(text);
+    if (k3_) return Filter(k3_->Feed(text));
     K3ParseDelta d;
     d.content = std::string(text);
     return d;
   }
-  K3ParseDelta Finish() { return k3_ ? k3_->Finish() : K3ParseDelta{}; }
+  K3ParseDelta Finish() { return k3_ ? Filter(k3_->Finish()) : K3ParseDelta{}; }
 
  private:
+  K3ParseDelta Filter(K3ParseDelta d) const {
+    if (!tools_allowed_) d.tool_calls.clear();
+    return d;
+  }
+
   std::optional<K3CompletionParser> k3_;
+  bool tools_allowed_ = true;
 };
 
 void Append(K3ParseDelta* into, K3ParseDelta more) {
@@ -220,26 +229,44 @@ std::string ParamOf(const std::string& message) {
 
 }  // namespace
 
+std::optional<ApiError> ParseChatBody(const ServingContext& ctx, std::string_view text, ChatRequest* req) {
+  Json body;
+  if (auto e = ParseJsonBody(text, &body)) return e;
+  if (!ctx.default_chat_template_kwargs.empty()) {
+    // --default-chat-template-kwargs, then the request's own keys on top (vLLM).
+    const auto it = body.find("chat_template_kwargs");
+    if (it == body.end() || it->is_null() || it->is_object()) {
+      Json kwargs = ctx.default_chat_template_kwargs;
+      if (it != body.end() && it->is_object()) {
+        for (const auto& [key, value] : it->items()) kwargs[key] = value;
+      }
+      body["chat_template_kwargs"] = std::move(kwargs);
+    }
+  }
+  return ParseChatRequest(body, ctx.limits, req);
+}
+
+std::optional<ApiError> EncodeChatPrompt(const ServingContext& ctx, const ChatRequest& req, std::vector<int32_t>* ids) {
+  Result<std::vector<ChatSegment>> segments =
+      ctx.format == ChatFormat::kK3 ? RenderK3Chat(req.messages, req.tools, req.chat)
+                                    : RenderKimiLinearChat(req.messages, req.tools, req.chat);
+  if (!segments.ok()) return ApiErrorFromStatus(segments.status(), false, ParamOf(segments.status().message()));
+  Result<std::vector<int32_t>> encoded = EncodeSegments(*ctx.tokenizer, *segments);
+  if (!encoded.ok()) {
+    // The prompt is valid; the served tokenizer lacks a marker of its chat format.
+    return ApiError{ApiErrorKind::kInternal, encoded.status().message(), {}, {}};
+  }
+  *ids = std::move(*encoded);
+  return std::nullopt;
+}
+
 HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest& request) {
   if (ctx.stopping()) return ErrorResponse({ApiErrorKind::kShuttingDown, "The server is shutting down", {}, {}});
-  Json body;
-  if (auto e = ParseJsonBody(request.body, &body)) return ErrorResponse(*e);
   ChatRequest req;
-  if (auto e = ParseChatRequest(body, ctx.limits, &req)) return ErrorResponse(*e);
-
-  Result<std::vector<ChatSegment>> segments =
-      ctx.family == ModelFamily::kKimiK3 ? RenderK3Chat(req.messages, req.tools, req.chat)
-                                         : RenderKimiLinearChat(req.messages, req.tools, req.chat);
-  if (!segments.ok()) {
-    ApiError e = ApiErrorFromStatus(segments.status(), false, ParamOf(segments.status().message()));
-    return ErrorResponse(e);
-  }
-  Result<std::vector<int32_t>> ids = EncodeSegments(*ctx.tokenizer, *segments);
-  if (!ids.ok()) {
-    // The prompt is valid; the served tokenizer lacks a marker of its chat format.
-    return ErrorResponse({ApiErrorKind::kInternal, ids.status().message(), {}, {}});
-  }
-  const int64_t prompt_tokens = static_cast<int64_t>(ids->size());
+  if (auto e = ParseChatBody(ctx, request.body, &req)) return ErrorResponse(*e);
+  std::vector<int32_t> prompt;
+  if (auto e = EncodeChatPrompt(ctx, req, &prompt)) return ErrorResponse(*e);
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
 
   SamplingParams& sp = req.gen.sampling;
   if (!req.gen.max_tokens_set) {
@@ -249,6 +276,12 @@ HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest&
   }
   if (auto e = CheckContextLength(prompt_tokens, sp.max_tokens, ctx.max_model_len, "messages")) {
     return ErrorResponse(*e);
+  }
+  if (sp.min_tokens > sp.max_tokens) {
+    return ErrorResponse(InvalidRequest("`min_tokens` (" + std::to_string(sp.min_tokens) +
+                                            ") exceeds the room left for the completion (" +
+                                            std::to_string(sp.max_tokens) + " tokens)",
+                                        "min_tokens"));
   }
 
   Chat c;
@@ -264,9 +297,11 @@ HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest&
   const std::string call_prefix = "call_" + c.id.substr(c.id.size() - 8) + "_";
   const K3ParseStart start = K3ParseStartFor(req.chat);
   std::vector<JobChoice> job_choices;
-  for (const SamplingParams& p : ChoiceParams(sp, ctx.engine->options().default_seed)) {
-    c.choices.emplace_back(AssistantParser(ctx.family, start, call_prefix + std::to_string(c.choices.size()) + "_"));
-    job_choices.push_back({*ids, p});
+  const bool tools_allowed = req.chat.tool_choice != ToolChoice::kNone;
+  for (const SamplingParams& p : ChoiceParams(sp, ctx.seeds->Next())) {
+    c.choices.emplace_back(
+        AssistantParser(ctx.format, start, call_prefix + std::to_string(c.choices.size()) + "_", tools_allowed));
+    job_choices.push_back({prompt, p, req.gen.include_stop_str_in_output});
   }
 
   auto job = std::make_unique<GenerationJob>(*ctx.engine, c.id, ctx.metrics, ctx.jobs);

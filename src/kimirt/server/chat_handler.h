@@ -14,11 +14,21 @@
 // usage chunk when asked, then [DONE].
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
 #include "kimirt/server/http_server.h"
 #include "kimirt/server/serving_context.h"
 
 namespace kimirt {
 
 HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest& request);
+
+// The steps before generation, shared with /tokenize: the body parsed as a chat request (with
+// --default-chat-template-kwargs under the request's own), and its prompt rendered and encoded.
+std::optional<ApiError> ParseChatBody(const ServingContext& ctx, std::string_view body, ChatRequest* out);
+std::optional<ApiError> EncodeChatPrompt(const ServingContext& ctx, const ChatRequest& req, std::vector<int32_t>* ids);
 
 }  // namespace kimirt

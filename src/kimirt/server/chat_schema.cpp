@@ -123,12 +123,16 @@ MaybeError ParseChatTools(const Json& body, std::vector<ToolSpec>* out) {
     if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
       return InvalidRequest("`" + pt + ".function.name` must be a non-empty string", pt + ".function.name");
     }
+    // The JSON Schema of the arguments: an object (OpenAI), or absent for a call without any.
+    if (const Json* params = Member(*fn, "parameters"); params != nullptr && !params->is_object()) {
+      return TypeError(pt + ".function.parameters", "a JSON Schema object", *params);
+    }
     out->push_back({tool.dump()});
   }
   return std::nullopt;
 }
 
-MaybeError ParseChatOptions(const Json& body, bool has_tools, ChatOptions* o) {
+MaybeError ParseChatOptions(const Json& body, ChatOptions* o) {
   if (const Json* tc = Member(body, "tool_choice")) {
     if (!tc->is_string()) {
       // A named function needs constrained decoding, which the engine does not have.
@@ -141,32 +145,15 @@ MaybeError ParseChatOptions(const Json& body, bool has_tools, ChatOptions* o) {
     } else if (s == "none") {
       o->tool_choice = ToolChoice::kNone;
     } else if (s == "required") {
-      if (!has_tools) return InvalidRequest("`tool_choice` \"required\" needs `tools`", "tool_choice");
-      o->tool_choice = ToolChoice::kRequired;
+      // Without constrained decoding the model may still answer in prose; vLLM enforces it.
+      return InvalidRequest("`tool_choice` \"required\" is not supported: kimirt has no constrained decoding to "
+                            "force a tool call; use \"auto\"",
+                            "tool_choice");
     } else {
       return InvalidRequest("`tool_choice` must be \"auto\", \"none\" or \"required\", got \"" + s + "\"", "tool_choice");
     }
   }
-  if (const Json* rf = Member(body, "response_format")) {
-    if (!rf->is_object()) return TypeError("response_format", "an object", *rf);
-    std::string type = "text";
-    KIMIRT_RETURN_IF_API_ERROR(ReadString(*rf, "type", &type, "response_format."));
-    if (type == "text") {
-      o->response_format.type = ResponseFormat::Type::kText;
-    } else if (type == "json_object") {
-      o->response_format.type = ResponseFormat::Type::kJsonObject;
-    } else if (type == "json_schema") {
-      const Json* schema = Member(*rf, "json_schema");
-      if (schema == nullptr || !schema->is_object()) {
-        return InvalidRequest("`response_format.json_schema` must be an object", "response_format.json_schema");
-      }
-      o->response_format.type = ResponseFormat::Type::kJsonSchema;
-      o->response_format.json_schema = schema->dump();
-    } else {
-      return InvalidRequest("`response_format.type` must be text, json_object or json_schema, got \"" + type + "\"",
-                            "response_format.type");
-    }
-  }
+  // response_format: only "text" gets here (RefuseUnsupported, openai_schema.cpp).
   KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "add_generation_prompt", &o->add_generation_prompt));
 
   // Thinking effort, most specific last: OpenAI's reasoning_effort, K3's thinking_effort, then

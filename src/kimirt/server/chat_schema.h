@@ -14,6 +14,6 @@ namespace kimirt {
 
 std::optional<ApiError> ParseChatMessages(const Json& body, std::vector<ChatMessage>* out);
 std::optional<ApiError> ParseChatTools(const Json& body, std::vector<ToolSpec>* out);
-std::optional<ApiError> ParseChatOptions(const Json& body, bool has_tools, ChatOptions* out);
+std::optional<ApiError> ParseChatOptions(const Json& body, ChatOptions* out);
 
 }  // namespace kimirt

@@ -199,7 +199,7 @@ HttpResponse HandleCompletions(const ServingContext& ctx, const HttpRequest& req
   }
 
   std::vector<JobChoice> job_choices;
-  const std::vector<SamplingParams> params = ChoiceParams(req.gen.sampling, ctx.engine->options().default_seed);
+  const std::vector<SamplingParams> params = ChoiceParams(req.gen.sampling, ctx.seeds->Next());
   for (size_t p = 0; p < c.prompts.size(); ++p) {
     for (const SamplingParams& sp : params) {
       Choice ch;
@@ -208,7 +208,7 @@ HttpResponse HandleCompletions(const ServingContext& ctx, const HttpRequest& req
       c.choices.push_back(std::move(ch));
       SamplingParams with_prompt = sp;
       if (c.echo) with_prompt.prompt_logprobs = sp.logprobs;  // -1 without logprobs
-      job_choices.push_back({c.prompts[p].ids, std::move(with_prompt)});
+      job_choices.push_back({c.prompts[p].ids, std::move(with_prompt), req.gen.include_stop_str_in_output});
     }
   }
 

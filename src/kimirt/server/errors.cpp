@@ -18,6 +18,7 @@ struct KindInfo {
 KindInfo Info(ApiErrorKind kind) {
   switch (kind) {
     case ApiErrorKind::kInvalidRequest: return {400, "invalid_request_error", nullptr};
+    case ApiErrorKind::kUnauthorized: return {401, "authentication_error", "invalid_api_key"};
     case ApiErrorKind::kModelNotFound: return {404, "invalid_request_error", "model_not_found"};
     case ApiErrorKind::kNotFound: return {404, "not_found_error", nullptr};
     case ApiErrorKind::kMethodNotAllowed: return {405, "invalid_request_error", "method_not_allowed"};

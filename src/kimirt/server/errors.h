@@ -15,6 +15,7 @@ namespace kimirt {
 
 enum class ApiErrorKind : uint8_t {
   kInvalidRequest,    // 400: malformed JSON, wrong type or range, too long for the context
+  kUnauthorized,      // 401: --api-key is set and the request did not carry it
   kModelNotFound,     // 404: `model` is not the served model name
   kNotFound,          // 404: no such endpoint
   kMethodNotAllowed,  // 405: the endpoint exists for another method

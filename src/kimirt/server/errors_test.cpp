@@ -16,6 +16,7 @@ TEST(ServerErrors, EveryKindHasItsStatusAndType) {
   };
   const Case cases[] = {
       {ApiErrorKind::kInvalidRequest, 400, "invalid_request_error"},
+      {ApiErrorKind::kUnauthorized, 401, "authentication_error"},
       {ApiErrorKind::kModelNotFound, 404, "invalid_request_error"},
       {ApiErrorKind::kNotFound, 404, "not_found_error"},
       {ApiErrorKind::kMethodNotAllowed, 405, "invalid_request_error"},

@@ -44,6 +44,7 @@ struct GenerationJob::Shared {
   Clock::time_point start;
   std::vector<Clock::time_point> last_token_at;  // per choice; start until the first token
   std::vector<bool> got_token;
+  std::vector<bool> include_stop_str;  // per choice
 
   // On the engine's step-loop thread: queue the event, record latencies.
   void OnOutput(size_t choice, const RequestOutput& out) {
@@ -65,12 +66,14 @@ struct GenerationJob::Shared {
         last_token_at[choice] = now;
       }
       events.push_back({choice, out});
+      if (include_stop_str[choice]) events.back().output.text += out.stop_string;
       if (out.finish != FinishReason::kNone) {
         finished[choice] = true;
         --unfinished;
         if (metrics != nullptr) {
           metrics->ObserveEndToEnd(std::chrono::duration<double>(now - start).count());
           metrics->AddTokens(out.prompt_tokens, out.completion_tokens);
+          metrics->CountFinished(out.finish);
         }
       }
     }
@@ -98,6 +101,8 @@ Status GenerationJob::Submit(std::vector<JobChoice> choices) {
     shared_->submitted.assign(num_choices_, false);
     shared_->aborted.assign(num_choices_, false);
     shared_->got_token.assign(num_choices_, false);
+    shared_->include_stop_str.resize(num_choices_);
+    for (size_t i = 0; i < num_choices_; ++i) shared_->include_stop_str[i] = choices[i].include_stop_str;
     shared_->last_token_at.assign(num_choices_, shared_->start);
     shared_->unfinished = num_choices_;
   }

@@ -43,6 +43,9 @@ class JobRegistry {
 struct JobChoice {
   std::vector<int32_t> prompt;
   SamplingParams params;  // n = 1; the seed already offset for this choice
+  // vLLM's include_stop_str_in_output: the stop string that ended the choice is appended to
+  // the text of its final event (the engine never emits it).
+  bool include_stop_str = false;
 };
 
 struct JobEvent {

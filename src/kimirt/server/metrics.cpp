@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <type_traits>
 
 #include "kimirt/core/check.h"
 #include "kimirt/engine/engine.h"
@@ -60,16 +61,18 @@ void Histogram::Observe(double value, uint64_t count) {
   count_ += count;
 }
 
-void Histogram::Render(std::string_view name, std::string* out) const {
+void Histogram::Render(std::string_view name, std::string_view labels, std::string* out) const {
+  const std::string prefix = labels.empty() ? std::string() : std::string(labels) + ",";
+  const std::string plain = labels.empty() ? std::string() : "{" + std::string(labels) + "}";
   uint64_t cumulative = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts_[i];
     const std::string le = i < bounds_.size() ? FormatDouble(bounds_[i]) : "+Inf";
-    out->append(name).append("_bucket{le=\"").append(le).append("\"} ");
+    out->append(name).append("_bucket{").append(prefix).append("le=\"").append(le).append("\"} ");
     out->append(std::to_string(cumulative)).append("\n");
   }
-  out->append(name).append("_sum ").append(FormatDouble(sum_)).append("\n");
-  out->append(name).append("_count ").append(std::to_string(count_)).append("\n");
+  out->append(name).append("_sum").append(plain).append(" ").append(FormatDouble(sum_)).append("\n");
+  out->append(name).append("_count").append(plain).append(" ").append(std::to_string(count_)).append("\n");
 }
 
 ServerMetrics::ServerMetrics() : ttft_(TtftBuckets()), tpot_(TpotBuckets()), e2e_(E2eBuckets()) {}
@@ -106,9 +109,77 @@ void ServerMetrics::ObserveEndToEnd(double seconds) {
   e2e_.Observe(seconds);
 }
 
+void ServerMetrics::CountFinished(FinishReason reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++finished_[std::string(FinishReasonName(reason))];
+}
+
+void ServerMetrics::SetModelName(std::string name) {
+  // Prometheus label values escape backslash, quote and newline.
+  std::string escaped;
+  for (const char c : name) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  model_label_ = "model_name=\"" + escaped + "\"";
+}
+
+int64_t ServerMetrics::prompt_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_tokens_;
+}
+
+int64_t ServerMetrics::generation_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_tokens_;
+}
+
 std::string ServerMetrics::Render(const EngineStats& stats) const {
   std::string out;
   std::lock_guard<std::mutex> lock(mu_);
+  const std::string& model = model_label_;
+  auto labelled = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+    Header(&out, name, type, help);
+    out.append(name).append("{").append(model).append("} ");
+    if constexpr (std::is_floating_point_v<decltype(value)>) {
+      out.append(FormatDouble(value));
+    } else {
+      out.append(std::to_string(value));
+    }
+    out.append("\n");
+  };
+
+  labelled("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", stats.running);
+  labelled("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", stats.waiting);
+  const double usage = stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) /
+                                                       static_cast<double>(stats.kv_blocks_total)
+                                                 : 0.0;
+  labelled("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
+  labelled("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
+           stats.preemptions);
+  labelled("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", prompt_tokens_);
+  labelled("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", generation_tokens_);
+  Header(&out, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (const auto& [reason, count] : finished_) {
+    out.append("vllm:request_success_total{").append(model).append(",finished_reason=\"").append(reason);
+    out.append("\"} ").append(std::to_string(count)).append("\n");
+  }
+
+  Header(&out, "vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.");
+  ttft_.Render("vllm:time_to_first_token_seconds", model, &out);
+  Header(&out, "vllm:time_per_output_token_seconds", "histogram",
+         "Histogram of time per output token in seconds (the gaps between consecutive tokens).");
+  tpot_.Render("vllm:time_per_output_token_seconds", model, &out);
+  Header(&out, "vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.");
+  tpot_.Render("vllm:inter_token_latency_seconds", model, &out);
+  Header(&out, "vllm:e2e_request_latency_seconds", "histogram",
+         "Histogram of e2e request latency in seconds.");
+  e2e_.Render("vllm:e2e_request_latency_seconds", model, &out);
 
   Header(&out, "kimirt_http_requests_total", "counter", "HTTP requests by endpoint and status code.");
   for (const auto& [key, count] : requests_) {
@@ -116,25 +187,6 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
     out.append("\",status=\"").append(std::to_string(key.second)).append("\"} ");
     out.append(std::to_string(count)).append("\n");
   }
-  Header(&out, "kimirt_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
-  Sample(&out, "kimirt_prompt_tokens_total", prompt_tokens_);
-  Header(&out, "kimirt_generation_tokens_total", "counter", "Generated tokens of finished requests.");
-  Sample(&out, "kimirt_generation_tokens_total", generation_tokens_);
-
-  Header(&out, "kimirt_time_to_first_token_seconds", "histogram",
-         "Time from request arrival to its first generated token.");
-  ttft_.Render("kimirt_time_to_first_token_seconds", &out);
-  Header(&out, "kimirt_time_per_output_token_seconds", "histogram",
-         "Time between consecutive generated tokens of a request.");
-  tpot_.Render("kimirt_time_per_output_token_seconds", &out);
-  Header(&out, "kimirt_e2e_request_latency_seconds", "histogram",
-         "Time from request arrival to its last token.");
-  e2e_.Render("kimirt_e2e_request_latency_seconds", &out);
-
-  Header(&out, "kimirt_num_requests_running", "gauge", "Sequences the engine is running.");
-  Sample(&out, "kimirt_num_requests_running", stats.running);
-  Header(&out, "kimirt_num_requests_waiting", "gauge", "Requests queued in the engine.");
-  Sample(&out, "kimirt_num_requests_waiting", stats.waiting);
   Header(&out, "kimirt_kv_cache_blocks_used", "gauge", "MLA latent cache blocks in use.");
   Sample(&out, "kimirt_kv_cache_blocks_used", stats.kv_blocks_used);
   Header(&out, "kimirt_kv_cache_blocks_total", "gauge", "MLA latent cache blocks in all.");
@@ -143,8 +195,6 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
   Sample(&out, "kimirt_state_slots_used", stats.state_slots_used);
   Header(&out, "kimirt_state_slots_total", "gauge", "KDA state slots in all.");
   Sample(&out, "kimirt_state_slots_total", stats.state_slots_total);
-  Header(&out, "kimirt_preemptions_total", "counter", "Sequences preempted for lack of cache blocks.");
-  Sample(&out, "kimirt_preemptions_total", stats.preemptions);
   return out;
 }
 

@@ -1,11 +1,14 @@
-// Prometheus metrics of the server (GET /metrics, text exposition format 0.0.4):
-//   counters   kimirt_http_requests_total{endpoint,status}, kimirt_prompt_tokens_total,
-//              kimirt_generation_tokens_total, kimirt_preemptions_total (from the engine)
-//   histograms kimirt_time_to_first_token_seconds, kimirt_time_per_output_token_seconds
-//              (inter-token gaps), kimirt_e2e_request_latency_seconds; fixed buckets
-//   gauges     kimirt_num_requests_running / _waiting, kimirt_kv_cache_blocks_used / _total,
-//              kimirt_state_slots_used / _total (read from Engine::Stats at scrape time)
-// Names use '_' rather than vLLM's "vllm:" colons: colons are reserved for recording rules.
+// Prometheus metrics of the server (GET /metrics, text exposition format 0.0.4), under vLLM's
+// names and `model_name` label so that dashboards and alerts written for vLLM work unchanged:
+//   counters   vllm:prompt_tokens_total, vllm:generation_tokens_total,
+//              vllm:request_success_total{finished_reason}, vllm:num_preemptions_total
+//   histograms vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds and
+//              vllm:inter_token_latency_seconds (the same inter-token gaps, under the older and
+//              the newer vLLM name), vllm:e2e_request_latency_seconds; vLLM's buckets
+//   gauges     vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc (0..1)
+// plus kimirt's own (no vLLM equivalent): kimirt_http_requests_total{endpoint,status},
+// kimirt_kv_cache_blocks_used / _total, kimirt_state_slots_used / _total (KDA state).
+// Engine gauges are read from Engine::Stats at scrape time.
 //
 // Thread safety: every method may be called from any thread (one mutex; observations are a few
 // per token, far below contention).
@@ -22,14 +25,16 @@
 namespace kimirt {
 
 struct EngineStats;
+enum class FinishReason : uint8_t;
 
 // Fixed-bucket histogram. Buckets are upper bounds, ascending; +Inf is implied.
 class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void Observe(double value, uint64_t count = 1);
-  // Prometheus lines (`_bucket{le=...}` cumulative, `_sum`, `_count`) without HELP/TYPE.
-  void Render(std::string_view name, std::string* out) const;
+  // Prometheus lines (`_bucket{LABELS,le=...}` cumulative, `_sum`, `_count`) without HELP/TYPE.
+  // `labels` is `key="value",…` or empty.
+  void Render(std::string_view name, std::string_view labels, std::string* out) const;
 
   const std::vector<double>& upper_bounds() const { return bounds_; }
   uint64_t count() const { return count_; }
@@ -53,6 +58,13 @@ class ServerMetrics {
   // `count` tokens arrived together after `seconds_per_token` each.
   void ObserveTimePerOutputToken(double seconds_per_token, uint64_t count);
   void ObserveEndToEnd(double seconds);
+  // A request choice ended (vllm:request_success_total{finished_reason}).
+  void CountFinished(FinishReason reason);
+  // The `model_name` label of the vLLM series; set once before serving.
+  void SetModelName(std::string name);
+  // Totals for the periodic stats line.
+  int64_t prompt_tokens() const;
+  int64_t generation_tokens() const;
 
   // Routes counted by name; set once before serving.
   void SetKnownEndpoints(std::vector<std::string> endpoints);
@@ -62,7 +74,9 @@ class ServerMetrics {
  private:
   mutable std::mutex mu_;
   std::vector<std::string> endpoints_;
+  std::string model_label_ = "model_name=\"\"";
   std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> finished_;  // by finished_reason
   int64_t prompt_tokens_ = 0;
   int64_t generation_tokens_ = 0;
   Histogram ttft_;

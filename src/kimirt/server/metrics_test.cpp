@@ -31,7 +31,7 @@ TEST(Histogram, BucketsAreCumulativeWithInf) {
   h.Observe(0.5, 3);
   h.Observe(100.0);
   std::string out;
-  h.Render("lat", &out);
+  h.Render("lat", "", &out);
   EXPECT_EQ(out,
             "lat_bucket{le=\"0.1\"} 2\n"
             "lat_bucket{le=\"1\"} 5\n"
@@ -43,7 +43,11 @@ TEST(Histogram, BucketsAreCumulativeWithInf) {
 
 TEST(ServerMetrics, TextFormat) {
   ServerMetrics m;
+  m.SetModelName("kimi");
   m.SetKnownEndpoints({"/v1/completions"});
+  m.CountFinished(FinishReason::kStop);
+  m.CountFinished(FinishReason::kStop);
+  m.CountFinished(FinishReason::kLength);
   m.CountRequest("/v1/completions", 200);
   m.CountRequest("/v1/completions", 200);
   m.CountRequest("/v1/completions", 400);
@@ -60,21 +64,29 @@ TEST(ServerMetrics, TextFormat) {
   s.kv_blocks_total = 100;
   s.state_slots_used = 3;
   s.state_slots_total = 64;
+  s.preemptions = 2;
   const std::string text = m.Render(s);
 
   EXPECT_TRUE(Has(text, "kimirt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"));
   EXPECT_TRUE(Has(text, "kimirt_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1"));
   EXPECT_TRUE(Has(text, "kimirt_http_requests_total{endpoint=\"other\",status=\"404\"} 1"));
-  EXPECT_TRUE(Has(text, "kimirt_prompt_tokens_total 11"));
-  EXPECT_TRUE(Has(text, "kimirt_generation_tokens_total 7"));
-  EXPECT_TRUE(Has(text, "kimirt_time_to_first_token_seconds_bucket{le=\"0.001\"} 0"));
-  EXPECT_TRUE(Has(text, "kimirt_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
-  EXPECT_TRUE(Has(text, "kimirt_time_to_first_token_seconds_count 1"));
-  EXPECT_TRUE(Has(text, "kimirt_time_per_output_token_seconds_bucket{le=\"+Inf\"} 4"));
-  EXPECT_TRUE(Has(text, "kimirt_e2e_request_latency_seconds_bucket{le=\"1.5\"} 0"));
-  EXPECT_TRUE(Has(text, "kimirt_e2e_request_latency_seconds_bucket{le=\"2\"} 1"));
-  EXPECT_TRUE(Has(text, "kimirt_num_requests_running 3"));
-  EXPECT_TRUE(Has(text, "kimirt_num_requests_waiting 1"));
+  // vLLM's names and model_name label (issue 11), so vLLM dashboards read kimirt unchanged.
+  EXPECT_TRUE(Has(text, "vllm:prompt_tokens_total{model_name=\"kimi\"} 11"));
+  EXPECT_TRUE(Has(text, "vllm:generation_tokens_total{model_name=\"kimi\"} 7"));
+  EXPECT_TRUE(Has(text, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"stop\"} 2"));
+  EXPECT_TRUE(Has(text, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"length\"} 1"));
+  EXPECT_TRUE(Has(text, "vllm:time_to_first_token_seconds_bucket{model_name=\"kimi\",le=\"0.001\"} 0"));
+  EXPECT_TRUE(Has(text, "vllm:time_to_first_token_seconds_bucket{model_name=\"kimi\",le=\"0.005\"} 1"));
+  EXPECT_TRUE(Has(text, "vllm:time_to_first_token_seconds_count{model_name=\"kimi\"} 1"));
+  EXPECT_TRUE(Has(text, "vllm:time_per_output_token_seconds_bucket{model_name=\"kimi\",le=\"+Inf\"} 4"));
+  EXPECT_TRUE(Has(text, "vllm:inter_token_latency_seconds_bucket{model_name=\"kimi\",le=\"+Inf\"} 4"));
+  EXPECT_TRUE(Has(text, "vllm:inter_token_latency_seconds_sum{model_name=\"kimi\"} 0.08"));
+  EXPECT_TRUE(Has(text, "vllm:e2e_request_latency_seconds_bucket{model_name=\"kimi\",le=\"1.5\"} 0"));
+  EXPECT_TRUE(Has(text, "vllm:e2e_request_latency_seconds_bucket{model_name=\"kimi\",le=\"2\"} 1"));
+  EXPECT_TRUE(Has(text, "vllm:num_requests_running{model_name=\"kimi\"} 3"));
+  EXPECT_TRUE(Has(text, "vllm:num_requests_waiting{model_name=\"kimi\"} 1"));
+  EXPECT_TRUE(Has(text, "vllm:kv_cache_usage_perc{model_name=\"kimi\"} 0.07"));
+  EXPECT_TRUE(Has(text, "vllm:num_preemptions_total{model_name=\"kimi\"} 2"));
   EXPECT_TRUE(Has(text, "kimirt_kv_cache_blocks_used 7"));
   EXPECT_TRUE(Has(text, "kimirt_kv_cache_blocks_total 100"));
   EXPECT_TRUE(Has(text, "kimirt_state_slots_used 3"));
@@ -105,7 +117,7 @@ TEST(ServerMetrics, TextFormat) {
       last_bucket = v;
     }
   }
-  EXPECT_EQ(families, 13);
+  EXPECT_EQ(families, 16);
   EXPECT_EQ(text.back(), '\n');
 }
 

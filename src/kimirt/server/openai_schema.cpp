@@ -19,32 +19,32 @@ using namespace json_fields;  // NOLINT: the readers are this file's vocabulary
 
 namespace {
 
-MaybeError CheckModel(const Json& body, const SchemaLimits& limits, std::string* model) {
-  *model = limits.served_model_name;
-  const Json* v = Member(body, "model");
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_string()) return TypeError("model", "a string", *v);
-  const std::string name = v->get<std::string>();
-  if (name != limits.served_model_name) {
-    return ApiError{ApiErrorKind::kModelNotFound,
-                    "The model `" + name + "` does not exist. This server serves `" +
-                        limits.served_model_name + "` (GET /v1/models).",
-                    "model", {}};
-  }
-  return std::nullopt;
-}
-
 MaybeError ReadStop(const Json& body, std::vector<std::string>* out) {
   const Json* v = Member(body, "stop");
   if (v == nullptr) return std::nullopt;
   if (v->is_string()) {
+    if (v->get_ref<const std::string&>().size() > SamplingParams::kMaxStopBytes) {
+      return InvalidRequest("`stop` is longer than " + std::to_string(SamplingParams::kMaxStopBytes) + " bytes",
+                            "stop");
+    }
     if (!v->get_ref<const std::string&>().empty()) out->push_back(v->get<std::string>());
     return std::nullopt;
   }
   if (!v->is_array()) return TypeError("stop", "a string or an array of strings", *v);
+  if (v->size() > SamplingParams::kMaxStopStrings) {
+    return InvalidRequest("`stop` has " + std::to_string(v->size()) + " strings; at most " +
+                              std::to_string(SamplingParams::kMaxStopStrings) + " are allowed",
+                          "stop");
+  }
   for (size_t i = 0; i < v->size(); ++i) {
     const Json& s = (*v)[i];
-    if (!s.is_string()) return TypeError("stop[" + std::to_string(i) + "]", "a string", s);
+    const std::string param = Indexed("stop", i);
+    if (!s.is_string()) return TypeError(param, "a string", s);
+    if (s.get_ref<const std::string&>().size() > SamplingParams::kMaxStopBytes) {
+      return InvalidRequest("`" + param + "` is longer than " + std::to_string(SamplingParams::kMaxStopBytes) +
+                                " bytes",
+                            param);
+    }
     // An empty stop string would match before every token; OpenAI ignores it too.
     if (!s.get_ref<const std::string&>().empty()) out->push_back(s.get<std::string>());
   }
@@ -126,6 +126,17 @@ MaybeError ParseGeneration(const Json& body, const SchemaLimits& limits, bool ch
         ReadInt32(body, "max_completion_tokens", 1, kMaxTokens, &p.max_tokens, &gen->max_tokens_set));
   }
 
+  KIMIRT_RETURN_IF_API_ERROR(ReadInt32(body, "min_tokens", 0, kMaxTokens, &p.min_tokens));
+  // Completions default max_tokens to 16 here; chat's default (the rest of the context) is
+  // checked by the chat handler once the prompt is known.
+  if ((gen->max_tokens_set || !chat) && p.min_tokens > p.max_tokens) {
+    return InvalidRequest("`min_tokens` (" + std::to_string(p.min_tokens) + ") must not exceed `max_tokens` (" +
+                              std::to_string(p.max_tokens) + ")",
+                          "min_tokens");
+  }
+  KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "skip_special_tokens", &p.skip_special_tokens));
+  KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "include_stop_str_in_output", &gen->include_stop_str_in_output));
+
   KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "stream", &gen->stream));
   if (const Json* so = Member(body, "stream_options")) {
     if (!so->is_object()) return TypeError("stream_options", "an object", *so);
@@ -180,6 +191,36 @@ MaybeError ParsePrompts(const Json& body, int32_t vocab, std::vector<PromptInput
   return std::nullopt;
 }
 
+// Features kimirt does not have. Each is a 400 naming its field: a client that asked for JSON
+// output or beam search must not silently get free text or sampling.
+MaybeError RefuseUnsupported(const Json& body) {
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "guided_whitespace_pattern", "guided_decoding_backend", "structured_outputs"}) {
+    if (Member(body, name) != nullptr) {
+      return InvalidRequest(std::string("`") + name + "` is not supported: kimirt has no constrained (guided) decoding",
+                            name);
+    }
+  }
+  bool beam = false;
+  KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "use_beam_search", &beam));
+  if (beam) return InvalidRequest("`use_beam_search` is not supported: kimirt samples", "use_beam_search");
+  if (const Json* rf = Member(body, "response_format")) {
+    if (!rf->is_object()) return TypeError("response_format", "an object", *rf);
+    std::string type = "text";
+    KIMIRT_RETURN_IF_API_ERROR(ReadString(*rf, "type", &type, "response_format."));
+    if (type == "json_object" || type == "json_schema") {
+      return InvalidRequest("`response_format` \"" + type +
+                                "\" is not supported: kimirt has no constrained decoding to enforce it; use \"text\"",
+                            "response_format");
+    }
+    if (type != "text") {
+      return InvalidRequest("`response_format.type` must be text, json_object or json_schema, got \"" + type + "\"",
+                            "response_format.type");
+    }
+  }
+  return std::nullopt;
+}
+
 // Deeper than any real request; refused before parsing because dumping (tools, arguments) and
 // the chat renderers recurse, and a hostile 8 MiB body of '[' must not exhaust the stack.
 constexpr int kMaxJsonDepth = 128;
@@ -187,6 +228,21 @@ constexpr int kMaxJsonDepth = 128;
 bool NestingWithinLimit(std::string_view text) { return JsonNestingWithin(text, kMaxJsonDepth); }
 
 }  // namespace
+
+std::optional<ApiError> ParseModelName(const Json& body, const SchemaLimits& limits, std::string* model) {
+  *model = limits.served_model_name;
+  const Json* v = Member(body, "model");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_string()) return TypeError("model", "a string", *v);
+  const std::string name = v->get<std::string>();
+  if (name != limits.served_model_name) {
+    return ApiError{ApiErrorKind::kModelNotFound,
+                    "The model `" + name + "` does not exist. This server serves `" +
+                        limits.served_model_name + "` (GET /v1/models).",
+                    "model", {}};
+  }
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out) {
   if (!NestingWithinLimit(body)) {
@@ -199,8 +255,9 @@ std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out) {
 }
 
 std::optional<ApiError> ParseCompletionRequest(const Json& body, const SchemaLimits& limits, CompletionRequest* out) {
-  KIMIRT_RETURN_IF_API_ERROR(CheckModel(body, limits, &out->model));
+  KIMIRT_RETURN_IF_API_ERROR(ParseModelName(body, limits, &out->model));
   KIMIRT_RETURN_IF_API_ERROR(ParsePrompts(body, limits.vocab_size, &out->prompts));
+  KIMIRT_RETURN_IF_API_ERROR(RefuseUnsupported(body));
   KIMIRT_RETURN_IF_API_ERROR(ParseGeneration(body, limits, /*chat=*/false, &out->gen));
   KIMIRT_RETURN_IF_API_ERROR(ReadInt32(body, "logprobs", 0, limits.max_logprobs, &out->gen.sampling.logprobs));
   KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "echo", &out->echo));
@@ -218,10 +275,11 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const SchemaLim
 }
 
 std::optional<ApiError> ParseChatRequest(const Json& body, const SchemaLimits& limits, ChatRequest* out) {
-  KIMIRT_RETURN_IF_API_ERROR(CheckModel(body, limits, &out->model));
+  KIMIRT_RETURN_IF_API_ERROR(ParseModelName(body, limits, &out->model));
   KIMIRT_RETURN_IF_API_ERROR(ParseChatMessages(body, &out->messages));
   KIMIRT_RETURN_IF_API_ERROR(ParseChatTools(body, &out->tools));
-  KIMIRT_RETURN_IF_API_ERROR(ParseChatOptions(body, !out->tools.empty(), &out->chat));
+  KIMIRT_RETURN_IF_API_ERROR(RefuseUnsupported(body));
+  KIMIRT_RETURN_IF_API_ERROR(ParseChatOptions(body, &out->chat));
   KIMIRT_RETURN_IF_API_ERROR(ParseGeneration(body, limits, /*chat=*/true, &out->gen));
   KIMIRT_RETURN_IF_API_ERROR(ReadBool(body, "logprobs", &out->logprobs));
   bool top_set = false;

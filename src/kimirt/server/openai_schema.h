@@ -6,8 +6,12 @@
 // prompt + max_tokens beyond the context) happen in the handlers.
 //
 // Ranges follow vLLM's OpenAI server where it extends OpenAI: temperature >= 0 (no upper bound),
-// top_k -1/0 = off, min_p, repetition_penalty, ignore_eos, stop_token_ids, and
+// top_k -1/0 = off, min_p, repetition_penalty, ignore_eos, stop_token_ids, min_tokens,
+// skip_special_tokens, include_stop_str_in_output, and
 // chat_template_kwargs {"thinking": bool, "thinking_effort": "low|medium|high|max"}.
+// What kimirt cannot do is refused with a 400 naming the field, never ignored: constrained
+// decoding (guided_*, structured_outputs, response_format json_object / json_schema,
+// tool_choice "required" or a named function) and beam search.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +52,7 @@ struct GenerationOptions {
   bool max_tokens_set = false;  // else completions use 16 (OpenAI), chat the rest of the context
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
+  bool include_stop_str_in_output = false;  // vLLM: the matched stop string ends the text
 };
 
 struct CompletionRequest {
@@ -69,6 +74,8 @@ struct ChatRequest {
 
 // The body as a JSON object; anything else is a 400.
 std::optional<ApiError> ParseJsonBody(std::string_view body, Json* out);
+// `model`: absent, or the served model's name (404 model_not_found otherwise). *model gets the name.
+std::optional<ApiError> ParseModelName(const Json& body, const SchemaLimits& limits, std::string* model);
 std::optional<ApiError> ParseCompletionRequest(const Json& body, const SchemaLimits& limits,
                                                CompletionRequest* out);
 std::optional<ApiError> ParseChatRequest(const Json& body, const SchemaLimits& limits, ChatRequest* out);

@@ -173,8 +173,38 @@ TEST(OpenAiSchema, OutOfRangeValuesNameTheField) {
       {R"({"prompt":"x","suffix":"tail"})", "suffix"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
       {R"({"prompt":["a","b","c","d","e","f","g","h","i"],"n":128})", "n"},
+      // Issue 11 defect 9: the engine's stop limits (16 strings of 256 bytes) are checked here,
+      // so the error names the field instead of carrying param null.
+      {R"({"prompt":"x","stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]})", "stop"},
+      {R"({"prompt":"x","min_tokens":-1})", "min_tokens"},
+      {R"({"prompt":"x","min_tokens":6,"max_tokens":5})", "min_tokens"},
+      {R"({"prompt":"x","min_tokens":17})", "min_tokens"},  // over the default max_tokens of 16
+      {R"({"prompt":"x","skip_special_tokens":"no"})", "skip_special_tokens"},
+      {R"({"prompt":"x","include_stop_str_in_output":1})", "include_stop_str_in_output"},
+      {R"({"prompt":"x","use_beam_search":true})", "use_beam_search"},
+      {R"({"prompt":"x","guided_json":{}})", "guided_json"},
+      {R"({"prompt":"x","response_format":{"type":"json_object"}})", "response_format"},
   };
   for (const auto& [text, param] : cases) ExpectInvalid(Completion(text), param, text);
+  const std::string long_stop(SamplingParams::kMaxStopBytes + 1, 's');
+  ExpectInvalid(Completion(R"({"prompt":"x","stop":["ok",")" + long_stop + R"("]})"), "stop[1]", "long stop");
+  ExpectInvalid(Completion(R"({"prompt":"x","stop":")" + long_stop + R"("})"), "stop", "long stop");
+}
+
+// vLLM's extensions that kimirt honours reach the sampling params.
+TEST(OpenAiSchema, VllmExtrasAreRead) {
+  CompletionRequest r;
+  ASSERT_FALSE(Completion(R"({"prompt":"x","max_tokens":9,"min_tokens":4,"skip_special_tokens":false,
+                             "include_stop_str_in_output":true,"use_beam_search":false,"guided_json":null})",
+                          &r));
+  EXPECT_EQ(r.gen.sampling.min_tokens, 4);
+  EXPECT_FALSE(r.gen.sampling.skip_special_tokens);
+  EXPECT_TRUE(r.gen.include_stop_str_in_output);
+  CompletionRequest d;
+  ASSERT_FALSE(Completion(R"({"prompt":"x"})", &d));
+  EXPECT_EQ(d.gen.sampling.min_tokens, 0);
+  EXPECT_TRUE(d.gen.sampling.skip_special_tokens);
+  EXPECT_FALSE(d.gen.include_stop_str_in_output);
 }
 
 TEST(OpenAiSchema, UnknownModelIsNotFound) {
@@ -198,7 +228,7 @@ TEST(OpenAiSchema, ChatValues) {
                      {"id":"c2","type":"function","function":{"name":"g","arguments":{"z":2,"a":1}}}]},
       {"role":"tool","tool_call_id":"c1","content":"42"}],
       "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","b":1,"a":2}}}],
-      "tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{}}},
+      "tool_choice":"none","response_format":{"type":"text"},
       "chat_template_kwargs":{"thinking":false},"reasoning_effort":"minimal","max_completion_tokens":9,
       "logprobs":true,"top_logprobs":2})",
                     &r));
@@ -214,8 +244,8 @@ TEST(OpenAiSchema, ChatValues) {
   EXPECT_EQ(r.messages[3].tool_call_id, "c1");
   ASSERT_EQ(r.tools.size(), 1u);
   EXPECT_NE(r.tools[0].json.find("\"b\":1,\"a\":2"), std::string::npos);
-  EXPECT_EQ(r.chat.tool_choice, ToolChoice::kRequired);
-  EXPECT_EQ(r.chat.response_format.type, ResponseFormat::Type::kJsonSchema);
+  EXPECT_EQ(r.chat.tool_choice, ToolChoice::kNone);
+  EXPECT_EQ(r.chat.response_format.type, ResponseFormat::Type::kText);
   EXPECT_FALSE(r.chat.thinking);
   EXPECT_EQ(r.chat.thinking_effort, ThinkingEffort::kLow);
   EXPECT_EQ(r.gen.sampling.max_tokens, 9);
@@ -256,7 +286,18 @@ TEST(OpenAiSchema, ChatInvalid) {
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", "response_format.type"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})", "response_format.json_schema"},
+      // Issue 11 defect 9: a tool's parameters must be a JSON Schema object.
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":"{}"}}]})", "tools[0].function.parameters"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":[1]}}]})", "tools[0].function.parameters"},
+      // Issue 11 defect 8: what needs constrained decoding or beam search is refused, by name.
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{}}}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{"type":"object"}})", "guided_json"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})", "guided_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"a+"})", "guided_regex"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})", "guided_grammar"},
+      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"json":{}}})", "structured_outputs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"use_beam_search":true})", "use_beam_search"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking":"no"}})", "chat_template_kwargs.thinking"},
       {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"extreme"})", "reasoning_effort"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},

@@ -1,15 +1,20 @@
-// Server: the OpenAI-compatible HTTP front end of one Engine.
+// Server: the OpenAI-compatible HTTP front end of one Engine, a drop-in for vLLM's.
 //
 //   GET  /v1/models             the served model (ServerOptions::served_model_name)
 //   POST /v1/completions        completions_handler.h
 //   POST /v1/chat/completions   chat_handler.h
+//   POST /tokenize, /detokenize tokenize_handler.h
+//   GET  /version               {"version": …}
 //   GET  /health                200 {"status":"ok"}; 503 once shutdown began
-//   GET  /metrics               Prometheus text (metrics.h)
-// Every error is OpenAI error JSON with its status (errors.h); a handler that throws becomes a
-// 500, never a crash.
+//   GET  /metrics               Prometheus text under vLLM's names (metrics.h)
+//   OPTIONS <any of these>      CORS preflight
+// Around every route (api_gateway.h): the API key on /v1/*, X-Request-Id, CORS headers and a
+// log line per request. Every error is OpenAI error JSON with its status (errors.h); a handler
+// that throws becomes a 500, never a crash. While requests run, a stats line (throughput,
+// running/waiting, cache use) is logged every ServerOptions::stats_interval.
 //
 // Lifecycle, for the CLI:
-//   auto server = Server::Create(options, engine, tokenizer, family);  // engine, tokenizer outlive it
+//   auto server = Server::Create(options, engine, tokenizer, format);  // engine, tokenizer outlive it
 //   server->Start();                 // listens on a background thread; port() is the bound port
 //   ... SIGTERM/SIGINT ...
 //   server->Stop(grace);             // new requests → 503; in-flight ones get `grace` to finish,
@@ -24,11 +29,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kimirt/core/status.h"
-#include "kimirt/model/config.h"
+#include "kimirt/server/chat_format.h"
 
 namespace kimirt {
 
@@ -43,6 +50,15 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  // larger request bodies get 413
   int http_threads = 64;             // connections served at once (each stream holds one)
   int32_t max_logprobs = 20;         // top logprobs per token a request may ask for
+  // The model's vocabulary when smaller than the tokenizer's (ids the tokenizer knows but the
+  // model does not are refused at the edge, naming the field); 0: the tokenizer's.
+  int32_t model_vocab_size = 0;
+  std::string api_key;                               // non-empty: /v1/* need `Authorization: Bearer KEY`
+  std::vector<std::string> allowed_origins = {"*"};  // CORS: exact origins or "*"; empty: none
+  std::optional<uint64_t> seed;      // base of unseeded requests' seeds; unset: random (RequestSeeds)
+  bool log_requests = true;          // a log line per request
+  std::chrono::milliseconds stats_interval{10000};  // the periodic stats line; 0: none
+  std::string default_chat_template_kwargs;  // a JSON object merged under each chat request's; "": none
 };
 
 // The name `--served-model-name` defaults to: the model directory's last path component, or
@@ -52,7 +68,7 @@ std::string DefaultServedModelName(std::string_view model_dir);
 class Server {
  public:
   static Result<std::unique_ptr<Server>> Create(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
-                                                ModelFamily family);
+                                                ChatFormat format);
   ~Server();  // Stop(0)
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

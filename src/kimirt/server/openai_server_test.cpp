@@ -29,13 +29,13 @@ constexpr char kK3ToolReply[] =
 
 class ServerTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartServer(ModelFamily::kKimiK3); }
+  void SetUp() override { StartServer(ChatFormat::kK3); }
   void TearDown() override {
     if (server_) server_->Stop(std::chrono::milliseconds(0));
     engine_.Shutdown(false);
   }
 
-  void StartServer(ModelFamily family, size_t max_body = 1 << 20) {
+  void StartServer(ChatFormat family, size_t max_body = 1 << 20) {
     if (server_) server_->Stop(std::chrono::milliseconds(0));
     ServerOptions o;
     o.host = "127.0.0.1";
@@ -43,6 +43,8 @@ class ServerTest : public ::testing::Test {
     o.served_model_name = "tiny";
     o.max_body_bytes = max_body;
     o.http_threads = 8;
+    o.log_requests = false;
+    o.stats_interval = std::chrono::milliseconds(0);
     auto s = Server::Create(o, engine_, tokenizer_, family);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
@@ -89,10 +91,12 @@ TEST_F(ServerTest, ModelsHealthMetrics) {
   EXPECT_NE(r.headers.find("text/plain; version=0.0.4"), std::string::npos);
   EXPECT_NE(r.body.find("kimirt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1"), std::string::npos)
       << r.body;
-  EXPECT_NE(r.body.find("kimirt_generation_tokens_total 3"), std::string::npos);
-  EXPECT_NE(r.body.find("kimirt_prompt_tokens_total 2"), std::string::npos);
-  EXPECT_NE(r.body.find("kimirt_time_to_first_token_seconds_count 1"), std::string::npos);
-  EXPECT_NE(r.body.find("kimirt_e2e_request_latency_seconds_count 1"), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:generation_tokens_total{model_name=\"tiny\"} 3"), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:prompt_tokens_total{model_name=\"tiny\"} 2"), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1"), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1"), std::string::npos);
+  EXPECT_NE(r.body.find("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1"),
+            std::string::npos);
   EXPECT_NE(r.body.find("kimirt_kv_cache_blocks_total 100"), std::string::npos);
 }
 
@@ -266,7 +270,7 @@ TEST_F(ServerTest, InvalidRequests) {
 }
 
 TEST_F(ServerTest, BodyTooLarge) {
-  StartServer(ModelFamily::kKimiK3, /*max_body=*/1024);
+  StartServer(ChatFormat::kK3, /*max_body=*/1024);
   TestReply r = Post("/v1/completions", {{"prompt", std::string(2000, 'a')}});
   ExpectError(r, 413);
   EXPECT_EQ(Get("/health").status, 200);  // and the server is fine
@@ -500,7 +504,7 @@ TEST_F(ServerTest, ChatThinkingOffAndKimiLinear) {
   EXPECT_EQ(Body(r)["choices"][0]["message"]["content"], "Plain answer.");
   EXPECT_TRUE(Body(r)["choices"][0]["message"]["reasoning_content"].is_null());
 
-  StartServer(ModelFamily::kKimiLinear);
+  StartServer(ChatFormat::kKimiLinear);
   r = Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r)["choices"][0]["message"]["content"], "Plain answer.");
@@ -512,13 +516,13 @@ TEST_F(ServerTest, ChatThinkingOffAndKimiLinear) {
 TEST_F(ServerTest, PortInUseIsAnError) {
   ServerOptions o;
   o.port = server_->port();
-  auto second = Server::Create(o, engine_, tokenizer_, ModelFamily::kKimiK3);
+  auto second = Server::Create(o, engine_, tokenizer_, ChatFormat::kK3);
   ASSERT_TRUE(second.ok());
   Status s = (*second)->Start();
   EXPECT_EQ(s.code(), ErrorCode::kIo) << s.ToString();
   EXPECT_NE(s.message().find(std::to_string(o.port)), std::string::npos);
   o.port = 70000;
-  EXPECT_FALSE(Server::Create(o, engine_, tokenizer_, ModelFamily::kKimiK3).ok());
+  EXPECT_FALSE(Server::Create(o, engine_, tokenizer_, ChatFormat::kK3).ok());
 }
 
 TEST_F(ServerTest, ConcurrentRequests) {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kimirt/core/random.h"
+
 namespace kimirt {
 
 HttpResponse ErrorResponse(const ApiError& error) {
@@ -43,12 +45,27 @@ int64_t UnixSeconds() {
       .count();
 }
 
-std::vector<SamplingParams> ChoiceParams(const SamplingParams& request, uint64_t default_seed) {
+RequestSeeds::RequestSeeds(std::optional<uint64_t> base) {
+  if (base) {
+    base_ = *base;
+  } else {
+    std::random_device rd;
+    base_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+}
+
+uint64_t RequestSeeds::Next() {
+  // SplitMix64 of (base, draw number): consecutive draws are unrelated, and seed + i of a
+  // request's choices does not run into the next request's seed.
+  return SplitMix64(base_ ^ (0xA0761D6478BD642Full * (drawn_.fetch_add(1) + 1))).Next();
+}
+
+std::vector<SamplingParams> ChoiceParams(const SamplingParams& request, uint64_t unseeded) {
   const int32_t n = request.n < 1 ? 1 : request.n;
   std::vector<SamplingParams> out(static_cast<size_t>(n), request);
   for (int32_t i = 0; i < n; ++i) {
     out[i].n = 1;
-    if (n > 1) out[i].seed = request.seed.value_or(default_seed) + static_cast<uint64_t>(i);
+    out[i].seed = request.seed.value_or(unseeded) + static_cast<uint64_t>(i);
   }
   return out;
 }

@@ -10,8 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kimirt/engine/engine.h"
-#include "kimirt/model/config.h"
+#include "kimirt/server/chat_format.h"
 #include "kimirt/server/errors.h"
 #include "kimirt/server/generation_job.h"
 #include "kimirt/server/http_server.h"
@@ -22,10 +24,25 @@ namespace kimirt {
 
 class Tokenizer;
 
+// Seeds for requests that set none. vLLM semantics: every such request samples afresh (two
+// unseeded n = 2 requests differ), yet a server started with --seed replays the same sequence of
+// seeds, request after request, so a run is reproducible. Without a base the OS's entropy picks one.
+class RequestSeeds {
+ public:
+  explicit RequestSeeds(std::optional<uint64_t> base);
+  uint64_t Next();
+
+ private:
+  uint64_t base_;
+  std::atomic<uint64_t> drawn_{0};
+};
+
 struct ServingContext {
   Engine* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
-  ModelFamily family = ModelFamily::kKimiK3;
+  ChatFormat format = ChatFormat::kK3;
+  RequestSeeds* seeds = nullptr;
+  Json default_chat_template_kwargs = Json::object();  // --default-chat-template-kwargs; requests override
   ServerMetrics* metrics = nullptr;
   JobRegistry* jobs = nullptr;
   SchemaLimits limits;
@@ -43,10 +60,10 @@ HttpResponse JsonResponse(const Json& body, int status = 200);
 std::string NewRequestId(std::string_view prefix);
 int64_t UnixSeconds();
 
-// The engine requests for one prompt's n choices: n = 1 each. With n > 1 choice i samples with
-// seed + i (the request's seed, else the engine's default_seed), as vLLM seeds a request's
+// The engine requests for one prompt's n choices: n = 1 each. Choice i samples with seed + i
+// (the request's seed, else `unseeded`, a fresh RequestSeeds draw), as vLLM seeds a request's
 // children, so the choices differ and each stays reproducible.
-std::vector<SamplingParams> ChoiceParams(const SamplingParams& request, uint64_t default_seed);
+std::vector<SamplingParams> ChoiceParams(const SamplingParams& request, uint64_t unseeded);
 
 // prompt + max_tokens must fit the context (OpenAI's code "context_length_exceeded").
 std::optional<ApiError> CheckContextLength(int64_t prompt_tokens, int64_t max_tokens, int64_t max_model_len,

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "kimirt/server/openai_server.h"
 
 namespace kimirt {
@@ -20,11 +22,28 @@ TEST(ServingContext, ChoiceSeeds) {
   }
   p.seed.reset();
   c = ChoiceParams(p, 7);
-  EXPECT_EQ(*c[2].seed, 9u);  // the engine's default seed + i
+  EXPECT_EQ(*c[2].seed, 9u);  // the request's fresh seed + i
   p.n = 1;
   c = ChoiceParams(p, 7);
   ASSERT_EQ(c.size(), 1u);
-  EXPECT_FALSE(c[0].seed.has_value());  // a single choice keeps the engine's own default
+  EXPECT_EQ(*c[0].seed, 7u);
+}
+
+// Issue 11 defect 7: unseeded requests drew their choices' seeds from one fixed base, so every
+// n = 2 request repeated the last one. Each draw must differ; --seed makes the sequence replay.
+TEST(ServingContext, RequestSeedsAreFreshAndReplayable) {
+  RequestSeeds a(uint64_t{1234}), b(uint64_t{1234}), c(uint64_t{99});
+  std::vector<uint64_t> drawn;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t s = a.Next();
+    EXPECT_EQ(s, b.Next()) << "the same --seed replays the same seeds";
+    drawn.push_back(s);
+  }
+  std::sort(drawn.begin(), drawn.end());
+  // No two requests share a seed, nor sit within n = 128 of each other (seed + i per choice).
+  for (size_t i = 1; i < drawn.size(); ++i) EXPECT_GT(drawn[i] - drawn[i - 1], 128u);
+  EXPECT_NE(RequestSeeds(uint64_t{1234}).Next(), c.Next());
+  EXPECT_NE(RequestSeeds(std::nullopt).Next(), RequestSeeds(std::nullopt).Next());  // OS entropy
 }
 
 TEST(ServingContext, ContextLength) {

@@ -155,7 +155,7 @@ K3ParseDelta K3CompletionParser::Feed(std::string_view text) {
 K3ParseDelta K3CompletionParser::Finish() {
   Run(/*at_end=*/true);
   if (lex_ == Lex::kOpenTag) {
-    OnText(std::string(kK3Open) + tag_);  // an opener cut off before <|sep|>
+    AbandonOpener();  // an opener cut off before <|sep|>
   } else if (lex_ == Lex::kCloseTag) {
     if (tag_.empty()) {
       OnText(kK3Close);
@@ -165,6 +165,7 @@ K3ParseDelta K3CompletionParser::Finish() {
   }
   lex_ = Lex::kText;
   tag_.clear();
+  tag_lex_ = TagLex::kName;
   if (in_call_) FinishCall(/*complete=*/false);
   stack_.clear();
   return std::exchange(delta_, {});
@@ -197,6 +198,7 @@ void K3CompletionParser::Run(bool at_end) {
         pos += length;
         if (marker == Marker::kOpen) {
           lex_ = Lex::kOpenTag;
+          tag_lex_ = TagLex::kName;
         } else if (marker == Marker::kClose) {
           lex_ = Lex::kCloseTag;
         } else if (marker == Marker::kEndOfMsg) {
@@ -208,12 +210,11 @@ void K3CompletionParser::Run(bool at_end) {
     } else if (lex_ == Lex::kOpenTag) {
       const size_t lt = s.find('<', pos);
       const size_t stop = lt == std::string_view::npos ? s.size() : lt;
+      AdvanceTagLex(s.substr(pos, stop - pos));
       tag_.append(s.substr(pos, stop - pos));
       pos = stop;
-      if (tag_.size() > kMaxTagBytes) {  // not a tag: give the text back
-        OnText(std::string(kK3Open) + tag_);
-        tag_.clear();
-        lex_ = Lex::kText;
+      if (tag_lex_ == TagLex::kBad || tag_.size() > kMaxTagBytes) {  // not a tag: give the text back
+        AbandonOpener();
         continue;
       }
       if (pos == s.size()) break;
@@ -221,10 +222,12 @@ void K3CompletionParser::Run(bool at_end) {
       size_t length = 0;
       const MarkerMatch m = MatchMarker(s.substr(pos), &marker, &length);
       if (m == MarkerMatch::kNone) {
+        AdvanceTagLex("<");
         tag_ += '<';
         ++pos;
       } else if (m == MarkerMatch::kPrefix) {
         if (!at_end) break;
+        AdvanceTagLex(s.substr(pos));
         tag_.append(s.substr(pos));
         pos = s.size();
       } else if (marker == Marker::kSep) {
@@ -233,9 +236,7 @@ void K3CompletionParser::Run(bool at_end) {
         const std::string tag = std::exchange(tag_, {});
         OnOpen(tag);
       } else {  // another marker before <|sep|>: the opener was text; re-lex the marker
-        OnText(std::string(kK3Open) + tag_);
-        tag_.clear();
-        lex_ = Lex::kText;
+        AbandonOpener();
       }
     } else {  // kCloseTag: <|close|> NAME [<|sep|>]
       while (pos < s.size() && IsNameChar(s[pos]) && tag_.size() <= kMaxTagBytes) tag_ += s[pos++];
@@ -262,6 +263,51 @@ void K3CompletionParser::Run(bool at_end) {
     }
   }
   pending_.erase(0, pos);
+}
+
+void K3CompletionParser::AdvanceTagLex(std::string_view more) {
+  size_t name_bytes = tag_.size();  // meaningful while in kName
+  for (const char c : more) {
+    switch (tag_lex_) {
+      case TagLex::kName:
+        if (IsSpace(c) && name_bytes > 0) {
+          tag_lex_ = TagLex::kSpace;
+        } else if (!IsNameChar(c)) {
+          tag_lex_ = TagLex::kBad;
+        }
+        ++name_bytes;
+        break;
+      case TagLex::kSpace:
+        if (IsNameChar(c)) {
+          tag_lex_ = TagLex::kKey;
+        } else if (!IsSpace(c)) {
+          tag_lex_ = TagLex::kBad;
+        }
+        break;
+      case TagLex::kKey:
+        if (c == '=') {
+          tag_lex_ = TagLex::kValueQuote;
+        } else if (!IsNameChar(c)) {
+          tag_lex_ = TagLex::kBad;
+        }
+        break;
+      case TagLex::kValueQuote: tag_lex_ = c == '"' ? TagLex::kValue : TagLex::kBad; break;
+      case TagLex::kValue:
+        if (c == '"') tag_lex_ = TagLex::kAfterValue;
+        break;
+      case TagLex::kAfterValue: tag_lex_ = IsSpace(c) ? TagLex::kSpace : TagLex::kBad; break;
+      case TagLex::kBad: return;
+    }
+  }
+}
+
+void K3CompletionParser::AbandonOpener() {
+  // In a value the opener is literal text; elsewhere the bare marker is stray framing (output_parser.h).
+  const bool in_value = !stack_.empty() && (top() == Ctx::kArgument || top() == Ctx::kJson);
+  OnText(in_value ? std::string(kK3Open) + tag_ : tag_);
+  tag_.clear();
+  tag_lex_ = TagLex::kName;
+  lex_ = Lex::kText;
 }
 
 void K3CompletionParser::OnText(std::string_view text) {
@@ -292,14 +338,14 @@ void K3CompletionParser::OnOpen(std::string_view tag_text) {
       // A response or tools element also ends reasoning whose close tag went missing.
       if (tag.name == "response" || tag.name == "tools") {
         stack_.back() = tag.name == "response" ? Ctx::kResponse : Ctx::kTools;
-      } else {
+      } else if (tag.name != "think") {  // think re-opened while thinking: framing, dropped
         literal();
       }
       break;
     case Ctx::kResponse:
       if (tag.name == "tools") {
         stack_.back() = Ctx::kTools;
-      } else {
+      } else if (tag.name != "response") {
         literal();
       }
       break;

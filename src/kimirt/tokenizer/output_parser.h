@@ -18,7 +18,13 @@
 // unterminated elements at Finish() keep what arrived (a cut-off call is returned with
 // complete = false and only its finished arguments); markers that make no sense where they appear
 // are kept as literal text in the reasoning/content channel rather than dropped, except stray
-// framing between channels. Text is never stripped of whitespace.
+// framing: a <|sep|> or channel close between channels, a channel re-opened inside itself
+// (<|open|>think<|sep|> while thinking), and a bare <|open|> whose text cannot be a tag
+// (`<|open|>The user asks…`): that marker is dropped and its text kept. Such an opener is given
+// back as soon as its text stops looking like NAME KEY="VALUE"…, so the channel keeps streaming
+// (waiting for a <|sep|> that never comes held the whole reasoning back until the end). Inside
+// argument and json values every marker but the value's close is literal. Text is never stripped
+// of whitespace.
 //
 // Thread safety: one parser per sequence.
 #pragma once
@@ -83,12 +89,17 @@ class K3CompletionParser {
  private:
   enum class Ctx : uint8_t { kMessage, kThink, kResponse, kTools, kCall, kArgument, kJson };
   enum class Lex : uint8_t { kText, kOpenTag, kCloseTag };
+  // Where the open-tag text read so far stands in `NAME( KEY="VALUE")*`; kBad: it cannot become
+  // a tag any more, so the lexer gives it back as text at once instead of waiting for <|sep|>.
+  enum class TagLex : uint8_t { kName, kSpace, kKey, kValueQuote, kValue, kAfterValue, kBad };
   struct Argument {
     std::string key;
     std::string value_json;  // the coerced value as JSON text
   };
 
   void Run(bool at_end);
+  void AdvanceTagLex(std::string_view more);
+  void AbandonOpener();
   void OnText(std::string_view text);
   void OnOpen(std::string_view tag_text);
   void OnClose(std::string_view name, bool had_sep);
@@ -102,6 +113,7 @@ class K3CompletionParser {
   Lex lex_ = Lex::kText;
   std::string pending_;  // text not yet lexed (a possible marker prefix)
   std::string tag_;      // open-tag text or close-tag name being read
+  TagLex tag_lex_ = TagLex::kName;
 
   // The call being read.
   bool in_call_ = false;

@@ -192,6 +192,37 @@ TEST(OutputParser, StreamingHoldsBackOnlyPossibleMarkers) {
   EXPECT_EQ(p.Finish().content, "");
 }
 
+// Issue 11 defect 6: after a bare <|open|> the reasoning went silent until the end of the
+// completion, then came as one piece that began with the raw marker. It must keep streaming,
+// without the marker.
+TEST(OutputParser, BareOpenMarkerKeepsReasoningStreaming) {
+  K3CompletionParser p;
+  EXPECT_EQ(p.Feed("<|open|>").reasoning, "");
+  EXPECT_EQ(p.Feed("The user").reasoning, "");  // could still be `<|open|>The user="…"<|sep|>`
+  EXPECT_EQ(p.Feed(" asks about").reasoning, "The user asks about");
+  EXPECT_EQ(p.Feed(" Paris.").reasoning, " Paris.");
+  const K3ParseDelta d = p.Feed("<|close|>think<|sep|><|open|>response<|sep|>Sunny.");
+  EXPECT_EQ(d.reasoning, "");
+  EXPECT_EQ(d.content, "Sunny.");
+  EXPECT_EQ(p.reasoning(), "The user asks about Paris.");
+
+  // Malformed openers give their text back at the first byte that cannot belong to a tag.
+  EXPECT_EQ(K3CompletionParser().Feed("<|open|>\nLet me").reasoning, "\nLet me");
+  EXPECT_EQ(K3CompletionParser().Feed("<|open|>think\nLet me").reasoning, "think\nLet me");
+  EXPECT_EQ(K3CompletionParser().Feed("<|open|>a b=1").reasoning, "a b=1");
+
+  // The model re-opening the channel it is in is framing, not reasoning.
+  EXPECT_EQ(Parse("<|open|>think<|sep|>hmm<|close|>think<|sep|>").reasoning, "hmm");
+  EXPECT_EQ(Parse("<|open|>response<|sep|>ok", K3ParseStart::kResponse).content, "ok");
+  // A bare marker cut off at the end is dropped too; inside a value it stays literal.
+  EXPECT_EQ(Parse("r<|open|>").reasoning, "r");
+  const Parsed v = Parse("<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|>"
+                         "<|open|>argument key=\"s\" type=\"string\"<|sep|>a<|open|>b c<|close|>argument<|sep|>"
+                         "<|close|>call<|sep|>");
+  ASSERT_EQ(v.calls.size(), 1u);
+  EXPECT_EQ(v.calls[0].arguments, R"({"s": "a<|open|>b c"})");
+}
+
 // Whether two parses agree on all a client sees: reasoning, content, and each call's name,
 // arguments and completeness.
 ::testing::AssertionResult SameParse(const Parsed& got, const Parsed& want) {
@@ -225,6 +256,9 @@ TEST(OutputParser, ByteByByteEqualsAllAtOnce) {
       "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"a&amp;b\"<|sep|>"
       "<|open|>argument key=\"k\" type=\"array\"<|sep|>[1,<|close|>x<|sep|>2]",
       std::string("<|open|>") + std::string(5000, 'q') + "<|sep|>tail",
+      "<|open|>The user asks<|close|>think<|sep|>ok",
+      "<|open|>think<|sep|>a<|open|>x=\"1\" b<|sep|>c<|open|>k v=\"<\" w=\"x\"<|sep|>",
+      "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>json<|sep|>{<|open|>z y<|close|>json<|sep|>",
   };
   for (const std::string& text : corpus) {
     for (K3ParseStart start :
