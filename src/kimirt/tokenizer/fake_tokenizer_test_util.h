@@ -22,10 +22,21 @@ class FakeTokenizer : public Tokenizer {
  public:
   // Every K3 and Kimi-Linear chat marker (spec §10.2), so either template encodes.
   static std::vector<std::string> AllChatMarkers() {
-    return {"<|open|>",     "<|close|>",     "<|sep|>",       "<|end_of_msg|>",
-            "<|im_end|>",   "<|im_user|>",   "<|im_assistant|>", "<|im_system|>",
-            "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+    // Ids 256.. in this order (the server tests' FakeTokenizer numbering).
+    return {"<|open|>",
+            "<|close|>",
+            "<|sep|>",
+            "<|end_of_msg|>",
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>"};
   }
 
   FakeTokenizer() : FakeTokenizer(AllChatMarkers()) {}
