@@ -91,8 +91,6 @@ class Backend {
   virtual Tensor Zeros(Shape shape, DType dtype = DType::kF32) = 0;
   virtual Tensor Upload(const Tensor& host) = 0;
   virtual Tensor Download(const Tensor& t) = 0;
-  // dst rows [dst_row, dst_row + src rows) := src (same row width).
-  virtual void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) = 0;
   // y [T, count] := x [T, :][begin, begin + count)
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
   // Up to how many rows every per-token op computes each row exactly as it would alone (same

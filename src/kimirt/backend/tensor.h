@@ -13,7 +13,7 @@
 
 #include "kimirt/core/check.h"
 #include "kimirt/core/dtype.h"
-#include "kimirt/io/safetensors.h"  // Shape, NumElements, ShapeToString
+#include "kimirt/core/shape.h"
 
 namespace kimirt {
 
@@ -72,5 +72,9 @@ class Tensor {
   DType dtype_ = DType::kF32;
   Device device_ = Device::kCpu;
 };
+
+// A tensor seen as a matrix: dim 0 rows (a scalar is one row) of numel / rows elements each.
+inline int64_t Rows(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(0); }
+inline int64_t Cols(const Tensor& t) { return Rows(t) == 0 ? 0 : t.numel() / Rows(t); }
 
 }  // namespace kimirt

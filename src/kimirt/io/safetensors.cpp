@@ -1,6 +1,6 @@
 // The safetensors reader: ParseSafetensorsHeader (one pass of JsonScanner over the header, then
 // the reference reader's offset checks) and SafetensorsFile (pread of the header, lazy mmap of
-// the data). Shape helpers live here too.
+// the data).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -19,25 +19,6 @@
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
-
-int64_t NumElements(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    KIMIRT_CHECK_MSG(d >= 0, "negative dimension");
-    KIMIRT_CHECK_MSG(!__builtin_mul_overflow(n, d, &n), "element count overflows int64");
-  }
-  return n;
-}
-
-std::string ShapeToString(const Shape& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  s += "]";
-  return s;
-}
 
 namespace {
 

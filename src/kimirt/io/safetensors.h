@@ -18,21 +18,14 @@
 #include <vector>
 
 #include "kimirt/core/dtype.h"
+#include "kimirt/core/shape.h"
 #include "kimirt/core/status.h"
 #include "kimirt/io/name_index.h"
 
 namespace kimirt {
 
-using Shape = std::vector<int64_t>;
-
 // The largest header a safetensors file may declare (the reference reader's MAX_HEADER_SIZE).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
-
-// Number of elements of a shape (1 for a scalar, shape []). The shape must be valid
-// (non-negative dims, product fits in int64), as every parsed header's shapes are.
-int64_t NumElements(const Shape& shape);
-// "[12288, 1, 4]"
-std::string ShapeToString(const Shape& shape);
 
 struct TensorInfo {
   std::string name;

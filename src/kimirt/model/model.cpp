@@ -1,14 +1,20 @@
-// The decoder forward pass (spec §4): embedding, 2 sub-layers per layer (KDA or MLA, then dense
-// MLP or MoE) mixed by Block AttnRes where the config has it (spec §8), final norm, LM head.
+// The decoder forward pass (spec §4): embedding, then per layer two sub-layers — KDA or MLA
+// (kda.h, mla.h), then dense MLP or MoE (moe.h) — each reading a norm of the residual stream
+// and adding its output back to it, then final norm and LM head. The residual scheme is the one
+// difference between the configs: Block AttnRes where the config has it (attn_res.h, spec §8),
+// the plain pre-norm residual otherwise (residual.h); the layer loop is written once against it.
 #include "kimirt/model/model.h"
 
 #include <algorithm>
 
+#include "kimirt/model/attn_res.h"
+#include "kimirt/model/kda.h"
+#include "kimirt/model/mla.h"
+#include "kimirt/model/moe.h"
+#include "kimirt/model/residual.h"
+
 namespace kimirt {
 namespace {
-
-// MLA latent norms take KimiRMSNorm's default eps, not rms_norm_eps (spec §6.1).
-constexpr float kMlaLatentNormEps = 1e-6f;
 
 Tensor HostCopy(Backend& be, const Tensor& t) {
   Tensor d = be.Download(t);
@@ -30,14 +36,12 @@ void RecordLayer(Backend& be, const Tensor& attn_in, const Tensor& attn_out, con
 }  // namespace
 
 Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm)
-    : layout_(std::move(layout)), w_(std::move(weights)), be_(backend), comm_(comm) {
+    : layout_(std::move(layout)),
+      w_(std::move(weights)),
+      be_(backend),
+      comm_(comm),
+      ctx_{layout_.config(), be_, comm_, FfnActivation(layout_.config())} {
   const ModelConfig& c = config();
-  if (c.hidden_act == "situ") {
-    glu_.kind = GluKind::kSitu;
-    // Spec §1.3: `beta or 1.0`; an absent linear beta leaves the up branch untransformed.
-    glu_.beta = static_cast<float>(c.activation_situ_beta.value_or(1.0));
-    if (c.activation_situ_linear_beta) glu_.linear_beta = static_cast<float>(*c.activation_situ_linear_beta);
-  }
   int kda = 0, mla = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const bool is_kda = c.IsKdaLayer(i);
@@ -45,26 +49,6 @@ Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator
     mla_slot_.push_back(is_kda ? -1 : mla++);
   }
   private_kv_ = MakeKvCache(0, 16, KvCacheDType::kF32, /*growable=*/true);
-}
-
-SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
-  if (this != &o) {
-    Release();
-    length = o.length;
-    kda = std::move(o.kda);
-    blocks = std::move(o.blocks);
-    kv = o.kv;
-    o.blocks.clear();
-    o.length = 0;
-    o.kv = nullptr;
-  }
-  return *this;
-}
-
-void SequenceState::Release() {
-  if (kv != nullptr && !blocks.empty()) kv->FreeBlocks(blocks);
-  blocks.clear();
-  length = 0;
 }
 
 std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
@@ -85,197 +69,17 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& back
 }
 
 SequenceState Model::NewSequence(LatentKvCache* kv) {
-  const ModelConfig& c = config();
-  const int tp = comm_.size();
-  const int64_t H = c.linear_attn.num_heads / tp;
-  const int64_t K = c.linear_attn.head_dim;
-  const int64_t Pl = H * K;
-  const int64_t W = c.linear_attn.short_conv_kernel_size;
   SequenceState st;
   st.kv = kv != nullptr ? kv : private_kv_.get();
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (!c.IsKdaLayer(i)) continue;
-    KdaLayerState k;
-    k.conv_q = be_.Zeros({W - 1, Pl});
-    k.conv_k = be_.Zeros({W - 1, Pl});
-    k.conv_v = be_.Zeros({W - 1, Pl});
-    k.recurrent = be_.Zeros({H, K, K});
-    st.kda.push_back(std::move(k));
+  for (int64_t i = 0; i < config().num_hidden_layers; ++i) {
+    if (config().IsKdaLayer(i)) st.kda.push_back(NewKdaLayerState(ctx_));
   }
   return st;
 }
 
-void Model::AllReduce(Tensor* t) {
-  if (comm_.size() > 1) comm_.AllReduceSum(static_cast<float*>(t->raw()), static_cast<size_t>(t->numel()));
-}
-
-Tensor Model::Norm(const Tensor& x, const Tensor& w, float eps) {
-  Tensor y = be_.Empty(x.shape());
-  be_.RmsNorm(x, w, eps, &y);
-  return y;
-}
-
-Tensor Model::Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm) {
-  Tensor y = be_.Empty(cands.back()->shape());
-  be_.AttnResMix(cands, proj, norm, static_cast<float>(config().rms_norm_eps), &y);
-  return y;
-}
-
-Tensor Model::Kda(const LayerWeights& lw, const Tensor& x, int kda_layer, const Rows& rows, const ForwardOptions& o) {
-  const ModelConfig& c = config();
-  const KdaWeights& w = lw.kda;
-  const int64_t T = x.dim(0);
-  auto state = [&](size_t b) { return &rows.seqs[b]->kda[static_cast<size_t>(kda_layer)]; };
-  const int64_t Pl = w.q.dim(0);
-  const int64_t H = w.a_log.numel();
-  auto linear = [&](const Tensor& in, const Tensor& weight) {
-    Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
-    be_.Linear(in, weight, &y);
-    return y;
-  };
-  // Spec §5.1–5.2: projections (all rows), then the short conv + SiLU with each sequence's
-  // carried window (its own rows).
-  auto conv = [&](const Tensor& proj_w, const Tensor& conv_w, Tensor KdaLayerState::*window) {
-    Tensor raw = linear(x, proj_w);
-    Tensor y = be_.Empty({T, Pl});
-    for (size_t b = 0; b < rows.seqs.size(); ++b) {
-      Tensor out = y.Rows(rows.begin(b), rows.count(b));
-      be_.CausalConvSilu(raw.Rows(rows.begin(b), rows.count(b)), conv_w, &(state(b)->*window), &out);
-    }
-    return y;
-  };
-  Tensor q = conv(w.q, w.conv_q, &KdaLayerState::conv_q);
-  Tensor k = conv(w.k, w.conv_k, &KdaLayerState::conv_k);
-  Tensor v = conv(w.v, w.conv_v, &KdaLayerState::conv_v);
-  Tensor beta = linear(x, w.b);
-  Tensor f = linear(linear(x, w.f_a), w.f_b);
-  // Spec §5.3: per-channel log-decay (bounded sigmoid for K3, softplus for Kimi-Linear).
-  Tensor alpha = be_.Empty({T, Pl});
-  std::optional<float> lb;
-  if (c.linear_attn.gate_lower_bound) lb = static_cast<float>(*c.linear_attn.gate_lower_bound);
-  be_.KdaLogDecay(f, w.a_log, w.dt_bias, lb, &alpha);
-  Tensor core = be_.Empty({T, Pl});
-  for (size_t b = 0; b < rows.seqs.size(); ++b) {
-    const int64_t at = rows.begin(b), n = rows.count(b);
-    const KdaForm form = o.kda_form.value_or(n > 64 ? KdaForm::kChunked : KdaForm::kRecurrent);
-    Tensor out = core.Rows(at, n);
-    be_.KdaCore(q.Rows(at, n), k.Rows(at, n), v.Rows(at, n), beta.Rows(at, n), alpha.Rows(at, n), H, form,
-                &state(b)->recurrent, &out);
-  }
-  // Spec §5.6: gated RMSNorm with the output gate, then o_proj (row parallel: all-reduce).
-  Tensor gate = c.linear_attn.use_full_rank_gate ? linear(x, w.g) : linear(linear(x, w.g_a), w.g_b);
-  Tensor normed = be_.Empty({T, Pl});
-  be_.GatedRmsNorm(core, gate, w.o_norm, static_cast<float>(c.rms_norm_eps), &normed);
-  Tensor out = linear(normed, w.o);
-  AllReduce(&out);
-  return out;
-}
-
-Tensor Model::Mla(const LayerWeights& lw, const Tensor& x, int mla_layer, const Rows& rows, const ForwardOptions& o) {
-  const ModelConfig& c = config();
-  const MlaWeights& w = lw.mla;
-  const int64_t T = x.dim(0);
-  auto linear = [&](const Tensor& in, const Tensor& weight) {
-    Tensor y = be_.Empty({in.dim(0), weight.dim(0)});
-    be_.Linear(in, weight, &y);
-    return y;
-  };
-  // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
-  Tensor q = c.q_lora_rank ? linear(Norm(linear(x, w.q_a), w.q_a_norm, kMlaLatentNormEps), w.q_b)
-                           : linear(x, w.q);
-  // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache, and
-  // attention reads every position back from it (so the cache dtype applies to the new tokens
-  // too, as in a paged-attention kernel).
-  const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  Tensor a = linear(x, w.kv_a);
-  Tensor c_raw = be_.Empty({T, r});
-  Tensor ks = be_.Empty({T, dr});
-  be_.CopyColumns(a, 0, r, &c_raw);
-  be_.CopyColumns(a, r, dr, &ks);
-  Tensor latent = Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
-  MlaShape shape;
-  shape.nope_dim = c.qk_nope_head_dim;
-  shape.rope_dim = dr;
-  shape.v_dim = c.v_head_dim;
-  shape.latent_dim = r;
-  shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
-  Tensor attn = be_.Empty({T, shape.heads * shape.v_dim});
-  for (size_t b = 0; b < rows.seqs.size(); ++b) {
-    SequenceState* st = rows.seqs[b];
-    const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
-    st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
-    Tensor cache_c = be_.Empty({start + n, r});
-    Tensor cache_ks = be_.Empty({start + n, dr});
-    st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
-    const MlaForm form = o.mla_form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
-    Tensor out = attn.Rows(at, n);
-    be_.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, form, &out);
-  }
-  // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
-  if (c.mla_use_output_gate) be_.SigmoidMul(attn, linear(x, w.g), &attn);
-  Tensor out = linear(attn, w.o);
-  AllReduce(&out);
-  return out;
-}
-
-Tensor Model::Mlp(const MlpWeights& w, const Tensor& y) {
-  const int64_t T = y.dim(0), I = w.gate.dim(0);
-  Tensor g = be_.Empty({T, I}), u = be_.Empty({T, I}), h = be_.Empty({T, I});
-  be_.Linear(y, w.gate, &g);
-  be_.Linear(y, w.up, &u);
-  be_.Glu(g, u, glu_, &h);
-  Tensor out = be_.Empty({T, w.down.dim(0)});
-  be_.Linear(h, w.down, &out);
-  AllReduce(&out);
-  return out;
-}
-
-Tensor Model::Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx) {
-  const ModelConfig& c = config();
-  const int64_t T = y.dim(0), k = c.num_experts_per_token;
-  // Spec §7.2 step 1: FP32 router on the original hidden state (replicated on every rank).
-  RouteParams rp;
-  rp.top_k = k;
-  rp.renormalize = c.moe_renormalize;
-  rp.scaling = static_cast<float>(c.routed_scaling_factor);
-  rp.combine_biased = c.RouterCombineUsesBiasedScores();
-  Tensor idx = be_.Empty({T, k}, DType::kI32);
-  Tensor weights = be_.Empty({T, k});
-  be_.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
-  if (route_idx != nullptr) *route_idx = idx;
-  // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
-  Tensor z = y;
-  if (c.UsesLatentMoe()) {
-    z = be_.Empty({T, w.latent_down.dim(0)});
-    be_.Linear(y, w.latent_down, &z);
-  }
-  Tensor routed = be_.Empty({T, z.dim(1)});
-  be_.MoeExperts(z, idx, weights, w.experts, glu_, &routed);
-  // Each rank holds a slice of every expert's intermediate width: sum the partial outputs
-  // BEFORE the latent norm, which is not linear (spec §7.2 TP caveat).
-  AllReduce(&routed);
-  if (c.UsesLatentMoe()) {
-    if (c.latent_moe_use_norm) routed = Norm(routed, w.latent_norm, static_cast<float>(c.rms_norm_eps));
-    Tensor up = be_.Empty({T, c.hidden_size});
-    be_.Linear(routed, w.latent_up, &up);
-    routed = up;
-  }
-  if (w.shared.defined()) {
-    Tensor shared = Mlp(w.shared, y);
-    be_.Add(routed, shared, &routed);
-  }
-  return routed;
-}
-
-Tensor Model::Attention(size_t layer, const Tensor& x, const Rows& rows, const ForwardOptions& o) {
-  const LayerWeights& lw = w_.layers[layer];
-  if (lw.is_kda) return Kda(lw, x, kda_slot_[layer], rows, o);
-  return Mla(lw, x, mla_slot_[layer], rows, o);
-}
-
 Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, const ForwardOptions& o) {
   SequenceState* const one[] = {st};
-  Rows rows;
+  SequenceRows rows;
   rows.seqs = one;
   rows.T = static_cast<int64_t>(ids.size());
   return Run(rows, ids, o);
@@ -293,7 +97,7 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
       if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
     }
   }
-  Rows rows;
+  SequenceRows rows;
   rows.seqs = states;
   rows.T = static_cast<int64_t>(ids.size());
   ForwardOptions every_row = o;
@@ -301,7 +105,7 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
   return Run(rows, ids, every_row);
 }
 
-Result<Tensor> Model::Run(const Rows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
+Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
   const ModelConfig& c = config();
   const int64_t T = rows.T;
   if (T == 0) return InvalidArgument("forward of zero tokens");
@@ -330,73 +134,37 @@ Result<Tensor> Model::Run(const Rows& rows, std::span<const int32_t> ids, const 
   // Spec §4 step 1: embedding (vocab-parallel: each rank fills its rows, the sum is the row).
   Tensor h = be_.Empty({T, c.hidden_size});
   be_.Embedding(ids, w_.embed, w_.embed_row_begin, &h);
-  AllReduce(&h);
+  ctx_.AllReduce(&h);
 
-  Tensor mixed;  // the input of the final norm
+  // Spec §4 steps 2-4 (§4.1 per layer).
+  std::unique_ptr<ResidualStream> stream;
   if (c.UsesAttnRes()) {
-    // Spec §4.1 / §8: `prefix` accumulates sub-layer outputs since the last block boundary;
-    // `bank` holds the closed blocks (entry 0: the embedding). Mixes only feed the norms.
-    const int64_t block = *c.attn_res_block_size;
-    std::vector<Tensor> bank;
-    Tensor prefix = h;
-    bool has_prefix = true;
-    auto candidates = [&]() {
-      std::vector<const Tensor*> v;
-      for (const Tensor& b : bank) v.push_back(&b);
-      v.push_back(&prefix);
-      return v;
-    };
-    for (size_t i = 0; i < w_.layers.size(); ++i) {
-      const LayerWeights& lw = w_.layers[i];
-      Tensor a = bank.empty() ? prefix : Mix(candidates(), lw.attn_res_proj, lw.attn_res_norm);
-      if (static_cast<int64_t>(i) % block == 0) {
-        bank.push_back(prefix);  // the PRE-mix prefix (spec §4.1 step 2)
-        has_prefix = false;
-      }
-      Tensor x = Norm(a, lw.input_norm, eps);
-      Tensor attn = Attention(i, x, rows, o);
-      if (has_prefix) {
-        Tensor sum = be_.Empty(prefix.shape());
-        be_.Add(prefix, attn, &sum);
-        prefix = sum;
-      } else {
-        prefix = attn;
-        has_prefix = true;
-      }
-      Tensor b = Mix(candidates(), lw.mlp_res_proj, lw.mlp_res_norm);
-      Tensor y = Norm(b, lw.post_norm, eps);
-      Tensor route;
-      Tensor ffn = lw.is_moe ? Moe(lw.moe, y, &route) : Mlp(lw.dense, y);
-      Tensor sum = be_.Empty(prefix.shape());
-      be_.Add(prefix, ffn, &sum);
-      prefix = sum;
-      if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
-    }
-    mixed = bank.empty() ? prefix : Mix(candidates(), w_.out_res_proj, w_.out_res_norm);
+    stream = std::make_unique<BlockAttnRes>(be_, h, *c.attn_res_block_size, eps, w_.out_res_proj, w_.out_res_norm);
   } else {
-    // Plain pre-norm residual stream (Kimi-Linear, spec §1.3).
-    for (size_t i = 0; i < w_.layers.size(); ++i) {
-      const LayerWeights& lw = w_.layers[i];
-      Tensor x = Norm(h, lw.input_norm, eps);
-      Tensor attn = Attention(i, x, rows, o);
-      Tensor h2 = be_.Empty(h.shape());
-      be_.Add(h, attn, &h2);
-      Tensor y = Norm(h2, lw.post_norm, eps);
-      Tensor route;
-      Tensor ffn = lw.is_moe ? Moe(lw.moe, y, &route) : Mlp(lw.dense, y);
-      h = be_.Empty(h.shape());
-      be_.Add(h2, ffn, &h);
-      if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
-    }
-    mixed = h;
+    stream = std::make_unique<PreNormResidual>(be_, h);
+  }
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    const LayerWeights& lw = w_.layers[i];
+    Tensor x = ctx_.Norm(stream->AttentionInput(static_cast<int64_t>(i), lw), lw.input_norm, eps);
+    Tensor attn = lw.is_kda ? RunKda(ctx_, lw.kda, x, kda_slot_[i], rows, o.kda_form)
+                            : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form);
+    stream->Add(attn);
+    Tensor y = ctx_.Norm(stream->FfnInput(lw), lw.post_norm, eps);
+    Tensor route;
+    Tensor ffn = lw.is_moe ? RunMoe(ctx_, lw.moe, y, &route) : RunMlp(ctx_, lw.dense, y);
+    stream->Add(ffn);
+    if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
   }
   for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
 
   // Spec §4 steps 5-6: final norm and the vocab-parallel head.
-  Tensor hn = Norm(mixed, w_.norm, eps);
+  Tensor hn = ctx_.Norm(stream->Output(), w_.norm, eps);
   if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
-  Tensor head_in = o.all_logits ? hn : hn.Rows(T - 1, 1);
-  const int64_t R = head_in.dim(0), Vl = w_.lm_head.dim(0), V = c.vocab_size;
+  return Logits(o.all_logits ? hn : hn.Rows(T - 1, 1));
+}
+
+Tensor Model::Logits(const Tensor& head_in) {
+  const int64_t R = head_in.dim(0), Vl = w_.lm_head.dim(0), V = config().vocab_size;
   Tensor local = be_.Empty({R, Vl});
   // The last row goes through the head on its own even when every row is wanted: a GEMM's
   // summation order may depend on its row count, and the row a sampler reads must not change

@@ -17,35 +17,12 @@
 #include "kimirt/model/config.h"
 #include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/model/layout.h"
+#include "kimirt/model/module_context.h"
+#include "kimirt/model/sequence_state.h"
 #include "kimirt/model/weights.h"
 #include "kimirt/parallel/communicator.h"
 
 namespace kimirt {
-
-struct KdaLayerState {
-  Tensor conv_q, conv_k, conv_v;  // [W-1, P_l] the last W-1 pre-conv projections (spec §5.7)
-  Tensor recurrent;               // [H_l, K, K] FP32 state S (spec §5.4)
-};
-
-// Everything a sequence carries between forward calls (spec §9): KDA conv windows and
-// recurrent states, and the block table of its MLA latents in a LatentKvCache. Move-only; its
-// blocks go back to the cache when it is destroyed or Release()d. Not shareable across threads.
-class SequenceState {
- public:
-  SequenceState() = default;
-  SequenceState(SequenceState&& o) noexcept { *this = std::move(o); }
-  SequenceState& operator=(SequenceState&& o) noexcept;
-  SequenceState(const SequenceState&) = delete;
-  SequenceState& operator=(const SequenceState&) = delete;
-  ~SequenceState() { Release(); }
-  // Frees the latent blocks and forgets the tokens (KDA state is left for the owner to reset).
-  void Release();
-
-  int64_t length = 0;              // tokens already processed
-  std::vector<KdaLayerState> kda;  // one per KDA layer, in layer order
-  std::vector<int32_t> blocks;     // latent block table (all MLA layers share it)
-  LatentKvCache* kv = nullptr;     // where the blocks live; not owned
-};
 
 // Host copies of intermediate tensors, for golden and debugging comparisons.
 struct ForwardTrace {
@@ -68,6 +45,9 @@ class Model {
   // Loads DIR (config.json + checkpoint) as rank comm.rank() of comm.size().
   static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
                                               const LoadOptions& options = {});
+
+  Model(const Model&) = delete;  // not movable either: ctx_ refers to layout_'s config
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return layout_.config(); }
   Backend& backend() const { return be_; }
@@ -94,29 +74,15 @@ class Model {
  private:
   Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm);
 
-  // The sequences of a call and their rows of the activations: one sequence owning all T rows
-  // (Forward), or B sequences owning one row each (ForwardDecode).
-  struct Rows {
-    std::span<SequenceState* const> seqs;
-    int64_t T = 0;
-    int64_t count(size_t /*b*/) const { return seqs.size() == 1 ? T : 1; }
-    int64_t begin(size_t b) const { return seqs.size() == 1 ? 0 : static_cast<int64_t>(b); }
-  };
-  Result<Tensor> Run(const Rows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
-  Tensor Attention(size_t layer, const Tensor& x, const Rows& rows, const ForwardOptions& o);
-  Tensor Kda(const LayerWeights& w, const Tensor& x, int kda_layer, const Rows& rows, const ForwardOptions& o);
-  Tensor Mla(const LayerWeights& w, const Tensor& x, int mla_layer, const Rows& rows, const ForwardOptions& o);
-  Tensor Mlp(const MlpWeights& w, const Tensor& y);
-  Tensor Moe(const MoeWeights& w, const Tensor& y, Tensor* route_idx);
-  Tensor Mix(std::vector<const Tensor*> cands, const Tensor& proj, const Tensor& norm);
-  Tensor Norm(const Tensor& x, const Tensor& w, float eps);
-  void AllReduce(Tensor* t);
+  Result<Tensor> Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
+  // F32 host logits [R, vocab] of final-norm output rows head_in [R, D] (spec §4 step 6).
+  Tensor Logits(const Tensor& head_in);
 
   Layout layout_;
   ModelWeights w_;
   Backend& be_;
   Communicator& comm_;
-  GluParams glu_;
+  ModuleContext ctx_;  // what the sub-layer modules (kda.h, mla.h, moe.h) run with
   std::vector<int> kda_slot_;  // layer -> index into SequenceState::kda (or -1)
   std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1)
   std::unique_ptr<LatentKvCache> private_kv_;

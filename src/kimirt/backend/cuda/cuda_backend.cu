@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -39,9 +38,6 @@ namespace {
       std::abort();                                                                             \
     }                                                                                           \
   } while (0)
-
-int64_t Rows(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(0); }
-int64_t Cols(const Tensor& t) { return Rows(t) == 0 ? 0 : t.numel() / Rows(t); }
 
 // Size classes: 512 bytes, then steps of a quarter of the power of two below (at most 25% waste),
 // so a buffer that grows by a row per decode step reuses the same block most of the time.
@@ -100,51 +96,6 @@ class DevicePool {
   int device_;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
-};
-
-// Small host-to-device copies in a step (token ids, block tables, pointer arrays) go through a
-// pinned ring, so cudaMemcpyAsync returns at once: from pageable memory the driver stages the
-// copy itself and may wait for the stream, which stalls the GPU several times per layer. A chunk
-// of the ring is reused only after an event recorded behind its last copy has completed.
-class PinnedRing {
- public:
-  static constexpr size_t kBytes = 4u << 20, kChunks = 16, kChunk = kBytes / kChunks;
-  PinnedRing() {
-    KIMIRT_CUDA_OK(cudaHostAlloc(&base_, kBytes, cudaHostAllocDefault));
-    for (cudaEvent_t& e : done_) KIMIRT_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
-  ~PinnedRing() {
-    for (cudaEvent_t e : done_) cudaEventDestroy(e);
-    cudaFreeHost(base_);
-  }
-  // Copies `bytes` from `src` to device `dst` on `stream`, asynchronously.
-  void Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-    if (bytes > kChunk) {  // rare and large: let the driver stage it
-      KIMIRT_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-      return;
-    }
-    if (used_ + bytes > kChunk) Advance(stream);
-    if (!armed_[chunk_]) {
-      KIMIRT_CUDA_OK(cudaEventSynchronize(done_[chunk_]));  // its previous copies have landed
-      armed_[chunk_] = true;
-    }
-    char* at = base_ + chunk_ * kChunk + used_;
-    std::memcpy(at, src, bytes);
-    used_ += (bytes + 15) / 16 * 16;
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream));
-  }
-
- private:
-  void Advance(cudaStream_t stream) {
-    KIMIRT_CUDA_OK(cudaEventRecord(done_[chunk_], stream));
-    armed_[chunk_] = false;
-    chunk_ = (chunk_ + 1) % kChunks;
-    used_ = 0;
-  }
-  char* base_ = nullptr;
-  cudaEvent_t done_[kChunks] = {};
-  bool armed_[kChunks] = {};
-  size_t chunk_ = 0, used_ = 0;
 };
 
 class CudaBackend;
@@ -208,7 +159,7 @@ class CudaBackend final : public Backend {
     if (t.nbytes() > 0) {
       KIMIRT_CUDA_OK(cudaMemcpyAsync(h.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
     }
-    KIMIRT_CUDA_OK(cudaStreamSynchronize(stream_));
+    Synchronize();
     return h;
   }
 
@@ -223,13 +174,6 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) override {
     return std::make_unique<CudaKvStorage>(*this, shape);
-  }
-
-  void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) override {
-    KIMIRT_CHECK(Cols(src) == Cols(*dst) && dst_row + Rows(src) <= Rows(*dst) && src.dtype() == dst->dtype());
-    if (src.nbytes() == 0) return;
-    char* to = static_cast<char*>(dst->raw()) + static_cast<size_t>(dst_row * Cols(*dst)) * DTypeSize(dst->dtype());
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(to, src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
   void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {
@@ -280,7 +224,7 @@ class CudaBackend final : public Backend {
     std::vector<const float*> ptrs;
     for (const Tensor* c : cands) ptrs.push_back(F(*c));
     Tensor d_ptrs = Raw({static_cast<int64_t>(ptrs.size() * sizeof(void*))}, DType::kU8);
-    staging_.Copy(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*), stream_);
+    CopyToDevice(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*));
     cuda::AttnResMix(static_cast<const float* const*>(d_ptrs.raw()), static_cast<int>(ptrs.size()), F(proj),
                      F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
   }
@@ -460,8 +404,7 @@ class CudaBackend final : public Backend {
     if (ptrs.host == host) return ptrs;
     ptrs.E = static_cast<int64_t>(ex.gate.size());
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(ptrs.table.raw(), host.data(), host.size() * sizeof(void*),
-                                   cudaMemcpyHostToDevice, stream_));
+    CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
     ptrs.host = std::move(host);
     return ptrs;
   }
@@ -525,8 +468,29 @@ class CudaBackend final : public Backend {
 
   Tensor UploadInts(std::span<const int32_t> v) {
     Tensor t = Raw({static_cast<int64_t>(v.size())}, DType::kI32);
-    if (!v.empty()) staging_.Copy(t.raw(), v.data(), v.size() * sizeof(int32_t), stream_);
+    if (!v.empty()) CopyToDevice(t.raw(), v.data(), v.size() * sizeof(int32_t));
     return t;
+  }
+
+  // Copies `bytes` host bytes to device `dst` on the stream. From pageable memory
+  // cudaMemcpyAsync may return before the driver has read the source, so the bytes are copied
+  // into `in_flight_`, which keeps them until the stream is next synchronized (Download, or here
+  // once more than kMaxInFlight copies or kMaxInFlightBytes are held). The copies are small
+  // (token ids, block tables, pointer arrays), a few per layer. (A pinned staging ring in their
+  // place measured no gain: docs/cuda.md.)
+  void CopyToDevice(void* dst, const void* src, size_t bytes) {
+    const uint8_t* from = static_cast<const uint8_t*>(src);
+    in_flight_.emplace_back(from, from + bytes);
+    in_flight_bytes_ += bytes;
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(dst, in_flight_.back().data(), bytes, cudaMemcpyHostToDevice, stream_));
+    if (in_flight_.size() > kMaxInFlight || in_flight_bytes_ > kMaxInFlightBytes) Synchronize();
+  }
+
+  // Waits for the stream; every host buffer a queued copy read from may go.
+  void Synchronize() {
+    KIMIRT_CUDA_OK(cudaStreamSynchronize(stream_));
+    in_flight_.clear();
+    in_flight_bytes_ = 0;
   }
 
   // y [m, n] = x [m, k] · w [n, k]ᵀ, row-major: in cuBLAS's column-major terms yᵀ = w · xᵀ.
@@ -551,7 +515,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
-  PinnedRing staging_;
+  // Host sources of queued copies (CopyToDevice); each vector's buffer stays put when the list
+  // grows.
+  static constexpr size_t kMaxInFlight = 4096, kMaxInFlightBytes = 64u << 20;
+  std::vector<std::vector<uint8_t>> in_flight_;
+  size_t in_flight_bytes_ = 0;
   std::map<const void*, ExpertPointers> expert_pointers_;
 };
 

@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels (kernels.h): residual add, the MLA output gate, the GLUs, embedding.
-// Same formulas as the CPU reference (cpu_backend.cpp), spec sections cited there.
+// Same formulas as the CPU reference (cpu_backend.cpp; the GLU in cpu/moe_kernels.cpp), spec
+// sections cited there.
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cstdio>

@@ -45,7 +45,7 @@ void KdaLogDecay(const float* f, int64_t T, int64_t H, int64_t K, const float* a
 void KdaRecurrent(const float* q, const float* k, const float* v, const float* beta_logits, const float* alpha,
                   int64_t T, int64_t H, int64_t K, float* state, float* o, cudaStream_t s);
 
-// --- attention_kernels.cu (spec §6.4, §6.6) ---
+// --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
 // parts (a per-head part and a part shared by all heads) and a value. Element pointers:
 //   query  q  + t·q_t + h·q_h            [da + db]

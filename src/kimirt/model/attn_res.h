@@ -1,0 +1,45 @@
+// Block Attention Residuals (spec §4.1, §8): the K3 residual scheme. Instead of one running sum,
+// the stream keeps the closed blocks (`bank`; entry 0 the embedding, then the sum of every
+// sub-layer output of each block of attn_res_block_size layers) and the running sum of the open
+// block (`prefix`). Each norm reads a learned softmax mix of [bank..., prefix] (spec §8.2);
+// the mixes only feed the norms, never the sums.
+#pragma once
+
+#include <vector>
+
+#include "kimirt/model/residual.h"
+
+namespace kimirt {
+
+class BlockAttnRes final : public ResidualStream {
+ public:
+  // `embedding` [T, D] starts the prefix; blocks of `block_size` layers; `eps` the scoring
+  // norms' rms_norm_eps (spec §8.2); `out_proj`, `out_norm` the output site's pseudo-query and
+  // key-norm gain (spec §4 step 4).
+  BlockAttnRes(Backend& be, Tensor embedding, int64_t block_size, float eps, const Tensor& out_proj,
+               const Tensor& out_norm);
+
+  // Spec §4.1 steps 1-2: mix at the attention site, then close a block at a boundary layer.
+  Tensor AttentionInput(int64_t layer, const LayerWeights& lw) override;
+  // Spec §4.1 step 5: mix at the MLP site (the bank is never empty here).
+  Tensor FfnInput(const LayerWeights& lw) override;
+  // Spec §4.1 steps 4 and 7: prefix ← out after a boundary, else prefix + out.
+  void Add(const Tensor& out) override;
+  // Spec §4 step 4: the output site's mix (the prefix itself if the bank is empty).
+  Tensor Output() override;
+
+ private:
+  // AttnResMix([bank..., prefix]; proj, norm) (spec §8.2).
+  Tensor Mix(const Tensor& proj, const Tensor& norm);
+
+  Backend& be_;
+  int64_t block_size_;
+  float eps_;
+  const Tensor& out_proj_;
+  const Tensor& out_norm_;
+  std::vector<Tensor> bank_;  // closed blocks, oldest first
+  Tensor prefix_;             // the open block's sum
+  bool has_prefix_ = true;    // false right after a boundary, until the next output arrives
+};
+
+}  // namespace kimirt

@@ -1,0 +1,56 @@
+// The gated NoPE MLA sub-layer (mla.h; spec §6).
+#include "kimirt/model/mla.h"
+
+namespace kimirt {
+namespace {
+
+// MLA latent norms take KimiRMSNorm's default eps, not rms_norm_eps (spec §6.1).
+constexpr float kMlaLatentNormEps = 1e-6f;
+
+}  // namespace
+
+Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int mla_layer,
+              const SequenceRows& rows, std::optional<MlaForm> form) {
+  const ModelConfig& c = m.config;
+  Backend& be = m.be;
+  const int64_t T = x.dim(0);
+  // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
+  Tensor q = c.q_lora_rank ? m.Linear(m.Norm(m.Linear(x, w.q_a), w.q_a_norm, kMlaLatentNormEps), w.q_b)
+                           : m.Linear(x, w.q);
+  // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache, and
+  // attention reads every position back from it (so the cache dtype applies to the new tokens
+  // too, as in a paged-attention kernel).
+  const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+  Tensor a = m.Linear(x, w.kv_a);
+  Tensor c_raw = be.Empty({T, r});
+  Tensor ks = be.Empty({T, dr});
+  be.CopyColumns(a, 0, r, &c_raw);
+  be.CopyColumns(a, r, dr, &ks);
+  Tensor latent = m.Norm(c_raw, w.kv_a_norm, kMlaLatentNormEps);
+  MlaShape shape;
+  shape.nope_dim = c.qk_nope_head_dim;
+  shape.rope_dim = dr;
+  shape.v_dim = c.v_head_dim;
+  shape.latent_dim = r;
+  shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
+  // Spec §6.4–6.6: each sequence writes its new rows, gathers all of its rows back, attends.
+  Tensor attn = be.Empty({T, shape.heads * shape.v_dim});
+  for (size_t b = 0; b < rows.seqs.size(); ++b) {
+    SequenceState* st = rows.seqs[b];
+    const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
+    st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
+    Tensor cache_c = be.Empty({start + n, r});
+    Tensor cache_ks = be.Empty({start + n, dr});
+    st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
+    const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+    Tensor out = attn.Rows(at, n);
+    be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
+  }
+  // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
+  if (c.mla_use_output_gate) be.SigmoidMul(attn, m.Linear(x, w.g), &attn);
+  Tensor out = m.Linear(attn, w.o);
+  m.AllReduce(&out);
+  return out;
+}
+
+}  // namespace kimirt

@@ -1,0 +1,22 @@
+// ModuleContext helpers (module_context.h).
+#include "kimirt/model/module_context.h"
+
+namespace kimirt {
+
+Tensor ModuleContext::Linear(const Tensor& x, const Tensor& w) const {
+  Tensor y = be.Empty({x.dim(0), w.dim(0)});
+  be.Linear(x, w, &y);
+  return y;
+}
+
+Tensor ModuleContext::Norm(const Tensor& x, const Tensor& w, float eps) const {
+  Tensor y = be.Empty(x.shape());
+  be.RmsNorm(x, w, eps, &y);
+  return y;
+}
+
+void ModuleContext::AllReduce(Tensor* t) const {
+  if (comm.size() > 1) comm.AllReduceSum(static_cast<float*>(t->raw()), static_cast<size_t>(t->numel()));
+}
+
+}  // namespace kimirt

@@ -1,0 +1,27 @@
+// ModuleContext: what the sub-layer modules of the decoder (kda.h, mla.h, moe.h, attn_res.h)
+// run with — the config, this rank's backend and tensor-parallel group, the FFN activation —
+// and the few helpers they all use, so each is written once.
+#pragma once
+
+#include "kimirt/backend/backend.h"
+#include "kimirt/model/config.h"
+#include "kimirt/parallel/communicator.h"
+
+namespace kimirt {
+
+struct ModuleContext {
+  const ModelConfig& config;
+  Backend& be;
+  Communicator& comm;
+  GluParams glu;  // the dense MLP's and the experts' activation (spec §1.3, §3.3; moe.h)
+
+  // A new y [T, N] := x [T, K] · w [N, K]ᵀ.
+  Tensor Linear(const Tensor& x, const Tensor& w) const;
+  // A new y := RMSNorm(x; w, eps) row by row (spec §3.1).
+  Tensor Norm(const Tensor& x, const Tensor& w, float eps) const;
+  // Sums a row-parallel output over the tensor-parallel ranks, in place (spec §11); nothing on
+  // one rank.
+  void AllReduce(Tensor* t) const;
+};
+
+}  // namespace kimirt

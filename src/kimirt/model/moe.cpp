@@ -1,0 +1,60 @@
+// The dense MLP and the LatentMoE block (moe.h; spec §7).
+#include "kimirt/model/moe.h"
+
+namespace kimirt {
+
+GluParams FfnActivation(const ModelConfig& c) {
+  GluParams glu;
+  if (c.hidden_act == "situ") {
+    glu.kind = GluKind::kSitu;
+    // Spec §1.3: `beta or 1.0`; an absent linear beta leaves the up branch untransformed.
+    glu.beta = static_cast<float>(c.activation_situ_beta.value_or(1.0));
+    if (c.activation_situ_linear_beta) glu.linear_beta = static_cast<float>(*c.activation_situ_linear_beta);
+  }
+  return glu;
+}
+
+Tensor RunMlp(const ModuleContext& m, const MlpWeights& w, const Tensor& y) {
+  Tensor g = m.Linear(y, w.gate), u = m.Linear(y, w.up);
+  Tensor h = m.be.Empty(g.shape());
+  m.be.Glu(g, u, m.glu, &h);
+  Tensor out = m.Linear(h, w.down);
+  m.AllReduce(&out);
+  return out;
+}
+
+Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tensor* route_idx) {
+  const ModelConfig& c = m.config;
+  Backend& be = m.be;
+  const int64_t T = y.dim(0), k = c.num_experts_per_token;
+  // Spec §7.2 step 1: FP32 router on the original hidden state (replicated on every rank).
+  RouteParams rp;
+  rp.top_k = k;
+  rp.renormalize = c.moe_renormalize;
+  rp.scaling = static_cast<float>(c.routed_scaling_factor);
+  rp.combine_biased = c.RouterCombineUsesBiasedScores();
+  Tensor idx = be.Empty({T, k}, DType::kI32);
+  Tensor weights = be.Empty({T, k});
+  be.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
+  if (route_idx != nullptr) *route_idx = idx;
+  // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
+  Tensor z = c.UsesLatentMoe() ? m.Linear(y, w.latent_down) : y;
+  Tensor routed = be.Empty({T, z.dim(1)});
+  be.MoeExperts(z, idx, weights, w.experts, m.glu, &routed);
+  // Each rank holds a slice of every expert's intermediate width: sum the partial outputs
+  // BEFORE the latent norm, which is not linear (spec §7.2 TP caveat).
+  m.AllReduce(&routed);
+  // Steps 5-6: latent norm and up-projection.
+  if (c.UsesLatentMoe()) {
+    if (c.latent_moe_use_norm) routed = m.Norm(routed, w.latent_norm, static_cast<float>(c.rms_norm_eps));
+    routed = m.Linear(routed, w.latent_up);
+  }
+  // Steps 7-8: the shared expert on the original y, added.
+  if (w.shared.defined()) {
+    Tensor shared = RunMlp(m, w.shared, y);
+    be.Add(routed, shared, &routed);
+  }
+  return routed;
+}
+
+}  // namespace kimirt

@@ -1,0 +1,49 @@
+// ResidualStream: how a decoder's sub-layers read and feed its residual stream — the one thing
+// in which the layer loop (model.cpp) differs between K3 and Kimi-Linear. Per layer the loop
+// runs
+//   x = input_norm(AttentionInput(layer)); Add(attention(x));
+//   y = post_norm(FfnInput(layer));        Add(ffn(y));
+// and after the last layer final_norm(Output()) (spec §4). Schemes: PreNormResidual here,
+// BlockAttnRes in attn_res.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kimirt/backend/backend.h"
+#include "kimirt/model/weights.h"
+
+namespace kimirt {
+
+class ResidualStream {
+ public:
+  virtual ~ResidualStream() = default;
+  // What layer `layer`'s attention norm reads.
+  virtual Tensor AttentionInput(int64_t layer, const LayerWeights& lw) = 0;
+  // What the FFN norm of the same layer reads (after its attention output was added).
+  virtual Tensor FfnInput(const LayerWeights& lw) = 0;
+  // Adds a sub-layer's output [T, D] to the stream.
+  virtual void Add(const Tensor& out) = 0;
+  // What the final norm reads.
+  virtual Tensor Output() = 0;
+};
+
+// The plain pre-norm residual stream h ← h + sublayer(norm(h)) (Kimi-Linear, spec §1.3): every
+// norm reads h.
+class PreNormResidual final : public ResidualStream {
+ public:
+  // `embedding` [T, D] is the stream's start.
+  PreNormResidual(Backend& be, Tensor embedding) : be_(be), h_(std::move(embedding)) {}
+  Tensor AttentionInput(int64_t /*layer*/, const LayerWeights& /*lw*/) override { return h_; }
+  Tensor FfnInput(const LayerWeights& /*lw*/) override { return h_; }
+  void Add(const Tensor& out) override;
+  Tensor Output() override { return h_; }
+
+ private:
+  Backend& be_;
+  Tensor h_;
+};
+
+// A new tensor a + b.
+Tensor Sum(Backend& be, const Tensor& a, const Tensor& b);
+
+}  // namespace kimirt
