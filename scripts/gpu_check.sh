@@ -5,7 +5,11 @@
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
 #   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all]
+# Not in `all`: kdabench, the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's
+# fused_recurrent_kda (bench/kda_decode_fla.py) in one run, merged JSON to $OUT/kda-decode-bench.json.
+# It needs torch + triton on the machine and FLA as wheels in .whl (carried; installed here if
+# `import fla` fails).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|kdabench]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -54,5 +58,17 @@ if [[ "$what" == serve || "$what" == all ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   echo "serve exit $?"
+fi
+if [[ "$what" == kdabench ]]; then
+  timeout 180 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" 2>&1 | tee "$out/kda-decode-ours.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  fi
+  # Prints the table (ours vs FLA, µs per layer, speedup, TB/s) last.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_decode_fla.py --ours "$out/kda-decode-ours.json" \
+    --out "$out/kda-decode-bench.json" 2>&1 | tee "$out/kda-decode-fla.txt" | grep -v Warning
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 exit $status
