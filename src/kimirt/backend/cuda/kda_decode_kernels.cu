@@ -17,6 +17,7 @@
 // Rows are independent by construction: block (h, b) reads row b's inputs and slot slots[b]'s
 // state and writes nothing another block reads, so a row's bits never depend on the batch.
 #include "kimirt/backend/cuda/block_reduce.cuh"
+#include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cstdio>
@@ -26,11 +27,6 @@ namespace kimirt::cuda {
 namespace {
 
 constexpr int kDecodeMaxConvTaps = 16;
-
-__device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ float Silu(float x) { return x / (1.0f + expf(-x)); }
-// torch softplus (beta 1, threshold 20), as the CPU reference.
-__device__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // One channel of the short causal conv + SiLU (spec §3.5) for one token, and its window update
 // (spec §5.7): taps j = 0..W-1 oldest first, summed from 0 in that order as the CPU reference.
@@ -42,7 +38,7 @@ __device__ float ConvStep(float xt, const float* taps, int W, float* win, int64_
   acc += taps[hist] * xt;
   for (int i = 0; i + 1 < hist; ++i) win[i * P] = win[(i + 1) * P];
   if (hist > 0) win[(hist - 1) * P] = xt;
-  return Silu(acc);
+  return KdaSilu(acc);
 }
 
 template <int K>
@@ -67,14 +63,14 @@ __global__ void __launch_bounds__(K, 3) KdaDecodeKernel(KdaDecodeArgs a) {
   const float kc = ConvStep(a.k[in], a.conv_k + c * W, static_cast<int>(W), a.window_k + win, P);
   const float vj = ConvStep(a.v[in], a.conv_v + c * W, static_cast<int>(W), a.window_v + win, P);
   // The RMSNorm's per-channel factors, loaded now so no pointer stays live across the core.
-  const float wj = a.o_norm[j], sg = Sigmoid(a.gate[in]);
+  const float wj = a.o_norm[j], sg = KdaSigmoid(a.gate[in]);
   const float eps = a.norm_eps;
   float* out = a.out + in;
-  const float beta = Sigmoid(a.beta_logits[b * H + h]);
+  const float beta = KdaSigmoid(a.beta_logits[b * H + h]);
   // Spec §5.3: the per-channel log-decay; the lower bound is reached through the sigmoid.
   const float ea = expf(a.a_log[h]);
   const float xf = a.f[in] + a.dt_bias[c];
-  const float alpha = a.has_lower_bound ? a.lower_bound * Sigmoid(ea * xf) : -ea * Softplus(xf);
+  const float alpha = a.has_lower_bound ? a.lower_bound * KdaSigmoid(ea * xf) : -ea * KdaSoftplus(xf);
   // Spec §3.4: L2 norm with eps inside the sqrt of the sum; q scaled by 1/sqrt(K) after.
   const float sq = BlockSum(qc * qc, scratch);
   const float sk = BlockSum(kc * kc, scratch);
