@@ -11,8 +11,10 @@
 // needs no second pass.
 //
 // The state loads are issued first, before the prologue, so their latency (the bulk of a block's
-// time) overlaps the prologue's reductions; ~170 registers per thread leaves 3 blocks (12 warps,
-// 192 KB of loads in flight) per SM, several times what the SM's share of HBM bandwidth needs.
+// time) overlaps the prologue's loads and reductions. Register budget (ptxas, sm_90): 199
+// registers and no spill uncapped, which leaves 2 blocks (8 warps, 128 KB of state loads in
+// flight) per SM, several times what an SM's share of HBM bandwidth needs; the 3-block variant
+// (cap 168, ~140 bytes spilled) is there for the bench to compare.
 //
 // Rows are independent by construction: block (h, b) reads row b's inputs and slot slots[b]'s
 // state and writes nothing another block reads, so a row's bits never depend on the batch.
@@ -26,23 +28,48 @@
 namespace kimirt::cuda {
 namespace {
 
-constexpr int kDecodeMaxConvTaps = 16;
+// Both models use 4 taps; the bound lets a channel's taps and window sit in registers.
+constexpr int kDecodeMaxConvTaps = 4;
 
-// One channel of the short causal conv + SiLU (spec §3.5) for one token, and its window update
+// One channel's conv inputs: the new input, the taps, the window (oldest first). Loaded for q, k
+// and v before any window is written, so the three loads go out together instead of one round
+// trip each (the compiler cannot move a load above a store that might alias it).
+struct ConvChannel {
+  float x, tap[kDecodeMaxConvTaps], win[kDecodeMaxConvTaps];
+};
+
+__device__ ConvChannel LoadConv(const float* x, const float* taps, int W, const float* win, int64_t P) {
+  ConvChannel c;
+  c.x = *x;
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxConvTaps; ++i) {
+    c.tap[i] = i < W ? taps[i] : 0.0f;
+    c.win[i] = i < W - 1 ? win[i * P] : 0.0f;
+  }
+  return c;
+}
+
+// The short causal conv + SiLU (spec §3.5) of one channel for one token, and its window update
 // (spec §5.7): taps j = 0..W-1 oldest first, summed from 0 in that order as the CPU reference.
 // win points at the channel's column of the slot's [W-1, P] window.
-__device__ float ConvStep(float xt, const float* taps, int W, float* win, int64_t P) {
+__device__ float ConvStep(const ConvChannel& c, int W, float* win, int64_t P) {
   const int hist = W - 1;
   float acc = 0.0f;
-  for (int i = 0; i < hist; ++i) acc += taps[i] * win[i * P];
-  acc += taps[hist] * xt;
-  for (int i = 0; i + 1 < hist; ++i) win[i * P] = win[(i + 1) * P];
-  if (hist > 0) win[(hist - 1) * P] = xt;
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxConvTaps; ++i) {
+    if (i < hist) acc += c.tap[i] * c.win[i];
+    if (i == hist) acc += c.tap[i] * c.x;
+  }
+  // New window: the last W-1 inputs of (window ++ x).
+#pragma unroll
+  for (int i = 0; i + 1 < kDecodeMaxConvTaps; ++i) {
+    if (i < hist) win[i * P] = i + 1 < hist ? c.win[i + 1] : c.x;
+  }
   return KdaSilu(acc);
 }
 
-template <int K>
-__global__ void __launch_bounds__(K, 3) KdaDecodeKernel(KdaDecodeArgs a) {
+template <int K, int kMinBlocksPerSm>
+__global__ void __launch_bounds__(K, kMinBlocksPerSm) KdaDecodeKernel(KdaDecodeArgs a) {
   __shared__ float qn[K], kn[K], decay[K];
   __shared__ float scratch[33];
   const int64_t h = blockIdx.x, b = blockIdx.y;
@@ -59,9 +86,10 @@ __global__ void __launch_bounds__(K, 3) KdaDecodeKernel(KdaDecodeArgs a) {
 
   // Prologue, channel c: conv + SiLU of q, k, v with the slot's windows (spec §5.2).
   const int64_t win = slot * (W - 1) * P + c;
-  const float qc = ConvStep(a.q[in], a.conv_q + c * W, static_cast<int>(W), a.window_q + win, P);
-  const float kc = ConvStep(a.k[in], a.conv_k + c * W, static_cast<int>(W), a.window_k + win, P);
-  const float vj = ConvStep(a.v[in], a.conv_v + c * W, static_cast<int>(W), a.window_v + win, P);
+  const int w = static_cast<int>(W);
+  const ConvChannel cq = LoadConv(a.q + in, a.conv_q + c * W, w, a.window_q + win, P);
+  const ConvChannel ck = LoadConv(a.k + in, a.conv_k + c * W, w, a.window_k + win, P);
+  const ConvChannel cv = LoadConv(a.v + in, a.conv_v + c * W, w, a.window_v + win, P);
   // The RMSNorm's per-channel factors, loaded now so no pointer stays live across the core.
   const float wj = a.o_norm[j], sg = KdaSigmoid(a.gate[in]);
   const float eps = a.norm_eps;
@@ -71,6 +99,9 @@ __global__ void __launch_bounds__(K, 3) KdaDecodeKernel(KdaDecodeArgs a) {
   const float ea = expf(a.a_log[h]);
   const float xf = a.f[in] + a.dt_bias[c];
   const float alpha = a.has_lower_bound ? a.lower_bound * KdaSigmoid(ea * xf) : -ea * KdaSoftplus(xf);
+  const float qc = ConvStep(cq, w, a.window_q + win, P);
+  const float kc = ConvStep(ck, w, a.window_k + win, P);
+  const float vj = ConvStep(cv, w, a.window_v + win, P);
   // Spec §3.4: L2 norm with eps inside the sqrt of the sum; q scaled by 1/sqrt(K) after.
   const float sq = BlockSum(qc * qc, scratch);
   const float sk = BlockSum(kc * kc, scratch);
@@ -108,7 +139,7 @@ __global__ void __launch_bounds__(K, 3) KdaDecodeKernel(KdaDecodeArgs a) {
 
 }  // namespace
 
-void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s) {
+void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm) {
   if (a.head_dim != kKdaDecodeHeadDim) {
     std::fprintf(stderr, "kimirt: fused KDA decode of head dim %lld (the kernel is built for %d)\n",
                  static_cast<long long>(a.head_dim), kKdaDecodeHeadDim);
@@ -119,6 +150,10 @@ void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s) {
                  static_cast<long long>(a.conv_taps), kDecodeMaxConvTaps);
     std::abort();
   }
+  if (blocks_per_sm != 2 && blocks_per_sm != 3) {
+    std::fprintf(stderr, "kimirt: fused KDA decode for %d blocks per SM (2 or 3)\n", blocks_per_sm);
+    std::abort();
+  }
   if (a.heads < 1 || a.rows > 65535) {
     std::fprintf(stderr, "kimirt: fused KDA decode of %lld heads, %lld rows (heads >= 1, rows <= 65535)\n",
                  static_cast<long long>(a.heads), static_cast<long long>(a.rows));
@@ -126,7 +161,11 @@ void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s) {
   }
   if (a.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.rows));
-  KdaDecodeKernel<kKdaDecodeHeadDim><<<grid, kKdaDecodeHeadDim, 0, s>>>(a);
+  if (blocks_per_sm == 3) {
+    KdaDecodeKernel<kKdaDecodeHeadDim, 3><<<grid, kKdaDecodeHeadDim, 0, s>>>(a);
+  } else {
+    KdaDecodeKernel<kKdaDecodeHeadDim, 2><<<grid, kKdaDecodeHeadDim, 0, s>>>(a);
+  }
   CheckLaunch("KdaDecode");
 }
 

@@ -5,7 +5,8 @@
 // poisoned with NaN first. Checked: the output and the updated recurrent states (relative L2
 // 2e-5, the CUDA backend's bar for the KDA core: both FP32, they differ in the l2norm's summation
 // order and FMA contraction), the updated windows exactly (they are copies), the untouched slots bit for bit,
-// and batch invariance: every row of a batch bit-identical to the same row computed alone.
+// and batch invariance: every row of a batch bit-identical to the same row computed alone (and
+// to the kernel built for the other occupancy).
 //
 // Named CudaBackend* so scripts/gpu_check.sh's filter runs it; built only with -DKIMIRT_CUDA=ON.
 #include <gtest/gtest.h>
@@ -141,7 +142,7 @@ class CudaBackendKdaDecodeTest : public ::testing::Test {
     return out;
   }
   // The fused kernel on device copies of l's pools: updates l's pools, returns the output.
-  static std::vector<float> RunGpu(Layer& l, const Step& s) {
+  static std::vector<float> RunGpu(Layer& l, const Step& s, int blocks_per_sm = 2) {
     const int64_t B = static_cast<int64_t>(s.slots.size());
     std::vector<float> poison(static_cast<size_t>(B * l.H * l.K), std::nanf(""));
     DeviceArray<float> q(s.q), k(s.k), v(s.v), beta(s.beta), f(s.f), gate(s.gate), out(poison);
@@ -155,7 +156,7 @@ class CudaBackendKdaDecodeTest : public ::testing::Test {
     a.slots = slots.get();
     a.recurrent = rec.get(), a.window_q = wq.get(), a.window_k = wk.get(), a.window_v = wv.get();
     a.out = out.get();
-    cuda::KdaDecode(a, nullptr);
+    cuda::KdaDecode(a, nullptr, blocks_per_sm);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     l.recurrent = rec.Download();
     l.window_q = wq.Download(), l.window_k = wk.Download(), l.window_v = wv.Download();
@@ -208,6 +209,10 @@ TEST_F(CudaBackendKdaDecodeTest, EachRowBitIdenticalAloneOrInABatch) {
       const Step s = NewStep(start, B);
       Layer batched = start;
       const std::vector<float> out = RunGpu(batched, s);
+      // The kernel built for 3 blocks per SM (another register budget) gives the same bits.
+      Layer batched3 = start;
+      EXPECT_EQ(RunGpu(batched3, s, 3), out);
+      EXPECT_EQ(batched3.recurrent, batched.recurrent);
       for (int64_t b = 0; b < B; ++b) {
         Step one;
         auto row = [&](const std::vector<float>& x, int64_t n) {

@@ -56,9 +56,11 @@ void KdaRecurrent(const float* q, const float* k, const float* v, const float* b
 // outside. Every pointer is device memory (slots too); slots must be distinct within a call and
 // in range (not checked on the device). Equal to cpu::KdaDecode up to FP32 rounding; each row's
 // bits are independent of the other rows (one block per (head, row), nothing shared).
-// Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 16, rows <= 65535; aborts otherwise.
+// Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 4, rows <= 65535; aborts otherwise.
+// blocks_per_sm (2 or 3) picks the register budget (occupancy) the kernel is compiled for: same
+// results bit for bit, different speed; 2, the default, spills nothing.
 constexpr int kKdaDecodeHeadDim = 128;
-void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s);
+void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
