@@ -4,10 +4,14 @@
 #   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
-#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`,
-#   5. (gemm) the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
-#      (bench/decode_gemm_bench.cu; table last, JSON to $OUT/decode-gemm.json); not part of `all`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|gemm|all]
+#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
+# Not in `all` (kernel benches, each printing a table last and writing JSON to $OUT):
+#   gemm      the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
+#             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
+#   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
+#             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
+#             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -60,6 +64,18 @@ fi
 if [[ "$what" == gemm ]]; then
   timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
     tee "$out/decode-gemm.txt" | tail -70
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == kdabench ]]; then
+  # Few files under $OUT (8 come back): ours alone, FLA's log, and the merged JSON.
+  timeout 180 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" || status=1
+  if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  fi
+  # Prints the table (ours vs FLA, µs per layer, speedup, TB/s) last.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_decode_fla.py --ours "$out/kda-decode-ours.json" \
+    --out "$out/kda-decode-bench.json" 2>&1 | tee "$out/kda-decode-fla.txt" | grep -v Warning
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 exit $status

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kimirt/backend/kda_decode_args.h"
+
 namespace kimirt::cuda {
 
 // --- elementwise_kernels.cu ---
@@ -57,6 +59,21 @@ void KdaLogDecay(const float* f, int64_t T, int64_t H, int64_t K, const float* a
                  bool has_lower_bound, float lower_bound, float* alpha, cudaStream_t s);
 void KdaRecurrent(const float* q, const float* k, const float* v, const float* beta_logits, const float* alpha,
                   int64_t T, int64_t H, int64_t K, float* state, float* o, cudaStream_t s);
+
+// --- kda_decode_kernels.cu: the fused KDA decode step (spec §5; kda_decode_args.h) ---
+// One launch for a.rows sequences × a.heads heads, one token each: conv + SiLU of q, k, v with
+// each row's slot window (updated), l2norm of q and k (spec §3.4), the decay gate (K3 bounded
+// sigmoid or Kimi-Linear softplus, spec §5.3), beta = sigmoid(logit), the delta-rule update of
+// recurrent[slots[b]] in place (spec §5.4, the CPU recurrent reference's op order) and o = q̂ᵀS,
+// then the gated RMSNorm with the output gate (spec §5.6) into a.out [B, P]; o_proj stays
+// outside. Every pointer is device memory (slots too); slots must be distinct within a call and
+// in range (not checked on the device). Equal to cpu::KdaDecode up to FP32 rounding; each row's
+// bits are independent of the other rows (one block per (head, row), nothing shared).
+// Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 4, rows <= 65535; aborts otherwise.
+// blocks_per_sm (2 or 3) picks the register budget (occupancy) the kernel is compiled for: same
+// results bit for bit, different speed; 2, the default, spills nothing.
+constexpr int kKdaDecodeHeadDim = 128;
+void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
