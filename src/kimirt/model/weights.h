@@ -80,9 +80,14 @@ struct LoadOptions {
   DType matrix_dtype = DType::kF32;
 };
 
-// Loads rank `rank` of `tp` from `checkpoint` onto `backend`.
+// Loads rank `rank` of `tp` from `checkpoint` onto `backend`. MXFP4 routed experts are held as
+// stored (codes + scales, ExpertWeights) on CUDA and widened to F32 on the CPU (the reference).
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
                                       int rank, Backend& backend,
                                       const LoadOptions& options = {});
+
+// Bytes of the tensors `w` holds, each counted once (a tied embedding is one tensor): what the
+// backend allocated for the weights, to set against the planner's figure.
+uint64_t HeldBytes(const ModelWeights& w);
 
 }  // namespace kimirt
