@@ -5,7 +5,10 @@
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
 #   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all]
+#   moe (not part of all): K3's MXFP4 experts at real widths: moe_bench (one MoE layer's routed
+#   experts, 896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random
+#   K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|moe|all]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -54,5 +57,23 @@ if [[ "$what" == serve || "$what" == all ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   echo "serve exit $?"
+fi
+if [[ "$what" == moe ]]; then
+  timeout 300 "$root/moe_bench" --device cuda --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \
+    --json "$out/moe-bench-k3.json" >"$out/moe-bench-k3.txt" 2>&1 || status=1
+  ck=/tmp/kimirt-k3-2layer
+  rm -rf "$ck"
+  start=$(date +%s)
+  timeout 300 "$root/kimirt" make-checkpoint --config "$root/shared/bench/configs/kimi-k3-2layer.json" --random \
+    --out "$ck" --quiet || status=1
+  echo "make-checkpoint K3 2-layer: $(( $(date +%s) - start )) s, $(du -sh "$ck" | cut -f1)"
+  timeout 500 "$root/kimirt" bench model --model "$ck" --device cuda --dtype bfloat16 --batch-sizes 1,32 \
+    --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-k3-2layer-cuda.json" \
+    >"$out/bench-model-k3-2layer-cuda.txt" 2>&1 || status=1
+  rm -rf "$ck"
+  echo "--- MoE layer (moe_bench; target: >= 0.60 of 4800 GB/s at 4.25 bits a weight)"
+  cat "$out/moe-bench-k3.txt"
+  echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
+  tail -5 "$out/bench-model-k3-2layer-cuda.txt"
 fi
 exit $status
