@@ -39,7 +39,7 @@ WeightBinding BindWeight(ModelWeights& w, const TensorSpec& t) {
   };
   const HeldAs mx = HeldAs::kMxfp4;
   switch (t.role) {
-    case R::kEmbed: return {&w.embed, f32};
+    case R::kEmbed: return {&w.embed, matrix};  // BF16-held on CUDA: rows widened exactly at lookup
     case R::kLmHead: return {&w.lm_head, matrix};
     case R::kFinalNorm: return {&w.norm, f32};
     case R::kOutputResNorm: return {&w.out_res_norm, f32};

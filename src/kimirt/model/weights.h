@@ -74,8 +74,9 @@ struct ModelWeights {
 // How weights are held on the device. The math is F32 either way; `matrix_dtype` BF16 keeps the
 // GEMM weights (projections, experts, kv_b, lm_head) that the checkpoint stores as BF16 or MXFP4
 // in BF16 — exactly the checkpoint's values at half the bytes of F32 (every MXFP4 value,
-// E2M1 × 2^k, is a BF16 value). F32-stored tensors, norms, gates, the router and the embedding
-// stay F32. The CUDA backend takes BF16 matrices; the CPU backend only F32.
+// E2M1 × 2^k, is a BF16 value); so is a BF16-stored embedding table (rows widened at lookup).
+// F32-stored tensors, norms, gates and the router stay F32. The CUDA backend takes BF16 matrices;
+// the CPU backend only F32.
 struct LoadOptions {
   DType matrix_dtype = DType::kF32;
 };

@@ -214,8 +214,8 @@ class CudaBackend final : public Backend {
     const int64_t T = static_cast<int64_t>(ids.size());
     KIMIRT_CHECK(Rows(*y) == T && Cols(*y) == Cols(table));
     Tensor d_ids = UploadInts(ids);
-    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, F(table), Rows(table), Cols(table), row_begin,
-                    F(*y), stream_);
+    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, W(table), table.dtype() == DType::kBF16, Rows(table),
+                    Cols(table), row_begin, F(*y), stream_);
   }
 
   void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,

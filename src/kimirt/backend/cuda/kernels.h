@@ -18,8 +18,9 @@ void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_
 // kind 0: silu(gate)·up; kind 1: SiTU with beta and, if has_linear_beta, the up soft cap.
 void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, float beta, bool has_linear_beta,
          float linear_beta, cudaStream_t s);
-void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
-               float* y, cudaStream_t s);
+// table F32 or BF16 (rows widened exactly).
+void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16, int64_t V, int64_t D,
+               int64_t row_begin, float* y, cudaStream_t s);
 
 // --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
 // Up to this many rows, GEMMs run as Gemv (row-invariant); more go to cuBLAS.
