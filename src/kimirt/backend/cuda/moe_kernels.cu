@@ -179,56 +179,76 @@ __global__ void DequantizeMxfp4Kernel(const uint8_t* codes, const uint8_t* scale
   out[i] = E2M1Value(i % 2 == 0 ? byte & 0xfu : byte >> 4) * E8M0Value(scales[i / 32]);
 }
 
-// w[0..32) := row `r` of a [rows, cols] weight, elements [base, base + 32) (0 past the row).
+// 32 consecutive weights of a row as loaded (not yet decoded): MXFP4 16 code bytes + the
+// group's scale, BF16 64 bytes, F32 128 bytes. Held raw, so a lane can have the next chunk in
+// flight while it computes with this one at few registers; Elem decodes one element.
+template <int kFmt>
+struct Chunk;
+template <>
+struct Chunk<kMxfp4> {
+  uint4 q;
+  float scale;
+};
+template <>
+struct Chunk<kBf16> {
+  uint4 q[4];
+};
+template <>
+struct Chunk<kF32> {
+  float4 q[8];
+};
+
+__device__ __forceinline__ unsigned Word(const uint4& q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
+__device__ __forceinline__ float Comp(const float4& q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
+
+// Element j (a compile-time constant where unrolled) of a chunk, as F32.
+__device__ __forceinline__ float Elem(const Chunk<kMxfp4>& c, int j) {
+  return E2M1Value(Word(c.q, j / 8) >> (4 * (j % 8))) * c.scale;
+}
+__device__ __forceinline__ float Elem(const Chunk<kBf16>& c, int j) {
+  return __uint_as_float((Word(c.q[j / 8], (j % 8) / 2) >> (16 * (j % 2))) << 16);
+}
+__device__ __forceinline__ float Elem(const Chunk<kF32>& c, int j) { return Comp(c.q[j / 4], j % 4); }
+
+// Row `r` of a [rows, cols] weight, elements [base, base + 32) (0 past the row).
 template <int kFmt>
 __device__ __forceinline__ void LoadChunk(const void* wp, const uint8_t* sp, int64_t r, int64_t cols, int64_t base,
-                                          float (&w)[32]) {
-  if (kFmt == kMxfp4) {
-    // cols is a multiple of 32 (a scale group): 16 code bytes and one scale.
-    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wp) + (r * cols + base) / 2);
-    const float scale = E8M0Value(sp[(r * cols + base) / 32]);
-    const unsigned words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int j = 0; j < 32; ++j) w[j] = E2M1Value(words[j / 8] >> (4 * (j % 8))) * scale;
-    return;
-  }
+                                          Chunk<kFmt>& c) {
   const int64_t at = r * cols + base;
-  if (base + 32 <= cols && cols % 8 == 0) {
-    if (kFmt == kBf16) {
+  if constexpr (kFmt == kMxfp4) {
+    // cols is a multiple of 32 (a scale group): always whole, 16-byte aligned.
+    c.q = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wp) + at / 2);
+    c.scale = E8M0Value(sp[at / 32]);
+  } else if constexpr (kFmt == kBf16) {
+    if (base + 32 <= cols && cols % 8 == 0) {
       const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(wp) + at);
 #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const uint4 q = p[v];
-        const unsigned words[4] = {q.x, q.y, q.z, q.w};
+      for (int v = 0; v < 4; ++v) c.q[v] = p[v];
+      return;
+    }
+    const uint16_t* p = static_cast<const uint16_t*>(wp) + at;
+    unsigned w[16];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) w[8 * v + j] = __uint_as_float((words[j / 2] >> (16 * (j % 2))) << 16);
-      }
-    } else {
+    for (int i = 0; i < 16; ++i) {
+      const unsigned lo = base + 2 * i < cols ? p[2 * i] : 0u, hi = base + 2 * i + 1 < cols ? p[2 * i + 1] : 0u;
+      w[i] = lo | (hi << 16);
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) c.q[v] = make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+  } else {
+    if (base + 32 <= cols && cols % 8 == 0) {
       const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(wp) + at);
 #pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        const float4 q = p[v];
-        w[4 * v] = q.x;
-        w[4 * v + 1] = q.y;
-        w[4 * v + 2] = q.z;
-        w[4 * v + 3] = q.w;
-      }
+      for (int v = 0; v < 8; ++v) c.q[v] = p[v];
+      return;
     }
-    return;
-  }
+    const float* p = static_cast<const float*>(wp) + at;
+    float w[32];
 #pragma unroll
-  for (int j = 0; j < 32; ++j) w[j] = base + j < cols ? WeightAt(wp, at + j, kFmt == kBf16) : 0.0f;
-}
-
-// acc += w[0..32) · x[base..base + 32), in element order (elements past `cols` are skipped).
-__device__ __forceinline__ float Dot32(const float (&w)[32], const float* x, int64_t base, int64_t cols, float acc) {
-  if (base + 32 <= cols) {
+    for (int j = 0; j < 32; ++j) w[j] = base + j < cols ? p[j] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) acc = fmaf(w[j], x[base + j], acc);
-  } else {
-    for (int j = 0; base + j < cols; ++j) acc = fmaf(w[j], x[base + j], acc);
+    for (int v = 0; v < 8; ++v) c.q[v] = make_float4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
   }
-  return acc;
 }
 
 constexpr int kExpertWarps = 8;   // rows of one expert per block, a warp each
@@ -242,6 +262,51 @@ struct GroupArgs {
   int64_t k;
 };
 
+// For each of up to kExpertTile tokens t < n (inputs x[t], length cols) and each of kMats weight
+// rows m: acc[m][t] += Σ_j w_m[r, j] · x[t][j] over this lane's elements j = 32·lane + 1024·i + c,
+// c = 0..31, in that order (the order every format shares). The next chunk is loaded before the
+// current one is used, so two are in flight per matrix.
+template <int kFmt, int kMats>
+__device__ __forceinline__ void RowDots(const void* const (&w)[kMats], const uint8_t* const (&s)[kMats], int64_t r,
+                                        int64_t cols, const float* const (&x)[kExpertTile], int n,
+                                        float (&acc)[kMats][kExpertTile]) {
+  const int lane = threadIdx.x & 31;
+  int64_t base = 32 * lane;
+  if (base >= cols) return;
+  Chunk<kFmt> cur[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) LoadChunk<kFmt>(w[m], s[m], r, cols, base, cur[m]);
+  for (; base < cols; base += 1024) {
+    Chunk<kFmt> next[kMats];
+    const bool more = base + 1024 < cols;
+    if (more) {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) LoadChunk<kFmt>(w[m], s[m], r, cols, base + 1024, next[m]);
+    }
+    const bool whole = base + 32 <= cols;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      if (whole || base + j < cols) {
+        float wv[kMats];
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) wv[m] = Elem(cur[m], j);
+#pragma unroll
+        for (int t = 0; t < kExpertTile; ++t) {
+          if (t < n) {
+            const float xv = x[t][base + j];
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) acc[m][t] = fmaf(wv[m], xv, acc[m][t]);
+          }
+        }
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) cur[m] = next[m];
+    }
+  }
+}
+
 // h[g, i] = GLU(W1_e[i] · z[t], W3_e[i] · z[t]) for every group row g of expert e (token t).
 // Grid: (rows / kExpertWarps, max A).
 template <int kFmt>
@@ -254,34 +319,21 @@ __global__ void __launch_bounds__(kExpertWarps * 32) ExpertGateUpKernel(
   if (i >= I) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
   const int32_t e = ga.active[a];
-  const void* wg = w1[e];
-  const void* wu = w3[e];
-  const uint8_t* sg = kFmt == kMxfp4 ? s1[e] : nullptr;
-  const uint8_t* su = kFmt == kMxfp4 ? s3[e] : nullptr;
+  const void* const w[2] = {w1[e], w3[e]};
+  const uint8_t* const sc[2] = {kFmt == kMxfp4 ? s1[e] : nullptr, kFmt == kMxfp4 ? s3[e] : nullptr};
   const int32_t g1 = ga.begin[a + 1];
   for (int32_t g0 = ga.begin[a]; g0 < g1; g0 += kExpertTile) {
     const int n = min(kExpertTile, g1 - g0);
     const float* x[kExpertTile];
 #pragma unroll
     for (int t = 0; t < kExpertTile; ++t) x[t] = z + (t < n ? ga.order[g0 + t] / ga.k : 0) * De;
-    float ag[kExpertTile] = {}, au[kExpertTile] = {};
-    for (int64_t base = 32 * lane; base < De; base += 1024) {
-      float cg[32], cu[32];
-      LoadChunk<kFmt>(wg, sg, i, De, base, cg);
-      LoadChunk<kFmt>(wu, su, i, De, base, cu);
-#pragma unroll
-      for (int t = 0; t < kExpertTile; ++t) {
-        if (t < n) {
-          ag[t] = Dot32(cg, x[t], base, De, ag[t]);
-          au[t] = Dot32(cu, x[t], base, De, au[t]);
-        }
-      }
-    }
+    float acc[2][kExpertTile] = {};
+    RowDots<kFmt, 2>(w, sc, i, De, x, n, acc);
 #pragma unroll
     for (int t = 0; t < kExpertTile; ++t) {
       if (t < n) {  // n is the same for the whole warp: the butterfly stays full
-        const float sgt = WarpSum(ag[t]), sut = WarpSum(au[t]);
-        if (lane == 0) h[(g0 + t) * I + i] = GluOf(sgt, sut, kind, b1, has_b2, b2);
+        const float sg = WarpSum(acc[0][t]), su = WarpSum(acc[1][t]);
+        if (lane == 0) h[(g0 + t) * I + i] = GluOf(sg, su, kind, b1, has_b2, b2);
       }
     }
   }
@@ -298,24 +350,20 @@ __global__ void __launch_bounds__(kExpertWarps * 32) ExpertDownKernel(const floa
   if (d >= De) return;
   const int lane = threadIdx.x & 31;
   const int32_t e = ga.active[a];
-  const void* w = w2[e];
-  const uint8_t* s = kFmt == kMxfp4 ? s2[e] : nullptr;
+  const void* const w[1] = {w2[e]};
+  const uint8_t* const sc[1] = {kFmt == kMxfp4 ? s2[e] : nullptr};
   const int32_t g1 = ga.begin[a + 1];
   for (int32_t g0 = ga.begin[a]; g0 < g1; g0 += kExpertTile) {
     const int n = min(kExpertTile, g1 - g0);
-    float acc[kExpertTile] = {};
-    for (int64_t base = 32 * lane; base < I; base += 1024) {
-      float c[32];
-      LoadChunk<kFmt>(w, s, d, I, base, c);
+    const float* x[kExpertTile];
 #pragma unroll
-      for (int t = 0; t < kExpertTile; ++t) {
-        if (t < n) acc[t] = Dot32(c, h + (g0 + t) * I, base, I, acc[t]);
-      }
-    }
+    for (int t = 0; t < kExpertTile; ++t) x[t] = h + (t < n ? g0 + t : g0) * I;
+    float acc[1][kExpertTile] = {};
+    RowDots<kFmt, 1>(w, sc, d, I, x, n, acc);
 #pragma unroll
     for (int t = 0; t < kExpertTile; ++t) {
       if (t < n) {
-        const float v = WarpSum(acc[t]);
+        const float v = WarpSum(acc[0][t]);
         if (lane == 0) grouped[(g0 + t) * De + d] = v;
       }
     }
