@@ -4,11 +4,14 @@
 #   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
-#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-#   moe (not part of all): K3's MXFP4 experts at real widths: moe_bench (one MoE layer's routed
-#   experts, 896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random
-#   K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|moe|all]
+#   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`,
+#   5. (gemm) the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
+#      (bench/decode_gemm_bench.cu; table last, JSON to $OUT/decode-gemm.json); not part of `all`,
+#   6. (moe) K3's MXFP4 experts at real widths: moe_bench (one MoE layer's routed experts,
+#      896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random K3
+#      2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`; not
+#      part of `all`.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|gemm|moe|all]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -57,6 +60,11 @@ if [[ "$what" == serve || "$what" == all ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   echo "serve exit $?"
+fi
+if [[ "$what" == gemm ]]; then
+  timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
+    tee "$out/decode-gemm.txt" | tail -70
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == moe ]]; then
   timeout 300 "$root/moe_bench" --device cuda --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \

@@ -1,5 +1,5 @@
 // Test doubles for the server tests: a byte-level Tokenizer, a scripted Engine, and a minimal
-// HTTP/1.1 client over a 127.0.0.1 socket (the tests never include cpp-httplib; only
+// HTTP/1.1 client over a 127.0.0.1 socket (the tests never include the HTTP library; only
 // http_server.cpp does). Header-only, included by *_test.cpp files only.
 #pragma once
 
@@ -235,6 +235,8 @@ class TestConnection {
   }
   ~TestConnection() { Close(); }
   bool connected() const { return connected_; }
+  // The server closed the connection (seen by a ReadUntil).
+  bool eof() const { return eof_; }
 
   void Send(std::string_view method, std::string_view path, std::string_view body,
             std::string_view extra_headers = "") {

@@ -23,11 +23,24 @@ void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16
                int64_t row_begin, float* y, cudaStream_t s);
 
 // --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
-// Up to this many rows, GEMMs run as Gemv (row-invariant); more go to cuBLAS.
+// Up to this many rows, GEMMs run as DecodeGemm (BF16 weights) or Gemv (F32 weights), both
+// row-invariant; more go to cuBLAS.
 constexpr int64_t kGemvMaxRows = 64;
 // y [m, n] = x [m, k] · w [n, k]ᵀ, w F32 or BF16; each row computed as it would be alone.
+// FP32 cores; the BF16 decode path is DecodeGemm, this stays for F32-held weights.
 void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
+
+// --- decode_gemm.cu: BF16-weight GEMM for 1..kGemvMaxRows rows on tensor cores ---
+// y [m, n] = x [m, k] · w [n, k]ᵀ with w BF16, x split into two BF16 parts (≈ F32 accuracy), F32
+// accumulation; the weight is read once whatever m is, and each row's bits are those it gets
+// alone (the k split and every summation order depend on n and k only). `scratch` is device
+// memory of DecodeGemmScratchBytes(m, n, k) bytes, 256-byte aligned, used on stream `s` only.
+size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k);
+// Blocks k is split across for an [n, k] weight (1 = no split); for tests and benches.
+int64_t DecodeGemmSplits(int64_t n, int64_t k);
+void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
+                cudaStream_t s);
 
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
