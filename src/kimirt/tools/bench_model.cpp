@@ -243,7 +243,16 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
-                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + std::string(DTypeName(matrix_dtype)) + "\n";
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
+  if (weight_bytes_planned > 0) {
+    char held[160];
+    std::snprintf(held, sizeof(held), "weight bytes: planned %.3f GB, on the device %.3f GB (%+.2f%%)\n",
+                  static_cast<double>(weight_bytes_planned) / 1e9, static_cast<double>(weight_bytes_on_device) / 1e9,
+                  weight_bytes_on_device > 0 ? 100.0 * (static_cast<double>(weight_bytes_on_device) /
+                                                         static_cast<double>(weight_bytes_planned) - 1.0)
+                                             : 0.0);
+    s += held;
+  }
   char line[160];
   std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "decode tok/s", "MB/step", "GB/s");
