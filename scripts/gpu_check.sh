@@ -11,7 +11,10 @@
 #   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
 #             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
 #             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench]
+#   moe       K3's MXFP4 experts at real widths: moe_bench (one MoE layer's routed experts,
+#             896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random
+#             K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -77,5 +80,23 @@ if [[ "$what" == kdabench ]]; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_decode_fla.py --ours "$out/kda-decode-ours.json" \
     --out "$out/kda-decode-bench.json" 2>&1 | tee "$out/kda-decode-fla.txt" | grep -v Warning
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == moe ]]; then
+  timeout 300 "$root/moe_bench" --device cuda --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \
+    --json "$out/moe-bench-k3.json" >"$out/moe-bench-k3.txt" 2>&1 || status=1
+  ck=/tmp/kimirt-k3-2layer
+  rm -rf "$ck"
+  start=$(date +%s)
+  timeout 300 "$root/kimirt" make-checkpoint --config "$root/shared/bench/configs/kimi-k3-2layer.json" --random \
+    --out "$ck" --quiet || status=1
+  echo "make-checkpoint K3 2-layer: $(( $(date +%s) - start )) s, $(du -sh "$ck" | cut -f1)"
+  timeout 500 "$root/kimirt" bench model --model "$ck" --device cuda --dtype bfloat16 --batch-sizes 1,32 \
+    --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-k3-2layer-cuda.json" \
+    >"$out/bench-model-k3-2layer-cuda.txt" 2>&1 || status=1
+  rm -rf "$ck"
+  echo "--- MoE layer (moe_bench; target: >= 0.60 of 4800 GB/s at 4.25 bits a weight)"
+  cat "$out/moe-bench-k3.txt"
+  echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
+  tail -5 "$out/bench-model-k3-2layer-cuda.txt"
 fi
 exit $status
