@@ -36,11 +36,14 @@ status=0
 filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
-  timeout 120 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
+  timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
     tee "$out/gtest-cuda.txt" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' | head -60
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   if command -v compute-sanitizer >/dev/null; then
-    timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" --gtest_filter="$filter" \
+    # The K3-width MoE test (1.7 GB of experts) would take memcheck past its limit; its kernels are
+    # the ones the small-width MoE tests run under memcheck.
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" \
+      --gtest_filter="$filter:-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths" \
       >"$out/memcheck.txt" 2>&1
     echo "memcheck exit $? ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses)"
   fi
