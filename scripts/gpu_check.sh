@@ -43,7 +43,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
     # The K3-width MoE test (1.7 GB of experts) would take memcheck past its limit; its kernels are
     # the ones the small-width MoE tests run under memcheck.
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter="$filter:-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths" \
+      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths" \
       >"$out/memcheck.txt" 2>&1
     echo "memcheck exit $? ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses)"
   fi
