@@ -73,7 +73,8 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   const int64_t want = std::clamp<int64_t>(CeilDiv(kTargetBlocks, col_blocks), 1, max_splits);
   p.slice = CeilDiv(CeilDiv(p.k_pad, want), kSliceQuantum) * kSliceQuantum;
   p.splits = CeilDiv(p.k_pad, p.slice);
-  p.x_bytes = p.tiles == 1 ? 0 : CeilDiv(static_cast<int64_t>(kParts * p.m_pad * p.k_pad * sizeof(uint16_t)), 256) * 256;
+  const auto x_part_bytes = static_cast<int64_t>(p.m_pad * p.k_pad * sizeof(uint16_t));
+  p.x_bytes = p.tiles == 1 ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
 }
