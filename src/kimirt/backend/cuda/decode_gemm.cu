@@ -37,6 +37,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kColTiles = 2;                              // 16-column MMA tiles per warp
 constexpr int64_t kBlockCols = kWarps * kColTiles * 16;  // 128 output columns per block
+static_assert(kColTiles * 16 == 32, "the L2 prefetch gives each lane one of its warp's columns");
 constexpr int64_t kStepK = 32;                            // k per step: two m16n8k16 k-slots
 constexpr int kUnroll = 4;                                // steps whose weight loads go out together
 constexpr int64_t kSliceQuantum = kStepK * kUnroll;
@@ -154,6 +155,12 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint16_t* p) {
   return v;
 }
 
+// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at p, with no register and no
+// wait (sm_90 bulk prefetch, PTX ISA "cp.async.bulk.prefetch"). A hint: it changes no result.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // w[col][kk .. kk+7] as 8 BF16 (element i in bits 16·(i%2) of word i/2), zeros past n or k.
 // kVec: rows are 16-byte aligned (k % 8 == 0, aligned base), so the 8 are all in or all out.
 template <bool kVec>
@@ -234,7 +241,20 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     }
   }
 
+  const int64_t k_real_end = k_end < k ? k_end : k;
   for (int64_t kb = k_begin; kb < k_end; kb += kSliceQuantum) {
+    // The next round's weight into L2 now (lane i: the warp's column col0 + i, 256 bytes): while
+    // this round waits on HBM, the next one is already on its way, so its loads wait on L2 only.
+    // Without it a warp has one round (8 KB) in flight and 16 warps per multiprocessor are not
+    // enough for 4.8 TB/s at loaded latency (run 1: 0.54–0.67 at m = 1). Aligned rows only (the
+    // prefetch wants 16-byte addresses and sizes).
+    if constexpr (kVec) {
+      const int64_t next = kb + kSliceQuantum, col = col0 + lane;
+      if (next < k_real_end && col < n) {
+        const int64_t len = k_real_end - next < kSliceQuantum ? k_real_end - next : kSliceQuantum;
+        PrefetchL2(w + col * k + next, static_cast<uint32_t>(len * sizeof(uint16_t)));
+      }
+    }
     // All of this round's weight loads first, so kUnroll · kColTiles · 2 are in flight per lane.
     uint4 wr[kUnroll][kColTiles][2];
 #pragma unroll
