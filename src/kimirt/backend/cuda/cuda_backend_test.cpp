@@ -134,11 +134,13 @@ TEST_F(CudaBackendTest, LinearWithBf16Weights) {
 // under one step. The bar, from the arithmetic: the three parts hold all 24 bits of x and the
 // weight is BF16, so every product is exact; what is left is F32 summation — per 32-k step a
 // chain of six MMAs whose accumulation truncates (≲ 2⁻²³ of the step's sum for each of the two
-// full-scale hi MMAs) and one round-to-nearest F32 add (≤ 2⁻²⁴), independent and of random sign
-// from step to step, so the relative L2 error is ≈ (2·2⁻²³ + 2⁻²⁴)/√3 ≈ 3e-7 whatever k is; plus
-// F32's 2⁻²⁴ on the output. 2e-6 leaves 5× for the tensor cores' exact rounding behaviour, which
-// NVIDIA does not document. (The two-part split, 16 bits of x, sat at ~2e-6 and failed the F32
-// fixture goldens; the CPU backend's own F32 sum over k = 9216 is ~1e-6 off, hence float64.)
+// full-scale hi MMAs), of random sign from step to step: ≈ 2·2⁻²³/√3 ≈ 1.4e-7 relative L2
+// whatever k is; and one round-to-nearest F32 add per step into the running sum (2⁻²⁴ of it):
+// ≈ 2⁻²⁴·√(steps/6), 3.6e-7 for an unsplit k = 7168 (224 steps), under 1e-7 for the split
+// chains here (≤ 24 steps, then ≤ 28 slice sums). 2e-6 leaves ≥ 4× for the tensor cores' exact
+// rounding, which NVIDIA does not document. (The two-part split, 16 bits of x, ≤ 2⁻¹⁶ per
+// element, passed the ops' 1e-5 but failed the F32 fixture goldens. Float64, not the CPU
+// backend: an F32 sum over k = 9216 can itself be ~1e-6 off.)
 TEST_F(CudaBackendTest, DecodeGemmMatchesFloat64) {
   struct Case {
     int64_t T, K, N;
