@@ -136,7 +136,7 @@ TEST_F(CudaBackendTest, LinearWithBf16Weights) {
 // chain of six MMAs whose accumulation truncates (≲ 2⁻²³ of the step's sum for each of the two
 // full-scale hi MMAs), of random sign from step to step: ≈ 2·2⁻²³/√3 ≈ 1.4e-7 relative L2
 // whatever k is; and one round-to-nearest F32 add per step into the running sum (2⁻²⁴ of it):
-// ≈ 2⁻²⁴·√(steps/6), 3.6e-7 for an unsplit k = 7168 (224 steps), under 1e-7 for the split
+// ≈ 2⁻²⁴·√(steps/6), 3.6e-7 for an unsplit k = 7168 (224 steps), ~1e-7 for the split
 // chains here (≤ 24 steps, then ≤ 28 slice sums). 2e-6 leaves ≥ 4× for the tensor cores' exact
 // rounding, which NVIDIA does not document. (The two-part split, 16 bits of x, ≤ 2⁻¹⁶ per
 // element, passed the ops' 1e-5 but failed the F32 fixture goldens. Float64, not the CPU
