@@ -15,8 +15,8 @@
 // (kTiles = 1, 2, 4, 8 tiles of 8) and the padding is zeros. Each lane loads 16 bytes of a weight
 // row (8 consecutive k) and the same 8 k of its x rows; the 32 k of a step are assigned to the two
 // MMAs' k slots by the same permutation for A and B (Step below), so they multiply matching
-// pairs. x is split once per call into scratch (SplitXKernel) for 2 tiles and more; for 1 tile
-// the GEMM splits it in registers (LoadX + SplitX8), one launch fewer, with the same SplitOne.
+// pairs. x is split once per call into scratch (SplitXKernel) for 4 and 8 tiles; for 1 and 2 the
+// GEMM splits it in registers (LoadX + SplitX8), one launch fewer, with the same SplitOne.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
@@ -51,6 +51,10 @@ constexpr int64_t kSliceQuantum = kStepK * kUnroll;
 constexpr int64_t kTargetBlocks = 528;
 constexpr int64_t kMinSliceK = 256;
 constexpr int kParts = 3;  // x = hi + mid + lo
+// Up to this many 8-row tiles the GEMM splits x itself: at 2 tiles the split's ~10 instructions
+// per element and lane stay well under the weight's memory time (~450 issue cycles per 2 KB
+// warp-step per scheduler at 4.8 TB/s); at 8 they would outgrow the MMAs, so SplitXKernel.
+constexpr int kMaxTilesSplitInKernel = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -60,7 +64,7 @@ struct Plan {
   int64_t k_pad = 0;     // k rounded up to a step
   int64_t slice = 0;     // k per split, a multiple of kSliceQuantum
   int64_t splits = 1;    // from n and k only
-  size_t x_bytes = 0;    // x_hi, x_mid, x_lo: m_pad · k_pad BF16 each (SplitXKernel; none for 1 tile)
+  size_t x_bytes = 0;    // x_hi, x_mid, x_lo: m_pad · k_pad BF16 each (SplitXKernel; none ≤ 2 tiles)
   size_t part_bytes = 0; // partial sums [splits, m, n] F32 when splits > 1
 };
 
@@ -75,7 +79,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   p.slice = CeilDiv(CeilDiv(p.k_pad, want), kSliceQuantum) * kSliceQuantum;
   p.splits = CeilDiv(p.k_pad, p.slice);
   const auto x_part_bytes = static_cast<int64_t>(p.m_pad * p.k_pad * sizeof(uint16_t));
-  p.x_bytes = p.tiles == 1 ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
+  p.x_bytes = p.tiles <= kMaxTilesSplitInKernel ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
 }
@@ -85,7 +89,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
 // so hi + mid + lo = v for every normal v (a remainder under BF16's normal range, |v| < ~2⁻¹¹⁰,
 // loses bits: irrelevant next to the other terms of a dot product). A non-finite hi gets
 // mid = lo = 0, so ±inf stays ±inf instead of inf − inf = NaN. The one definition both
-// SplitXKernel and the GEMM's own split (1 tile) use, so a row gets the same bits either way.
+// SplitXKernel and the GEMM's own split (≤ 2 tiles) use, so a row gets the same bits either way.
 __device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
   const __nv_bfloat16 h = __float2bfloat16_rn(v);
   const float hf = __bfloat162float(h);
@@ -105,7 +109,7 @@ struct XParts {
 // x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
 // warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
 // row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
-// bytes. For 2 tiles and more; 1 tile splits in the GEMM (LoadX + SplitX8).
+// bytes. For 4 and 8 tiles; up to 2 the GEMM splits x itself (LoadX + SplitX8).
 __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
                              uint16_t* mid, uint16_t* lo) {
   const int64_t total = tiles * 8 * k_pad;
@@ -120,8 +124,9 @@ __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, in
   }
 }
 
-// For 1 tile (m ≤ 8), with no SplitXKernel launch: x[row][kk .. kk+7] (zeros past m or k), read
-// into registers; SplitX8 splits them after the round's loads are all issued. `vec`: x rows
+// For 1 and 2 tiles (m ≤ 16), with no SplitXKernel launch: x[row][kk .. kk+7] (zeros past m or
+// k), read into registers (for 1 tile, the whole round's right after its weight loads) and split
+// by SplitX8. `vec`: x rows
 // 16-byte aligned and k % 8 == 0, so the 8 are all in or all out.
 __device__ __forceinline__ void LoadX(const float* x, int64_t row, int64_t kk, int64_t m, int64_t k, bool vec,
                                       float (&v)[8]) {
@@ -285,6 +290,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
         XParts xp;
         if constexpr (kTiles == 1) {
           xp = SplitX8(xr[u]);
+        } else if constexpr (kTiles <= kMaxTilesSplitInKernel) {
+          float v[8];
+          LoadX(x, r * 8 + g, step * kStepK + 8 * t, m, k, x_vec, v);
+          xp = SplitX8(v);
         } else {
           const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
           xp.hi = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
@@ -367,7 +376,7 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   uint16_t* hi = nullptr;
   uint16_t* mid = nullptr;
   uint16_t* lo = nullptr;
-  if (p.tiles > 1) {  // 1 tile: the GEMM splits x itself (LoadX + SplitX8)
+  if (p.tiles > kMaxTilesSplitInKernel) {  // else the GEMM splits x itself (LoadX + SplitX8)
     hi = static_cast<uint16_t*>(scratch);
     mid = hi + p.m_pad * p.k_pad;
     lo = mid + p.m_pad * p.k_pad;
