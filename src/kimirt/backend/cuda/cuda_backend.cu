@@ -416,7 +416,7 @@ class CudaBackend final : public Backend {
   }
 
   // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16. Up to kGemvMaxRows rows
-  // (decode) a row-invariant kernel: BF16 on tensor cores with x split hi + lo (DecodeGemm, the
+  // (decode) a row-invariant kernel: BF16 on tensor cores with x split hi + mid + lo (DecodeGemm, the
   // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows: cuBLAS SGEMM, a BF16
   // weight widened to F32 in chunks of at most 16 M elements first.
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {

@@ -4,20 +4,22 @@
 //
 // Why tensor cores: at 64 rows the FP32 cores would need 2.4e12 weights/s × 2 × 64 ≈ 300 TFLOP/s
 // to keep up with HBM, 4.5× what they have. mma.sync m16n8k16 BF16 → FP32 has the rate; to keep
-// F32 accuracy the activation is split in two BF16 parts, x = x_hi + x_lo (x_hi = bf16(x),
-// x_lo = bf16(x − x_hi), 16 of F32's 24 mantissa bits, relative error ≤ 2⁻¹⁶), and each weight
-// tile is multiplied by both. The weight is BF16 already, so its products are exact.
+// F32 accuracy the activation is split in three BF16 parts, x = x_hi + x_mid + x_lo (x_hi =
+// bf16(x), x_mid = bf16(x − x_hi), x_lo = bf16(x − x_hi − x_mid): 3 × 8 = 24 mantissa bits, so
+// x itself for every normal F32), and each weight tile is multiplied by all three. The weight is
+// BF16 already, so every product is exact and the only error left is the F32 summation. (Two
+// parts, 16 bits, ≤ 2⁻¹⁶ per element, were measured too coarse for the fixtures' F32 goldens.)
 //
 // Layout: the weight is the MMA's A operand (16 output columns × 16 k, row-major = w's own
 // layout), the rows of x are its B operand (16 k × 8 rows), so rows pad to 8, 16, 32 or 64
 // (kTiles = 1, 2, 4, 8 tiles of 8) and the padding is zeros. Each lane loads 16 bytes of a weight
 // row (8 consecutive k) and the same 8 k of its x rows; the 32 k of a step are assigned to the two
 // MMAs' k slots by the same permutation for A and B (Step below), so they multiply matching
-// pairs. x is split once per call into scratch (SplitXKernel) for 2 tiles and more; for 1 tile
-// the GEMM splits it in registers (LoadSplitX), one launch fewer, with the same SplitOne.
+// pairs. x is split once per call into scratch (SplitXKernel) for 4 and 8 tiles; for 1 and 2 the
+// GEMM splits it in registers (LoadX + SplitX8), one launch fewer, with the same SplitOne.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
-// same order (k slices ascending; per 32-k step the four MMAs of Step, then one F32 add) in every
+// same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
 // kTiles instantiation; the split of k across blocks (`splits`) and the order the
 // splits are summed in depend on n and k only, never on m.
 #include <cuda_bf16.h>
@@ -35,14 +37,24 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kColTiles = 2;                              // 16-column MMA tiles per warp
 constexpr int64_t kBlockCols = kWarps * kColTiles * 16;  // 128 output columns per block
+static_assert(kColTiles * 16 == 32, "the L2 prefetch gives each lane one of its warp's columns");
 constexpr int64_t kStepK = 32;                            // k per step: two m16n8k16 k-slots
 constexpr int kUnroll = 4;                                // steps whose weight loads go out together
 constexpr int64_t kSliceQuantum = kStepK * kUnroll;
-// Split k across blocks until about two blocks per multiprocessor of an H200 (132) exist, but
-// never into slices under kMinSliceK (their partial sums would cost more than they save). A
-// constant, not the device's count, so a model's bits are the same on every GPU.
-constexpr int64_t kTargetBlocks = 264;
-constexpr int64_t kMinSliceK = 512;
+// Split k across blocks until about four blocks (16 warps) per multiprocessor of an H200 (132)
+// exist: a warp has 8 KB of weight loads in flight per round, and 4.8 TB/s × ~1.5 µs loaded
+// latency ≈ 7 MB in flight needs ~900 warps; fewer, and a small weight (n = 576: 5 column
+// blocks) is read one latency-bound round after another (run 1: a ~12 µs floor). Never into
+// slices under kMinSliceK (2 rounds; the [splits, m, n] partials at m = 64 stay ≤ half the
+// weight's bytes at n = 576, k = 7168). A constant, not the device's count, so a model's bits
+// are the same on every GPU.
+constexpr int64_t kTargetBlocks = 528;
+constexpr int64_t kMinSliceK = 256;
+constexpr int kParts = 3;  // x = hi + mid + lo
+// Up to this many 8-row tiles the GEMM splits x itself: at 2 tiles the split's ~10 instructions
+// per element and lane stay well under the weight's memory time (~450 issue cycles per 2 KB
+// warp-step per scheduler at 4.8 TB/s); at 8 they would outgrow the MMAs, so SplitXKernel.
+constexpr int kMaxTilesSplitInKernel = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -52,7 +64,7 @@ struct Plan {
   int64_t k_pad = 0;     // k rounded up to a step
   int64_t slice = 0;     // k per split, a multiple of kSliceQuantum
   int64_t splits = 1;    // from n and k only
-  size_t x_bytes = 0;    // x_hi and x_lo, m_pad · k_pad BF16 each (SplitXKernel; none for 1 tile)
+  size_t x_bytes = 0;    // x_hi, x_mid, x_lo: m_pad · k_pad BF16 each (SplitXKernel; none ≤ 2 tiles)
   size_t part_bytes = 0; // partial sums [splits, m, n] F32 when splits > 1
 };
 
@@ -66,44 +78,58 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   const int64_t want = std::clamp<int64_t>(CeilDiv(kTargetBlocks, col_blocks), 1, max_splits);
   p.slice = CeilDiv(CeilDiv(p.k_pad, want), kSliceQuantum) * kSliceQuantum;
   p.splits = CeilDiv(p.k_pad, p.slice);
-  p.x_bytes = p.tiles == 1 ? 0 : CeilDiv(static_cast<int64_t>(2 * p.m_pad * p.k_pad * sizeof(uint16_t)), 256) * 256;
+  const auto x_part_bytes = static_cast<int64_t>(p.m_pad * p.k_pad * sizeof(uint16_t));
+  p.x_bytes = p.tiles <= kMaxTilesSplitInKernel ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
 }
 
-// One x value as BF16 bits hi + lo (x = hi + lo to 2⁻¹⁶ relative). A non-finite hi gets lo = 0,
-// so ±inf stays ±inf instead of inf − inf = NaN. The one definition both SplitXKernel and the GEMM's
-// own split (1 tile) use, so a row gets the same bits either way.
-__device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& lo) {
+// One x value as BF16 bits hi + mid + lo. Each remainder (v − hi, then − mid) is exact in F32
+// (the subtrahend is v rounded to fewer bits), and each part takes the next 8 significant bits,
+// so hi + mid + lo = v for every normal v (a remainder under BF16's normal range, |v| < ~2⁻¹¹⁰,
+// loses bits: irrelevant next to the other terms of a dot product). A non-finite hi gets
+// mid = lo = 0, so ±inf stays ±inf instead of inf − inf = NaN. The one definition both
+// SplitXKernel and the GEMM's own split (≤ 2 tiles) use, so a row gets the same bits either way.
+__device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
   const __nv_bfloat16 h = __float2bfloat16_rn(v);
   const float hf = __bfloat162float(h);
+  const float r1 = isfinite(hf) ? v - hf : 0.0f;
+  const __nv_bfloat16 md = __float2bfloat16_rn(r1);
   hi = __bfloat16_as_ushort(h);
-  lo = __bfloat16_as_ushort(__float2bfloat16_rn(isfinite(hf) ? v - hf : 0.0f));
+  mid = __bfloat16_as_ushort(md);
+  lo = __bfloat16_as_ushort(__float2bfloat16_rn(r1 - __bfloat162float(md)));
 }
 
-// x [m, k] F32 → x_hi, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
+// x's three parts of one lane's 8 k, as the MMA's B registers (element e in bits 16·(e%2) of
+// word e/2).
+struct XParts {
+  uint4 hi, mid, lo;
+};
+
+// x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
 // warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
 // row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
-// bytes. For 2 tiles and more; 1 tile splits in the GEMM (LoadSplitX).
+// bytes. For 4 and 8 tiles; up to 2 the GEMM splits x itself (LoadX + SplitX8).
 __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
-                             uint16_t* lo) {
+                             uint16_t* mid, uint16_t* lo) {
   const int64_t total = tiles * 8 * k_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
     const int64_t r = tile * 8 + lane / 4, c = step * kStepK + lane % 4 * 8 + e;
-    uint32_t h, l;
-    SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, h, l);
+    uint32_t h, md, l;
+    SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, h, md, l);
     hi[i] = static_cast<uint16_t>(h);
+    mid[i] = static_cast<uint16_t>(md);
     lo[i] = static_cast<uint16_t>(l);
   }
 }
 
-// For 1 tile (m ≤ 8), with no SplitXKernel launch: x[row][kk .. kk+7] read here (zeros past m or
-// k) and split by SplitOne, packed as SplitXKernel stores them (element e in bits 16·(e%2) of
-// word e/2). `vec`: x rows 16-byte aligned and k % 8 == 0, so the 8 are all in or all out.
-__device__ __forceinline__ void LoadSplitX(const float* x, int64_t row, int64_t kk, int64_t m, int64_t k, bool vec,
-                                           uint4& xh, uint4& xl) {
-  float v[8];
+// For 1 and 2 tiles (m ≤ 16), with no SplitXKernel launch: x[row][kk .. kk+7] (zeros past m or
+// k), read into registers (for 1 tile, the whole round's right after its weight loads) and split
+// by SplitX8. `vec`: x rows
+// 16-byte aligned and k % 8 == 0, so the 8 are all in or all out.
+__device__ __forceinline__ void LoadX(const float* x, int64_t row, int64_t kk, int64_t m, int64_t k, bool vec,
+                                      float (&v)[8]) {
   if (vec && row < m && kk < k) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(x + row * k + kk));
     const float4 b = __ldg(reinterpret_cast<const float4*>(x + row * k + kk + 4));
@@ -112,11 +138,17 @@ __device__ __forceinline__ void LoadSplitX(const float* x, int64_t row, int64_t 
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = row < m && kk + e < k ? __ldg(x + row * k + kk + e) : 0.0f;
   }
-  uint32_t h[8], l[8];
+}
+
+// 8 x values split by SplitOne and packed as SplitXKernel stores them.
+__device__ __forceinline__ XParts SplitX8(const float (&v)[8]) {
+  uint32_t h[8], md[8], l[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) SplitOne(v[e], h[e], l[e]);
-  xh = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
-  xl = make_uint4(l[0] | l[1] << 16, l[2] | l[3] << 16, l[4] | l[5] << 16, l[6] | l[7] << 16);
+  for (int e = 0; e < 8; ++e) SplitOne(v[e], h[e], md[e], l[e]);
+  const auto pack = [](const uint32_t(&p)[8]) {
+    return make_uint4(p[0] | p[1] << 16, p[2] | p[3] << 16, p[4] | p[5] << 16, p[6] | p[7] << 16);
+  };
+  return XParts{pack(h), pack(md), pack(l)};
 }
 
 // 16 bytes of the weight, read once: no L1 allocation, it will not be read again this call.
@@ -126,6 +158,12 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint16_t* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+}
+
+// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at p, with no register and no
+// wait (sm_90 bulk prefetch, PTX ISA "cp.async.bulk.prefetch"). A hint: it changes no result.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
 // w[col][kk .. kk+7] as 8 BF16 (element i in bits 16·(i%2) of word i/2), zeros past n or k.
@@ -161,27 +199,36 @@ __device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 // 0 and 1), so MMA 1 takes physical k 8t+0..3 (words .x, .y) and MMA 2 takes 8t+4..7 (.z, .w):
 // both operands use the same map, every k of the step is used once.
 //
-// The step's four MMAs (lo, then hi) start from zero and their sum is added to `acc` by an F32
-// add: the tensor cores' own accumulation truncates (rounds toward zero), which over a long chain
-// (k = 9216: 1152 MMAs) biases the result by up to ~1e-5 relative; chains of 4 whose results are
-// added with round-to-nearest keep the error at F32's level.
-__device__ __forceinline__ void Step(float (&acc)[4], const uint4& row_g, const uint4& row_g8, const uint4& xh,
-                                     const uint4& xl) {
+// The step's six MMAs (lo, mid, then hi: smallest first) start from zero and their sum is added
+// to `acc` by an F32 add: the tensor cores' own accumulation truncates (rounds toward zero), which
+// over a long chain (k = 9216: 1728 MMAs) biases the result by up to ~1e-5 relative; chains of 6
+// whose results are added with round-to-nearest keep the error at F32's level.
+__device__ __forceinline__ void Step(float (&acc)[4], const uint4& row_g, const uint4& row_g8, const XParts& xp) {
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xl.x, xl.y);
-  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xl.z, xl.w);
-  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xh.x, xh.y);
-  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xh.z, xh.w);
+  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.lo.x, xp.lo.y);
+  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.lo.z, xp.lo.w);
+  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.mid.x, xp.mid.y);
+  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.mid.z, xp.mid.w);
+  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.hi.x, xp.hi.y);
+  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.hi.z, xp.hi.w);
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] += d[i];
 }
 
 // Block (blockIdx.x, blockIdx.y): 128 columns × k slice blockIdx.y; warp: 32 columns (two MMA
 // tiles) × all kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
+// Blocks per multiprocessor the registers must allow: 4 (≤ 128 registers) up to 16 rows, so the
+// ~4 blocks per multiprocessor of kTargetBlocks are resident at once (1 tile wants 162 unbounded,
+// for the round's x prefetch; bounded, no spills). 32 and 64 rows need ~170 (their accumulators
+// alone are 32 and 64): 2 blocks, as 3 (≤ 168) spills.
+template <int kTiles>
+constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
+
 template <int kTiles, bool kVec>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
-                     const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_lo, float* __restrict__ out,
+                     const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
+                     const uint16_t* __restrict__ x_lo, float* __restrict__ out,
                      int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = int64_t{blockIdx.x} * kBlockCols + warp * (kColTiles * 16);
@@ -199,7 +246,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
+  const int64_t k_real_end = k_end < k ? k_end : k;
   for (int64_t kb = k_begin; kb < k_end; kb += kSliceQuantum) {
+    // The next round's weight into L2 now (lane i: the warp's column col0 + i, 256 bytes): while
+    // this round waits on HBM, the next one is already on its way, so its loads wait on L2 only.
+    // Without it a warp has one round (8 KB) in flight and 16 warps per multiprocessor are not
+    // enough for 4.8 TB/s at loaded latency (run 1: 0.54–0.67 at m = 1). Aligned rows only (the
+    // prefetch wants 16-byte addresses and sizes).
+    if constexpr (kVec) {
+      const int64_t next = kb + kSliceQuantum, col = col0 + lane;
+      if (next < k_real_end && col < n) {
+        const int64_t len = k_real_end - next < kSliceQuantum ? k_real_end - next : kSliceQuantum;
+        PrefetchL2(w + col * k + next, static_cast<uint32_t>(len * sizeof(uint16_t)));
+      }
+    }
     // All of this round's weight loads first, so kUnroll · kColTiles · 2 are in flight per lane.
     uint4 wr[kUnroll][kColTiles][2];
 #pragma unroll
@@ -214,22 +274,34 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       }
     }
+    // 1 tile: the round's x (8 floats per step) loaded next, so its latency overlaps the weight's
+    // instead of following each step's MMAs.
+    [[maybe_unused]] float xr[kTiles == 1 ? kUnroll : 1][8];
+    if constexpr (kTiles == 1) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) LoadX(x, g, kb + u * kStepK + 8 * t, m, k, x_vec, xr[u]);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
       const int64_t step = (kb + u * kStepK) / kStepK;
 #pragma unroll
       for (int r = 0; r < kTiles; ++r) {
-        uint4 xh, xl;
+        XParts xp;
         if constexpr (kTiles == 1) {
-          LoadSplitX(x, g, step * kStepK + 8 * t, m, k, x_vec, xh, xl);
+          xp = SplitX8(xr[u]);
+        } else if constexpr (kTiles <= kMaxTilesSplitInKernel) {
+          float v[8];
+          LoadX(x, r * 8 + g, step * kStepK + 8 * t, m, k, x_vec, v);
+          xp = SplitX8(v);
         } else {
           const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
-          xh = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
-          xl = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
+          xp.hi = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
+          xp.mid = __ldg(reinterpret_cast<const uint4*>(x_mid + xi));
+          xp.lo = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
         }
 #pragma unroll
-        for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xh, xl);
+        for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
       }
     }
   }
@@ -248,22 +320,36 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// y = Σ_s part[s], s ascending: the same order for every element and every m.
-__global__ void SumSplitsKernel(const float* part, int64_t splits, int64_t mn, float* y) {
+// y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
+// kSumBatch at a time ahead of their adds (up to 28 slices: a serial load-add chain would cost
+// one L2 latency per slice).
+constexpr int64_t kSumBatch = 8;
+__global__ void SumSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t mn, float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < mn; i += int64_t{gridDim.x} * blockDim.x) {
     float s = part[i];
-    for (int64_t j = 1; j < splits; ++j) s += part[j * mn + i];
+    for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
+      float v[kSumBatch];
+#pragma unroll
+      for (int64_t b = 0; b < kSumBatch; ++b) v[b] = j0 + b < splits ? part[(j0 + b) * mn + i] : 0.0f;
+#pragma unroll
+      for (int64_t b = 0; b < kSumBatch; ++b) {
+        if (j0 + b < splits) s += v[b];
+      }
+    }
     y[i] = s;
   }
 }
 
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
-            const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p, cudaStream_t s) {
+            const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
+            cudaStream_t s) {
   if (vec) {
-    DecodeGemmKernel<kTiles, true><<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, lo, out, m, n, k, p.k_pad, p.slice);
+    DecodeGemmKernel<kTiles, true>
+        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
   } else {
-    DecodeGemmKernel<kTiles, false><<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, lo, out, m, n, k, p.k_pad, p.slice);
+    DecodeGemmKernel<kTiles, false>
+        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
   }
 }
 
@@ -288,11 +374,13 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   }
   const Plan p = MakePlan(m, n, k);
   uint16_t* hi = nullptr;
+  uint16_t* mid = nullptr;
   uint16_t* lo = nullptr;
-  if (p.tiles > 1) {  // 1 tile: the GEMM splits x itself (LoadSplitX)
+  if (p.tiles > kMaxTilesSplitInKernel) {  // else the GEMM splits x itself (LoadX + SplitX8)
     hi = static_cast<uint16_t*>(scratch);
-    lo = hi + p.m_pad * p.k_pad;
-    SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad, hi, lo);
+    mid = hi + p.m_pad * p.k_pad;
+    lo = mid + p.m_pad * p.k_pad;
+    SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad, hi, mid, lo);
     CheckLaunch("DecodeGemm split x");
   }
   const auto* w = static_cast<const uint16_t*>(w_bf16);
@@ -301,10 +389,10 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
   switch (p.tiles) {
-    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
-    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
-    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
-    default: Launch<8>(vec, grid, w, x, x_vec, hi, lo, out, m, n, k, p, s); break;
+    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
   }
   CheckLaunch("DecodeGemm");
   if (p.splits > 1) {

@@ -34,7 +34,7 @@ void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 
 // --- decode_gemm.cu: BF16-weight GEMM for 1..kGemvMaxRows rows on tensor cores ---
-// y [m, n] = x [m, k] · w [n, k]ᵀ with w BF16, x split into two BF16 parts (≈ F32 accuracy), F32
+// y [m, n] = x [m, k] · w [n, k]ᵀ with w BF16, x split into three BF16 parts (all of F32), F32
 // accumulation; the weight is read once whatever m is, and each row's bits are those it gets
 // alone (the k split and every summation order depend on n and k only). `scratch` is device
 // memory of DecodeGemmScratchBytes(m, n, k) bytes, 256-byte aligned, used on stream `s` only.
