@@ -337,6 +337,7 @@ class EngineImpl final : public Engine {
       stats_.kv_blocks_used -= c.evictable_blocks;
       stats_.prefix_cache_queries = c.queries;
       stats_.prefix_cache_hits = c.hits;
+      stats_.prefix_cache_evicted_blocks = c.evicted_blocks;
       stats_.kda_snapshots = c.snapshots;
       stats_.kda_snapshot_bytes = c.snapshot_bytes;
     }

@@ -96,6 +96,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generation_tokens = 0;  // totals
   bool prefix_caching = false;                       // whether a prefix cache runs
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // prompt tokens looked up, found (totals)
+  int64_t prefix_cache_evicted_blocks = 0;                  // total
   int64_t kda_snapshots = 0;
   uint64_t kda_snapshot_bytes = 0;  // per rank
 };

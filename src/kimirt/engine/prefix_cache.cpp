@@ -210,6 +210,7 @@ int64_t PrefixCache::Evict(int64_t blocks) {
     if (victim == nullptr) break;
     Remove(victim);
     ++freed;
+    ++evicted_;
   }
   return freed;
 }
@@ -220,6 +221,7 @@ PrefixCacheStats PrefixCache::stats() const {
   s.hits = hits_;
   s.cached_blocks = nodes_;
   s.evictable_blocks = evictable_blocks();
+  s.evicted_blocks = evicted_;
   s.snapshots = static_cast<int64_t>(snapshot_lru_.size());
   s.snapshot_bytes = static_cast<uint64_t>(s.snapshots) * runner_.kda_snapshot_bytes();
   return s;

@@ -48,6 +48,7 @@ struct PrefixCacheStats {
   int64_t hits = 0;             // of them, found (vllm:prefix_cache_hits_total)
   int64_t cached_blocks = 0;    // blocks the cache holds
   int64_t evictable_blocks = 0; // of them, held by no sequence
+  int64_t evicted_blocks = 0;   // total
   int64_t snapshots = 0;
   uint64_t snapshot_bytes = 0;  // device bytes of the snapshots, per rank
 };
@@ -100,7 +101,7 @@ class PrefixCache {
   std::list<Node*> snapshot_lru_;  // nodes with a snapshot, least recently used first
   uint64_t clock_ = 0;
   int64_t nodes_ = 0;
-  int64_t queries_ = 0, hits_ = 0;
+  int64_t queries_ = 0, hits_ = 0, evicted_ = 0;
 };
 
 }  // namespace kimirt
