@@ -2,7 +2,9 @@
 // (program name aside): --model DIR --kv_cache_dtype fp8 -tp 8 --trust-remote-code
 // --max-model-len 16384 --max-num-seqs 64 --max-num-batched-tokens 10240
 // --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching.
-// Without --model it serves the built-in demo model (tools/builtin_model.h).
+// Without --model it serves the built-in demo model (tools/builtin_model.h). Prefix caching is
+// on by default; --no-enable_prefix_caching (the seed's spelling) or --no-enable-prefix-caching
+// turns it off (docs/prefix-caching.md).
 //
 // vLLM drop-in: `kimirt serve MODEL` (positional, as `vllm serve MODEL`), --api-key (or
 // $KIMIRT_API_KEY / $VLLM_API_KEY), --seed, --disable-log-requests, --disable-log-stats,
