@@ -16,6 +16,7 @@
 #include "kimirt/core/random.h"
 #include "kimirt/engine/engine.h"
 #include "kimirt/engine/engine_test_util.h"
+#include "kimirt/testing/devices.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
@@ -82,10 +83,11 @@ struct RunResult {
   EngineStats stats;
 };
 
-RunResult RunWaves(int tp, bool caching, const std::vector<std::vector<Planned>>& waves, int64_t blocks,
+RunResult RunWaves(const std::string& device, int tp, bool caching, const std::vector<std::vector<Planned>>& waves, int64_t blocks,
                    int32_t max_seqs) {
   RunResult out;
   RunnerOptions ro;
+  ro.device = device;
   ro.tp = tp;
   ro.block_size = 8;
   ro.num_kv_blocks = blocks;
@@ -128,11 +130,28 @@ RunResult RunWaves(int tp, bool caching, const std::vector<std::vector<Planned>>
   return out;
 }
 
-class PrefixCachingEngineTest : public ::testing::TestWithParam<int> {};
+// (device, ranks): thread ranks on the CPU; one rank on CUDA, where the snapshots are device
+// copies and decode steps batch (scripts/gpu_check.sh runs the cuda cases).
+struct Placement {
+  std::string device;
+  int tp = 1;
+};
+
+std::vector<Placement> Placements() {
+  std::vector<Placement> out;
+  for (const std::string& d : testing::BuiltDevices()) {
+    out.push_back({d, 1});
+    if (d == "cpu") out.push_back({d, 2});
+  }
+  return out;
+}
+
+class PrefixCachingEngineTest : public ::testing::TestWithParam<Placement> {};
 
 TEST_P(PrefixCachingEngineTest, EveryTokenAndLogprobIsBitIdenticalToNoCaching) {
   KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
-  const int tp = GetParam();
+  const std::string device = GetParam().device;
+  const int tp = GetParam().tp;
   int64_t evicted = 0;
   for (uint64_t seed : {1u, 2u}) {
     const auto waves = MakeWaves(seed);
@@ -140,8 +159,8 @@ TEST_P(PrefixCachingEngineTest, EveryTokenAndLogprobIsBitIdenticalToNoCaching) {
     // blocks fill the rest and are evicted. (Preemption itself is not bit-neutral: a preempted
     // sequence re-prefills its generated tokens, which the decodes computed otherwise; that holds
     // with or without caching, so it is kept out of the comparison and tested below.)
-    const RunResult off = RunWaves(tp, false, waves, /*blocks=*/66, /*max_seqs=*/3);
-    const RunResult on = RunWaves(tp, true, waves, /*blocks=*/66, /*max_seqs=*/3);
+    const RunResult off = RunWaves(device, tp, false, waves, /*blocks=*/66, /*max_seqs=*/3);
+    const RunResult on = RunWaves(device, tp, true, waves, /*blocks=*/66, /*max_seqs=*/3);
     ASSERT_EQ(on.outcomes.size(), off.outcomes.size());
     for (const auto& [id, want] : off.outcomes) {
       const Collector::Result& got = on.outcomes.at(id);
@@ -176,7 +195,7 @@ TEST_P(PrefixCachingEngineTest, PreemptionsAmongCachedPrefixesCompleteAndReturnE
   KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
   const auto waves = MakeWaves(3);
   // 40 blocks hold 320 positions for ten requests of up to ~170 at once.
-  const RunResult on = RunWaves(GetParam(), true, waves, /*blocks=*/40, /*max_seqs=*/10);
+  const RunResult on = RunWaves(GetParam().device, GetParam().tp, true, waves, /*blocks=*/40, /*max_seqs=*/10);
   for (const auto& [id, got] : on.outcomes) {
     EXPECT_EQ(got.finish, FinishReason::kLength) << id;
     EXPECT_EQ(got.tokens.size(), got.logprobs.size()) << id;
@@ -189,8 +208,8 @@ TEST_P(PrefixCachingEngineTest, PreemptionsAmongCachedPrefixesCompleteAndReturnE
   EXPECT_LE(on.stats.kv_blocks_evictable, on.stats.kv_blocks_total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, PrefixCachingEngineTest, ::testing::Values(1, 2),
-                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Devices, PrefixCachingEngineTest, ::testing::ValuesIn(Placements()),
+                         [](const auto& info) { return info.param.device + "_tp" + std::to_string(info.param.tp); });
 
 TEST(EngineBlockPoolLimit, ARequestThatOutgrowsThePoolEndsNamingTheLimit) {
   // Review defect (a): 4 blocks of 8 hold 32 positions. It used to preempt itself forever.
