@@ -60,9 +60,13 @@ int RunBenchServeCommand(int argc, char** argv) {
   flags.String("url,base-url", &o.url, "server base URL: http://host:port or http://host:port/v1 (required)");
   flags.String("model", &o.model, "model name to request (default: the first of GET /v1/models)");
   flags.String("endpoint", &o.endpoint, "completions or chat");
-  flags.String("dataset,dataset-name", &o.dataset, "random (synthetic prompts of --input-len tokens) or gsm8k");
+  flags.String("dataset,dataset-name", &o.dataset,
+               "random (synthetic prompts of --input-len tokens), prefix_repetition (shared prefixes) or gsm8k");
+  flags.Int("prefix-repetition-prefix-len", &o.prefix_repetition.prefix_len, "prefix_repetition: tokens of each shared prefix");
+  flags.Int("prefix-repetition-suffix-len", &o.prefix_repetition.suffix_len, "prefix_repetition: tokens of each request's own suffix");
+  flags.Int("prefix-repetition-num-prefixes", &o.prefix_repetition.num_prefixes, "prefix_repetition: distinct prefixes");
   flags.Int("input-len,random-input-len", &o.input_len, "random: prompt tokens per request");
-  flags.Int("output-len,random-output-len", &o.output_len, "tokens generated per request (max_tokens)");
+  flags.Int("output-len,random-output-len,prefix-repetition-output-len", &o.output_len, "tokens generated per request (max_tokens)");
   flags.Double("random-range-ratio", &o.range_ratio, "random: lengths uniform in [L(1-r), L(1+r)]");
   flags.Int("num-prompts", &o.num_prompts, "requests per run");
   flags.String("request-rate", &rate, "requests per second, Poisson arrivals (inf: all at once)");
@@ -116,7 +120,7 @@ int RunBenchServeCommand(int argc, char** argv) {
   o.seed = static_cast<uint32_t>(seed);
   if (!(timeout > 0)) return fail(InvalidArgument("--timeout must be > 0"));
   o.http.read_timeout_s = timeout;
-  if (!flags.WasSet("ignore-eos")) o.ignore_eos = o.dataset == "random";
+  if (!flags.WasSet("ignore-eos")) o.ignore_eos = o.dataset != "gsm8k";
   eval::VllmResultOptions vllm_result;
   if (save_result) {
     Result<std::vector<std::string>> metrics = eval::ParsePercentileMetrics(percentile_metrics);

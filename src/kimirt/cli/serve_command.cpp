@@ -2,7 +2,9 @@
 // (program name aside): --model DIR --kv_cache_dtype fp8 -tp 8 --trust-remote-code
 // --max-model-len 16384 --max-num-seqs 64 --max-num-batched-tokens 10240
 // --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching.
-// Without --model it serves the built-in demo model (tools/builtin_model.h).
+// Without --model it serves the built-in demo model (tools/builtin_model.h). Prefix caching is
+// on by default; --no-enable_prefix_caching (the seed's spelling) or --no-enable-prefix-caching
+// turns it off (docs/prefix-caching.md).
 //
 // vLLM drop-in: `kimirt serve MODEL` (positional, as `vllm serve MODEL`), --api-key (or
 // $KIMIRT_API_KEY / $VLLM_API_KEY), --seed, --disable-log-requests, --disable-log-stats,
@@ -35,6 +37,10 @@
 
 namespace kimirt {
 namespace {
+
+// Share of the cache budget (--cpu-memory-gib, or what --gpu-memory-utilization leaves) that
+// holds KDA snapshots when prefix caching is on; the rest holds latent blocks.
+constexpr double kKdaSnapshotFraction = 0.1;
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }
@@ -89,7 +95,7 @@ int RunServeCommand(int argc, char** argv) {
   int prefill_chunk = 256, max_waiting = 1024;
   int64_t max_model_len = 0;
   double gpu_util = 0.9, cpu_mem_gib = 2.0;
-  bool prefix_caching = false;
+  bool prefix_caching = true;
   FlagSet f("serve",
             "OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
             "/metrics). Without --model it serves the built-in demo model.");
@@ -111,7 +117,9 @@ int RunServeCommand(int argc, char** argv) {
   f.Double("gpu-memory-utilization", &gpu_util, "fraction of GPU memory to use (--device cuda)");
   f.Double("cpu-memory-gib", &cpu_mem_gib, "memory for the latent cache on --device cpu");
   f.Int("threads", &threads, "CPU threads for GEMMs (0: all cores)");
-  f.Bool("enable-prefix-caching", &prefix_caching, "not supported: prefix caching cannot recover KDA state");
+  f.Bool("enable-prefix-caching", &prefix_caching,
+         "resume prompts from cached prefixes: shared latent blocks + KDA snapshots, bit-identical to no caching "
+         "(default on; --no-enable-prefix-caching turns it off; docs/prefix-caching.md)");
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
   std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";
   int64_t seed = 0;
@@ -153,11 +161,6 @@ int RunServeCommand(int argc, char** argv) {
   Result<std::vector<std::string>> allowed = ParseOrigins(origins);
   if (!allowed.ok()) return Fail(allowed.status(), 2);
   if (api_key.empty()) api_key = EnvOr("KIMIRT_API_KEY", EnvOr("VLLM_API_KEY", ""));
-  if (prefix_caching) {
-    return Fail(Unsupported("--enable-prefix-caching: the KDA recurrent state of a cached prefix cannot be "
-                            "recovered from the latent cache (ATOM disables it too); use --no-enable-prefix-caching"),
-                2);
-  }
   if (device != "cpu" && device != "cuda") return Fail(InvalidArgument("--device: expected cpu or cuda, got \"" + device + "\""), 2);
   if (!(cpu_mem_gib > 0)) return Fail(InvalidArgument("--cpu-memory-gib must be positive"), 2);
   // auto: the checkpoint's own precision on the GPU (vLLM's auto), the reference precision on CPU.
@@ -193,6 +196,8 @@ int RunServeCommand(int argc, char** argv) {
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);
+  // The cache budget pays for KDA snapshots too (docs/prefix-caching.md): a tenth of it.
+  ro.kda_snapshot_fraction = prefix_caching ? kKdaSnapshotFraction : 0.0;
   if (device == "cuda") ro.gpu_memory_utilization = gpu_util;  // the cache is in GPU memory there
   const auto t0 = std::chrono::steady_clock::now();
   LoadProgress progress(model_dir);
@@ -206,6 +211,7 @@ int RunServeCommand(int argc, char** argv) {
   eo.max_model_len = max_model_len;
   eo.prefill_chunk = std::min(prefill_chunk, max_batched);
   eo.max_waiting = max_waiting;
+  eo.enable_prefix_caching = prefix_caching;
   EngineTestHooks hooks;
   if (!forced.empty()) {
     const std::vector<int32_t> forced_ids = (*tokenizer)->Encode(forced, /*allow_special=*/true);

@@ -61,16 +61,26 @@ struct Request {
   int64_t prompt_counted = 0;  // prompt tokens counted in the stats (a preempted prompt is not counted twice)
 };
 
+std::unique_ptr<PrefixCache> MakePrefixCache(ModelRunner& runner, const EngineOptions& o) {
+  if (!o.enable_prefix_caching || runner.kda_snapshot_capacity() <= 0) return nullptr;
+  PrefixCacheOptions p;
+  p.prefill_chunk = o.prefill_chunk;
+  p.seed = PrefixCacheSeed(runner.config(), runner.kv_cache_dtype(), runner.kv_block_size(), o.prefill_chunk);
+  return std::make_unique<PrefixCache>(runner, p);
+}
+
 class EngineImpl final : public Engine {
  public:
   EngineImpl(ModelRunner& runner, const Tokenizer* tokenizer, EngineOptions o, EngineTestHooks hooks)
       : runner_(runner), opt_(o), hooks_(std::move(hooks)),
-        scheduler_(runner, SchedulerOptions{o.max_num_seqs, o.max_num_batched_tokens, o.prefill_chunk}) {
+        cache_(MakePrefixCache(runner, o)),
+        scheduler_(runner, SchedulerOptions{o.max_num_seqs, o.max_num_batched_tokens, o.prefill_chunk}, cache_.get()) {
     out_context_.tokenizer = tokenizer;
     out_context_.eos_token_ids = runner_.config().eos_token_ids;
     out_context_.max_model_len = opt_.max_model_len;
     stats_.kv_blocks_total = runner_.kv_blocks_total();
     stats_.state_slots_total = opt_.max_num_seqs;
+    stats_.prefix_caching = cache_ != nullptr;
     loop_ = std::thread([this] { Loop(); });
   }
   ~EngineImpl() override { Shutdown(false); }
@@ -159,6 +169,8 @@ class EngineImpl final : public Engine {
     const uint64_t seed = opt_.default_seed ^ HashName(r.id);
     const std::string id = r.id;
     auto req = std::make_unique<Request>(std::move(r), seed, out_context_);
+    // Prompt logprobs need every prompt position forwarded; a cached prefix skips them.
+    req->seq.use_prefix_cache = !req->output.wants_prompt_logprobs();
     scheduler_.Add(&req->seq);
     requests_.emplace(id, std::move(req));
   }
@@ -168,6 +180,7 @@ class EngineImpl final : public Engine {
   void Step() {
     const StepPlan plan = scheduler_.Schedule();
     for (Sequence* s : plan.preempted) requests_.at(s->id)->output.DiscardPromptLogprobs();
+    for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
     // One-token forwards together where the runner can batch them without changing a bit
     // (ModelRunner::decode_batch_limit), prefill chunks one sequence at a time.
     const size_t limit = static_cast<size_t>(std::max<int64_t>(1, runner_.decode_batch_limit()));
@@ -186,7 +199,25 @@ class EngineImpl final : public Engine {
       Finish(r, FinishReason::kError, logits.status());
       return;
     }
+    // A full chunk of the grid: its blocks and the KDA state after it are what any run of these
+    // tokens computes here (prefix_cache.h).
+    if (cache_ != nullptr && cache_->Qualifies(s.computed, s.computed + n)) {
+      cache_->Insert(s.handle, s.tokens, s.computed + n);
+    }
     Advance(r, n, *logits);
+  }
+
+  // r's next forward needs `tokens` positions, more than the whole latent cache holds: it can
+  // never run (preempting it would readmit it to fail again). With output already sent it ends
+  // as `length` (as at max_model_len); a prompt that alone does not fit is an error.
+  void FinishExhausted(Request& r, int64_t tokens) {
+    const int64_t blocks = runner_.kv_blocks_total();
+    Status why = ResourceExhausted("request " + r.seq.id + " needs " + std::to_string(runner_.kv_blocks_for(tokens)) +
+                                   " latent cache blocks for " + std::to_string(tokens) + " tokens; the cache holds " +
+                                   std::to_string(blocks) + " blocks of " + std::to_string(runner_.kv_block_size()) +
+                                   " tokens (" + std::to_string(blocks * runner_.kv_block_size()) +
+                                   " tokens): lower max_model_len or give the cache more memory");
+    Finish(r, r.seq.generated() > 0 ? FinishReason::kLength : FinishReason::kError, std::move(why));
   }
 
   // One token for each of `seqs` in one runner call.
@@ -300,6 +331,16 @@ class EngineImpl final : public Engine {
     stats_.running = static_cast<int64_t>(scheduler_.running().size());
     stats_.waiting = static_cast<int64_t>(scheduler_.waiting().size());
     stats_.kv_blocks_used = runner_.kv_blocks_total() - runner_.kv_blocks_free();
+    if (cache_ != nullptr) {
+      const PrefixCacheStats c = cache_->stats();
+      stats_.kv_blocks_evictable = c.evictable_blocks;
+      stats_.kv_blocks_used -= c.evictable_blocks;
+      stats_.prefix_cache_queries = c.queries;
+      stats_.prefix_cache_hits = c.hits;
+      stats_.prefix_cache_evicted_blocks = c.evicted_blocks;
+      stats_.kda_snapshots = c.snapshots;
+      stats_.kda_snapshot_bytes = c.snapshot_bytes;
+    }
     stats_.state_slots_used = stats_.running;
     stats_.preemptions = scheduler_.num_preemptions();
     stats_.steps = stats_steps_;
@@ -312,7 +353,8 @@ class EngineImpl final : public Engine {
   EngineTestHooks hooks_;
   OutputContext out_context_;
 
-  // Step-loop state (loop thread only).
+  // Step-loop state (loop thread only). The cache outlives the scheduler that points at it.
+  std::unique_ptr<PrefixCache> cache_;
   Scheduler scheduler_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;  // queued and running, by id
   int64_t stats_steps_ = 0, stats_prompt_tokens_ = 0, stats_generation_tokens_ = 0;

@@ -67,6 +67,10 @@ struct EngineOptions {
   int32_t prefill_chunk = 256;            // fixed prefill chunk (batch invariance)
   int32_t max_waiting = 1024;             // queued requests before Submit refuses
   uint64_t default_seed = 0;              // mixed with the request id for requests without a seed
+  // Resume prompts from cached prefixes (docs/prefix-caching.md): bit-identical to no caching.
+  // Needs KDA snapshot room in the runner (RunnerOptions::max_kda_snapshots or
+  // kda_snapshot_fraction); a runner without it caches nothing.
+  bool enable_prefix_caching = true;
 };
 
 // Test-only hooks into the step loop; production code passes none (Engine::Create's default).
@@ -83,11 +87,18 @@ struct EngineTestHooks {
 
 struct EngineStats {
   int64_t running = 0, waiting = 0;
-  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  // used: held by running sequences; evictable: held only by the prefix cache (free for the
+  // taking); total - used - evictable are free.
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_evictable = 0;
   int64_t state_slots_total = 0, state_slots_used = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // totals
+  bool prefix_caching = false;                       // whether a prefix cache runs
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // prompt tokens looked up, found (totals)
+  int64_t prefix_cache_evicted_blocks = 0;                  // total
+  int64_t kda_snapshots = 0;
+  uint64_t kda_snapshot_bytes = 0;  // per rank
 };
 
 class Engine {

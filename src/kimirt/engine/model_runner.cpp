@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -9,17 +10,66 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/core/check.h"
 #include "kimirt/model/model.h"
 #include "kimirt/parallel/communicator.h"
 
 namespace kimirt {
 namespace {
 
-// One rank's model, latent cache and sequences.
+// dst := src, a tensor of the backend's device (CopyColumns over all columns: the same op on
+// every backend, so snapshots work on CPU and CUDA alike).
+void CopyInto(Backend& be, const Tensor& src, Tensor* dst) {
+  if (src.numel() == 0) return;
+  be.CopyColumns(src, 0, Cols(src), dst);
+}
+
+// Every KDA layer's state of one sequence (KdaLayerState) as one list of tensors.
+std::vector<Tensor*> KdaTensors(std::vector<KdaLayerState>& kda) {
+  std::vector<Tensor*> out;
+  for (KdaLayerState& k : kda) {
+    for (Tensor* t : {&k.conv_q, &k.conv_k, &k.conv_v, &k.recurrent}) out.push_back(t);
+  }
+  return out;
+}
+
+uint64_t KdaStateBytes(std::vector<KdaLayerState>& kda) {
+  uint64_t n = 0;
+  for (Tensor* t : KdaTensors(kda)) n += t->nbytes();
+  return n;
+}
+
+// One rank's model, latent cache, sequences and KDA snapshots.
 struct Rank {
   Model* model = nullptr;
   std::unique_ptr<LatentKvCache> kv;
   std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
+  std::unordered_map<ModelRunner::SnapshotId, std::vector<KdaLayerState>> snapshots;
+
+  void SharePrefix(ModelRunner::Handle h, std::span<const int32_t> blocks, int64_t tokens) {
+    SequenceState& st = seqs.at(h);
+    KIMIRT_CHECK(st.blocks.empty() && st.length == 0);
+    kv->Share(blocks);
+    st.blocks.assign(blocks.begin(), blocks.end());
+    st.length = tokens;
+  }
+  // The copy lives in tensors of its own (Backend::Empty, then a device copy); the sequence's
+  // state is never aliased, since the forward updates it in place.
+  void SnapshotKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
+    Backend& be = model->backend();
+    std::vector<KdaLayerState> copy = seqs.at(h).kda;  // shares the buffers; replaced next
+    std::vector<Tensor*> src = KdaTensors(seqs.at(h).kda), dst = KdaTensors(copy);
+    for (size_t i = 0; i < src.size(); ++i) {
+      *dst[i] = be.Empty(src[i]->shape(), src[i]->dtype());
+      CopyInto(be, *src[i], dst[i]);
+    }
+    snapshots.emplace(id, std::move(copy));
+  }
+  void RestoreKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
+    std::vector<Tensor*> src = KdaTensors(snapshots.at(id)), dst = KdaTensors(seqs.at(h).kda);
+    KIMIRT_CHECK(src.size() == dst.size());
+    for (size_t i = 0; i < src.size(); ++i) CopyInto(model->backend(), *src[i], dst[i]);
+  }
 
   Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
   Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only) {
@@ -34,11 +84,34 @@ struct Rank {
   }
 };
 
-Result<int64_t> KvBlocks(const Model& model, const RunnerOptions& o) {
-  if (o.num_kv_blocks > 0) return o.num_kv_blocks;
-  if (o.kv_cache_bytes == 0) return InvalidArgument("give the runner num_kv_blocks or kv_cache_bytes");
+// How the cache budget splits: latent blocks, and KDA snapshots for the prefix cache (one
+// snapshot is every KDA layer's state of one sequence on this rank).
+struct CacheSizes {
+  int64_t blocks = 0;
+  int64_t snapshots = 0;
+  uint64_t snapshot_bytes = 0;
+};
+
+Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o) {
   auto probe = model.MakeKvCache(0, o.block_size, o.kv_cache_dtype, false);
-  return static_cast<int64_t>(o.kv_cache_bytes / std::max<uint64_t>(1, probe->block_bytes()));
+  CacheSizes z;
+  SequenceState st = model.NewSequence(probe.get());
+  z.snapshot_bytes = KdaStateBytes(st.kda);
+  if (o.num_kv_blocks > 0) {
+    z.blocks = o.num_kv_blocks;
+    z.snapshots = o.max_kda_snapshots;
+    return z;
+  }
+  if (o.kv_cache_bytes == 0) return InvalidArgument("give the runner num_kv_blocks or kv_cache_bytes");
+  if (o.kda_snapshot_fraction < 0 || o.kda_snapshot_fraction >= 1) {
+    return InvalidArgument("the KDA snapshot fraction must be in [0, 1)");
+  }
+  const auto snapshot_budget = static_cast<uint64_t>(o.kda_snapshot_fraction * static_cast<double>(o.kv_cache_bytes));
+  // A model without KDA layers snapshots nothing: no limit.
+  z.snapshots = z.snapshot_bytes == 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(snapshot_budget / z.snapshot_bytes);
+  z.blocks = static_cast<int64_t>((o.kv_cache_bytes - (z.snapshot_bytes == 0 ? 0 : static_cast<uint64_t>(z.snapshots) * z.snapshot_bytes)) /
+                                  std::max<uint64_t>(1, probe->block_bytes()));
+  return z;
 }
 
 // What a runner loaded from a directory owns; members end in reverse: the model before its
@@ -53,11 +126,12 @@ class SingleRankRunner final : public ModelRunner {
  public:
   // Drives `m`, which `owned` holds (ModelRunner::Create) or the caller keeps alive (ForModel).
   static Result<std::unique_ptr<ModelRunner>> Create(Model& m, const RunnerOptions& o, LoadedModel owned) {
-    KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(m, o));
+    KIMIRT_ASSIGN_OR_RETURN(CacheSizes sizes, SizeCaches(m, o));
     auto r = std::unique_ptr<SingleRankRunner>(new SingleRankRunner());
     r->owned_ = std::move(owned);
+    r->sizes_ = sizes;
     r->rank_.model = &m;
-    r->rank_.kv = m.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+    r->rank_.kv = m.MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
   const ModelConfig& config() const override { return rank_.model->config(); }
@@ -78,12 +152,32 @@ class SingleRankRunner final : public ModelRunner {
   }
   void Release(Handle h) override { rank_.seqs.erase(h); }
 
+  int kv_block_size() const override { return rank_.kv->block_size(); }
+  KvCacheDType kv_cache_dtype() const override { return rank_.kv->dtype(); }
+  std::vector<int32_t> BlockTable(Handle h) const override { return rank_.seqs.at(h).blocks; }
+  int32_t kv_block_refs(int32_t b) const override { return rank_.kv->refs(b); }
+  void RetainBlocks(std::span<const int32_t> blocks) override { rank_.kv->Share(blocks); }
+  void ReleaseBlocks(std::span<const int32_t> blocks) override { rank_.kv->FreeBlocks(blocks); }
+  void SharePrefix(Handle h, std::span<const int32_t> blocks, int64_t tokens) override {
+    rank_.SharePrefix(h, blocks, tokens);
+  }
+  SnapshotId SnapshotKda(Handle h) override {
+    rank_.SnapshotKda(h, next_snapshot_);
+    return next_snapshot_++;
+  }
+  void RestoreKda(Handle h, SnapshotId id) override { rank_.RestoreKda(h, id); }
+  void DropKdaSnapshot(SnapshotId id) override { rank_.snapshots.erase(id); }
+  uint64_t kda_snapshot_bytes() const override { return sizes_.snapshot_bytes; }
+  int64_t kda_snapshot_capacity() const override { return sizes_.snapshots; }
+
  private:
   SingleRankRunner() = default;
 
   LoadedModel owned_;  // declared first: outlives the rank's sequences and cache
   Rank rank_;
+  CacheSizes sizes_;
   Handle next_ = 0;
+  SnapshotId next_snapshot_ = 0;
 };
 
 // N ranks on N threads. Every call is broadcast: each rank thread runs the same closure on its
@@ -125,9 +219,10 @@ class ThreadRanksRunner final : public ModelRunner {
         Status st = [&]() -> Status {
           KIMIRT_ASSIGN_OR_RETURN(raw->backends_[k], MakeBackend(o.device));
           KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(dir, *raw->backends_[k], comm));
-          KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(*raw->models_[k], o));
+          KIMIRT_ASSIGN_OR_RETURN(CacheSizes sizes, SizeCaches(*raw->models_[k], o));
+          if (k == 0) raw->sizes_ = sizes;
           raw->ranks_[k].model = raw->models_[k].get();
-          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
           return Status::Ok();
         }();
         bool serve = false;
@@ -190,14 +285,46 @@ class ThreadRanksRunner final : public ModelRunner {
     return out;
   }
   void Release(Handle h) override {
-    (void)Broadcast([h](Rank& r, int) {
-      r.seqs.erase(h);
-      return Status::Ok();
-    });
+    OnEveryRank([h](Rank& r) { r.seqs.erase(h); });
   }
+
+  // Every rank does the same to its own shard, in the same order (lockstep).
+  int kv_block_size() const override { return ranks_[0].kv->block_size(); }
+  KvCacheDType kv_cache_dtype() const override { return ranks_[0].kv->dtype(); }
+  std::vector<int32_t> BlockTable(Handle h) const override { return ranks_[0].seqs.at(h).blocks; }
+  int32_t kv_block_refs(int32_t b) const override { return ranks_[0].kv->refs(b); }
+  void RetainBlocks(std::span<const int32_t> blocks) override {
+    OnEveryRank([blocks](Rank& r) { r.kv->Share(blocks); });
+  }
+  void ReleaseBlocks(std::span<const int32_t> blocks) override {
+    OnEveryRank([blocks](Rank& r) { r.kv->FreeBlocks(blocks); });
+  }
+  void SharePrefix(Handle h, std::span<const int32_t> blocks, int64_t tokens) override {
+    OnEveryRank([&](Rank& r) { r.SharePrefix(h, blocks, tokens); });
+  }
+  SnapshotId SnapshotKda(Handle h) override {
+    const SnapshotId id = next_snapshot_++;
+    OnEveryRank([h, id](Rank& r) { r.SnapshotKda(h, id); });
+    return id;
+  }
+  void RestoreKda(Handle h, SnapshotId id) override {
+    OnEveryRank([h, id](Rank& r) { r.RestoreKda(h, id); });
+  }
+  void DropKdaSnapshot(SnapshotId id) override {
+    OnEveryRank([id](Rank& r) { r.snapshots.erase(id); });
+  }
+  uint64_t kda_snapshot_bytes() const override { return sizes_.snapshot_bytes; }
+  int64_t kda_snapshot_capacity() const override { return sizes_.snapshots; }
 
  private:
   ThreadRanksRunner() = default;
+
+  void OnEveryRank(const std::function<void(Rank&)>& f) {
+    (void)Broadcast([&f](Rank& r, int) {
+      f(r);
+      return Status::Ok();
+    });
+  }
   using Job = std::function<Status(Rank&, int)>;
 
   // Runs `job` on every rank; returns rank 0's status (ranks agree: same inputs, same order).
@@ -242,6 +369,8 @@ class ThreadRanksRunner final : public ModelRunner {
   std::vector<std::thread> threads_;
   int tp_ = 0;
   Handle next_ = 0;
+  SnapshotId next_snapshot_ = 0;
+  CacheSizes sizes_;
 
   std::mutex mu_;
   std::condition_variable cv_, cv_done_;

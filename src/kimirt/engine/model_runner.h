@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kimirt/backend/tensor.h"
 #include "kimirt/core/status.h"
@@ -32,6 +33,11 @@ struct RunnerOptions {
   double gpu_memory_utilization = 0;
   int block_size = 128;
   KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
+  // KDA snapshots for the prefix cache (docs/prefix-caching.md). With num_kv_blocks given,
+  // max_kda_snapshots is the count; when the cache is sized from bytes, kda_snapshot_fraction
+  // of those bytes goes to snapshots and the rest to latent blocks, so both share one budget.
+  int64_t max_kda_snapshots = 0;
+  double kda_snapshot_fraction = 0;
 };
 
 class ModelRunner {
@@ -58,6 +64,31 @@ class ModelRunner {
   virtual Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) = 0;
   // Frees the sequence's blocks and state.
   virtual void Release(Handle h) = 0;
+
+  // --- Prefix caching (engine/prefix_cache.h). Block ids are rank 0's; ranks allocate in
+  // lockstep, so every rank's table holds the same ids.
+  using SnapshotId = int64_t;
+  virtual int kv_block_size() const = 0;
+  virtual KvCacheDType kv_cache_dtype() const = 0;
+  // The sequence's latent block table.
+  virtual std::vector<int32_t> BlockTable(Handle h) const = 0;
+  // References of a block (LatentKvCache::refs): held by the prefix cache only when 1.
+  virtual int32_t kv_block_refs(int32_t block) const = 0;
+  // One more / one less reference to each block (the prefix cache's own).
+  virtual void RetainBlocks(std::span<const int32_t> blocks) = 0;
+  virtual void ReleaseBlocks(std::span<const int32_t> blocks) = 0;
+  // A fresh sequence (no blocks, no tokens) takes `blocks` as the first of its table, shared,
+  // and continues at position `tokens` (= blocks.size() * kv_block_size()).
+  virtual void SharePrefix(Handle h, std::span<const int32_t> blocks, int64_t tokens) = 0;
+  // A copy of every KDA layer's recurrent state and conv windows on every rank (Backend ops, on
+  // the device), and putting one back: a sequence restored from a snapshot continues exactly as
+  // the sequence it was taken from did at that point.
+  virtual SnapshotId SnapshotKda(Handle h) = 0;
+  virtual void RestoreKda(Handle h, SnapshotId snapshot) = 0;
+  virtual void DropKdaSnapshot(SnapshotId snapshot) = 0;
+  // Device bytes of one snapshot on one rank, and how many the budget holds.
+  virtual uint64_t kda_snapshot_bytes() const = 0;
+  virtual int64_t kda_snapshot_capacity() const = 0;
 
   // How many sequences one ForwardDecode may take: more than 1 only where the backend computes
   // each row of a batch exactly as alone (Backend::RowInvariantRows), so batching keeps batch

@@ -12,7 +12,8 @@ int64_t StepPlan::num_tokens() const {
   return n;
 }
 
-Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options) : runner_(runner), opt_(options) {}
+Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions options, PrefixCache* cache)
+    : runner_(runner), opt_(options), cache_(cache) {}
 
 void Scheduler::Add(Sequence* s) {
   s->running = false;
@@ -24,8 +25,8 @@ void Scheduler::Remove(Sequence* s) {
   if (s->running) {
     Release(s);
     running_.erase(std::find(running_.begin(), running_.end(), s));
-  } else {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
+  } else if (auto it = std::find(waiting_.begin(), waiting_.end(), s); it != waiting_.end()) {
+    waiting_.erase(it);  // (an exhausted sequence is in neither list)
   }
 }
 
@@ -75,11 +76,30 @@ StepPlan Scheduler::Schedule() {
 
 void Scheduler::Admit() {
   // Admission by memory: a state slot, and free blocks for the first chunk (later chunks reserve
-  // as they come, preempting when the pool is short).
+  // as they come, preempting when the pool is short). The first chunks of sequences admitted
+  // earlier in this step are reserved only later in Schedule, so they are counted here
+  // (`promised`); blocks only the prefix cache holds count as free, except those the sequence
+  // resumes from.
+  int64_t promised = 0;
+  const int64_t evictable = cache_ != nullptr ? cache_->evictable_blocks() : 0;
+  int64_t claimed = 0;  // evictable blocks that admitted sequences resumed from
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence* s = waiting_.front();
-    if (runner_.kv_blocks_for(NextChunkEnd(*s)) > runner_.kv_blocks_free()) break;
+    PrefixCache::Match hit;
+    if (cache_ != nullptr && s->use_prefix_cache) hit = cache_->Lookup(s->tokens);
+    s->computed = hit.tokens;
+    const int64_t need = runner_.kv_blocks_for(NextChunkEnd(*s)) - static_cast<int64_t>(hit.blocks.size());
+    const int64_t taken = cache_ != nullptr ? cache_->EvictableAmong(hit.blocks) : 0;
+    if (need + promised > runner_.kv_blocks_free() + evictable - claimed - taken) {
+      s->computed = 0;
+      break;
+    }
+    promised += need;
+    claimed += taken;
     s->handle = runner_.NewSequence();
+    if (cache_ != nullptr && s->use_prefix_cache) {
+      cache_->Apply(s->handle, hit, static_cast<int64_t>(s->tokens.size()));
+    }
     s->running = true;
     s->arrival = next_arrival_++;
     running_.push_back(s);
@@ -88,8 +108,20 @@ void Scheduler::Admit() {
 }
 
 bool Scheduler::ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan) {
+  if (runner_.kv_blocks_for(tokens) > runner_.kv_blocks_total()) {
+    // Preempting would only readmit it to fail again, forever.
+    Release(s);
+    running_.erase(std::find(running_.begin(), running_.end(), s));
+    plan->exhausted.push_back({s, tokens});
+    return false;
+  }
   for (;;) {
     if (runner_.Reserve(s->handle, tokens).ok()) return true;
+    if (cache_ != nullptr) {
+      const int64_t short_by = runner_.kv_blocks_for(tokens) -
+                               static_cast<int64_t>(runner_.BlockTable(s->handle).size()) - runner_.kv_blocks_free();
+      if (short_by > 0 && cache_->Evict(short_by) == short_by) continue;
+    }
     Sequence* victim = *std::max_element(running_.begin(), running_.end(),
                                          [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
     Preempt(victim);

@@ -10,6 +10,14 @@
 // positions (or at the sequence's end) and is never shrunk to fit the budget (a chunk that does
 // not fit waits), so how a sequence's tokens are chunked never depends on the load.
 //
+// Prefix caching (prefix_cache.h): at admission a sequence resumes from the longest cached
+// prefix (shared latent blocks and a KDA snapshot); blocks only the cache holds count as free
+// for admission and are evicted, least recently used first, before anything is preempted.
+//
+// A sequence that can never fit (its next forward needs more blocks than the whole pool holds)
+// is not preempted and readmitted forever: it leaves in StepPlan::exhausted, and the step loop
+// ends it naming the limit.
+//
 // Thread safety: none; the engine's step loop owns it.
 #pragma once
 
@@ -19,6 +27,7 @@
 #include <vector>
 
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/engine/prefix_cache.h"
 
 namespace kimirt {
 
@@ -34,6 +43,9 @@ struct Sequence {
   bool running = false;             // holds a runner sequence: a state slot and latent blocks
   ModelRunner::Handle handle = -1;  // the runner sequence, while running
   uint64_t arrival = 0;             // admission order; the newest is preempted first
+  // Whether admission may resume it from the prefix cache (false when the step loop must see
+  // every prompt position, as prompt logprobs do).
+  bool use_prefix_cache = true;
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -57,6 +69,13 @@ struct StepPlan {
   // Sequences preempted while reserving this step's blocks: their state and blocks are gone,
   // they wait at the front of the queue and recompute from position 0 when readmitted.
   std::vector<Sequence*> preempted;
+  // Sequences whose next forward needs more blocks than the pool holds (`exhausted_tokens`
+  // positions): released and forgotten by the scheduler; the step loop ends them.
+  struct Exhausted {
+    Sequence* seq = nullptr;
+    int64_t tokens = 0;
+  };
+  std::vector<Exhausted> exhausted;
 
   int64_t num_tokens() const;
   bool empty() const { return decodes.empty() && prefills.empty(); }
@@ -71,12 +90,13 @@ struct SchedulerOptions {
 class Scheduler {
  public:
   // The runner provides state slots and latent blocks (NewSequence, Reserve, Release) and must
-  // outlive the scheduler.
-  Scheduler(ModelRunner& runner, SchedulerOptions options);
+  // outlive the scheduler; so must `cache` (null: no prefix caching).
+  Scheduler(ModelRunner& runner, SchedulerOptions options, PrefixCache* cache = nullptr);
 
   // Queues `s` (not running, nothing computed) behind the waiting sequences.
   void Add(Sequence* s);
-  // Forgets `s`, waiting or running; a running one's state slot and blocks are released.
+  // Forgets `s`, waiting, running or exhausted; a running one's state slot and blocks are
+  // released.
   void Remove(Sequence* s);
   // The next step's plan; admits and preempts as it goes.
   StepPlan Schedule();
@@ -90,14 +110,16 @@ class Scheduler {
 
  private:
   void Admit();
-  // Makes s's blocks cover `tokens` positions, preempting the newest running sequence while the
-  // pool is short. False when s itself was the newest and was preempted.
+  // Makes s's blocks cover `tokens` positions, evicting unreferenced cached blocks, then
+  // preempting the newest running sequence while the pool is short. False when s itself was
+  // the newest and was preempted, or can never fit (then it is in plan->exhausted).
   bool ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan);
   void Preempt(Sequence* s);
   void Release(Sequence* s);  // the runner sequence, if any
 
   ModelRunner& runner_;
   SchedulerOptions opt_;
+  PrefixCache* cache_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   uint64_t next_arrival_ = 0;

@@ -42,6 +42,27 @@ class BlocksOnlyRunner final : public ModelRunner {
     kv_.FreeBlocks(tables_.at(h));
     tables_.erase(h);
   }
+  int kv_block_size() const override { return kv_.block_size(); }
+  KvCacheDType kv_cache_dtype() const override { return kv_.dtype(); }
+  std::vector<int32_t> BlockTable(Handle h) const override { return tables_.at(h); }
+  int32_t kv_block_refs(int32_t b) const override { return kv_.refs(b); }
+  void RetainBlocks(std::span<const int32_t> blocks) override { kv_.Share(blocks); }
+  void ReleaseBlocks(std::span<const int32_t> blocks) override { kv_.FreeBlocks(blocks); }
+  void SharePrefix(Handle h, std::span<const int32_t> blocks, int64_t) override {
+    kv_.Share(blocks);
+    tables_.at(h).assign(blocks.begin(), blocks.end());
+  }
+  // Snapshots hold nothing here: the scheduler only passes their ids around.
+  SnapshotId SnapshotKda(Handle) override {
+    ++snapshots_;
+    return next_snapshot_++;
+  }
+  void RestoreKda(Handle, SnapshotId) override {}
+  void DropKdaSnapshot(SnapshotId) override { --snapshots_; }
+  uint64_t kda_snapshot_bytes() const override { return 0; }
+  int64_t kda_snapshot_capacity() const override { return snapshot_capacity_; }
+  void set_snapshot_capacity(int64_t n) { snapshot_capacity_ = n; }
+  int64_t snapshots() const { return snapshots_; }
 
   int64_t blocks_of(const Sequence& s) const { return static_cast<int64_t>(tables_.at(s.handle).size()); }
   int64_t live_sequences() const { return static_cast<int64_t>(tables_.size()); }
@@ -52,14 +73,23 @@ class BlocksOnlyRunner final : public ModelRunner {
   ModelConfig config_;
   std::map<Handle, std::vector<int32_t>> tables_;
   Handle next_ = 0;
+  SnapshotId next_snapshot_ = 0;
+  int64_t snapshots_ = 0, snapshot_capacity_ = 0;
 };
 
 class SchedulerTest : public ::testing::Test {
  protected:
   // Block size 4 throughout, so position counts convert to blocks by ceil(n / 4).
-  void Make(int64_t num_blocks, SchedulerOptions o) {
+  // snapshots > 0: with a prefix cache holding that many KDA snapshots.
+  void Make(int64_t num_blocks, SchedulerOptions o, int64_t snapshots = 0) {
+    scheduler_.reset();
+    cache_.reset();
     runner_ = std::make_unique<BlocksOnlyRunner>(num_blocks, 4);
-    scheduler_ = std::make_unique<Scheduler>(*runner_, o);
+    if (snapshots > 0) {
+      runner_->set_snapshot_capacity(snapshots);
+      cache_ = std::make_unique<PrefixCache>(*runner_, PrefixCacheOptions{o.prefill_chunk, /*seed=*/1});
+    }
+    scheduler_ = std::make_unique<Scheduler>(*runner_, o, cache_.get());
   }
   static SchedulerOptions Options(int32_t chunk, int32_t budget, int32_t max_seqs = 64) {
     SchedulerOptions o;
@@ -68,18 +98,20 @@ class SchedulerTest : public ::testing::Test {
     o.max_num_seqs = max_seqs;
     return o;
   }
-  Sequence* Add(const std::string& id, int64_t prompt_len) {
+  Sequence* Add(const std::string& id, int64_t prompt_len, int32_t token = 7) {
     auto s = std::make_unique<Sequence>();
     s->id = id;
     s->prompt_len = prompt_len;
-    s->tokens.assign(static_cast<size_t>(prompt_len), 7);
+    s->tokens.assign(static_cast<size_t>(prompt_len), token);
     seqs_.push_back(std::move(s));
     scheduler_->Add(seqs_.back().get());
     return seqs_.back().get();
   }
   // The step loop's part: every planned forward completes; a sequence that caught up samples.
-  static void Execute(const StepPlan& plan) {
-    auto advance = [](Sequence* s, int64_t end) {
+  void Execute(const StepPlan& plan) {
+    auto advance = [this](Sequence* s, int64_t end) {
+      // The step loop caches after a full chunk of the grid (engine.cpp Forward).
+      if (cache_ && cache_->Qualifies(s->computed, end)) cache_->Insert(s->handle, s->tokens, end);
       s->computed = end;
       if (s->pending() == 0) s->tokens.push_back(9);
     };
@@ -107,6 +139,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   std::unique_ptr<BlocksOnlyRunner> runner_;
+  std::unique_ptr<PrefixCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
 };
@@ -255,16 +288,101 @@ TEST_F(SchedulerTest, AReservationPreemptsANewerSequenceAlreadyPlannedThisStep) 
 }
 
 TEST_F(SchedulerTest, ASequenceThatIsItselfTheNewestYieldsItsOwnPlace) {
-  // Only a runs and it outgrows the pool: it is preempted, not planned, and waits.
+  // 5 blocks: a and b take 2 each; a's decode takes the last, and b, the newest, needs one for
+  // its own decode: it is preempted, not planned, and waits.
+  Make(5, Options(/*chunk=*/8, /*budget=*/64));
+  Add("a", 8);
+  Sequence* b = Add("b", 8);
+  Execute(scheduler_->Schedule());
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), V{"a[8,9)"});
+  EXPECT_EQ(Ids(plan.preempted), V{"b"});
+  EXPECT_EQ(Ids(scheduler_->waiting()), V{"b"});
+  EXPECT_TRUE(plan.exhausted.empty());
+  EXPECT_FALSE(b->running);
+}
+
+TEST_F(SchedulerTest, ASequenceThatOutgrowsTheWholePoolLeavesInsteadOfLooping) {
+  // Review defect (a): 2 blocks hold 8 positions; a's decode at position 8 needs a third. It
+  // used to preempt itself, be readmitted, re-prefill and preempt itself again forever.
   Make(2, Options(/*chunk=*/8, /*budget=*/64));
   Sequence* a = Add("a", 8);
   Execute(scheduler_->Schedule());
   const StepPlan plan = scheduler_->Schedule();
   EXPECT_TRUE(plan.empty());
-  EXPECT_EQ(Ids(plan.preempted), V{"a"});
-  EXPECT_EQ(Ids(scheduler_->waiting()), V{"a"});
+  EXPECT_TRUE(plan.preempted.empty());
+  ASSERT_EQ(plan.exhausted.size(), 1u);
+  EXPECT_EQ(plan.exhausted[0].seq, a);
+  EXPECT_EQ(plan.exhausted[0].tokens, 9);
+  EXPECT_TRUE(scheduler_->waiting().empty());
+  EXPECT_TRUE(scheduler_->running().empty());
   EXPECT_EQ(runner_->kv_blocks_free(), 2);
   EXPECT_FALSE(a->running);
+  scheduler_->Remove(a);  // the step loop forgets it
+  EXPECT_TRUE(scheduler_->Schedule().empty());
+}
+
+TEST_F(SchedulerTest, AdmissionCountsTheBlocksOfSequencesAdmittedEarlierInTheStep) {
+  // Review defect (b): 4 blocks; three 8-token prompts need 2 each. Each saw 4 free blocks and
+  // all three were admitted, then c was preempted at once by the reservations. Now c waits.
+  Make(4, Options(/*chunk=*/8, /*budget=*/64));
+  Add("a", 8);
+  Add("b", 8);
+  Add("c", 8);
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"a[0,8)", "b[0,8)"}));
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(Ids(scheduler_->waiting()), V{"c"});
+  EXPECT_EQ(scheduler_->num_preemptions(), 0);
+  EXPECT_EQ(runner_->live_sequences(), 2);
+}
+
+TEST_F(SchedulerTest, ACachedPrefixResumesAtTheLastSharedChunkBoundaryBelowTheLastToken) {
+  // Chunk 8, blocks of 4. a's 17-token prompt caches [0,8) and [0,16) after its full chunks.
+  Make(64, Options(/*chunk=*/8, /*budget=*/64), /*snapshots=*/8);
+  Sequence* a = Add("a", 17);
+  Execute(scheduler_->Schedule());
+  Execute(scheduler_->Schedule());
+  EXPECT_EQ(runner_->snapshots(), 2);
+  EXPECT_EQ(cache_->stats().cached_blocks, 4);
+  // b shares all 17 tokens: it resumes at 16 (its last token is recomputed) on a's 4 blocks.
+  Sequence* b = Add("b", 17);
+  // c shares exactly 16: resuming at 16 would leave no token to forward, so it resumes at 8.
+  Sequence* c = Add("c", 16);
+  // d differs in its first token: no hit.
+  Sequence* d = Add("d", 17);
+  d->tokens[0] = 1;
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), (V{"a[16,17)", "b[16,17)", "c[8,16)", "d[0,8)"}));
+  EXPECT_EQ(runner_->BlockTable(b->handle)[0], runner_->BlockTable(a->handle)[0]);
+  EXPECT_EQ(runner_->BlockTable(c->handle)[1], runner_->BlockTable(a->handle)[1]);
+  EXPECT_NE(runner_->BlockTable(d->handle)[0], runner_->BlockTable(a->handle)[0]);
+  EXPECT_EQ(runner_->kv_block_refs(runner_->BlockTable(a->handle)[0]), 4);  // a, b, c and the cache
+  const PrefixCacheStats st = cache_->stats();
+  EXPECT_EQ(st.queries, 17 + 17 + 16 + 17);  // a, b, c, d at admission
+  EXPECT_EQ(st.hits, 16 + 8);
+}
+
+TEST_F(SchedulerTest, UnreferencedCachedBlocksAreEvictedBeforeAnyoneIsPreempted) {
+  // 6 blocks. a caches its 2 prompt blocks and ends; they stay cached, held by none.
+  Make(6, Options(/*chunk=*/8, /*budget=*/64), /*snapshots=*/4);
+  Sequence* a = Add("a", 9, /*token=*/3);
+  Execute(scheduler_->Schedule());
+  scheduler_->Remove(a);
+  EXPECT_EQ(cache_->evictable_blocks(), 2);
+  EXPECT_EQ(runner_->kv_blocks_free(), 4);
+  // b (another prompt) needs 6 blocks over its life: admission counts the cached 2 as free and
+  // its second chunk evicts them instead of waiting or preempting.
+  Sequence* b = Add("b", 24, /*token=*/5);
+  Execute(scheduler_->Schedule());
+  Execute(scheduler_->Schedule());
+  const StepPlan plan = scheduler_->Schedule();
+  EXPECT_EQ(Describe(plan), V{"b[16,24)"});
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_EQ(runner_->blocks_of(*b), 6);
+  EXPECT_EQ(cache_->stats().cached_blocks, 4);  // b's own first 4 (held by b)
+  EXPECT_EQ(runner_->snapshots(), 2);           // a's was dropped with its blocks
+  EXPECT_EQ(scheduler_->num_preemptions(), 0);
 }
 
 TEST_F(SchedulerTest, RemoveReturnsEverySlotAndBlock) {

@@ -74,6 +74,32 @@ std::vector<BenchPrompt> RandomPrompts(const RandomLengths& lengths, const WordC
   return out;
 }
 
+Result<std::vector<BenchPrompt>> PrefixRepetitionPrompts(int64_t n, const PrefixRepetition& r, int64_t output_len,
+                                                         const WordCalibration& cal, uint64_t seed) {
+  if (r.prefix_len < 1 || r.suffix_len < 0 || r.num_prefixes < 1) {
+    return InvalidArgument("--prefix-repetition-prefix-len and -num-prefixes must be >= 1, -suffix-len >= 0");
+  }
+  if (output_len < 1) return InvalidArgument("--prefix-repetition-output-len must be >= 1");
+  // The prefix carries the prompt's fixed overhead (WordsFor's intercept); the suffix is words only.
+  const int64_t prefix_words = cal.WordsFor(r.prefix_len);
+  const auto suffix_words = static_cast<int64_t>(std::llround(static_cast<double>(r.suffix_len) / (cal.slope > 0 ? cal.slope : 1.0)));
+  std::vector<std::string> prefixes;
+  for (int64_t k = 0; k < r.num_prefixes; ++k) {
+    prefixes.push_back(RandomWordsPrompt(prefix_words, HashName("prefix/" + std::to_string(seed) + "/" + std::to_string(k)), cal.vocab));
+  }
+  std::vector<BenchPrompt> out;
+  for (int64_t i = 0; i < n; ++i) {
+    BenchPrompt p;
+    p.words = prefix_words + suffix_words;
+    p.text = prefixes[static_cast<size_t>(i % r.num_prefixes)] +
+             RandomWordsPrompt(suffix_words, HashName("suffix/" + std::to_string(seed) + "/" + std::to_string(i)), cal.vocab);
+    p.target_input_len = r.prefix_len + r.suffix_len;
+    p.max_tokens = output_len;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 Result<std::vector<BenchPrompt>> Gsm8kBenchPrompts(const Gsm8kData& data, int64_t n, int64_t max_tokens) {
   if (max_tokens < 1) return InvalidArgument("--output-len must be >= 1");
   KIMIRT_ASSIGN_OR_RETURN(std::vector<Gsm8kPrompt> prompts,

@@ -13,6 +13,11 @@
 //     prompt_tokens from the server's usage.
 //   - output: max_tokens = the output length with ignore_eos (vLLM's --ignore-eos), so every
 //     request generates exactly that many tokens on servers that honour ignore_eos.
+// prefix_repetition (vLLM's --dataset-name prefix_repetition): --prefix-repetition-num-prefixes
+// shared prefixes of --prefix-repetition-prefix-len tokens; request i is prefix i mod that count
+// followed by a suffix of its own of --prefix-repetition-suffix-len tokens (random words, as
+// above), generating --prefix-repetition-output-len tokens. Measures prefix caching
+// (docs/prefix-caching.md); the report adds the server's prefix-cache hit rate.
 // gsm8k: the 5-shot prompts of `kimirt eval gsm8k` (test documents in order, repeated if more
 // prompts are asked for), with max_tokens = --output-len and the task's stop sequences.
 #pragma once
@@ -63,6 +68,14 @@ struct WordCalibration {
 
 // Random prompts with word counts from `cal`.
 std::vector<BenchPrompt> RandomPrompts(const RandomLengths& lengths, const WordCalibration& cal);
+struct PrefixRepetition {
+  int64_t prefix_len = 256;  // vLLM's defaults
+  int64_t suffix_len = 256;
+  int64_t num_prefixes = 10;
+};
+// `n` prompts of `r`, each with max_tokens = `output_len`; deterministic in `seed`.
+Result<std::vector<BenchPrompt>> PrefixRepetitionPrompts(int64_t n, const PrefixRepetition& r, int64_t output_len,
+                                                         const WordCalibration& cal, uint64_t seed);
 // GSM8K 5-shot prompts; `n` of them.
 Result<std::vector<BenchPrompt>> Gsm8kBenchPrompts(const Gsm8kData& data, int64_t n, int64_t max_tokens);
 

@@ -26,7 +26,23 @@ struct Scraped {
   bool ok = false;
   std::string note;
   std::map<std::string, PromHistogram> histograms;
+  double prefix_queries = -1, prefix_hits = -1;  // < 0: not exported
 };
+
+// The sum over label sets of a counter's samples, or -1 when the text has none.
+double SumCounter(const std::string& text, const std::string& name) {
+  double sum = -1;
+  size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    const bool line_start = at == 0 || text[at - 1] == '\n';
+    const size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at += name.size();
+    if (!line_start || line.size() <= name.size() || (line[name.size()] != '{' && line[name.size()] != ' ')) continue;
+    sum = std::max(sum, 0.0) + std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return sum;
+}
 
 Scraped Scrape(OpenAiClient& client) {
   Scraped s;
@@ -36,6 +52,8 @@ Scraped Scrape(OpenAiClient& client) {
     return s;
   }
   s.histograms = ParsePromHistograms(*text);
+  s.prefix_queries = SumCounter(*text, "vllm:prefix_cache_queries_total");
+  s.prefix_hits = SumCounter(*text, "vllm:prefix_cache_hits_total");
   s.ok = true;
   return s;
 }
@@ -152,6 +170,10 @@ BenchRun RunOnce(const ServerUrl& url, const BenchServeOptions& o, const std::ve
         run.server_itl = Summarize(before, after, {"inter_token_latency_seconds", "time_per_output_token_seconds"}, &f2);
         run.server_e2el = Summarize(before, after, {"e2e_request_latency_seconds"}, &f3);
         run.has_server_metrics = f1 || f2 || f3;
+        if (before.prefix_queries >= 0 && after.prefix_queries >= 0) {
+          run.prefix_cache_queries = after.prefix_queries - before.prefix_queries;
+          run.prefix_cache_hits = after.prefix_hits - before.prefix_hits;
+        }
         if (!run.has_server_metrics) run.server_metrics_note = "GET /metrics has no TTFT/ITL/E2E histograms";
       }
     }
@@ -218,8 +240,8 @@ Result<BenchServeReport> RunBenchServe(const BenchServeOptions& options, const G
   if (in.endpoint != "completions" && in.endpoint != "chat") {
     return InvalidArgument("--endpoint: expected completions or chat, got \"" + in.endpoint + "\"");
   }
-  if (in.dataset != "random" && in.dataset != "gsm8k") {
-    return InvalidArgument("--dataset: expected random or gsm8k, got \"" + in.dataset + "\"");
+  if (in.dataset != "random" && in.dataset != "gsm8k" && in.dataset != "prefix_repetition") {
+    return InvalidArgument("--dataset: expected random, prefix_repetition or gsm8k, got \"" + in.dataset + "\"");
   }
   if (in.num_prompts < 1) return InvalidArgument("--num-prompts must be >= 1");
   if (in.max_concurrency < 0) return InvalidArgument("--max-concurrency must be > 0");
@@ -239,7 +261,9 @@ Result<BenchServeReport> RunBenchServe(const BenchServeOptions& options, const G
   KIMIRT_ASSIGN_OR_RETURN(o.model, ResolveModelName(client, in.model));
 
   std::vector<BenchPrompt> prompts;
-  if (o.dataset == "random") {
+  if (o.dataset == "random" || o.dataset == "prefix_repetition") {
+    const bool repeated = o.dataset == "prefix_repetition";
+    if (repeated) o.input_len = o.prefix_repetition.prefix_len + o.prefix_repetition.suffix_len;
     KIMIRT_ASSIGN_OR_RETURN(RandomLengths lengths,
                             SampleRandomLengths(o.num_prompts, o.input_len, o.output_len, o.range_ratio, o.seed));
     if (o.calibrate) {
@@ -253,7 +277,12 @@ Result<BenchServeReport> RunBenchServe(const BenchServeOptions& options, const G
     } else {
       report.calibration.note = "calibration off (--no-calibrate): one word per token assumed";
     }
-    prompts = RandomPrompts(lengths, report.calibration.fit);
+    if (repeated) {
+      KIMIRT_ASSIGN_OR_RETURN(prompts, PrefixRepetitionPrompts(o.num_prompts, o.prefix_repetition, o.output_len,
+                                                               report.calibration.fit, o.seed));
+    } else {
+      prompts = RandomPrompts(lengths, report.calibration.fit);
+    }
   } else {
     KIMIRT_ASSIGN_OR_RETURN(prompts, Gsm8kBenchPrompts(*gsm8k, o.num_prompts, o.output_len));
   }
@@ -349,6 +378,9 @@ Json BenchServeReportToJson(const BenchServeReport& r) {
       x["server_metrics"] = nullptr;
     }
     x["server_metrics_note"] = run.server_metrics_note;
+    x["prefix_cache_queries"] = run.prefix_cache_queries >= 0 ? Json(run.prefix_cache_queries) : Json(nullptr);
+    x["prefix_cache_hits"] = run.prefix_cache_hits >= 0 ? Json(run.prefix_cache_hits) : Json(nullptr);
+    x["prefix_cache_hit_rate"] = run.prefix_cache_queries > 0 ? Json(run.prefix_cache_hit_rate()) : Json(nullptr);
     if (o.detailed) {
       Json in = Json::array(), out = Json::array(), ttfts = Json::array(), itls = Json::array(), lat = Json::array(),
            starts = Json::array(), queues = Json::array(), errs = Json::array();
@@ -401,6 +433,7 @@ std::string FormatBenchRun(const BenchRun& run) {
     s += Row(("P90 " + n + " (ms):").c_str(), l.p90);
     s += Row(("P99 " + n + " (ms):").c_str(), l.p99);
   };
+  if (run.prefix_cache_queries > 0) s += Row("Prefix cache hit rate (%):", 100.0 * run.prefix_cache_hit_rate());
   block("Time to First Token", "TTFT", m.ttft);
   block("Time per Output Token (excl. 1st token)", "TPOT", m.tpot);
   block("Inter-token Latency", "ITL", m.itl);

@@ -28,7 +28,8 @@ struct BenchServeOptions {
   std::string url;
   std::string model;                      // empty: the first model of GET /v1/models
   std::string endpoint = "completions";   // completions | chat
-  std::string dataset = "random";         // random | gsm8k
+  std::string dataset = "random";         // random | prefix_repetition | gsm8k
+  PrefixRepetition prefix_repetition;     // prefix_repetition's shape (output: output_len)
   int64_t input_len = 1024;               // vLLM's random defaults
   int64_t output_len = 128;
   double range_ratio = 0;
@@ -61,6 +62,9 @@ struct BenchRun {
   bool has_server_metrics = false;
   std::string server_metrics_note;
   ServerHistogramSummary server_ttft, server_itl, server_e2el;
+  // From the server's vllm:prefix_cache_{queries,hits}_total over the run; < 0: not exported.
+  double prefix_cache_queries = -1, prefix_cache_hits = -1;
+  double prefix_cache_hit_rate() const { return prefix_cache_queries > 0 ? prefix_cache_hits / prefix_cache_queries : 0; }
 };
 
 struct BenchServeReport {

@@ -67,6 +67,7 @@ uint64_t LatentKvCache::block_bytes() const {
 void LatentKvCache::AddBlocks(int64_t add) {
   const int64_t old = num_blocks_;
   storage_->Resize(old + add);
+  refs_.resize(static_cast<size_t>(old + add), 0);
   // Free blocks pop from the back: hand out low ids first.
   for (int64_t b = old + add - 1; b >= old; --b) free_.push_back(static_cast<int32_t>(b));
   num_blocks_ = old + add;
@@ -79,14 +80,27 @@ std::optional<int32_t> LatentKvCache::AllocateBlock() {
   }
   const int32_t b = free_.back();
   free_.pop_back();
+  refs_[static_cast<size_t>(b)] = 1;
   return b;
 }
 
 void LatentKvCache::FreeBlocks(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    KIMIRT_CHECK(b >= 0 && b < num_blocks_);
-    free_.push_back(b);
+    KIMIRT_CHECK_MSG(b >= 0 && b < num_blocks_ && refs_[static_cast<size_t>(b)] > 0, "freeing a free latent block");
+    if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
   }
+}
+
+void LatentKvCache::Share(std::span<const int32_t> blocks) {
+  for (int32_t b : blocks) {
+    KIMIRT_CHECK_MSG(b >= 0 && b < num_blocks_ && refs_[static_cast<size_t>(b)] > 0, "sharing a free latent block");
+    ++refs_[static_cast<size_t>(b)];
+  }
+}
+
+int32_t LatentKvCache::refs(int32_t block) const {
+  KIMIRT_CHECK(block >= 0 && block < num_blocks_);
+  return refs_[static_cast<size_t>(block)];
 }
 
 Status LatentKvCache::Reserve(std::vector<int32_t>* table, int64_t tokens) {
@@ -104,6 +118,12 @@ void LatentKvCache::Write(int layer, std::span<const int32_t> table, int64_t pos
                           const Tensor& ks) {
   KIMIRT_CHECK(layer >= 0 && layer < num_layers_ && c.dim(1) == r_);
   KIMIRT_CHECK(BlocksFor(pos + c.dim(0)) <= static_cast<int64_t>(table.size()));
+  // A shared block is read-only (see the class comment): writing into one would change another
+  // sequence's prefix.
+  for (int64_t i = pos / block_size_; i < BlocksFor(pos + c.dim(0)); ++i) {
+    KIMIRT_CHECK_MSG(refs_[static_cast<size_t>(table[static_cast<size_t>(i)])] == 1,
+                     "write into a shared latent block");
+  }
   storage_->Write(layer, table, pos, c, ks);
 }
 

@@ -5,6 +5,14 @@
 // [i*block_size, (i+1)*block_size) of the sequence whose table has b at index i, for every MLA
 // layer at once (layer-major inside the pool).
 //
+// Blocks are reference counted so that the prefix cache (engine/prefix_cache.h) can share a
+// full block of prompt latents between sequences without copying it: AllocateBlock hands a
+// block out with one reference, Share adds one, FreeBlocks drops one and the block returns to
+// the pool when none is left. A shared block is read-only: Write checks that every block it
+// writes into has exactly one reference (only full blocks are shared, and a sequence never
+// writes below its length, so a sequence never writes into a shared block; copy-on-write is
+// never needed and the check keeps it that way).
+//
 // Element storage (--kv-cache-dtype):
 //   kF32  : exact (the CPU reference; what the golden tests pin)
 //   kBF16 : round-to-nearest-even BF16
@@ -56,7 +64,11 @@ class LatentKvCache {
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
 
   std::optional<int32_t> AllocateBlock();
+  // Drops one reference of each block; a block without references goes back to the pool.
   void FreeBlocks(std::span<const int32_t> blocks);
+  // Adds one reference to each (allocated) block.
+  void Share(std::span<const int32_t> blocks);
+  int32_t refs(int32_t block) const;
   // Grows `table` until it covers `tokens` positions. Fails without changing it if the pool
   // cannot provide every missing block.
   Status Reserve(std::vector<int32_t>* table, int64_t tokens);
@@ -77,6 +89,7 @@ class LatentKvCache {
   KvCacheDType dtype_;
   bool growable_;
   std::vector<int32_t> free_;    // stack of free block ids
+  std::vector<int32_t> refs_;    // per block: references (0: free)
 };
 
 }  // namespace kimirt

@@ -124,3 +124,35 @@ TEST(LatentKvCache, Bf16AndFp8StorageErrorsAreBounded) {
 
 }  // namespace
 }  // namespace kimirt
+
+namespace kimirt {
+namespace {
+
+TEST(LatentKvCache, ASharedBlockReturnsToThePoolWithItsLastReference) {
+  LatentKvCache kv(*CpuBackend(), 1, 4, 2, 3, 1, KvCacheDType::kF32, false);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.Reserve(&a, 4).ok());  // two blocks, one reference each
+  EXPECT_EQ(kv.free_blocks(), 2);
+  kv.Share(std::span<const int32_t>(a).first(1));  // a second holder of a's first block
+  EXPECT_EQ(kv.refs(a[0]), 2);
+  EXPECT_EQ(kv.refs(a[1]), 1);
+  kv.FreeBlocks(a);  // a ends: its second block is free, the shared one is still held
+  EXPECT_EQ(kv.free_blocks(), 3);
+  EXPECT_EQ(kv.refs(a[0]), 1);
+  kv.FreeBlocks(std::span<const int32_t>(a).first(1));
+  EXPECT_EQ(kv.free_blocks(), 4);
+  EXPECT_EQ(kv.refs(a[0]), 0);
+}
+
+TEST(LatentKvCacheDeathTest, WritingIntoASharedBlockIsRefused) {
+  LatentKvCache kv(*CpuBackend(), 1, 4, 2, 3, 1, KvCacheDType::kF32, false);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.Reserve(&a, 4).ok());
+  kv.Share(std::span<const int32_t>(a).first(1));
+  const Tensor c = RandomRows(1, 3, 1), ks = RandomRows(1, 1, 2);
+  kv.Write(0, a, 2, c, ks);  // the unshared second block: fine
+  EXPECT_DEATH(kv.Write(0, a, 1, c, ks), "shared latent block");
+}
+
+}  // namespace
+}  // namespace kimirt

@@ -162,6 +162,15 @@ std::string ServerMetrics::Render(const EngineStats& stats) const {
   labelled("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
   labelled("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
            stats.preemptions);
+  // Prefix cache (docs/prefix-caching.md), in tokens as vLLM counts them.
+  labelled("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+           stats.prefix_cache_queries);
+  labelled("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+           stats.prefix_cache_hits);
+  labelled("kimirt_kda_snapshot_bytes", "gauge", "Device bytes of the prefix cache's KDA snapshots, per rank.",
+           stats.kda_snapshot_bytes);
+  labelled("kimirt_kv_cache_blocks_evictable", "gauge", "Latent blocks held only by the prefix cache (free for reuse).",
+           stats.kv_blocks_evictable);
   labelled("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", prompt_tokens_);
   labelled("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", generation_tokens_);
   Header(&out, "vllm:request_success_total", "counter", "Count of successfully processed requests.");

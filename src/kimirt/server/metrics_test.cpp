@@ -65,6 +65,10 @@ TEST(ServerMetrics, TextFormat) {
   s.state_slots_used = 3;
   s.state_slots_total = 64;
   s.preemptions = 2;
+  s.prefix_cache_queries = 1500;
+  s.prefix_cache_hits = 1024;
+  s.kda_snapshot_bytes = 4096;
+  s.kv_blocks_evictable = 5;
   const std::string text = m.Render(s);
 
   EXPECT_TRUE(Has(text, "kimirt_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"));
@@ -87,6 +91,10 @@ TEST(ServerMetrics, TextFormat) {
   EXPECT_TRUE(Has(text, "vllm:num_requests_waiting{model_name=\"kimi\"} 1"));
   EXPECT_TRUE(Has(text, "vllm:kv_cache_usage_perc{model_name=\"kimi\"} 0.07"));
   EXPECT_TRUE(Has(text, "vllm:num_preemptions_total{model_name=\"kimi\"} 2"));
+  EXPECT_TRUE(Has(text, "vllm:prefix_cache_queries_total{model_name=\"kimi\"} 1500"));
+  EXPECT_TRUE(Has(text, "vllm:prefix_cache_hits_total{model_name=\"kimi\"} 1024"));
+  EXPECT_TRUE(Has(text, "kimirt_kda_snapshot_bytes{model_name=\"kimi\"} 4096"));
+  EXPECT_TRUE(Has(text, "kimirt_kv_cache_blocks_evictable{model_name=\"kimi\"} 5"));
   EXPECT_TRUE(Has(text, "kimirt_kv_cache_blocks_used 7"));
   EXPECT_TRUE(Has(text, "kimirt_kv_cache_blocks_total 100"));
   EXPECT_TRUE(Has(text, "kimirt_state_slots_used 3"));
@@ -117,7 +125,7 @@ TEST(ServerMetrics, TextFormat) {
       last_bucket = v;
     }
   }
-  EXPECT_EQ(families, 16);
+  EXPECT_EQ(families, 20);  // 16, and the prefix cache's 4
   EXPECT_EQ(text.back(), '\n');
 }
 
