@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to run kimirt's CUDA tests and benches into .carry/gpu/
-# (git-ignored): the CUDA build's `kimirt` and `kimirt_tests`, stripped, with the Debian shared
+# (git-ignored): the CUDA build's `kimirt`, `kimirt_tests` and `mla_decode_bench`, stripped, with the Debian shared
 # libraries they need that a CUDA image lacks, and the test data (tests/fixtures, configs). cuBLAS and the CUDA runtime
 # are not packed (hundreds of MB): scripts/gpu_check.sh finds the GPU machine's own.
 #
@@ -9,18 +9,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
-ninja -C build-cuda kimirt kimirt_tests
+ninja -C build-cuda kimirt kimirt_tests mla_decode_bench
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib" "$stage/shared"
-cp build-cuda/kimirt build-cuda/kimirt_tests "$stage/"
-strip "$stage/kimirt" "$stage/kimirt_tests"
+cp build-cuda/kimirt build-cuda/kimirt_tests build-cuda/bench/mla_decode_bench "$stage/"
+strip "$stage/kimirt" "$stage/kimirt_tests" "$stage/mla_decode_bench"
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libpcre2-8.so.0 libcpp-httplib.so.0.11 \
            libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$stage/lib/"
 done
 # The shared layout the tests read through KIMIRT_SHARED_DIR (testing/test_data.h).
 cp -r tests/fixtures configs "$stage/shared/"
+cp -r bench/configs "$stage/shared/bench-configs"
 mkdir -p .carry/gpu
 tar -C "$stage" -cJf .carry/gpu/bundle.tar.xz .
 cp scripts/gpu_check.sh .carry/gpu/

@@ -5,7 +5,10 @@
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
 #   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all]
+#   mla (not in all): the paged MLA decode kernel bench (mla_decode_bench: BF16 and FP8 latents
+#      at 4K-128K context, fraction of HBM) and `bench model` on the 2-layer Kimi-Linear-48B at
+#      prompt 1024 and 32768 (batch 1), whose decode steps should differ by <= 1.25x (issue 12).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|mla|all]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -54,5 +57,31 @@ if [[ "$what" == serve || "$what" == all ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   echo "serve exit $?"
+fi
+if [[ "$what" == mla ]]; then
+  timeout 300 "$root/mla_decode_bench" --heads 32 --json "$out/mla-decode-bench-h32.json" 2>&1 | tee "$out/mla-decode-bench.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 300 "$root/mla_decode_bench" --heads 12 --contexts 32768 --json "$out/mla-decode-bench-h12.json" 2>&1 |
+    tail -2 | tee -a "$out/mla-decode-bench.txt"
+  for len in 1024 32768; do
+    timeout 420 "$root/kimirt" bench model --device cuda --config "$root/shared/bench-configs/kimi-linear-48b-2layer.json" \
+      --random-weights --batch-sizes 1 --prompt-len "$len" --decode-tokens 16 --peak-gbps 4800 \
+      --json "$out/bench-model-kimi-linear-2layer-prompt$len.json" 2>&1 | tail -3
+  done
+  python3 - "$out" <<'PY' || true
+import json, sys
+out = sys.argv[1]
+steps = {}
+for n in (1024, 32768):
+    try:
+        j = json.load(open(f"{out}/bench-model-kimi-linear-2layer-prompt{n}.json"))
+        steps[n] = j["points"][0]["decode_step_ms"]
+    except Exception as e:
+        print(f"prompt {n}: no result ({e})")
+if len(steps) == 2:
+    print(f"decode step: 1K {steps[1024]:.3f} ms, 32K {steps[32768]:.3f} ms, ratio {steps[32768] / steps[1024]:.3f} (target <= 1.25)")
+PY
+  echo "--- mla decode kernel (fraction of HBM; target >= 0.80 at 32K) ---"
+  cat "$out/mla-decode-bench.txt"
 fi
 exit $status

@@ -15,10 +15,11 @@
 namespace kimirt {
 namespace {
 
-// One rank's model, latent cache and sequences.
+// One rank's model, latent cache, KDA state slots and sequences.
 struct Rank {
   Model* model = nullptr;
   std::unique_ptr<LatentKvCache> kv;
+  std::unique_ptr<KdaStateSlots> kda;
   std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
 
   Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
@@ -33,6 +34,10 @@ struct Rank {
     return model->ForwardDecode(states, ids);
   }
 };
+
+// KDA state slots a rank starts with; they double as more sequences run at once (the
+// scheduler's max_num_seqs bounds them), so memory follows the concurrency actually reached.
+constexpr int64_t kInitialKdaSlots = 8;
 
 Result<int64_t> KvBlocks(const Model& model, const RunnerOptions& o) {
   if (o.num_kv_blocks > 0) return o.num_kv_blocks;
@@ -58,6 +63,7 @@ class SingleRankRunner final : public ModelRunner {
     r->owned_ = std::move(owned);
     r->rank_.model = &m;
     r->rank_.kv = m.MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+    r->rank_.kda = m.MakeKdaStates(kInitialKdaSlots);
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
   const ModelConfig& config() const override { return rank_.model->config(); }
@@ -65,7 +71,7 @@ class SingleRankRunner final : public ModelRunner {
   int64_t kv_blocks_free() const override { return rank_.kv->free_blocks(); }
   int64_t kv_blocks_for(int64_t tokens) const override { return rank_.kv->BlocksFor(tokens); }
   Handle NewSequence() override {
-    rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get()));
+    rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get(), rank_.kda.get()));
     return next_++;
   }
   Status Reserve(Handle h, int64_t tokens) override { return rank_.Reserve(h, tokens); }
@@ -128,6 +134,7 @@ class ThreadRanksRunner final : public ModelRunner {
           KIMIRT_ASSIGN_OR_RETURN(int64_t blocks, KvBlocks(*raw->models_[k], o));
           raw->ranks_[k].model = raw->models_[k].get();
           raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(blocks, o.block_size, o.kv_cache_dtype, false);
+          raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
           return Status::Ok();
         }();
         bool serve = false;
@@ -171,7 +178,7 @@ class ThreadRanksRunner final : public ModelRunner {
   Handle NewSequence() override {
     const Handle h = next_++;
     (void)Broadcast([h](Rank& r, int) {
-      r.seqs.emplace(h, r.model->NewSequence(r.kv.get()));
+      r.seqs.emplace(h, r.model->NewSequence(r.kv.get(), r.kda.get()));
       return Status::Ok();
     });
     return h;
