@@ -107,10 +107,11 @@ __global__ void AbsorbOutputKernel(const float* o_bar, int64_t H, int64_t dn, in
 // --- paged absorbed decode (kernels.h MlaPagedDecode) ---
 
 constexpr int kDecodeHeads = 8;  // heads per thread block, one warp each
-constexpr int kDecodeTile = 8;   // positions staged in shared memory at a time
+constexpr int kDecodeTile = 16;  // positions staged in shared memory at a time
 constexpr int kDecodeThreads = kDecodeHeads * 32;
 constexpr int kDecodeMaxRow = static_cast<int>(kMlaDecodeMaxLatent + kMlaDecodeMaxRope);
 constexpr int kLatentPerLane = static_cast<int>(kMlaDecodeMaxLatent / 32);
+constexpr int kRowPerLane = kDecodeMaxRow / 32;
 // Splits: at least kMinSplit positions, at most kMaxSplits per sequence (bounds the scratch).
 constexpr int64_t kMinSplit = 256, kMaxSplits = 64;
 
@@ -131,22 +132,23 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 // One block per (work item = split of a sequence, group of kDecodeHeads heads); warp w owns head
-// group·8 + w. Per tile of positions: scores q̄·c + q_s·k_s (one lane-strided sum over the
-// row, then the butterfly), the online-softmax rescale, and ō += p·c with lane owning dims
-// lane + 32k. Writes the split's unnormalized ō and its (max, sum).
+// group·8 + w, its lane the query elements lane + 32k in registers. Per tile of positions staged
+// in shared memory (each row read from the cache once per block): scores q̄·c + q_s·k_s (one
+// lane-strided sum over the row, then the butterfly), the online-softmax rescale, and ō += p·c
+// with lane owning dims lane + 32k. Writes the split's unnormalized ō and its (max, sum).
 __global__ void __launch_bounds__(kDecodeThreads)
     MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  __shared__ float qs[kDecodeHeads][kDecodeMaxRow];
   __shared__ float tile[kDecodeTile][kDecodeMaxRow];
   const int64_t work = blockIdx.x;
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
   const int w = static_cast<int>(a.r + a.dr), r = static_cast<int>(a.r);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t h0 = int64_t{blockIdx.y} * kDecodeHeads, h = h0 + warp;
-  for (int hh = 0; hh < kDecodeHeads; ++hh) {
-    for (int e = threadIdx.x; e < w; e += kDecodeThreads) {
-      qs[hh][e] = h0 + hh < a.H ? qc[(b * a.H + h0 + hh) * w + e] : 0.0f;
-    }
+  const int64_t h = int64_t{blockIdx.y} * kDecodeHeads + warp;
+  float qr[kRowPerLane];
+#pragma unroll
+  for (int k = 0; k < kRowPerLane; ++k) {
+    const int e = lane + 32 * k;
+    qr[k] = h < a.H && e < w ? qc[(b * a.H + h) * w + e] : 0.0f;
   }
   const int32_t* table = a.tables + a.table_begin[b];
   float m = -INFINITY, l = 0.0f;
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int k = 0; k < kLatentPerLane; ++k) acc[k] = 0.0f;
   for (int64_t t0 = s0; t0 < s1; t0 += kDecodeTile) {
     const int n = static_cast<int>(s1 - t0 < kDecodeTile ? s1 - t0 : kDecodeTile);
-    __syncthreads();  // the last tile is consumed (and, the first time, qs is written)
+    __syncthreads();  // the last tile is consumed
     for (int j = 0; j < n; ++j) {
       const int64_t p = t0 + j;
       const int64_t row = (int64_t{table[p / a.block_size]} * a.layers + a.layer) * a.block_size + p % a.block_size;
@@ -169,7 +171,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int j = 0; j < kDecodeTile; ++j) {
       if (j < n) {
         float dot = 0.0f;
-        for (int e = lane; e < w; e += 32) dot += qs[warp][e] * tile[j][e];
+#pragma unroll
+        for (int k = 0; k < kRowPerLane; ++k) {
+          if (lane + 32 * k < w) dot += qr[k] * tile[j][lane + 32 * k];
+        }
         sc[j] = a.scale * WarpSum(dot);
         m_new = fmaxf(m_new, sc[j]);
       }
