@@ -48,19 +48,20 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
     LatentKvCache* kv = rows.seqs[0]->kv;
     kv->WriteDecode(mla_layer, latent, ks);
     kv->AttendDecode(mla_layer, q, w.kv_b, shape, &attn);
-  }
-  // Spec §6.4–6.6 (prefill): each sequence writes its new rows, gathers all of its rows back,
-  // attends.
-  for (size_t b = 0; b < (paged_decode ? 0 : rows.seqs.size()); ++b) {
-    SequenceState* st = rows.seqs[b];
-    const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
-    st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
-    Tensor cache_c = be.Empty({start + n, r});
-    Tensor cache_ks = be.Empty({start + n, dr});
-    st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
-    const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
-    Tensor out = attn.Rows(at, n);
-    be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
+  } else {
+    // Spec §6.4–6.6 (prefill): each sequence writes its new rows, gathers all of its rows back,
+    // attends.
+    for (size_t b = 0; b < rows.seqs.size(); ++b) {
+      SequenceState* st = rows.seqs[b];
+      const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
+      st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
+      Tensor cache_c = be.Empty({start + n, r});
+      Tensor cache_ks = be.Empty({start + n, dr});
+      st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
+      const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+      Tensor out = attn.Rows(at, n);
+      be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
+    }
   }
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
   if (c.mla_use_output_gate) be.SigmoidMul(attn, m.Linear(x, w.g), &attn);
