@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to run kimirt's CUDA tests and benches into .carry/gpu/
-# (git-ignored): the CUDA build's `kimirt`, `kimirt_tests` and `mla_decode_bench`, stripped, with the Debian shared
-# libraries they need that a CUDA image lacks, and the test data (tests/fixtures, configs). cuBLAS and the CUDA runtime
-# are not packed (hundreds of MB): scripts/gpu_check.sh finds the GPU machine's own.
+# (git-ignored): the CUDA build's `kimirt`, `kimirt_tests` and kernel benches (bench/*_bench.cu,
+# and mla_decode_bench, which uses only the Backend interface), stripped, with the Debian shared
+# libraries they need that a CUDA image lacks, and the test data (tests/fixtures, configs, bench
+# configs). cuBLAS and the CUDA runtime are not packed (hundreds of MB): scripts/gpu_check.sh
+# finds the GPU machine's own.
 #
 # Usage: scripts/gpu_bundle.sh   (then run scripts/gpu_check.sh on the GPU machine, carrying .carry)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
-ninja -C build-cuda kimirt kimirt_tests mla_decode_bench
+benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') mla_decode_bench"
+# shellcheck disable=SC2086
+ninja -C build-cuda kimirt kimirt_tests $benches
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib" "$stage/shared"
-cp build-cuda/kimirt build-cuda/kimirt_tests build-cuda/bench/mla_decode_bench "$stage/"
-strip "$stage/kimirt" "$stage/kimirt_tests" "$stage/mla_decode_bench"
+cp build-cuda/kimirt build-cuda/kimirt_tests "$stage/"
+for b in $benches; do cp "build-cuda/bench/$b" "$stage/"; done
+strip "$stage/kimirt" "$stage/kimirt_tests"
+for b in $benches; do strip "$stage/$b"; done
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libpcre2-8.so.0 libcpp-httplib.so.0.11 \
            libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$stage/lib/"

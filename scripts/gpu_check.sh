@@ -5,10 +5,16 @@
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it),
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
 #   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
-#   mla (not in all): the paged MLA decode kernel bench (mla_decode_bench: BF16 and FP8 latents
-#      at 4K-128K context, fraction of HBM) and `bench model` on the 2-layer Kimi-Linear-48B at
-#      prompt 1024 and 8192 (batch 1), with the 32K step predicted from them (issue 12).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|mla|all]
+# Not in `all` (kernel benches, each printing a table last and writing JSON to $OUT):
+#   gemm      the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
+#             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
+#   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
+#             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
+#             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
+#   mla       the paged MLA decode kernel (mla_decode_bench: BF16 and FP8 latents at 4K-128K
+#             context, fraction of HBM) and `bench model` on the 2-layer Kimi-Linear-48B at prompt
+#             1024 and 8192 (batch 1), with the 32K step predicted from them (issue 12).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|mla]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -93,5 +99,22 @@ if 1024 in step:
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
+fi
+if [[ "$what" == gemm ]]; then
+  timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
+    tee "$out/decode-gemm.txt" | tail -70
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == kdabench ]]; then
+  # Few files under $OUT (8 come back): ours alone, FLA's log, and the merged JSON.
+  timeout 180 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" || status=1
+  if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  fi
+  # Prints the table (ours vs FLA, µs per layer, speedup, TB/s) last.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_decode_fla.py --ours "$out/kda-decode-ours.json" \
+    --out "$out/kda-decode-bench.json" 2>&1 | tee "$out/kda-decode-fla.txt" | grep -v Warning
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 exit $status

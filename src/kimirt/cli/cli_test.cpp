@@ -3,8 +3,6 @@
 // and never crashes.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,29 +12,19 @@
 #include <string>
 #include <thread>
 
+#include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CmdResult {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string output;  // stdout and stderr
-};
+using CmdResult = kimirt::testing::CommandResult;
 
 // Runs `kimirt ARGS` with optional environment assignments (`env`, e.g. "XDG_CACHE_HOME=/x").
+// `output` holds stdout and stderr.
 CmdResult Kimirt(const std::string& args, const std::string& env = "") {
-  CmdResult r;
-  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(KIMIRT_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return kimirt::testing::RunCommand(env + (env.empty() ? "" : " ") + std::string(KIMIRT_BINARY) + " " +
+                                     args + " 2>&1");
 }
 
 std::string Shared(const std::string& rel) { return kimirt::testing::TestDataPath(rel); }
@@ -318,13 +306,9 @@ TEST(CliServe, TheSeedsCommandLineServesAsWritten) {
       "python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:" + std::to_string(port) +
       "/v1/completions', data=b'{\\\"prompt\\\": \\\"Natalia sold clips\\\", \\\"max_tokens\\\": 4, "
       "\\\"temperature\\\": 0}', headers={'Content-Type': 'application/json'}), timeout=60).read().decode())\"";
-  FILE* c = popen(request.c_str(), "r");
-  ASSERT_NE(c, nullptr);
-  std::string body;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), c)) > 0) body.append(buf, n);
-  pclose(c);
+  const CmdResult reply = kimirt::testing::RunCommand(request);
+  EXPECT_EQ(reply.exit_code, 0) << reply.output;  // not ASSERT: the server below must be stopped
+  const std::string& body = reply.output;
   EXPECT_NE(body.find("\"completion_tokens\":4"), std::string::npos) << body;
   (void)std::system(("kill -TERM " + std::string(pid_text)).c_str());
   for (int i = 0; i < 300 && std::system(("kill -0 " + std::string(pid_text) + " 2>/dev/null").c_str()) == 0; ++i) {

@@ -16,6 +16,17 @@ constexpr uint32_t kF32QuietNan = 0x7FC00000u;
 uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
 
+// A float split for encoding into a narrower binary format whose sign is bit `sign_bit` of the
+// code: the sign already moved to that bit, and the magnitude's bits (sign clear).
+struct SignMagnitude {
+  uint32_t sign;
+  uint32_t abs_bits;
+};
+SignMagnitude SplitSign(float value, int sign_bit) {
+  const uint32_t b = Bits(value);
+  return {(b >> (31 - sign_bit)) & (1u << sign_bit), b & kF32AbsMask};
+}
+
 // v >> shift, rounded to nearest, ties to even. 1 <= shift <= 31.
 uint32_t ShiftRightRne(uint32_t v, int shift) {
   const uint32_t q = v >> shift;
@@ -76,9 +87,7 @@ float F16ToF32(uint16_t bits) {
 }
 
 uint16_t F32ToF16(float value) {
-  const uint32_t b = Bits(value);
-  const uint32_t sign = (b >> 16) & 0x8000u;
-  const uint32_t a = b & kF32AbsMask;
+  const auto [sign, a] = SplitSign(value, 15);
   if (a > kF32Inf) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
   if (a == kF32Inf) return static_cast<uint16_t>(sign | 0x7C00u);
   const uint32_t c = RoundMagnitude(a, 10, 15);
@@ -95,9 +104,7 @@ float Fp8E4M3ToF32(uint8_t bits) {
 }
 
 uint8_t F32ToFp8E4M3(float value) {
-  const uint32_t b = Bits(value);
-  const uint32_t sign = (b >> 24) & 0x80u;
-  const uint32_t a = b & kF32AbsMask;
+  const auto [sign, a] = SplitSign(value, 7);
   if (a > kF32Inf) return static_cast<uint8_t>(sign | 0x7Fu);
   // Saturate (header: KV-cache outliers). Code 0x7F would be NaN, so 0x7E (448) is the ceiling
   // for everything that rounds past it, inf included.
@@ -115,9 +122,7 @@ float Fp8E5M2ToF32(uint8_t bits) {
 }
 
 uint8_t F32ToFp8E5M2(float value) {
-  const uint32_t b = Bits(value);
-  const uint32_t sign = (b >> 24) & 0x80u;
-  const uint32_t a = b & kF32AbsMask;
+  const auto [sign, a] = SplitSign(value, 7);
   if (a > kF32Inf) return static_cast<uint8_t>(sign | 0x7Eu);
   if (a == kF32Inf) return static_cast<uint8_t>(sign | 0x7Cu);
   const uint32_t c = RoundMagnitude(a, 2, 15);
@@ -127,9 +132,7 @@ uint8_t F32ToFp8E5M2(float value) {
 float E2M1ToF32(uint8_t nibble) { return kE2M1Values[nibble & 0xFu]; }
 
 uint8_t F32ToE2M1(float value) {
-  const uint32_t b = Bits(value);
-  const uint32_t sign = (b >> 28) & 0x8u;
-  const uint32_t a = b & kF32AbsMask;
+  const auto [sign, a] = SplitSign(value, 3);
   // E2M1 is a 2-exponent-bit, 1-fraction-bit float with bias 1: codes 1..7 are 0.5 (subnormal),
   // 1, 1.5, 2, 3, 4, 6, so generic RNE gives the even-code ties. Inf and NaN saturate (header).
   const uint32_t c = a >= kF32Inf ? 7u : RoundMagnitude(a, 1, 1);

@@ -484,11 +484,25 @@ TEST(Mxfp4, DequantizeIsExactForEveryScaleAndCode) {
   EXPECT_TRUE(std::isinf(out[254 * 32 + 8]));  // scale 254, code 4: 2 * 2^127 = 2^128
 }
 
-// Scale the quantizer must pick: floor(log2(amax)) - 2 + 127, computed in double (the
-// implementation uses ilogb), clamped to [0, 254]; 127 for an all-zero group.
-int RefScale(double amax) {
+// Scale the quantizer must pick for group `g` of `in`: floor(log2(amax)) - 2 + 127, computed in
+// double (the implementation uses ilogb), clamped to [0, 254]; 127 for an all-zero group.
+int RefScale(const std::vector<float>& in, int g) {
+  double amax = 0;
+  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(double{in[g * 32 + k]}));
   if (amax == 0) return 127;
   return std::clamp(static_cast<int>(std::floor(std::log2(amax))) - 2 + 127, 0, 254);
+}
+
+// `in` (whole 32-element groups) quantized to MXFP4 and dequantized again; *scales receives
+// the scale the quantizer chose for each group.
+std::vector<float> Mxfp4RoundTrip(const std::vector<float>& in, std::vector<uint8_t>* scales) {
+  const auto n = static_cast<int64_t>(in.size());
+  std::vector<uint8_t> packed(in.size() / 2);
+  scales->assign(in.size() / 32, 0);
+  QuantizeMxfp4Row(in.data(), n, packed.data(), scales->data());
+  std::vector<float> out(in.size());
+  DequantizeMxfp4Row(packed.data(), scales->data(), n, out.data());
+  return out;
 }
 
 TEST(Mxfp4, QuantizeRoundTripIsExactForRepresentableGroups) {
@@ -507,15 +521,10 @@ TEST(Mxfp4, QuantizeRoundTripIsExactForRepresentableGroups) {
       in[g * 32 + k] = std::ldexp(E2M1ToF32(static_cast<uint8_t>(c)), e);
     }
   }
-  std::vector<uint8_t> packed(kGroups * 16);
-  std::vector<uint8_t> scales(kGroups);
-  QuantizeMxfp4Row(in.data(), kGroups * 32, packed.data(), scales.data());
-  std::vector<float> out(in.size());
-  DequantizeMxfp4Row(packed.data(), scales.data(), kGroups * 32, out.data());
+  std::vector<uint8_t> scales;
+  const std::vector<float> out = Mxfp4RoundTrip(in, &scales);
   for (int g = 0; g < kGroups; ++g) {
-    double amax = 0;
-    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(double{in[g * 32 + k]}));
-    ASSERT_EQ(scales[g], RefScale(amax)) << g;
+    ASSERT_EQ(scales[g], RefScale(in, g)) << g;
     for (int k = 0; k < 32; ++k) {
       ASSERT_EQ(Bits(out[g * 32 + k]), Bits(in[g * 32 + k])) << g << " " << k;
     }
@@ -539,16 +548,11 @@ TEST(Mxfp4, QuantizeRandomNormalErrorIsHalfAStep) {
     const int e = exp(rng);
     for (int k = 0; k < 32; ++k) in[g * 32 + k] = std::ldexp(normal(rng), e);
   }
-  std::vector<uint8_t> packed(kGroups * 16);
-  std::vector<uint8_t> scales(kGroups);
-  QuantizeMxfp4Row(in.data(), kGroups * 32, packed.data(), scales.data());
-  std::vector<float> out(in.size());
-  DequantizeMxfp4Row(packed.data(), scales.data(), kGroups * 32, out.data());
+  std::vector<uint8_t> scales;
+  const std::vector<float> out = Mxfp4RoundTrip(in, &scales);
   const std::vector<double> mags = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
   for (int g = 0; g < kGroups; ++g) {
-    double amax = 0;
-    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(double{in[g * 32 + k]}));
-    const int s = RefScale(amax);
+    const int s = RefScale(in, g);
     ASSERT_EQ(scales[g], s) << g;
     const double unit = std::ldexp(1.0, s - 127);
     for (int k = 0; k < 32; ++k) {

@@ -3,7 +3,6 @@
 // arrivals) through the library, then through the `kimirt` binary when it has the commands.
 // Every JSON output is checked against the documented schema (report_schema_test_util.h).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "kimirt/eval/fake_openai_server_test_util.h"
 #include "kimirt/eval/gsm8k_eval.h"
 #include "kimirt/eval/report_schema_test_util.h"
+#include "kimirt/testing/run_command.h"
 
 namespace kimirt::eval {
 namespace {
@@ -312,21 +312,11 @@ TEST(BenchPlot, ScriptHasOnePointPerRun) {
 
 // ---- the binary -------------------------------------------------------------------------
 
-struct Cmd {
-  int code = -1;
-  std::string out;
-};
+using Cmd = ::kimirt::testing::CommandResult;
 
+// Runs `kimirt ARGS`; `output` holds stdout and stderr.
 Cmd Kimirt(const std::string& args) {
-  Cmd c;
-  FILE* p = popen((std::string(KIMIRT_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return c;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) c.out.append(buf, n);
-  const int st = pclose(p);
-  c.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return c;
+  return ::kimirt::testing::RunCommand(std::string(KIMIRT_BINARY) + " " + args + " 2>&1");
 }
 
 Json ReadJson(const std::string& path) {
@@ -338,8 +328,8 @@ TEST_F(EvalE2eTest, BinaryEvalAndBench) {
   const std::string report = dir_ + "/report.json";
   Cmd e = Kimirt("eval gsm8k --url " + server_.url() + " --limit 5 --data-dir " + dir_ + " --output " + report +
               " --no-progress");
-  ASSERT_EQ(e.code, 0) << e.out;
-  EXPECT_NE(e.out.find("|0.8000|"), std::string::npos) << e.out;
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("|0.8000|"), std::string::npos) << e.output;
   const Json j = ReadJson(report);
   testing::ExpectSchema(j, testing::Gsm8kReportSchema());
   EXPECT_EQ(j["n_samples"], 5);
@@ -348,8 +338,8 @@ TEST_F(EvalE2eTest, BinaryEvalAndBench) {
   const bool plot = !FindOnPath("gnuplot").empty();
   Cmd b = Kimirt("bench serve --url " + server_.url() + "/v1 --num-prompts 4 --input-len 12 --output-len 3 " +
               "--sweep-concurrency 1,2 --no-progress --json " + bench + (plot ? " --plot " + png : ""));
-  ASSERT_EQ(b.code, 0) << b.out;
-  EXPECT_NE(b.out.find("Serving Benchmark Result"), std::string::npos) << b.out;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("Serving Benchmark Result"), std::string::npos) << b.output;
   const Json bj = ReadJson(bench);
   testing::ExpectSchema(bj, testing::BenchReportSchema());
   EXPECT_EQ(bj["runs"].size(), 2u);
@@ -357,18 +347,18 @@ TEST_F(EvalE2eTest, BinaryEvalAndBench) {
     std::ifstream f(png, std::ios::binary);
     char magic[4] = {};
     f.read(magic, 4);
-    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << b.out;
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << b.output;
   }
 
   Cmd bad = Kimirt("bench frobnicate");
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.out.find("unknown bench mode \"frobnicate\""), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("unknown bench mode \"frobnicate\""), std::string::npos) << bad.output;
   Cmd no_url = Kimirt("eval gsm8k --limit 1");
-  EXPECT_EQ(no_url.code, 2);
-  EXPECT_NE(no_url.out.find("--url is required"), std::string::npos) << no_url.out;
+  EXPECT_EQ(no_url.exit_code, 2);
+  EXPECT_NE(no_url.output.find("--url is required"), std::string::npos) << no_url.output;
   Cmd refused = Kimirt("eval gsm8k --url http://127.0.0.1:1 --limit 1 --data-dir " + dir_);
-  EXPECT_EQ(refused.code, 1);
-  EXPECT_NE(refused.out.find("GET http://127.0.0.1:1/v1/models"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.output.find("GET http://127.0.0.1:1/v1/models"), std::string::npos) << refused.output;
 }
 
 }  // namespace

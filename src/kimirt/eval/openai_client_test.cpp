@@ -1,10 +1,13 @@
 #include "kimirt/eval/openai_client.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "kimirt/testing/loopback.h"
 
 namespace kimirt::eval {
 namespace {
@@ -58,13 +61,8 @@ TEST(OpenAiClient, ConnectionRefusedNamesTheUrl) {
   // A port nobody listens on: bind, read it back, close.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
+  const int port = ::kimirt::testing::BindLoopback(fd);
+  ASSERT_GT(port, 0) << std::strerror(errno);  // bind and getsockname succeeded
   close(fd);
   Result<ServerUrl> url = ParseServerUrl("http://127.0.0.1:" + std::to_string(port));
   ASSERT_TRUE(url.ok());

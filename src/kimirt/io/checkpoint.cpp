@@ -10,10 +10,10 @@
 #include <cerrno>
 #include <deque>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "kimirt/io/json_scanner.h"
+#include "kimirt/io/message_text.h"
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
@@ -22,9 +22,8 @@ namespace {
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 constexpr std::string_view kSingleName = "model.safetensors";
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
-
-std::string ErrnoString(int err) { return std::error_code(err, std::generic_category()).message(); }
+using io_internal::ErrnoString;
+using io_internal::Quote;
 
 std::string JoinPath(const std::string& dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
@@ -88,14 +87,7 @@ struct ParsedIndex {
 };
 
 Status ParseWeightMap(JsonScanner& s, std::string_view text, ParsedIndex* index) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"weight_map\" must be an object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"weight_map\" must be an object"));
   index->entries.reserve(text.size() / 96);  // index lines are ~100 bytes; saves regrowth
   std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> shard_ids;
   // Index files list many consecutive tensors of one shard; remember the last lookup.
@@ -131,14 +123,7 @@ Status ParseWeightMap(JsonScanner& s, std::string_view text, ParsedIndex* index)
 }
 
 Status ParseIndexMetadata(JsonScanner& s, ParsedIndex* index) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"metadata\" must be an object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"metadata\" must be an object"));
   std::string_view key;
   for (;;) {
     KIMIRT_ASSIGN_OR_RETURN(bool more, s.NextMember(&key));
@@ -156,14 +141,7 @@ Status ParseIndexMetadata(JsonScanner& s, ParsedIndex* index) {
 
 Status ParseIndex(std::string_view text, ParsedIndex* index) {
   JsonScanner s(text);
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("the index must be a JSON object, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("the index must be a JSON object"));
   bool have_map = false, have_metadata = false;
   std::string_view key;
   for (;;) {

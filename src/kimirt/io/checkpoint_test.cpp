@@ -6,48 +6,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "kimirt/io/safetensors.h"
+#include "kimirt/testing/status_test_util.h"
+#include "kimirt/testing/temp_dir.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
 
-#define EXPECT_ERROR_HAS(st_expr, ...)                                                   \
-  do {                                                                                   \
-    const ::kimirt::Status _st = (st_expr);                                              \
-    ASSERT_FALSE(_st.ok()) << "expected an error";                                       \
-    const std::vector<std::string> _parts{__VA_ARGS__};                                   \
-    for (const std::string& _part : _parts) {                                            \
-      EXPECT_NE(_st.message().find(_part), std::string::npos)                            \
-          << "missing \"" << _part << "\" in: " << _st.message();                        \
-    }                                                                                    \
-  } while (0)
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kimirt_ckpt_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void WriteText(const std::string& path, std::string_view text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  ASSERT_TRUE(f.good()) << path;
-}
+using testing::TempDir;
+using testing::WriteFileBytes;
 
 struct FixtureCase {
   const char* name;
@@ -90,11 +60,12 @@ INSTANTIATE_TEST_SUITE_P(CheckpointFixtures, CheckpointFixture,
                            return n;
                          });
 
+using WeightMap = std::vector<std::pair<std::string, std::string>>;
+
 // Two shards: a.* in shard 1, b.* in shard 2; returns the weight_map the index should have.
-std::vector<std::pair<std::string, std::string>> WriteTwoShards(const TempDir& dir,
-                                                                uint64_t* total) {
+WeightMap WriteTwoShards(const TempDir& dir, uint64_t* total) {
   static const std::vector<uint8_t> bytes(64, 1);
-  std::vector<std::pair<std::string, std::string>> map;
+  WeightMap map;
   *total = 0;
   for (int s = 1; s <= 2; ++s) {
     const std::string shard = "model-0000" + std::to_string(s) + "-of-00002.safetensors";
@@ -108,6 +79,26 @@ std::vector<std::pair<std::string, std::string>> WriteTwoShards(const TempDir& d
     EXPECT_TRUE(w.Write(dir.File(shard)).ok());
   }
   return map;
+}
+
+// Writes `path`: a safetensors file holding the one tensor `name`, its bytes `data`.
+Status WriteOneTensor(const std::string& path, std::string name, DType dtype, Shape shape,
+                      std::span<const uint8_t> data) {
+  SafetensorsWriter w;
+  w.Add(std::move(name), dtype, std::move(shape), data);
+  return w.Write(path);
+}
+
+// Writes the two shards and an index of their weight map as `edit` changes it, total_size the
+// shards' bytes plus `extra_total`; returns what opening the checkpoint says.
+Status OpenWithEditedIndex(const TempDir& dir, const std::function<void(WeightMap*)>& edit,
+                           uint64_t extra_total = 0) {
+  uint64_t total;
+  WeightMap map = WriteTwoShards(dir, &total);
+  edit(&map);
+  const Status written = WriteSafetensorsIndex(dir.path(), map, total + extra_total);
+  EXPECT_TRUE(written.ok()) << written.ToString();
+  return Checkpoint::Open(dir.path()).status();
 }
 
 TEST(Checkpoint, OpensWrittenShardsAndIndex) {
@@ -126,10 +117,8 @@ TEST(Checkpoint, OpensWrittenShardsAndIndex) {
 
 TEST(Checkpoint, SingleFile) {
   TempDir dir;
-  std::vector<uint8_t> d(12, 5);
-  SafetensorsWriter w;
-  w.Add("x", DType::kF32, {3}, d);
-  ASSERT_TRUE(w.Write(dir.File("model.safetensors")).ok());
+  const std::vector<uint8_t> d(12, 5);
+  ASSERT_TRUE(WriteOneTensor(dir.File("model.safetensors"), "x", DType::kF32, {3}, d).ok());
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   EXPECT_EQ((*ckpt)->num_tensors(), 1u);
@@ -147,53 +136,45 @@ TEST(Checkpoint, EmptyDirectory) {
 
 TEST(Checkpoint, MissingShard) {
   TempDir dir;
-  uint64_t total;
-  auto map = WriteTwoShards(dir, &total);
-  map.emplace_back("c.0.weight", "model-00003-of-00002.safetensors");
-  ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), map, total).ok());
-  EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "model-00003-of-00002.safetensors",
-                   "No such file");
+  const Status opened = OpenWithEditedIndex(dir, [](WeightMap* map) {
+    map->emplace_back("c.0.weight", "model-00003-of-00002.safetensors");
+  });
+  EXPECT_ERROR_HAS(opened, "model-00003-of-00002.safetensors", "No such file");
 }
 
 TEST(Checkpoint, IndexEntryMissingFromItsShard) {
   TempDir dir;
-  uint64_t total;
-  auto map = WriteTwoShards(dir, &total);
-  map.emplace_back("ghost.weight", "model-00001-of-00002.safetensors");
-  ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), map, total).ok());
-  EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(),
+  const Status opened = OpenWithEditedIndex(dir, [](WeightMap* map) {
+    map->emplace_back("ghost.weight", "model-00001-of-00002.safetensors");
+  });
+  EXPECT_ERROR_HAS(opened,
                    "tensor \"ghost.weight\": index says shard model-00001-of-00002.safetensors "
                    "but model-00001-of-00002.safetensors does not contain it");
 }
 
 TEST(Checkpoint, IndexNamesTheWrongShard) {
   TempDir dir;
-  uint64_t total;
-  auto map = WriteTwoShards(dir, &total);
-  map[0].second = "model-00002-of-00002.safetensors";  // a.0.weight is in shard 1
-  ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), map, total).ok());
-  EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "tensor \"a.0.weight\"",
+  const Status opened = OpenWithEditedIndex(dir, [](WeightMap* map) {
+    (*map)[0].second = "model-00002-of-00002.safetensors";  // a.0.weight is in shard 1
+  });
+  EXPECT_ERROR_HAS(opened, "tensor \"a.0.weight\"",
                    "index says shard model-00002-of-00002.safetensors",
                    "(it is in " + dir.File("model-00001-of-00002.safetensors"));
 }
 
 TEST(Checkpoint, ShardTensorNotInIndex) {
   TempDir dir;
-  uint64_t total;
-  auto map = WriteTwoShards(dir, &total);
-  map.erase(map.begin() + 4);  // b.1.weight
-  ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), map, total).ok());
-  EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "tensor \"b.1.weight\"",
-                   "model-00002-of-00002.safetensors", "is not listed in the index");
+  const Status opened = OpenWithEditedIndex(dir, [](WeightMap* map) {
+    map->erase(map->begin() + 4);  // b.1.weight
+  });
+  EXPECT_ERROR_HAS(opened, "tensor \"b.1.weight\"", "model-00002-of-00002.safetensors",
+                   "is not listed in the index");
 }
 
 TEST(Checkpoint, TotalSizeMismatch) {
   TempDir dir;
-  uint64_t total;
-  auto map = WriteTwoShards(dir, &total);
-  ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), map, total + 2).ok());
-  EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "metadata.total_size is 386",
-                   "hold 384 bytes");
+  const Status opened = OpenWithEditedIndex(dir, [](WeightMap*) {}, /*extra_total=*/2);
+  EXPECT_ERROR_HAS(opened, "metadata.total_size is 386", "hold 384 bytes");
 }
 
 TEST(Checkpoint, ShardPathTraversal) {
@@ -204,7 +185,7 @@ TEST(Checkpoint, ShardPathTraversal) {
     WriteTwoShards(dir, &total);
     const std::string index = R"({"metadata":{"total_size":64},"weight_map":{"a.0.weight":")" +
                               std::string(shard) + R"("}})";
-    WriteText(dir.File("model.safetensors.index.json"), index);
+    WriteFileBytes(dir.File("model.safetensors.index.json"), index);
     EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "weight_map \"a.0.weight\"",
                      "is not a plain file name");
     // The writer refuses to produce such an index too.
@@ -235,7 +216,7 @@ TEST(Checkpoint, MalformedIndex) {
        {"weight_map lists tensor \"a.0.weight\" twice"}},
   };
   for (const Case& c : cases) {
-    WriteText(path, c.index);
+    WriteFileBytes(path, c.index);
     const Status st = Checkpoint::Open(dir.path()).status();
     ASSERT_FALSE(st.ok()) << c.index;
     for (const std::string& part : c.parts) {
@@ -247,14 +228,12 @@ TEST(Checkpoint, MalformedIndex) {
 
 TEST(Checkpoint, IndexMetadataExtrasAndEscapedNames) {
   TempDir dir;
-  std::vector<uint8_t> d(4, 0);
-  SafetensorsWriter w;
-  w.Add("na\"me", DType::kU8, {4}, d);
-  ASSERT_TRUE(w.Write(dir.File("s.safetensors")).ok());
+  const std::vector<uint8_t> d(4, 0);
+  ASSERT_TRUE(WriteOneTensor(dir.File("s.safetensors"), "na\"me", DType::kU8, {4}, d).ok());
   // Unknown metadata keys and top-level keys are skipped; escaped names are decoded.
-  WriteText(dir.File("model.safetensors.index.json"),
-            R"({"metadata":{"total_parameters":4,"total_size":4,"x":[1,{"y":null}]},)"
-            R"("extra":true,"weight_map":{"na\u0022me":"s.safetensors"}})");
+  WriteFileBytes(dir.File("model.safetensors.index.json"),
+                 R"({"metadata":{"total_parameters":4,"total_size":4,"x":[1,{"y":null}]},)"
+                 R"("extra":true,"weight_map":{"na\u0022me":"s.safetensors"}})");
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   EXPECT_NE((*ckpt)->Find("na\"me"), nullptr);
@@ -262,11 +241,9 @@ TEST(Checkpoint, IndexMetadataExtrasAndEscapedNames) {
 
 TEST(Checkpoint, TensorInTwoShards) {
   TempDir dir;
-  std::vector<uint8_t> d(4, 0);
+  const std::vector<uint8_t> d(4, 0);
   for (const char* shard : {"s1.safetensors", "s2.safetensors"}) {
-    SafetensorsWriter w;
-    w.Add("dup", DType::kU8, {4}, d);
-    ASSERT_TRUE(w.Write(dir.File(shard)).ok());
+    ASSERT_TRUE(WriteOneTensor(dir.File(shard), "dup", DType::kU8, {4}, d).ok());
   }
   ASSERT_TRUE(WriteSafetensorsIndex(dir.path(), {{"dup", "s1.safetensors"}, {"x", "s2.safetensors"}}, 8).ok());
   EXPECT_ERROR_HAS(Checkpoint::Open(dir.path()).status(), "tensor \"dup\" is in both",

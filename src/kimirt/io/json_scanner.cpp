@@ -188,12 +188,25 @@ Status JsonScanner::Open(char c) {
 Status JsonScanner::BeginObject() { return Open('{'); }
 Status JsonScanner::BeginArray() { return Open('['); }
 
-Result<bool> JsonScanner::NextMember(std::string_view* key) {
-  KIMIRT_CHECK_MSG(depth_ > 0, "NextMember outside an object");
+Status JsonScanner::BeginObject(std::string_view expectation) {
+  KIMIRT_ASSIGN_OR_RETURN(Kind kind, Peek());
+  if (kind != Kind::kObject) {
+    return Corrupt(std::string(expectation) + ", got " + std::string(KindName(kind)));
+  }
+  return Open('{');
+}
+
+// The step NextMember and NextElement share: consumes `close` (returning false and leaving the
+// container) or, unless this is the container's first item, the ',' before the next one.
+Result<bool> JsonScanner::NextItem(char close, std::string_view container) {
   const uint64_t bit = uint64_t{1} << (depth_ - 1);
   SkipWhitespace();
-  if (pos_ >= text_.size()) return SyntaxError("unexpected end of input inside an object");
-  if (text_[pos_] == '}') {
+  if (pos_ >= text_.size()) {
+    return SyntaxError("unexpected end of input inside an " + std::string(container));
+  }
+  if (text_[pos_] == close) {
+    // "[1,]" / "{"a":1,}": after a ',' the item that follows fails on the close, so reaching
+    // here means the container is properly closed.
     ++pos_;
     first_bits_ &= ~bit;
     --depth_;
@@ -203,11 +216,19 @@ Result<bool> JsonScanner::NextMember(std::string_view* key) {
     first_bits_ &= ~bit;
   } else {
     if (text_[pos_] != ',') {
-      return SyntaxError("unexpected " + DescribeByte(text_[pos_]) + ", expected ',' or '}'");
+      return SyntaxError("unexpected " + DescribeByte(text_[pos_]) + ", expected ',' or '" +
+                         std::string(1, close) + "'");
     }
     ++pos_;
     SkipWhitespace();
   }
+  return true;
+}
+
+Result<bool> JsonScanner::NextMember(std::string_view* key) {
+  KIMIRT_CHECK_MSG(depth_ > 0, "NextMember outside an object");
+  KIMIRT_ASSIGN_OR_RETURN(bool more, NextItem('}', "object"));
+  if (!more) return false;
   if (pos_ >= text_.size()) return SyntaxError("unexpected end of input, expected a key");
   if (text_[pos_] != '"') {
     return SyntaxError("unexpected " + DescribeByte(text_[pos_]) + ", expected a string key");
@@ -221,26 +242,7 @@ Result<bool> JsonScanner::NextMember(std::string_view* key) {
 
 Result<bool> JsonScanner::NextElement() {
   KIMIRT_CHECK_MSG(depth_ > 0, "NextElement outside an array");
-  const uint64_t bit = uint64_t{1} << (depth_ - 1);
-  SkipWhitespace();
-  if (pos_ >= text_.size()) return SyntaxError("unexpected end of input inside an array");
-  if (text_[pos_] == ']') {
-    // "[1,]": after a ',' we return true and the value read fails on ']', so reaching here
-    // means the array is properly closed.
-    ++pos_;
-    first_bits_ &= ~bit;
-    --depth_;
-    return false;
-  }
-  if (first_bits_ & bit) {
-    first_bits_ &= ~bit;
-  } else {
-    if (text_[pos_] != ',') {
-      return SyntaxError("unexpected " + DescribeByte(text_[pos_]) + ", expected ',' or ']'");
-    }
-    ++pos_;
-  }
-  return true;
+  return NextItem(']', "array");
 }
 
 Status JsonScanner::ErrorExpected(std::string_view what) {

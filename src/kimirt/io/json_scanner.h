@@ -49,6 +49,9 @@ class JsonScanner {
   // Consumes '{' / '['. Errors if the next value is something else or nesting is too deep.
   Status BeginObject();
   Status BeginArray();
+  // Consumes '{' of a value the format requires to be an object; any other kind is the kCorrupt
+  // error "<expectation>, got <kind>", e.g. "\"metadata\" must be an object, got array".
+  Status BeginObject(std::string_view expectation);
   // Moves to the next member of the innermost open object: returns true with *key set and the
   // ':' consumed (the caller must then consume the value), or false after consuming '}'.
   // *key views the input, or a scratch buffer valid until the next NextMember() call.
@@ -86,6 +89,7 @@ class JsonScanner {
   Status ExpectLiteral(std::string_view word);
   Status ErrorExpected(std::string_view what);
   Status Open(char c);
+  Result<bool> NextItem(char close, std::string_view container);
 
   std::string_view text_;
   size_t pos_ = 0;

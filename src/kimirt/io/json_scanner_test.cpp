@@ -184,6 +184,23 @@ TEST(JsonScanner, TypeErrorsNameTheKinds) {
   EXPECT_EQ(st.message(), "expected a string, got number");
 }
 
+TEST(JsonScanner, BeginObjectWithExpectationNamesWhatHadToBeAnObject) {
+  JsonScanner s("[1]");
+  Status st = s.BeginObject("\"weight_map\" must be an object");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(st.message(), "\"weight_map\" must be an object, got array");
+  // An object is opened as by BeginObject().
+  JsonScanner ok(" {\"a\":1}");
+  ASSERT_TRUE(ok.BeginObject("unused").ok());
+  std::string_view key;
+  ASSERT_TRUE(*ok.NextMember(&key));
+  EXPECT_EQ(key, "a");
+  EXPECT_TRUE(ok.SkipValue().ok());
+  EXPECT_FALSE(*ok.NextMember(&key));
+  EXPECT_TRUE(ok.Finish().ok());
+}
+
 TEST(JsonScanner, AppendJsonStringRoundTrips) {
   std::string all;
   for (int c = 0; c < 0x80; ++c) all.push_back(static_cast<char>(c));

@@ -12,17 +12,18 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
-#include <system_error>
 
 #include "kimirt/core/check.h"
 #include "kimirt/io/json_scanner.h"
+#include "kimirt/io/message_text.h"
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
 
 namespace {
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
+using io_internal::ErrnoString;
+using io_internal::Quote;
 
 std::string TensorContext(std::string_view name) { return "tensor " + Quote(name); }
 
@@ -69,13 +70,7 @@ Status ReadOffsets(JsonScanner& s, uint64_t* begin, uint64_t* end) {
 // Parses one tensor entry (the value after its name) into *t and checks it on its own:
 // fields, dtype, shape × dtype size against the offsets, offsets against the data section.
 Status ParseTensorEntry(JsonScanner& s, uint64_t data_size, TensorInfo* t) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("entry must be an object, got " + std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("entry must be an object"));
   bool have_dtype = false, have_shape = false, have_offsets = false;
   std::string_view field;
   for (;;) {
@@ -134,14 +129,7 @@ Status ParseTensorEntry(JsonScanner& s, uint64_t data_size, TensorInfo* t) {
 }
 
 Status ParseMetadata(JsonScanner& s, std::map<std::string, std::string>* metadata) {
-  {
-    KIMIRT_ASSIGN_OR_RETURN(JsonScanner::Kind kind, s.Peek());
-    if (kind != JsonScanner::Kind::kObject) {
-      return Corrupt("\"__metadata__\" must be an object of strings, got " +
-                     std::string(JsonScanner::KindName(kind)));
-    }
-  }
-  KIMIRT_RETURN_IF_ERROR(s.BeginObject());
+  KIMIRT_RETURN_IF_ERROR(s.BeginObject("\"__metadata__\" must be an object of strings"));
   std::string_view key;
   for (;;) {
     KIMIRT_ASSIGN_OR_RETURN(bool more, s.NextMember(&key));
@@ -244,8 +232,6 @@ Status ParseHeaderIndexed(std::string_view json, uint64_t data_size, Safetensors
   }
   return CheckContiguous(header->tensors, data_size);
 }
-
-std::string ErrnoString(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // pread until `size` bytes are read; EOF early is an error (the file shrank under us).
 Status PreadFull(int fd, void* buf, size_t size, uint64_t offset) {

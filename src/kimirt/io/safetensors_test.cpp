@@ -13,22 +13,15 @@
 #include <fstream>
 #include <thread>
 
+#include "kimirt/testing/status_test_util.h"
+#include "kimirt/testing/temp_dir.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
 
-// Asserts `st` is an error whose message contains every one of `parts`.
-#define EXPECT_ERROR_HAS(st_expr, ...)                                                   \
-  do {                                                                                   \
-    const ::kimirt::Status _st = (st_expr);                                              \
-    ASSERT_FALSE(_st.ok()) << "expected an error";                                       \
-    const std::vector<std::string> _parts{__VA_ARGS__};                                   \
-    for (const std::string& _part : _parts) {                                            \
-      EXPECT_NE(_st.message().find(_part), std::string::npos)                            \
-          << "missing \"" << _part << "\" in: " << _st.message();                        \
-    }                                                                                    \
-  } while (0)
+using testing::TempDir;
+using testing::WriteFileBytes;
 
 Status ParseStatus(std::string_view json, uint64_t data_size) {
   return ParseSafetensorsHeader(json, data_size).status();
@@ -258,31 +251,6 @@ TEST(SafetensorsHeader, NamesWithEscapesAndUnicode) {
 // ---------------------------------------------------------------------------------------------
 // Files
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kimirt_io_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void WriteBytes(const std::string& path, std::string_view bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(f.good()) << path;
-}
-
 // 8-byte little-endian length, the header, then `data_size` zero bytes.
 std::string FileImage(std::string_view json, size_t data_size, uint64_t declared_len = ~0ull) {
   const uint64_t n = declared_len == ~0ull ? json.size() : declared_len;
@@ -484,35 +452,35 @@ TEST(SafetensorsFile, OpenErrorsNameTheFile) {
   EXPECT_ERROR_HAS(SafetensorsFile::Open(dir.path()).status(), dir.path(), "not a regular file");
 
   const std::string tiny = dir.File("tiny.safetensors");
-  WriteBytes(tiny, "abc");
+  WriteFileBytes(tiny, "abc");
   EXPECT_ERROR_HAS(SafetensorsFile::Open(tiny).status(), tiny, "3 bytes", "truncated");
 
   const std::string zero = dir.File("zero.safetensors");
-  WriteBytes(zero, FileImage("", 0, 0));
+  WriteFileBytes(zero, FileImage("", 0, 0));
   EXPECT_ERROR_HAS(SafetensorsFile::Open(zero).status(), zero, "header length is 0");
 
   const std::string huge = dir.File("huge.safetensors");
-  WriteBytes(huge, FileImage("{}", 0, 100'000'001));
+  WriteFileBytes(huge, FileImage("{}", 0, 100'000'001));
   EXPECT_ERROR_HAS(SafetensorsFile::Open(huge).status(), huge, "100000001", "exceeds the limit");
 
   const std::string short_header = dir.File("short_header.safetensors");
-  WriteBytes(short_header, FileImage(valid_json, 0, valid_json.size() + 10));
+  WriteFileBytes(short_header, FileImage(valid_json, 0, valid_json.size() + 10));
   EXPECT_ERROR_HAS(SafetensorsFile::Open(short_header).status(), short_header,
                    "runs past the end", "truncated");
 
   const std::string short_data = dir.File("short_data.safetensors");
-  WriteBytes(short_data, FileImage(valid_json, 10));
+  WriteFileBytes(short_data, FileImage(valid_json, 10));
   EXPECT_ERROR_HAS(SafetensorsFile::Open(short_data).status(), short_data, "tensor \"w\"",
                    "past the data section (10 bytes", "truncated");
 
   const std::string ok = dir.File("ok.safetensors");
-  WriteBytes(ok, FileImage(valid_json, 16));
+  WriteFileBytes(ok, FileImage(valid_json, 16));
   auto f = SafetensorsFile::Open(ok);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ((*f)->path(), ok);
 
   const std::string bad_json = dir.File("bad_json.safetensors");
-  WriteBytes(bad_json, FileImage("{\"w\":}", 0));
+  WriteFileBytes(bad_json, FileImage("{\"w\":}", 0));
   EXPECT_ERROR_HAS(SafetensorsFile::Open(bad_json).status(), bad_json, "invalid JSON at byte 5");
 }
 

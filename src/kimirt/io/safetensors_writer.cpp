@@ -7,18 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <system_error>
 #include <unordered_set>
 
 #include "kimirt/io/json_scanner.h"
+#include "kimirt/io/message_text.h"
 #include "kimirt/io/safetensors.h"
 
 namespace kimirt {
 namespace {
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
-
-std::string ErrnoString(int err) { return std::error_code(err, std::generic_category()).message(); }
+using io_internal::ErrnoString;
+using io_internal::Quote;
 
 Status PwriteFull(int fd, const uint8_t* p, size_t size, uint64_t offset) {
   while (size > 0) {

@@ -15,12 +15,6 @@
 namespace kimirt {
 namespace {
 
-int64_t CodePoints(std::string_view utf8) {
-  int64_t n = 0;
-  for (char c : utf8) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-  return n;
-}
-
 struct Prompt {
   std::vector<int32_t> ids;
   std::string text;  // as sent, or the decoded ids

@@ -12,12 +12,6 @@
 namespace kimirt {
 namespace {
 
-int64_t CodePoints(std::string_view utf8) {
-  int64_t n = 0;
-  for (char c : utf8) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-  return n;
-}
-
 Json ByteArray(std::string_view bytes) {
   Json a = Json::array();
   for (char c : bytes) a.push_back(static_cast<unsigned char>(c));
@@ -25,6 +19,12 @@ Json ByteArray(std::string_view bytes) {
 }
 
 }  // namespace
+
+int64_t CodePoints(std::string_view utf8) {
+  int64_t n = 0;
+  for (char c : utf8) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
 
 std::string TokenDisplayText(const Tokenizer& tokenizer, int32_t id) {
   const std::string_view bytes = tokenizer.TokenBytes(id);

@@ -32,6 +32,8 @@ class Tokenizer;
 
 std::string TokenDisplayText(const Tokenizer& tokenizer, int32_t id);
 double JsonLogprob(float logprob);
+// Unicode code points in UTF-8 text: OpenAI's text_offset counts characters, not bytes.
+int64_t CodePoints(std::string_view utf8);
 
 // Accumulates one completion choice's legacy logprobs; TakeJson() returns what was added since
 // the previous call (a streamed chunk's share) while text offsets keep counting.

@@ -48,7 +48,7 @@ struct ServerOptions {
   std::string served_model_name;     // "" → "kimirt-builtin"; see DefaultServedModelName
   int64_t max_model_len = 0;         // 0: the engine's options().max_model_len
   size_t max_body_bytes = 8u << 20;  // larger request bodies get 413
-  int http_threads = 64;             // connections served at once (each stream holds one)
+  int http_threads = 64;             // handler threads started up front; more start on demand
   int32_t max_logprobs = 20;         // top logprobs per token a request may ask for
   // The model's vocabulary when smaller than the tokenizer's (ids the tokenizer knows but the
   // model does not are refused at the edge, naming the field); 0: the tokenizer's.

@@ -349,8 +349,8 @@ TEST_F(ServerTest, DisconnectWhileQueuedIsNoticedWithoutATokenArriving) {
 }
 
 TEST_F(ServerTest, NonStreamedRequestOfAClientThatHungUpIsAborted) {
-  // cpp-httplib gives a blocking handler no signal; the socket probe notices the closed socket
-  // while the answer is still being generated (here: long before the 200 tokens would be done).
+  // The transport watches the connection while the handler blocks: client_gone turns true while
+  // the answer is still being generated (here: long before the 200 tokens would be done).
   engine_.reply = std::string(500, 'z');
   engine_.delay = std::chrono::milliseconds(20);
   for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {

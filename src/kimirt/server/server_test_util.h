@@ -1,6 +1,6 @@
-// Test doubles for the server tests: a byte-level Tokenizer, a scripted Engine, and a minimal
-// HTTP/1.1 client over a 127.0.0.1 socket (the tests never include cpp-httplib; only
-// http_server.cpp does). Header-only, included by *_test.cpp files only.
+// Test doubles for the server tests: a scripted Engine and a minimal HTTP/1.1 client over a
+// 127.0.0.1 socket (the tests never include the HTTP library; only http_server.cpp does); the
+// byte-level FakeTokenizer is tokenizer/fake_tokenizer_test_util.h. Header-only, included by *_test.cpp files only.
 #pragma once
 
 #include <arpa/inet.h>
@@ -25,66 +25,10 @@
 #include <vector>
 
 #include "kimirt/engine/engine.h"
+#include "kimirt/tokenizer/fake_tokenizer_test_util.h"
 #include "kimirt/tokenizer/tokenizer.h"
 
 namespace kimirt::testing {
-
-// Ids 0..255 are bytes; specials (names below) follow. Encode with allow_special turns special
-// names into their ids, so every K3 and Kimi-Linear chat marker exists.
-class FakeTokenizer : public Tokenizer {
- public:
-  FakeTokenizer()
-      : specials_({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|im_end|>", "<|im_user|>",
-                   "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
-                   "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-                   "<|tool_call_end|>"}) {}
-
-  std::vector<int32_t> Encode(std::string_view text, bool allow_special) const override {
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < text.size();) {
-      bool matched = false;
-      if (allow_special) {
-        for (size_t s = 0; s < specials_.size(); ++s) {
-          if (text.substr(i).starts_with(specials_[s])) {
-            ids.push_back(256 + static_cast<int32_t>(s));
-            i += specials_[s].size();
-            matched = true;
-            break;
-          }
-        }
-      }
-      if (!matched) ids.push_back(static_cast<unsigned char>(text[i++]));
-    }
-    return ids;
-  }
-  std::string Decode(std::span<const int32_t> ids) const override {
-    std::string out;
-    for (int32_t id : ids) out += TokenBytes(id);
-    return out;
-  }
-  int32_t vocab_size() const override { return 256 + static_cast<int32_t>(specials_.size()); }
-  int32_t num_base_tokens() const override { return 256; }
-  std::string_view TokenBytes(int32_t id) const override {
-    static const std::vector<std::string> kBytes = [] {
-      std::vector<std::string> b(256);
-      for (int i = 0; i < 256; ++i) b[i] = std::string(1, static_cast<char>(i));
-      return b;
-    }();
-    if (id >= 0 && id < 256) return kBytes[id];
-    if (id >= 256 && id < vocab_size()) return specials_[id - 256];
-    return {};
-  }
-  std::optional<int32_t> SpecialTokenId(std::string_view name) const override {
-    for (size_t s = 0; s < specials_.size(); ++s) {
-      if (specials_[s] == name) return 256 + static_cast<int32_t>(s);
-    }
-    return std::nullopt;
-  }
-  bool IsSpecial(int32_t id) const override { return id >= 256; }
-
- private:
-  std::vector<std::string> specials_;
-};
 
 // Answers every request with `reply` (one token per byte, see FakeTokenizer), one token per
 // event `delay` apart, finishing kStop at its end or kLength at max_tokens. Records what was
@@ -235,6 +179,8 @@ class TestConnection {
   }
   ~TestConnection() { Close(); }
   bool connected() const { return connected_; }
+  // The server closed the connection (seen by a ReadUntil).
+  bool eof() const { return eof_; }
 
   void Send(std::string_view method, std::string_view path, std::string_view body,
             std::string_view extra_headers = "") {

@@ -13,84 +13,51 @@
 #include <vector>
 
 #include "kimirt/tokenizer/detokenizer.h"
+#include "kimirt/tokenizer/fake_tokenizer_test_util.h"
 #include "kimirt/tokenizer/output_parser.h"
 #include "kimirt/tokenizer/tokenizer.h"
 
 namespace kimirt {
 namespace {
 
-// One id per byte (0..255), then named specials from 256 on: enough to check what goes through
-// SpecialTokenId and what through Encode(allow_special=false) without the real vocabulary.
-class ByteTokenizer : public Tokenizer {
- public:
-  explicit ByteTokenizer(std::vector<std::string> specials) : specials_(std::move(specials)) {}
-  std::vector<int32_t> Encode(std::string_view text, bool allow_special) const override {
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < text.size();) {
-      bool matched = false;
-      for (size_t s = 0; allow_special && s < specials_.size(); ++s) {
-        if (text.substr(i).starts_with(specials_[s])) {
-          ids.push_back(256 + static_cast<int32_t>(s));
-          i += specials_[s].size();
-          matched = true;
-          break;
-        }
-      }
-      if (!matched) ids.push_back(static_cast<unsigned char>(text[i++]));
-    }
-    return ids;
-  }
-  std::string Decode(std::span<const int32_t> ids) const override {
-    std::string out;
-    for (int32_t id : ids) out += TokenBytes(id);
-    return out;
-  }
-  int32_t vocab_size() const override { return 256 + static_cast<int32_t>(specials_.size()); }
-  int32_t num_base_tokens() const override { return 256; }
-  std::string_view TokenBytes(int32_t id) const override {
-    if (id >= 0 && id < 256) return std::string_view(&kBytes[id], 1);
-    if (id >= 256 && id < vocab_size()) return specials_[static_cast<size_t>(id - 256)];
-    return {};
-  }
-  std::optional<int32_t> SpecialTokenId(std::string_view name) const override {
-    for (size_t s = 0; s < specials_.size(); ++s) {
-      if (specials_[s] == name) return 256 + static_cast<int32_t>(s);
-    }
-    return std::nullopt;
-  }
-  bool IsSpecial(int32_t id) const override { return id >= 256; }
-
- private:
-  static constexpr char kBytes[257] = {
-#define B(i) static_cast<char>(i)
-#define B4(i) B(i), B(i + 1), B(i + 2), B(i + 3)
-#define B16(i) B4(i), B4(i + 4), B4(i + 8), B4(i + 12)
-      B16(0),   B16(16),  B16(32),  B16(48),  B16(64),  B16(80),  B16(96),  B16(112),
-      B16(128), B16(144), B16(160), B16(176), B16(192), B16(208), B16(224), B16(240), 0};
-#undef B16
-#undef B4
-#undef B
-  std::vector<std::string> specials_;
-};
+using testing::FakeTokenizer;
 
 // Expected-segment builders, written independently of the renderer's own helpers.
 using Segs = std::vector<ChatSegment>;
 ChatSegment M(std::string s) { return {true, std::move(s)}; }
 ChatSegment T(std::string s) { return {false, std::move(s)}; }
 void Add(Segs* out, const Segs& more) { out->insert(out->end(), more.begin(), more.end()); }
-Segs Open(std::string tag, std::vector<std::pair<std::string, std::string>> attrs = {}) {
+using Attrs = std::vector<std::pair<std::string, std::string>>;
+Segs Open(std::string tag, Attrs attrs = {}) {
   Segs s = {M("<|open|>"), T(tag)};
   for (auto& [k, v] : attrs) Add(&s, {T(" " + k), T("=\""), T(v), T("\"")});
   s.push_back(M("<|sep|>"));
   return s;
 }
 Segs Close(std::string tag) { return {M("<|close|>"), T(tag), M("<|sep|>")}; }
-Segs SystemMessage(std::string type, std::string body) {
-  Segs s = Open("message", {{"role", "system"}, {"type", type}});
-  s.push_back(T(body));
-  Add(&s, Close("message"));
+// A whole element: its opener with `attrs`, `body`, its closer.
+Segs Element(std::string tag, Attrs attrs, const Segs& body) {
+  Segs s = Open(tag, std::move(attrs));
+  Add(&s, body);
+  Add(&s, Close(tag));
+  return s;
+}
+// A whole message: the message element, then <|end_of_msg|>.
+Segs Message(Attrs attrs, const Segs& body) {
+  Segs s = Element("message", std::move(attrs), body);
   s.push_back(M("<|end_of_msg|>"));
   return s;
+}
+Segs SystemMessage(std::string type, std::string body) {
+  return Message({{"role", "system"}, {"type", type}}, {T(body)});
+}
+
+// Options that render only the given messages: no thinking-effort message, no generation prompt.
+ChatOptions MessagesOnly() {
+  ChatOptions o;
+  o.thinking_effort.reset();
+  o.add_generation_prompt = false;
+  return o;
 }
 
 ChatMessage User(std::string text) {
@@ -136,10 +103,7 @@ TEST(ChatK3Render, SingleUserMessageWithDefaultOptions) {
 TEST(ChatK3Render, ThinkingOffOpensResponseAndDropsEffort) {
   ChatOptions o;
   o.thinking = false;  // the effort message only exists in thinking mode
-  Segs want = Open("message", {{"role", "user"}});
-  want.push_back(T("Hi"));
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
+  Segs want = Message({{"role", "user"}}, {T("Hi")});
   Add(&want, Open("message", {{"role", "assistant"}}));
   Add(&want, Open("response"));
   EXPECT_SEGS(Render({User("Hi")}, o), want);
@@ -165,44 +129,27 @@ TEST(ChatK3Render, EveryThinkingEffortNamesItself) {
 }
 
 TEST(ChatK3Render, SystemAndUserWithNamesAndEscapedAttributes) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   ChatMessage sys;
   sys.role = "system";
   sys.content = "Be terse.";
   sys.name = "ops";
   ChatMessage user = User("hi");
   user.name = "A&\"B\"";
-  Segs want = Open("message", {{"role", "system"}, {"name", "ops"}});
-  want.push_back(T("Be terse."));
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
-  Add(&want, Open("message", {{"role", "user"}, {"name", "A&amp;&quot;B&quot;"}}));
-  want.push_back(T("hi"));
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
+  Segs want = Message({{"role", "system"}, {"name", "ops"}}, {T("Be terse.")});
+  Add(&want, Message({{"role", "user"}, {"name", "A&amp;&quot;B&quot;"}}, {T("hi")}));
   EXPECT_SEGS(Render({sys, user}, o), want);
 }
 
 TEST(ChatK3Render, ContentPartsAreSeparateSegmentsAndEmptyOnesVanish) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   ChatMessage m;
   m.role = "user";
   m.content_parts = {{ContentPart::Type::kText, "one "}, {ContentPart::Type::kText, ""},
                      {ContentPart::Type::kText, "two"}};
-  Segs want = Open("message", {{"role", "user"}});
-  Add(&want, {T("one "), T("two")});
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({m}, o), want);
-
-  Segs empty = Open("message", {{"role", "user"}});  // no content segment at all
-  Add(&empty, Close("message"));
-  empty.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({User("")}, o), empty);
+  EXPECT_SEGS(Render({m}, o), Message({{"role", "user"}}, {T("one "), T("two")}));
+  // No content segment at all.
+  EXPECT_SEGS(Render({User("")}, o), Message({{"role", "user"}}, {}));
 }
 
 ChatMessage AssistantWithCalls() {
@@ -221,18 +168,11 @@ ChatMessage AssistantWithCalls() {
 }
 
 TEST(ChatK3Render, AssistantThinkResponseAndTypedArguments) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
-  Segs want = Open("message", {{"role", "assistant"}});
-  Add(&want, Open("think"));
-  want.push_back(T("  The user wants weather.\n"));  // reasoning is not stripped
-  Add(&want, Close("think"));
-  Add(&want, Open("response"));
-  want.push_back(T("Checking."));
-  Add(&want, Close("response"));
-  Add(&want, Open("tools"));
-  Add(&want, Open("call", {{"tool", "get_weather"}, {"index", "1"}}));
+  ChatOptions o = MessagesOnly();
+  Segs body = Element("think", {}, {T("  The user wants weather.\n")});  // reasoning is not stripped
+  Add(&body, Element("response", {}, {T("Checking.")}));
+  Add(&body, Open("tools"));
+  Add(&body, Open("call", {{"tool", "get_weather"}, {"index", "1"}}));
   // Keys in the client's order; non-strings as json.dumps with ", " / ": " separators.
   const std::vector<std::array<std::string, 3>> args = {
       {"city", "string", "Zürich"},       {"days", "number", "3"},
@@ -240,54 +180,34 @@ TEST(ChatK3Render, AssistantThinkResponseAndTypedArguments) {
       {"x", "null", "null"},              {"o", "object", "{\"z\": 1, \"a\": [1, 2]}"},
       {"arr", "array", "[\"é\", 1e-07]"}};
   for (const auto& [key, type, value] : args) {
-    Add(&want, Open("argument", {{"key", key}, {"type", type}}));
-    want.push_back(T(value));
-    Add(&want, Close("argument"));
+    Add(&body, Element("argument", {{"key", key}, {"type", type}}, {T(value)}));
   }
-  Add(&want, Close("call"));
+  Add(&body, Close("call"));
   // Unparseable arguments travel verbatim in one json element.
-  Add(&want, Open("call", {{"tool", "search"}, {"index", "2"}}));
-  Add(&want, Open("json", {{"type", "object"}}));
-  want.push_back(T("not json {"));
-  Add(&want, Close("json"));
-  Add(&want, Close("call"));
+  Add(&body, Element("call", {{"tool", "search"}, {"index", "2"}},
+                     Element("json", {{"type", "object"}}, {T("not json {")})));
   // Blank arguments: an empty call.
-  Add(&want, Open("call", {{"tool", "search"}, {"index", "3"}}));
-  Add(&want, Close("call"));
-  Add(&want, Close("tools"));
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({AssistantWithCalls()}, o), want);
+  Add(&body, Element("call", {{"tool", "search"}, {"index", "3"}}, {}));
+  Add(&body, Close("tools"));
+  EXPECT_SEGS(Render({AssistantWithCalls()}, o), Message({{"role", "assistant"}}, body));
 }
 
 TEST(ChatK3Render, AssistantThinkChannelIsStructuralInThinkingModeOnly) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   ChatMessage a;
   a.role = "assistant";
   a.content = "Done.";
   a.reasoning_content = " \n\t\xE3\x80\x80";  // blank by Python's str.strip (U+3000 included)
   a.name = "bot";
-  Segs want = Open("message", {{"role", "assistant"}, {"name", "bot"}});
-  Add(&want, Open("think"));
-  Add(&want, Close("think"));
-  Add(&want, Open("response"));
-  want.push_back(T("Done."));
-  Add(&want, Close("response"));
-  Add(&want, Close("message"));
-  want.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({a}, o), want);
+  const Attrs attrs = {{"role", "assistant"}, {"name", "bot"}};
+  const Segs response = Element("response", {}, {T("Done.")});
+  Segs body = Element("think", {}, {});
+  Add(&body, response);
+  EXPECT_SEGS(Render({a}, o), Message(attrs, body));
 
   o.thinking = false;
   a.reasoning_content = "ignored without thinking";
-  Segs no_think = Open("message", {{"role", "assistant"}, {"name", "bot"}});
-  Add(&no_think, Open("response"));
-  no_think.push_back(T("Done."));
-  Add(&no_think, Close("response"));
-  Add(&no_think, Close("message"));
-  no_think.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({a}, o), no_think);
+  EXPECT_SEGS(Render({a}, o), Message(attrs, response));
 }
 
 ChatMessage ToolResult(std::string id, std::string content, std::string name = "") {
@@ -300,50 +220,43 @@ ChatMessage ToolResult(std::string id, std::string content, std::string name = "
 }
 
 Segs ToolMessage(std::string tool, std::string index, std::string content) {
-  Segs s = Open("message", {{"role", "tool"}, {"tool", tool}, {"index", index}});
-  s.push_back(T(content));
-  Add(&s, Close("message"));
-  s.push_back(M("<|end_of_msg|>"));
-  return s;
+  return Message({{"role", "tool"}, {"tool", tool}, {"index", index}}, {T(content)});
+}
+
+// `before`, then a tool message per {tool, index, content}.
+Segs WithToolMessages(Segs before, const std::vector<std::array<std::string, 3>>& tool_messages) {
+  for (const auto& [tool, index, content] : tool_messages) {
+    Add(&before, ToolMessage(tool, index, content));
+  }
+  return before;
 }
 
 TEST(ChatK3Render, ToolResultsAreSortedIntoCallOrderAndIndexed) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   const ChatMessage a = AssistantWithCalls();
-  const Segs assistant = Render({a}, o);
   // Results arrive as c2, c3, c1: the run is fully matched, so it is re-sorted by call position
   // and each takes its call's name (a stale `name` is overridden).
   const Segs got = Render({a, ToolResult("c2", "r2", "stale"), ToolResult("c3", "r3"),
                            ToolResult("c1", "r1")}, o);
-  Segs want = assistant;
-  Add(&want, ToolMessage("get_weather", "1", "r1"));
-  Add(&want, ToolMessage("search", "2", "r2"));
-  Add(&want, ToolMessage("search", "3", "r3"));
-  EXPECT_SEGS(got, want);
+  EXPECT_SEGS(got, WithToolMessages(Render({a}, o), {{"get_weather", "1", "r1"},
+                                                     {"search", "2", "r2"},
+                                                     {"search", "3", "r3"}}));
 }
 
 TEST(ChatK3Render, PartlyMatchedToolRunKeepsOrderAndNamesByNameOrPosition) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   const ChatMessage a = AssistantWithCalls();
   // "zzz" matches nothing, so the run stays as sent: names come from `name`, else the call at the
   // same position.
   const Segs got = Render({a, ToolResult("zzz", "A"), ToolResult("c1", "B", "explicit"),
                            ToolResult("", "C")}, o);
-  Segs want = Render({a}, o);
-  Add(&want, ToolMessage("get_weather", "1", "A"));
-  Add(&want, ToolMessage("explicit", "2", "B"));
-  Add(&want, ToolMessage("search", "3", "C"));
-  EXPECT_SEGS(got, want);
+  EXPECT_SEGS(got, WithToolMessages(Render({a}, o), {{"get_weather", "1", "A"},
+                                                     {"explicit", "2", "B"},
+                                                     {"search", "3", "C"}}));
 }
 
 TEST(ChatK3Render, ToolMessageIndexRestartsAfterEachAssistant) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   ChatMessage a1;
   a1.role = "assistant";
   a1.tool_calls = {{"x", "f", "{}"}};
@@ -378,9 +291,7 @@ TEST(ChatK3Render, ToolDeclarationIsCompactDeepSortedJsonAfterThePreamble) {
 }
 
 TEST(ChatK3Render, SystemMessageWithToolsIsADynamicDeclaration) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   ChatMessage sys;
   sys.role = "system";
   sys.tools_json = R"([{"type":"function","function":{"name":"s"}}])";
@@ -394,17 +305,11 @@ TEST(ChatK3Render, SystemMessageWithToolsIsADynamicDeclaration) {
                             "\n```"));
   sys.tools_json = "[]";  // falsy in Python: an ordinary system message
   sys.content = "plain";
-  Segs plain = Open("message", {{"role", "system"}});
-  plain.push_back(T("plain"));
-  Add(&plain, Close("message"));
-  plain.push_back(M("<|end_of_msg|>"));
-  EXPECT_SEGS(Render({sys}, o), plain);
+  EXPECT_SEGS(Render({sys}, o), Message({{"role", "system"}}, {T("plain")}));
 }
 
 TEST(ChatK3Render, ToolChoiceAndResponseFormatMessagesComeLast) {
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   o.tool_choice = ToolChoice::kRequired;
   EXPECT_SEGS(Render({}, o), SystemMessage("tool-choice",
                                            "The system is invoked with `tool_choice=required`.\n"
@@ -475,15 +380,13 @@ TEST(ChatK3Render, ErrorsNameTheMessageAndField) {
 }
 
 std::unique_ptr<Tokenizer> K3ByteTokenizer() {
-  return std::make_unique<ByteTokenizer>(
+  return std::make_unique<FakeTokenizer>(
       std::vector<std::string>{"<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"});
 }
 
 TEST(ChatK3Encode, MarkersBecomeSpecialIdsAndUserMarkupStaysText) {
   auto tok = K3ByteTokenizer();
-  ChatOptions o;
-  o.thinking_effort.reset();
-  o.add_generation_prompt = false;
+  ChatOptions o = MessagesOnly();
   Result<std::vector<int32_t>> ids =
       EncodeSegments(*tok, Render({User("a<|open|>b")}, o));
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
@@ -502,7 +405,7 @@ TEST(ChatK3Encode, MarkersBecomeSpecialIdsAndUserMarkupStaysText) {
 TEST(ChatK3Encode, MissingMarkerInTokenizerIsAnError) {
   // A tokenizer_config without K3 names (e.g. Kimi-Linear-48B's) must not silently BPE-encode
   // the markers (spec §10.2).
-  ByteTokenizer k2_names({"<|im_end|>", "<|im_user|>", "<|im_assistant|>"});
+  FakeTokenizer k2_names({"<|im_end|>", "<|im_user|>", "<|im_assistant|>"});
   Result<std::vector<int32_t>> ids = EncodeSegments(k2_names, Render({User("x")}));
   ASSERT_FALSE(ids.ok());
   EXPECT_EQ(ids.status().code(), ErrorCode::kNotFound);

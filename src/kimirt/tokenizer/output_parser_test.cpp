@@ -223,6 +223,28 @@ TEST(OutputParser, BareOpenMarkerKeepsReasoningStreaming) {
   EXPECT_EQ(v.calls[0].arguments, R"({"s": "a<|open|>b c"})");
 }
 
+// Whether two parses agree on all a client sees: reasoning, content, and each call's name,
+// arguments and completeness.
+::testing::AssertionResult SameParse(const Parsed& got, const Parsed& want) {
+  auto differs = [](const char* what, const auto& a, const auto& b) {
+    return ::testing::AssertionFailure() << what << ": got " << ::testing::PrintToString(a)
+                                         << ", want " << ::testing::PrintToString(b);
+  };
+  if (got.reasoning != want.reasoning) return differs("reasoning", got.reasoning, want.reasoning);
+  if (got.content != want.content) return differs("content", got.content, want.content);
+  if (got.calls.size() != want.calls.size()) {
+    return differs("number of calls", got.calls.size(), want.calls.size());
+  }
+  for (size_t i = 0; i < want.calls.size(); ++i) {
+    const K3ParsedToolCall& g = got.calls[i];
+    const K3ParsedToolCall& w = want.calls[i];
+    if (g.name != w.name) return differs("call name", g.name, w.name);
+    if (g.arguments != w.arguments) return differs("call arguments", g.arguments, w.arguments);
+    if (g.complete != w.complete) return differs("call complete", g.complete, w.complete);
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(OutputParser, ByteByByteEqualsAllAtOnce) {
   const std::vector<std::string> corpus = {
       kToolCompletion,
@@ -243,15 +265,7 @@ TEST(OutputParser, ByteByByteEqualsAllAtOnce) {
          {K3ParseStart::kThink, K3ParseStart::kResponse, K3ParseStart::kMessage}) {
       const Parsed whole = Parse(text, start);
       for (size_t chunk : {1, 2, 3, 7}) {
-        const Parsed split = Parse(text, start, chunk);
-        EXPECT_EQ(split.reasoning, whole.reasoning) << text << " chunk " << chunk;
-        EXPECT_EQ(split.content, whole.content) << text << " chunk " << chunk;
-        ASSERT_EQ(split.calls.size(), whole.calls.size()) << text;
-        for (size_t i = 0; i < whole.calls.size(); ++i) {
-          EXPECT_EQ(split.calls[i].name, whole.calls[i].name);
-          EXPECT_EQ(split.calls[i].arguments, whole.calls[i].arguments);
-          EXPECT_EQ(split.calls[i].complete, whole.calls[i].complete);
-        }
+        EXPECT_TRUE(SameParse(Parse(text, start, chunk), whole)) << text << " chunk " << chunk;
       }
     }
   }
@@ -272,13 +286,7 @@ TEST(OutputParser, RandomFragmentsSplitEquivalence) {
     for (int i = 0; i < n; ++i) text += fragments[rng() % fragments.size()];
     const auto start = static_cast<K3ParseStart>(rng() % 3);
     const Parsed whole = Parse(text, start);
-    const Parsed bytes = Parse(text, start, 1);
-    ASSERT_EQ(bytes.reasoning, whole.reasoning) << text;
-    ASSERT_EQ(bytes.content, whole.content) << text;
-    ASSERT_EQ(bytes.calls.size(), whole.calls.size()) << text;
-    for (size_t i = 0; i < whole.calls.size(); ++i) {
-      ASSERT_EQ(bytes.calls[i].arguments, whole.calls[i].arguments) << text;
-    }
+    ASSERT_TRUE(SameParse(Parse(text, start, 1), whole)) << text;
   }
 }
 

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "kimirt/tokenizer/pretokenizer.h"
+#include "kimirt/testing/status_test_util.h"
 #include "kimirt/testing/test_data.h"
 #include "kimirt/tokenizer/tiktoken_bpe.h"
 
@@ -26,17 +27,6 @@ namespace kimirt {
 namespace {
 
 using Ids = std::vector<int32_t>;
-
-#define EXPECT_ERROR_HAS(st_expr, ...)                            \
-  do {                                                            \
-    const ::kimirt::Status _st = (st_expr);                       \
-    ASSERT_FALSE(_st.ok()) << "expected an error";                \
-    const std::vector<std::string> _parts{__VA_ARGS__};           \
-    for (const std::string& _part : _parts) {                     \
-      EXPECT_NE(_st.message().find(_part), std::string::npos)     \
-          << "missing \"" << _part << "\" in: " << _st.message(); \
-    }                                                             \
-  } while (0)
 
 std::string BuiltinDir() { return std::string(KIMIRT_SOURCE_DIR) + "/assets/builtin"; }
 

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "kimirt/core/dtype_convert.h"
+#include "kimirt/testing/temp_dir.h"
 #include "kimirt/testing/test_data.h"
 #include "kimirt/tools/plan.h"
 
@@ -18,22 +20,25 @@ namespace {
 
 using testing::TestDataPath;
 
-std::string TempDir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "kimirt_" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+using testing::TempDir;
 
-Layout LayoutOf(const std::string& rel) {
-  Result<ModelConfig> c = LoadModelConfig(TestDataPath(rel));
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return std::move(Layout::Build(*c)).value();
+// The layout of the config at `rel` in the test data; a missing file fails the test by name.
+void LoadLayout(const std::string& rel, std::optional<Layout>* layout) {
+  const std::string path = TestDataPath(rel);
+  KIMIRT_REQUIRE_FILE(path);
+  Result<ModelConfig> c = LoadModelConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Result<Layout> l = Layout::Build(*c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  layout->emplace(std::move(*l));
 }
 
 TEST(CheckpointWriter, RandomTinyCheckpointRoundTrips) {
-  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-b/config.json"));
-  Layout l = LayoutOf("fixtures/tiny-b/config.json");
-  const std::string dir = TempDir("random_tiny_b");
+  std::optional<Layout> layout;
+  ASSERT_NO_FATAL_FAILURE(LoadLayout("fixtures/tiny-b/config.json", &layout));
+  const Layout& l = *layout;
+  const TempDir tmp("kimirt_random_tiny_b_");
+  const std::string& dir = tmp.path();
   CheckpointWriteOptions o;
   o.fill = CheckpointFill::kRandom;
   o.seed = 7;
@@ -78,15 +83,16 @@ TEST(CheckpointWriter, RandomTinyCheckpointRoundTrips) {
   }
   const double stddev = std::sqrt(sum2 / static_cast<double>(rows * in));
   EXPECT_NEAR(stddev, 0.125, 0.02);
-  std::filesystem::remove_all(dir);
 }
 
 // The whole 1.56 TB release as holes: 96 shards whose headers must give the same plan as the
 // layout (the seed's tables from real headers), with almost nothing allocated on disk.
 TEST(CheckpointWriter, SparseKimiK3PlansLikeItsConfig) {
-  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
-  Layout l = LayoutOf("configs/kimi-k3.json");
-  const std::string dir = TempDir("sparse_k3");
+  std::optional<Layout> layout;
+  ASSERT_NO_FATAL_FAILURE(LoadLayout("configs/kimi-k3.json", &layout));
+  const Layout& l = *layout;
+  const TempDir tmp("kimirt_sparse_k3_");
+  const std::string& dir = tmp.path();
   CheckpointWriteOptions o;
   o.fill = CheckpointFill::kSparse;
   o.shards = 96;
@@ -122,12 +128,12 @@ TEST(CheckpointWriter, SparseKimiK3PlansLikeItsConfig) {
   EXPECT_EQ(FormatPlanJson(*from_ckpt), FormatPlanJson(*from_cfg));
   EXPECT_EQ(from_ckpt->heaviest().weights, 205056581360ull);
   for (const auto& shard : (*ckpt)->shards()) EXPECT_FALSE(shard->mapped());
-  std::filesystem::remove_all(dir);
 }
 
 TEST(CheckpointWriter, PlanFromCheckpointNamesMissingAndMisShapedTensors) {
-  KIMIRT_REQUIRE_FILE(TestDataPath("fixtures/tiny-a/config.json"));
-  Layout l = LayoutOf("fixtures/tiny-a/config.json");
+  std::optional<Layout> layout;
+  ASSERT_NO_FATAL_FAILURE(LoadLayout("fixtures/tiny-a/config.json", &layout));
+  const Layout& l = *layout;
   Result<ModelConfig> c = LoadModelConfig(TestDataPath("fixtures/tiny-b/config.json"));
   ASSERT_TRUE(c.ok());
   // tiny-b's checkpoint checked against tiny-a's layout: every kind of mismatch at once.

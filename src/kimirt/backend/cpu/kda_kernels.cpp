@@ -337,4 +337,24 @@ void GatedRmsNorm(const float* x, const float* g, const float* w, int64_t T, int
   }
 }
 
+void KdaDecode(const KdaDecodeArgs& a) {
+  const int64_t H = a.heads, K = a.head_dim, P = H * K, W = a.conv_taps, hist = W - 1;
+  KIMIRT_CHECK(H >= 1 && K >= 1 && W >= 1);
+  std::vector<float> q(P), k(P), v(P), alpha(P), o(P);
+  KdaGateParams gp{H, K, a.a_log, a.dt_bias, std::nullopt};
+  if (a.has_lower_bound) gp.lower_bound = a.lower_bound;
+  for (int64_t b = 0; b < a.rows; ++b) {
+    const int64_t slot = a.slots[b];
+    KIMIRT_CHECK_MSG(slot >= 0 && slot < a.slot_count, "KdaDecode: slot out of range");
+    const int64_t row = b * P;
+    CausalConvSilu(a.q + row, 1, P, a.conv_q, W, a.window_q + slot * hist * P, q.data());
+    CausalConvSilu(a.k + row, 1, P, a.conv_k, W, a.window_k + slot * hist * P, k.data());
+    CausalConvSilu(a.v + row, 1, P, a.conv_v, W, a.window_v + slot * hist * P, v.data());
+    KdaLogDecay(a.f + row, 1, gp, alpha.data());
+    const KdaCoreArgs core{1, H, K, q.data(), k.data(), v.data(), a.beta_logits + b * H, alpha.data()};
+    KdaRecurrent(core, a.recurrent + slot * H * K * K, o.data());
+    GatedRmsNorm(o.data(), a.gate + row, a.o_norm, 1, H, K, a.norm_eps, a.out + row);
+  }
+}
+
 }  // namespace kimirt::cpu

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "kimirt/backend/kda_decode_args.h"
+
 namespace kimirt::cpu {
 
 // Short causal depthwise convolution + SiLU with a carried window (spec §3.5, §5.7).
@@ -56,5 +58,10 @@ void KdaChunked(const KdaCoreArgs& a, float* state, float* o, int64_t chunk = 64
 //   x, g, y [T, H, K]; w [K] shared by all heads.
 void GatedRmsNorm(const float* x, const float* g, const float* w, int64_t T, int64_t H, int64_t K,
                   float eps, float* y);
+
+// The fused decode step (kda_decode_args.h) as the unfused pieces above, row by row, each row on
+// its own slot's state: conv + SiLU of q, k, v; KdaLogDecay; KdaRecurrent (one token);
+// GatedRmsNorm. The reference cuda::KdaDecode is checked against.
+void KdaDecode(const KdaDecodeArgs& a);
 
 }  // namespace kimirt::cpu

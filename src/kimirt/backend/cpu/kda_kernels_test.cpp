@@ -407,5 +407,87 @@ TEST(GatedRmsNorm, MatchesNaiveLoop) {
   EXPECT_LT(MaxRelErr(y, want), 1e-6);
 }
 
+// The fused decode reference (KdaDecode) against the prefill path: two sequences decoded token
+// by token in one call per step, on slots 2 and 0 of a 4-slot pool, give what running each
+// sequence's T tokens at once through the multi-token conv, the chunked core (spec §5.5, a
+// different algorithm from the recurrent form KdaDecode uses) and the gated RMSNorm gives; the
+// windows end bit-identical (both are copies of the last W-1 inputs), slots 1 and 3 untouched.
+void ExpectDecodeEqualsPrefill(bool lower_bound) {
+  const int64_t H = 2, K = 16, P = H * K, W = 4, T = 5, slots = 4;
+  const std::vector<int32_t> slot_of = {2, 0};
+  const int64_t B = static_cast<int64_t>(slot_of.size());
+  SplitMix64 rng(lower_bound ? 21 : 22);
+  const std::vector<float> conv_q = Normal(rng, P * W, 0.5), conv_k = Normal(rng, P * W, 0.5),
+                           conv_v = Normal(rng, P * W, 0.5);
+  const std::vector<float> a_log = Normal(rng, H, 0.5), dt_bias = Normal(rng, P, 0.5), o_norm = Normal(rng, K, 0.2, 1.0);
+  // Inputs of sequence b at token t: [b][t * P ...] (beta [b][t * H ...]).
+  std::vector<std::vector<float>> q, k, v, f, gate, beta;
+  for (int64_t b = 0; b < B; ++b) {
+    q.push_back(Normal(rng, T * P)), k.push_back(Normal(rng, T * P)), v.push_back(Normal(rng, T * P));
+    f.push_back(Normal(rng, T * P, 2.0)), gate.push_back(Normal(rng, T * P)), beta.push_back(Normal(rng, T * H));
+  }
+  const std::vector<float> rec0 = Normal(rng, slots * H * K * K, 0.1);
+  const std::vector<float> wq0 = Normal(rng, slots * (W - 1) * P), wk0 = Normal(rng, slots * (W - 1) * P),
+                           wv0 = Normal(rng, slots * (W - 1) * P);
+  std::vector<float> rec = rec0, wq = wq0, wk = wk0, wv = wv0;
+  std::vector<std::vector<float>> got(B, std::vector<float>(T * P));
+  for (int64_t t = 0; t < T; ++t) {
+    // This step's rows, gathered from the sequences.
+    std::vector<float> sq, sk, sv, sf, sg, sb, out(B * P);
+    auto take = [t](std::vector<float>& dst, const std::vector<float>& src, int64_t n) {
+      dst.insert(dst.end(), src.begin() + t * n, src.begin() + (t + 1) * n);
+    };
+    for (int64_t b = 0; b < B; ++b) {
+      take(sq, q[b], P), take(sk, k[b], P), take(sv, v[b], P), take(sf, f[b], P), take(sg, gate[b], P);
+      take(sb, beta[b], H);
+    }
+    KdaDecodeArgs a;
+    a.rows = B, a.heads = H, a.head_dim = K, a.conv_taps = W;
+    a.q = sq.data(), a.k = sk.data(), a.v = sv.data(), a.f = sf.data(), a.gate = sg.data(), a.beta_logits = sb.data();
+    a.conv_q = conv_q.data(), a.conv_k = conv_k.data(), a.conv_v = conv_v.data();
+    a.a_log = a_log.data(), a.dt_bias = dt_bias.data(), a.o_norm = o_norm.data(), a.norm_eps = 1e-5f;
+    a.has_lower_bound = lower_bound, a.lower_bound = -5.0f;
+    a.slots = slot_of.data(), a.slot_count = slots;
+    a.recurrent = rec.data(), a.window_q = wq.data(), a.window_k = wk.data(), a.window_v = wv.data();
+    a.out = out.data();
+    KdaDecode(a);
+    for (int64_t b = 0; b < B; ++b) std::copy_n(out.begin() + b * P, P, got[b].begin() + t * P);
+  }
+  const int64_t per_slot = H * K * K, per_win = (W - 1) * P;
+  for (int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    const int64_t s = slot_of[b];
+    std::vector<float> state(rec0.begin() + s * per_slot, rec0.begin() + (s + 1) * per_slot);
+    std::vector<float> xq(T * P), xk(T * P), xv(T * P), alpha(T * P), o(T * P), want(T * P);
+    auto conv = [&](const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& win0,
+                    const std::vector<float>& win_after, std::vector<float>* y) {
+      std::vector<float> win(win0.begin() + s * per_win, win0.begin() + (s + 1) * per_win);
+      CausalConvSilu(x.data(), T, P, w.data(), W, win.data(), y->data());
+      EXPECT_TRUE(BitwiseEqual(win, std::vector<float>(win_after.begin() + s * per_win,
+                                                       win_after.begin() + (s + 1) * per_win)));
+    };
+    conv(q[b], conv_q, wq0, wq, &xq);
+    conv(k[b], conv_k, wk0, wk, &xk);
+    conv(v[b], conv_v, wv0, wv, &xv);
+    KdaGateParams gp{H, K, a_log.data(), dt_bias.data(), std::nullopt};
+    if (lower_bound) gp.lower_bound = -5.0f;
+    KdaLogDecay(f[b].data(), T, gp, alpha.data());
+    KdaChunked({T, H, K, xq.data(), xk.data(), xv.data(), beta[b].data(), alpha.data()}, state.data(), o.data(), 2);
+    GatedRmsNorm(o.data(), gate[b].data(), o_norm.data(), T, H, K, 1e-5f, want.data());
+    EXPECT_LT(MaxRelErr(got[b], want), 1e-5);
+    EXPECT_LT(MaxRelErr(std::vector<float>(rec.begin() + s * per_slot, rec.begin() + (s + 1) * per_slot), state),
+              1e-5);
+  }
+  for (int64_t s : {1, 3}) {
+    EXPECT_TRUE(BitwiseEqual(std::vector<float>(rec.begin() + s * per_slot, rec.begin() + (s + 1) * per_slot),
+                             std::vector<float>(rec0.begin() + s * per_slot, rec0.begin() + (s + 1) * per_slot)));
+    EXPECT_TRUE(BitwiseEqual(std::vector<float>(wq.begin() + s * per_win, wq.begin() + (s + 1) * per_win),
+                             std::vector<float>(wq0.begin() + s * per_win, wq0.begin() + (s + 1) * per_win)));
+  }
+}
+
+TEST(KdaDecode, StepsBySlotEqualThePrefillPathLowerBoundGate) { ExpectDecodeEqualsPrefill(true); }
+TEST(KdaDecode, StepsBySlotEqualThePrefillPathSoftplusGate) { ExpectDecodeEqualsPrefill(false); }
+
 }  // namespace
 }  // namespace kimirt::cpu

@@ -437,14 +437,20 @@ class CudaBackend final : public Backend {
     return t.raw();
   }
 
-  // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16: the row-invariant GEMV
-  // kernel for up to kGemvMaxRows rows; else cuBLAS SGEMM, a BF16 weight widened to F32 in chunks
-  // of at most 16 M elements first. Either way the products are of the weight's exact values, in
-  // F32.
+  // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16. Up to kGemvMaxRows rows
+  // (decode) a row-invariant kernel: BF16 on tensor cores with x split hi + lo (DecodeGemm, the
+  // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows: cuBLAS SGEMM, a BF16
+  // weight widened to F32 in chunks of at most 16 M elements first.
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
     if (m <= cuda::kGemvMaxRows && k > 0) {
-      cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
+      if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
+        const size_t bytes = cuda::DecodeGemmScratchBytes(m, n, k);
+        Tensor scratch = Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32);
+        cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
+      } else {
+        cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
+      }
       return;
     }
     if (w.dtype() == DType::kF32) {

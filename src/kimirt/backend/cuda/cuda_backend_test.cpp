@@ -14,6 +14,7 @@
 // scripts/gpu_check.sh runs it on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
 #include "kimirt/testing/paged_decode_case.h"
@@ -170,9 +172,10 @@ TEST_F(CudaBackendTest, LinearNormsAndElementwise) {
   ExpectClose(cols_got, cols_want, 0.0);
 }
 
-// BF16-held weights: a GEMV for few rows, chunked widening + SGEMM for many (three chunks here).
+// BF16-held weights: the decode GEMM for up to 64 rows, chunked widening + SGEMM for more (three
+// chunks here).
 TEST_F(CudaBackendTest, LinearWithBf16Weights) {
-  for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{{1, 7168, 512}, {5, 300, 77}, {37, 7168, 5000}}) {
+  for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{{1, 7168, 512}, {5, 300, 77}, {65, 7168, 5000}}) {
     SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K) + "x" + std::to_string(N));
     Tensor x = Random({T, K}), w = Random({N, K}, 0.05f);
     Tensor wb = UpBf16(w);
@@ -180,6 +183,79 @@ TEST_F(CudaBackendTest, LinearWithBf16Weights) {
     cpu_->Linear(x, w, &want);
     gpu_->Linear(Up(x), wb, &got);
     ExpectClose(got, want);
+  }
+}
+
+// The decode GEMM (BF16 weights, 1..64 rows, tensor cores with x split hi + lo) against the CPU
+// at the models' widths — K3 hidden 7168; Kimi-Linear hidden 2304 with its KDA / MLA / MLP
+// projections, the down projection split across blocks along k — and at odd shapes: n and k
+// no multiple of any tile, k no multiple of 8 (rows not 16-byte aligned), k under one step.
+// Same bar as every op: the hi + lo split keeps ~16 mantissa bits of x (≤ 2⁻¹⁶ relative each,
+// ~2e-6 typical).
+TEST_F(CudaBackendTest, DecodeGemmMatchesCpu) {
+  struct Case {
+    int64_t T, K, N;
+  };
+  const std::vector<Case> cases = {{1, 7168, 512},  {64, 7168, 576}, {8, 2304, 4096}, {32, 2304, 6144},
+                                   {33, 9216, 2304}, {17, 300, 77},  {64, 2305, 1000}, {3, 70, 33},
+                                   {16, 5, 129},     {1, 2304, 163}};
+  bool split_seen = false, unaligned_seen = false;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.T) + "x" + std::to_string(c.K) + "x" + std::to_string(c.N));
+    split_seen |= cuda::DecodeGemmSplits(c.N, c.K) > 1;
+    unaligned_seen |= c.K % 8 != 0;
+    Tensor x = Random({c.T, c.K}), w = Random({c.N, c.K}, 0.05f);
+    Tensor wb = UpBf16(w);
+    Tensor want = cpu_->Empty({c.T, c.N}), got = Poisoned({c.T, c.N});
+    cpu_->Linear(x, w, &want);
+    gpu_->Linear(Up(x), wb, &got);
+    ExpectClose(got, want);
+  }
+  EXPECT_TRUE(split_seen) << "no case splits k across blocks";
+  EXPECT_TRUE(unaligned_seen);
+}
+
+// Row invariance (Backend::RowInvariantRows, docs/architecture.md): each row of a BF16-weight
+// Linear of m rows is bit-identical to that row computed alone, for every m in the buckets and at
+// their edges, whatever the other rows hold (rows drawn at random from a pool whose scales span
+// 1e-3 .. 1e3, at random positions), whether k is split across blocks or not.
+TEST_F(CudaBackendTest, DecodeGemmRowsAreBitIdenticalToAlone) {
+  // k split 14 ways, 4 ways, unsplit and unaligned (scalar loads), unsplit and aligned.
+  for (auto [K, N] : std::vector<std::array<int64_t, 2>>{{7168, 512}, {2304, 1000}, {300, 77}, {256, 33000}}) {
+    SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N));
+    EXPECT_EQ(cuda::DecodeGemmSplits(N, K), K == 7168 ? 14 : K == 2304 ? 4 : 1);
+    Tensor w = Random({N, K}, 0.05f);
+    Tensor wb = UpBf16(w);
+    constexpr int64_t kPool = 64;
+    Tensor pool = Random({kPool, K});
+    for (int64_t r = 0; r < kPool; ++r) {
+      const float scale = std::pow(10.0f, static_cast<float>(r % 7) - 3.0f);
+      for (int64_t i = 0; i < K; ++i) pool.f32()[r * K + i] *= scale;
+    }
+    std::vector<Tensor> alone;  // each pool row computed with m = 1
+    for (int64_t r = 0; r < kPool; ++r) {
+      Tensor xr = Tensor::Host({1, K});
+      std::copy_n(pool.f32() + r * K, K, xr.f32());
+      Tensor y = Poisoned({1, N});
+      gpu_->Linear(Up(xr), wb, &y);
+      alone.push_back(Down(y));
+    }
+    for (int64_t m : {1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64}) {
+      std::vector<int64_t> pick(static_cast<size_t>(m));
+      Tensor x = Tensor::Host({m, K});
+      for (int64_t i = 0; i < m; ++i) {
+        pick[static_cast<size_t>(i)] = static_cast<int64_t>(rng_.Next() % kPool);
+        std::copy_n(pool.f32() + pick[static_cast<size_t>(i)] * K, K, x.f32() + i * K);
+      }
+      Tensor y = Poisoned({m, N});
+      gpu_->Linear(Up(x), wb, &y);
+      const Tensor got = Down(y);
+      for (int64_t i = 0; i < m; ++i) {
+        const float* want = alone[static_cast<size_t>(pick[static_cast<size_t>(i)])].f32();
+        EXPECT_EQ(std::memcmp(got.f32() + i * N, want, static_cast<size_t>(N) * sizeof(float)), 0)
+            << "m=" << m << " row " << i << " (pool row " << pick[static_cast<size_t>(i)] << ")";
+      }
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 // through it on the GPU is a later step (Backend::KdaCore takes either form and this backend
 // computes both recurrently).
 #include "kimirt/backend/cuda/block_reduce.cuh"
+#include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cstdio>
@@ -17,11 +18,6 @@ namespace kimirt::cuda {
 namespace {
 
 constexpr int kMaxConvTaps = 16;
-
-__device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ float Silu(float x) { return x / (1.0f + expf(-x)); }
-// torch softplus (beta 1, threshold 20), as the CPU reference.
-__device__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // One thread per channel: its window column in registers, taps j = 0..W-1 oldest first.
 __global__ void CausalConvSiluKernel(const float* x, int64_t T, int64_t C, const float* w, int W, float* window,
@@ -37,7 +33,7 @@ __global__ void CausalConvSiluKernel(const float* x, int64_t T, int64_t C, const
     float acc = 0.0f;
     for (int j = 0; j < hist; ++j) acc += wc[j] * buf[j];
     acc += wc[hist] * xt;
-    y[t * C + c] = Silu(acc);
+    y[t * C + c] = KdaSilu(acc);
     for (int i = 0; i + 1 < hist; ++i) buf[i] = buf[i + 1];
     if (hist > 0) buf[hist - 1] = xt;
   }
@@ -52,7 +48,7 @@ __global__ void KdaLogDecayKernel(const float* f, int64_t n, int64_t H, int64_t 
     const float a = expf(a_log[h]);
     const float xv = f[i] + dt_bias[h * K + d];
     // The lower bound is reached through the sigmoid, not by clamping (spec §5.3).
-    alpha[i] = has_lb ? lb * Sigmoid(a * xv) : -a * Softplus(xv);
+    alpha[i] = has_lb ? lb * KdaSigmoid(a * xv) : -a * KdaSoftplus(xv);
   }
 }
 
@@ -84,7 +80,7 @@ __global__ void KdaRecurrentKernel(const float* q, const float* k, const float* 
     // one (a barrier inside a branch that only some threads take is undefined, and hangs).
     __syncthreads();
     if (active) {
-      const float beta = Sigmoid(beta_logits[t * H + h]);
+      const float beta = KdaSigmoid(beta_logits[t * H + h]);
       // Steps 1-2: decay, then p_j = Σ_d k̂_d S[d, j] (d ascending).
       float p = 0.0f;
       for (int64_t d = 0; d < K; ++d) {

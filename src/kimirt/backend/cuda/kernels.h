@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kimirt/backend/kda_decode_args.h"
+
 namespace kimirt::cuda {
 
 // --- elementwise_kernels.cu ---
@@ -22,11 +24,24 @@ void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int
                float* y, cudaStream_t s);
 
 // --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
-// Up to this many rows, GEMMs run as Gemv (row-invariant); more go to cuBLAS.
+// Up to this many rows, GEMMs run as DecodeGemm (BF16 weights) or Gemv (F32 weights), both
+// row-invariant; more go to cuBLAS.
 constexpr int64_t kGemvMaxRows = 64;
 // y [m, n] = x [m, k] · w [n, k]ᵀ, w F32 or BF16; each row computed as it would be alone.
+// FP32 cores; the BF16 decode path is DecodeGemm, this stays for F32-held weights.
 void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
+
+// --- decode_gemm.cu: BF16-weight GEMM for 1..kGemvMaxRows rows on tensor cores ---
+// y [m, n] = x [m, k] · w [n, k]ᵀ with w BF16, x split into two BF16 parts (≈ F32 accuracy), F32
+// accumulation; the weight is read once whatever m is, and each row's bits are those it gets
+// alone (the k split and every summation order depend on n and k only). `scratch` is device
+// memory of DecodeGemmScratchBytes(m, n, k) bytes, 256-byte aligned, used on stream `s` only.
+size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k);
+// Blocks k is split across for an [n, k] weight (1 = no split); for tests and benches.
+int64_t DecodeGemmSplits(int64_t n, int64_t k);
+void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
+                cudaStream_t s);
 
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
@@ -44,6 +59,21 @@ void KdaLogDecay(const float* f, int64_t T, int64_t H, int64_t K, const float* a
                  bool has_lower_bound, float lower_bound, float* alpha, cudaStream_t s);
 void KdaRecurrent(const float* q, const float* k, const float* v, const float* beta_logits, const float* alpha,
                   int64_t T, int64_t H, int64_t K, float* state, float* o, cudaStream_t s);
+
+// --- kda_decode_kernels.cu: the fused KDA decode step (spec §5; kda_decode_args.h) ---
+// One launch for a.rows sequences × a.heads heads, one token each: conv + SiLU of q, k, v with
+// each row's slot window (updated), l2norm of q and k (spec §3.4), the decay gate (K3 bounded
+// sigmoid or Kimi-Linear softplus, spec §5.3), beta = sigmoid(logit), the delta-rule update of
+// recurrent[slots[b]] in place (spec §5.4, the CPU recurrent reference's op order) and o = q̂ᵀS,
+// then the gated RMSNorm with the output gate (spec §5.6) into a.out [B, P]; o_proj stays
+// outside. Every pointer is device memory (slots too); slots must be distinct within a call and
+// in range (not checked on the device). Equal to cpu::KdaDecode up to FP32 rounding; each row's
+// bits are independent of the other rows (one block per (head, row), nothing shared).
+// Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 4, rows <= 65535; aborts otherwise.
+// blocks_per_sm (2 or 3) picks the register budget (occupancy) the kernel is compiled for: same
+// results bit for bit, different speed; 2, the default, spills nothing.
+constexpr int kKdaDecodeHeadDim = 128;
+void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two

@@ -1,7 +1,9 @@
 // GEMM kernels for few rows and for BF16-held weights, F32 accumulation (kernels.h): BF16 weights
 // are the checkpoint's own values, so results equal the F32-weight path up to summation order.
-// Few rows (decode, and decode batches): a warp per output column, row-invariant. Many rows
-// (prefill): BF16 weights are widened to F32 chunk by chunk for cuBLAS.
+// Few rows (decode, and decode batches) with F32-held weights: Gemv, a warp per output column on
+// the FP32 cores, row-invariant (BF16-held weights go to decode_gemm.cu's tensor-core kernel,
+// which reads the weight once for all rows). Many rows (prefill): BF16 weights are widened to F32
+// chunk by chunk for cuBLAS.
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cuda_bf16.h>
