@@ -56,7 +56,7 @@ struct KdaStatePool {
   Tensor recurrent;               // [slots, H, K, K] FP32 state S (spec §5.4)
 };
 
-// What KdaDecode needs of a KDA layer's weights besides its projections (spec §5.2-5.3).
+// What KdaDecode needs of a KDA layer's weights besides its projections (spec §5.2-5.3, §5.6).
 struct KdaDecodeWeights {
   const Tensor* conv_q = nullptr;   // [P_l, W] short-conv taps
   const Tensor* conv_k = nullptr;
@@ -64,6 +64,8 @@ struct KdaDecodeWeights {
   const Tensor* a_log = nullptr;    // [H]
   const Tensor* dt_bias = nullptr;  // [H*K]
   std::optional<float> lower_bound; // K3's bounded-sigmoid gate; none: softplus (Kimi-Linear)
+  const Tensor* o_norm = nullptr;   // [K] gated RMSNorm gain
+  float norm_eps = 1e-5f;
 };
 
 struct MlaShape {
@@ -188,16 +190,23 @@ class Backend {
                        const Tensor& alpha, int64_t heads, KdaForm form, Tensor* state, Tensor* o) = 0;
   // Per-head gated RMSNorm (spec §3.2): x, g, y [T, H*K]; w [K].
   virtual void GatedRmsNorm(const Tensor& x, const Tensor& g, const Tensor& w, float eps, Tensor* y) = 0;
-  // KDA decode (spec §5.2-5.5) of B sequences, one token each; row b reads and updates slot
+  // KDA decode (spec §5.2-5.6) of B sequences, one token each; row b reads and updates slot
   // slots[b] of `pool` (distinct slots): short conv + SiLU of the pre-conv projections q_raw,
-  // k_raw, v_raw [B, P_l] with the slot's windows, the log-decay of f [B, P_l], and the
-  // recurrent delta rule with beta_logits [B, H] on the slot's state; o [B, P_l] the core's
-  // output. The base version (backend.cpp) runs CausalConvSilu, KdaLogDecay and KdaCore row by
-  // row on slot views, the same bits as those ops on one sequence; a backend may fuse it (row b
-  // must still depend on row b alone).
+  // k_raw, v_raw [B, P_l] with the slot's windows, the log-decay of f [B, P_l], the recurrent
+  // delta rule with beta_logits [B, H] on the slot's state, and the gated RMSNorm with the
+  // output-gate logits gate [B, P_l]; o [B, P_l] is what o_proj takes. The base version
+  // (backend.cpp) runs CausalConvSilu, KdaLogDecay, KdaCore and GatedRmsNorm row by row on slot
+  // views, the same bits as those ops on one sequence; CUDA runs the fused kernel
+  // (kda_decode_kernels.cu) where it applies. Row b depends on row b alone.
   virtual void KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,
-                         const Tensor& f, const Tensor& beta_logits, const KdaDecodeWeights& w, KdaStatePool* pool,
-                         Tensor* o);
+                         const Tensor& f, const Tensor& beta_logits, const Tensor& gate, const KdaDecodeWeights& w,
+                         KdaStatePool* pool, Tensor* o);
+
+ protected:
+  // KdaDecode's slots: each in [0, slot_count), none twice (rows update their slots in place).
+  static void CheckDecodeSlots(std::span<const int32_t> slots, int64_t slot_count);
+
+ public:
 
   // MLA attention (spec §6.4/§6.6) of T new tokens at positions start.. over the cache rows
   // [0, start + T) (the new tokens already appended). q [T, H*(dn+dr)]; cache_c [≥start+T, r];

@@ -35,11 +35,14 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
   Tensor q_raw = m.Linear(x, w.q), k_raw = m.Linear(x, w.k), v_raw = m.Linear(x, w.v);
   Tensor beta = m.Linear(x, w.b);
   Tensor f = m.Linear(m.Linear(x, w.f_a), w.f_b);
-  Tensor core = be.Empty({T, Pl});
+  // Spec §5.6's output gate (the gated RMSNorm's second input).
+  Tensor gate = c.linear_attn.use_full_rank_gate ? m.Linear(x, w.g) : m.Linear(m.Linear(x, w.g_a), w.g_b);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Tensor normed = be.Empty({T, Pl});
   bool decode = form.value_or(KdaForm::kRecurrent) == KdaForm::kRecurrent;
   for (size_t b = 0; b < rows.seqs.size(); ++b) decode = decode && rows.count(b) == 1;
   if (decode) {
-    // Spec §5.2–5.5, one token per sequence: the batched op over the slots.
+    // Spec §5.2–5.6, one token per sequence: the batched op over the slots.
     std::vector<int32_t> slots;
     for (size_t b = 0; b < rows.seqs.size(); ++b) slots.push_back(slot(b));
     KdaDecodeWeights dw;
@@ -49,7 +52,9 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
     dw.a_log = &w.a_log;
     dw.dt_bias = &w.dt_bias;
     dw.lower_bound = lb;
-    be.KdaDecode(slots, q_raw, k_raw, v_raw, f, beta, dw, &pool, &core);
+    dw.o_norm = &w.o_norm;
+    dw.norm_eps = eps;
+    be.KdaDecode(slots, q_raw, k_raw, v_raw, f, beta, gate, dw, &pool, &normed);
   } else {
     // Spec §5.2: the short conv + SiLU with each sequence's carried window (its own rows).
     auto conv = [&](const Tensor& raw, const Tensor& conv_w, const Tensor& windows) {
@@ -68,6 +73,7 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
     Tensor alpha = be.Empty({T, Pl});
     be.KdaLogDecay(f, w.a_log, w.dt_bias, lb, &alpha);
     // Spec §5.4–5.5: the delta rule over each sequence's recurrent state.
+    Tensor core = be.Empty({T, Pl});
     for (size_t b = 0; b < rows.seqs.size(); ++b) {
       const int64_t at = rows.begin(b), n = rows.count(b);
       const KdaForm seq_form = form.value_or(n > 64 ? KdaForm::kChunked : KdaForm::kRecurrent);
@@ -76,11 +82,10 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
       be.KdaCore(q.Rows(at, n), k.Rows(at, n), v.Rows(at, n), beta.Rows(at, n), alpha.Rows(at, n), H, seq_form,
                  &state, &out);
     }
+    // Spec §5.6: gated RMSNorm with the output gate.
+    be.GatedRmsNorm(core, gate, w.o_norm, eps, &normed);
   }
-  // Spec §5.6: gated RMSNorm with the output gate, then o_proj (row parallel: all-reduce).
-  Tensor gate = c.linear_attn.use_full_rank_gate ? m.Linear(x, w.g) : m.Linear(m.Linear(x, w.g_a), w.g_b);
-  Tensor normed = be.Empty({T, Pl});
-  be.GatedRmsNorm(core, gate, w.o_norm, static_cast<float>(c.rms_norm_eps), &normed);
+  // Spec §5.6: o_proj (row parallel: all-reduce).
   Tensor out = m.Linear(normed, w.o);
   m.AllReduce(&out);
   return out;

@@ -262,6 +262,50 @@ class CudaBackend final : public Backend {
     cuda::GatedRmsNorm(F(x), F(g), F(w), eps, x.numel() / K, K, F(*y), stream_);
   }
 
+  // The fused kernel (kda_decode_kernels.cu) where it applies (head dim 128, up to 4 taps, F32
+  // taps); otherwise the base version's per-op kernels. The slots go up in one small copy.
+  void KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,
+                 const Tensor& f, const Tensor& beta_logits, const Tensor& gate, const KdaDecodeWeights& w,
+                 KdaStatePool* pool, Tensor* o) override {
+    const int64_t B = Rows(q_raw), Pl = Cols(q_raw), H = w.a_log->numel(), W = Cols(*w.conv_q);
+    if (B == 0 || B > 65535 || H == 0 || Pl != H * cuda::kKdaDecodeHeadDim || W < 1 || W > 4 ||
+        w.conv_q->dtype() != DType::kF32) {
+      Backend::KdaDecode(slots, q_raw, k_raw, v_raw, f, beta_logits, gate, w, pool, o);
+      return;
+    }
+    KIMIRT_CHECK(static_cast<int64_t>(slots.size()) == B && pool->conv_q.dim(1) == W - 1);
+    CheckDecodeSlots(slots, pool->recurrent.dim(0));
+    Tensor d_slots = UploadInts(slots);
+    KdaDecodeArgs a;
+    a.rows = B;
+    a.heads = H;
+    a.head_dim = cuda::kKdaDecodeHeadDim;
+    a.conv_taps = W;
+    a.q = F(q_raw);
+    a.k = F(k_raw);
+    a.v = F(v_raw);
+    a.beta_logits = F(beta_logits);
+    a.f = F(f);
+    a.gate = F(gate);
+    a.conv_q = F(*w.conv_q);
+    a.conv_k = F(*w.conv_k);
+    a.conv_v = F(*w.conv_v);
+    a.a_log = F(*w.a_log);
+    a.dt_bias = F(*w.dt_bias);
+    a.o_norm = F(*w.o_norm);
+    a.norm_eps = w.norm_eps;
+    a.has_lower_bound = w.lower_bound.has_value();
+    a.lower_bound = w.lower_bound.value_or(0.0f);
+    a.slots = static_cast<const int32_t*>(d_slots.raw());
+    a.slot_count = pool->recurrent.dim(0);
+    a.recurrent = F(pool->recurrent);
+    a.window_q = F(pool->conv_q);
+    a.window_k = F(pool->conv_k);
+    a.window_v = F(pool->conv_v);
+    a.out = F(*o);
+    cuda::KdaDecode(a, stream_);
+  }
+
   void MlaAttention(const Tensor& q, const Tensor& cache_c, const Tensor& cache_ks, const Tensor& w_kvb,
                     const MlaShape& s, int64_t start, MlaForm form, Tensor* o) override {
     const int64_t T = Rows(q), H = s.heads, dn = s.nope_dim, dr = s.rope_dim, dv = s.v_dim, r = s.latent_dim;

@@ -5,8 +5,8 @@
 // outputs are poisoned first so an unwritten element cannot pass. Tolerance: relative L2 of
 // 1e-5 (both sides FP32; they differ only in summation order), NaN never passes. In-place state
 // (KDA state, conv window) is compared too, and a second call continues from it.
-// The batched decode ops (issue 12): KdaDecode over a slot pool (slots out of order, the others
-// untouched) and the paged MLA decode (KvStorage::AttendDecode) at K3's widths over contexts
+// The batched decode ops (issue 12): KdaDecode (the fused kernel at head dim 128) over a slot
+// pool (slots out of order, the others untouched) and the paged MLA decode (KvStorage::AttendDecode) at K3's widths over contexts
 // 1 .. 32K (one split to the most), the three cache dtypes and interleaved block tables,
 // within 2e-5; both with every row bit-identical to its sequence alone (batch invariance).
 //
@@ -476,11 +476,11 @@ TEST_F(CudaBackendTest, KdaDecodeOverSlotsMatchesCpu) {
   const KdaStatePool host{rnd({slots_n, W - 1, Pl}, 1.0f), rnd({slots_n, W - 1, Pl}, 1.0f),
                           rnd({slots_n, W - 1, Pl}, 1.0f), rnd({slots_n, H, K, K}, 0.1f)};
   const Tensor taps_q = rnd({Pl, W}, 0.3f), taps_k = rnd({Pl, W}, 0.3f), taps_v = rnd({Pl, W}, 0.3f);
-  const Tensor a_log = rnd({H}, 0.5f), dt_bias = rnd({Pl}, 0.5f);
+  const Tensor a_log = rnd({H}, 0.5f), dt_bias = rnd({Pl}, 0.5f), o_norm = rnd({K}, 1.0f);
   const std::vector<int32_t> slots = {4, 0, 2};
   const int64_t B = static_cast<int64_t>(slots.size());
   const Tensor q_raw = rnd({B, Pl}, 1.0f), k_raw = rnd({B, Pl}, 1.0f), v_raw = rnd({B, Pl}, 1.0f);
-  const Tensor f = rnd({B, Pl}, 1.0f), beta = rnd({B, H}, 1.0f);
+  const Tensor f = rnd({B, Pl}, 1.0f), beta = rnd({B, H}, 1.0f), gate = rnd({B, Pl}, 1.0f);
   auto copy_pool = [](Backend& be, const KdaStatePool& p) {
     auto copy = [&](const Tensor& t) {
       Tensor h = Tensor::Host(t.shape());
@@ -491,19 +491,19 @@ TEST_F(CudaBackendTest, KdaDecodeOverSlotsMatchesCpu) {
   };
   for (const std::optional<float> lb : {std::optional<float>(), std::optional<float>(-5.0f)}) {
     SCOPED_TRACE(lb ? "bounded gate" : "softplus gate");
-    KdaDecodeWeights cw{&taps_q, &taps_k, &taps_v, &a_log, &dt_bias, lb};
+    KdaDecodeWeights cw{&taps_q, &taps_k, &taps_v, &a_log, &dt_bias, lb, &o_norm, 1e-5f};
     KdaStatePool cpu_pool = copy_pool(*cpu_, host);
     Tensor want = cpu_->Empty({B, Pl});
-    cpu_->KdaDecode(slots, q_raw, k_raw, v_raw, f, beta, cw, &cpu_pool, &want);
+    cpu_->KdaDecode(slots, q_raw, k_raw, v_raw, f, beta, gate, cw, &cpu_pool, &want);
 
     const Tensor g_tq = gpu_->Upload(taps_q), g_tk = gpu_->Upload(taps_k), g_tv = gpu_->Upload(taps_v);
-    const Tensor g_alog = gpu_->Upload(a_log), g_dt = gpu_->Upload(dt_bias);
-    KdaDecodeWeights gw{&g_tq, &g_tk, &g_tv, &g_alog, &g_dt, lb};
+    const Tensor g_alog = gpu_->Upload(a_log), g_dt = gpu_->Upload(dt_bias), g_norm = gpu_->Upload(o_norm);
+    KdaDecodeWeights gw{&g_tq, &g_tk, &g_tv, &g_alog, &g_dt, lb, &g_norm, 1e-5f};
     const Tensor gq = gpu_->Upload(q_raw), gk = gpu_->Upload(k_raw), gv = gpu_->Upload(v_raw);
-    const Tensor gf = gpu_->Upload(f), gb = gpu_->Upload(beta);
+    const Tensor gf = gpu_->Upload(f), gb = gpu_->Upload(beta), gg = gpu_->Upload(gate);
     KdaStatePool gpu_pool = copy_pool(*gpu_, host);
     Tensor o = Poisoned({B, Pl});
-    gpu_->KdaDecode(slots, gq, gk, gv, gf, gb, gw, &gpu_pool, &o);
+    gpu_->KdaDecode(slots, gq, gk, gv, gf, gb, gg, gw, &gpu_pool, &o);
     const Tensor got = gpu_->Download(o);
     EXPECT_LE(RelL2(got.f32(), want.f32(), want.numel()), 2e-5);
     const Tensor got_state = gpu_->Download(gpu_pool.recurrent), got_win = gpu_->Download(gpu_pool.conv_v);
@@ -525,8 +525,8 @@ TEST_F(CudaBackendTest, KdaDecodeOverSlotsMatchesCpu) {
       KdaStatePool alone_pool = copy_pool(*gpu_, host);
       Tensor o1 = Poisoned({1, Pl});
       const int32_t one[] = {slots[static_cast<size_t>(b)]};
-      gpu_->KdaDecode(one, gq.Rows(b, 1), gk.Rows(b, 1), gv.Rows(b, 1), gf.Rows(b, 1), gb.Rows(b, 1), gw, &alone_pool,
-                      &o1);
+      gpu_->KdaDecode(one, gq.Rows(b, 1), gk.Rows(b, 1), gv.Rows(b, 1), gf.Rows(b, 1), gb.Rows(b, 1), gg.Rows(b, 1), gw,
+                      &alone_pool, &o1);
       const Tensor h1 = gpu_->Download(o1), s1 = gpu_->Download(alone_pool.recurrent);
       EXPECT_EQ(std::memcmp(h1.f32(), got.f32() + b * Pl, static_cast<size_t>(Pl) * 4), 0) << "row " << b;
       EXPECT_EQ(std::memcmp(s1.f32() + one[0] * per_state, got_state.f32() + one[0] * per_state,
