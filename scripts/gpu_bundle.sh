@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
-benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') mla_decode_bench"
+# The CUDA kernel benches, and the plain programs that take --device cuda (moe_bench,
+# mla_decode_bench).
+benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') moe_bench mla_decode_bench"
 # shellcheck disable=SC2086
 ninja -C build-cuda kimirt kimirt_tests $benches
 stage=$(mktemp -d)
@@ -27,7 +29,7 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libpcre2-8.so.0 li
 done
 # The shared layout the tests read through KIMIRT_SHARED_DIR (testing/test_data.h).
 cp -r tests/fixtures configs "$stage/shared/"
-cp -r bench/configs "$stage/shared/bench-configs"
+mkdir -p "$stage/shared/bench" && cp -r bench/configs "$stage/shared/bench/"
 mkdir -p .carry/gpu
 tar -C "$stage" -cJf .carry/gpu/bundle.tar.xz .
 cp scripts/gpu_check.sh .carry/gpu/

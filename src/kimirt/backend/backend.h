@@ -42,11 +42,16 @@ struct RouteParams {
 };
 
 // One MoE layer's routed experts as this rank holds them (TP: every expert, a slice of its
-// intermediate width). CPU: F32 [I_local, D_e] gate/up and [D_e, I_local] down per expert.
+// intermediate width): [I_local, D_e] gate/up and [D_e, I_local] down per expert, either widened
+// (F32; BF16 on CUDA) or, on CUDA, MXFP4 as the checkpoint stores them (spec §2.9): U8 codes
+// [rows, cols/2] (two E2M1 per byte, the low nibble first) and U8 E8M0 scales [rows, cols/32].
+// The CPU takes F32 only.
 struct ExpertWeights {
   std::vector<Tensor> gate;  // w1
   std::vector<Tensor> up;    // w3
   std::vector<Tensor> down;  // w2
+  std::vector<Tensor> gate_scales, up_scales, down_scales;  // MXFP4 only
+  bool mxfp4() const { return !gate.empty() && gate.front().dtype() == DType::kU8; }
 };
 
 // One KDA layer's per-sequence state for `slots` sequences, indexed by slot (spec §5.7, §9): the

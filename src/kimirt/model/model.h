@@ -52,6 +52,8 @@ class Model {
   const ModelConfig& config() const { return layout_.config(); }
   Backend& backend() const { return be_; }
   const Layout& layout() const { return layout_; }
+  // The weights as this rank holds them on its backend (bench model counts their bytes).
+  const ModelWeights& weights() const { return w_; }
 
   // A fresh sequence whose latents live in `kv` and whose KDA state takes a slot of `kda`
   // (defaults: a growable F32 cache and slots of the model's own, for tools and tests; the

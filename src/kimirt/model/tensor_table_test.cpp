@@ -78,12 +78,16 @@ std::set<const Tensor*> FieldsTheModelReads(const ModelConfig& c, ModelWeights& 
     for (std::vector<Tensor>* v : {&m.experts.gate, &m.experts.up, &m.experts.down}) {
       for (Tensor& t : *v) f.insert(&t);
     }
+    if (!c.quantization.routed_experts_mxfp4) continue;
+    for (std::vector<Tensor>* v : {&m.experts.gate_scales, &m.experts.up_scales, &m.experts.down_scales}) {
+      for (Tensor& t : *v) f.insert(&t);
+    }
   }
   return f;
 }
 
-// Each tensor of each config fills one field that no other tensor fills, except that MXFP4 scales
-// fill the field of the codes listed just before them; vision tensors fill none; and the fields
+// Each tensor of each config fills one field that no other tensor fills (MXFP4 scales their own,
+// listed just after their codes, both held as stored); vision tensors fill none; and the fields
 // filled are exactly the fields the model reads.
 TEST(TensorTable, EveryTensorBindsToItsOwnFieldAndEveryFieldIsBound) {
   for (const std::string& path : ConfigPaths()) {
@@ -100,18 +104,21 @@ TEST(TensorTable, EveryTensorBindsToItsOwnFieldAndEveryFieldIsBound) {
       const WeightBinding b = BindWeight(w, t);
       if (t.component == Component::kVision) {
         EXPECT_EQ(b.field, nullptr) << t.name;
-      } else if (IsMxfp4Scales(t.role)) {
+        prev = &t;
+        continue;
+      }
+      if (IsMxfp4Scales(t.role)) {
         ++scales;
         ASSERT_NE(prev, nullptr) << t.name;
         EXPECT_EQ(prev->role, Mxfp4CodesOf(t.role)) << t.name << " follows " << prev->name;
-        EXPECT_EQ(b.field, BindWeight(w, *prev).field) << t.name;
+        EXPECT_EQ(b.held, HeldAs::kMxfp4) << t.name;
+        EXPECT_EQ(BindWeight(w, *prev).held, HeldAs::kMxfp4) << prev->name;
         EXPECT_EQ(prev->layer, t.layer);
         EXPECT_EQ(prev->expert, t.expert);
-      } else {
-        ASSERT_NE(b.field, nullptr) << t.name;
-        auto [it, fresh] = filled_by.emplace(b.field, &t);
-        EXPECT_TRUE(fresh) << t.name << " binds to the field of " << it->second->name;
       }
+      ASSERT_NE(b.field, nullptr) << t.name;
+      auto [it, fresh] = filled_by.emplace(b.field, &t);
+      EXPECT_TRUE(fresh) << t.name << " binds to the field of " << it->second->name;
       prev = &t;
     }
     const int64_t moe_layers = c.NumMoeLayers();

@@ -18,6 +18,9 @@ ModelWeights EmptyModelWeights(const ModelConfig& c) {
     l.moe.experts.gate.resize(E);
     l.moe.experts.up.resize(E);
     l.moe.experts.down.resize(E);
+    l.moe.experts.gate_scales.resize(E);
+    l.moe.experts.up_scales.resize(E);
+    l.moe.experts.down_scales.resize(E);
   }
   return w;
 }
@@ -30,12 +33,13 @@ WeightBinding BindWeight(ModelWeights& w, const TensorSpec& t) {
     KIMIRT_CHECK(t.layer >= 0 && static_cast<size_t>(t.layer) < w.layers.size());
     return w.layers[static_cast<size_t>(t.layer)];
   };
-  auto expert = [&](std::vector<Tensor>& v) {
+  auto expert = [&](std::vector<Tensor>& v, HeldAs held = HeldAs::kMatrix) {
     KIMIRT_CHECK(t.expert >= 0 && static_cast<size_t>(t.expert) < v.size());
-    return WeightBinding{&v[static_cast<size_t>(t.expert)], matrix};
+    return WeightBinding{&v[static_cast<size_t>(t.expert)], held};
   };
+  const HeldAs mx = HeldAs::kMxfp4;
   switch (t.role) {
-    case R::kEmbed: return {&w.embed, f32};
+    case R::kEmbed: return {&w.embed, matrix};  // BF16-held on CUDA: rows widened exactly at lookup
     case R::kLmHead: return {&w.lm_head, matrix};
     case R::kFinalNorm: return {&w.norm, f32};
     case R::kOutputResNorm: return {&w.out_res_norm, f32};
@@ -82,15 +86,15 @@ WeightBinding BindWeight(ModelWeights& w, const TensorSpec& t) {
     case R::kSharedGate: return {&layer().moe.shared.gate, matrix};
     case R::kSharedUp: return {&layer().moe.shared.up, matrix};
     case R::kSharedDown: return {&layer().moe.shared.down, matrix};
-    case R::kExpertGate:
-    case R::kExpertGateCodes:
-    case R::kExpertGateScales: return expert(layer().moe.experts.gate);
-    case R::kExpertUp:
-    case R::kExpertUpCodes:
-    case R::kExpertUpScales: return expert(layer().moe.experts.up);
-    case R::kExpertDown:
-    case R::kExpertDownCodes:
-    case R::kExpertDownScales: return expert(layer().moe.experts.down);
+    case R::kExpertGate: return expert(layer().moe.experts.gate);
+    case R::kExpertGateCodes: return expert(layer().moe.experts.gate, mx);
+    case R::kExpertGateScales: return expert(layer().moe.experts.gate_scales, mx);
+    case R::kExpertUp: return expert(layer().moe.experts.up);
+    case R::kExpertUpCodes: return expert(layer().moe.experts.up, mx);
+    case R::kExpertUpScales: return expert(layer().moe.experts.up_scales, mx);
+    case R::kExpertDown: return expert(layer().moe.experts.down);
+    case R::kExpertDownCodes: return expert(layer().moe.experts.down, mx);
+    case R::kExpertDownScales: return expert(layer().moe.experts.down_scales, mx);
     case R::kVisionPatchProj:
     case R::kVisionPosEmb:
     case R::kVisionNorm0:

@@ -15,6 +15,8 @@ enum class HeldAs : uint8_t {
   kF32Vector,  // flattened to 1-D: per-head log-rates ([1, 1, H, 1], or K3's padded [128], §2.4),
                // AttnRes pseudo-queries [1, D]
   kF32Taps,    // conv taps [P, 1, W] held as [P, W]
+  kMxfp4,      // MXFP4 expert codes or scales: as stored (U8) where the backend takes them (CUDA);
+               // on the CPU the loader widens the pair into the codes' field (spec §2.9)
 };
 
 struct WeightBinding {
@@ -26,8 +28,8 @@ struct WeightBinding {
 // every tensor still empty: what the loader binds into.
 ModelWeights EmptyModelWeights(const ModelConfig& config);
 
-// The field `t` fills in `w` (shaped by EmptyModelWeights for the layout's config). MXFP4 scales
-// bind to the field of their codes: the loader widens both into it (spec §2.9).
+// The field `t` fills in `w` (shaped by EmptyModelWeights for the layout's config). MXFP4 codes
+// and scales each have their own field (ExpertWeights); a CPU load widens the pair into the codes'.
 WeightBinding BindWeight(ModelWeights& w, const TensorSpec& t);
 
 }  // namespace kimirt

@@ -1,10 +1,14 @@
 // Loads one rank's weights: walk the tensor table, read each tensor's stored bytes, widen to F32
-// (BF16/F32 as stored; MXFP4 experts dequantized exactly from their codes and scales, spec §2.9),
-// cut the rank's slice by the table's placement (spec §11), upload into the field its role binds
-// to (weight_binding.cpp). Slices are cut after widening, so MXFP4 experts split at any degree.
+// (BF16/F32 as stored), cut the rank's slice by the table's placement (spec §11), upload into the
+// field its role binds to (weight_binding.cpp). MXFP4 experts (spec §2.9): on CUDA their codes and
+// scales are kept as stored, each sliced as `kimirt plan` places it (a slice never cuts a scale
+// group: Layout::CheckParallelism); on the CPU (the F32 reference) the pair is dequantized exactly
+// and sliced after widening.
 #include "kimirt/model/weights.h"
 
 #include <cstring>
+#include <set>
+#include <string>
 
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/model/weight_binding.h"
@@ -20,17 +24,20 @@ void SplitAround(const Shape& s, int dim, int64_t* outer, int64_t* inner) {
   for (size_t i = static_cast<size_t>(dim) + 1; i < s.size(); ++i) *inner *= s[i];
 }
 
-// Entries [begin, begin + length) of `dim`, zero-padded to `allocated` entries.
+// Entries [begin, begin + length) of `dim`, zero-padded to `allocated` entries (any dtype).
 Tensor SliceAlong(const Tensor& full, int dim, int64_t begin, int64_t length, int64_t allocated) {
   Shape out_shape = full.shape();
   out_shape[static_cast<size_t>(dim)] = allocated;
-  Tensor out = Tensor::Host(out_shape);
+  Tensor out = Tensor::Host(out_shape, full.dtype());  // zero-filled
   int64_t outer = 0, inner = 0;
   SplitAround(full.shape(), dim, &outer, &inner);
   const int64_t n = full.dim(dim);
+  const size_t es = DTypeSize(full.dtype());
+  uint8_t* dst = static_cast<uint8_t*>(out.raw());
+  const uint8_t* src = static_cast<const uint8_t*>(full.raw());
   for (int64_t o = 0; o < outer; ++o) {
-    std::memcpy(out.f32() + o * allocated * inner, full.f32() + (o * n + begin) * inner,
-                static_cast<size_t>(length * inner) * sizeof(float));
+    std::memcpy(dst + static_cast<size_t>(o * allocated * inner) * es, src + static_cast<size_t>((o * n + begin) * inner) * es,
+                static_cast<size_t>(length * inner) * es);
   }
   return out;
 }
@@ -44,10 +51,11 @@ Tensor ToBf16(const Tensor& f32) {
 
 class Loader {
  public:
-  Loader(const Layout& layout, const Checkpoint& ckpt, int tp, int rank, Backend& backend, const LoadOptions& o)
+  Loader(const Layout& layout, const Checkpoint& ckpt, int tp, int rank, Backend& backend, const LoadOptions& o,
+         bool mxfp4_as_stored)
       : layout_(layout), ckpt_(ckpt), rank_(rank), backend_(backend), options_(o) {
     par_.tp = tp;
-    par_.experts_dequantized = true;
+    par_.experts_dequantized = !mxfp4_as_stored;
   }
 
   Status Check() const { return layout_.CheckParallelism(par_); }
@@ -70,6 +78,21 @@ class Loader {
       DequantizeMxfp4Row(packed.data() + r * cols / 2, scale.data() + r * cols / 32, cols, t.f32() + r * cols);
     }
     return Place(codes, std::move(t), held, /*exact_bf16=*/true);
+  }
+
+  // The rank's slice of MXFP4 codes or scales, bytes as stored (U8), placed as SliceFor places
+  // them with the experts packed: a slice is whole scale groups, padding is code 0 / scale 0
+  // (value 0). At TP 1 the stored bytes are uploaded straight from the mapped file.
+  Result<Tensor> LoadStored(const TensorSpec& spec) {
+    KIMIRT_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, ckpt_.Data(spec.name));
+    if (bytes.size() != spec.nbytes() || spec.dtype != DType::kU8) {
+      return Corrupt(spec.name + ": " + std::to_string(bytes.size()) + " bytes, expected " +
+                     std::to_string(spec.nbytes()) + " of U8 MXFP4 codes or scales");
+    }
+    const Tensor stored(nullptr, const_cast<uint8_t*>(bytes.data()), spec.shape, DType::kU8, Device::kCpu);
+    const TensorSlice s = layout_.SliceFor(spec, par_, rank_);
+    if (s.dim < 0) return backend_.Upload(stored);
+    return backend_.Upload(SliceAlong(stored, s.dim, s.begin, s.length, s.allocated));
   }
 
   int64_t vocab_begin() const { return vocab_begin_; }
@@ -96,7 +119,8 @@ class Loader {
       case HeldAs::kMatrix:
         if (options_.matrix_dtype == DType::kBF16 && exact_bf16) return backend_.Upload(ToBf16(part));
         break;
-      case HeldAs::kF32: break;
+      case HeldAs::kF32:
+      case HeldAs::kMxfp4: break;  // MXFP4 widened on the CPU: F32
     }
     return backend_.Upload(part);
   }
@@ -134,7 +158,60 @@ class Loader {
   int64_t vocab_begin_ = 0;
 };
 
+// Every expert held one way: all widened, or all MXFP4 with a scale tensor per code tensor.
+Status CheckExperts(const ExpertWeights& ex, int layer) {
+  const bool mxfp4 = ex.mxfp4();
+  const std::vector<Tensor>* codes[] = {&ex.gate, &ex.up, &ex.down};
+  const std::vector<Tensor>* scales[] = {&ex.gate_scales, &ex.up_scales, &ex.down_scales};
+  for (int m = 0; m < 3; ++m) {
+    for (size_t e = 0; e < codes[m]->size(); ++e) {
+      const bool packed = (*codes[m])[e].dtype() == DType::kU8;
+      const bool has_scales = e < scales[m]->size() && (*scales[m])[e].defined() && (*scales[m])[e].numel() > 0;
+      if (packed != mxfp4 || packed != has_scales) {
+        return Internal("layer " + std::to_string(layer) + " expert " + std::to_string(e) + " (" +
+                        std::string(m == 0 ? "gate" : m == 1 ? "up" : "down") +
+                        "): MXFP4 codes and scales not loaded together");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+uint64_t HeldBytes(const ModelWeights& w) {
+  std::set<const void*> seen;
+  uint64_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && t.nbytes() > 0 && seen.insert(t.raw()).second) total += t.nbytes();
+  };
+  auto add_mlp = [&](const MlpWeights& m) {
+    for (const Tensor* t : {&m.gate, &m.up, &m.down}) add(*t);
+  };
+  for (const Tensor* t : {&w.embed, &w.lm_head, &w.norm, &w.out_res_norm, &w.out_res_proj}) add(*t);
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.input_norm, &l.post_norm, &l.attn_res_norm, &l.attn_res_proj, &l.mlp_res_norm,
+                            &l.mlp_res_proj}) {
+      add(*t);
+    }
+    const KdaWeights& k = l.kda;
+    for (const Tensor* t : {&k.q, &k.k, &k.v, &k.g, &k.g_a, &k.g_b, &k.b, &k.f_a, &k.f_b, &k.conv_q, &k.conv_k,
+                            &k.conv_v, &k.a_log, &k.dt_bias, &k.o_norm, &k.o}) {
+      add(*t);
+    }
+    const MlaWeights& a = l.mla;
+    for (const Tensor* t : {&a.q_a, &a.q_a_norm, &a.q_b, &a.q, &a.kv_a, &a.kv_a_norm, &a.kv_b, &a.g, &a.o}) add(*t);
+    add_mlp(l.dense);
+    const MoeWeights& m = l.moe;
+    for (const Tensor* t : {&m.router, &m.bias, &m.latent_down, &m.latent_up, &m.latent_norm}) add(*t);
+    add_mlp(m.shared);
+    const ExpertWeights& ex = m.experts;
+    for (const auto* v : {&ex.gate, &ex.up, &ex.down, &ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
+      for (const Tensor& t : *v) add(t);
+    }
+  }
+  return total;
+}
 
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
                                       int rank, Backend& backend, const LoadOptions& options) {
@@ -145,26 +222,33 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
                        std::string(DTypeName(options.matrix_dtype)) + " are not supported (the CPU computes with F32 "
                        "weights; CUDA takes F32 or BF16)");
   }
-  Loader ld(layout, checkpoint, tp, rank, backend, options);
+  // The CPU is the F32 reference: it widens MXFP4 experts at load. CUDA holds them as stored.
+  const bool mxfp4_as_stored = backend.device() != Device::kCpu;
+  Loader ld(layout, checkpoint, tp, rank, backend, options, mxfp4_as_stored);
   KIMIRT_RETURN_IF_ERROR(ld.Check());
   ModelWeights w = EmptyModelWeights(layout.config());
   const TensorSpec* codes = nullptr;  // MXFP4 codes whose scales come next in the table
   for (const TensorSpec& t : layout.tensors()) {
     const WeightBinding b = BindWeight(w, t);
     if (b.field == nullptr) continue;  // the vision tower: not part of the text model
-    if (IsMxfp4Codes(t.role)) {
+    if (b.held == HeldAs::kMxfp4 && mxfp4_as_stored) {
+      KIMIRT_ASSIGN_OR_RETURN(*b.field, ld.LoadStored(t));
+    } else if (IsMxfp4Codes(t.role)) {
       codes = &t;
     } else if (IsMxfp4Scales(t.role)) {
       if (codes == nullptr || codes->role != Mxfp4CodesOf(t.role) || codes->layer != t.layer ||
           codes->expert != t.expert) {
         return Internal("tensor table lists " + t.name + " without its MXFP4 codes just before it");
       }
-      KIMIRT_ASSIGN_OR_RETURN(*b.field, ld.LoadMxfp4(*codes, t, b.held));
+      KIMIRT_ASSIGN_OR_RETURN(*BindWeight(w, *codes).field, ld.LoadMxfp4(*codes, t, HeldAs::kMatrix));
       codes = nullptr;
     } else {
       KIMIRT_ASSIGN_OR_RETURN(*b.field, ld.Load(t, b.held));
       if (t.role == TensorRole::kEmbed) w.embed_row_begin = ld.vocab_begin();
     }
+  }
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    KIMIRT_RETURN_IF_ERROR(CheckExperts(w.layers[i].moe.experts, static_cast<int>(i)));
   }
   if (layout.config().tie_word_embeddings) w.lm_head = w.embed;
   return w;

@@ -74,15 +74,21 @@ struct ModelWeights {
 // How weights are held on the device. The math is F32 either way; `matrix_dtype` BF16 keeps the
 // GEMM weights (projections, experts, kv_b, lm_head) that the checkpoint stores as BF16 or MXFP4
 // in BF16 — exactly the checkpoint's values at half the bytes of F32 (every MXFP4 value,
-// E2M1 × 2^k, is a BF16 value). F32-stored tensors, norms, gates, the router and the embedding
-// stay F32. The CUDA backend takes BF16 matrices; the CPU backend only F32.
+// E2M1 × 2^k, is a BF16 value); so is a BF16-stored embedding table (rows widened at lookup).
+// F32-stored tensors, norms, gates and the router stay F32. The CUDA backend takes BF16 matrices;
+// the CPU backend only F32.
 struct LoadOptions {
   DType matrix_dtype = DType::kF32;
 };
 
-// Loads rank `rank` of `tp` from `checkpoint` onto `backend`.
+// Loads rank `rank` of `tp` from `checkpoint` onto `backend`. MXFP4 routed experts are held as
+// stored (codes + scales, ExpertWeights) on CUDA and widened to F32 on the CPU (the reference).
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
                                       int rank, Backend& backend,
                                       const LoadOptions& options = {});
+
+// Bytes of the tensors `w` holds, each counted once (a tied embedding is one tensor): what the
+// backend allocated for the weights, to set against the planner's figure.
+uint64_t HeldBytes(const ModelWeights& w);
 
 }  // namespace kimirt

@@ -14,9 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "kimirt/engine/engine.h"
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/model_runner.h"
 #include "kimirt/model/config.h"
 #include "kimirt/model/layout.h"
+#include "kimirt/model/model.h"
+#include "kimirt/model/weights.h"
+#include "kimirt/parallel/communicator.h"
 #include "kimirt/tools/checkpoint_writer.h"
 
 namespace kimirt {
@@ -25,10 +29,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A config's random weights as a temporary checkpoint (the loader is the same as for real ones).
-Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t seed) {
+Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t seed, const std::string& device) {
   KIMIRT_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(config_path));
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
-  if (layout.total_bytes() > (uint64_t{16} << 30)) {
+  if (device == "cpu" && layout.total_bytes() > (uint64_t{16} << 30)) {
     return Unsupported(config_path + ": " + std::to_string(layout.total_bytes() >> 30) +
                        " GiB of random weights is beyond a CPU benchmark; use a smaller config or a GPU");
   }
@@ -48,7 +52,7 @@ Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t se
 }  // namespace
 
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         int weight_bytes) {
+                         int weight_bytes, bool mxfp4_as_stored) {
   const ModelConfig& c = layout.config();
   Parallelism par;
   par.tp = tp;
@@ -58,7 +62,8 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
     if (t.component == Component::kVision) continue;
     if (t.role == TensorRole::kEmbed) continue;
     double bytes = static_cast<double>(layout.SliceFor(t, par, 0).loaded_bytes);
-    if (weight_bytes > 0) {
+    const bool mxfp4 = IsMxfp4Codes(t.role) || IsMxfp4Scales(t.role);
+    if (weight_bytes > 0 && !(mxfp4 && mxfp4_as_stored)) {
       // Logical elements × the bytes they are held in: packed MXFP4 bytes hold 2 elements and
       // their scales are folded in; in BF16 mode, F32-stored tensors stay F32.
       const bool packed = IsMxfp4Codes(t.role);
@@ -79,6 +84,17 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   return static_cast<uint64_t>(shared + touched * experts + latent + kda);
 }
 
+uint64_t PlannedWeightBytes(const Layout& layout, int tp) {
+  Parallelism par;
+  par.tp = tp;  // experts as stored, vision not loaded: as `kimirt plan` places them
+  uint64_t total = 0;
+  for (const TensorSpec& t : layout.tensors()) {
+    const TensorSlice s = layout.SliceFor(t, par, 0);
+    if (s.loaded) total += s.allocated_bytes;
+  }
+  return total;
+}
+
 Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   if (opt.model_dir.empty() == opt.config_path.empty()) {
     return InvalidArgument("give --model DIR or --config FILE --random-weights");
@@ -87,7 +103,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   std::string dir = opt.model_dir;
   std::string temp;
   if (dir.empty()) {
-    KIMIRT_ASSIGN_OR_RETURN(temp, RandomCheckpoint(opt.config_path, opt.seed));
+    KIMIRT_ASSIGN_OR_RETURN(temp, RandomCheckpoint(opt.config_path, opt.seed, opt.device));
     dir = temp;
   }
   struct Cleanup {
@@ -111,7 +127,24 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
   ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2) +
                      (opt.prefill_chunk + 63) / 64;
-  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(dir, ro));
+  // One rank: load the model here, so the bytes its weights hold on the device can be counted
+  // against the plan; more ranks: the runner loads them.
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ModelRunner> runner;
+  uint64_t held_bytes = 0;
+  if (opt.tp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
+    KIMIRT_ASSIGN_OR_RETURN(backend, MakeBackend(opt.device));
+    comm = MakeSingleRankCommunicator();
+    LoadOptions lo;
+    lo.matrix_dtype = opt.matrix_dtype;
+    KIMIRT_ASSIGN_OR_RETURN(model, Model::Load(dir, *backend, *comm, lo));
+    held_bytes = HeldBytes(model->weights());
+    KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::ForModel(*model, ro));
+  } else {
+    KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::Create(dir, ro));
+  }
   const ModelConfig& c = runner->config();
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
   EngineOptions eo;
@@ -128,6 +161,11 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
   report.device = opt.device;
   report.matrix_dtype = opt.matrix_dtype;
+  // CUDA holds MXFP4 experts as stored (weights.h); the CPU widens every weight to F32.
+  const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
+  report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
+  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp);
+  report.weight_bytes_on_device = held_bytes;
   report.tp = opt.tp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
@@ -194,7 +232,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
     // The latent cache is F32 here (4 bytes per value); weights as the loader holds them.
     p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4,
-                                          opt.matrix_dtype == DType::kBF16 ? 2 : 4);
+                                          opt.matrix_dtype == DType::kBF16 ? 2 : 4, mxfp4_as_stored);
     p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
     p.bandwidth_fraction = opt.peak_gb_per_s > 0 ? p.decode_gb_per_s / opt.peak_gb_per_s : 0.0;
     ++round;
@@ -205,7 +243,16 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
-                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + std::string(DTypeName(matrix_dtype)) + "\n";
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
+  if (weight_bytes_planned > 0) {
+    char held[160];
+    std::snprintf(held, sizeof(held), "weight bytes: planned %.3f GB, on the device %.3f GB (%+.2f%%)\n",
+                  static_cast<double>(weight_bytes_planned) / 1e9, static_cast<double>(weight_bytes_on_device) / 1e9,
+                  weight_bytes_on_device > 0 ? 100.0 * (static_cast<double>(weight_bytes_on_device) /
+                                                         static_cast<double>(weight_bytes_planned) - 1.0)
+                                             : 0.0);
+    s += held;
+  }
   char line[160];
   std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "decode tok/s", "MB/step", "GB/s");
@@ -228,7 +275,10 @@ std::string BenchModelReport::ToJson() const {
   nlohmann::ordered_json j;
   j["model"] = model;
   j["device"] = device;
-  j["weights"] = DTypeName(matrix_dtype);
+  j["weights"] = weights;
+  j["matrix_dtype"] = DTypeName(matrix_dtype);
+  j["weight_bytes_planned"] = weight_bytes_planned;
+  j["weight_bytes_on_device"] = weight_bytes_on_device;
   j["tp"] = tp;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

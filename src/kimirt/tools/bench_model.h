@@ -22,9 +22,14 @@ namespace kimirt {
 // written. The roofline a decode step is held to: achieved bytes/s ÷ peak bandwidth.
 // `weight_bytes`: 0: weights as stored in the checkpoint; 4: every weight widened to F32 (the CPU
 // backend; MXFP4 experts then move 8× their stored bytes); 2: BF16- and MXFP4-stored weights held
-// as BF16, F32-stored ones as F32 (the CUDA backend's --dtype bfloat16).
+// as BF16, F32-stored ones as F32. `mxfp4_as_stored`: MXFP4 experts count their stored bytes
+// (4.25 bits a weight) whatever `weight_bytes` says — the CUDA backend holds them so.
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         int weight_bytes);
+                         int weight_bytes, bool mxfp4_as_stored = false);
+
+// Rank 0's weight bytes as `kimirt plan` counts them per GPU (tools/plan.h: the slices as placed,
+// padding included, experts as stored, the vision tower not loaded).
+uint64_t PlannedWeightBytes(const Layout& layout, int tp);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
@@ -53,6 +58,9 @@ struct BenchModelReport {
   std::string model;
   std::string device = "cpu";
   DType matrix_dtype = DType::kF32;
+  std::string weights;                 // how the weights are held: "MXFP4 experts + BF16", "F32", ...
+  uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
+  uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   double peak_gb_per_s = 0;

@@ -1,5 +1,6 @@
 #include "kimirt/tools/checkpoint_writer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -61,20 +62,24 @@ std::vector<uint8_t> RandomTensorBytes(const Layout& layout, const TensorSpec& t
   const bool packed = IsMxfp4Codes(t.role);
   const bool scale = IsMxfp4Scales(t.role);
   if (packed || scale) {
-    // Both halves of an MXFP4 matrix come from the same logical Gaussian matrix (spec §2.9),
-    // drawn from the stream of the name the two share (up to the last dot).
-    const std::string base = t.name.substr(0, t.name.rfind('.'));
-    const int64_t rows = t.shape[0];
-    const int64_t in = t.shape[1] * (packed ? 2 : 32);
-    std::vector<float> logical(static_cast<size_t>(rows * in));
-    FillFloats(layout, t, base, seed, in, &logical);
-    std::vector<uint8_t> row_packed(static_cast<size_t>(in / 2));
-    std::vector<uint8_t> row_scale(static_cast<size_t>(in / 32));
-    for (int64_t r = 0; r < rows; ++r) {
-      QuantizeMxfp4Row(logical.data() + r * in, in, row_packed.data(), row_scale.data());
-      const std::vector<uint8_t>& src = packed ? row_packed : row_scale;
-      std::memcpy(bytes.data() + r * static_cast<int64_t>(src.size()), src.data(), src.size());
+    // Random weights at MXFP4's own resolution, so multi-GB expert sets (K3: 30 G values a layer)
+    // are written in seconds: codes are random bytes (every E2M1 code equally likely, mean square
+    // 68.5/8), and each group's scale is one of two neighbouring powers of two, the upper with the
+    // probability that makes the decoded matrix's standard deviation 1/sqrt(fan_in), like every
+    // other weight (spec §2.9 for the format).
+    SplitMix64 rng(seed ^ HashName(t.name));
+    if (packed) {
+      for (size_t i = 0; i < bytes.size(); i += 8) {
+        const uint64_t r = rng.Next();
+        std::memcpy(bytes.data() + i, &r, std::min<size_t>(8, bytes.size() - i));
+      }
+      return bytes;
     }
+    const double fan_in = static_cast<double>(t.shape[1] * kMxfp4GroupSize);
+    const double code_ms = 68.5 / 8.0, want_ms = 1.0 / fan_in;
+    const int low = static_cast<int>(std::floor(0.5 * std::log2(want_ms / code_ms)));
+    const double upper = (want_ms / (code_ms * std::ldexp(1.0, 2 * low)) - 1.0) / 3.0;  // in [0, 1)
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(127 + low + (rng.Uniform() < upper ? 1 : 0));
     return bytes;
   }
   std::vector<float> values(static_cast<size_t>(n));

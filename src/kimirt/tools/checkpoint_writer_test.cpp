@@ -67,7 +67,7 @@ TEST(CheckpointWriter, RandomTinyCheckpointRoundTrips) {
   EXPECT_EQ(RandomTensorBytes(l, *q, 7), RandomTensorBytes(l, *q, 7));
   EXPECT_NE(RandomTensorBytes(l, *q, 7), RandomTensorBytes(l, *q, 8));
 
-  // MXFP4 experts decode to weights of the intended scale N(0, 1/fan_in): fan_in 64 → std 0.125.
+  // MXFP4 experts decode to weights of the intended standard deviation 1/sqrt(fan_in): fan_in 64 → 0.125.
   const std::string E = "language_model.model.layers.1.block_sparse_moe.experts.3.w1.";
   std::span<const uint8_t> packed = *(*ckpt)->Data(E + "weight_packed");
   std::span<const uint8_t> scale = *(*ckpt)->Data(E + "weight_scale");

@@ -77,6 +77,7 @@ void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const
                 const GluParams& p, Tensor* out) {
   const int64_t T = Rows(z), De = Cols(z), k = Cols(idx);
   const int64_t E = static_cast<int64_t>(ex.gate.size());
+  KIMIRT_CHECK_MSG(!ex.mxfp4(), "the CPU backend takes F32 experts (the loader widens MXFP4 ones for it)");
   // Tokens are grouped per expert so each expert runs one GEMM; outputs land in per-slot rows
   // and are combined in slot order afterwards, so a token's sum does not depend on grouping.
   std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E));  // flat slot t*k + j

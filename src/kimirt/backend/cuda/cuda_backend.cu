@@ -224,8 +224,8 @@ class CudaBackend final : public Backend {
     const int64_t T = static_cast<int64_t>(ids.size());
     KIMIRT_CHECK(Rows(*y) == T && Cols(*y) == Cols(table));
     Tensor d_ids = UploadInts(ids);
-    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, F(table), Rows(table), Cols(table), row_begin,
-                    F(*y), stream_);
+    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, W(table), table.dtype() == DType::kBF16, Rows(table),
+                    Cols(table), row_begin, F(*y), stream_);
   }
 
   void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
@@ -371,96 +371,84 @@ class CudaBackend final : public Backend {
                    static_cast<int32_t*>(idx->raw()), F(*weights), stream_);
   }
 
+  // Routed experts (spec §7.2 steps 3-4), with no host round trip at any token count: the
+  // (token, slot) choices are grouped by expert on the device, each chosen expert's weights are
+  // read once for all its tokens, and the combine sums a token's k results in top-k order.
   void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
                   const GluParams& p, Tensor* out) override {
     const int64_t T = Rows(z), De = Cols(z), k = Cols(idx);
     const int64_t E = static_cast<int64_t>(ex.gate.size());
     if (T == 0) return;
+    const bool mxfp4 = ex.mxfp4();
     const int64_t I = Rows(ex.gate[0]);
-    if (T <= kPerSlotMaxTokens) {
-      // Decode: each slot reads its own expert's rows straight from the router's choice on the
-      // device; no synchronization with the host.
-      const ExpertPointers& ptrs = PointersOf(ex);
-      Tensor h = Raw({T * k, I}, DType::kF32), per_slot = Raw({T * k, De}, DType::kF32);
-      Tensor iota = Raw({T * k}, DType::kI32);
-      cuda::MoeExpertsPerSlot(F(z), static_cast<const int32_t*>(idx.raw()), T, k, De, I, ptrs.gate(), ptrs.up(),
-                              ptrs.down(), ex.gate[0].dtype() == DType::kBF16, p.kind == GluKind::kSilu ? 0 : 1,
-                              p.beta, p.linear_beta.has_value(),
-                              p.linear_beta.value_or(1.0f), F(h), F(per_slot), static_cast<int32_t*>(iota.raw()),
-                              stream_);
-      cuda::MoeCombine(F(per_slot), static_cast<const int32_t*>(iota.raw()), F(weights), T, k, De, F(*out), stream_);
-      return;
-    }
-    // Prefill: group the T·k slots by expert on the host (the same order as the CPU reference), so each
-    // expert runs one GEMM over its tokens; the combine then reads each slot's row back.
-    Tensor host_idx = Download(idx);
-    std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
-    for (int64_t s = 0; s < T * k; ++s) {
-      const int32_t e = host_idx.i32()[s];
-      KIMIRT_CHECK(e >= 0 && e < E);
-      slots_of[static_cast<size_t>(e)].push_back(static_cast<int32_t>(s));
-    }
-    std::vector<int32_t> rows_and_pos(static_cast<size_t>(2 * T * k));  // [token of group row | group row of slot]
-    std::vector<int64_t> offset(static_cast<size_t>(E + 1), 0);
-    int64_t g = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      offset[static_cast<size_t>(e)] = g;
-      for (int32_t s : slots_of[static_cast<size_t>(e)]) {
-        rows_and_pos[static_cast<size_t>(g)] = static_cast<int32_t>(s / k);
-        rows_and_pos[static_cast<size_t>(T * k + s)] = static_cast<int32_t>(g);
-        ++g;
-      }
-    }
-    offset[static_cast<size_t>(E)] = g;
-    Tensor d_rows = UploadInts(rows_and_pos);
-    const int32_t* rows = static_cast<const int32_t*>(d_rows.raw());
-    Tensor xin = Raw({T * k, De}, DType::kF32);
-    cuda::GatherRows(F(z), De, rows, T * k, F(xin), stream_);
-    Tensor gate = Raw({T * k, I}, DType::kF32), up = Raw({T * k, I}, DType::kF32), h = Raw({T * k, I}, DType::kF32);
-    Tensor grouped = Raw({T * k, De}, DType::kF32);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t at = offset[static_cast<size_t>(e)], n = offset[static_cast<size_t>(e) + 1] - at;
-      if (n == 0) continue;
-      const size_t ei = static_cast<size_t>(e);
-      GemmW(F(xin) + at * De, ex.gate[ei], F(gate) + at * I, n, I, De);
-      GemmW(F(xin) + at * De, ex.up[ei], F(up) + at * I, n, I, De);
-      GluRaw(F(gate) + at * I, F(up) + at * I, F(h) + at * I, n * I, p);
-      GemmW(F(h) + at * I, ex.down[ei], F(grouped) + at * De, n, De, I);
-    }
-    cuda::MoeCombine(F(grouped), rows + T * k, F(weights), T, k, De, F(*out), stream_);
+    const int64_t per_byte = mxfp4 ? 2 : 1;
+    KIMIRT_CHECK(E > 0 && Cols(ex.gate[0]) * per_byte == De && Cols(ex.down[0]) * per_byte == I &&
+                 Rows(ex.down[0]) == De);
+    const ExpertPointers& ptrs = PointersOf(ex);
+    const int64_t n = T * k, max_active = std::min(E, n);
+    Tensor sort = Raw({2 * n + 2 * max_active + 2}, DType::kI32);
+    int32_t* base = static_cast<int32_t*>(sort.raw());
+    cuda::ExpertGroups g;
+    g.order = base;
+    g.pos = base + n;
+    g.active = base + 2 * n;
+    g.begin = g.active + max_active;
+    g.num_active = g.begin + max_active + 1;
+    cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
+    Tensor h = Raw({n, I}, DType::kF32), grouped = Raw({n, De}, DType::kF32);
+    const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
+    cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, p.kind == GluKind::kSilu ? 0 : 1,
+                            p.beta, p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped),
+                            stream_);
+    cuda::MoeCombine(F(grouped), g.pos, F(weights), T, k, De, F(*out), stream_);
   }
 
  private:
   friend class CudaKvStorage;
 
-  // Up to this many tokens, MoeExperts runs per slot on the device (GEMV-shaped work, where
-  // per-expert GEMMs would cost a host round trip and a launch per expert); per slot, each
-  // token's result does not depend on the others (a decode batch is row-invariant).
-  static constexpr int64_t kPerSlotMaxTokens = cuda::kGemvMaxRows;
-
-  // Device arrays of every expert's gate / up / down weight pointers, made once per weight set.
+  // Device arrays of every expert's gate / up / down weight pointers (and, MXFP4, scale
+  // pointers), made once per weight set.
   struct ExpertPointers {
-    Tensor table;  // 3·E pointers
+    Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
-    const void* const* gate() const { return static_cast<const void* const*>(table.raw()); }
-    const void* const* up() const { return gate() + E; }
-    const void* const* down() const { return gate() + 2 * E; }
+    cuda::ExpertPointerTable view() const {
+      const void* const* p = static_cast<const void* const*>(table.raw());
+      auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
+      return {p, p + E, p + 2 * E, scales(3), scales(4), scales(5)};
+    }
   };
   const ExpertPointers& PointersOf(const ExpertWeights& ex) {
     // Keyed by the first gate tensor's address and checked pointer by pointer: freed weights can
     // hand their addresses to a new weight set (the pool reuses blocks).
+    const size_t E = ex.gate.size();
+    const bool mxfp4 = ex.mxfp4();
     std::vector<const void*> host;
     for (const auto* list : {&ex.gate, &ex.up, &ex.down}) {
-      for (const Tensor& w : *list) host.push_back(W(w));
+      KIMIRT_CHECK(list->size() == E);
+      for (const Tensor& w : *list) host.push_back(mxfp4 ? Codes(w) : W(w));
+    }
+    for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
+      KIMIRT_CHECK(!mxfp4 || list->size() == E);
+      for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
     }
     ExpertPointers& ptrs = expert_pointers_[host.front()];
     if (ptrs.host == host) return ptrs;
-    ptrs.E = static_cast<int64_t>(ex.gate.size());
+    ptrs.E = static_cast<int64_t>(E);
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
     ptrs.host = std::move(host);
     return ptrs;
+  }
+
+  // MXFP4 codes or scales (U8) on this device.
+  static const void* Codes(const Tensor& t) {
+    if (t.dtype() != DType::kU8 || t.device() != Device::kCuda) {
+      std::fprintf(stderr, "kimirt: CUDA backend MXFP4 codes and scales must be U8 device tensors, got %s\n",
+                   t.ToString().c_str());
+      std::abort();
+    }
+    return t.raw();
   }
 
   static float* F(const Tensor& t) {

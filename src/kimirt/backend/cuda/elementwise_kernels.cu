@@ -45,12 +45,12 @@ __global__ void GluKernel(const float* gate, const float* up, float* y, int64_t 
   }
 }
 
-__global__ void EmbeddingKernel(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D,
+__global__ void EmbeddingKernel(const int32_t* ids, int64_t T, const void* table, bool bf16, int64_t V, int64_t D,
                                 int64_t row_begin, float* y) {
   const int64_t t = blockIdx.x;
   const int64_t r = ids[t] - row_begin;
   float* dst = y + t * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = (r >= 0 && r < V) ? table[r * D + d] : 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = (r >= 0 && r < V) ? WeightAt(table, r * D + d, bf16) : 0.0f;
 }
 
 }  // namespace
@@ -82,10 +82,10 @@ void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, floa
   CheckLaunch("Glu");
 }
 
-void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
-               float* y, cudaStream_t s) {
+void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16, int64_t V, int64_t D,
+               int64_t row_begin, float* y, cudaStream_t s) {
   if (T == 0) return;
-  EmbeddingKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(ids, T, table, V, D, row_begin, y);
+  EmbeddingKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(ids, T, table, table_bf16, V, D, row_begin, y);
   CheckLaunch("Embedding");
 }
 

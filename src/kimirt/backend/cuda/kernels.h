@@ -20,8 +20,9 @@ void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_
 // kind 0: silu(gate)·up; kind 1: SiTU with beta and, if has_linear_beta, the up soft cap.
 void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, float beta, bool has_linear_beta,
          float linear_beta, cudaStream_t s);
-void Embedding(const int32_t* ids, int64_t T, const float* table, int64_t V, int64_t D, int64_t row_begin,
-               float* y, cudaStream_t s);
+// table F32 or BF16 (rows widened exactly).
+void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16, int64_t V, int64_t D,
+               int64_t row_begin, float* y, cudaStream_t s);
 
 // --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
 // Up to this many rows, GEMMs run as DecodeGemm (BF16 weights) or Gemv (F32 weights), both
@@ -139,15 +140,39 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- moe_kernels.cu (spec §7.2) ---
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
               float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
-// dst[i] = src[rows[i]] (rows of D floats).
-void GatherRows(const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst, cudaStream_t s);
-// The few-token path (decode), with no host round trip: per_slot[t·k + j] = expert idx[t,j]
-// applied to z[t] (w1/w3/w2: device arrays of each expert's weight pointers; h: [T·k, I]
-// scratch), and iota[s] = s, the identity row map for MoeCombine.
-void MoeExpertsPerSlot(const float* z, const int32_t* idx, int64_t T, int64_t k, int64_t De, int64_t I,
-                       const void* const* w1, const void* const* w3, const void* const* w2, bool w_bf16, int kind,
-                       float beta, bool has_linear_beta, float linear_beta, float* h, float* per_slot,
-                       int32_t* iota, cudaStream_t s);
+// A step's (token, slot) choices grouped by expert, on the device (MoeGroupByExpert fills it
+// from idx [n = T·k]): order[g] = the slot at group row g (groups by expert ascending, slots
+// ascending within one), pos[s] = the group row of slot s, active[a] = the a-th chosen expert
+// (ascending) with its rows [begin[a], begin[a+1]), *num_active = how many. Sizes: order, pos
+// [n]; active [min(E, n)]; begin [min(E, n) + 1]; num_active [1].
+struct ExpertGroups {
+  int32_t* order = nullptr;
+  int32_t* pos = nullptr;
+  int32_t* active = nullptr;
+  int32_t* begin = nullptr;
+  int32_t* num_active = nullptr;
+};
+void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGroups& g, cudaStream_t s);
+// Device arrays of every expert's weight pointers (the scales' only for MXFP4).
+struct ExpertPointerTable {
+  const void* const* gate = nullptr;
+  const void* const* up = nullptr;
+  const void* const* down = nullptr;
+  const uint8_t* const* gate_scales = nullptr;
+  const uint8_t* const* up_scales = nullptr;
+  const uint8_t* const* down_scales = nullptr;
+};
+// The routed experts over the groups: for every group row g (slot s = order[g], token s / k,
+// expert e), h[g] = GLU(W1_e z, W3_e z) ([n, I] scratch) and grouped[g] = W2_e h[g] ([n, De]).
+// Each chosen expert's weights are read once for all its tokens; a token's sums have one fixed
+// order (row-invariant), the same for every `format` (0 F32, 1 BF16, 2 MXFP4 codes + scales),
+// so MXFP4 experts give the bits of the same experts held as BF16. max_active = min(E, n).
+void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De, int64_t I,
+                       const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
+                       float linear_beta, float* h, float* grouped, cudaStream_t s);
+// out[i] = the MXFP4 value i of `codes` / `scales` (n a multiple of 32), decoded as the expert
+// kernels decode it (for the bit-for-bit check against core/dtype_convert).
+void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s);
 // out[t] = Σ_j weights[t,j] · grouped[pos[t·k + j]], j ascending.
 void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,
                 float* out, cudaStream_t s);

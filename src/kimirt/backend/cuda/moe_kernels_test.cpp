@@ -1,0 +1,260 @@
+// The CUDA MoE with MXFP4 experts held as the checkpoint stores them (spec §2.9, §7.2):
+//   - the device decode of every E2M1 code under a range of E8M0 scales (subnormal results, the
+//     largest finite ones, overflow to inf, the NaN scale) is core/dtype_convert's, bit for bit;
+//   - at K3's expert widths (latent 3584, intermediate 3072, top-16), packed experts give exactly
+//     the bits of the same experts held as BF16 (the kernels sum in one order for both), for
+//     decode-sized and prefill-sized steps;
+//   - a token's result does not depend on the other tokens of the step (row invariance: each row
+//     of a step bit-identical to the row computed alone);
+//   - against the CPU reference (F32, dequantized at load) within the op tests' tolerance.
+// Outputs are poisoned with NaN first. In the CUDA build only (CMakeLists: backend/cuda/ tests).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/backend_factory.h"
+#include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/core/dtype_convert.h"
+#include "kimirt/core/random.h"
+
+namespace kimirt {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// One matrix as the checkpoint stores it, and its exact values.
+struct Mxfp4Matrix {
+  Tensor codes, scales;  // host U8 [rows, cols/2], [rows, cols/32]
+  Tensor values;         // host F32 [rows, cols]
+};
+
+class CudaBackendMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto g = MakeBackend("cuda");
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    gpu_ = std::move(g).value();
+    cpu_ = std::move(MakeBackend("cpu")).value();
+  }
+
+  // Random codes (every byte equally likely, so every E2M1 code) and scales in [lo, hi].
+  Mxfp4Matrix RandomMxfp4(int64_t rows, int64_t cols, int lo, int hi) {
+    Mxfp4Matrix m{Tensor::Host({rows, cols / 2}, DType::kU8), Tensor::Host({rows, cols / 32}, DType::kU8),
+                  Tensor::Host({rows, cols})};
+    uint8_t* c = static_cast<uint8_t*>(m.codes.raw());
+    for (int64_t i = 0; i < m.codes.numel(); i += 8) {
+      const uint64_t r = rng_.Next();
+      std::memcpy(c + i, &r, static_cast<size_t>(std::min<int64_t>(8, m.codes.numel() - i)));
+    }
+    uint8_t* s = static_cast<uint8_t*>(m.scales.raw());
+    for (int64_t i = 0; i < m.scales.numel(); ++i) s[i] = static_cast<uint8_t>(lo + rng_.Next() % (hi - lo + 1));
+    for (int64_t r = 0; r < rows; ++r) DequantizeMxfp4Row(c + r * cols / 2, s + r * cols / 32, cols, m.values.f32() + r * cols);
+    return m;
+  }
+  Tensor Bf16Of(const Tensor& f32) {
+    Tensor b = Tensor::Host(f32.shape(), DType::kBF16);
+    F32ToBf16(f32.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(f32.numel()));
+    return gpu_->Upload(b);
+  }
+  Tensor Random(Shape shape, float scale = 1.0f) {
+    Tensor t = Tensor::Host(std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng_.FastNormal();
+    return t;
+  }
+  Tensor Poisoned(Shape shape) {
+    Tensor h = Tensor::Host(std::move(shape));
+    for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::nanf("");
+    return gpu_->Upload(h);
+  }
+  // Each token chooses k distinct experts of E (a random order: top-k order is not sorted) with
+  // positive combine weights.
+  void RandomChoice(int64_t T, int64_t E, int64_t k, Tensor* idx, Tensor* w) {
+    *idx = Tensor::Host({T, k}, DType::kI32);
+    *w = Tensor::Host({T, k});
+    std::vector<int32_t> perm(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int64_t i = E - 1; i > 0; --i) std::swap(perm[static_cast<size_t>(i)], perm[rng_.Next() % (i + 1)]);
+      for (int64_t j = 0; j < k; ++j) {
+        idx->i32()[t * k + j] = perm[static_cast<size_t>(j)];
+        w->f32()[t * k + j] = 0.05f + static_cast<float>(rng_.Uniform());
+      }
+    }
+  }
+
+  // The same experts three ways: MXFP4 codes + scales and BF16 on the GPU, F32 on the CPU.
+  struct Experts {
+    ExpertWeights packed, bf16, f32;
+  };
+  Experts RandomExperts(int64_t E, int64_t De, int64_t I) {
+    Experts ex;
+    for (int64_t e = 0; e < E; ++e) {
+      // Scales 2^-9 .. 2^-5 keep activations O(1) through K3-width sums.
+      Mxfp4Matrix g = RandomMxfp4(I, De, 118, 122), u = RandomMxfp4(I, De, 118, 122), d = RandomMxfp4(De, I, 118, 122);
+      ex.packed.gate.push_back(gpu_->Upload(g.codes));
+      ex.packed.up.push_back(gpu_->Upload(u.codes));
+      ex.packed.down.push_back(gpu_->Upload(d.codes));
+      ex.packed.gate_scales.push_back(gpu_->Upload(g.scales));
+      ex.packed.up_scales.push_back(gpu_->Upload(u.scales));
+      ex.packed.down_scales.push_back(gpu_->Upload(d.scales));
+      ex.bf16.gate.push_back(Bf16Of(g.values));
+      ex.bf16.up.push_back(Bf16Of(u.values));
+      ex.bf16.down.push_back(Bf16Of(d.values));
+      ex.f32.gate.push_back(g.values);
+      ex.f32.up.push_back(u.values);
+      ex.f32.down.push_back(d.values);
+    }
+    return ex;
+  }
+
+  Tensor RunGpu(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex, const GluParams& p) {
+    Tensor out = Poisoned({z.dim(0), z.dim(1)});
+    gpu_->MoeExperts(gpu_->Upload(z), gpu_->Upload(idx), gpu_->Upload(w), ex, p, &out);
+    return gpu_->Download(out);
+  }
+
+  // Relative L2 distance; NaN anywhere or an all-zero reference never passes.
+  static double RelL2(const Tensor& got, const Tensor& want) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double d = static_cast<double>(got.f32()[i]) - want.f32()[i];
+      num += d * d;
+      den += static_cast<double>(want.f32()[i]) * want.f32()[i];
+    }
+    return den > 0 && !std::isnan(num) ? std::sqrt(num / den) : INFINITY;
+  }
+
+  static void ExpectSameBits(const Tensor& got, const Tensor& want, const std::string& what) {
+    ASSERT_EQ(got.numel(), want.numel());
+    int64_t differ = 0, first = -1;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      if (std::isnan(got.f32()[i]) || Bits(got.f32()[i]) != Bits(want.f32()[i])) {
+        if (differ++ == 0) first = i;
+      }
+    }
+    EXPECT_EQ(differ, 0) << what << ": " << differ << " elements differ, the first at " << first << " ("
+                         << (first >= 0 ? got.f32()[first] : 0.0f) << " vs " << (first >= 0 ? want.f32()[first] : 0.0f)
+                         << ")";
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  SplitMix64 rng_{20261201};
+};
+
+TEST_F(CudaBackendMoe, DecodesEveryMxfp4CodeAsTheCpu) {
+  // Every byte value (so every pair of E2M1 codes in both nibbles) under each scale: 2^-127
+  // (subnormal products down to 0.5·2^-127), small, around 1, large, 2^127 (6·2^127 overflows
+  // to inf, as on the CPU), and 255 (NaN).
+  const std::vector<int> scale_codes = {0, 1, 2, 3, 8, 22, 23, 24, 64, 100, 119, 126, 127, 128,
+                                        129, 140, 200, 250, 252, 253, 254, 255};
+  const int64_t cols = 512;  // 256 bytes = 16 scale groups
+  const int64_t rows = static_cast<int64_t>(scale_codes.size());
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols / 2)), scales(static_cast<size_t>(rows * cols / 32));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 2; ++b) codes[static_cast<size_t>(r * cols / 2 + b)] = static_cast<uint8_t>(b);
+    for (int64_t g = 0; g < cols / 32; ++g) {
+      scales[static_cast<size_t>(r * cols / 32 + g)] = static_cast<uint8_t>(scale_codes[static_cast<size_t>(r)]);
+    }
+  }
+  const int64_t n = rows * cols;
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeMxfp4Row(codes.data() + r * cols / 2, scales.data() + r * cols / 32, cols, want.data() + r * cols);
+  }
+  uint8_t *d_codes = nullptr, *d_scales = nullptr;
+  float* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_codes, codes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_scales, scales.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_out, static_cast<size_t>(n) * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_codes, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_scales, scales.data(), scales.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_out, 0xff, static_cast<size_t>(n) * sizeof(float)), cudaSuccess);  // NaN poison
+  cuda::DequantizeMxfp4(d_codes, d_scales, n, d_out, nullptr);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_out, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(d_codes);
+  cudaFree(d_scales);
+  cudaFree(d_out);
+  int subnormal = 0, infinite = 0, nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float w = want[static_cast<size_t>(i)], g = got[static_cast<size_t>(i)];
+    if (std::isnan(w)) {
+      ++nan;
+      EXPECT_TRUE(std::isnan(g)) << "element " << i;
+      continue;
+    }
+    subnormal += std::fpclassify(w) == FP_SUBNORMAL;
+    infinite += std::isinf(w);
+    ASSERT_EQ(Bits(g), Bits(w)) << "element " << i << " (code " << ((codes[static_cast<size_t>(i / 2)] >> (4 * (i % 2))) & 15)
+                                << ", scale " << scale_codes[static_cast<size_t>(i / cols)] << "): " << g << " vs " << w;
+  }
+  // The reference covers what the test claims to: subnormal results, overflow and NaN scales.
+  EXPECT_GT(subnormal, 0);
+  EXPECT_GT(infinite, 0);
+  EXPECT_EQ(nan, cols);
+}
+
+// K3's routed experts (routed_expert_hidden_size 3584, moe_intermediate_size 3072, top-16; 20 of
+// the 896 experts here), SiTU with both betas as K3 configures them.
+TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
+  const int64_t E = 20, De = 3584, I = 3072, k = 16;
+  const Experts ex = RandomExperts(E, De, I);
+  const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
+  Tensor z_all = Random({100, De}), idx_all, w_all;
+  RandomChoice(100, E, k, &idx_all, &w_all);
+  constexpr int64_t kAlone = 12;  // the first rows of every step, each also computed alone
+  Tensor alone = Tensor::Host({kAlone, De});
+  for (int64_t t = 0; t < kAlone; ++t) {
+    Tensor row = RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
+    std::memcpy(alone.f32() + t * De, row.f32(), static_cast<size_t>(De) * sizeof(float));
+  }
+  for (int64_t T : {1, 7, 40, 100}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+    const Tensor packed = RunGpu(z, idx, w, ex.packed, situ);
+    ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
+    // Row invariance: each token as computed alone.
+    const int64_t rows = std::min<int64_t>(T, kAlone);
+    ExpectSameBits(packed.Rows(0, rows), alone.Rows(0, rows), "each row vs the row alone");
+    if (T == 7) {
+      Tensor want = cpu_->Empty({T, De});
+      cpu_->MoeExperts(z, idx, w, ex.f32, situ, &want);
+      EXPECT_LE(RelL2(packed, want), 1e-5) << "against the CPU reference";
+    }
+  }
+}
+
+// Awkward sizes: one expert chosen by every token (a group of many tiles), SiLU, widths of a
+// few scale groups, many more tokens than one tile; against the CPU reference and bit-equal to
+// BF16-held.
+TEST_F(CudaBackendMoe, Mxfp4ExpertsSmallWidthsAgainstTheCpu) {
+  const int64_t E = 9, De = 96, I = 64, k = 3, T = 70;
+  const Experts ex = RandomExperts(E, De, I);
+  const GluParams silu{GluKind::kSilu, 1.0f, std::nullopt};
+  Tensor z = Random({T, De}), idx, w;
+  RandomChoice(T, E, k, &idx, &w);
+  for (int64_t t = 0; t < T; ++t) idx.i32()[t * k] = 4;  // expert 4 in every token's first slot
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 1; j < k; ++j) {
+      if (idx.i32()[t * k + j] == 4) idx.i32()[t * k + j] = static_cast<int32_t>(E - 1 - j);
+    }
+  }
+  const Tensor packed = RunGpu(z, idx, w, ex.packed, silu);
+  ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, silu), "MXFP4 vs BF16-held");
+  Tensor want = cpu_->Empty({T, De});
+  cpu_->MoeExperts(z, idx, w, ex.f32, silu, &want);
+  EXPECT_LE(RelL2(packed, want), 1e-5);
+}
+
+}  // namespace
+}  // namespace kimirt

@@ -1,0 +1,137 @@
+// Loading MXFP4 routed experts (spec §2.9) from make-checkpoint-written checkpoints of the tiny
+// K3 fixture config (tiny-a: 8 experts of 32 × 32, codes + scales): a good one loads on the CPU
+// with each expert widened to exactly its dequantized values; a broken one (a scale tensor of the
+// wrong shape, codes of the wrong length, an expert without its scales) is a load error that
+// names the tensor.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kimirt/backend/backend_factory.h"
+#include "kimirt/core/dtype_convert.h"
+#include "kimirt/io/safetensors.h"
+#include "kimirt/model/config.h"
+#include "kimirt/model/weights.h"
+#include "kimirt/testing/test_data.h"
+#include "kimirt/tools/checkpoint_writer.h"
+
+namespace kimirt {
+namespace {
+
+const std::string kExpert = "language_model.model.layers.1.block_sparse_moe.experts.3.";
+
+class Mxfp4LoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string config = testing::FixtureDir("tiny-a") + "/config.json";
+    KIMIRT_REQUIRE_FILE(config);
+    auto c = LoadModelConfig(config);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_TRUE(c->quantization.routed_experts_mxfp4);
+    auto l = Layout::Build(*c);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    layout_.emplace(std::move(l).value());
+    dir_ = ::testing::TempDir() + "kimirt_mxfp4_load_" + std::to_string(::getpid());
+    cpu_ = std::move(MakeBackend("cpu")).value();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // The config's random checkpoint (make-checkpoint --random's bytes), one shard, with `edit`
+  // applied to each tensor first (it may change the shape and bytes; false drops the tensor).
+  using Edit = std::function<bool(const TensorSpec&, Shape*, std::vector<uint8_t>*)>;
+  Result<ModelWeights> WriteAndLoad(const Edit& edit) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    SafetensorsWriter w;
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<std::pair<std::string, std::string>> map;
+    uint64_t total = 0;
+    buffers.reserve(layout_->tensors().size());
+    for (const TensorSpec& t : layout_->tensors()) {
+      Shape shape = t.shape;
+      std::vector<uint8_t> bytes = RandomTensorBytes(*layout_, t, 5);
+      if (!edit(t, &shape, &bytes)) continue;
+      total += bytes.size();
+      buffers.push_back(std::move(bytes));
+      w.Add(t.name, t.dtype, shape, buffers.back());
+      map.emplace_back(t.name, "model.safetensors");
+    }
+    KIMIRT_RETURN_IF_ERROR(w.Write(dir_ + "/model.safetensors"));
+    KIMIRT_RETURN_IF_ERROR(WriteSafetensorsIndex(dir_, map, total));
+    KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir_));
+    return LoadModelWeights(*layout_, *ckpt, 1, 0, *cpu_);
+  }
+
+  // The load fails and its message names `name`.
+  void ExpectErrorNaming(const Edit& edit, const std::string& name) {
+    Result<ModelWeights> r = WriteAndLoad(edit);
+    ASSERT_FALSE(r.ok()) << "a checkpoint with " << name << " broken loaded";
+    EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status().ToString();
+  }
+
+  std::optional<Layout> layout_;
+  std::string dir_;
+  std::unique_ptr<Backend> cpu_;
+};
+
+TEST_F(Mxfp4LoadTest, CpuWidensEachExpertToItsDequantizedValues) {
+  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const ExpertWeights& ex = w->layers[1].moe.experts;
+  ASSERT_FALSE(ex.mxfp4());
+  const TensorSpec* codes = layout_->Find(kExpert + "w2.weight_packed");
+  const TensorSpec* scales = layout_->Find(kExpert + "w2.weight_scale");
+  ASSERT_NE(codes, nullptr);
+  ASSERT_NE(scales, nullptr);
+  const std::vector<uint8_t> c = RandomTensorBytes(*layout_, *codes, 5), s = RandomTensorBytes(*layout_, *scales, 5);
+  const int64_t rows = codes->shape[0], cols = codes->shape[1] * 2;
+  const Tensor& down = ex.down[3];
+  ASSERT_EQ(down.shape(), (Shape{rows, cols}));
+  std::vector<float> want(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeMxfp4Row(c.data() + r * cols / 2, s.data() + r * cols / 32, cols, want.data());
+    for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(down.f32()[r * cols + i], want[static_cast<size_t>(i)]) << r << "," << i;
+  }
+}
+
+TEST_F(Mxfp4LoadTest, ScaleTensorOfTheWrongShapeNamesIt) {
+  const std::string name = kExpert + "w1.weight_scale";
+  ExpectErrorNaming(
+      [&](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
+        if (t.name == name) {
+          (*shape)[1] += 1;  // one scale group too many per row
+          bytes->assign(static_cast<size_t>(NumElements(*shape)), 127);
+        }
+        return true;
+      },
+      name);
+}
+
+TEST_F(Mxfp4LoadTest, CodesOfTheWrongLengthNameThem) {
+  const std::string name = kExpert + "w2.weight_packed";
+  ExpectErrorNaming(
+      [&](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
+        if (t.name == name) {
+          (*shape)[1] -= 1;  // a byte (two codes) short per row
+          bytes->resize(static_cast<size_t>(NumElements(*shape)));
+        }
+        return true;
+      },
+      name);
+}
+
+TEST_F(Mxfp4LoadTest, ExpertWithoutItsScalesNamesThem) {
+  const std::string name = kExpert + "w3.weight_scale";
+  ExpectErrorNaming([&](const TensorSpec& t, Shape*, std::vector<uint8_t>*) { return t.name != name; }, name);
+}
+
+}  // namespace
+}  // namespace kimirt
