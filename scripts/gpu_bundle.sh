@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to run kimirt's CUDA tests and benches into .carry/gpu/
-# (git-ignored): the CUDA build's `kimirt`, `kimirt_tests` and kernel benches (bench/*_bench.cu),
-# stripped, with the Debian shared libraries they need that a CUDA image lacks, and the test data
-# (tests/fixtures, configs). cuBLAS and the CUDA runtime are not packed (hundreds of MB):
-# scripts/gpu_check.sh finds the GPU machine's own.
+# (git-ignored): the CUDA build's `kimirt`, `kimirt_tests` and kernel benches (bench/*_bench.cu,
+# and mla_decode_bench, which uses only the Backend interface), stripped, with the Debian shared
+# libraries they need that a CUDA image lacks, and the test data (tests/fixtures, configs, bench
+# configs). cuBLAS and the CUDA runtime are not packed (hundreds of MB): scripts/gpu_check.sh
+# finds the GPU machine's own.
 #
 # Usage: scripts/gpu_bundle.sh   (then run scripts/gpu_check.sh on the GPU machine, carrying .carry)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
-# The CUDA kernel benches, and moe_bench (a plain program that takes --device cuda).
-benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') moe_bench"
+# The CUDA kernel benches, and the plain programs that take --device cuda (moe_bench,
+# mla_decode_bench).
+benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') moe_bench mla_decode_bench"
 # shellcheck disable=SC2086
 ninja -C build-cuda kimirt kimirt_tests $benches
 stage=$(mktemp -d)

@@ -54,6 +54,25 @@ struct ExpertWeights {
   bool mxfp4() const { return !gate.empty() && gate.front().dtype() == DType::kU8; }
 };
 
+// One KDA layer's per-sequence state for `slots` sequences, indexed by slot (spec §5.7, §9): the
+// short-conv windows of q, k, v and the recurrent state. A new pool is all zeros (Zeros()).
+struct KdaStatePool {
+  Tensor conv_q, conv_k, conv_v;  // [slots, W-1, P_l] the last W-1 pre-conv projections
+  Tensor recurrent;               // [slots, H, K, K] FP32 state S (spec §5.4)
+};
+
+// What KdaDecode needs of a KDA layer's weights besides its projections (spec §5.2-5.3, §5.6).
+struct KdaDecodeWeights {
+  const Tensor* conv_q = nullptr;   // [P_l, W] short-conv taps
+  const Tensor* conv_k = nullptr;
+  const Tensor* conv_v = nullptr;
+  const Tensor* a_log = nullptr;    // [H]
+  const Tensor* dt_bias = nullptr;  // [H*K]
+  std::optional<float> lower_bound; // K3's bounded-sigmoid gate; none: softplus (Kimi-Linear)
+  const Tensor* o_norm = nullptr;   // [K] gated RMSNorm gain
+  float norm_eps = 1e-5f;
+};
+
 struct MlaShape {
   int64_t heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
 };
@@ -71,6 +90,28 @@ struct KvStorageShape {
   DType dtype = DType::kF32;
 };
 
+// One decode step over the paged latent cache, as the MLA decode ops read it: sequence b owns
+// row b of the step's activations, has one new token at position context[b] - 1 (so it attends
+// over context[b] positions), and its block table is tables[table_begin[b], table_begin[b+1]).
+// The model builds it on the host once per step; KvStorage::SetDecodeStep hands it to the
+// storage once (the CUDA storage uploads it in one copy), and every MLA layer then reads it.
+struct PagedDecodeStep {
+  std::vector<int64_t> context;
+  std::vector<int32_t> table_begin{0};  // B + 1 offsets into tables
+  std::vector<int32_t> tables;
+  void Add(std::span<const int32_t> table, int64_t context_len) {
+    context.push_back(context_len);
+    tables.insert(tables.end(), table.begin(), table.end());
+    table_begin.push_back(static_cast<int32_t>(tables.size()));
+  }
+  int64_t size() const { return static_cast<int64_t>(context.size()); }
+  std::span<const int32_t> table(int64_t b) const {
+    return std::span<const int32_t>(tables).subspan(static_cast<size_t>(table_begin[static_cast<size_t>(b)]),
+                                                    static_cast<size_t>(table_begin[static_cast<size_t>(b) + 1] -
+                                                                        table_begin[static_cast<size_t>(b)]));
+  }
+};
+
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
@@ -81,6 +122,20 @@ class KvStorage {
   virtual void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks) = 0;
   // c [≥len, r], ks [≥len, dr] rows [0, len) := rows [0, len) of `layer`, widened to F32.
   virtual void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) = 0;
+
+  // The batched, paged decode ops (issue 12): the step's sequences in one call each, reading
+  // and writing the stored codes where they lie through the block tables (no gather, no F32
+  // copy of the history). `step` stays in force until the next SetDecodeStep; its block tables
+  // must cover every context.
+  virtual void SetDecodeStep(const PagedDecodeStep& step) = 0;
+  // Row b of c [B, r], ks [B, dr] := position context[b] - 1 of sequence b, `layer`.
+  virtual void WriteDecode(int layer, const Tensor& c, const Tensor& ks) = 0;
+  // Absorbed MLA decode (spec §6.6) of the step's B sequences over `layer`: q [B, H*(dn+dr)],
+  // w_kvb [H*(dn+dv), r] (F32, or BF16-held where the backend allows it), o [B, H*dv]. Row b
+  // depends on sequence b alone (batch invariance): the CPU computes each sequence exactly as
+  // MlaAttention's absorbed form over its gathered rows (same bits); CUDA splits a long context
+  // across thread blocks and combines the pieces in an order fixed by that context length alone.
+  virtual void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) = 0;
 };
 
 class Backend {
@@ -140,6 +195,23 @@ class Backend {
                        const Tensor& alpha, int64_t heads, KdaForm form, Tensor* state, Tensor* o) = 0;
   // Per-head gated RMSNorm (spec §3.2): x, g, y [T, H*K]; w [K].
   virtual void GatedRmsNorm(const Tensor& x, const Tensor& g, const Tensor& w, float eps, Tensor* y) = 0;
+  // KDA decode (spec §5.2-5.6) of B sequences, one token each; row b reads and updates slot
+  // slots[b] of `pool` (distinct slots): short conv + SiLU of the pre-conv projections q_raw,
+  // k_raw, v_raw [B, P_l] with the slot's windows, the log-decay of f [B, P_l], the recurrent
+  // delta rule with beta_logits [B, H] on the slot's state, and the gated RMSNorm with the
+  // output-gate logits gate [B, P_l]; o [B, P_l] is what o_proj takes. The base version
+  // (backend.cpp) runs CausalConvSilu, KdaLogDecay, KdaCore and GatedRmsNorm row by row on slot
+  // views, the same bits as those ops on one sequence; CUDA runs the fused kernel
+  // (kda_decode_kernels.cu) where it applies. Row b depends on row b alone.
+  virtual void KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,
+                         const Tensor& f, const Tensor& beta_logits, const Tensor& gate, const KdaDecodeWeights& w,
+                         KdaStatePool* pool, Tensor* o);
+
+ protected:
+  // KdaDecode's slots: each in [0, slot_count), none twice (rows update their slots in place).
+  static void CheckDecodeSlots(std::span<const int32_t> slots, int64_t slot_count);
+
+ public:
 
   // MLA attention (spec §6.4/§6.6) of T new tokens at positions start.. over the cache rows
   // [0, start + T) (the new tokens already appended). q [T, H*(dn+dr)]; cache_c [≥start+T, r];

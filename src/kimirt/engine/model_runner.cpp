@@ -17,34 +17,13 @@
 namespace kimirt {
 namespace {
 
-// dst := src, a tensor of the backend's device (CopyColumns over all columns: the same op on
-// every backend, so snapshots work on CPU and CUDA alike).
-void CopyInto(Backend& be, const Tensor& src, Tensor* dst) {
-  if (src.numel() == 0) return;
-  be.CopyColumns(src, 0, Cols(src), dst);
-}
-
-// Every KDA layer's state of one sequence (KdaLayerState) as one list of tensors.
-std::vector<Tensor*> KdaTensors(std::vector<KdaLayerState>& kda) {
-  std::vector<Tensor*> out;
-  for (KdaLayerState& k : kda) {
-    for (Tensor* t : {&k.conv_q, &k.conv_k, &k.conv_v, &k.recurrent}) out.push_back(t);
-  }
-  return out;
-}
-
-uint64_t KdaStateBytes(std::vector<KdaLayerState>& kda) {
-  uint64_t n = 0;
-  for (Tensor* t : KdaTensors(kda)) n += t->nbytes();
-  return n;
-}
-
-// One rank's model, latent cache, sequences and KDA snapshots.
+// One rank's model, latent cache, KDA state slots, sequences and KDA snapshots.
 struct Rank {
   Model* model = nullptr;
   std::unique_ptr<LatentKvCache> kv;
+  std::unique_ptr<KdaStateSlots> kda;
   std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
-  std::unordered_map<ModelRunner::SnapshotId, std::vector<KdaLayerState>> snapshots;
+  std::unordered_map<ModelRunner::SnapshotId, std::vector<KdaStatePool>> snapshots;
 
   void SharePrefix(ModelRunner::Handle h, std::span<const int32_t> blocks, int64_t tokens) {
     SequenceState& st = seqs.at(h);
@@ -53,22 +32,13 @@ struct Rank {
     st.blocks.assign(blocks.begin(), blocks.end());
     st.length = tokens;
   }
-  // The copy lives in tensors of its own (Backend::Empty, then a device copy); the sequence's
-  // state is never aliased, since the forward updates it in place.
+  // The copy lives in pools of its own (KdaStateSlots::Snapshot): the sequence's slot is never
+  // aliased, since the forward updates it in place.
   void SnapshotKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
-    Backend& be = model->backend();
-    std::vector<KdaLayerState> copy = seqs.at(h).kda;  // shares the buffers; replaced next
-    std::vector<Tensor*> src = KdaTensors(seqs.at(h).kda), dst = KdaTensors(copy);
-    for (size_t i = 0; i < src.size(); ++i) {
-      *dst[i] = be.Empty(src[i]->shape(), src[i]->dtype());
-      CopyInto(be, *src[i], dst[i]);
-    }
-    snapshots.emplace(id, std::move(copy));
+    snapshots.emplace(id, kda->Snapshot(seqs.at(h).kda_slot));
   }
   void RestoreKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
-    std::vector<Tensor*> src = KdaTensors(snapshots.at(id)), dst = KdaTensors(seqs.at(h).kda);
-    KIMIRT_CHECK(src.size() == dst.size());
-    for (size_t i = 0; i < src.size(); ++i) CopyInto(model->backend(), *src[i], dst[i]);
+    kda->Restore(seqs.at(h).kda_slot, snapshots.at(id));
   }
 
   Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
@@ -92,11 +62,14 @@ struct CacheSizes {
   uint64_t snapshot_bytes = 0;
 };
 
+// KDA state slots a rank starts with; they double as more sequences run at once (the
+// scheduler's max_num_seqs bounds them), so memory follows the concurrency actually reached.
+constexpr int64_t kInitialKdaSlots = 8;
+
 Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o) {
   auto probe = model.MakeKvCache(0, o.block_size, o.kv_cache_dtype, false);
   CacheSizes z;
-  SequenceState st = model.NewSequence(probe.get());
-  z.snapshot_bytes = KdaStateBytes(st.kda);
+  z.snapshot_bytes = model.MakeKdaStates(1)->SlotBytes();
   if (o.num_kv_blocks > 0) {
     z.blocks = o.num_kv_blocks;
     z.snapshots = o.max_kda_snapshots;
@@ -132,6 +105,7 @@ class SingleRankRunner final : public ModelRunner {
     r->sizes_ = sizes;
     r->rank_.model = &m;
     r->rank_.kv = m.MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
+    r->rank_.kda = m.MakeKdaStates(kInitialKdaSlots);
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
   const ModelConfig& config() const override { return rank_.model->config(); }
@@ -139,7 +113,7 @@ class SingleRankRunner final : public ModelRunner {
   int64_t kv_blocks_free() const override { return rank_.kv->free_blocks(); }
   int64_t kv_blocks_for(int64_t tokens) const override { return rank_.kv->BlocksFor(tokens); }
   Handle NewSequence() override {
-    rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get()));
+    rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get(), rank_.kda.get()));
     return next_++;
   }
   Status Reserve(Handle h, int64_t tokens) override { return rank_.Reserve(h, tokens); }
@@ -223,6 +197,7 @@ class ThreadRanksRunner final : public ModelRunner {
           if (k == 0) raw->sizes_ = sizes;
           raw->ranks_[k].model = raw->models_[k].get();
           raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
+          raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
           return Status::Ok();
         }();
         bool serve = false;
@@ -266,7 +241,7 @@ class ThreadRanksRunner final : public ModelRunner {
   Handle NewSequence() override {
     const Handle h = next_++;
     (void)Broadcast([h](Rank& r, int) {
-      r.seqs.emplace(h, r.model->NewSequence(r.kv.get()));
+      r.seqs.emplace(h, r.model->NewSequence(r.kv.get(), r.kda.get()));
       return Status::Ok();
     });
     return h;

@@ -132,4 +132,21 @@ void LatentKvCache::Gather(int layer, std::span<const int32_t> table, int64_t le
   storage_->Gather(layer, table, len, c, ks);
 }
 
+void LatentKvCache::SetDecodeStep(const PagedDecodeStep& step) {
+  for (int64_t b = 0; b < step.size(); ++b) {
+    KIMIRT_CHECK(BlocksFor(step.context[static_cast<size_t>(b)]) <= static_cast<int64_t>(step.table(b).size()));
+  }
+  storage_->SetDecodeStep(step);
+}
+
+void LatentKvCache::WriteDecode(int layer, const Tensor& c, const Tensor& ks) {
+  KIMIRT_CHECK(layer >= 0 && layer < num_layers_ && c.dim(1) == r_);
+  storage_->WriteDecode(layer, c, ks);
+}
+
+void LatentKvCache::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) {
+  KIMIRT_CHECK(layer >= 0 && layer < num_layers_ && shape.latent_dim == r_ && shape.rope_dim == dr_);
+  storage_->AttendDecode(layer, q, w_kvb, shape, o);
+}
+
 }  // namespace kimirt

@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kimirt/backend/tensor.h"
+#include "kimirt/backend/backend.h"
 #include "kimirt/core/status.h"
 
 namespace kimirt {
@@ -39,9 +39,6 @@ enum class KvCacheDType : uint8_t { kF32, kBF16, kFP8 };
 std::string_view KvCacheDTypeName(KvCacheDType t);
 // "f32"/"float32", "bf16"/"bfloat16", "fp8"/"fp8_e4m3".
 std::optional<KvCacheDType> ParseKvCacheDType(std::string_view name);
-
-class Backend;
-class KvStorage;
 
 class LatentKvCache {
  public:
@@ -77,6 +74,12 @@ class LatentKvCache {
   void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks);
   // c [len, r], ks [len, dr] := positions [0, len) of `layer`, widened to F32.
   void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) const;
+
+  // The batched decode ops over the storage (backend.h KvStorage: SetDecodeStep once per step,
+  // then WriteDecode and AttendDecode per MLA layer).
+  void SetDecodeStep(const PagedDecodeStep& step);
+  void WriteDecode(int layer, const Tensor& c, const Tensor& ks);
+  void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o);
 
  private:
   void AddBlocks(int64_t add);

@@ -9,8 +9,16 @@ constexpr float kMlaLatentNormEps = 1e-6f;
 
 }  // namespace
 
+bool PagedDecode(const SequenceRows& rows, std::optional<MlaForm> form) {
+  if (rows.seqs.empty() || form == MlaForm::kExpanded) return false;
+  for (size_t b = 0; b < rows.seqs.size(); ++b) {
+    if (rows.count(b) != 1 || rows.seqs[b]->kv != rows.seqs[0]->kv) return false;
+  }
+  return true;
+}
+
 Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int mla_layer,
-              const SequenceRows& rows, std::optional<MlaForm> form) {
+              const SequenceRows& rows, std::optional<MlaForm> form, bool paged_decode) {
   const ModelConfig& c = m.config;
   Backend& be = m.be;
   const int64_t T = x.dim(0);
@@ -33,18 +41,27 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
   shape.v_dim = c.v_head_dim;
   shape.latent_dim = r;
   shape.heads = w.kv_b.dim(0) / (shape.nope_dim + shape.v_dim);
-  // Spec §6.4–6.6: each sequence writes its new rows, gathers all of its rows back, attends.
   Tensor attn = be.Empty({T, shape.heads * shape.v_dim});
-  for (size_t b = 0; b < rows.seqs.size(); ++b) {
-    SequenceState* st = rows.seqs[b];
-    const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
-    st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
-    Tensor cache_c = be.Empty({start + n, r});
-    Tensor cache_ks = be.Empty({start + n, dr});
-    st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
-    const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
-    Tensor out = attn.Rows(at, n);
-    be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
+  if (paged_decode) {
+    // Spec §6.5–6.6: every sequence's new row into its blocks, then the absorbed form read
+    // through the block tables (the step's metadata is already with the cache).
+    LatentKvCache* kv = rows.seqs[0]->kv;
+    kv->WriteDecode(mla_layer, latent, ks);
+    kv->AttendDecode(mla_layer, q, w.kv_b, shape, &attn);
+  } else {
+    // Spec §6.4–6.6 (prefill): each sequence writes its new rows, gathers all of its rows back,
+    // attends.
+    for (size_t b = 0; b < rows.seqs.size(); ++b) {
+      SequenceState* st = rows.seqs[b];
+      const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
+      st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
+      Tensor cache_c = be.Empty({start + n, r});
+      Tensor cache_ks = be.Empty({start + n, dr});
+      st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
+      const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+      Tensor out = attn.Rows(at, n);
+      be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
+    }
   }
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
   if (c.mla_use_output_gate) be.SigmoidMul(attn, m.Linear(x, w.g), &attn);

@@ -49,6 +49,20 @@ Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator
     mla_slot_.push_back(is_kda ? -1 : mla++);
   }
   private_kv_ = MakeKvCache(0, 16, KvCacheDType::kF32, /*growable=*/true);
+  private_kda_ = MakeKdaStates(1);
+}
+
+std::unique_ptr<KdaStateSlots> Model::MakeKdaStates(int64_t slots) const {
+  const int64_t layers = config().NumKdaLayers();
+  const ModuleContext& ctx = ctx_;
+  return std::make_unique<KdaStateSlots>(
+      be_,
+      [&ctx, layers](int64_t n) {
+        std::vector<KdaStatePool> pools;
+        for (int64_t l = 0; l < layers; ++l) pools.push_back(NewKdaStatePool(ctx, n));
+        return pools;
+      },
+      slots);
 }
 
 std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
@@ -68,12 +82,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& back
   return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
 }
 
-SequenceState Model::NewSequence(LatentKvCache* kv) {
+SequenceState Model::NewSequence(LatentKvCache* kv, KdaStateSlots* kda) {
   SequenceState st;
   st.kv = kv != nullptr ? kv : private_kv_.get();
-  for (int64_t i = 0; i < config().num_hidden_layers; ++i) {
-    if (config().IsKdaLayer(i)) st.kda.push_back(NewKdaLayerState(ctx_));
-  }
+  st.kda = kda != nullptr ? kda : private_kda_.get();
+  st.kda_slot = st.kda->Acquire();
   return st;
 }
 
@@ -116,16 +129,25 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     }
   }
   for (SequenceState* st : rows.seqs) {
-    if (st->kda.size() != static_cast<size_t>(c.NumKdaLayers()) || st->kv == nullptr ||
+    if (st->kda == nullptr || st->kda->num_layers() != c.NumKdaLayers() || st->kda_slot < 0 || st->kv == nullptr ||
         st->kv->num_layers() != c.NumMlaLayers()) {
       return InvalidArgument("sequence state was not made by this model");
     }
+    if (st->kda != rows.seqs[0]->kda) return InvalidArgument("sequences of one call must share their KDA slots");
   }
   // Every latent block this call writes must exist before any layer runs, so a full pool fails
   // the call cleanly instead of half-way through the layers.
   for (size_t b = 0; b < rows.seqs.size(); ++b) {
     SequenceState* st = rows.seqs[b];
     KIMIRT_RETURN_IF_ERROR(st->kv->Reserve(&st->blocks, st->length + rows.count(b)));
+  }
+  // A decode step (one new token per sequence, absorbed form, one cache): its metadata goes to
+  // the cache's storage once here, and every MLA layer attends through the block tables.
+  const bool paged_decode = PagedDecode(rows, o.mla_form);
+  if (paged_decode && c.NumMlaLayers() > 0) {
+    PagedDecodeStep step;
+    for (SequenceState* st : rows.seqs) step.Add(st->blocks, st->length + 1);
+    rows.seqs[0]->kv->SetDecodeStep(step);
   }
   ForwardTrace* trace = o.trace;
   if (trace != nullptr) *trace = ForwardTrace{};
@@ -147,7 +169,7 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     const LayerWeights& lw = w_.layers[i];
     Tensor x = ctx_.Norm(stream->AttentionInput(static_cast<int64_t>(i), lw), lw.input_norm, eps);
     Tensor attn = lw.is_kda ? RunKda(ctx_, lw.kda, x, kda_slot_[i], rows, o.kda_form)
-                            : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form);
+                            : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form, paged_decode);
     stream->Add(attn);
     Tensor y = ctx_.Norm(stream->FfnInput(lw), lw.post_norm, eps);
     Tensor route;

@@ -55,9 +55,12 @@ class Model {
   // The weights as this rank holds them on its backend (bench model counts their bytes).
   const ModelWeights& weights() const { return w_; }
 
-  // A fresh sequence whose latents live in `kv` (default: a growable F32 cache of the model's
-  // own, for tools and tests; the engine passes its paged pool).
-  SequenceState NewSequence(LatentKvCache* kv = nullptr);
+  // A fresh sequence whose latents live in `kv` and whose KDA state takes a slot of `kda`
+  // (defaults: a growable F32 cache and slots of the model's own, for tools and tests; the
+  // engine passes its paged pool and its slots). Sequences decoded together must share both.
+  SequenceState NewSequence(LatentKvCache* kv = nullptr, KdaStateSlots* kda = nullptr);
+  // KDA state slots shaped for this model (every KDA layer), `slots` to begin with (they grow).
+  std::unique_ptr<KdaStateSlots> MakeKdaStates(int64_t slots) const;
   // A latent cache shaped for this model (all its MLA layers).
   std::unique_ptr<LatentKvCache> MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
                                              bool growable) const;
@@ -67,7 +70,7 @@ class Model {
                          const ForwardOptions& options = {});
   // One decode step of several sequences at once: ids[b] is the next token of states[b]; returns
   // F32 host logits [B, vocab]. The sequences share every per-token op (projections, norms, MoE,
-  // head); KDA and MLA run per sequence on its row. On a backend whose ops are row-invariant up
+  // head); KDA and MLA run as batched ops over their slots and block tables. On a backend whose ops are row-invariant up
   // to B rows (Backend::RowInvariantRows) each row's logits equal, bit for bit, a Forward of that
   // sequence alone. States must be distinct.
   Result<Tensor> ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
@@ -85,9 +88,10 @@ class Model {
   Backend& be_;
   Communicator& comm_;
   ModuleContext ctx_;  // what the sub-layer modules (kda.h, mla.h, moe.h) run with
-  std::vector<int> kda_slot_;  // layer -> index into SequenceState::kda (or -1)
+  std::vector<int> kda_slot_;  // layer -> KDA layer index in KdaStateSlots (or -1)
   std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1)
   std::unique_ptr<LatentKvCache> private_kv_;
+  std::unique_ptr<KdaStateSlots> private_kda_;
 };
 
 }  // namespace kimirt

@@ -8,18 +8,15 @@
 #include <vector>
 
 #include "kimirt/backend/tensor.h"
+#include "kimirt/model/kda_state_slots.h"
 #include "kimirt/model/latent_kv_cache.h"
 
 namespace kimirt {
 
-struct KdaLayerState {
-  Tensor conv_q, conv_k, conv_v;  // [W-1, P_l] the last W-1 pre-conv projections (spec §5.7)
-  Tensor recurrent;               // [H_l, K, K] FP32 state S (spec §5.4)
-};
-
-// Everything a sequence carries between forward calls (spec §9): KDA conv windows and
-// recurrent states, and the block table of its MLA latents in a LatentKvCache. Move-only; its
-// blocks go back to the cache when it is destroyed or Release()d. Not shareable across threads.
+// Everything a sequence carries between forward calls (spec §9): a slot in a KdaStateSlots (its
+// KDA conv windows and recurrent states, the same slot in every KDA layer), and the block table
+// of its MLA latents in a LatentKvCache. Move-only; its blocks and its slot go back when it is
+// destroyed or Release()d. Not shareable across threads.
 class SequenceState {
  public:
   SequenceState() = default;
@@ -28,18 +25,20 @@ class SequenceState {
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
   ~SequenceState() { Release(); }
-  // Frees the latent blocks and forgets the tokens (KDA state is left for the owner to reset).
+  // Frees the latent blocks and the KDA slot and forgets the tokens.
   void Release();
 
   int64_t length = 0;              // tokens already processed
-  std::vector<KdaLayerState> kda;  // one per KDA layer, in layer order
+  KdaStateSlots* kda = nullptr;    // where the KDA state lives; not owned
+  int32_t kda_slot = -1;           // this sequence's slot in `kda`
   std::vector<int32_t> blocks;     // latent block table (all MLA layers share it)
   LatentKvCache* kv = nullptr;     // where the blocks live; not owned
 };
 
 // The sequences of a forward call and their rows of the activations: one sequence owning all T
 // rows (Model::Forward), or B sequences owning one row each (Model::ForwardDecode). Per-token
-// ops run on all rows at once; KDA and MLA run per sequence on its rows.
+// ops run on all rows at once; KDA and MLA take the whole batch when every sequence has one row
+// (decode: Backend::KdaDecode, KvStorage::AttendDecode), else run per sequence on its rows.
 struct SequenceRows {
   std::span<SequenceState* const> seqs;
   int64_t T = 0;

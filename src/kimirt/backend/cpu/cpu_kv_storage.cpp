@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kimirt/backend/cpu/mla_kernels.h"
 #include "kimirt/core/check.h"
 #include "kimirt/core/dtype_convert.h"
 
@@ -82,28 +83,84 @@ class CpuKvStorage final : public KvStorage {
     KIMIRT_CHECK(c->dim(0) >= len && ks->dim(0) >= len);
     std::vector<float> row(static_cast<size_t>(w_));
     for (int64_t p = 0; p < len; ++p) {
-      const size_t off = RowOffset(table, layer, p);
-      switch (s_.dtype) {
-        case DType::kBF16:
-          Bf16ToF32(reinterpret_cast<const uint16_t*>(values_.data) + off, row.data(), row.size());
-          break;
-        case DType::kF8E4M3: {
-          const float* scale = reinterpret_cast<const float*>(scales_.data) + off / static_cast<size_t>(w_) * 2;
-          for (int64_t i = 0; i < w_; ++i) {
-            row[static_cast<size_t>(i)] = Fp8E4M3ToF32(values_.data[off + static_cast<size_t>(i)]) * scale[i < r ? 0 : 1];
-          }
-          break;
-        }
-        default:
-          std::memcpy(row.data(), values_.data + off * 4, row.size() * sizeof(float));
-          break;
-      }
+      ReadRow(layer, table, p, row.data());
       std::memcpy(c->f32() + p * r, row.data(), static_cast<size_t>(r) * sizeof(float));
       std::memcpy(ks->f32() + p * dr, row.data() + r, static_cast<size_t>(dr) * sizeof(float));
     }
   }
 
+  void SetDecodeStep(const PagedDecodeStep& step) override {
+    for (int64_t b = 0; b < step.size(); ++b) {
+      const int64_t len = step.context[static_cast<size_t>(b)];
+      KIMIRT_CHECK_MSG(len > 0 && static_cast<int64_t>(step.table(b).size()) * s_.block_size >= len,
+                       "decode step: a block table does not cover its context");
+    }
+    step_ = step;
+  }
+
+  void WriteDecode(int layer, const Tensor& c, const Tensor& ks) override {
+    KIMIRT_CHECK(c.dim(0) == step_.size());
+    for (int64_t b = 0; b < step_.size(); ++b) {
+      Write(layer, step_.table(b), step_.context[static_cast<size_t>(b)] - 1, c.Rows(b, 1), ks.Rows(b, 1));
+    }
+  }
+
+  // Each sequence alone through the reference kernel, its rows read where they lie: F32 rows in
+  // place, BF16 / FP8 rows widened one at a time into the kernel's scratch.
+  void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) override {
+    KIMIRT_CHECK_MSG(w_kvb.dtype() == DType::kF32, "the CPU backend holds kv_b in F32 only");
+    const int64_t H = shape.heads, dq = shape.nope_dim + shape.rope_dim, dv = shape.v_dim;
+    KIMIRT_CHECK(shape.latent_dim == s_.latent_dim && shape.rope_dim == s_.rope_dim);
+    KIMIRT_CHECK(q.dim(0) == step_.size() && q.numel() == step_.size() * H * dq && o->numel() == step_.size() * H * dv);
+    for (int64_t b = 0; b < step_.size(); ++b) {
+      const std::span<const int32_t> table = step_.table(b);
+      cpu::MlaAttentionArgs a;
+      a.tokens = 1;
+      a.start = step_.context[static_cast<size_t>(b)] - 1;
+      a.heads = H;
+      a.nope_dim = shape.nope_dim;
+      a.rope_dim = shape.rope_dim;
+      a.v_dim = dv;
+      a.latent_dim = shape.latent_dim;
+      a.q = q.f32() + b * H * dq;
+      a.w_kvb = w_kvb.f32();
+      a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
+      cpu::MlaAttentionAbsorbedRows(
+          a,
+          [&](int64_t p, float* scratch, const float** c, const float** ks) {
+            if (s_.dtype == DType::kF32) {
+              *c = reinterpret_cast<const float*>(values_.data) + RowOffset(table, layer, p);
+            } else {
+              ReadRow(layer, table, p, scratch);
+              *c = scratch;
+            }
+            *ks = *c + s_.latent_dim;
+          },
+          o->f32() + b * H * dv);
+    }
+  }
+
  private:
+  // row [r + dr] := position p of `layer`, widened to F32.
+  void ReadRow(int layer, std::span<const int32_t> table, int64_t p, float* row) const {
+    const size_t off = RowOffset(table, layer, p);
+    switch (s_.dtype) {
+      case DType::kBF16:
+        Bf16ToF32(reinterpret_cast<const uint16_t*>(values_.data) + off, row, static_cast<size_t>(w_));
+        break;
+      case DType::kF8E4M3: {
+        const float* scale = reinterpret_cast<const float*>(scales_.data) + off / static_cast<size_t>(w_) * 2;
+        for (int64_t i = 0; i < w_; ++i) {
+          row[i] = Fp8E4M3ToF32(values_.data[off + static_cast<size_t>(i)]) * scale[i < s_.latent_dim ? 0 : 1];
+        }
+        break;
+      }
+      default:
+        std::memcpy(row, values_.data + off * 4, static_cast<size_t>(w_) * sizeof(float));
+        break;
+    }
+  }
+
   // Element index of position `p`'s row of `layer`.
   size_t RowOffset(std::span<const int32_t> table, int layer, int64_t p) const {
     const size_t slot = static_cast<size_t>(p / s_.block_size);
@@ -118,6 +175,7 @@ class CpuKvStorage final : public KvStorage {
   int64_t w_;
   RawBuffer values_;
   RawBuffer scales_;
+  PagedDecodeStep step_;
 };
 
 }  // namespace

@@ -111,7 +111,21 @@ void MlaAttentionExpanded(const MlaAttentionArgs& a, float* o) {
 }
 
 void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
-  CheckArgs(a, o);
+  KIMIRT_CHECK(a.tokens == 0 || a.cache_c != nullptr);
+  MlaAttentionAbsorbedRows(
+      a,
+      [&a](int64_t s, float*, const float** c, const float** ks) {
+        *c = a.cache_c + s * a.latent_dim;
+        *ks = a.cache_ks + s * a.rope_dim;
+      },
+      o);
+}
+
+void MlaAttentionAbsorbedRows(const MlaAttentionArgs& a, const LatentRowReader& rows, float* o) {
+  MlaAttentionArgs checked = a;
+  if (checked.cache_c == nullptr) checked.cache_c = checked.q;  // rows come from `rows`
+  if (checked.cache_ks == nullptr) checked.cache_ks = checked.q;
+  CheckArgs(checked, o);
   if (a.tokens == 0) return;
   const int64_t T = a.tokens, H = a.heads, dn = a.nope_dim, dr = a.rope_dim, dv = a.v_dim,
                 r = a.latent_dim;
@@ -121,6 +135,7 @@ void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
     std::vector<float> q_bar(static_cast<size_t>(r));
     std::vector<float> o_bar(static_cast<size_t>(r));
     std::vector<float> p(static_cast<size_t>(a.start + T));
+    std::vector<float> scratch(static_cast<size_t>(r + a.rope_dim));
     const float* w_uk = a.w_kvb + h * (dn + dv) * r;  // [dn, r]
     const float* w_uv = w_uk + dn * r;                // [dv, r]
     for (int64_t t = 0; t < T; ++t) {
@@ -134,15 +149,21 @@ void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o) {
       // score(t, s) = scale · (q̄ · c_s + q_s · k_s,s), causal (§6.6, §6.4).
       const int64_t len = a.start + t + 1;
       for (int64_t s = 0; s < len; ++s) {
-        const float latent = Dot(q_bar.data(), a.cache_c + s * r, r);
-        const float shared = Dot(q_s, a.cache_ks + s * dr, dr);
+        const float *c = nullptr, *ks = nullptr;
+        rows(s, scratch.data(), &c, &ks);
+        const float latent = Dot(q_bar.data(), c, r);
+        const float shared = Dot(q_s, ks, dr);
         p[s] = a.scale * (latent + shared);
       }
       const float inv_sum = SoftmaxUnnormalized(p.data(), len);
 
       // ō = Σ_s p c_s in the latent space, then o = W_UV ō (§6.6).
       for (int64_t j = 0; j < r; ++j) o_bar[j] = 0.0f;
-      for (int64_t s = 0; s < len; ++s) Axpy(p[s], a.cache_c + s * r, o_bar.data(), r);
+      for (int64_t s = 0; s < len; ++s) {
+        const float *c = nullptr, *ks = nullptr;
+        rows(s, scratch.data(), &c, &ks);
+        Axpy(p[s], c, o_bar.data(), r);
+      }
       for (int64_t j = 0; j < r; ++j) o_bar[j] *= inv_sum;
 
       float* out = o + (t * H + h) * dv;

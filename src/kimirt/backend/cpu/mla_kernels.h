@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace kimirt::cpu {
 
@@ -30,5 +31,13 @@ void MlaAttentionExpanded(const MlaAttentionArgs& a, float* o);
 // Weight-absorbed form (spec §6.6): q̄ = W_UKᵀ q_n, scores q̄·c + q_s·k_s, ō = Σ p c,
 // o = W_UV ō. Same result as the expanded form up to rounding.
 void MlaAttentionAbsorbed(const MlaAttentionArgs& a, float* o);
+
+// Cache row s as F32: sets *c [r] and *ks [dr] to its values, either pointers into the cache
+// itself or into `scratch` [r + dr] after widening stored codes (paged storage).
+using LatentRowReader = std::function<void(int64_t s, float* scratch, const float** c, const float** ks)>;
+
+// The absorbed form reading the cache through `rows` (a.cache_c, a.cache_ks unused): the same
+// arithmetic in the same order as MlaAttentionAbsorbed, so the same bits for the same row values.
+void MlaAttentionAbsorbedRows(const MlaAttentionArgs& a, const LatentRowReader& rows, float* o);
 
 }  // namespace kimirt::cpu

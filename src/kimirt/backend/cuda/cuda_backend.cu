@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -111,8 +112,17 @@ class CudaKvStorage final : public KvStorage {
   void Resize(int64_t blocks) override;
   void Write(int layer, std::span<const int32_t> table, int64_t pos, const Tensor& c, const Tensor& ks) override;
   void Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) override;
+  void SetDecodeStep(const PagedDecodeStep& step) override;
+  void WriteDecode(int layer, const Tensor& c, const Tensor& ks) override;
+  void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) override;
 
  private:
+  // The step's metadata on the device, one int32 array uploaded once per step:
+  // context [B] ‖ table_begin [B + 1] ‖ split_begin [B + 1] ‖ work [num_work, 3] ‖ tables.
+  cuda::PagedDecodeArgs StepArgs(int layer) const;
+  Tensor step_meta_;
+  int64_t step_b_ = 0, step_work_ = 0;
+
   CudaBackend& be_;
   KvStorageShape s_;
   int64_t w_;
@@ -250,6 +260,50 @@ class CudaBackend final : public Backend {
   void GatedRmsNorm(const Tensor& x, const Tensor& g, const Tensor& w, float eps, Tensor* y) override {
     const int64_t K = w.numel();
     cuda::GatedRmsNorm(F(x), F(g), F(w), eps, x.numel() / K, K, F(*y), stream_);
+  }
+
+  // The fused kernel (kda_decode_kernels.cu) where it applies (head dim 128, up to 4 taps, F32
+  // taps); otherwise the base version's per-op kernels. The slots go up in one small copy.
+  void KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,
+                 const Tensor& f, const Tensor& beta_logits, const Tensor& gate, const KdaDecodeWeights& w,
+                 KdaStatePool* pool, Tensor* o) override {
+    const int64_t B = Rows(q_raw), Pl = Cols(q_raw), H = w.a_log->numel(), W = Cols(*w.conv_q);
+    if (B == 0 || B > 65535 || H == 0 || Pl != H * cuda::kKdaDecodeHeadDim || W < 1 || W > 4 ||
+        w.conv_q->dtype() != DType::kF32) {
+      Backend::KdaDecode(slots, q_raw, k_raw, v_raw, f, beta_logits, gate, w, pool, o);
+      return;
+    }
+    KIMIRT_CHECK(static_cast<int64_t>(slots.size()) == B && pool->conv_q.dim(1) == W - 1);
+    CheckDecodeSlots(slots, pool->recurrent.dim(0));
+    Tensor d_slots = UploadInts(slots);
+    KdaDecodeArgs a;
+    a.rows = B;
+    a.heads = H;
+    a.head_dim = cuda::kKdaDecodeHeadDim;
+    a.conv_taps = W;
+    a.q = F(q_raw);
+    a.k = F(k_raw);
+    a.v = F(v_raw);
+    a.beta_logits = F(beta_logits);
+    a.f = F(f);
+    a.gate = F(gate);
+    a.conv_q = F(*w.conv_q);
+    a.conv_k = F(*w.conv_k);
+    a.conv_v = F(*w.conv_v);
+    a.a_log = F(*w.a_log);
+    a.dt_bias = F(*w.dt_bias);
+    a.o_norm = F(*w.o_norm);
+    a.norm_eps = w.norm_eps;
+    a.has_lower_bound = w.lower_bound.has_value();
+    a.lower_bound = w.lower_bound.value_or(0.0f);
+    a.slots = static_cast<const int32_t*>(d_slots.raw());
+    a.slot_count = pool->recurrent.dim(0);
+    a.recurrent = F(pool->recurrent);
+    a.window_q = F(pool->conv_q);
+    a.window_k = F(pool->conv_k);
+    a.window_v = F(pool->conv_v);
+    a.out = F(*o);
+    cuda::KdaDecode(a, stream_);
   }
 
   void MlaAttention(const Tensor& q, const Tensor& cache_c, const Tensor& cache_ks, const Tensor& w_kvb,
@@ -548,6 +602,89 @@ void CudaKvStorage::Gather(int layer, std::span<const int32_t> table, int64_t le
   cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, s_.latent_dim,
                  s_.rope_dim, static_cast<const int32_t*>(d_table.raw()), s_.layers, layer, s_.block_size, kind_,
                  CudaBackend::F(*c), s_.rope_dim > 0 ? CudaBackend::F(*ks) : nullptr, be_.stream_);
+}
+
+void CudaKvStorage::SetDecodeStep(const PagedDecodeStep& step) {
+  const int64_t B = step.size();
+  std::vector<int32_t> meta;
+  std::vector<int32_t> work;
+  meta.reserve(static_cast<size_t>(3 * B + 2) + step.tables.size());
+  for (int64_t len : step.context) {
+    KIMIRT_CHECK_MSG(len > 0 && len <= INT32_MAX, "decode step: context length out of range");
+    meta.push_back(static_cast<int32_t>(len));
+  }
+  meta.insert(meta.end(), step.table_begin.begin(), step.table_begin.end());
+  // The split schedule: a function of each sequence's own context length (batch invariance).
+  meta.push_back(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = step.context[static_cast<size_t>(b)];
+    KIMIRT_CHECK_MSG(static_cast<int64_t>(step.table(b).size()) * s_.block_size >= len,
+                     "decode step: a block table does not cover its context");
+    const int64_t split = cuda::MlaDecodeSplitLen(len);
+    for (int64_t s0 = 0; s0 < len; s0 += split) {
+      work.insert(work.end(), {static_cast<int32_t>(b), static_cast<int32_t>(s0),
+                               static_cast<int32_t>(std::min(len, s0 + split))});
+    }
+    meta.push_back(static_cast<int32_t>(work.size() / 3));
+  }
+  meta.insert(meta.end(), work.begin(), work.end());
+  meta.insert(meta.end(), step.tables.begin(), step.tables.end());
+  step_meta_ = be_.UploadInts(meta);
+  step_b_ = B;
+  step_work_ = static_cast<int64_t>(work.size() / 3);
+}
+
+cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
+  cuda::PagedDecodeArgs a;
+  a.values = values_.raw();
+  a.scales = kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr;
+  a.kind = kind_;
+  a.layers = s_.layers;
+  a.layer = layer;
+  a.block_size = s_.block_size;
+  a.r = s_.latent_dim;
+  a.dr = s_.rope_dim;
+  a.B = step_b_;
+  const int32_t* meta = static_cast<const int32_t*>(step_meta_.raw());
+  a.context = meta;
+  a.table_begin = a.context + step_b_;
+  a.split_begin = a.table_begin + step_b_ + 1;
+  a.work = a.split_begin + step_b_ + 1;
+  a.num_work = step_work_;
+  a.tables = a.work + 3 * step_work_;
+  return a;
+}
+
+void CudaKvStorage::WriteDecode(int layer, const Tensor& c, const Tensor& ks) {
+  KIMIRT_CHECK(c.dim(0) == step_b_ && layer >= 0 && layer < s_.layers);
+  const cuda::PagedDecodeArgs a = StepArgs(layer);
+  cuda::KvWriteDecode(CudaBackend::F(c), s_.rope_dim > 0 ? CudaBackend::F(ks) : nullptr, step_b_, s_.latent_dim,
+                      s_.rope_dim, a.context, a.table_begin, a.tables, s_.layers, layer, s_.block_size, kind_,
+                      values_.raw(), kind_ == 2 ? static_cast<float*>(scales_.raw()) : nullptr, be_.stream_);
+}
+
+// Absorbed (spec §6.6): q̄ per (sequence, head), the paged split/combine kernels over the
+// latent codes in place, then o = W_UV ō.
+void CudaKvStorage::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) {
+  const int64_t B = step_b_, H = shape.heads, dn = shape.nope_dim, dr = shape.rope_dim, dv = shape.v_dim,
+                r = shape.latent_dim;
+  KIMIRT_CHECK(r == s_.latent_dim && dr == s_.rope_dim && layer >= 0 && layer < s_.layers);
+  KIMIRT_CHECK(q.numel() == B * H * (dn + dr) && o->numel() == B * H * dv && w_kvb.dim(1) == r);
+  if (B == 0) return;
+  const bool bf16 = w_kvb.dtype() == DType::kBF16;
+  Tensor qc = be_.Raw({B, H, r + dr}, DType::kF32);
+  cuda::AbsorbQuery(CudaBackend::F(q), B, H, dn, dr, dv, r, CudaBackend::W(w_kvb), bf16, CudaBackend::F(qc),
+                    be_.stream_);
+  cuda::PagedDecodeArgs a = StepArgs(layer);
+  a.H = H;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  Tensor part_o = be_.Raw({step_work_, H, r}, DType::kF32);
+  Tensor part_ml = be_.Raw({step_work_, H, 2}, DType::kF32);
+  Tensor o_bar = be_.Raw({B, H, r}, DType::kF32);
+  cuda::MlaPagedDecode(a, CudaBackend::F(qc), CudaBackend::F(part_o), CudaBackend::F(part_ml), CudaBackend::F(o_bar),
+                       be_.stream_);
+  cuda::AbsorbOutput(CudaBackend::F(o_bar), B, H, dn, dv, r, CudaBackend::W(w_kvb), bf16, CudaBackend::F(*o),
+                     be_.stream_);
 }
 
 }  // namespace

@@ -108,6 +108,35 @@ void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, i
 void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
                   const void* w_kvb, bool w_bf16, float* o, cudaStream_t s);
 
+// Paged absorbed MLA decode (spec §6.6), flash-decoding style: the latent codes are read where
+// they lie through each sequence's block table. A sequence of context L is cut into splits of
+// MlaDecodeSplitLen(L) positions (a function of L alone, so a row's bits never depend on the
+// batch); one thread block per (split, group of heads) keeps an online softmax over its split,
+// and a combine pass merges the splits of each (sequence, head) in split order.
+struct PagedDecodeArgs {
+  const void* values = nullptr;  // codes [blocks, layers, block_size, r + dr]
+  const float* scales = nullptr;  // FP8: [blocks, layers, block_size, 2]
+  int kind = 0;                   // 0 F32, 1 BF16, 2 FP8 E4M3
+  int layers = 0, layer = 0, block_size = 0;
+  int64_t r = 0, dr = 0, B = 0, H = 0;
+  float scale = 1.0f;
+  // Device metadata of the step (KvStorage::SetDecodeStep): per sequence context [B],
+  // table_begin [B + 1] into tables, split_begin [B + 1] into the work list, and the work list
+  // [num_work, 3] of (sequence, first position, end position).
+  const int32_t* context = nullptr;
+  const int32_t* table_begin = nullptr;
+  const int32_t* tables = nullptr;
+  const int32_t* split_begin = nullptr;
+  const int32_t* work = nullptr;
+  int64_t num_work = 0;
+};
+constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
+int64_t MlaDecodeSplitLen(int64_t context);
+// ō [B, H, r] of the absorbed queries qc [B, H, r + dr] (AbsorbQuery). part_o [num_work, H, r]
+// and part_ml [num_work, H, 2] are scratch for the splits.
+void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
+                    cudaStream_t s);
+
 // --- moe_kernels.cu (spec §7.2) ---
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
               float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
@@ -152,6 +181,11 @@ void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, 
 // kind: 0 F32, 1 BF16, 2 FP8 E4M3 with per-token per-part scales [.., 2].
 void KvWrite(const float* c, const float* ks, int64_t T, int64_t r, int64_t dr, const int32_t* table, int64_t pos,
              int layers, int layer, int block_size, int kind, void* values, float* scales, cudaStream_t s);
+// Row b of c [B, r], ks [B, dr] to position context[b] - 1 of the block table
+// tables[table_begin[b] ..) (PagedDecodeArgs' metadata).
+void KvWriteDecode(const float* c, const float* ks, int64_t B, int64_t r, int64_t dr, const int32_t* context,
+                   const int32_t* table_begin, const int32_t* tables, int layers, int layer, int block_size, int kind,
+                   void* values, float* scales, cudaStream_t s);
 void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,
               int layers, int layer, int block_size, int kind, float* c, float* ks, cudaStream_t s);
 

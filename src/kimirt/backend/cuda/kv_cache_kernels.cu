@@ -17,14 +17,12 @@ __device__ int64_t RowOffset(const int32_t* table, int layers, int layer, int bl
   return ((block * layers + layer) * block_size + p % block_size) * w;
 }
 
-// One block per token.
-__global__ void KvWriteKernel(const float* c, const float* ks, int64_t r, int64_t dr, const int32_t* table,
-                              int64_t pos, int layers, int layer, int block_size, int kind, void* values,
-                              float* scales) {
+// Row c [r] ‖ ks [dr] into the codes at element offset `off`, by one thread block.
+__device__ void WriteRow(const float* c, const float* ks, int64_t r, int64_t dr, int64_t off, int kind, void* values,
+                         float* scales) {
   __shared__ float scratch[33];
-  const int64_t t = blockIdx.x, w = r + dr;
-  const int64_t off = RowOffset(table, layers, layer, block_size, pos + t, w);
-  auto value = [&](int64_t i) { return i < r ? c[t * r + i] : ks[t * dr + (i - r)]; };
+  const int64_t w = r + dr;
+  auto value = [&](int64_t i) { return i < r ? c[i] : ks[i - r]; };
   if (kind == 0) {
     float* dst = static_cast<float*>(values) + off;
     for (int64_t i = threadIdx.x; i < w; i += blockDim.x) dst[i] = value(i);
@@ -54,6 +52,24 @@ __global__ void KvWriteKernel(const float* c, const float* ks, int64_t r, int64_
       scales[off / w * 2 + 1] = sk;
     }
   }
+}
+
+// One block per token.
+__global__ void KvWriteKernel(const float* c, const float* ks, int64_t r, int64_t dr, const int32_t* table,
+                              int64_t pos, int layers, int layer, int block_size, int kind, void* values,
+                              float* scales) {
+  const int64_t t = blockIdx.x;
+  const int64_t off = RowOffset(table, layers, layer, block_size, pos + t, r + dr);
+  WriteRow(c + t * r, ks + t * dr, r, dr, off, kind, values, scales);
+}
+
+// One block per sequence of the step: its row b at position context[b] - 1.
+__global__ void KvWriteDecodeKernel(const float* c, const float* ks, int64_t r, int64_t dr, const int32_t* context,
+                                    const int32_t* table_begin, const int32_t* tables, int layers, int layer,
+                                    int block_size, int kind, void* values, float* scales) {
+  const int64_t b = blockIdx.x;
+  const int64_t off = RowOffset(tables + table_begin[b], layers, layer, block_size, context[b] - 1, r + dr);
+  WriteRow(c + b * r, ks + b * dr, r, dr, off, kind, values, scales);
 }
 
 // One block per position.
@@ -87,6 +103,15 @@ void KvWrite(const float* c, const float* ks, int64_t T, int64_t r, int64_t dr, 
   KvWriteKernel<<<static_cast<unsigned>(T), 128, 0, s>>>(c, ks, r, dr, table, pos, layers, layer, block_size, kind,
                                                           values, scales);
   CheckLaunch("KvWrite");
+}
+
+void KvWriteDecode(const float* c, const float* ks, int64_t B, int64_t r, int64_t dr, const int32_t* context,
+                   const int32_t* table_begin, const int32_t* tables, int layers, int layer, int block_size, int kind,
+                   void* values, float* scales, cudaStream_t s) {
+  if (B == 0) return;
+  KvWriteDecodeKernel<<<static_cast<unsigned>(B), 128, 0, s>>>(c, ks, r, dr, context, table_begin, tables, layers,
+                                                                layer, block_size, kind, values, scales);
+  CheckLaunch("KvWriteDecode");
 }
 
 void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,

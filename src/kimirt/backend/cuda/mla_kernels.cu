@@ -12,6 +12,10 @@
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -100,7 +104,152 @@ __global__ void AbsorbOutputKernel(const float* o_bar, int64_t H, int64_t dn, in
   }
 }
 
+// --- paged absorbed decode (kernels.h MlaPagedDecode) ---
+
+constexpr int kDecodeHeads = 8;  // heads per thread block, one warp each
+constexpr int kDecodeTile = 16;  // positions staged in shared memory at a time
+constexpr int kDecodeThreads = kDecodeHeads * 32;
+constexpr int kDecodeMaxRow = static_cast<int>(kMlaDecodeMaxLatent + kMlaDecodeMaxRope);
+constexpr int kLatentPerLane = static_cast<int>(kMlaDecodeMaxLatent / 32);
+constexpr int kRowPerLane = kDecodeMaxRow / 32;
+// Splits: at least kMinSplit positions, at most kMaxSplits per sequence (bounds the scratch).
+constexpr int64_t kMinSplit = 256, kMaxSplits = 64;
+
+// Element e of stored row `row` (row index over [blocks, layers, block_size]), widened to F32 as
+// KvGather does.
+__device__ __forceinline__ float LatentAt(const PagedDecodeArgs& a, int64_t row, int e, int w) {
+  const int64_t i = row * w + e;
+  if (a.kind == 0) return static_cast<const float*>(a.values)[i];
+  if (a.kind == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(a.values)[i]);
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(a.values)[i], __NV_E4M3);
+  return __half2float(__half(h)) * a.scales[row * 2 + (e < a.r ? 0 : 1)];
+}
+
+// Butterfly sum: every lane ends with the same bits (each step adds the same two values).
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One block per (work item = split of a sequence, group of kDecodeHeads heads); warp w owns head
+// group·8 + w, its lane the query elements lane + 32k in registers. Per tile of positions staged
+// in shared memory (each row read from the cache once per block): scores q̄·c + q_s·k_s (one
+// lane-strided sum over the row, then the butterfly), the online-softmax rescale, and ō += p·c
+// with lane owning dims lane + 32k. Writes the split's unnormalized ō and its (max, sum).
+__global__ void __launch_bounds__(kDecodeThreads)
+    MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  __shared__ float tile[kDecodeTile][kDecodeMaxRow];
+  const int64_t work = blockIdx.x;
+  const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
+  const int w = static_cast<int>(a.r + a.dr), r = static_cast<int>(a.r);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t h = int64_t{blockIdx.y} * kDecodeHeads + warp;
+  float qr[kRowPerLane];
+#pragma unroll
+  for (int k = 0; k < kRowPerLane; ++k) {
+    const int e = lane + 32 * k;
+    qr[k] = h < a.H && e < w ? qc[(b * a.H + h) * w + e] : 0.0f;
+  }
+  const int32_t* table = a.tables + a.table_begin[b];
+  float m = -INFINITY, l = 0.0f;
+  float acc[kLatentPerLane];
+#pragma unroll
+  for (int k = 0; k < kLatentPerLane; ++k) acc[k] = 0.0f;
+  for (int64_t t0 = s0; t0 < s1; t0 += kDecodeTile) {
+    const int n = static_cast<int>(s1 - t0 < kDecodeTile ? s1 - t0 : kDecodeTile);
+    __syncthreads();  // the last tile is consumed
+    for (int j = 0; j < n; ++j) {
+      const int64_t p = t0 + j;
+      const int64_t row = (int64_t{table[p / a.block_size]} * a.layers + a.layer) * a.block_size + p % a.block_size;
+      for (int e = threadIdx.x; e < w; e += kDecodeThreads) tile[j][e] = LatentAt(a, row, e, w);
+    }
+    __syncthreads();
+    if (h >= a.H) continue;  // warp-uniform; the barriers above are still met
+    float sc[kDecodeTile];
+    float m_new = m;
+#pragma unroll
+    for (int j = 0; j < kDecodeTile; ++j) {
+      if (j < n) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kRowPerLane; ++k) {
+          if (lane + 32 * k < w) dot += qr[k] * tile[j][lane + 32 * k];
+        }
+        sc[j] = a.scale * WarpSum(dot);
+        m_new = fmaxf(m_new, sc[j]);
+      }
+    }
+    const float correction = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    l *= correction;
+#pragma unroll
+    for (int k = 0; k < kLatentPerLane; ++k) acc[k] *= correction;
+#pragma unroll
+    for (int j = 0; j < kDecodeTile; ++j) {
+      if (j < n) {
+        const float pj = expf(sc[j] - m_new);
+        l += pj;
+#pragma unroll
+        for (int k = 0; k < kLatentPerLane; ++k) {
+          const int dim = lane + 32 * k;
+          if (dim < r) acc[k] += pj * tile[j][dim];
+        }
+      }
+    }
+    m = m_new;
+  }
+  if (h >= a.H) return;
+  float* po = part_o + (work * a.H + h) * a.r;
+#pragma unroll
+  for (int k = 0; k < kLatentPerLane; ++k) {
+    const int dim = lane + 32 * k;
+    if (dim < r) po[dim] = acc[k];
+  }
+  if (lane == 0) {
+    part_ml[(work * a.H + h) * 2] = m;
+    part_ml[(work * a.H + h) * 2 + 1] = l;
+  }
+}
+
+// One block per (sequence, head): ō = Σ_j e^{m_j − M} ō_j / Σ_j e^{m_j − M} l_j over the
+// sequence's splits j in order.
+__global__ void MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml,
+                                            float* o_bar) {
+  const int64_t b = blockIdx.x / a.H, h = blockIdx.x % a.H;
+  const int64_t j0 = a.split_begin[b], j1 = a.split_begin[b + 1];
+  float mx = -INFINITY;
+  for (int64_t j = j0; j < j1; ++j) mx = fmaxf(mx, part_ml[(j * a.H + h) * 2]);
+  float sum = 0.0f;
+  for (int64_t j = j0; j < j1; ++j) sum += expf(part_ml[(j * a.H + h) * 2] - mx) * part_ml[(j * a.H + h) * 2 + 1];
+  const float inv = 1.0f / sum;
+  for (int64_t dim = threadIdx.x; dim < a.r; dim += blockDim.x) {
+    float v = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) v += expf(part_ml[(j * a.H + h) * 2] - mx) * part_o[(j * a.H + h) * a.r + dim];
+    o_bar[(b * a.H + h) * a.r + dim] = v * inv;
+  }
+}
+
 }  // namespace
+
+int64_t MlaDecodeSplitLen(int64_t context) {
+  const int64_t per_split = (context + kMaxSplits - 1) / kMaxSplits;
+  return std::max(kMinSplit, (per_split + 63) / 64 * 64);
+}
+
+void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
+                    cudaStream_t s) {
+  if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
+    std::fprintf(stderr, "kimirt: paged MLA decode with latent %lld / rope %lld exceeds the kernel's %lld / %lld\n",
+                 static_cast<long long>(a.r), static_cast<long long>(a.dr),
+                 static_cast<long long>(kMlaDecodeMaxLatent), static_cast<long long>(kMlaDecodeMaxRope));
+    std::abort();
+  }
+  if (a.B == 0 || a.H == 0) return;
+  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kDecodeHeads - 1) / kDecodeHeads));
+  MlaPagedDecodeSplitKernel<<<grid, kDecodeThreads, 0, s>>>(a, qc, part_o, part_ml);
+  CheckLaunch("MlaPagedDecodeSplit");
+  MlaPagedDecodeCombineKernel<<<static_cast<unsigned>(a.B * a.H), 128, 0, s>>>(a, part_o, part_ml, o_bar);
+  CheckLaunch("MlaPagedDecodeCombine");
+}
 
 void CausalAttention(const AttentionArgs& a, cudaStream_t s) {
   if (a.dv > kAttentionMaxValueDim || a.da + a.db > kAttentionMaxQueryDim) {
