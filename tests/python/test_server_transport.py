@@ -51,7 +51,7 @@ def wait_for_idle_engine(server, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = server.metrics()
-        if m["kimirt_num_requests_running"] == 0 and m["kimirt_num_requests_waiting"] == 0:
+        if m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0:
             return m
         time.sleep(0.1)
     return server.metrics()
@@ -67,11 +67,11 @@ def test_health_and_metrics_answer_with_100_streams_and_100_slow_clients(small_s
     try:
         # The first four streams are generating, the other 96 wait in the engine's queue.
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and small_server.metrics()["kimirt_num_requests_waiting"] < 90:
+        while time.monotonic() < deadline and small_server.metrics()["vllm:num_requests_waiting"] < 90:
             time.sleep(0.1)
         m = small_server.metrics()
-        assert m["kimirt_num_requests_running"] == 4
-        assert m["kimirt_num_requests_waiting"] >= 90
+        assert m["vllm:num_requests_running"] == 4
+        assert m["vllm:num_requests_waiting"] >= 90
         for _ in range(3):
             for path in ("/health", "/metrics"):
                 status, took = timed_get(small_server, path)
@@ -82,7 +82,7 @@ def test_health_and_metrics_answer_with_100_streams_and_100_slow_clients(small_s
             s.close()
     # Every stream's client left: its request is aborted, running or queued.
     m = wait_for_idle_engine(small_server)
-    assert m["kimirt_num_requests_running"] == 0 and m["kimirt_num_requests_waiting"] == 0
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
     assert m["kimirt_kv_cache_blocks_used"] == 0
 
 
