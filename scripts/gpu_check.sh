@@ -17,7 +17,8 @@
 #   moe       K3's MXFP4 experts at real widths: moe_bench (one MoE layer's routed experts,
 #             896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random
 #             K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|mla]
+#   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -140,5 +141,12 @@ if [[ "$what" == moe ]]; then
   cat "$out/moe-bench-k3.txt"
   echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
   tail -5 "$out/bench-model-k3-2layer-cuda.txt"
+fi
+if [[ "$what" == decode48 ]]; then
+  # Issue 12's table: the decode step at the 2-layer Kimi-Linear-48B widths, prompt 256.
+  timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
+    --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
+    --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 exit $status
