@@ -20,7 +20,7 @@ extern const std::string_view kBuiltinTokenizerConfig;
 namespace {
 
 // Bump when the config, the weights' recipe or the tokenizer changes, so caches are rebuilt.
-constexpr const char* kVersion = "v2";
+constexpr const char* kVersion = "v3";  // v3: MXFP4 experts filled as random codes + scales
 
 // A K3-shaped text config at toy widths; the special ids sit at K3's offsets from the base
 // vocabulary (spec §10.2), so the chat renderer's markers work unchanged. Eight KDA and MLA heads
