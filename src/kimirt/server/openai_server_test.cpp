@@ -15,17 +15,11 @@ using nlohmann::json;
 using testing::FakeEngine;
 using testing::FakeTokenizer;
 using testing::HttpCall;
+using testing::kK3ToolReply;
 using testing::ParseReply;
 using testing::SseData;
 using testing::TestConnection;
 using testing::TestReply;
-
-// K3 output for a thinking-mode prompt: reasoning, content, then one tool call.
-constexpr char kK3ToolReply[] =
-    "Let me check.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
-    "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
-    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
-    "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
 
 class ServerTest : public ::testing::Test {
  protected:

@@ -30,6 +30,13 @@
 
 namespace kimirt::testing {
 
+// K3 output for a thinking-mode prompt: reasoning, content, then one tool call (spec §10.3).
+inline constexpr char kK3ToolReply[] =
+    "Let me check.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
+    "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+    "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+
 // Answers every request with `reply` (one token per byte, see FakeTokenizer), one token per
 // event `delay` apart, finishing kStop at its end or kLength at max_tokens. Records what was
 // submitted and aborted.

@@ -19,14 +19,9 @@ using nlohmann::json;
 using testing::FakeEngine;
 using testing::FakeTokenizer;
 using testing::HttpCall;
+using testing::kK3ToolReply;
 using testing::SseData;
 using testing::TestReply;
-
-constexpr char kK3ToolReply[] =
-    "Let me check.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
-    "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
-    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
-    "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
 
 const json kUserHi = {{{"role", "user"}, {"content", "Hi"}}};
 
