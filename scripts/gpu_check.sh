@@ -18,7 +18,9 @@
 #             896 × 3584 × 3072, top-16: time and bandwidth at 4.25 bits a weight), then a random
 #             K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through `kimirt bench model`.
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla]
+#   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
+#             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -148,5 +150,31 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
     --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == prof48 ]]; then
+  # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the
+  # step's wall time measured without the profiler; the difference is launch and host work.
+  cfg="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
+  for b in 1 32; do
+    timeout 120 "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
+      --prompt-len 16 --decode-tokens 8 --peak-gbps 4800 2>&1 | tail -2
+    timeout 200 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+      "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
+      --prompt-len 16 --decode-tokens 8 > "$out/ncu-b$b.csv" 2>"$out/ncu-b$b.err"
+    echo "ncu b$b exit $?"; tail -2 "$out/ncu-b$b.err"
+    python3 - "$out/ncu-b$b.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[ival].replace(",", ""))
+    name = r[iname].split("(")[0][:70]
+    tot[name] += v; cnt[name] += 1
+print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
+for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
+PY
+  done
 fi
 exit $status

@@ -158,6 +158,13 @@ class Backend {
   // sequences into one forward without giving up batch invariance. 1: never batch (the CPU's
   // BLAS picks kernels by row count).
   virtual int64_t RowInvariantRows() const { return 1; }
+  // Prefill math (issue 14, docs/numerics.md). Off (the default): F32 throughout, the mode the
+  // F32 goldens pin. On: a backend may run prefill (calls of more than RowInvariantRows() rows)
+  // on tensor cores with BF16 inputs and F32 accumulation — GEMMs, the chunked KDA core, MLA
+  // prefill attention. Model::Load turns it on when the weights are held as BF16 (`--dtype
+  // bfloat16`). Either way a row's bits never depend on the other rows of the call.
+  void set_bf16_prefill(bool on) { bf16_prefill_ = on; }
+  bool bf16_prefill() const { return bf16_prefill_; }
   // The device's free and total bytes (cudaMemGetInfo), or nothing for host memory.
   struct MemoryInfo {
     uint64_t free = 0, total = 0;
@@ -208,6 +215,8 @@ class Backend {
                          KdaStatePool* pool, Tensor* o);
 
  protected:
+  bool bf16_prefill_ = false;
+
   // KdaDecode's slots: each in [0, slot_count), none twice (rows update their slots in place).
   static void CheckDecodeSlots(std::span<const int32_t> slots, int64_t slot_count);
 

@@ -79,6 +79,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& back
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
   KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
                           LoadModelWeights(layout, *ckpt, comm.size(), comm.rank(), backend, options));
+  // BF16-held weights mean BF16 tensor-core prefill; F32 ones the exact F32 mode (issue 14).
+  backend.set_bf16_prefill(options.matrix_dtype == DType::kBF16);
   return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
 }
 
