@@ -150,6 +150,11 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
     --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The same steps op by op: what the decode graphs take off.
+  timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
+    --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \
+    --json "$out/bench-model-kimi-linear-2layer-prompt256-eager.json" 2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the

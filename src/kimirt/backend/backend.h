@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -136,6 +137,9 @@ class KvStorage {
   // MlaAttention's absorbed form over its gathered rows (same bits); CUDA splits a long context
   // across thread blocks and combines the pieces in an order fixed by that context length alone.
   virtual void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) = 0;
+  // What the decode ops bake into a captured graph (Backend::CaptureBegin): the addresses and
+  // layout of the step's buffers as the last SetDecodeStep left them. Empty: no graphs.
+  virtual std::string GraphKey() const { return {}; }
 };
 
 class Backend {
@@ -165,6 +169,24 @@ class Backend {
   // bfloat16`). Either way a row's bits never depend on the other rows of the call.
   void set_bf16_prefill(bool on) { bf16_prefill_ = on; }
   bool bf16_prefill() const { return bf16_prefill_; }
+
+  // Graphs of the decode step (issue 12; docs/cuda.md "Decode graphs"). A backend that has them
+  // records the launches between CaptureBegin and CaptureEnd into a graph under `key`, which
+  // names everything the launches bake in (row count, buffer addresses, layouts), and Replay
+  // runs them again. What changes from step to step must come through buffers of fixed address:
+  // SetDecodeInputs (token ids, KDA slots) and KvStorage::SetDecodeStep. Tensors allocated while
+  // capturing live in the graph's own memory; `output` becomes the graph's, and Replay returns
+  // it (valid until the next replay of that graph). No uploads, downloads or host waits may
+  // happen while capturing. CaptureEnd returns false when the capture failed (nothing ran; run
+  // the step eagerly).
+  virtual bool SupportsGraphs() const { return false; }
+  virtual bool HasGraph(const std::string& /*key*/) const { return false; }
+  virtual void CaptureBegin(const std::string& /*key*/) {}
+  virtual bool CaptureEnd(const Tensor& /*output*/) { return false; }
+  virtual Tensor Replay(const std::string& /*key*/) { return {}; }
+  // The decode step's token ids and KDA slots, put once into buffers of fixed address that
+  // Embedding and KdaDecode read when called with the same values (CUDA; a no-op elsewhere).
+  virtual void SetDecodeInputs(std::span<const int32_t> /*ids*/, std::span<const int32_t> /*slots*/) {}
   // The device's free and total bytes (cudaMemGetInfo), or nothing for host memory.
   struct MemoryInfo {
     uint64_t free = 0, total = 0;

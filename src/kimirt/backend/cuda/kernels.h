@@ -49,8 +49,14 @@ void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n,
 // rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
 void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int64_t rows, int64_t K, float* y,
                   cudaStream_t s);
-// cands: a device array of n device pointers, each [T, D] (spec §8.2).
-void AttnResMix(const float* const* cands, int n, const float* proj, const float* norm_w, float eps, int64_t T,
+// The candidates' device pointers, each [T, D], passed by value in the launch (no upload, so a
+// decode step with AttnRes can be captured in a graph) (spec §8.2).
+constexpr int kAttnResMaxCandidates = 128;
+struct AttnResCandidates {
+  const float* p[kAttnResMaxCandidates];
+  int n = 0;
+};
+void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s);
 
 // --- kda_kernels.cu (spec §5) ---
@@ -120,9 +126,11 @@ struct PagedDecodeArgs {
   int layers = 0, layer = 0, block_size = 0;
   int64_t r = 0, dr = 0, B = 0, H = 0;
   float scale = 1.0f;
-  // Device metadata of the step (KvStorage::SetDecodeStep): per sequence context [B],
-  // table_begin [B + 1] into tables, split_begin [B + 1] into the work list, and the work list
-  // [num_work, 3] of (sequence, first position, end position).
+  // Device metadata of the step (KvStorage::SetDecodeStep): the work count, per sequence
+  // context [B], table_begin [B + 1] into tables, split_begin [B + 1] into the work list, and
+  // the work list of (sequence, first position, end position). num_work is the list's capacity
+  // (the grid: blocks past *work_count exit), so one launch shape serves every step of a graph.
+  const int32_t* work_count = nullptr;
   const int32_t* context = nullptr;
   const int32_t* table_begin = nullptr;
   const int32_t* tables = nullptr;

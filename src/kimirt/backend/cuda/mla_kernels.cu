@@ -207,6 +207,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
   __shared__ float tile[kDecodeTile][kDecodeMaxRow];
   const int64_t work = blockIdx.x;
+  if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
   const int w = static_cast<int>(a.r + a.dr), r = static_cast<int>(a.r);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
