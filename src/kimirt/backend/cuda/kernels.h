@@ -48,7 +48,7 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
 // y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32
 // accumulation and output (Backend::bf16_prefill; docs/cuda.md "Prefill GEMMs on tensor cores").
 // Batch-invariant: one fixed 128 × 128 tile, k in ascending order, no split, so a row's bits
-// depend on its x row, w, n and k only. Any m, n, k ≥ 1 (m ≤ 65535 · 128); `scratch` is device
+// depend on its x row, w, n and k only. Any m, n, k ≥ 1 (m, n ≤ 2³¹); `scratch` is device
 // memory of PrefillGemmScratchBytes(m, n, k, w_bf16) bytes, 256-byte aligned, used on `s` only.
 size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf16);
 void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,

@@ -222,8 +222,8 @@ TEST_F(CudaBackendPrefillGemm, OffKeepsTheF32Path) {
 
 TEST(CudaBackendPrefillGemmDeathTest, BadShapesAbortWithAMessage) {
   EXPECT_DEATH(cuda::PrefillGemm(nullptr, nullptr, nullptr, 0, 16, 16, nullptr, nullptr), "at least 1");
-  EXPECT_DEATH(cuda::PrefillGemm(nullptr, nullptr, nullptr, int64_t{65536} * 128 + 1, 16, 16, nullptr, nullptr),
-               "more rows than the grid");
+  EXPECT_DEATH(cuda::PrefillGemm(nullptr, nullptr, nullptr, int64_t{1} << 32, 16, 16, nullptr, nullptr),
+               "more tiles than the grid");
   cuda::ExpertGroups g;
   cuda::ExpertPointerTable w;
   EXPECT_DEATH(cuda::MoePrefillExperts(nullptr, 100, 8, g, 16, 100, 64, w, false, 0, 1.0f, false, 1.0f, nullptr,
