@@ -102,10 +102,12 @@ class PrefillFixture : public ::testing::Test {
 class CudaBackendPrefillGemm : public PrefillFixture {};
 
 // Error bound. Products of BF16 values are exact in F32, so what is left is the F32 sum: per
-// element at most (k/16 + 16)·2⁻²³·Σ|x_i w_i| (one rounding or truncation per k16 MMA into a
-// running sum, and within one), and in relative L2 a random walk of those, ≈ 5e-8·√(k/16)
-// (1.2e-6 at k = 9216): 5e-6 is tight. x unrounded or rounded wrongly (truncated) would be off
-// by ~2⁻⁹ per element, ~1e-3 relative — 200× the bound.
+// element at most (k/16 + 16)·2⁻²³·Σ|x_i w_i| (one rounding or truncation per k16 MMA into the
+// running sum, and within one). In relative L2: a random walk of roundings would be ≈
+// 5e-8·√(k/16) (1.2e-6 at k = 9216), but the tensor cores truncate, a bias of up to ~2⁻²⁴ of the
+// running sum per MMA (decode_gemm.cu measured ~1e-5 over 1728 MMAs; k = 9216 is 576 here):
+// 2e-5 holds that with room. x unrounded or rounded wrongly (truncated) would be off by ~2⁻⁹
+// per element, ~1e-3 relative — 50× the bound.
 TEST_F(CudaBackendPrefillGemm, MatchesFloat64OfBf16RoundedX) {
   struct Case {
     int64_t m, k, n;
@@ -150,7 +152,7 @@ TEST_F(CudaBackendPrefillGemm, MatchesFloat64OfBf16RoundedX) {
       }
     }
     EXPECT_EQ(over, 0) << "elements past the per-element bound";
-    EXPECT_LE(std::sqrt(num / den), 5e-6);
+    EXPECT_LE(std::sqrt(num / den), 2e-5);
   }
 }
 
