@@ -31,18 +31,15 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace {
 
-#define BENCH_CUDA_OK(expr)                                                                           \
-  do {                                                                                                \
-    const cudaError_t bench_e = (expr);                                                               \
-    if (bench_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(bench_e)); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
+using kimirt::bench::Fill;
+using kimirt::bench::Hash;
+using kimirt::bench::TimeMs;
+
 #define BENCH_CUBLAS_OK(expr)                                                                       \
   do {                                                                                              \
     const cublasStatus_t bench_s = (expr);                                                          \
@@ -75,20 +72,6 @@ const MoeShape kMoeShapes[] = {
     {"k3.moe", 896, 16, 2048, 3584, 3072},
 };
 
-// Random values (a hash, not zeros): F32 / BF16 of a unit normal's scale, or random bytes.
-__device__ uint64_t Hash(uint64_t seed, int64_t i) {
-  uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__global__ void FillKernel(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = scale * (static_cast<float>(Hash(seed, i) >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * 1.7f;
-    if (bf16 != nullptr) bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    if (f32 != nullptr) f32[i] = v;
-  }
-}
 // MXFP4: random code bytes; scales 2^-9 .. 2^-5 (E8M0 118..122), as the tests use.
 __global__ void FillMxfp4Kernel(uint8_t* codes, int64_t n_codes, uint8_t* scales, int64_t n_scales, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_codes; i += int64_t{gridDim.x} * blockDim.x) {
@@ -96,35 +79,6 @@ __global__ void FillMxfp4Kernel(uint8_t* codes, int64_t n_codes, uint8_t* scales
     if (i < n_scales) scales[i] = static_cast<uint8_t>(118 + Hash(seed + 1, i) % 5);
   }
 }
-void Fill(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  FillKernel<<<4096, 256>>>(bf16, f32, n, seed, scale);
-  BENCH_CUDA_OK(cudaGetLastError());
-}
-
-double Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// The median over `reps` event-timed calls of `fn` (which enqueues on `s`), in ms.
-template <typename Fn>
-double TimeMs(cudaStream_t s, int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
-  for (auto& e : ev) BENCH_CUDA_OK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CUDA_OK(cudaEventRecord(ev[2 * i], s));
-    fn();
-    BENCH_CUDA_OK(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  BENCH_CUDA_OK(cudaStreamSynchronize(s));
-  BENCH_CUDA_OK(cudaGetLastError());
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) BENCH_CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) BENCH_CUDA_OK(cudaEventDestroy(e));
-  return Median(ms);
-}
-
 std::vector<int64_t> ParseList(const char* s) {
   std::vector<int64_t> out;
   for (const char* p = s; *p != '\0';) {
@@ -213,18 +167,18 @@ int main(int argc, char** argv) {
     for (int64_t m : ms_list) {
       void* scratch = nullptr;
       BENCH_CUDA_OK(cudaMalloc(&scratch, kimirt::cuda::PrefillGemmScratchBytes(m, sh.n, sh.k, w)));
-      const auto ours = [&] { kimirt::cuda::PrefillGemm(x, w, y, m, sh.n, sh.k, scratch, s); };
+      const auto ours = [&](int) { kimirt::cuda::PrefillGemm(x, w, y, m, sh.n, sh.k, scratch, s); };
       const float one = 1.0f, zero = 0.0f;
       // Row-major y [m, n] = xb [m, k] · w [n, k]ᵀ, in cuBLAS's column-major terms yᵀ = w · xbᵀ.
-      const auto peer = [&] {
+      const auto peer = [&](int) {
         BENCH_CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh.n), static_cast<int>(m),
                                      static_cast<int>(sh.k), &one, w, CUDA_R_16BF, static_cast<int>(sh.k), xb,
                                      CUDA_R_16BF, static_cast<int>(sh.k), &zero, y_ref, CUDA_R_32F,
                                      static_cast<int>(sh.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       };
       BENCH_CUDA_OK(cudaMemsetAsync(y, 0xff, static_cast<size_t>(m * sh.n) * 4, s));  // NaN poison
-      ours();
-      peer();
+      ours(0);
+      peer(0);
       BENCH_CUDA_OK(cudaStreamSynchronize(s));
       // The first 512 rows (4 row tiles; the copy and the host sum stay small at K3's widths).
       const int64_t check_rows = std::min<int64_t>(m, 512);
@@ -310,12 +264,12 @@ int main(int argc, char** argv) {
       const void* const* p = static_cast<const void* const*>(d_table);
       const auto sc = [&](int at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
       const kimirt::cuda::ExpertPointerTable w{p, p + E, p + 2 * E, sc(3), sc(4), sc(5)};
-      const auto ours = [&] {
+      const auto ours = [&](int) {
         kimirt::cuda::MoeGroupByExpert(d_idx, n, E, g, s);
         kimirt::cuda::MoePrefillExperts(z, T, k, g, max_active, De, I, w, mxfp4, 1, 4.0f, true, 25.0f, scratch,
                                         grouped, s);
       };
-      const auto before = [&] {
+      const auto before = [&](int) {
         kimirt::cuda::MoeGroupByExpert(d_idx, n, E, g, s);
         kimirt::cuda::MoeGroupedExperts(z, k, g, max_active, De, I, w, mxfp4 ? 2 : 1, 1, 4.0f, true, 25.0f, h,
                                         grouped, s);

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -29,6 +28,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/moe_experts_case.h"
 
 namespace kimirt {
 namespace {
@@ -242,62 +242,10 @@ TEST(CudaBackendPrefillGemmDeathTest, BadShapesAbortWithAMessage) {
 // ---------------------------------------------------------------------------------------------
 class CudaBackendMoePrefill : public PrefillFixture {
  protected:
-  // One matrix as the checkpoint stores it (random codes, every byte value equally likely, and
-  // scales in [lo, hi]) with its exact values.
-  struct Mxfp4Matrix {
-    Tensor codes, scales, values;
-  };
-  Mxfp4Matrix RandomMxfp4(int64_t rows, int64_t cols, int lo, int hi) {
-    Mxfp4Matrix m{Tensor::Host({rows, cols / 2}, DType::kU8), Tensor::Host({rows, cols / 32}, DType::kU8),
-                  Tensor::Host({rows, cols})};
-    uint8_t* c = static_cast<uint8_t*>(m.codes.raw());
-    for (int64_t i = 0; i < m.codes.numel(); i += 8) {
-      const uint64_t r = rng_.Next();
-      std::memcpy(c + i, &r, static_cast<size_t>(std::min<int64_t>(8, m.codes.numel() - i)));
-    }
-    uint8_t* s = static_cast<uint8_t*>(m.scales.raw());
-    for (int64_t i = 0; i < m.scales.numel(); ++i) s[i] = static_cast<uint8_t>(lo + rng_.Next() % (hi - lo + 1));
-    for (int64_t r = 0; r < rows; ++r) {
-      DequantizeMxfp4Row(c + r * cols / 2, s + r * cols / 32, cols, m.values.f32() + r * cols);
-    }
-    return m;
-  }
-  // The same experts as MXFP4 and BF16 on the GPU, F32 on the host.
-  struct Experts {
-    ExpertWeights packed, bf16, f32;
-  };
-  Experts RandomExperts(int64_t E, int64_t De, int64_t I) {
-    Experts ex;
-    for (int64_t e = 0; e < E; ++e) {
-      // Scales 2^-9 .. 2^-5 keep activations O(1) through the sums.
-      Mxfp4Matrix g = RandomMxfp4(I, De, 118, 122), u = RandomMxfp4(I, De, 118, 122), d = RandomMxfp4(De, I, 118, 122);
-      for (auto [m, packed, packed_s, bf16, f32] :
-           {std::tuple{&g, &ex.packed.gate, &ex.packed.gate_scales, &ex.bf16.gate, &ex.f32.gate},
-            std::tuple{&u, &ex.packed.up, &ex.packed.up_scales, &ex.bf16.up, &ex.f32.up},
-            std::tuple{&d, &ex.packed.down, &ex.packed.down_scales, &ex.bf16.down, &ex.f32.down}}) {
-        packed->push_back(gpu_->Upload(m->codes));
-        packed_s->push_back(gpu_->Upload(m->scales));
-        bf16->push_back(UpBf16(m->values));  // exact: MXFP4 values are BF16 values
-        f32->push_back(m->values);
-      }
-    }
-    return ex;
-  }
-  // Each token chooses k distinct experts (random order) with positive combine weights; every
-  // token's first choice is `hot` when hot ≥ 0 (a group of many row tiles).
+  using Experts = testing::MoeExpertsCase;
+  Experts RandomExperts(int64_t E, int64_t De, int64_t I) { return testing::RandomMoeExperts(*gpu_, rng_, E, De, I); }
   void RandomChoice(int64_t T, int64_t E, int64_t k, int64_t hot, Tensor* idx, Tensor* w) {
-    *idx = Tensor::Host({T, k}, DType::kI32);
-    *w = Tensor::Host({T, k});
-    std::vector<int32_t> perm(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
-      for (int64_t i = E - 1; i > 0; --i) std::swap(perm[static_cast<size_t>(i)], perm[rng_.Next() % (i + 1)]);
-      if (hot >= 0) std::swap(perm[0], *std::find(perm.begin(), perm.end(), static_cast<int32_t>(hot)));
-      for (int64_t j = 0; j < k; ++j) {
-        idx->i32()[t * k + j] = perm[static_cast<size_t>(j)];
-        w->f32()[t * k + j] = 0.05f + static_cast<float>(rng_.Uniform());
-      }
-    }
+    testing::RandomMoeChoice(rng_, T, E, k, idx, w, hot);
   }
   Tensor Run(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex, const GluParams& p) {
     Tensor out = Poisoned({z.dim(0), z.dim(1)});
