@@ -183,7 +183,7 @@ PY
   done
 fi
 if [[ "$what" == pgemm ]]; then
-  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendPrefillGemm*:CudaBackendMoePrefill*' \
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendPrefillGemm*:CudaBackendMoePrefill*:PrefillGemmDeathTest*' \
     --gtest_output="json:$out/gtest-pgemm.json" >"$out/gtest-pgemm.txt" 2>&1 || status=1
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|differ|kimirt:' "$out/gtest-pgemm.txt" | head -60
   timeout 300 "$root/prefill_gemm_bench" --json "$out/prefill-gemm.json" >"$out/prefill-gemm.txt" 2>&1 || status=1
