@@ -398,7 +398,8 @@ class CudaBackend final : public Backend {
     Tensor grouped = Raw({n, De}, DType::kF32);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
     const int kind = p.kind == GluKind::kSilu ? 0 : 1;
-    if (T > cuda::kGemvMaxRows && bf16_prefill() && format != 0 && cuda::MoePrefillSupports(De, I, mxfp4)) {
+    if (T > cuda::kGemvMaxRows && bf16_prefill() && format != 0 && cuda::MoePrefillSupports(De, I, mxfp4) &&
+        ptrs.aligned16) {
       // Prefill: BF16 tensor cores (moe_prefill_kernels.cu), the same bits for MXFP4 and BF16.
       Tensor scratch = Scratch(cuda::MoePrefillScratchBytes(T, k, De, I, max_active));
       cuda::MoePrefillExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), mxfp4, kind, p.beta,
@@ -421,6 +422,7 @@ class CudaBackend final : public Backend {
     Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
+    bool aligned16 = false;         // every weight (codes) 16-byte aligned: the prefill kernels' copies
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -446,6 +448,8 @@ class CudaBackend final : public Backend {
     ptrs.E = static_cast<int64_t>(E);
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
+    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
+                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
     return ptrs;
   }

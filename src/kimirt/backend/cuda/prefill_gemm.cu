@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
   }
   float acc[4][4][4];
   tc::TileMma<false, false>(smem, a_rows, b, kp, w, acc);
-  const bool pairs = n % 2 == 0;  // (row, col) and (row, col + 1) as one aligned float2
+  // (row, col) and (row, col + 1) as one aligned float2 where every row start is 8-byte aligned.
+  const bool pairs = n % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
