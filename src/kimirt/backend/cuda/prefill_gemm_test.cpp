@@ -130,7 +130,10 @@ TEST_F(CudaBackendPrefillGemm, MatchesFloat64OfBf16RoundedX) {
       rows.resize(static_cast<size_t>(c.m));
       std::iota(rows.begin(), rows.end(), 0);
     } else {
-      rows = {0, 1, 63, 64, 127, 128, 129, c.m - 1};
+      for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{127}, int64_t{128}, int64_t{129}}) {
+        if (r < c.m) rows.push_back(r);
+      }
+      rows.push_back(c.m - 1);
       for (int i = 0; i < 24; ++i) rows.push_back(static_cast<int64_t>(rng_.Next() % c.m));
     }
     std::vector<double> xr(static_cast<size_t>(c.k));
