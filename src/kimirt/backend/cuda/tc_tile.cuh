@@ -98,13 +98,13 @@ __device__ __forceinline__ float E8M0ToFloat(uint32_t s) {
   if (s == 255u) return __int_as_float(0x7fc00000);
   return s == 0u ? __int_as_float(0x00400000) : __int_as_float(static_cast<int>(s << 23));
 }
-// Built from the code's bits (sign, 2 exponent bits, 1 mantissa bit; exponent 0 is 0 or 0.5),
-// in registers (a 16-entry table would sit in local memory).
+// Built from the code's bits, in registers (a 16-entry table would sit in local memory): for a
+// magnitude code m ≥ 2 (exponent e = m >> 1 ≥ 1, mantissa bit m & 1) the F32 bits are
+// ((e + 126) << 23) | ((m & 1) << 22) = (m + 252) << 22; m = 1 is 0.5, m = 0 is 0; bit 3 the sign.
 __device__ __forceinline__ float E2M1ToFloat(uint32_t code) {
-  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
-  uint32_t bits = e != 0u ? ((e + 126u) << 23) | (m << 22) : (m != 0u ? 0x3f000000u : 0u);
-  bits |= (code & 8u) << 28;
-  return __uint_as_float(bits);
+  const uint32_t m = code & 7u;
+  const uint32_t mag = m >= 2u ? (m + 252u) << 22 : (m == 1u ? 0x3f000000u : 0u);
+  return __uint_as_float(mag | (code & 8u) << 28);
 }
 // 8 codes (a 32-bit word, element i in bits 4i..4i+3) × scale → 8 BF16 packed two a word.
 __device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t codes, float scale) {
