@@ -20,7 +20,12 @@
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48]
+#   pgemm     the prefill GEMMs on tensor cores (issue 14 item 1, issue 13 item 2): their tests
+#             (CudaBackendPrefillGemm*, CudaBackendMoePrefill*), then bench/prefill_gemm_bench.cu:
+#             dense at Kimi-Linear-48B and K3 shapes, m = 512/2048/8192, beside cuBLAS BF16 in the
+#             same run, and the grouped MoE (BF16 and MXFP4) at 48B and K3 widths, as TFLOP/s and
+#             fraction of 790 ($OUT/prefill-gemm.json).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|pgemm]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -49,7 +54,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
     # The K3-width MoE test (1.7 GB of experts) would take memcheck past its limit; its kernels are
     # the ones the small-width MoE tests run under memcheck.
     timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths" \
+      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths:CudaBackendMoePrefill.Mxfp4GivesTheBitsOfBf16AtK3Widths" \
       >"$out/memcheck.txt" 2>&1
     echo "memcheck exit $? ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses)"
   fi
@@ -181,5 +186,13 @@ print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
   done
+fi
+if [[ "$what" == pgemm ]]; then
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendPrefillGemm*:CudaBackendMoePrefill*:PrefillGemmDeathTest*' \
+    --gtest_output="json:$out/gtest-pgemm.json" >"$out/gtest-pgemm.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|differ|kimirt:' "$out/gtest-pgemm.txt" | head -60
+  timeout 300 "$root/prefill_gemm_bench" --json "$out/prefill-gemm.json" >"$out/prefill-gemm.txt" 2>&1 || status=1
+  echo "--- prefill GEMMs (ours incl. rounding x to BF16; cuBLAS BF16 on pre-rounded x; of790 = of 790 TFLOP/s)"
+  grep -v ' ms (' "$out/prefill-gemm.txt" | tail -60
 fi
 exit $status

@@ -474,11 +474,21 @@ class CudaBackend final : public Backend {
     g.begin = g.active + max_active;
     g.num_active = g.begin + max_active + 1;
     cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
-    Tensor h = Raw({n, I}, DType::kF32), grouped = Raw({n, De}, DType::kF32);
+    Tensor grouped = Raw({n, De}, DType::kF32);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
-    cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, p.kind == GluKind::kSilu ? 0 : 1,
-                            p.beta, p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped),
-                            stream_);
+    const int kind = p.kind == GluKind::kSilu ? 0 : 1;
+    if (T > cuda::kGemvMaxRows && bf16_prefill() && format != 0 && cuda::MoePrefillSupports(De, I, mxfp4) &&
+        ptrs.aligned16) {
+      // Prefill: BF16 tensor cores (moe_prefill_kernels.cu), the same bits for MXFP4 and BF16.
+      Tensor scratch = Scratch(cuda::MoePrefillScratchBytes(T, k, De, I, max_active));
+      cuda::MoePrefillExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), mxfp4, kind, p.beta,
+                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), scratch.raw(), F(grouped),
+                              stream_);
+    } else {
+      Tensor h = Raw({n, I}, DType::kF32);
+      cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, kind, p.beta,
+                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped), stream_);
+    }
     cuda::MoeCombine(F(grouped), g.pos, F(weights), T, k, De, F(*out), stream_);
   }
 
@@ -491,6 +501,7 @@ class CudaBackend final : public Backend {
     Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
+    bool aligned16 = false;         // every weight (codes) 16-byte aligned: the prefill kernels' copies
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -516,6 +527,8 @@ class CudaBackend final : public Backend {
     ptrs.E = static_cast<int64_t>(E);
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
+    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
+                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
     return ptrs;
   }
@@ -550,18 +563,24 @@ class CudaBackend final : public Backend {
 
   // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16. Up to kGemvMaxRows rows
   // (decode) a row-invariant kernel: BF16 on tensor cores with x split hi + mid + lo (DecodeGemm, the
-  // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows: cuBLAS SGEMM, a BF16
-  // weight widened to F32 in chunks of at most 16 M elements first.
+  // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows (prefill): a BF16
+  // weight with bf16_prefill() on goes to PrefillGemm (x rounded to BF16, tensor cores, the same
+  // tile whatever m is); otherwise cuBLAS SGEMM, a BF16 weight widened to F32 in chunks of at
+  // most 16 M elements first.
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
     if (m <= cuda::kGemvMaxRows && k > 0) {
       if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
-        const size_t bytes = cuda::DecodeGemmScratchBytes(m, n, k);
-        Tensor scratch = Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32);
+        Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(m, n, k));
         cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
       }
+      return;
+    }
+    if (w.dtype() == DType::kBF16 && bf16_prefill() && m > 0 && n > 0 && k > 0) {
+      Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
+      cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       return;
     }
     if (w.dtype() == DType::kF32) {
@@ -583,6 +602,9 @@ class CudaBackend final : public Backend {
                                    &zero, y + n0, static_cast<int>(n)));
     }
   }
+
+  // Device scratch of `bytes` bytes from the pool (its blocks are cudaMalloc'd: 256-byte aligned).
+  Tensor Scratch(size_t bytes) { return Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32); }
 
   // An uninitialized device tensor from the pool (while capturing, the graph's own pool).
   Tensor Raw(Shape shape, DType dtype) {

@@ -44,6 +44,16 @@ int64_t DecodeGemmSplits(int64_t n, int64_t k);
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                 cudaStream_t s);
 
+// --- prefill_gemm.cu: BF16-weight GEMM for prefill (more than kGemvMaxRows rows) on tensor cores ---
+// y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32
+// accumulation and output (Backend::bf16_prefill; docs/cuda.md "Prefill GEMMs on tensor cores").
+// Batch-invariant: one fixed 128 × 128 tile, k in ascending order, no split, so a row's bits
+// depend on its x row, w, n and k only. Any m, n, k ≥ 1 (m, n ≤ 2³¹); `scratch` is device
+// memory of PrefillGemmScratchBytes(m, n, k, w_bf16) bytes, 256-byte aligned, used on `s` only.
+size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf16);
+void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
+                 cudaStream_t s);
+
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
 // rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
@@ -178,6 +188,20 @@ struct ExpertPointerTable {
 void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De, int64_t I,
                        const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
                        float linear_beta, float* h, float* grouped, cudaStream_t s);
+// --- moe_prefill_kernels.cu: the routed experts of a prefill call on tensor cores ---
+// What MoeGroupedExperts computes, for calls of more than kGemvMaxRows tokens with
+// Backend::bf16_prefill on: for every group row g (slot order[g], token order[g] / k, expert e),
+// h[g] = bf16(GLU(bf16(z) W1_eᵀ, bf16(z) W3_eᵀ)) and grouped[g] = h[g] W2_eᵀ, BF16 tensor cores with
+// F32 accumulation, weights BF16 (mxfp4 false) or MXFP4 codes + scales decoded to BF16 in the
+// kernel — the same bits either way. A token's bits depend on its own row only. The tile
+// schedule is built on the device from the groups (no host round trip). Needs De and I multiples
+// of 8 (32 for MXFP4: MoePrefillSupports); `scratch` is device memory of
+// MoePrefillScratchBytes(T, k, De, I, max_active) bytes, 256-byte aligned.
+bool MoePrefillSupports(int64_t De, int64_t I, bool mxfp4);
+size_t MoePrefillScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I, int64_t max_active);
+void MoePrefillExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
+                       int64_t I, const ExpertPointerTable& w, bool mxfp4, int kind, float beta, bool has_linear_beta,
+                       float linear_beta, void* scratch, float* grouped, cudaStream_t s);
 // out[i] = the MXFP4 value i of `codes` / `scales` (n a multiple of 32), decoded as the expert
 // kernels decode it (for the bit-for-bit check against core/dtype_convert).
 void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s);
