@@ -20,7 +20,12 @@
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48]
+#   mlapre    issue 14's MLA prefill on tensor cores: the CudaBackendMlaPrefill tests (flash kernel
+#             against float64, paged AttendPrefill against the CPU, row independence), `bench model`
+#             at the 2-layer Kimi-Linear-48B widths, BF16, prompt 8192, then mla_prefill_bench (the
+#             flash kernel against CausalAttention and the paged op against Gather + MlaAttention
+#             at 8K, 32K's last 8K chunk and 32K; $OUT/mla-prefill-bench.json), its table last.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|mlapre]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -176,5 +181,20 @@ print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
   done
+fi
+if [[ "$what" == mlapre ]]; then
+  timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendMlaPrefill*:CpuPagedMlaPrefill*' \
+    --gtest_output="json:$out/gtest-mlapre.json" 2>&1 | tee "$out/gtest-mlapre.txt" |
+    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|worst row|error' | head -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
+    --prompt-len 8192 --decode-tokens 4 --peak-gbps 4800 --json "$out/bench-model-kimi-linear-2layer-bf16-prompt8192.json" \
+    2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 400 "$root/mla_prefill_bench" --json "$out/mla-prefill-bench.json" >"$out/mla-prefill-bench.txt" 2>&1 ||
+    status=1
+  echo "--- MLA prefill (issue 14; flash = tensor cores, causal = today's CUDA-core kernel; paged = AttendPrefill)"
+  cat "$out/mla-prefill-bench.txt"
 fi
 exit $status

@@ -80,6 +80,9 @@ class LatentKvCache {
   void SetDecodeStep(const PagedDecodeStep& step);
   void WriteDecode(int layer, const Tensor& c, const Tensor& ks);
   void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o);
+  // Expanded MLA prefill of `batch`'s sequences through their block tables (KvStorage::AttendPrefill).
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                     const MlaShape& shape, Tensor* o);
 
  private:
   void AddBlocks(int64_t add);

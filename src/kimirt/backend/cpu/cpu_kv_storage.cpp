@@ -140,6 +140,38 @@ class CpuKvStorage final : public KvStorage {
     }
   }
 
+  // Each sequence as the F32 path computes it: its rows gathered, then the expanded reference
+  // kernel (what CpuBackend::MlaAttention runs for kExpanded), so the same bits.
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape,
+                     Tensor* o) override {
+    KIMIRT_CHECK_MSG(w_kvb.dtype() == DType::kF32, "the CPU backend holds kv_b in F32 only");
+    const int64_t H = shape.heads, dq = shape.nope_dim + shape.rope_dim, dv = shape.v_dim;
+    KIMIRT_CHECK(shape.latent_dim == s_.latent_dim && shape.rope_dim == s_.rope_dim);
+    KIMIRT_CHECK(q.numel() == q.dim(0) * H * dq && o->numel() == q.dim(0) * H * dv);
+    for (int64_t b = 0; b < batch.size(); ++b) {
+      const size_t i = static_cast<size_t>(b);
+      const int64_t start = batch.start[i], n = batch.count[i], row = batch.row[i];
+      KIMIRT_CHECK_MSG(start >= 0 && n >= 0 && row >= 0 && row + n <= q.dim(0), "prefill: rows out of range");
+      if (n == 0) continue;
+      Tensor c = Tensor::Host({start + n, s_.latent_dim}), ks = Tensor::Host({start + n, s_.rope_dim});
+      Gather(layer, batch.table(b), start + n, &c, &ks);
+      cpu::MlaAttentionArgs a;
+      a.tokens = n;
+      a.start = start;
+      a.heads = H;
+      a.nope_dim = shape.nope_dim;
+      a.rope_dim = shape.rope_dim;
+      a.v_dim = dv;
+      a.latent_dim = shape.latent_dim;
+      a.q = q.f32() + row * H * dq;
+      a.cache_c = c.f32();
+      a.cache_ks = ks.f32();
+      a.w_kvb = w_kvb.f32();
+      a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
+      cpu::MlaAttentionExpanded(a, o->f32() + row * H * dv);
+    }
+  }
+
  private:
   // row [r + dr] := position p of `layer`, widened to F32.
   void ReadRow(int layer, std::span<const int32_t> table, int64_t p, float* row) const {
