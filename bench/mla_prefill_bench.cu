@@ -28,74 +28,23 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace {
 
-#define BENCH_CUDA_OK(expr)                                                                           \
-  do {                                                                                                \
-    const cudaError_t bench_e = (expr);                                                               \
-    if (bench_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(bench_e)); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-
 constexpr int64_t kH = 32, kDn = 128, kDr = 64, kDv = 128, kR = 512;
 
-// Random values of about a unit normal's scale (a hash of the index), as BF16 and/or F32.
-__global__ void FillKernel(__nv_bfloat16* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float v = scale * (static_cast<float>(z >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * 1.7f;
-    const __nv_bfloat16 b = __float2bfloat16_rn(v);
-    if (bf16 != nullptr) bf16[i] = b;
-    if (f32 != nullptr) f32[i] = __bfloat162float(b);  // the same values as the BF16 copy
-  }
-}
-
-void Fill(void* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  FillKernel<<<4096, 256>>>(static_cast<__nv_bfloat16*>(bf16), f32, n, seed, scale);
-  BENCH_CUDA_OK(cudaGetLastError());
-}
+using bench::Fill;
+using bench::Median;
+using bench::TimeMs;
 
 template <typename T>
 T* DeviceAlloc(int64_t n) {
   void* p = nullptr;
   BENCH_CUDA_OK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
   return static_cast<T*>(p);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Event-timed calls of `fn` on the default stream: the median of `reps` after `warmup`, in ms.
-template <typename Fn>
-double TimeMs(int warmup, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  BENCH_CUDA_OK(cudaEventCreate(&a));
-  BENCH_CUDA_OK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) fn();
-  BENCH_CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CUDA_OK(cudaEventRecord(a));
-    fn();
-    BENCH_CUDA_OK(cudaEventRecord(b));
-    BENCH_CUDA_OK(cudaEventSynchronize(b));
-    float t = 0;
-    BENCH_CUDA_OK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  BENCH_CUDA_OK(cudaEventDestroy(a));
-  BENCH_CUDA_OK(cudaEventDestroy(b));
-  return Median(ms);
 }
 
 struct Case {
@@ -125,8 +74,8 @@ void RunKernels(const Case& c, int reps, bool skip_old, Result* res) {
   float* o_new = DeviceAlloc<float>(c.T * kH * kDv);
   float* o_old = skip_old ? nullptr : DeviceAlloc<float>(c.T * kH * kDv);
   Fill(nullptr, q, c.T * kH * dq, 1, 1.0f);
-  Fill(kv16, kv32, S * kH * dkv, 2, 1.0f);
-  Fill(ks16, ks32, S * kDr, 3, 1.0f);
+  Fill(kv16, kv32, S * kH * dkv, 2, 1.0f, /*f32_as_bf16=*/true);
+  Fill(ks16, ks32, S * kDr, 3, 1.0f, /*f32_as_bf16=*/true);
 
   const kimirt::cuda::MlaPrefillPlan plan = kimirt::cuda::PlanMlaPrefill({c.start}, {c.T}, {0});
   int32_t* meta = DeviceAlloc<int32_t>(static_cast<int64_t>(plan.meta.size()));
@@ -144,7 +93,7 @@ void RunKernels(const Case& c, int reps, bool skip_old, Result* res) {
   a.dr = kDr;
   a.dv = kDv;
   a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
-  res->flash_ms = TimeMs(1, reps, [&] { kimirt::cuda::MlaPrefillAttention(a, nullptr); });
+  res->flash_ms = TimeMs(nullptr, 1, reps, [&](int) { kimirt::cuda::MlaPrefillAttention(a, nullptr); });
 
   if (!skip_old) {
     kimirt::cuda::AttentionArgs o;
@@ -169,7 +118,7 @@ void RunKernels(const Case& c, int reps, bool skip_old, Result* res) {
     o.o = o_old;
     o.o_t = kH * kDv;
     o.o_h = kDv;
-    res->causal_ms = TimeMs(0, 1, [&] { kimirt::cuda::CausalAttention(o, nullptr); });
+    res->causal_ms = TimeMs(nullptr, 0, 1, [&](int) { kimirt::cuda::CausalAttention(o, nullptr); });
     // The two outputs side by side (BF16 P and operands against F32 throughout).
     std::vector<float> hn(static_cast<size_t>(c.T * kH * kDv)), ho(hn.size());
     BENCH_CUDA_OK(cudaMemcpy(hn.data(), o_new, hn.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -226,8 +175,8 @@ void RunPaged(kimirt::Backend& be, const Case& c, int reps, bool skip_old, Resul
   batch.Add(table, c.start, c.T, 0);
   auto paged = [&] { storage->AttendPrefill(0, batch, q, w, shape, &o); };
   wall_ms(paged);
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) ms.push_back(wall_ms(paged));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) ms.push_back(static_cast<float>(wall_ms(paged)));
   res->paged_ms = Median(ms);
   if (!skip_old) {
     res->old_path_ms = wall_ms([&] {
