@@ -80,19 +80,11 @@ void RunKernels(const Case& c, int reps, bool skip_old, Result* res) {
   const kimirt::cuda::MlaPrefillPlan plan = kimirt::cuda::PlanMlaPrefill({c.start}, {c.T}, {0});
   int32_t* meta = DeviceAlloc<int32_t>(static_cast<int64_t>(plan.meta.size()));
   BENCH_CUDA_OK(cudaMemcpy(meta, plan.meta.data(), plan.meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  kimirt::cuda::MlaPrefillArgs a;
+  kimirt::cuda::MlaPrefillArgs a = kimirt::cuda::PlannedMlaPrefillArgs(plan, meta, kH, kDn, kDr, kDv);
   a.q = q;
   a.kv = kv16;
   a.ks = ks16;
   a.o = o_new;
-  a.seqs = meta;
-  a.tiles = meta + 4;
-  a.num_tiles = plan.num_tiles;
-  a.H = kH;
-  a.dn = kDn;
-  a.dr = kDr;
-  a.dv = kDv;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
   res->flash_ms = TimeMs(nullptr, 1, reps, [&](int) { kimirt::cuda::MlaPrefillAttention(a, nullptr); });
 
   if (!skip_old) {

@@ -114,17 +114,10 @@ class CpuKvStorage final : public KvStorage {
     KIMIRT_CHECK(q.dim(0) == step_.size() && q.numel() == step_.size() * H * dq && o->numel() == step_.size() * H * dv);
     for (int64_t b = 0; b < step_.size(); ++b) {
       const std::span<const int32_t> table = step_.table(b);
-      cpu::MlaAttentionArgs a;
+      cpu::MlaAttentionArgs a = ArgsOf(shape, w_kvb);
       a.tokens = 1;
       a.start = step_.context[static_cast<size_t>(b)] - 1;
-      a.heads = H;
-      a.nope_dim = shape.nope_dim;
-      a.rope_dim = shape.rope_dim;
-      a.v_dim = dv;
-      a.latent_dim = shape.latent_dim;
       a.q = q.f32() + b * H * dq;
-      a.w_kvb = w_kvb.f32();
-      a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
       cpu::MlaAttentionAbsorbedRows(
           a,
           [&](int64_t p, float* scratch, const float** c, const float** ks) {
@@ -155,24 +148,31 @@ class CpuKvStorage final : public KvStorage {
       if (n == 0) continue;
       Tensor c = Tensor::Host({start + n, s_.latent_dim}), ks = Tensor::Host({start + n, s_.rope_dim});
       Gather(layer, batch.table(b), start + n, &c, &ks);
-      cpu::MlaAttentionArgs a;
+      cpu::MlaAttentionArgs a = ArgsOf(shape, w_kvb);
       a.tokens = n;
       a.start = start;
-      a.heads = H;
-      a.nope_dim = shape.nope_dim;
-      a.rope_dim = shape.rope_dim;
-      a.v_dim = dv;
-      a.latent_dim = shape.latent_dim;
       a.q = q.f32() + row * H * dq;
       a.cache_c = c.f32();
       a.cache_ks = ks.f32();
-      a.w_kvb = w_kvb.f32();
-      a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
       cpu::MlaAttentionExpanded(a, o->f32() + row * H * dv);
     }
   }
 
  private:
+  // The reference kernels' arguments for these widths and kv_b (what CpuBackend::MlaAttention
+  // passes): tokens, start, q and the cache left to set.
+  static cpu::MlaAttentionArgs ArgsOf(const MlaShape& shape, const Tensor& w_kvb) {
+    cpu::MlaAttentionArgs a;
+    a.heads = shape.heads;
+    a.nope_dim = shape.nope_dim;
+    a.rope_dim = shape.rope_dim;
+    a.v_dim = shape.v_dim;
+    a.latent_dim = shape.latent_dim;
+    a.w_kvb = w_kvb.f32();
+    a.scale = 1.0f / std::sqrt(static_cast<float>(shape.nope_dim + shape.rope_dim));
+    return a;
+  }
+
   // row [r + dr] := position p of `layer`, widened to F32.
   void ReadRow(int layer, std::span<const int32_t> table, int64_t p, float* row) const {
     const size_t off = RowOffset(table, layer, p);

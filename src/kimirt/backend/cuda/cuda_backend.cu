@@ -744,19 +744,11 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
   Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
   cuda::ToBf16(CudaBackend::F(kv), kv16.raw(), keys * width, be_.stream_);
   if (dr > 0) cuda::ToBf16(CudaBackend::F(ks), ks16.raw(), keys * dr, be_.stream_);
-  cuda::MlaPrefillArgs a;
+  cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
   a.q = CudaBackend::F(q);
   a.kv = kv16.raw();
   a.ks = dr > 0 ? ks16.raw() : nullptr;
   a.o = CudaBackend::F(*o);
-  a.seqs = d_ints;
-  a.tiles = d_ints + 4 * plan.B;
-  a.num_tiles = plan.num_tiles;
-  a.H = H;
-  a.dn = dn;
-  a.dr = dr;
-  a.dv = dv;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
   cuda::MlaPrefillAttention(a, be_.stream_);
 }
 

@@ -171,6 +171,10 @@ struct MlaPrefillPlan {
 };
 MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
                               const std::vector<int64_t>& row);
+// The arguments of the call `plan` describes, its metadata uploaded to `d_meta`, at these
+// widths, with the softmax scale 1/sqrt(dn + dr) (spec §6.4); q, kv, ks and o left to set.
+MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,
+                                     int64_t dr, int64_t dv);
 // y [n] (BF16, round to nearest even) := x [n] (F32).
 void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 

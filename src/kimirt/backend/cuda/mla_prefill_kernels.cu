@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -363,6 +364,20 @@ MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vect
   for (const Tile& t : tiles) p.meta.insert(p.meta.end(), {t.seq, t.t0});
   p.num_tiles = static_cast<int64_t>(tiles.size());
   return p;
+}
+
+MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,
+                                     int64_t dr, int64_t dv) {
+  MlaPrefillArgs a;
+  a.seqs = d_meta;
+  a.tiles = d_meta + 4 * plan.B;
+  a.num_tiles = plan.num_tiles;
+  a.H = H;
+  a.dn = dn;
+  a.dr = dr;
+  a.dv = dv;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  return a;
 }
 
 void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s) {

@@ -107,19 +107,12 @@ class CudaBackendMlaPrefill : public ::testing::Test {
     std::memcpy(meta.raw(), plan.meta.data(), plan.meta.size() * sizeof(int32_t));
     Tensor d_meta = gpu_->Upload(meta);
     TEST_CUDA_OK(cudaDeviceSynchronize());  // the backend's stream is not the default one
-    cuda::MlaPrefillArgs a;
+    cuda::MlaPrefillArgs a =
+        cuda::PlannedMlaPrefillArgs(plan, static_cast<const int32_t*>(d_meta.raw()), H, dn, dr, dv);
     a.q = q;
     a.kv = kv;
     a.ks = ks;
     a.o = o;
-    a.seqs = static_cast<const int32_t*>(d_meta.raw());
-    a.tiles = a.seqs + 4 * plan.B;
-    a.num_tiles = plan.num_tiles;
-    a.H = H;
-    a.dn = dn;
-    a.dr = dr;
-    a.dv = dv;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
     cuda::MlaPrefillAttention(a, nullptr);
     TEST_CUDA_OK(cudaDeviceSynchronize());
   }
