@@ -16,7 +16,8 @@
 // The paged path at Kimi-Linear's widths (32 heads) for the F32, BF16 and FP8 caches: against
 // the CPU backend's F32 expanded attention over the same codes within 1e-2 (its k_nope, v and q
 // rounded to BF16 on top: ~2.5e-3 expected), each sequence alone bit-identical to its rows of
-// the batch, and a row no sequence names left untouched.
+// the batch, and a row no sequence names left untouched. Widths without a kernel: the F32 path's
+// bits.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -279,6 +280,39 @@ TEST_F(CudaBackendMlaPrefill, PagedMatchesCpuForEveryCacheDtype) {
     }
     for (int64_t i = 83 * width; i < 90 * width; ++i) ASSERT_TRUE(std::isnan(got.f32()[i])) << "unnamed row written";
   }
+}
+
+// Widths without a kernel (the tiny fixtures') take the F32 path inside AttendPrefill: Gather +
+// MlaAttention's expanded form, the same bits as calling them.
+TEST_F(CudaBackendMlaPrefill, OtherWidthsTakeTheF32Path) {
+  ASSERT_FALSE(cuda::MlaPrefillSupported(16, 8, 16));
+  const KvStorageShape shape{2, 16, 64, 8, DType::kBF16};
+  MlaShape mla;
+  mla.heads = 4;
+  mla.nope_dim = 16;
+  mla.rope_dim = 8;
+  mla.v_dim = 16;
+  mla.latent_dim = 64;
+  const int64_t start = 30, n = 21, len = start + n, width = mla.heads * mla.v_dim;
+  auto kv = gpu_->MakeKvStorage(shape);
+  kv->Resize(6);
+  const std::vector<int32_t> table = {5, 2, 0, 4};
+  kv->Write(1, table, 0, gpu_->Upload(testing::RandomHost(rng_, {len, 64}, 1.0f)),
+            gpu_->Upload(testing::RandomHost(rng_, {len, 8}, 1.0f)));
+  Tensor w = testing::RandomHost(rng_, {mla.heads * 32, 64}, 0.1f);
+  const Tensor gw = UpBf16(w);
+  const Tensor q = gpu_->Upload(testing::RandomHost(rng_, {n, mla.heads * 24}, 1.0f));
+  Tensor c = gpu_->Empty({len, 64}), ks = gpu_->Empty({len, 8});
+  kv->Gather(1, table, len, &c, &ks);
+  Tensor want = Poisoned({n, width});
+  gpu_->MlaAttention(q, c, ks, gw, mla, start, MlaForm::kExpanded, &want);
+  PagedPrefill batch;
+  batch.Add(table, start, n, 0);
+  Tensor got = Poisoned({n, width});
+  kv->AttendPrefill(1, batch, q, gw, mla, &got);
+  const Tensor a = gpu_->Download(got), b = gpu_->Download(want);
+  EXPECT_FALSE(std::isnan(a.f32()[0]));
+  EXPECT_EQ(std::memcmp(a.f32(), b.f32(), static_cast<size_t>(n * width) * sizeof(float)), 0);
 }
 
 }  // namespace
