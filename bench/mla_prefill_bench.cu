@@ -1,9 +1,10 @@
 // MLA prefill attention (issue 14) at Kimi-Linear-48B's widths (configs/kimi-linear-48b-a3b.json:
 // 32 heads, dn = dv = 128, dr = 64, latent 512), side by side with today's path in the same run:
 //   kernel   the flash-attention kernel on tensor cores (cuda::MlaPrefillAttention, BF16 k_nope ‖ v
-//            and k_s already expanded) against cuda::CausalAttention (the F32 CUDA-core kernel the
-//            F32 path runs) over the same values in F32: ms and TFLOP/s of the causal FLOPs,
-//            Σ_t (start + t + 1) · H · 2 · (dn + dr + dv);
+//            and k_s already expanded), each of its shapes (kernels.h kMlaPrefillVariants: the
+//            same bits, so speed alone picks the default), against cuda::CausalAttention (the
+//            F32 CUDA-core kernel the F32 path runs) over the same values in F32: ms and TFLOP/s
+//            of the causal FLOPs, Σ_t (start + t + 1) · H · 2 · (dn + dr + dv);
 //   paged    the whole prefill op through the paged BF16 latent cache: KvStorage::AttendPrefill
 //            (gather + per-sequence expansion GEMM + BF16 conversion + flash kernel) against
 //            today's Gather + Backend::MlaAttention (expanded), both by wall time around the call
@@ -68,6 +69,8 @@ std::vector<std::pair<int64_t, int64_t>> Calls(const Case& c) {
 struct Result {
   Case c;
   double gflop = 0, flash_ms = 0, causal_ms = NAN, paged_ms = 0, old_path_ms = NAN, max_diff = 0;
+  double variant_ms[kimirt::cuda::kMlaPrefillVariants] = {};  // flash_ms: the default's
+  static_assert(kimirt::cuda::kMlaPrefillVariants == 3, "the table prints three variants");
 };
 
 double CausalGflop(int64_t start, int64_t T) {
@@ -89,31 +92,39 @@ void RunKernels(const Case& c, int reps, bool skip_old, Result* res) {
   Fill(kv16, kv32, S * kH * dkv, 2, 1.0f, /*f32_as_bf16=*/true);
   Fill(ks16, ks32, S * kDr, 3, 1.0f, /*f32_as_bf16=*/true);
 
-  // One planned call per chunk, all over the same keys (a chunk's keys are a prefix of them).
-  std::vector<kimirt::cuda::MlaPrefillArgs> calls;
+  // One planned call per chunk, all over the same keys (a chunk's keys are a prefix of them),
+  // for each kernel shape; the default's last, so o_new holds its output.
   std::vector<int32_t*> metas;
-  for (auto [start, n] : Calls(c)) {
-    const kimirt::cuda::MlaPrefillPlan plan = kimirt::cuda::PlanMlaPrefill({start}, {n}, {start - c.start});
-    metas.push_back(DeviceAlloc<int32_t>(static_cast<int64_t>(plan.meta.size())));
-    BENCH_CUDA_OK(
-        cudaMemcpy(metas.back(), plan.meta.data(), plan.meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    kimirt::cuda::MlaPrefillArgs a = kimirt::cuda::PlannedMlaPrefillArgs(plan, metas.back(), kH, kDn, kDr, kDv);
-    a.q = q;
-    a.kv = kv16;
-    a.ks = ks16;
-    a.o = o_new;
-    calls.push_back(a);
+  auto run_calls = [&](int variant) {
+    std::vector<kimirt::cuda::MlaPrefillArgs> calls;
+    for (auto [start, n] : Calls(c)) {
+      const kimirt::cuda::MlaPrefillPlan plan = kimirt::cuda::PlanMlaPrefill({start}, {n}, {start - c.start}, variant);
+      metas.push_back(DeviceAlloc<int32_t>(static_cast<int64_t>(plan.meta.size())));
+      BENCH_CUDA_OK(
+          cudaMemcpy(metas.back(), plan.meta.data(), plan.meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      kimirt::cuda::MlaPrefillArgs a = kimirt::cuda::PlannedMlaPrefillArgs(plan, metas.back(), kH, kDn, kDr, kDv);
+      a.q = q;
+      a.kv = kv16;
+      a.ks = ks16;
+      a.o = o_new;
+      calls.push_back(a);
+    }
+    return TimeMs(nullptr, 1, reps, [&](int) {
+      for (const auto& a : calls) kimirt::cuda::MlaPrefillAttention(a, nullptr);
+    });
+  };
+  for (int v = 0; v < kimirt::cuda::kMlaPrefillVariants; ++v) {
+    if (v != kimirt::cuda::kMlaPrefillDefaultVariant) res->variant_ms[v] = run_calls(v);
   }
-  res->flash_ms = TimeMs(nullptr, 1, reps, [&](int) {
-    for (const auto& a : calls) kimirt::cuda::MlaPrefillAttention(a, nullptr);
-  });
+  res->flash_ms = res->variant_ms[kimirt::cuda::kMlaPrefillDefaultVariant] =
+      run_calls(kimirt::cuda::kMlaPrefillDefaultVariant);
 
   if (!skip_old) {
     kimirt::cuda::AttentionArgs o;
     o.T = c.T;
     o.H = kH;
     o.start = c.start;
-    o.scale = calls[0].scale;
+    o.scale = 1.0f / std::sqrt(static_cast<float>(dq));
     o.q = q;
     o.q_t = kH * dq;
     o.q_h = dq;
@@ -246,16 +257,20 @@ int main(int argc, char** argv) {
     results.push_back(r);
     std::fprintf(stderr, "%s done\n", c.name);
   }
-  std::printf("MLA prefill, Kimi-Linear-48B widths (H %lld, dn %lld, dr %lld, dv %lld, r %lld); TFLOP/s of causal FLOPs\n",
+  std::printf("MLA prefill, Kimi-Linear-48B widths (H %lld, dn %lld, dr %lld, dv %lld, r %lld); TFLOP/s of causal "
+              "FLOPs\n",
               static_cast<long long>(kH), static_cast<long long>(kDn), static_cast<long long>(kDr),
               static_cast<long long>(kDv), static_cast<long long>(kR));
-  std::printf("%-20s %6s %6s %9s %9s %8s %10s %8s %9s %10s %8s %9s\n", "case", "start", "T", "GFLOP", "flash ms",
-              "TFLOP/s", "causal ms", "TFLOP/s", "speedup", "paged ms", "old ms", "rel diff");
+  std::printf("(flash: kernel variant %d, the default; v0-v2 ms: kernels.h MlaPrefillVariant shapes, same bits)\n",
+              kimirt::cuda::kMlaPrefillDefaultVariant);
+  std::printf("%-20s %6s %6s %9s %9s %8s %8s %8s %8s %10s %8s %9s %10s %8s %9s\n", "case", "start", "T", "GFLOP",
+              "flash ms", "TFLOP/s", "v0 ms", "v1 ms", "v2 ms", "causal ms", "TFLOP/s", "speedup", "paged ms",
+              "old ms", "rel diff");
   for (const Result& r : results) {
-    std::printf("%-20s %6lld %6lld %9.0f %9.3f %8.1f %10.3f %8.1f %8.1fx %10.3f %8.1f %9.2e\n", r.c.name,
-                static_cast<long long>(r.c.start), static_cast<long long>(r.c.T), r.gflop, r.flash_ms,
-                r.gflop / r.flash_ms, r.causal_ms, r.gflop / r.causal_ms, r.causal_ms / r.flash_ms, r.paged_ms,
-                r.old_path_ms, r.max_diff);
+    std::printf("%-20s %6lld %6lld %9.0f %9.3f %8.1f %8.3f %8.3f %8.3f %10.3f %8.1f %8.1fx %10.3f %8.1f %9.2e\n",
+                r.c.name, static_cast<long long>(r.c.start), static_cast<long long>(r.c.T), r.gflop, r.flash_ms,
+                r.gflop / r.flash_ms, r.variant_ms[0], r.variant_ms[1], r.variant_ms[2], r.causal_ms,
+                r.gflop / r.causal_ms, r.causal_ms / r.flash_ms, r.paged_ms, r.old_path_ms, r.max_diff);
   }
   // Issue 14: 32K prefill ≤ 4.5× the 8K one (whole forward); here MLA's share of each.
   auto paged_of = [&](const char* name) -> double {
@@ -284,11 +299,12 @@ int main(int argc, char** argv) {
                    "  {\"case\": \"%s\", \"start\": %lld, \"tokens\": %lld, \"gflop\": %s, \"flash_ms\": %s, "
                    "\"flash_tflops\": %s, \"causal_attention_ms\": %s, \"causal_attention_tflops\": %s, "
                    "\"kernel_speedup\": %s, \"paged_prefill_ms\": %s, \"old_path_ms\": %s, \"path_speedup\": %s, "
-                   "\"rel_l2_vs_f32\": %s}%s\n",
+                   "\"rel_l2_vs_f32\": %s, \"variant_ms\": [%s, %s, %s]}%s\n",
                    r.c.name, static_cast<long long>(r.c.start), static_cast<long long>(r.c.T), num(r.gflop).c_str(),
                    num(r.flash_ms).c_str(), num(r.gflop / r.flash_ms).c_str(), num(r.causal_ms).c_str(),
                    num(r.gflop / r.causal_ms).c_str(), num(r.causal_ms / r.flash_ms).c_str(), num(r.paged_ms).c_str(),
                    num(r.old_path_ms).c_str(), num(r.old_path_ms / r.paged_ms).c_str(), num(r.max_diff).c_str(),
+                   num(r.variant_ms[0]).c_str(), num(r.variant_ms[1]).c_str(), num(r.variant_ms[2]).c_str(),
                    i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");

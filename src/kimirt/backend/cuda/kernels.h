@@ -151,15 +151,26 @@ struct MlaPrefillArgs {
   const void* ks = nullptr;  // BF16 [key rows, dr] (may be null when dr = 0)
   float* o = nullptr;        // [rows, H, dv] F32
   // Device metadata (MlaPrefillPlan): seqs [B, 4] = (first q/o row, new tokens, start, first key
-  // row); tiles [num_tiles, 2] = (sequence, first new token of a block of MlaPrefillTileRows()).
+  // row); tiles [num_tiles, 2] = (sequence, first new token of a block of MlaPrefillTileRows()
+  // of the variant).
   const int32_t* seqs = nullptr;
   const int32_t* tiles = nullptr;
   int64_t num_tiles = 0, H = 0, dn = 0, dr = 0, dv = 0;
   float scale = 1.0f;
+  int variant = 0;  // the plan's (PlannedMlaPrefillArgs sets it)
 };
 // The widths with a kernel: the models' (dn = dv = 128; dr = 64, or 0).
 bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
-int64_t MlaPrefillTileRows();
+// Kernel shapes; every row gets the same bits from each (the same mma and softmax steps in the
+// same order), so the choice is one of speed alone:
+//   0: 64 queries a block, 16 a warp, its query fragments in registers; key tiles double-buffered
+//      (86 KB of shared memory: 2 blocks an SM);
+//   1: 128 queries a block, 32 a warp (each K and V fragment read from shared memory feeds two
+//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM);
+//   2: as 1, double-buffered (135 KB: 1 block an SM).
+constexpr int kMlaPrefillVariants = 3;
+constexpr int kMlaPrefillDefaultVariant = 0;
+int64_t MlaPrefillTileRows(int variant);
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s);
 // The host side of a call's metadata: `meta` = seqs [B, 4] ‖ tiles [num_tiles, 2] (upload it and
 // point MlaPrefillArgs there), the tiles with the most keys first (they finish last otherwise).
@@ -168,9 +179,10 @@ struct MlaPrefillPlan {
   std::vector<int32_t> meta;
   std::vector<int64_t> key_begin;
   int64_t B = 0, num_tiles = 0, keys = 0;  // keys: key rows of the whole batch
+  int variant = kMlaPrefillDefaultVariant;
 };
 MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
-                              const std::vector<int64_t>& row);
+                              const std::vector<int64_t>& row, int variant = kMlaPrefillDefaultVariant);
 // The arguments of the call `plan` describes, its metadata uploaded to `d_meta`, at these
 // widths, with the softmax scale 1/sqrt(dn + dr) (spec §6.4); q, kv, ks and o left to set.
 MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,

@@ -31,24 +31,31 @@
 namespace kimirt::cuda {
 namespace {
 
-constexpr int kBlockQ = 64;  // queries per thread block
-constexpr int kBlockK = 64;  // keys per tile
-constexpr int kWarps = kBlockQ / 16;
+constexpr int kBlockK = 64;  // keys per tile (absolute: row independence rests on it)
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 // Shared-memory rows padded by 8 BF16 (16 bytes): rows of 200 or 136 elements lie 16 bytes apart
 // modulo 128, so the 8 row addresses of an ldmatrix hit 8 distinct bank groups.
 constexpr int kPad = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int DN, int DR, int DV>
+// M: 16-row m-tiles per warp (a K or V fragment read from shared memory feeds M mma); with
+// M > 1 the block's queries wait in shared memory as BF16 (registers hold them for M = 1).
+// STAGES: key tiles in flight (2: the next one loads while this one is used).
+template <int DN, int DR, int DV, int M, int STAGES>
 struct PrefillTile {
   static constexpr int kDq = DN + DR;
-  static constexpr int kKStride = kDq + kPad;  // elements
+  static constexpr int kBlockQ = kWarps * 16 * M;  // queries per thread block
+  static constexpr int kKStride = kDq + kPad;      // elements (K and Q rows)
   static constexpr int kVStride = DV + kPad;
   static constexpr int kKElems = kBlockK * kKStride;
   static constexpr int kVElems = kBlockK * kVStride;
-  static constexpr size_t kSmemBytes = 2 * static_cast<size_t>(kKElems + kVElems) * sizeof(__nv_bfloat16);
+  static constexpr int kQElems = M > 1 ? kBlockQ * kKStride : 0;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(STAGES * (kKElems + kVElems) + kQElems) * sizeof(__nv_bfloat16);
   static_assert(DN % 16 == 0 && DR % 16 == 0 && DV % 16 == 0, "head widths must be multiples of 16");
+  static_assert(M == 1 || M == 2, "one or two m-tiles a warp");
+  static_assert(STAGES == 1 || STAGES == 2, "one or two key tiles in flight");
 };
 
 __device__ __forceinline__ unsigned SmemAddr(const void* p) {
@@ -62,7 +69,10 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
                "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void CpAsyncWaitOne() { asm volatile("cp.async.wait_group 1;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void Ldmatrix4(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -91,14 +101,15 @@ __device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-template <int DN, int DR, int DV>
+template <int DN, int DR, int DV, int M, int STAGES>
 __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
-  using L = PrefillTile<DN, DR, DV>;
+  using L = PrefillTile<DN, DR, DV, M, STAGES>;
   constexpr int DQ = L::kDq;
   constexpr int DKV = DN + DV;  // a kv row per head: k_nope ‖ v
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __nv_bfloat16* const k_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [2][kBlockK][kKStride]
-  __nv_bfloat16* const v_smem = k_smem + 2 * L::kKElems;                     // [2][kBlockK][kVStride]
+  __nv_bfloat16* const k_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [STAGES][kBlockK][kKStride]
+  __nv_bfloat16* const v_smem = k_smem + STAGES * L::kKElems;                // [STAGES][kBlockK][kVStride]
+  __nv_bfloat16* const q_smem = v_smem + STAGES * L::kVElems;                // [kBlockQ][kKStride] (M > 1)
 
   const int64_t H = a.H;
   const int64_t h = blockIdx.x % H;
@@ -106,15 +117,23 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
   const int seq = a.tiles[2 * tile];
   const int t0 = a.tiles[2 * tile + 1];
   const int32_t* meta = a.seqs + 4 * seq;
-  const int64_t q_row = meta[0], count = meta[1], start = meta[2], key_begin = meta[3];
-  const int64_t keys = start + count;  // the sequence's valid key rows
-  const int64_t t_end = t0 + kBlockQ < count ? t0 + kBlockQ : count;
-  const int num_tiles = static_cast<int>((start + t_end + kBlockK - 1) / kBlockK);
+  // Positions and rows fit int32 (PlanMlaPrefill checks); element offsets are int64.
+  const int q_row = meta[0], count = meta[1], start = meta[2];
+  const int64_t key_begin = meta[3];
+  const int keys = start + count;  // the sequence's valid key rows
+  const int t_end = t0 + L::kBlockQ < count ? t0 + L::kBlockQ : count;
+  const int num_tiles = (start + t_end + kBlockK - 1) / kBlockK;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;  // fragment row group and column pair
-  const int64_t r_lo = t0 + warp * 16 + g, r_hi = r_lo + 8;  // this thread's two query rows
-  const int64_t pos_lo = start + r_lo, pos_hi = start + r_hi;
+  // m-tile mt of this warp: the block's rows warp·16M + 16mt ..; this thread's two of them.
+  int r_lo[M], pos_lo[M], pos_hi[M];
+#pragma unroll
+  for (int mt = 0; mt < M; ++mt) {
+    r_lo[mt] = t0 + (warp * M + mt) * 16 + g;
+    pos_lo[mt] = start + r_lo[mt];
+    pos_hi[mt] = pos_lo[mt] + 8;
+  }
 
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(a.kv) + key_begin * H * DKV + h * DKV;
   const __nv_bfloat16* ks = static_cast<const __nv_bfloat16*>(a.ks) + key_begin * DR;
@@ -126,29 +145,32 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
     constexpr int kChunksK = DQ / 8, kChunksV = DV / 8;  // 16-byte chunks per row
     for (int i = threadIdx.x; i < kBlockK * kChunksK; i += kThreads) {
       const int row = i / kChunksK, ch = i % kChunksK;
-      const int64_t key = int64_t{j} * kBlockK + row;
+      const int key = j * kBlockK + row;
       const bool valid = key < keys;
       const __nv_bfloat16* src = kv;
-      if (valid) src = ch < DN / 8 ? kv + key * H * DKV + ch * 8 : ks + key * DR + (ch - DN / 8) * 8;
+      if (valid) src = ch < DN / 8 ? kv + int64_t{key} * H * DKV + ch * 8 : ks + int64_t{key} * DR + (ch - DN / 8) * 8;
       CpAsync16(kd + row * L::kKStride + ch * 8, src, valid);
     }
     for (int i = threadIdx.x; i < kBlockK * kChunksV; i += kThreads) {
       const int row = i / kChunksV, ch = i % kChunksV;
-      const int64_t key = int64_t{j} * kBlockK + row;
+      const int key = j * kBlockK + row;
       const bool valid = key < keys;
-      CpAsync16(vd + row * L::kVStride + ch * 8, valid ? kv + key * H * DKV + DN + ch * 8 : kv, valid);
+      CpAsync16(vd + row * L::kVStride + ch * 8, valid ? kv + int64_t{key} * H * DKV + DN + ch * 8 : kv, valid);
     }
   };
 
-  load_tile(0, 0);
-  CpAsyncCommit();
+  if constexpr (STAGES == 2) {
+    load_tile(0, 0);
+    CpAsyncCommit();
+  }
 
-  // The query rows as BF16 A-fragments (rows past the new tokens: zeros, never stored).
-  unsigned qa[DQ / 16][4];
-  {
-    const bool lo_ok = r_lo < count, hi_ok = r_hi < count;
-    const float* q_lo = a.q + ((q_row + (lo_ok ? r_lo : 0)) * H + h) * DQ;
-    const float* q_hi = a.q + ((q_row + (hi_ok ? r_hi : 0)) * H + h) * DQ;
+  // The query rows rounded to BF16 (rows past the new tokens: zeros, never stored): as A-fragments
+  // in registers (M = 1), or in shared memory for ldmatrix (M > 1; the first barrier publishes it).
+  unsigned qa[M == 1 ? DQ / 16 : 1][4];
+  if constexpr (M == 1) {
+    const bool lo_ok = r_lo[0] < count, hi_ok = r_lo[0] + 8 < count;
+    const float* q_lo = a.q + ((int64_t{q_row} + (lo_ok ? r_lo[0] : 0)) * H + h) * DQ;
+    const float* q_hi = a.q + ((int64_t{q_row} + (hi_ok ? r_lo[0] + 8 : 0)) * H + h) * DQ;
 #pragma unroll
     for (int kk = 0; kk < DQ / 16; ++kk) {
       const int col = kk * 16 + 2 * c;
@@ -162,134 +184,188 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
       qa[kk][2] = PackBf16(a2.x, a2.y);
       qa[kk][3] = PackBf16(a3.x, a3.y);
     }
+  } else {
+    for (int i = threadIdx.x; i < L::kBlockQ * (DQ / 2); i += kThreads) {
+      const int row = i / (DQ / 2), pair = i % (DQ / 2);
+      const int t = t0 + row;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (t < count) v = *reinterpret_cast<const float2*>(a.q + ((int64_t{q_row} + t) * H + h) * DQ + 2 * pair);
+      *reinterpret_cast<unsigned*>(q_smem + row * L::kKStride + 2 * pair) = PackBf16(v.x, v.y);
+    }
   }
 
-  float acc[DV / 8][4];
+  float acc[M][DV / 8][4];
+  float m_lo[M], m_hi[M];  // running max of the raw scores
+  float l_lo[M], l_hi[M];  // this thread's share of the running sums
 #pragma unroll
-  for (int n = 0; n < DV / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of the raw scores
-  float l_lo = 0.0f, l_hi = 0.0f;            // this thread's share of the running sums
+  for (int mt = 0; mt < M; ++mt) {
+#pragma unroll
+    for (int n = 0; n < DV / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
+    m_lo[mt] = m_hi[mt] = -INFINITY;
+    l_lo[mt] = l_hi[mt] = 0.0f;
+  }
   const float scale2 = a.scale * kLog2e;
   // ldmatrix row addresses: lane → (row within 16, column offset 0 or 8) of its 8×8 matrix.
   const int mi = lane / 8;
-  const int k_row = (lane % 8) + (mi / 2) * 8, k_col = (mi % 2) * 8;  // K: (keys, dq) matrices
-  const int v_row = (lane % 8) + (mi % 2) * 8, v_col = (mi / 2) * 8;  // V: (keys, dv), transposed
+  const int k_row = (lane % 8) + (mi / 2) * 8, k_col = (mi % 2) * 8;  // K: (keys, dq) → B fragments
+  const int a_row = (lane % 8) + (mi % 2) * 8, a_col = (mi / 2) * 8;  // V transposed → B; Q → A
 
   for (int j = 0; j < num_tiles; ++j) {
-    if (j + 1 < num_tiles) load_tile(j + 1, (j + 1) & 1);
-    CpAsyncCommit();  // possibly empty: keeps "all but the newest group" = tile j
-    CpAsyncWaitOne();
+    int buf = 0;
+    if constexpr (STAGES == 2) {
+      if (j + 1 < num_tiles) load_tile(j + 1, (j + 1) & 1);
+      CpAsyncCommit();  // possibly empty: keeps "all but the newest group" = tile j
+      CpAsyncWait<1>();
+      buf = j & 1;
+    } else {
+      load_tile(j, 0);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+    }
     __syncthreads();
-    const __nv_bfloat16* kt = k_smem + (j & 1) * L::kKElems;
-    const __nv_bfloat16* vt = v_smem + (j & 1) * L::kVElems;
+    const __nv_bfloat16* kt = k_smem + buf * L::kKElems;
+    const __nv_bfloat16* vt = v_smem + buf * L::kVElems;
 
-    // S = Q Kᵀ: 8 n-tiles of 8 keys.
-    float s[kBlockK / 8][4];
+    // S = Q Kᵀ: per m-tile 8 n-tiles of 8 keys; each K fragment read once for the M m-tiles.
+    float s[M][kBlockK / 8][4];
 #pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int mt = 0; mt < M; ++mt) {
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < DQ / 16; ++kk) {
+      unsigned qf[M][4];
+      if constexpr (M == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qf[0][i] = qa[kk][i];
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          Ldmatrix4(qf[mt], q_smem + ((warp * M + mt) * 16 + a_row) * L::kKStride + kk * 16 + a_col);
+        }
+      }
 #pragma unroll
       for (int np = 0; np < kBlockK / 16; ++np) {
         unsigned b[4];
         Ldmatrix4(b, kt + (np * 16 + k_row) * L::kKStride + kk * 16 + k_col);
-        Mma(s[2 * np], qa[kk], b[0], b[1]);
-        Mma(s[2 * np + 1], qa[kk], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          Mma(s[mt][2 * np], qf[mt], b[0], b[1]);
+          Mma(s[mt][2 * np + 1], qf[mt], b[2], b[3]);
+        }
       }
     }
     // Causal mask: only tiles reaching past the block's first query position have future keys.
-    const int64_t key0 = int64_t{j} * kBlockK;
-    if (key0 + kBlockK - 1 > start + t0) {
+    const int key0 = j * kBlockK;
+    const bool diagonal = key0 + kBlockK - 1 > start + t0;
+    unsigned pa[M][kBlockK / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) {
+      if (diagonal) {
+#pragma unroll
+        for (int n = 0; n < kBlockK / 8; ++n) {
+          const int k = key0 + n * 8 + 2 * c;
+          if (k > pos_lo[mt]) s[mt][n][0] = -INFINITY;
+          if (k + 1 > pos_lo[mt]) s[mt][n][1] = -INFINITY;
+          if (k > pos_hi[mt]) s[mt][n][2] = -INFINITY;
+          if (k + 1 > pos_hi[mt]) s[mt][n][3] = -INFINITY;
+        }
+      }
+      // Online softmax: the rows' new max over the quad that shares them.
+      float mx_lo = m_lo[mt], mx_hi = m_hi[mt];
 #pragma unroll
       for (int n = 0; n < kBlockK / 8; ++n) {
-        const int64_t k = key0 + n * 8 + 2 * c;
-        if (k > pos_lo) s[n][0] = -INFINITY;
-        if (k + 1 > pos_lo) s[n][1] = -INFINITY;
-        if (k > pos_hi) s[n][2] = -INFINITY;
-        if (k + 1 > pos_hi) s[n][3] = -INFINITY;
+        mx_lo = fmaxf(mx_lo, fmaxf(s[mt][n][0], s[mt][n][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[mt][n][2], s[mt][n][3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      // Finite: key 0 is in every row's past and tile 0 comes first.
+      const float corr_lo = exp2f((m_lo[mt] - mx_lo) * scale2);  // 0 on the first tile (m = -inf)
+      const float corr_hi = exp2f((m_hi[mt] - mx_hi) * scale2);
+      m_lo[mt] = mx_lo;
+      m_hi[mt] = mx_hi;
+      const float off_lo = mx_lo * scale2, off_hi = mx_hi * scale2;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kBlockK / 8; ++n) {
+        s[mt][n][0] = exp2f(fmaf(s[mt][n][0], scale2, -off_lo));
+        s[mt][n][1] = exp2f(fmaf(s[mt][n][1], scale2, -off_lo));
+        s[mt][n][2] = exp2f(fmaf(s[mt][n][2], scale2, -off_hi));
+        s[mt][n][3] = exp2f(fmaf(s[mt][n][3], scale2, -off_hi));
+        sum_lo += s[mt][n][0] + s[mt][n][1];
+        sum_hi += s[mt][n][2] + s[mt][n][3];
+      }
+      l_lo[mt] = l_lo[mt] * corr_lo + sum_lo;
+      l_hi[mt] = l_hi[mt] * corr_hi + sum_hi;
+#pragma unroll
+      for (int n = 0; n < DV / 8; ++n) {
+        acc[mt][n][0] *= corr_lo;
+        acc[mt][n][1] *= corr_lo;
+        acc[mt][n][2] *= corr_hi;
+        acc[mt][n][3] *= corr_hi;
+      }
+      // P in BF16: the C-fragments of key pairs 2kk, 2kk+1 are the A-fragment of keys 16kk .. +16.
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        pa[mt][kk][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][kk][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][kk][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][kk][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
     }
-    // Online softmax: the rows' new max over the quad that shares them.
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
-    }
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    // Finite: key 0 is in every row's past and tile 0 comes first.
-    const float corr_lo = exp2f((m_lo - mx_lo) * scale2);  // 0 on the first tile (m = -inf)
-    const float corr_hi = exp2f((m_hi - mx_hi) * scale2);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
-    const float off_lo = mx_lo * scale2, off_hi = mx_hi * scale2;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n) {
-      s[n][0] = exp2f(fmaf(s[n][0], scale2, -off_lo));
-      s[n][1] = exp2f(fmaf(s[n][1], scale2, -off_lo));
-      s[n][2] = exp2f(fmaf(s[n][2], scale2, -off_hi));
-      s[n][3] = exp2f(fmaf(s[n][3], scale2, -off_hi));
-      sum_lo += s[n][0] + s[n][1];
-      sum_hi += s[n][2] + s[n][3];
-    }
-    l_lo = l_lo * corr_lo + sum_lo;
-    l_hi = l_hi * corr_hi + sum_hi;
-#pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      acc[n][0] *= corr_lo;
-      acc[n][1] *= corr_lo;
-      acc[n][2] *= corr_hi;
-      acc[n][3] *= corr_hi;
-    }
-    // O += P V: P's C-fragments of key pairs 2kk, 2kk+1 are the A-fragment of keys 16kk .. +16.
+    // O += P V, each V fragment read once for the M m-tiles.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      const unsigned pa[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]), PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                              PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int np = 0; np < DV / 16; ++np) {
         unsigned b[4];
-        Ldmatrix4Trans(b, vt + (kk * 16 + v_row) * L::kVStride + np * 16 + v_col);
-        Mma(acc[2 * np], pa, b[0], b[1]);
-        Mma(acc[2 * np + 1], pa, b[2], b[3]);
+        Ldmatrix4Trans(b, vt + (kk * 16 + a_row) * L::kVStride + np * 16 + a_col);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          Mma(acc[mt][2 * np], pa[mt][kk], b[0], b[1]);
+          Mma(acc[mt][2 * np + 1], pa[mt][kk], b[2], b[3]);
+        }
       }
     }
-    __syncthreads();  // the buffer is refilled by the next iteration's load
+    __syncthreads();  // the buffer is refilled by the next load
   }
 
   // The rows' sums over their quad (the same bits on all four lanes), then O / l.
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
-  if (r_lo < count) {
-    float* o = a.o + ((q_row + r_lo) * H + h) * DV + 2 * c;
 #pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][0] * inv_lo, acc[n][1] * inv_lo);
+  for (int mt = 0; mt < M; ++mt) {
+    float l0 = l_lo[mt], l1 = l_hi[mt];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv_lo = 1.0f / l0, inv_hi = 1.0f / l1;
+    if (r_lo[mt] < count) {
+      float* o = a.o + ((int64_t{q_row} + r_lo[mt]) * H + h) * DV + 2 * c;
+#pragma unroll
+      for (int n = 0; n < DV / 8; ++n) {
+        *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[mt][n][0] * inv_lo, acc[mt][n][1] * inv_lo);
+      }
     }
-  }
-  if (r_hi < count) {
-    float* o = a.o + ((q_row + r_hi) * H + h) * DV + 2 * c;
+    if (r_lo[mt] + 8 < count) {
+      float* o = a.o + ((int64_t{q_row} + r_lo[mt] + 8) * H + h) * DV + 2 * c;
 #pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][2] * inv_hi, acc[n][3] * inv_hi);
+      for (int n = 0; n < DV / 8; ++n) {
+        *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[mt][n][2] * inv_hi, acc[mt][n][3] * inv_hi);
+      }
     }
   }
 }
 
-template <int DN, int DR, int DV>
+template <int DN, int DR, int DV, int M, int STAGES>
 void Launch(const MlaPrefillArgs& a, cudaStream_t s) {
-  constexpr size_t bytes = PrefillTile<DN, DR, DV>::kSmemBytes;
+  constexpr size_t bytes = PrefillTile<DN, DR, DV, M, STAGES>::kSmemBytes;
   // Above the 48 KB default: opt in (per device, so on every call; it costs nothing).
-  const cudaError_t e =
-      cudaFuncSetAttribute(MlaPrefillKernel<DN, DR, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t e = cudaFuncSetAttribute(MlaPrefillKernel<DN, DR, DV, M, STAGES>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e != cudaSuccess) {
     std::fprintf(stderr, "kimirt: MlaPrefillAttention: cudaFuncSetAttribute(%zu bytes): %s\n", bytes,
                  cudaGetErrorString(e));
@@ -300,8 +376,26 @@ void Launch(const MlaPrefillArgs& a, cudaStream_t s) {
     std::fprintf(stderr, "kimirt: MlaPrefillAttention: %lld blocks exceed the grid\n", static_cast<long long>(blocks));
     std::abort();
   }
-  MlaPrefillKernel<DN, DR, DV><<<static_cast<unsigned>(blocks), kThreads, bytes, s>>>(a);
+  MlaPrefillKernel<DN, DR, DV, M, STAGES><<<static_cast<unsigned>(blocks), kThreads, bytes, s>>>(a);
   CheckLaunch("MlaPrefillAttention");
+}
+
+template <int DN, int DR, int DV>
+void LaunchVariant(const MlaPrefillArgs& a, cudaStream_t s) {
+  switch (a.variant) {
+    case 0:
+      Launch<DN, DR, DV, 1, 2>(a, s);
+      return;
+    case 1:
+      Launch<DN, DR, DV, 2, 1>(a, s);
+      return;
+    case 2:
+      Launch<DN, DR, DV, 2, 2>(a, s);
+      return;
+    default:
+      std::fprintf(stderr, "kimirt: MlaPrefillAttention: no variant %d\n", a.variant);
+      std::abort();
+  }
 }
 
 __global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
@@ -316,14 +410,14 @@ bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv) {
   return dn == 128 && dv == 128 && (dr == 64 || dr == 0);
 }
 
-int64_t MlaPrefillTileRows() { return kBlockQ; }
+int64_t MlaPrefillTileRows(int variant) { return variant == 0 ? 64 : 128; }
 
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s) {
   if (a.num_tiles == 0 || a.H == 0) return;
   if (a.dn == 128 && a.dv == 128 && a.dr == 64) {
-    Launch<128, 64, 128>(a, s);
+    LaunchVariant<128, 64, 128>(a, s);
   } else if (a.dn == 128 && a.dv == 128 && a.dr == 0) {
-    Launch<128, 0, 128>(a, s);
+    LaunchVariant<128, 0, 128>(a, s);
   } else {
     std::fprintf(stderr, "kimirt: MlaPrefillAttention: no kernel for dn %lld, dr %lld, dv %lld\n",
                  static_cast<long long>(a.dn), static_cast<long long>(a.dr), static_cast<long long>(a.dv));
@@ -332,9 +426,11 @@ void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s) {
 }
 
 MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
-                              const std::vector<int64_t>& row) {
+                              const std::vector<int64_t>& row, int variant) {
   MlaPrefillPlan p;
   p.B = static_cast<int64_t>(start.size());
+  p.variant = variant;
+  const int64_t block_q = MlaPrefillTileRows(variant);
   if (count.size() != start.size() || row.size() != start.size()) {
     std::fprintf(stderr, "kimirt: PlanMlaPrefill: start, count and row differ in length\n");
     std::abort();
@@ -354,8 +450,8 @@ MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vect
     p.key_begin.push_back(p.keys);
     p.meta.insert(p.meta.end(), {static_cast<int32_t>(row[i]), static_cast<int32_t>(count[i]),
                                  static_cast<int32_t>(start[i]), static_cast<int32_t>(p.keys)});
-    for (int64_t t0 = 0; t0 < count[i]; t0 += kBlockQ) {
-      const int64_t last = std::min(t0 + kBlockQ, count[i]);
+    for (int64_t t0 = 0; t0 < count[i]; t0 += block_q) {
+      const int64_t last = std::min(t0 + block_q, count[i]);
       tiles.push_back({static_cast<int32_t>(b), static_cast<int32_t>(t0), (start[i] + last + kBlockK - 1) / kBlockK});
     }
     p.keys += len;
@@ -369,6 +465,7 @@ MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vect
 MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,
                                      int64_t dr, int64_t dv) {
   MlaPrefillArgs a;
+  a.variant = plan.variant;
   a.seqs = d_meta;
   a.tiles = d_meta + 4 * plan.B;
   a.num_tiles = plan.num_tiles;

@@ -11,7 +11,8 @@
 // head widths (dn = dv = 128 with dr = 64, Kimi-Linear's and K3's, and dr = 0) and 4 or 32 heads.
 // Outputs are poisoned with NaN first. Row independence, bit for bit: each sequence alone gives
 // its rows of the batch, and a sequence cut into three chunks at other token boundaries (each
-// its own call, over the same keys) gives the rows of the whole.
+// its own call, over the same keys) gives the rows of the whole; every kernel shape
+// (kMlaPrefillVariants) gives the same bits.
 //
 // The paged path at Kimi-Linear's widths (32 heads) for the F32, BF16 and FP8 caches: against
 // the CPU backend's F32 expanded attention over the same codes within 1e-2 (its k_nope, v and q
@@ -97,13 +98,14 @@ class CudaBackendMlaPrefill : public ::testing::Test {
   // One kernel call over `seqs`, their keys at PlanMlaPrefill's rows of kv and ks (sequence after
   // sequence from row 0), their query and output rows at `rows`.
   void Run(const std::vector<Seq>& seqs, const std::vector<int64_t>& rows, const float* q, const void* kv,
-           const void* ks, int64_t dr, int64_t H, int64_t dn, int64_t dv, float* o) {
+           const void* ks, int64_t dr, int64_t H, int64_t dn, int64_t dv, float* o,
+           int variant = cuda::kMlaPrefillDefaultVariant) {
     std::vector<int64_t> start, count;
     for (const Seq& s : seqs) {
       start.push_back(s.start);
       count.push_back(s.count);
     }
-    const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(start, count, rows);
+    const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(start, count, rows, variant);
     Tensor meta = Tensor::Host({static_cast<int64_t>(plan.meta.size())}, DType::kI32);
     std::memcpy(meta.raw(), plan.meta.data(), plan.meta.size() * sizeof(int32_t));
     Tensor d_meta = gpu_->Upload(meta);
@@ -178,6 +180,17 @@ class CudaBackendMlaPrefill : public ::testing::Test {
     std::printf("MlaPrefill kernel H %lld dr %lld: worst row rel L2 %.2e\n", static_cast<long long>(H),
                 static_cast<long long>(dr), worst);
 
+    // The other kernel shapes: the same bits, row for row.
+    for (int variant = 0; variant < cuda::kMlaPrefillVariants; ++variant) {
+      if (variant == cuda::kMlaPrefillDefaultVariant) continue;
+      Tensor ov = Poisoned({n_rows, H * dv});
+      Run(seqs, rows, static_cast<const float*>(q.raw()), kv.raw(), ks_ptr, dr, H, dn, dv,
+          static_cast<float*>(ov.raw()), variant);
+      const Tensor other = gpu_->Download(ov);
+      EXPECT_EQ(std::memcmp(other.f32(), got.f32(), static_cast<size_t>(got.numel()) * sizeof(float)), 0)
+          << "variant " << variant << " differs from variant " << cuda::kMlaPrefillDefaultVariant;
+    }
+
     // Each sequence alone (its keys where they are, its rows where they are): the same bits.
     auto bf16_at = [](const Tensor& t, int64_t elem) {
       return static_cast<const void*>(static_cast<const uint16_t*>(t.raw()) + elem);
@@ -200,7 +213,8 @@ class CudaBackendMlaPrefill : public ::testing::Test {
     const Seq whole = *longest;
     if (whole.count >= 3) {
       const int64_t c1 = std::min<int64_t>(17, whole.count - 2), c2 = std::min<int64_t>(c1 + 64, whole.count - 1);
-      const std::vector<Seq> chunks = {{whole.start, c1}, {whole.start + c1, c2 - c1}, {whole.start + c2, whole.count - c2}};
+      const std::vector<Seq> chunks = {
+          {whole.start, c1}, {whole.start + c1, c2 - c1}, {whole.start + c2, whole.count - c2}};
       const std::vector<int64_t> chunk_rows = {rows[li], rows[li] + c1, rows[li] + c2};
       // A chunk's keys are a prefix of the whole sequence's, at the same rows.
       Tensor o2 = Poisoned({n_rows, H * dv});
