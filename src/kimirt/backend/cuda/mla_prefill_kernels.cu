@@ -2,14 +2,16 @@
 // flash-attention style, FA2's register layout on Hopper's mma.sync m16n8k16 (BF16 in, F32
 // accumulate).
 //
-// One thread block = 64 queries of one sequence × one head; 4 warps of 16 query rows each. The
-// queries' BF16 A-fragments stay in registers for the whole block. Keys go by in tiles of 64
-// (absolute positions 0, 64, 128, ... of the sequence), double-buffered in shared memory by
-// cp.async: the key tile [64, dn + dr] assembled from the head's k_nope (kv row, first dn) and the
-// shared k_s, the value tile [64, dv] from the kv row after dn. Per tile a warp computes its
-// 16 × 64 scores (S = Q Kᵀ, F32), masks the causal future with -inf, keeps each row's running max
-// and sum (online softmax, exp2 of pre-scaled scores), rounds P to BF16 as the A operand of
-// O += P V (the C fragments of S are laid out as the A fragments of P: no shared memory trip).
+// One thread block = a query tile of one sequence × one head, 4 warps of 16·M query rows each
+// (kernels.h kMlaPrefillVariants: M = 1, the queries' BF16 A-fragments in registers for the
+// whole block; M = 2, the queries in shared memory, each K / V fragment read feeding both
+// m-tiles). Keys go by in tiles of 64 (absolute positions 0, 64, 128, ... of the sequence),
+// single- or double-buffered in shared memory by cp.async: the key tile [64, dn + dr] assembled
+// from the head's k_nope (kv row, first dn) and the shared k_s, the value tile [64, dv] from the
+// kv row after dn. Per tile a warp computes its 16 × 64 scores per m-tile (S = Q Kᵀ, F32), masks
+// the causal future with -inf, keeps each row's running max and sum (online softmax, exp2 of
+// pre-scaled scores), rounds P to BF16 as the A operand of O += P V (the C fragments of S are
+// laid out as the A fragments of P: no shared memory trip).
 //
 // Row independence (batch invariance and chunk invariance): a query row's arithmetic is the
 // same whatever block it is in. Key tiles start at absolute multiples of 64 from position 0, a
