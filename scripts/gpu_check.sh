@@ -23,8 +23,9 @@
 #   mlapre    issue 14's MLA prefill on tensor cores: the CudaBackendMlaPrefill tests (flash kernel
 #             against float64, paged AttendPrefill against the CPU, row independence), `bench model`
 #             at the 2-layer Kimi-Linear-48B widths, BF16, prompt 8192, then mla_prefill_bench (the
-#             flash kernel against CausalAttention and the paged op against Gather + MlaAttention
-#             at 8K, 32K's last 8K chunk and 32K; $OUT/mla-prefill-bench.json), its table last.
+#             flash kernel's three shapes against CausalAttention, the paged op against Gather +
+#             MlaAttention, at 8K, 32K's last 8K chunk, 32K whole and in 8K chunks, 8K in 2K and
+#             256-token chunks; $OUT/mla-prefill-bench.json), its table last.
 # Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|mlapre]
 set -uo pipefail
 what="${1:-all}"
