@@ -30,17 +30,20 @@ __device__ inline uint64_t Hash(uint64_t seed, int64_t i) {
   return z ^ (z >> 31);
 }
 
-// Random values of a unit normal's scale times `scale`, as BF16 and/or F32 (either may be null).
-__global__ void FillKernel(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
+// Random values of about a unit normal's scale times `scale`, as BF16 codes and/or F32 (either
+// may be null); `f32_as_bf16`: the F32 copy holds the BF16-rounded values (the same numbers as
+// the BF16 copy), else the unrounded ones.
+__global__ void FillKernel(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale, bool f32_as_bf16) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = scale * (static_cast<float>(Hash(seed, i) >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * 1.7f;
-    if (bf16 != nullptr) bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    if (f32 != nullptr) f32[i] = v;
+    const __nv_bfloat16 b = __float2bfloat16_rn(v);
+    if (bf16 != nullptr) bf16[i] = __bfloat16_as_ushort(b);
+    if (f32 != nullptr) f32[i] = f32_as_bf16 ? __bfloat162float(b) : v;
   }
 }
 
-inline void Fill(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  FillKernel<<<4096, 256>>>(bf16, f32, n, seed, scale);
+inline void Fill(void* bf16, float* f32, int64_t n, uint64_t seed, float scale, bool f32_as_bf16 = false) {
+  FillKernel<<<4096, 256>>>(static_cast<uint16_t*>(bf16), f32, n, seed, scale, f32_as_bf16);
   BENCH_CUDA_OK(cudaGetLastError());
 }
 

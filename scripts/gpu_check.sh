@@ -25,7 +25,13 @@
 #             dense at Kimi-Linear-48B and K3 shapes, m = 512/2048/8192, beside cuBLAS BF16 in the
 #             same run, and the grouped MoE (BF16 and MXFP4) at 48B and K3 widths, as TFLOP/s and
 #             fraction of 790 ($OUT/prefill-gemm.json).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|pgemm]
+#   mlapre    issue 14's MLA prefill on tensor cores: the CudaBackendMlaPrefill tests (flash kernel
+#             against float64, paged AttendPrefill against the CPU, row independence), `bench model`
+#             at the 2-layer Kimi-Linear-48B widths, BF16, prompt 8192, then mla_prefill_bench (the
+#             flash kernel's three shapes against CausalAttention, the paged op against Gather +
+#             MlaAttention, at 8K, 32K's last 8K chunk, 32K whole and in 8K chunks, 8K in 2K and
+#             256-token chunks; $OUT/mla-prefill-bench.json), its table last.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|pgemm|mlapre]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -194,5 +200,20 @@ if [[ "$what" == pgemm ]]; then
   timeout 300 "$root/prefill_gemm_bench" --json "$out/prefill-gemm.json" >"$out/prefill-gemm.txt" 2>&1 || status=1
   echo "--- prefill GEMMs (ours incl. rounding x to BF16; cuBLAS BF16 on pre-rounded x; of790 = of 790 TFLOP/s)"
   grep -v ' ms (' "$out/prefill-gemm.txt" | tail -60
+fi
+if [[ "$what" == mlapre ]]; then
+  timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendMlaPrefill*:CpuPagedMlaPrefill*' \
+    --gtest_output="json:$out/gtest-mlapre.json" 2>&1 | tee "$out/gtest-mlapre.txt" |
+    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|worst row|error' | head -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
+    --prompt-len 8192 --decode-tokens 4 --peak-gbps 4800 --json "$out/bench-model-kimi-linear-2layer-bf16-prompt8192.json" \
+    2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 400 "$root/mla_prefill_bench" --json "$out/mla-prefill-bench.json" >"$out/mla-prefill-bench.txt" 2>&1 ||
+    status=1
+  echo "--- MLA prefill (issue 14; flash = tensor cores, causal = today's CUDA-core kernel; paged = AttendPrefill)"
+  cat "$out/mla-prefill-bench.txt"
 fi
 exit $status

@@ -113,6 +113,29 @@ struct PagedDecodeStep {
   }
 };
 
+// One prefill call over the paged latent cache (issue 14): sequence b has count[b] new tokens at
+// positions start[b] .. start[b] + count[b] - 1, already written to its blocks; their queries
+// and outputs are rows [row[b], row[b] + count[b]) of the call's q and o; its block table
+// tables[table_begin[b], table_begin[b+1]) covers start[b] + count[b] positions.
+struct PagedPrefill {
+  std::vector<int64_t> start, count, row;
+  std::vector<int32_t> table_begin{0};  // B + 1 offsets into tables
+  std::vector<int32_t> tables;
+  void Add(std::span<const int32_t> table, int64_t start_pos, int64_t tokens, int64_t first_row) {
+    start.push_back(start_pos);
+    count.push_back(tokens);
+    row.push_back(first_row);
+    tables.insert(tables.end(), table.begin(), table.end());
+    table_begin.push_back(static_cast<int32_t>(tables.size()));
+  }
+  int64_t size() const { return static_cast<int64_t>(start.size()); }
+  std::span<const int32_t> table(int64_t b) const {
+    return std::span<const int32_t>(tables).subspan(static_cast<size_t>(table_begin[static_cast<size_t>(b)]),
+                                                    static_cast<size_t>(table_begin[static_cast<size_t>(b) + 1] -
+                                                                        table_begin[static_cast<size_t>(b)]));
+  }
+};
+
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
@@ -140,6 +163,17 @@ class KvStorage {
   // What the decode ops bake into a captured graph (Backend::CaptureBegin): the addresses and
   // layout of the step's buffers as the last SetDecodeStep left them. Empty: no graphs.
   virtual std::string GraphKey() const { return {}; }
+
+  // Expanded MLA prefill (spec §6.2, §6.4) of the sequences of `batch` over `layer`, reading
+  // their latent rows through the block tables: q [rows, H*(dn+dr)], w_kvb [H*(dn+dv), r],
+  // o [rows, H*dv]; rows no sequence names are left as they are. The CPU computes each sequence
+  // exactly as Gather + MlaAttention's expanded form (the same bits); CUDA, at the models' head
+  // widths (dn = dv = 128, dr = 64 or 0), runs the expansion GEMM per sequence and a flash-
+  // attention kernel on tensor cores with BF16 operands and F32 accumulation (the model calls
+  // this only in Backend::bf16_prefill mode), other widths as the CPU does. Either way a row's
+  // bits depend on its own sequence alone, never on the others of the call.
+  virtual void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                             const MlaShape& shape, Tensor* o) = 0;
 };
 
 class Backend {

@@ -83,6 +83,9 @@ class LatentKvCache {
   void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o);
   // What a decode graph bakes in of this cache (KvStorage::GraphKey).
   std::string GraphKey() const { return storage_->GraphKey(); }
+  // Expanded MLA prefill of `batch`'s sequences through their block tables (KvStorage::AttendPrefill).
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                     const MlaShape& shape, Tensor* o);
 
  private:
   void AddBlocks(int64_t add);

@@ -117,6 +117,8 @@ class CudaKvStorage final : public KvStorage {
   void WriteDecode(int layer, const Tensor& c, const Tensor& ks) override;
   void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) override;
   std::string GraphKey() const override;
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                     const MlaShape& shape, Tensor* o) override;
 
  private:
   // The step's metadata on the device, one int32 array uploaded once per step into a buffer
@@ -858,6 +860,69 @@ void CudaKvStorage::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb
                        be_.stream_);
   cuda::AbsorbOutput(CudaBackend::F(o_bar), B, H, dn, dv, r, CudaBackend::W(w_kvb), bf16, CudaBackend::F(*o),
                      be_.stream_);
+}
+
+// Expanded prefill (spec §6.2, §6.4; issue 14). At the models' widths: every sequence's latent
+// rows gathered from the codes where they lie (KvGather, F32: the expansion GEMM's input), one
+// expansion GEMM per sequence (its bits a function of that sequence alone, whatever the batch),
+// k_nope ‖ v and k_s rounded to BF16, and the flash-attention kernel over the whole batch.
+// Other widths: each sequence through Gather + MlaAttention, the F32 path.
+void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                                  const MlaShape& shape, Tensor* o) {
+  const int64_t B = batch.size(), H = shape.heads, dn = shape.nope_dim, dr = shape.rope_dim, dv = shape.v_dim,
+                r = shape.latent_dim;
+  KIMIRT_CHECK(r == s_.latent_dim && dr == s_.rope_dim && layer >= 0 && layer < s_.layers);
+  const int64_t rows = q.dim(0);
+  KIMIRT_CHECK(q.numel() == rows * H * (dn + dr) && o->numel() == rows * H * dv && w_kvb.dim(1) == r &&
+               w_kvb.dim(0) == H * (dn + dv));
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    KIMIRT_CHECK_MSG(batch.start[i] >= 0 && batch.count[i] >= 0 && batch.row[i] >= 0 &&
+                         batch.row[i] + batch.count[i] <= rows,
+                     "prefill: rows out of range");
+    KIMIRT_CHECK_MSG(static_cast<int64_t>(batch.table(b).size()) * s_.block_size >= batch.start[i] + batch.count[i],
+                     "prefill: a block table does not cover its sequence");
+  }
+  if (!cuda::MlaPrefillSupported(dn, dr, dv)) {
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      const int64_t start = batch.start[i], n = batch.count[i];
+      if (n == 0) continue;
+      Tensor c = be_.Raw({start + n, r}, DType::kF32), ks = be_.Raw({start + n, dr}, DType::kF32);
+      Gather(layer, batch.table(b), start + n, &c, &ks);
+      Tensor out = o->Rows(batch.row[i], n);
+      be_.MlaAttention(q.Rows(batch.row[i], n), c, ks, w_kvb, shape, start, MlaForm::kExpanded, &out);
+    }
+    return;
+  }
+  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row);
+  if (plan.num_tiles == 0) return;
+  std::vector<int32_t> meta = plan.meta;
+  const int64_t tables_at = static_cast<int64_t>(meta.size());
+  meta.insert(meta.end(), batch.tables.begin(), batch.tables.end());
+  Tensor d_meta = be_.UploadInts(meta);
+  const int32_t* d_ints = static_cast<const int32_t*>(d_meta.raw());
+  const int64_t keys = plan.keys, width = H * (dn + dv);
+  Tensor c = be_.Raw({keys, r}, DType::kF32), ks = be_.Raw({keys, dr}, DType::kF32);
+  Tensor kv = be_.Raw({keys, width}, DType::kF32);
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    const int64_t len = batch.start[i] + batch.count[i], k0 = plan.key_begin[i];
+    if (batch.count[i] == 0) continue;
+    cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, r, dr,
+                   d_ints + tables_at + batch.table_begin[i], s_.layers, layer, s_.block_size, kind_,
+                   CudaBackend::F(c) + k0 * r, dr > 0 ? CudaBackend::F(ks) + k0 * dr : nullptr, be_.stream_);
+    be_.GemmW(CudaBackend::F(c) + k0 * r, w_kvb, CudaBackend::F(kv) + k0 * width, len, width, r);
+  }
+  Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
+  cuda::ToBf16(CudaBackend::F(kv), kv16.raw(), keys * width, be_.stream_);
+  if (dr > 0) cuda::ToBf16(CudaBackend::F(ks), ks16.raw(), keys * dr, be_.stream_);
+  cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
+  a.q = CudaBackend::F(q);
+  a.kv = kv16.raw();
+  a.ks = dr > 0 ? ks16.raw() : nullptr;
+  a.o = CudaBackend::F(*o);
+  cuda::MlaPrefillAttention(a, be_.stream_);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kimirt/backend/kda_decode_args.h"
 
@@ -154,6 +155,58 @@ int64_t MlaDecodeSplitLen(int64_t context);
 // and part_ml [num_work, H, 2] are scratch for the splits.
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s);
+
+// --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
+// Causal flash attention of the new tokens of a varlen batch of sequences over their expanded
+// keys and values: sequence b's count new queries at positions start .. start + count - 1 see
+// its keys 0 .. position. Per head h the key is k_nope ‖ k_s (k_s shared by the heads), the
+// value v; BF16 operands, F32 accumulation and online softmax in F32, the probabilities rounded
+// to BF16 for P·V (the reference's eager numerics, spec §6.4). A row's bits depend on its own
+// query and its sequence's keys and values only (mla_prefill_kernels.cu says why).
+struct MlaPrefillArgs {
+  const float* q = nullptr;  // [rows, H, dn + dr] F32 (rounded to BF16 on load)
+  const void* kv = nullptr;  // BF16 [key rows, H, dn + dv]: k_nope ‖ v per head
+  const void* ks = nullptr;  // BF16 [key rows, dr] (may be null when dr = 0)
+  float* o = nullptr;        // [rows, H, dv] F32
+  // Device metadata (MlaPrefillPlan): seqs [B, 4] = (first q/o row, new tokens, start, first key
+  // row); tiles [num_tiles, 2] = (sequence, first new token of a block of MlaPrefillTileRows()
+  // of the variant).
+  const int32_t* seqs = nullptr;
+  const int32_t* tiles = nullptr;
+  int64_t num_tiles = 0, H = 0, dn = 0, dr = 0, dv = 0;
+  float scale = 1.0f;
+  int variant = 0;  // the plan's (PlannedMlaPrefillArgs sets it)
+};
+// The widths with a kernel: the models' (dn = dv = 128; dr = 64, or 0).
+bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
+// Kernel shapes; every row gets the same bits from each (the same mma and softmax steps in the
+// same order), so the choice is one of speed alone:
+//   0: 64 queries a block, 16 a warp, its query fragments in registers; key tiles double-buffered
+//      (86 KB of shared memory: 2 blocks an SM);
+//   1: 128 queries a block, 32 a warp (each K and V fragment read from shared memory feeds two
+//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM);
+//   2: as 1, double-buffered (135 KB: 1 block an SM).
+constexpr int kMlaPrefillVariants = 3;
+constexpr int kMlaPrefillDefaultVariant = 0;
+int64_t MlaPrefillTileRows(int variant);
+void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s);
+// The host side of a call's metadata: `meta` = seqs [B, 4] ‖ tiles [num_tiles, 2] (upload it and
+// point MlaPrefillArgs there), the tiles with the most keys first (they finish last otherwise).
+// Sequence b's keys are rows [key_begin[b], key_begin[b] + start[b] + count[b]) of kv and ks.
+struct MlaPrefillPlan {
+  std::vector<int32_t> meta;
+  std::vector<int64_t> key_begin;
+  int64_t B = 0, num_tiles = 0, keys = 0;  // keys: key rows of the whole batch
+  int variant = kMlaPrefillDefaultVariant;
+};
+MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                              const std::vector<int64_t>& row, int variant = kMlaPrefillDefaultVariant);
+// The arguments of the call `plan` describes, its metadata uploaded to `d_meta`, at these
+// widths, with the softmax scale 1/sqrt(dn + dr) (spec §6.4); q, kv, ks and o left to set.
+MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,
+                                     int64_t dr, int64_t dv);
+// y [n] (BF16, round to nearest even) := x [n] (F32).
+void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 
 // --- moe_kernels.cu (spec §7.2) ---
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
