@@ -688,8 +688,12 @@ class CudaBackend final : public Backend {
   // bakes them in (the unfused KdaDecode: the fixtures' small heads).
   std::string StoredKey(const std::string& key) const {
     if (slot_bound_keys_.count(key) == 0) return key;
-    std::string k = key + ":slots";
-    for (int32_t v : decode_slots_host_) k += ":" + std::to_string(v);
+    std::string k = key;
+    k.append(":slots");
+    for (int32_t v : decode_slots_host_) {
+      k.push_back(':');
+      k.append(std::to_string(v));
+    }
     return k;
   }
 
