@@ -395,9 +395,20 @@ class CudaBackend final : public Backend {
     g.begin = g.active + max_active;
     g.num_active = g.begin + max_active + 1;
     cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
-    Tensor h = Raw({n, I}, DType::kF32), grouped = Raw({n, De}, DType::kF32);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
-    cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, p.kind == GluKind::kSilu ? 0 : 1,
+    const int kind = p.kind == GluKind::kSilu ? 0 : 1;
+    // Decode steps (the row-invariant range): tensor cores, each token's sums fixed by the widths.
+    if (T <= cuda::kGemvMaxRows && cuda::MoeDecodeSupported(De, I, format, ptrs.aligned16)) {
+      const size_t bytes = cuda::MoeDecodeScratchBytes(T, k, De, I);
+      Tensor scratch = Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32);
+      cuda::MoeDecodeExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), format,
+                             mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4, kind, p.beta,
+                             p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(weights), scratch.raw(),
+                             F(*out), stream_);
+      return;
+    }
+    Tensor h = Raw({n, I}, DType::kF32), grouped = Raw({n, De}, DType::kF32);
+    cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, kind,
                             p.beta, p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped),
                             stream_);
     cuda::MoeCombine(F(grouped), g.pos, F(weights), T, k, De, F(*out), stream_);
@@ -412,6 +423,8 @@ class CudaBackend final : public Backend {
     Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
+    bool aligned16 = false;       // every weight (codes) pointer 16-byte aligned
+    bool scales_aligned4 = false; // every MXFP4 scale pointer 4-byte aligned
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -435,6 +448,10 @@ class CudaBackend final : public Backend {
     ExpertPointers& ptrs = expert_pointers_[host.front()];
     if (ptrs.host == host) return ptrs;
     ptrs.E = static_cast<int64_t>(E);
+    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(3 * E),
+                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
+    ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
+                                       [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
     ptrs.host = std::move(host);

@@ -170,6 +170,22 @@ struct ExpertPointerTable {
 void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De, int64_t I,
                        const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
                        float linear_beta, float* h, float* grouped, cudaStream_t s);
+// The routed experts of a decode step (T ≤ kGemvMaxRows tokens) on tensor cores, combine
+// included: out[t] = Σ_j weights[t,j] · W2_e GLU(W1_e z[t], W3_e z[t]) (e = the expert of slot
+// t·k + j), every chosen expert's weights read once for all its tokens, each token's sums in an
+// order fixed by De, I and k alone (bit-identical alone or in any batch), the same for BF16 and
+// MXFP4 weights (format 1 or 2), so packed experts give the bits of BF16-held ones. Needs
+// MoeDecodeSupported (weights_aligned: every weight pointer 16-byte aligned); scales_vec (MXFP4):
+// De and I multiples of 128 and every scale pointer 4-byte aligned. `scratch`: device memory of
+// MoeDecodeScratchBytes(T, k, De, I) bytes, 256-byte aligned, used on stream `s` only.
+bool MoeDecodeSupported(int64_t De, int64_t I, int format, bool weights_aligned);
+size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I);
+// Slices the k of gate/up (or down) is split across (1 = none); for tests and benches.
+int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up);
+void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
+                      int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
+                      bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
+                      cudaStream_t s);
 // out[i] = the MXFP4 value i of `codes` / `scales` (n a multiple of 32), decoded as the expert
 // kernels decode it (for the bit-for-bit check against core/dtype_convert).
 void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s);
