@@ -18,7 +18,8 @@ constexpr int kMaxTopK = 64;
 
 __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// One thread per token: k passes over the experts, each taking the best not yet chosen.
+// One thread per token: k passes over the experts, each taking the best not yet chosen (the
+// reference order; MoeRouteWarpKernel below gives its bits fast, for E ≤ kRouteMaxE).
 __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                                float scaling, bool combine_biased, int32_t* idx, float* weights) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -47,6 +48,75 @@ __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T
     sum += w;
   }
   for (int j = 0; j < k; ++j) {
+    float w = weights[t * k + j];
+    if (renormalize && k > 1) w /= (sum + 1e-20f);
+    weights[t * k + j] = w * scaling;
+  }
+}
+
+// One warp per token (E ≤ kRouteMaxE): lane l holds the choice values of experts l, l + 32, ...
+// and its best not yet taken (value desc, id asc); each of the k picks is a butterfly over the
+// lanes' bests with the same order, then the winner's lane takes the next of its own. The values
+// and the weight arithmetic are the one-thread kernel's above, in the same order, so the
+// indices and weights are its bits (for finite logits: a NaN choice value has no order).
+constexpr int kRouteWarps = 4;
+constexpr int kRoutePerLane = 32;
+constexpr int64_t kRouteMaxE = 32 * kRoutePerLane;
+
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
+                       float scaling, bool combine_biased, int32_t* idx, float* weights) {
+  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + threadIdx.x / 32;
+  if (t >= T) return;  // whole warps
+  const int lane = threadIdx.x & 31;
+  const float* row = logits + t * E;
+  float c[kRoutePerLane];
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int64_t e = lane + 32 * i;
+    c[i] = e < E ? Sigmoid(row[e]) + bias[e] : 0.0f;
+  }
+  uint32_t taken = 0;  // bit i: expert lane + 32 i chosen
+  float best_c = 0.0f;
+  int32_t best_e = -1;
+  const auto lane_best = [&]() {
+    best_e = -1;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      const int64_t e = lane + 32 * i;
+      if (e < E && !((taken >> i) & 1u) && (best_e < 0 || c[i] > best_c)) {
+        best_c = c[i];
+        best_e = static_cast<int32_t>(e);
+      }
+    }
+  };
+  lane_best();
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float vc = best_c;
+    int32_t ve = best_e;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float oc = __shfl_xor_sync(0xffffffffu, vc, off);
+      const int32_t oe = __shfl_xor_sync(0xffffffffu, ve, off);
+      if (oe >= 0 && (ve < 0 || oc > vc || (oc == vc && oe < ve))) {
+        vc = oc;
+        ve = oe;
+      }
+    }
+    if (ve % 32 == lane) {
+      taken |= 1u << (ve / 32);
+      lane_best();
+    }
+    const float w = combine_biased ? vc : Sigmoid(row[ve]);
+    if (lane == 0) {
+      idx[t * k + j] = ve;
+      weights[t * k + j] = w;
+    }
+    sum += w;
+  }
+  if (lane != 0) return;
+  for (int j = 0; j < k; ++j) {  // lane 0 reads back only what it wrote
     float w = weights[t * k + j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
     weights[t * k + j] = w * scaling;
@@ -886,10 +956,23 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
     std::abort();
   }
   if (T == 0) return;
+  if (E <= kRouteMaxE) {
+    MoeRouteWarpKernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, 0, s>>>(
+        logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+    CheckLaunch("MoeRoute");
+    return;
+  }
+  MoeRouteSerial(logits, bias, T, E, k, renormalize, scaling, combine_biased, idx, weights, s);
+}
+
+void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+                    float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s) {
+  if (k < 1 || k > kMaxTopK || k > E) std::abort();
+  if (T == 0) return;
   const int threads = 64;
   MoeRouteKernel<<<static_cast<unsigned>((T + threads - 1) / threads), threads, 0, s>>>(
       logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
-  CheckLaunch("MoeRoute");
+  CheckLaunch("MoeRouteSerial");
 }
 
 void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,

@@ -1,69 +1,86 @@
 // GEMM kernels for few rows and for BF16-held weights, F32 accumulation (kernels.h): BF16 weights
 // are the checkpoint's own values, so results equal the F32-weight path up to summation order.
-// Few rows (decode, and decode batches) with F32-held weights: Gemv, a warp per output column on
-// the FP32 cores, row-invariant (BF16-held weights go to decode_gemm.cu's tensor-core kernel,
+// Few rows (decode, and decode batches) with F32-held weights: Gemv, a warp-per-column dot
+// product order on the FP32 cores, row-invariant (BF16-held weights go to decode_gemm.cu's tensor-core kernel,
 // which reads the weight once for all rows). Many rows (prefill): BF16 weights are widened to F32
 // chunk by chunk for cuBLAS.
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
 namespace kimirt::cuda {
 namespace {
 
-// A block of 8 warps covers 32 output columns, 4 per warp, so each element of x, staged in
-// shared memory a chunk of k at a time, serves 4 columns (before: x was read from cache once per
-// column, which cost more than the weight at batch 1 and 6× more at batch 32). Rows go by in
-// groups of kGroup. Each (row, column) sum runs in the same order as a plain warp-per-column dot
-// product — lane j takes k = j, j+32, ... ascending, then the butterfly — whatever m is, so a row's
-// result does not depend on the other rows (row-invariant: Backend::RowInvariantRows).
-constexpr int kGroup = 8;
-constexpr int kColsPerWarp = 4;
+// A block covers kCols output columns (weight rows) for all m rows, k in chunks of kChunk: the
+// block first copies the chunk of its kCols weight rows into shared memory, 16 bytes a thread
+// at a time (32 KB in flight per block, so the few blocks a router has, e.g. 224 for 896
+// experts, keep HBM busy: a warp reading its own column, as before, had ~1 KB in flight and ran
+// at a few percent of bandwidth), then warp w takes rows w, w + 8, ... against all kCols columns.
+// Each (row, column) sum runs in the order of a plain warp-per-column dot product — lane j takes
+// k = j, j+32, ... ascending across the chunks, then the butterfly — whatever m is, so a row's
+// result does not depend on the other rows (row-invariant: Backend::RowInvariantRows), and it
+// has the bits it had before this layout (the router's logits, and so its choices, unchanged).
 constexpr int kWarps = 8;
-constexpr int kChunk = 512;  // a multiple of 32: each lane's k sequence is the same in every chunk
+constexpr int kCols = 4;
+constexpr int kRowsPerWarp = 8;     // kGemvMaxRows / kWarps
+constexpr int kChunk = 2048;        // a multiple of 32: each lane's k sequence is the same in every chunk
+static_assert(kWarps * kRowsPerWarp == kGemvMaxRows, "a warp's rows cover a decode batch");
 
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, const void* w, bool bf16, float* y,
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, const void* w, bool bf16, bool vec, float* y,
                                                          int64_t m, int64_t n, int64_t k) {
-  __shared__ float xs[kGroup][kChunk];
+  __shared__ __align__(16) float ws[kCols][kChunk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t col0 = (int64_t{blockIdx.x} * kWarps + warp) * kColsPerWarp;
-  for (int64_t r0 = 0; r0 < m; r0 += kGroup) {
-    float acc[kGroup][kColsPerWarp];
+  const int64_t col0 = int64_t{blockIdx.x} * kCols;
+  float acc[kRowsPerWarp][kCols];
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
-      for (int c = 0; c < kColsPerWarp; ++c) acc[r][c] = 0.0f;
-    }
-    for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
-      __syncthreads();  // the previous chunk is consumed
-      for (int idx = threadIdx.x; idx < kGroup * kChunk; idx += kWarps * 32) {
-        const int r = idx / kChunk, i = idx % kChunk;
-        xs[r][i] = (r0 + r < m && k0 + i < k) ? x[(r0 + r) * k + k0 + i] : 0.0f;
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
+    const int64_t len = k - k0 < kChunk ? k - k0 : kChunk;
+    __syncthreads();  // the previous chunk is consumed
+    if (vec && !bf16 && len % 4 == 0) {
+      for (int i = threadIdx.x; i < kCols * len / 4; i += kWarps * 32) {
+        const int c = static_cast<int>(i / (len / 4));
+        const int64_t q = i % (len / 4);
+        reinterpret_cast<float4*>(ws[c])[q] =
+            col0 + c < n ? __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + (col0 + c) * k + k0) + q)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
-      __syncthreads();
-      const int64_t len = k - k0 < kChunk ? k - k0 : kChunk;
+    } else {
+      for (int i = threadIdx.x; i < kCols * len; i += kWarps * 32) {
+        const int c = static_cast<int>(i / len);
+        const int64_t q = i % len;
+        ws[c][q] = col0 + c < n ? WeightAt(w, (col0 + c) * k + k0 + q, bf16) : 0.0f;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t row = warp + int64_t{kWarps} * r;
+      if (row >= m) break;  // the same for the whole warp
+      const float* xr = x + row * k + k0;
       for (int64_t i = lane; i < len; i += 32) {
-        float wv[kColsPerWarp];
+        const float xv = __ldg(xr + i);
 #pragma unroll
-        for (int c = 0; c < kColsPerWarp; ++c) {
-          wv[c] = col0 + c < n ? WeightAt(w, (col0 + c) * k + k0 + i, bf16) : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < kGroup; ++r) {
-          const float xv = xs[r][i];
-#pragma unroll
-          for (int c = 0; c < kColsPerWarp; ++c) acc[r][c] += xv * wv[c];
-        }
+        for (int c = 0; c < kCols; ++c) acc[r][c] += xv * ws[c][i];
       }
     }
+  }
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t row = warp + int64_t{kWarps} * r;
+    if (row >= m) break;
 #pragma unroll
-      for (int c = 0; c < kColsPerWarp; ++c) {
-        float v = acc[r][c];
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && r0 + r < m && col0 + c < n) y[(r0 + r) * n + col0 + c] = v;
-      }
+    for (int c = 0; c < kCols; ++c) {
+      float v = acc[r][c];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && col0 + c < n) y[row * n + col0 + c] = v;
     }
   }
 }
@@ -78,9 +95,14 @@ __global__ void Bf16ToF32Kernel(const __nv_bfloat16* src, float* dst, int64_t n)
 
 void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
   if (m == 0 || n == 0) return;
-  constexpr int64_t kColsPerBlock = kWarps * kColsPerWarp;
-  const int64_t blocks = (n + kColsPerBlock - 1) / kColsPerBlock;
-  GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, w, w_bf16, y, m, n, k);
+  if (m > kGemvMaxRows) {
+    std::fprintf(stderr, "kimirt: Gemv takes up to %lld rows, got %lld\n", static_cast<long long>(kGemvMaxRows),
+                 static_cast<long long>(m));
+    std::abort();
+  }
+  const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const int64_t blocks = (n + kCols - 1) / kCols;
+  GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, w, w_bf16, vec, y, m, n, k);
   CheckLaunch("Gemv");
 }
 
