@@ -620,17 +620,16 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t
 
 // Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
 // (more tokens: more passes, each a re-read of the slice; the host sizes kTT so a decode step
-// needs one). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
+// rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
 // Needs N and K multiples of 32 and 16-byte aligned weights (MoeDecodeSupported); scales_vec:
 // K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
-// Blocks per multiprocessor the registers must allow (ptxas -v, sm_90, no spills): one tile, whose
-// four steps' x loads the compiler hoists ahead of the MMAs, ~150 registers (3 blocks); two
-// tiles fit 128 (4); 4 and 8 tiles need ~165 and ~220 (2).
-template <int kTT>
-constexpr int kMmaMinBlocks = kTT == 1 ? 3 : kTT == 2 ? 4 : 2;
+// Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers). ptxas -v, sm_90: 1, 2
+// and 4 tiles take ~120-166 and spill nothing (1 tile, whose four steps' x loads the compiler
+// hoists ahead of the MMAs, spills at 4 blocks' 128).
+constexpr int kMmaMinBlocks = 3;
 
 template <int kFmt, bool kGateUp, int kTT>
-__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks<kTT>)
+__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks)
     ExpertMmaKernel(const uint16_t* __restrict__ x_parts, int64_t x_rows, GroupArgs ga, int64_t N, int64_t K,
                     const void* const* wa, const void* const* wb, const uint8_t* const* sa, const uint8_t* const* sb,
                     bool scales_vec, int64_t slice, int64_t n, float* __restrict__ part) {
@@ -835,8 +834,7 @@ void LaunchMmaTiles(int tt, dim3 grid, const uint16_t* x_parts, int64_t x_rows, 
   switch (tt) {
     case 1: LaunchMma<kFmt, kGateUp, 1>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
     case 2: LaunchMma<kFmt, kGateUp, 2>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
-    case 4: LaunchMma<kFmt, kGateUp, 4>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
-    default: LaunchMma<kFmt, kGateUp, 8>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
+    default: LaunchMma<kFmt, kGateUp, 4>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
   }
 }
 
@@ -927,8 +925,10 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   SplitRowsKernel<<<GridFor(T * De), 256, 0, s>>>(z, T, De, z_parts);
   CheckLaunch("MoE split z");
   // Token tiles of 8 per pass: an expert has at most T tokens (a token chooses distinct experts),
-  // so one pass covers any expert of the step; the tile count changes no token's sums.
-  const int tt = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  // so up to 32 tokens one pass covers any expert of the step; at 33..64 an expert chosen by more
+  // than 32 tokens (rare: k/E of them on average) takes a second pass, while 8 tiles' registers
+  // would cost every block occupancy. The tile count changes no token's sums.
+  const int tt = T <= 8 ? 1 : T <= 16 ? 2 : 4;
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
   if (format == kMxfp4) {
     LaunchDecode<kMxfp4>(p, tt, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,
