@@ -596,6 +596,19 @@ __device__ __forceinline__ uint4 PairBf16x8(const uint4& q) {
                     __byte_perm(q.y, q.w, 0x7632));
 }
 
+// f(u, c, h) for every step u, tile c and row half h of a round (unrolled: constant indices).
+template <typename F>
+__device__ __forceinline__ void ForEachRoundWord(F&& f) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f(u, c, h);
+    }
+  }
+}
+
 // The split x of one token at k = kk .. kk+7 (zeros for a padding column: row < 0).
 __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t rows, int64_t row, int64_t K,
                                                   int64_t kk) {
@@ -726,39 +739,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks)
           }
         }
         __syncwarp();  // the next round's stores wait for these loads
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t word = u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
-              wr[u][c][h] = DecodeMxfp4x8(word, (sc[c][h] >> (8 * u)) & 0xffu);
-            }
-          }
-        }
+        ForEachRoundWord([&](int u, int c, int h) {
+          const uint32_t word = u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
+          wr[u][c][h] = DecodeMxfp4x8(word, (sc[c][h] >> (8 * u)) & 0xffu);
+        });
       } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int64_t kk = kb + 32 * u + 8 * t;
-              wr[u][c][h] = kb + 32 * u < k_end ? mma::LoadStreaming(static_cast<const uint16_t*>(w_tile[c]) +
-                                                                     (row_tile[c] + g + 8 * h) * K + kk)
-                                                : make_uint4(0, 0, 0, 0);
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) wr[u][c][h] = PairBf16x8(wr[u][c][h]);
-          }
-        }
+        ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
+          const int64_t kk = kb + 32 * u + 8 * t;
+          wr[u][c][h] = kb + 32 * u < k_end ? mma::LoadStreaming(static_cast<const uint16_t*>(w_tile[c]) +
+                                                                 (row_tile[c] + g + 8 * h) * K + kk)
+                                            : make_uint4(0, 0, 0, 0);
+        });
+        ForEachRoundWord([&](int u, int c, int h) { wr[u][c][h] = PairBf16x8(wr[u][c][h]); });
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
