@@ -572,22 +572,32 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 // value, exact (at most 2 significant bits, the smallest result 2^−128 is a BF16 subnormal;
 // BF16 ops keep subnormals). For s > 128, 2^(s−1) is past BF16's range: ×2^126 (the E2M1 value,
 // exact) then ×2^(s−127), which overflows to ±inf exactly where F32 does; s = 255 is NaN.
-__device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t w, uint32_t s) {
-  uint32_t m1 = (s + 126u) << 7, m2 = 0;
-  if (s > 128u) {
-    m1 = 253u << 7;
-    m2 = s == 255u ? 0x7fc0u : s << 7;
-    m2 |= m2 << 16;
-  }
-  m1 |= m1 << 16;
+//
+// Mxfp4Multiplier(s) is 2^(s−1) in both halves for s ≤ 128: ((s + 126) << 7) twice, one IMAD.
+__device__ __forceinline__ uint32_t Mxfp4Multiplier(uint32_t s) { return s * 0x00800080u + 0x3f003f00u; }
+
+// The codes placed and multiplied by m (both halves the same BF16).
+__device__ __forceinline__ uint4 PlaceAndScaleX8(uint32_t w, uint32_t m) {
   uint32_t r[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t v = w << (12 - 4 * j);  // codes j and j + 4 to bits 12..15 and 28..31
-    r[j] = MulBf16x2((v & 0x80008000u) | ((v & 0x70007000u) >> 6), m1);
-    if (s > 128u) r[j] = MulBf16x2(r[j], m2);
+    r[j] = MulBf16x2((v & 0x80008000u) | ((v & 0x70007000u) >> 6), m);
   }
   return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Any scale s (the general path: a round whose four scales of a row include one ≥ 128).
+__device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t w, uint32_t s) {
+  if (s <= 128u) return PlaceAndScaleX8(w, Mxfp4Multiplier(s));
+  uint4 r = PlaceAndScaleX8(w, (253u << 7) * 0x00010001u);  // ×2^126: the E2M1 values
+  uint32_t m2 = s == 255u ? 0x7fc0u : s << 7;              // 2^(s−127), or NaN
+  m2 |= m2 << 16;
+  r.x = MulBf16x2(r.x, m2);
+  r.y = MulBf16x2(r.y, m2);
+  r.z = MulBf16x2(r.z, m2);
+  r.w = MulBf16x2(r.w, m2);
+  return r;
 }
 
 // 8 BF16 weights as loaded (word i = elements 2i, 2i+1) → the A word map (elements j, j + 4).
@@ -739,9 +749,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks)
           }
         }
         __syncwarp();  // the next round's stores wait for these loads
+        // Scales under 128 (all real checkpoints' so far) take one IMAD per step for the multiplier;
+        // a row whose round has a scale ≥ 128 takes the general decode (the same values).
         ForEachRoundWord([&](int u, int c, int h) {
           const uint32_t word = u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
-          wr[u][c][h] = DecodeMxfp4x8(word, (sc[c][h] >> (8 * u)) & 0xffu);
+          const uint32_t s = __byte_perm(sc[c][h], 0, 0x4440u | u);  // scale byte u
+          wr[u][c][h] = (sc[c][h] & 0x80808080u) == 0 ? PlaceAndScaleX8(word, Mxfp4Multiplier(s))
+                                                        : DecodeMxfp4x8(word, s);
         });
       } else {
         ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
