@@ -16,71 +16,93 @@ namespace kimirt::cuda {
 namespace {
 
 // A block covers kCols output columns (weight rows) for all m rows, k in chunks of kChunk: the
-// block first copies the chunk of its kCols weight rows into shared memory, 16 bytes a thread
-// at a time (32 KB in flight per block, so the few blocks a router has, e.g. 224 for 896
-// experts, keep HBM busy: a warp reading its own column, as before, had ~1 KB in flight and ran
-// at a few percent of bandwidth), then warp w takes rows w, w + 8, ... against all kCols columns.
-// Each (row, column) sum runs in the order of a plain warp-per-column dot product — lane j takes
-// k = j, j+32, ... ascending across the chunks, then the butterfly — whatever m is, so a row's
-// result does not depend on the other rows (row-invariant: Backend::RowInvariantRows), and it
-// has the bits it had before this layout (the router's logits, and so its choices, unchanged).
+// block copies the chunk of its kCols weight rows into shared memory, 16 bytes a thread at a
+// time, and asks L2 for the next chunk (so the few blocks a router has, e.g. 224 for 896 experts,
+// keep HBM busy: a warp reading its own column, as before, had ~1 KB in flight and ran at a few
+// percent of bandwidth); then, 8 rows at a time, the rows' chunk of x into shared memory and
+// warp w sums row w of the 8 against all kCols columns. Each (row, column) sum runs in the order
+// of a plain warp-per-column dot product — lane j takes k = j, j+32, ... ascending across the
+// chunks, then the butterfly — whatever m is, so a row's result does not depend on the other rows
+// (row-invariant: Backend::RowInvariantRows), and it has the bits it had before this layout (the
+// router's logits, and so its choices, unchanged).
 constexpr int kWarps = 8;
 constexpr int kCols = 4;
-constexpr int kRowsPerWarp = 8;     // kGemvMaxRows / kWarps
-constexpr int kChunk = 2048;        // a multiple of 32: each lane's k sequence is the same in every chunk
-static_assert(kWarps * kRowsPerWarp == kGemvMaxRows, "a warp's rows cover a decode batch");
+constexpr int kGroup = 8;                       // rows per pass over a chunk: a warp each
+constexpr int kGroups = kGemvMaxRows / kGroup;  // row groups of a decode batch
+constexpr int kChunk = 1024;  // a multiple of 32: each lane's k sequence is the same in every chunk
+static_assert(kGroup == kWarps, "a warp per row of a group");
 
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, const void* w, bool bf16, bool vec, float* y,
-                                                         int64_t m, int64_t n, int64_t k) {
+// The chunk [k0, k0 + len) of `rows` rows (row r at src + r·k, zeros for r ≥ valid) into dst.
+// vec: k % 4 == 0 and src 16-byte aligned, so float4 loads.
+__device__ __forceinline__ void StageChunk(const void* src, bool bf16, bool vec, int64_t k, int64_t k0, int64_t len,
+                                           int rows, int64_t valid, float (*dst)[kChunk]) {
+  if (vec && !bf16) {
+    const int64_t q4 = len / 4;  // len is a multiple of 4 when k is
+    for (int64_t i = threadIdx.x; i < rows * q4; i += kWarps * 32) {
+      const int r = static_cast<int>(i / q4);
+      const int64_t q = i % q4;
+      reinterpret_cast<float4*>(dst[r])[q] =
+          r < valid ? __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(src) + r * k + k0) + q)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < rows * len; i += kWarps * 32) {
+      const int r = static_cast<int>(i / len);
+      const int64_t q = i % len;
+      dst[r][q] = r < valid ? WeightAt(src, r * k + k0 + q, bf16) : 0.0f;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x_vec, const void* w, bool bf16,
+                                                         bool vec, float* y, int64_t m, int64_t n, int64_t k) {
   __shared__ __align__(16) float ws[kCols][kChunk];
+  __shared__ __align__(16) float xs[kGroup][kChunk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t col0 = int64_t{blockIdx.x} * kCols;
-  float acc[kRowsPerWarp][kCols];
+  const size_t elem = bf16 ? 2 : 4;
+  const void* wb = static_cast<const char*>(w) + col0 * k * elem;
+  float acc[kGroups][kCols];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+    for (int c = 0; c < kCols; ++c) acc[g][c] = 0.0f;
   }
   for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
     const int64_t len = k - k0 < kChunk ? k - k0 : kChunk;
     __syncthreads();  // the previous chunk is consumed
-    if (vec && !bf16 && len % 4 == 0) {
-      for (int i = threadIdx.x; i < kCols * len / 4; i += kWarps * 32) {
-        const int c = static_cast<int>(i / (len / 4));
-        const int64_t q = i % (len / 4);
-        reinterpret_cast<float4*>(ws[c])[q] =
-            col0 + c < n ? __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + (col0 + c) * k + k0) + q)
-                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-    } else {
-      for (int i = threadIdx.x; i < kCols * len; i += kWarps * 32) {
-        const int c = static_cast<int>(i / len);
-        const int64_t q = i % len;
-        ws[c][q] = col0 + c < n ? WeightAt(w, (col0 + c) * k + k0 + q, bf16) : 0.0f;
-      }
+    if (vec && threadIdx.x < kCols && col0 + threadIdx.x < n && k0 + kChunk < k) {
+      // The next chunk of this block's weight rows into L2 (a hint: 16-byte multiples, aligned).
+      const int64_t next = k - k0 - kChunk < kChunk ? k - k0 - kChunk : kChunk;
+      const char* p = static_cast<const char*>(wb) + (threadIdx.x * k + k0 + kChunk) * elem;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(next * elem))
+                   : "memory");
     }
-    __syncthreads();
+    StageChunk(wb, bf16, vec, k, k0, len, kCols, n - col0, ws);
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int64_t row = warp + int64_t{kWarps} * r;
-      if (row >= m) break;  // the same for the whole warp
-      const float* xr = x + row * k + k0;
-      for (int64_t i = lane; i < len; i += 32) {
-        const float xv = __ldg(xr + i);
+    for (int g = 0; g < kGroups; ++g) {
+      if (g * kGroup >= m) break;  // the same for the whole block
+      if (g > 0) __syncthreads();  // the previous group's x is consumed
+      StageChunk(x + g * kGroup * k, false, x_vec, k, k0, len, kGroup, m - g * kGroup, xs);
+      __syncthreads();
+      if (g * kGroup + warp < m) {
+        for (int64_t i = lane; i < len; i += 32) {
+          const float xv = xs[warp][i];
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[r][c] += xv * ws[c][i];
+          for (int c = 0; c < kCols; ++c) acc[g][c] += xv * ws[c][i];
+        }
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t row = warp + int64_t{kWarps} * r;
-    if (row >= m) break;
+  for (int g = 0; g < kGroups; ++g) {
+    const int64_t row = g * kGroup + warp;
+    if (g * kGroup >= m) break;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      float v = acc[r][c];
+      float v = acc[g][c];
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && col0 + c < n) y[row * n + col0 + c] = v;
+      if (lane == 0 && row < m && col0 + c < n) y[row * n + col0 + c] = v;
     }
   }
 }
@@ -100,9 +122,11 @@ void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64
                  static_cast<long long>(m));
     std::abort();
   }
-  const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  // vec: 16-byte aligned rows, so float4 staging and the L2 prefetch (BF16: element-wise, no hint).
+  const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && !w_bf16;
+  const bool x_vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int64_t blocks = (n + kCols - 1) / kCols;
-  GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, w, w_bf16, vec, y, m, n, k);
+  GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, x_vec, w, w_bf16, vec, y, m, n, k);
   CheckLaunch("Gemv");
 }
 
