@@ -226,17 +226,23 @@ TEST_F(CudaBackendMoe, DecodeExpertsGiveEachTokenItsBitsAloneAtEveryBatchSize) {
     Tensor z_all = Random({max_t, wd.De}), idx_all, w_all;
     RandomChoice(max_t, wd.E, wd.k, &idx_all, &w_all);
     for (const GluParams& glu : {silu, situ}) {
-      Tensor alone = Tensor::Host({max_t, wd.De});
+      // Every third token (and the last) also alone: they sit in every tile and column position
+      // across the batch sizes below, at a third of the runs (the suite also runs under memcheck).
+      std::vector<int64_t> sampled;
+      std::vector<Tensor> alone;
       for (int64_t t = 0; t < max_t; ++t) {
-        Tensor row = RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, glu);
-        std::memcpy(alone.f32() + t * wd.De, row.f32(), static_cast<size_t>(wd.De) * sizeof(float));
+        if (t % 3 != 0 && t != max_t - 1) continue;
+        sampled.push_back(t);
+        alone.push_back(RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, glu));
       }
       for (int64_t T : {int64_t{2}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{17}, int64_t{33}, max_t}) {
         SCOPED_TRACE("T = " + std::to_string(T));
         const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
         const Tensor packed = RunGpu(z, idx, w, ex.packed, glu);
         ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, glu), "MXFP4 vs BF16-held");
-        ExpectSameBits(packed, alone.Rows(0, T), "each row vs the row alone");
+        for (size_t i = 0; i < sampled.size() && sampled[i] < T; ++i) {
+          ExpectSameBits(packed.Rows(sampled[i], 1), alone[i], "row " + std::to_string(sampled[i]) + " vs alone");
+        }
         if (T == 9 || T == max_t) {
           Tensor want = cpu_->Empty({T, wd.De});
           cpu_->MoeExperts(z, idx, w, ex.f32, glu, &want);
