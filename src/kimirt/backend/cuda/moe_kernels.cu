@@ -540,8 +540,9 @@ __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int
 }
 
 // out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order. A thread
-// per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out together (a thread looping over the
-// columns of a token waited one L2 round trip per column: tens of µs at batch 1).
+// per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out
+// together (a thread looping over the columns of a token waited one L2 round trip per column:
+// tens of µs at batch 1).
 constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineSplitsKernel(const float* part, int64_t splits, int64_t n, const int32_t* pos, const float* weights,
@@ -644,11 +645,31 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t
 // hoists ahead of the MMAs, spills at 4 blocks' 128).
 constexpr int kMmaMinBlocks = 3;
 
+struct MmaArgs {
+  const uint16_t* x_parts = nullptr;  // [3, x_rows, K] split x, PackedPos order
+  int64_t x_rows = 0;
+  GroupArgs ga;
+  int64_t N = 0, K = 0;                          // each weight [N, K]
+  const void* const* wa = nullptr;               // per expert: W1 (gate/up) or W2 (down)
+  const void* const* wb = nullptr;               // W3 (gate/up)
+  const uint8_t* const* sa = nullptr;            // their MXFP4 scales
+  const uint8_t* const* sb = nullptr;
+  bool scales_vec = false;
+  int64_t slice = 0, n = 0;                      // k per slice; slots of the step
+  float* part = nullptr;
+};
+
 template <int kFmt, bool kGateUp, int kTT>
-__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks)
-    ExpertMmaKernel(const uint16_t* __restrict__ x_parts, int64_t x_rows, GroupArgs ga, int64_t N, int64_t K,
-                    const void* const* wa, const void* const* wb, const uint8_t* const* sa, const uint8_t* const* sb,
-                    bool scales_vec, int64_t slice, int64_t n, float* __restrict__ part) {
+__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+  const uint16_t* __restrict__ x_parts = args.x_parts;
+  const int64_t x_rows = args.x_rows, N = args.N, K = args.K, slice = args.slice, n = args.n;
+  const GroupArgs& ga = args.ga;
+  const void* const* wa = args.wa;
+  const void* const* wb = args.wb;
+  const uint8_t* const* sa = args.sa;
+  const uint8_t* const* sb = args.sb;
+  const bool scales_vec = args.scales_vec;
+  float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
   const int a = blockIdx.z;
   if (a >= *ga.num_active) return;
@@ -817,23 +838,12 @@ DecodePlan MakeDecodePlan(int64_t T, int64_t k, int64_t De, int64_t I) {
 
 unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536)); }
 
-template <int kFmt, bool kGateUp, int kTT>
-void LaunchMma(dim3 grid, const uint16_t* x_parts, int64_t x_rows, const GroupArgs& ga, int64_t N, int64_t K,
-               const void* const* wa, const void* const* wb, const uint8_t* const* sa, const uint8_t* const* sb,
-               bool scales_vec, int64_t slice, int64_t n, float* part, cudaStream_t s) {
-  ExpertMmaKernel<kFmt, kGateUp, kTT><<<grid, kMmaWarps * 32, 0, s>>>(x_parts, x_rows, ga, N, K, wa, wb, sa, sb,
-                                                                      scales_vec, slice, n, part);
-}
-
 template <int kFmt, bool kGateUp>
-void LaunchMmaTiles(int tt, dim3 grid, const uint16_t* x_parts, int64_t x_rows, const GroupArgs& ga, int64_t N,
-                    int64_t K, const void* const* wa, const void* const* wb, const uint8_t* const* sa,
-                    const uint8_t* const* sb, bool scales_vec, int64_t slice, int64_t n, float* part,
-                    cudaStream_t s) {
+void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
   switch (tt) {
-    case 1: LaunchMma<kFmt, kGateUp, 1>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
-    case 2: LaunchMma<kFmt, kGateUp, 2>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
-    default: LaunchMma<kFmt, kGateUp, 4>(grid, x_parts, x_rows, ga, N, K, wa, wb, sa, sb, scales_vec, slice, n, part, s); break;
+    case 1: ExpertMmaKernel<kFmt, kGateUp, 1><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+    case 2: ExpertMmaKernel<kFmt, kGateUp, 2><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+    default: ExpertMmaKernel<kFmt, kGateUp, 4><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
   }
 }
 
@@ -844,16 +854,20 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                   float linear_beta, cudaStream_t s) {
   const dim3 gu_grid(static_cast<unsigned>((I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>),
                      static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
-  LaunchMmaTiles<kFmt, true>(tt, gu_grid, z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
-                             p.gate_up.slice, p.n, gu_part, s);
+  LaunchMmaTiles<kFmt, true>(tt, gu_grid,
+                             MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
+                                     p.gate_up.slice, p.n, gu_part},
+                             s);
   CheckLaunch("ExpertMma gate/up");
   GluSplitKernel<<<GridFor(p.n * I), 256, 0, s>>>(gu_part, p.gate_up.splits, p.n, I, kind, beta, has_linear_beta,
                                                   linear_beta, h_parts);
   CheckLaunch("GluSplit");
   const dim3 dn_grid(static_cast<unsigned>((De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>),
                      static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
-  LaunchMmaTiles<kFmt, false>(tt, dn_grid, h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
-                              scales_vec, p.down.slice, p.n, dn_part, s);
+  LaunchMmaTiles<kFmt, false>(tt, dn_grid,
+                              MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
+                                      scales_vec, p.down.slice, p.n, dn_part},
+                              s);
   CheckLaunch("ExpertMma down");
 }
 
@@ -936,7 +950,8 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
     LaunchDecode<kBf16>(p, tt, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part, kind, beta,
                         has_linear_beta, linear_beta, s);
   }
-  const dim3 combine_grid(static_cast<unsigned>(T), static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
+  const dim3 combine_grid(static_cast<unsigned>(T),
+                          static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
   MoeCombineSplitsKernel<<<combine_grid, kCombineThreads, 0, s>>>(dn_part, p.down.splits, p.n, g.pos, weights, k, De,
                                                                   out);
   CheckLaunch("MoeCombine");
