@@ -275,6 +275,9 @@ TEST_F(CudaBackendMoe, RouterWarpKernelGivesTheSerialKernelsBits) {
         Tensor w[2] = {Poisoned({T, c.k}), Poisoned({T, c.k})};
         const auto* lp = static_cast<const float*>(d_logits.raw());
         const auto* bp = static_cast<const float*>(d_bias.raw());
+        // The kernels run on the default stream; the uploads and poison went on the backend's own
+        // (non-blocking) stream: wait for them.
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         cuda::MoeRoute(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, static_cast<int32_t*>(idx[0].raw()),
                        static_cast<float*>(w[0].raw()), nullptr);
         cuda::MoeRouteSerial(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased,
