@@ -1,11 +1,19 @@
-// moe_bench: one K3 MoE layer's routed experts (Backend::MoeExperts) on a device, MXFP4 held as
-// stored (spec §2.9, §7.2): 896 experts of latent 3584 × intermediate 3072, top-16, random codes
-// and scales, uniformly random routing. For each batch size, the time of one MoeExperts call (the
-// mean of --iters calls after warm-up) and its bandwidth: the stored bytes (codes + scales, 4.25
-// bits a weight) of the distinct experts the batch chose, each read once, over the time, against
-// --peak-gbps. Activations (a few MB) are not counted.
+// moe_bench: one MoE layer's routed experts (Backend::MoeExperts, spec §7.2) and its router
+// (Backend::MoeRoute: the F32 router GEMV, then top-k) on a device, at the widths the issues
+// measure, uniformly random routing:
+//   k3          K3: 896 experts of latent 3584 × intermediate 3072, top-16, MXFP4 held as stored
+//               (spec §2.9), router 896 × 7168;
+//   k3-tp8      the same experts sliced 8 ways along the intermediate width (384), as one rank of
+//               TP 8 holds them;
+//   kimi-linear Kimi-Linear-48B: 256 experts of 2304 × 1024, top-8, BF16, router 256 × 2304.
+// For each batch size, the mean time of one MoeExperts call (--iters calls after warm-up) and its
+// bandwidth: the stored bytes (MXFP4: codes + scales, 4.25 bits a weight; BF16: 2 bytes) of the
+// distinct experts the batch chose, each read once, over the time, against --peak-gbps.
+// Activations (a few MB) are not counted. The router's time is reported beside it (its F32
+// weight is its bytes).
 //
-// Usage: moe_bench [--device cuda] [--batch-sizes 1,32] [--iters 50] [--peak-gbps 4800] [--json FILE]
+// Usage: moe_bench [--device cuda] [--configs k3,k3-tp8,kimi-linear] [--batch-sizes 1,8,32,64]
+//                  [--iters 50] [--peak-gbps 4800] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,12 +29,27 @@
 #include <nlohmann/json.hpp>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
 
 namespace kimirt {
 namespace {
 
-constexpr int64_t kExperts = 896, kLatent = 3584, kInter = 3072, kTopK = 16;
+struct Config {
+  std::string name;
+  int64_t experts, latent, inter, top_k, hidden;
+  bool mxfp4;
+  GluParams glu;
+};
+
+const std::vector<Config>& Configs() {
+  static const std::vector<Config> configs = {
+      {"k3", 896, 3584, 3072, 16, 7168, true, GluParams{GluKind::kSitu, 4.0f, 25.0f}},
+      {"k3-tp8", 896, 3584, 384, 16, 7168, true, GluParams{GluKind::kSitu, 4.0f, 25.0f}},
+      {"kimi-linear", 256, 2304, 1024, 8, 2304, false, GluParams{GluKind::kSilu, 1.0f, std::nullopt}},
+  };
+  return configs;
+}
 
 Tensor RandomBytes(Shape shape, SplitMix64& rng, int lo = 0, int hi = 255) {
   Tensor t = Tensor::Host(std::move(shape), DType::kU8);
@@ -42,9 +65,64 @@ Tensor RandomBytes(Shape shape, SplitMix64& rng, int lo = 0, int hi = 255) {
   return t;
 }
 
+Tensor RandomF32(Shape shape, SplitMix64& rng, float scale) {
+  Tensor t = Tensor::Host(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng.FastNormal();
+  return t;
+}
+
+Tensor RandomBf16(Shape shape, SplitMix64& rng) {
+  const Tensor f = RandomF32(shape, rng, 0.02f);
+  Tensor b = Tensor::Host(std::move(shape), DType::kBF16);
+  F32ToBf16(f.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(f.numel()));
+  return b;
+}
+
+// Four random experts' bytes, uploaded as all of the config's experts (the values do not
+// matter to the time). Returns the stored bytes of one expert.
+uint64_t MakeExperts(Backend& be, const Config& c, SplitMix64& rng, ExpertWeights* ex) {
+  std::vector<std::vector<Tensor>> hosts;
+  for (int h = 0; h < 4; ++h) {
+    if (c.mxfp4) {
+      hosts.push_back({RandomBytes({c.inter, c.latent / 2}, rng), RandomBytes({c.inter, c.latent / 2}, rng),
+                       RandomBytes({c.latent, c.inter / 2}, rng), RandomBytes({c.inter, c.latent / 32}, rng, 118, 122),
+                       RandomBytes({c.inter, c.latent / 32}, rng, 118, 122),
+                       RandomBytes({c.latent, c.inter / 32}, rng, 118, 122)});
+    } else {
+      hosts.push_back({RandomBf16({c.inter, c.latent}, rng), RandomBf16({c.inter, c.latent}, rng),
+                       RandomBf16({c.latent, c.inter}, rng)});
+    }
+  }
+  uint64_t bytes = 0;
+  for (const Tensor& t : hosts[0]) bytes += t.nbytes();
+  for (int64_t e = 0; e < c.experts; ++e) {
+    const std::vector<Tensor>& h = hosts[static_cast<size_t>(e % 4)];
+    ex->gate.push_back(be.Upload(h[0]));
+    ex->up.push_back(be.Upload(h[1]));
+    ex->down.push_back(be.Upload(h[2]));
+    if (c.mxfp4) {
+      ex->gate_scales.push_back(be.Upload(h[3]));
+      ex->up_scales.push_back(be.Upload(h[4]));
+      ex->down_scales.push_back(be.Upload(h[5]));
+    }
+  }
+  return bytes;
+}
+
+template <typename F>
+double SecondsPerCall(Backend& be, const Tensor& sync, int iters, F call) {
+  for (int i = 0; i < 3; ++i) call();
+  be.Download(sync);  // waits for the stream
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) call();
+  be.Download(sync);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+}
+
 int Run(int argc, char** argv) {
   std::string device = "cuda", json_path;
-  std::vector<int64_t> batches = {1, 32};
+  std::vector<std::string> names = {"k3", "k3-tp8", "kimi-linear"};
+  std::vector<int64_t> batches = {1, 8, 32, 64};
   int iters = 50;
   double peak = 4800;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -57,10 +135,15 @@ int Run(int argc, char** argv) {
       peak = std::atof(v.c_str());
     } else if (a == "--json") {
       json_path = v;
-    } else if (a == "--batch-sizes") {
-      batches.clear();
+    } else if (a == "--batch-sizes" || a == "--configs") {
       std::stringstream ss(v);
-      for (std::string b; std::getline(ss, b, ',');) batches.push_back(std::atoll(b.c_str()));
+      if (a == "--configs") {
+        names.clear();
+        for (std::string b; std::getline(ss, b, ',');) names.push_back(b);
+      } else {
+        batches.clear();
+        for (std::string b; std::getline(ss, b, ',');) batches.push_back(std::atoll(b.c_str()));
+      }
     } else {
       std::fprintf(stderr, "moe_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -70,6 +153,10 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "moe_bench: MXFP4 experts held as stored need a GPU backend (the CPU widens them)\n");
     return 2;
   }
+  if (iters < 1) {
+    std::fprintf(stderr, "moe_bench: --iters must be at least 1\n");
+    return 2;
+  }
   auto made = MakeBackend(device);
   if (!made.ok()) {
     std::fprintf(stderr, "moe_bench: %s\n", made.status().ToString().c_str());
@@ -77,72 +164,68 @@ int Run(int argc, char** argv) {
   }
   Backend& be = **made;
   SplitMix64 rng(20261201);
-  // Four random experts' bytes, uploaded as all 896 (the values do not matter to the time).
-  struct Host {
-    Tensor g, u, d, gs, us, ds;
-  };
-  std::vector<Host> hosts;
-  for (int h = 0; h < 4; ++h) {
-    hosts.push_back({RandomBytes({kInter, kLatent / 2}, rng), RandomBytes({kInter, kLatent / 2}, rng),
-                     RandomBytes({kLatent, kInter / 2}, rng), RandomBytes({kInter, kLatent / 32}, rng, 118, 122),
-                     RandomBytes({kInter, kLatent / 32}, rng, 118, 122), RandomBytes({kLatent, kInter / 32}, rng, 118, 122)});
-  }
-  ExpertWeights ex;
-  uint64_t expert_bytes = 0;
-  for (int64_t e = 0; e < kExperts; ++e) {
-    const Host& h = hosts[static_cast<size_t>(e % 4)];
-    ex.gate.push_back(be.Upload(h.g));
-    ex.up.push_back(be.Upload(h.u));
-    ex.down.push_back(be.Upload(h.d));
-    ex.gate_scales.push_back(be.Upload(h.gs));
-    ex.up_scales.push_back(be.Upload(h.us));
-    ex.down_scales.push_back(be.Upload(h.ds));
-    if (e == 0) {
-      for (const Tensor* t : {&h.g, &h.u, &h.d, &h.gs, &h.us, &h.ds}) expert_bytes += t->nbytes();
-    }
-  }
-  const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
   nlohmann::ordered_json report;
   report["device"] = device;
-  report["experts"] = kExperts;
-  report["latent"] = kLatent;
-  report["intermediate"] = kInter;
-  report["top_k"] = kTopK;
-  report["expert_bytes"] = expert_bytes;
   report["peak_gb_per_s"] = peak;
-  report["points"] = nlohmann::ordered_json::array();
-  std::printf("%8s %10s %12s %12s %10s %10s\n", "batch", "experts", "MB read", "us/call", "GB/s", "of peak");
-  for (int64_t T : batches) {
-    Tensor z = Tensor::Host({T, kLatent}), idx = Tensor::Host({T, kTopK}, DType::kI32), w = Tensor::Host({T, kTopK});
-    for (int64_t i = 0; i < z.numel(); ++i) z.f32()[i] = rng.FastNormal();
-    std::set<int32_t> distinct;
-    std::vector<int32_t> perm(static_cast<size_t>(kExperts));
-    for (int64_t t = 0; t < T; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
-      for (int64_t j = 0; j < kTopK; ++j) {
-        std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(j + static_cast<int64_t>(rng.Next() % (kExperts - j)))]);
-        idx.i32()[t * kTopK + j] = perm[static_cast<size_t>(j)];
-        distinct.insert(perm[static_cast<size_t>(j)]);
-        w.f32()[t * kTopK + j] = 1.0f / kTopK;
-      }
+  report["configs"] = nlohmann::ordered_json::array();
+  std::printf("%-12s %6s %8s %10s %10s %10s %9s %10s\n", "config", "batch", "experts", "MB read", "us/layer", "GB/s",
+              "of peak", "router us");
+  for (const std::string& name : names) {
+    const auto it = std::find_if(Configs().begin(), Configs().end(), [&](const Config& c) { return c.name == name; });
+    if (it == Configs().end()) {
+      std::fprintf(stderr, "moe_bench: unknown config %s (k3, k3-tp8, kimi-linear)\n", name.c_str());
+      return 2;
     }
-    Tensor dz = be.Upload(z), didx = be.Upload(idx), dw = be.Upload(w), out = be.Empty({T, kLatent});
-    for (int i = 0; i < 3; ++i) be.MoeExperts(dz, didx, dw, ex, situ, &out);
-    be.Download(out);  // waits for the stream
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) be.MoeExperts(dz, didx, dw, ex, situ, &out);
-    be.Download(out);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-    const uint64_t bytes = distinct.size() * expert_bytes;
-    const double gbps = static_cast<double>(bytes) / s / 1e9;
-    std::printf("%8lld %10zu %12.1f %12.1f %10.1f %10.3f\n", static_cast<long long>(T), distinct.size(),
-                static_cast<double>(bytes) / 1e6, s * 1e6, gbps, gbps / peak);
-    report["points"].push_back({{"batch", T},
-                                {"distinct_experts", distinct.size()},
-                                {"bytes", bytes},
-                                {"seconds_per_call", s},
-                                {"gb_per_s", gbps},
-                                {"bandwidth_fraction", gbps / peak}});
+    const Config& c = *it;
+    ExpertWeights ex;
+    const uint64_t expert_bytes = MakeExperts(be, c, rng, &ex);
+    const Tensor router = be.Upload(RandomF32({c.experts, c.hidden}, rng, 0.02f));
+    const Tensor bias = be.Upload(RandomF32({c.experts}, rng, 0.01f));
+    RouteParams rp;
+    rp.top_k = c.top_k;
+    nlohmann::ordered_json cj = {{"config", c.name},
+                                 {"experts", c.experts},
+                                 {"latent", c.latent},
+                                 {"intermediate", c.inter},
+                                 {"top_k", c.top_k},
+                                 {"weights", c.mxfp4 ? "MXFP4" : "BF16"},
+                                 {"expert_bytes", expert_bytes},
+                                 {"router_bytes", router.nbytes()},
+                                 {"points", nlohmann::ordered_json::array()}};
+    for (int64_t T : batches) {
+      Tensor z = RandomF32({T, c.latent}, rng, 1.0f), y = RandomF32({T, c.hidden}, rng, 1.0f);
+      Tensor idx = Tensor::Host({T, c.top_k}, DType::kI32), w = Tensor::Host({T, c.top_k});
+      std::set<int32_t> distinct;
+      std::vector<int32_t> perm(static_cast<size_t>(c.experts));
+      for (int64_t t = 0; t < T; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t j = 0; j < c.top_k; ++j) {
+          std::swap(perm[static_cast<size_t>(j)],
+                    perm[static_cast<size_t>(j + static_cast<int64_t>(rng.Next() % (c.experts - j)))]);
+          idx.i32()[t * c.top_k + j] = perm[static_cast<size_t>(j)];
+          distinct.insert(perm[static_cast<size_t>(j)]);
+          w.f32()[t * c.top_k + j] = 1.0f / static_cast<float>(c.top_k);
+        }
+      }
+      Tensor dz = be.Upload(z), dy = be.Upload(y), didx = be.Upload(idx), dw = be.Upload(w);
+      Tensor out = be.Empty({T, c.latent});
+      Tensor ridx = be.Empty({T, c.top_k}, DType::kI32), rw = be.Empty({T, c.top_k});
+      const double s = SecondsPerCall(be, out, iters, [&] { be.MoeExperts(dz, didx, dw, ex, c.glu, &out); });
+      const double rs = SecondsPerCall(be, rw, iters, [&] { be.MoeRoute(dy, router, bias, rp, &ridx, &rw); });
+      const uint64_t bytes = distinct.size() * expert_bytes;
+      const double gbps = static_cast<double>(bytes) / s / 1e9;
+      std::printf("%-12s %6lld %8zu %10.1f %10.1f %10.1f %9.3f %10.1f\n", c.name.c_str(), static_cast<long long>(T),
+                  distinct.size(), static_cast<double>(bytes) / 1e6, s * 1e6, gbps, gbps / peak, rs * 1e6);
+      cj["points"].push_back({{"batch", T},
+                              {"distinct_experts", distinct.size()},
+                              {"bytes", bytes},
+                              {"seconds_per_call", s},
+                              {"gb_per_s", gbps},
+                              {"bandwidth_fraction", gbps / peak},
+                              {"router_seconds_per_call", rs},
+                              {"router_bandwidth_fraction", static_cast<double>(router.nbytes()) / rs / 1e9 / peak}});
+    }
+    report["configs"].push_back(cj);
   }
   if (!json_path.empty()) std::ofstream(json_path) << report.dump(2) << "\n";
   return 0;

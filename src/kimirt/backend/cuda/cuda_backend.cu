@@ -476,9 +476,19 @@ class CudaBackend final : public Backend {
     g.begin = g.active + max_active;
     g.num_active = g.begin + max_active + 1;
     cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
-    Tensor grouped = Raw({n, De}, DType::kF32);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
     const int kind = p.kind == GluKind::kSilu ? 0 : 1;
+    // Decode steps (the row-invariant range): tensor cores, each token's sums fixed by the widths
+    // (moe_kernels.cu, docs/cuda.md "MoE decode"), the combine included.
+    if (T <= cuda::kGemvMaxRows && cuda::MoeDecodeSupported(De, I, format, ptrs.aligned16)) {
+      Tensor scratch = Scratch(cuda::MoeDecodeScratchBytes(T, k, De, I));
+      cuda::MoeDecodeExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), format,
+                             mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4, kind, p.beta,
+                             p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(weights), scratch.raw(),
+                             F(*out), stream_);
+      return;
+    }
+    Tensor grouped = Raw({n, De}, DType::kF32);
     if (T > cuda::kGemvMaxRows && bf16_prefill() && format != 0 && cuda::MoePrefillSupports(De, I, mxfp4) &&
         ptrs.aligned16) {
       // Prefill: BF16 tensor cores (moe_prefill_kernels.cu), the same bits for MXFP4 and BF16.
@@ -503,7 +513,8 @@ class CudaBackend final : public Backend {
     Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
-    bool aligned16 = false;         // every weight (codes) 16-byte aligned: the prefill kernels' copies
+    bool aligned16 = false;        // every weight (codes) 16-byte aligned: the tensor-core kernels' loads
+    bool scales_aligned4 = false;  // every MXFP4 scale pointer 4-byte aligned: the decode's scale words
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -527,6 +538,8 @@ class CudaBackend final : public Backend {
     ExpertPointers& ptrs = expert_pointers_[host.front()];
     if (ptrs.host == host) return ptrs;
     ptrs.E = static_cast<int64_t>(E);
+    ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
+                                       [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
     ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),

@@ -30,9 +30,17 @@
 #include <cstdlib>
 
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/mma_bf16.cuh"
 
 namespace kimirt::cuda {
 namespace {
+
+// The split of x, the MMA and its 32-k step (mma_bf16.cuh, shared with the decode MoE experts).
+using mma::LoadStreaming;
+using mma::PrefetchL2;
+using mma::SplitOne;
+using mma::Step;
+using mma::XParts;
 
 constexpr int kWarps = 4;
 constexpr int kColTiles = 2;                              // 16-column MMA tiles per warp
@@ -84,28 +92,6 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-// One x value as BF16 bits hi + mid + lo. Each remainder (v − hi, then − mid) is exact in F32
-// (the subtrahend is v rounded to fewer bits), and each part takes the next 8 significant bits,
-// so hi + mid + lo = v for every normal v (a remainder under BF16's normal range, |v| < ~2⁻¹¹⁰,
-// loses bits: irrelevant next to the other terms of a dot product). A non-finite hi gets
-// mid = lo = 0, so ±inf stays ±inf instead of inf − inf = NaN. The one definition both
-// SplitXKernel and the GEMM's own split (≤ 2 tiles) use, so a row gets the same bits either way.
-__device__ __forceinline__ void SplitOne(float v, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
-  const __nv_bfloat16 h = __float2bfloat16_rn(v);
-  const float hf = __bfloat162float(h);
-  const float r1 = isfinite(hf) ? v - hf : 0.0f;
-  const __nv_bfloat16 md = __float2bfloat16_rn(r1);
-  hi = __bfloat16_as_ushort(h);
-  mid = __bfloat16_as_ushort(md);
-  lo = __bfloat16_as_ushort(__float2bfloat16_rn(r1 - __bfloat162float(md)));
-}
-
-// x's three parts of one lane's 8 k, as the MMA's B registers (element e in bits 16·(e%2) of
-// word e/2).
-struct XParts {
-  uint4 hi, mid, lo;
-};
-
 // x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
 // warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
 // row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
@@ -151,21 +137,6 @@ __device__ __forceinline__ XParts SplitX8(const float (&v)[8]) {
   return XParts{pack(h), pack(md), pack(l)};
 }
 
-// 16 bytes of the weight, read once: no L1 allocation, it will not be read again this call.
-__device__ __forceinline__ uint4 LoadStreaming(const uint16_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at p, with no register and no
-// wait (sm_90 bulk prefetch, PTX ISA "cp.async.bulk.prefetch"). A hint: it changes no result.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // w[col][kk .. kk+7] as 8 BF16 (element i in bits 16·(i%2) of word i/2), zeros past n or k.
 // kVec: rows are 16-byte aligned (k % 8 == 0, aligned base), so the 8 are all in or all out.
 template <bool kVec>
@@ -182,37 +153,6 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
     v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
   }
   return v;
-}
-
-// d += a · b, m16n8k16, BF16 in, F32 accumulate (PTX ISA "Matrix fragments for mma.m16n8k16").
-__device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// One step: 32 k starting at the lane's k0 + 8·t. Lane (g = lane/4, t = lane%4) holds, as 16-byte
-// words, weight rows g (`row_g`) and g + 8 (`row_g8`) and x row g, each at k = 8t .. 8t+7. The
-// fragment layout puts MMA k slots 2t, 2t+1 and 2t+8, 2t+9 in this lane (A regs 0/1 and 2/3, B reg
-// 0 and 1), so MMA 1 takes physical k 8t+0..3 (words .x, .y) and MMA 2 takes 8t+4..7 (.z, .w):
-// both operands use the same map, every k of the step is used once.
-//
-// The step's six MMAs (lo, mid, then hi: smallest first) start from zero and their sum is added
-// to `acc` by an F32 add: the tensor cores' own accumulation truncates (rounds toward zero), which
-// over a long chain (k = 9216: 1728 MMAs) biases the result by up to ~1e-5 relative; chains of 6
-// whose results are added with round-to-nearest keep the error at F32's level.
-__device__ __forceinline__ void Step(float (&acc)[4], const uint4& row_g, const uint4& row_g8, const XParts& xp) {
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.lo.x, xp.lo.y);
-  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.lo.z, xp.lo.w);
-  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.mid.x, xp.mid.y);
-  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.mid.z, xp.mid.w);
-  Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, xp.hi.x, xp.hi.y);
-  Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, xp.hi.z, xp.hi.w);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] += d[i];
 }
 
 // Block (blockIdx.x, blockIdx.y): 128 columns × k slice blockIdx.y; warp: 32 columns (two MMA

@@ -209,8 +209,14 @@ MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* 
 void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 
 // --- moe_kernels.cu (spec §7.2) ---
+// Top-k of the sigmoid scores plus correction bias, (value desc, expert id asc), combine weights
+// as the CPU reference gives them; a warp per token for E ≤ 1024, else MoeRouteSerial.
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
               float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
+// The same choice one thread per token, expert by expert (the reference order; the warp kernel
+// must give its bits: tests).
+void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+                    float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
 // A step's (token, slot) choices grouped by expert, on the device (MoeGroupByExpert fills it
 // from idx [n = T·k]): order[g] = the slot at group row g (groups by expert ascending, slots
 // ascending within one), pos[s] = the group row of slot s, active[a] = the a-th chosen expert
@@ -241,6 +247,22 @@ struct ExpertPointerTable {
 void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De, int64_t I,
                        const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
                        float linear_beta, float* h, float* grouped, cudaStream_t s);
+// The routed experts of a decode step (T ≤ kGemvMaxRows tokens) on tensor cores, combine
+// included: out[t] = Σ_j weights[t,j] · W2_e GLU(W1_e z[t], W3_e z[t]) (e = the expert of slot
+// t·k + j), every chosen expert's weights read once for all its tokens, each token's sums in an
+// order fixed by De, I and k alone (bit-identical alone or in any batch), the same for BF16 and
+// MXFP4 weights (format 1 or 2), so packed experts give the bits of BF16-held ones. Needs
+// MoeDecodeSupported (weights_aligned: every weight pointer 16-byte aligned); scales_vec (MXFP4):
+// De and I multiples of 128 and every scale pointer 4-byte aligned. `scratch`: device memory of
+// MoeDecodeScratchBytes(T, k, De, I) bytes, 256-byte aligned, used on stream `s` only.
+bool MoeDecodeSupported(int64_t De, int64_t I, int format, bool weights_aligned);
+size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I);
+// Slices the k of gate/up (or down) is split across (1 = none); for tests and benches.
+int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up);
+void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
+                      int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
+                      bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
+                      cudaStream_t s);
 // --- moe_prefill_kernels.cu: the routed experts of a prefill call on tensor cores ---
 // What MoeGroupedExperts computes, for calls of more than kGemvMaxRows tokens with
 // Backend::bf16_prefill on: for every group row g (slot order[g], token order[g] / k, expert e),

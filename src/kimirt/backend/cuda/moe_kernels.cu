@@ -5,6 +5,7 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/mma_bf16.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -17,7 +18,8 @@ constexpr int kMaxTopK = 64;
 
 __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// One thread per token: k passes over the experts, each taking the best not yet chosen.
+// One thread per token: k passes over the experts, each taking the best not yet chosen (the
+// reference order; MoeRouteWarpKernel below gives its bits fast, for E ≤ kRouteMaxE).
 __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                                float scaling, bool combine_biased, int32_t* idx, float* weights) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -52,13 +54,72 @@ __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T
   }
 }
 
-__global__ void MoeCombineKernel(const float* grouped, const int32_t* pos, const float* weights, int64_t k, int64_t D,
-                                 float* out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < k; ++j) acc += weights[t * k + j] * grouped[static_cast<int64_t>(pos[t * k + j]) * D + d];
-    out[t * D + d] = acc;
+// One warp per token (E ≤ kRouteMaxE): lane l holds the choice values of experts l, l + 32, ...
+// and its best not yet taken (value desc, id asc); each of the k picks is a butterfly over the
+// lanes' bests with the same order, then the winner's lane takes the next of its own. The values
+// and the weight arithmetic are the one-thread kernel's above, in the same order, so the
+// indices and weights are its bits (for finite logits: a NaN choice value has no order).
+constexpr int kRouteWarps = 4;
+constexpr int kRoutePerLane = 32;
+constexpr int64_t kRouteMaxE = 32 * kRoutePerLane;
+
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
+                       float scaling, bool combine_biased, int32_t* idx, float* weights) {
+  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + threadIdx.x / 32;
+  if (t >= T) return;  // whole warps
+  const int lane = threadIdx.x & 31;
+  const float* row = logits + t * E;
+  float c[kRoutePerLane];
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int64_t e = lane + 32 * i;
+    c[i] = e < E ? Sigmoid(row[e]) + bias[e] : 0.0f;
+  }
+  uint32_t taken = 0;  // bit i: expert lane + 32 i chosen
+  float best_c = 0.0f;
+  int32_t best_e = -1;
+  const auto lane_best = [&]() {
+    best_e = -1;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      const int64_t e = lane + 32 * i;
+      if (e < E && !((taken >> i) & 1u) && (best_e < 0 || c[i] > best_c)) {
+        best_c = c[i];
+        best_e = static_cast<int32_t>(e);
+      }
+    }
+  };
+  lane_best();
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float vc = best_c;
+    int32_t ve = best_e;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float oc = __shfl_xor_sync(0xffffffffu, vc, off);
+      const int32_t oe = __shfl_xor_sync(0xffffffffu, ve, off);
+      if (oe >= 0 && (ve < 0 || oc > vc || (oc == vc && oe < ve))) {
+        vc = oc;
+        ve = oe;
+      }
+    }
+    if (ve % 32 == lane) {
+      taken |= 1u << (ve / 32);
+      lane_best();
+    }
+    const float w = combine_biased ? vc : Sigmoid(row[ve]);
+    if (lane == 0) {
+      idx[t * k + j] = ve;
+      weights[t * k + j] = w;
+    }
+    sum += w;
+  }
+  if (lane != 0) return;
+  for (int j = 0; j < k; ++j) {  // lane 0 reads back only what it wrote
+    float w = weights[t * k + j];
+    if (renormalize && k > 1) w /= (sum + 1e-20f);
+    weights[t * k + j] = w * scaling;
   }
 }
 
@@ -385,6 +446,431 @@ void LaunchExperts(const float* z, const GroupArgs& ga, int64_t max_active, int6
   CheckLaunch("ExpertDown");
 }
 
+// --- Decode experts on tensor cores (≤ kGemvMaxRows tokens; docs/cuda.md "MoE decode") ------
+//
+// The same design as DecodeGemm (decode_gemm.cu, mma_bf16.cuh), per chosen expert: the weight is
+// the MMA's A operand (16 output rows × 16 k), the expert's tokens its B operand (16 k × 8
+// tokens), x split into three BF16 parts (hi + mid + lo = x) so every product is exact and the
+// sums are F32's. A warp holds two 16-row tiles (gate/up: the same 16 rows of W1 and W3, so the
+// GLU pairs sit in one lane; down: 32 rows of W2) for all the expert's tokens, 8 per MMA column
+// tile, and walks its k slice in rounds of 128 (4 steps of 32). The weight is read once per call
+// for all the expert's tokens, spread over every multiprocessor: an expert's rows over
+// blocks (grid x), its k over `splits` slices (grid y), the chosen experts over grid z.
+//
+// Batch invariance: a token's sums are the same MMAs in the same order (k ascending within a
+// slice, per 32-k step the six MMAs of mma::Step then one F32 add; slices summed in slice order
+// by the next kernel), whatever other tokens the expert has and whichever MMA column the token
+// lands in; the split of k depends on the widths and top-k only, never on the tokens.
+//
+// Bit equality of MXFP4 and BF16-held experts: both feed the MMAs the same BF16 words. Lane
+// (g, t) takes k = kb + 32u + 8t .. +7 at step u of a round (DecodeGemm's map: a quad reads 64
+// contiguous bytes of a BF16 row); within those 8, A word j holds elements j and j + 4 (the pair
+// the MXFP4 decode below makes from one 32-bit word in four instructions), and the split x is
+// stored in that order (PackedPos), so both operands agree. MXFP4 lanes load a whole scale group
+// (16 code bytes, k = kb + 32t ..) and exchange words through shared memory so each lane gets
+// the 8 codes of its BF16 positions.
+constexpr int kMmaWarps = 4;
+constexpr int64_t kRoundK = 128;       // k per round: 4 steps of 32
+constexpr int64_t kMinSliceK = 256;    // never split k finer than 2 rounds
+constexpr int64_t kTargetBlocks = 528; // ~4 blocks per multiprocessor of an H200 (132): see DecodeGemm
+constexpr int kPrefetchRounds = 4;     // rounds of each row asked into L2 ahead of their loads
+constexpr int kTransposeStride = 20;   // words per 8-row group of the MXFP4 exchange: conflict-free stores
+
+template <bool kGateUp>
+constexpr int64_t kRowsPerWarp = kGateUp ? 16 : 32;  // gate/up: 16 rows each of W1 and W3
+template <bool kGateUp>
+constexpr int64_t kRowsPerBlock = kMmaWarps * kRowsPerWarp<kGateUp>;
+
+struct KSplit {
+  int64_t splits = 1, slice = 0;
+};
+
+// k slices for an [N, K] weight per expert when top_k experts run at once: enough blocks for the
+// GPU at batch 1 (kTargetBlocks), slices of whole rounds. From the widths and top_k only.
+KSplit SplitK(int64_t rows_per_block, int64_t N, int64_t K, int64_t top_k) {
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block * top_k;
+  const int64_t max_splits = std::max<int64_t>(1, K / kMinSliceK);
+  const int64_t want = std::clamp<int64_t>((kTargetBlocks + blocks - 1) / blocks, 1, max_splits);
+  KSplit s;
+  s.slice = ((K + want - 1) / want + kRoundK - 1) / kRoundK * kRoundK;
+  s.splits = (K + s.slice - 1) / s.slice;
+  return s;
+}
+
+// Position of element i of a row in its split-x copy: within each aligned 8, element j (< 4) at
+// 2j and element j + 4 at 2j + 1, so a 16-byte load gives the words (x_j, x_{j+4}) of the A map.
+__device__ __forceinline__ int64_t PackedPos(int64_t i) {
+  const int64_t j = i & 7;
+  return (i & ~int64_t{7}) | (j < 4 ? 2 * j : 2 * (j - 4) + 1);
+}
+
+// parts [3, rows, K] BF16 (hi, mid, lo) of x [rows, K] F32, in PackedPos order.
+__device__ __forceinline__ void StoreSplit(float v, int64_t row, int64_t i, int64_t rows, int64_t K,
+                                           uint16_t* parts) {
+  uint32_t hi, mid, lo;
+  mma::SplitOne(v, hi, mid, lo);
+  const int64_t at = row * K + PackedPos(i);
+  parts[at] = static_cast<uint16_t>(hi);
+  parts[rows * K + at] = static_cast<uint16_t>(mid);
+  parts[2 * rows * K + at] = static_cast<uint16_t>(lo);
+}
+
+__global__ void SplitRowsKernel(const float* x, int64_t rows, int64_t K, uint16_t* parts) {
+  const int64_t total = rows * K;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    StoreSplit(x[i], i / K, i % K, rows, K, parts);
+  }
+}
+
+// h[g] = GLU(Σ_s gate part, Σ_s up part) (slices in order), split for the down MMAs.
+__global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int64_t I, int kind, float b1,
+                               bool has_b2, float b2, uint16_t* h_parts) {
+  const int64_t total = n * I;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t g = idx / I, i = idx % I;
+    const float* p = part + g * 2 * I + i;
+    float gate = p[0], up = p[I];
+    for (int64_t s = 1; s < splits; ++s) {
+      gate += p[s * n * 2 * I];
+      up += p[s * n * 2 * I + I];
+    }
+    StoreSplit(GluOf(gate, up, kind, b1, has_b2, b2), g, i, n, I, h_parts);
+  }
+}
+
+// out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order. A thread
+// per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out
+// together (a thread looping over the columns of a token waited one L2 round trip per column:
+// tens of µs at batch 1).
+constexpr int kCombineThreads = 128;
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineSplitsKernel(const float* part, int64_t splits, int64_t n, const int32_t* pos, const float* weights,
+                           int64_t k, int64_t D, float* out) {
+  const int64_t t = blockIdx.x, d = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    const float* p = part + static_cast<int64_t>(pos[t * k + j]) * D + d;
+    float v = p[0];
+    for (int64_t s = 1; s < splits; ++s) v += p[s * n * D];
+    acc += weights[t * k + j] * v;
+  }
+  out[t * D + d] = acc;
+}
+
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// 8 MXFP4 codes (one 32-bit word, element e in bits 4e..4e+3) under E8M0 scale s → the A word
+// map: word j = BF16 (element j, element j + 4), each exactly E2M1 × 2^(s−127) as
+// DequantizeMxfp4Row and then F32ToBf16 give it. The code's bits are put in place (sign to bit
+// 15, exponent and mantissa bits to 8..6), which reads as E2M1 × 2^−126 for every code (0.5
+// becomes the BF16 subnormal 2^−127, 0 stays ±0); one BF16 multiply by 2^(s−1) then gives the
+// value, exact (at most 2 significant bits, the smallest result 2^−128 is a BF16 subnormal;
+// BF16 ops keep subnormals). For s > 128, 2^(s−1) is past BF16's range: ×2^126 (the E2M1 value,
+// exact) then ×2^(s−127), which overflows to ±inf exactly where F32 does; s = 255 is NaN.
+//
+// Mxfp4Multiplier(s) is 2^(s−1) in both halves for s ≤ 128: ((s + 126) << 7) twice, one IMAD.
+__device__ __forceinline__ uint32_t Mxfp4Multiplier(uint32_t s) { return s * 0x00800080u + 0x3f003f00u; }
+
+// The codes placed and multiplied by m (both halves the same BF16).
+__device__ __forceinline__ uint4 PlaceAndScaleX8(uint32_t w, uint32_t m) {
+  uint32_t r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = w << (12 - 4 * j);  // codes j and j + 4 to bits 12..15 and 28..31
+    r[j] = MulBf16x2((v & 0x80008000u) | ((v & 0x70007000u) >> 6), m);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// Any scale s (the general path: a round whose four scales of a row include one ≥ 128).
+__device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t w, uint32_t s) {
+  if (s <= 128u) return PlaceAndScaleX8(w, Mxfp4Multiplier(s));
+  uint4 r = PlaceAndScaleX8(w, (253u << 7) * 0x00010001u);  // ×2^126: the E2M1 values
+  uint32_t m2 = s == 255u ? 0x7fc0u : s << 7;              // 2^(s−127), or NaN
+  m2 |= m2 << 16;
+  r.x = MulBf16x2(r.x, m2);
+  r.y = MulBf16x2(r.y, m2);
+  r.z = MulBf16x2(r.z, m2);
+  r.w = MulBf16x2(r.w, m2);
+  return r;
+}
+
+// 8 BF16 weights as loaded (word i = elements 2i, 2i+1) → the A word map (elements j, j + 4).
+__device__ __forceinline__ uint4 PairBf16x8(const uint4& q) {
+  return make_uint4(__byte_perm(q.x, q.z, 0x5410), __byte_perm(q.x, q.z, 0x7632), __byte_perm(q.y, q.w, 0x5410),
+                    __byte_perm(q.y, q.w, 0x7632));
+}
+
+// f(u, c, h) for every step u, tile c and row half h of a round (unrolled: constant indices).
+template <typename F>
+__device__ __forceinline__ void ForEachRoundWord(F&& f) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f(u, c, h);
+    }
+  }
+}
+
+// The split x of one token at k = kk .. kk+7 (zeros for a padding column: row < 0).
+__device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t rows, int64_t row, int64_t K,
+                                                  int64_t kk) {
+  mma::XParts xp;
+  if (row < 0) {
+    xp.hi = xp.mid = xp.lo = make_uint4(0, 0, 0, 0);
+    return xp;
+  }
+  const uint16_t* p = parts + row * K + kk;
+  xp.hi = __ldg(reinterpret_cast<const uint4*>(p));
+  xp.mid = __ldg(reinterpret_cast<const uint4*>(p + rows * K));
+  xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * rows * K));
+  return xp;
+}
+
+// Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
+// (more tokens: more passes, each a re-read of the slice; the host sizes kTT so a decode step
+// rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
+// Needs N and K multiples of 32 and 16-byte aligned weights (MoeDecodeSupported); scales_vec:
+// K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
+// Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers). ptxas -v, sm_90: 1, 2
+// and 4 tiles take ~120-166 and spill nothing (1 tile, whose four steps' x loads the compiler
+// hoists ahead of the MMAs, spills at 4 blocks' 128).
+constexpr int kMmaMinBlocks = 3;
+
+struct MmaArgs {
+  const uint16_t* x_parts = nullptr;  // [3, x_rows, K] split x, PackedPos order
+  int64_t x_rows = 0;
+  GroupArgs ga;
+  int64_t N = 0, K = 0;                          // each weight [N, K]
+  const void* const* wa = nullptr;               // per expert: W1 (gate/up) or W2 (down)
+  const void* const* wb = nullptr;               // W3 (gate/up)
+  const uint8_t* const* sa = nullptr;            // their MXFP4 scales
+  const uint8_t* const* sb = nullptr;
+  bool scales_vec = false;
+  int64_t slice = 0, n = 0;                      // k per slice; slots of the step
+  float* part = nullptr;
+};
+
+template <int kFmt, bool kGateUp, int kTT>
+__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+  const uint16_t* __restrict__ x_parts = args.x_parts;
+  const int64_t x_rows = args.x_rows, N = args.N, K = args.K, slice = args.slice, n = args.n;
+  const GroupArgs& ga = args.ga;
+  const void* const* wa = args.wa;
+  const void* const* wb = args.wb;
+  const uint8_t* const* sa = args.sa;
+  const uint8_t* const* sb = args.sb;
+  const bool scales_vec = args.scales_vec;
+  float* __restrict__ part = args.part;
+  __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
+  const int a = blockIdx.z;
+  if (a >= *ga.num_active) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * kRowsPerWarp<kGateUp>;
+  if (r0 >= N) return;  // the whole warp; nothing below syncs the block
+  const int32_t e = ga.active[a];
+  const void* const w_tile[2] = {wa[e], kGateUp ? wb[e] : wa[e]};
+  const uint8_t* const s_tile[2] = {kFmt == kMxfp4 ? sa[e] : nullptr,
+                                    kFmt == kMxfp4 ? (kGateUp ? sb[e] : sa[e]) : nullptr};
+  const int64_t row_tile[2] = {r0, kGateUp ? r0 : r0 + 16};
+  const int64_t k_begin = int64_t{blockIdx.y} * slice;
+  const int64_t k_end = k_begin + slice < K ? k_begin + slice : K;
+  const int64_t out_w = kGateUp ? 2 * N : N;
+  part += int64_t{blockIdx.y} * n * out_w;
+  const int32_t g0 = ga.begin[a], g1 = ga.begin[a + 1];
+  // This lane's L2 prefetch row: lane i takes row i % 16 of tile i / 16.
+  const bool p_second = lane >= 16;
+  const int64_t prow = (p_second ? row_tile[1] : row_tile[0]) + lane % 16;
+  const void* const p_w = p_second ? w_tile[1] : w_tile[0];
+  for (int32_t p0 = g0; p0 < g1; p0 += 8 * kTT) {
+    const int tiles = min(kTT, (g1 - p0 + 7) / 8);  // the same for the whole warp
+    int64_t xrow[kTT];
+#pragma unroll
+    for (int r = 0; r < kTT; ++r) {
+      const int32_t gr = p0 + 8 * r + g;
+      xrow[r] = gr < g1 ? (kGateUp ? ga.order[gr] / ga.k : gr) : -1;
+    }
+    float acc[2][kTT][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int r = 0; r < kTT; ++r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[c][r][i] = 0.0f;
+      }
+    }
+    for (int64_t kb = k_begin; kb < k_end; kb += kRoundK) {
+      {  // L2 hints: at the slice's start its next rounds, then each round the one kPrefetchRounds on
+        const int64_t from = kb == k_begin ? kb + kRoundK : kb + kPrefetchRounds * kRoundK;
+        const int64_t to = min(k_end, kb + (kPrefetchRounds + 1) * kRoundK);
+        if (from < to) {
+          const int64_t at = prow * K + from;
+          if constexpr (kFmt == kMxfp4) {
+            mma::PrefetchL2(static_cast<const uint8_t*>(p_w) + at / 2, static_cast<uint32_t>((to - from) / 2));
+          } else {
+            mma::PrefetchL2(static_cast<const uint16_t*>(p_w) + at, static_cast<uint32_t>((to - from) * 2));
+          }
+        }
+      }
+      // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
+      uint4 wr[4][2][2];
+      if constexpr (kFmt == kMxfp4) {
+        uint4 q[2][2];
+        uint32_t sc[2][2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = row_tile[c] + g + 8 * h;
+            const int64_t kk = kb + 32 * t;  // this lane's scale group
+            q[c][h] = kk < k_end ? mma::LoadStreaming(static_cast<const uint8_t*>(w_tile[c]) + (row * K + kk) / 2)
+                                 : make_uint4(0, 0, 0, 0);
+            const uint8_t* srow = s_tile[c] + row * (K / 32) + kb / 32;
+            if (scales_vec) {
+              sc[c][h] = __ldg(reinterpret_cast<const uint32_t*>(srow));
+            } else {
+              uint32_t v = 0;
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (kb + 32 * u < k_end) v |= static_cast<uint32_t>(__ldg(srow + u)) << (8 * u);
+              }
+              sc[c][h] = v;
+            }
+          }
+        }
+        // Exchange within each quad: lane t gets word t of the groups of lanes 0..3, so its word u
+        // holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
+        uint32_t* ex = xchg[warp][0];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t* b = ex + (2 * c + h) * 8 * kTransposeStride + g * kTransposeStride;
+            b[0 * 4 + t] = q[c][h].x;
+            b[1 * 4 + t] = q[c][h].y;
+            b[2 * 4 + t] = q[c][h].z;
+            b[3 * 4 + t] = q[c][h].w;
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            q[c][h] = *reinterpret_cast<const uint4*>(ex + (2 * c + h) * 8 * kTransposeStride + g * kTransposeStride +
+                                                      4 * t);
+          }
+        }
+        __syncwarp();  // the next round's stores wait for these loads
+        // Scales under 128 (all real checkpoints' so far) take one IMAD per step for the multiplier;
+        // a row whose round has a scale ≥ 128 takes the general decode (the same values).
+        ForEachRoundWord([&](int u, int c, int h) {
+          const uint32_t word = u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
+          const uint32_t s = __byte_perm(sc[c][h], 0, 0x4440u | u);  // scale byte u
+          wr[u][c][h] = (sc[c][h] & 0x80808080u) == 0 ? PlaceAndScaleX8(word, Mxfp4Multiplier(s))
+                                                        : DecodeMxfp4x8(word, s);
+        });
+      } else {
+        ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
+          const int64_t kk = kb + 32 * u + 8 * t;
+          wr[u][c][h] = kb + 32 * u < k_end ? mma::LoadStreaming(static_cast<const uint16_t*>(w_tile[c]) +
+                                                                 (row_tile[c] + g + 8 * h) * K + kk)
+                                            : make_uint4(0, 0, 0, 0);
+        });
+        ForEachRoundWord([&](int u, int c, int h) { wr[u][c][h] = PairBf16x8(wr[u][c][h]); });
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
+#pragma unroll
+        for (int r = 0; r < kTT; ++r) {
+          if (r < tiles) {
+            const mma::XParts xp = LoadXParts(x_parts, x_rows, xrow[r], K, kb + 32 * u + 8 * t);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+          }
+        }
+      }
+    }
+    // D fragment: regs 0, 1 are output row g, tokens 2t and 2t+1 of the tile; regs 2, 3 row g + 8.
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int r = 0; r < kTT; ++r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int32_t gr = p0 + 8 * r + 2 * t + (i & 1);
+          const int64_t row = row_tile[c] + g + (i >> 1) * 8;
+          if (r < tiles && gr < g1) part[gr * out_w + (kGateUp && c == 1 ? N : 0) + row] = acc[c][r][i];
+        }
+      }
+    }
+  }
+}
+
+struct DecodePlan {
+  KSplit gate_up, down;
+  int64_t n = 0;
+  size_t z_bytes = 0, gu_bytes = 0, h_bytes = 0, dn_bytes = 0;
+};
+
+size_t Align256(size_t b) { return (b + 255) / 256 * 256; }
+
+DecodePlan MakeDecodePlan(int64_t T, int64_t k, int64_t De, int64_t I) {
+  DecodePlan p;
+  p.gate_up = SplitK(kRowsPerBlock<true>, I, De, k);
+  p.down = SplitK(kRowsPerBlock<false>, De, I, k);
+  p.n = T * k;
+  p.z_bytes = Align256(static_cast<size_t>(3 * T * De) * sizeof(uint16_t));
+  p.gu_bytes = Align256(static_cast<size_t>(p.gate_up.splits * p.n * 2 * I) * sizeof(float));
+  p.h_bytes = Align256(static_cast<size_t>(3 * p.n * I) * sizeof(uint16_t));
+  p.dn_bytes = Align256(static_cast<size_t>(p.down.splits * p.n * De) * sizeof(float));
+  return p;
+}
+
+unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536)); }
+
+template <int kFmt, bool kGateUp>
+void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
+  switch (tt) {
+    case 1: ExpertMmaKernel<kFmt, kGateUp, 1><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+    case 2: ExpertMmaKernel<kFmt, kGateUp, 2><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+    default: ExpertMmaKernel<kFmt, kGateUp, 4><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+  }
+}
+
+template <int kFmt>
+void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t T, const GroupArgs& ga,
+                  int64_t max_active, int64_t De, int64_t I, const ExpertPointerTable& w, bool scales_vec,
+                  float* gu_part, uint16_t* h_parts, float* dn_part, int kind, float beta, bool has_linear_beta,
+                  float linear_beta, cudaStream_t s) {
+  const dim3 gu_grid(static_cast<unsigned>((I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>),
+                     static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
+  LaunchMmaTiles<kFmt, true>(tt, gu_grid,
+                             MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
+                                     p.gate_up.slice, p.n, gu_part},
+                             s);
+  CheckLaunch("ExpertMma gate/up");
+  GluSplitKernel<<<GridFor(p.n * I), 256, 0, s>>>(gu_part, p.gate_up.splits, p.n, I, kind, beta, has_linear_beta,
+                                                  linear_beta, h_parts);
+  CheckLaunch("GluSplit");
+  const dim3 dn_grid(static_cast<unsigned>((De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>),
+                     static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
+  LaunchMmaTiles<kFmt, false>(tt, dn_grid,
+                              MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
+                                      scales_vec, p.down.slice, p.n, dn_part},
+                              s);
+  CheckLaunch("ExpertMma down");
+}
+
 }  // namespace
 
 void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGroups& g, cudaStream_t s) {
@@ -419,6 +905,58 @@ void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t
   }
 }
 
+bool MoeDecodeSupported(int64_t De, int64_t I, int format, bool weights_aligned) {
+  return (format == kBf16 || format == kMxfp4) && De > 0 && I > 0 && De % 32 == 0 && I % 32 == 0 && weights_aligned;
+}
+
+size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I) {
+  const DecodePlan p = MakeDecodePlan(T, k, De, I);
+  return p.z_bytes + p.gu_bytes + p.h_bytes + p.dn_bytes;
+}
+
+int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
+  return gate_up ? SplitK(kRowsPerBlock<true>, I, De, k).splits : SplitK(kRowsPerBlock<false>, De, I, k).splits;
+}
+
+void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
+                      int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
+                      bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
+                      cudaStream_t s) {
+  if (T == 0) return;
+  if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
+    std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
+                 "BF16 or MXFP4, widths multiples of 32)\n", static_cast<long long>(T), static_cast<long long>(De),
+                 static_cast<long long>(I), format, static_cast<long long>(kGemvMaxRows));
+    std::abort();
+  }
+  const DecodePlan p = MakeDecodePlan(T, k, De, I);
+  char* base = static_cast<char*>(scratch);
+  auto* z_parts = reinterpret_cast<uint16_t*>(base);
+  auto* gu_part = reinterpret_cast<float*>(base + p.z_bytes);
+  auto* h_parts = reinterpret_cast<uint16_t*>(base + p.z_bytes + p.gu_bytes);
+  auto* dn_part = reinterpret_cast<float*>(base + p.z_bytes + p.gu_bytes + p.h_bytes);
+  SplitRowsKernel<<<GridFor(T * De), 256, 0, s>>>(z, T, De, z_parts);
+  CheckLaunch("MoE split z");
+  // Token tiles of 8 per pass: an expert has at most T tokens (a token chooses distinct experts),
+  // so up to 32 tokens one pass covers any expert of the step; at 33..64 an expert chosen by more
+  // than 32 tokens (rare: k/E of them on average) takes a second pass, while 8 tiles' registers
+  // would cost every block occupancy. The tile count changes no token's sums.
+  const int tt = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+  const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
+  if (format == kMxfp4) {
+    LaunchDecode<kMxfp4>(p, tt, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,
+                         beta, has_linear_beta, linear_beta, s);
+  } else {
+    LaunchDecode<kBf16>(p, tt, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part, kind, beta,
+                        has_linear_beta, linear_beta, s);
+  }
+  const dim3 combine_grid(static_cast<unsigned>(T),
+                          static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
+  MoeCombineSplitsKernel<<<combine_grid, kCombineThreads, 0, s>>>(dn_part, p.down.splits, p.n, g.pos, weights, k, De,
+                                                                  out);
+  CheckLaunch("MoeCombine");
+}
+
 void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s) {
   if (n == 0) return;
   DequantizeMxfp4Kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(codes, scales, n, out);
@@ -433,16 +971,30 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
     std::abort();
   }
   if (T == 0) return;
+  if (E <= kRouteMaxE) {
+    MoeRouteWarpKernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, 0, s>>>(
+        logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+    CheckLaunch("MoeRoute");
+    return;
+  }
+  MoeRouteSerial(logits, bias, T, E, k, renormalize, scaling, combine_biased, idx, weights, s);
+}
+
+void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+                    float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s) {
+  if (k < 1 || k > kMaxTopK || k > E) std::abort();
+  if (T == 0) return;
   const int threads = 64;
   MoeRouteKernel<<<static_cast<unsigned>((T + threads - 1) / threads), threads, 0, s>>>(
       logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
-  CheckLaunch("MoeRoute");
+  CheckLaunch("MoeRouteSerial");
 }
 
 void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, int64_t T, int64_t k, int64_t D,
                 float* out, cudaStream_t s) {
-  if (T == 0) return;
-  MoeCombineKernel<<<static_cast<unsigned>(T), 128, 0, s>>>(grouped, pos, weights, k, D, out);
+  if (T == 0 || D == 0) return;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((D + kCombineThreads - 1) / kCombineThreads));
+  MoeCombineSplitsKernel<<<grid, kCombineThreads, 0, s>>>(grouped, 1, 0, pos, weights, k, D, out);
   CheckLaunch("MoeCombine");
 }
 

@@ -5,7 +5,9 @@
 //     the bits of the same experts held as BF16 (the kernels sum in one order for both), for
 //     decode-sized and prefill-sized steps;
 //   - a token's result does not depend on the other tokens of the step (row invariance: each row
-//     of a step bit-identical to the row computed alone);
+//     of a decode step bit-identical to the row computed alone, at every batch size);
+//   - the warp-per-token router gives the one-thread reference router's bits, ties included, and
+//     the router's F32 GEMV keeps each row's bits alone or batched;
 //   - against the CPU reference (F32, dequantized at load) within the op tests' tolerance.
 // Outputs are poisoned with NaN first. In the CUDA build only (CMakeLists: backend/cuda/ tests).
 #include <cuda_runtime.h>
@@ -160,14 +162,17 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
     Tensor row = RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
     std::memcpy(alone.f32() + t * De, row.f32(), static_cast<size_t>(De) * sizeof(float));
   }
-  for (int64_t T : {1, 7, 40, 100}) {
+  for (int64_t T : {1, 7, 40, 64, 100}) {
     SCOPED_TRACE("T = " + std::to_string(T));
     const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
     const Tensor packed = RunGpu(z, idx, w, ex.packed, situ);
     ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
-    // Row invariance: each token as computed alone.
-    const int64_t rows = std::min<int64_t>(T, kAlone);
-    ExpectSameBits(packed.Rows(0, rows), alone.Rows(0, rows), "each row vs the row alone");
+    // Row invariance: each token as computed alone, over the range the backend promises it
+    // (RowInvariantRows: decode steps; more tokens take the prefill path).
+    if (T <= gpu_->RowInvariantRows()) {
+      const int64_t rows = std::min<int64_t>(T, kAlone);
+      ExpectSameBits(packed.Rows(0, rows), alone.Rows(0, rows), "each row vs the row alone");
+    }
     if (T == 7) {
       Tensor want = cpu_->Empty({T, De});
       cpu_->MoeExperts(z, idx, w, ex.f32, situ, &want);
@@ -196,6 +201,113 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsSmallWidthsAgainstTheCpu) {
   Tensor want = cpu_->Empty({T, De});
   cpu_->MoeExperts(z, idx, w, ex.f32, silu, &want);
   EXPECT_LE(RelL2(packed, want), 1e-5);
+}
+
+// The decode path (up to RowInvariantRows tokens) with experts shared by many tokens, so an
+// expert's tokens fill several MMA column tiles and a token's column changes with the batch:
+// at every batch size each token's row is bit-identical to the token alone, MXFP4 equals
+// BF16-held bit for bit, and both match the CPU. Two width sets: Kimi-Linear-48B's (2304 × 1024,
+// whose k is split across blocks, so the slice sums are covered) and odd small widths (96 × 160:
+// not multiples of 128, so the byte-wise scale loads and a partial last round).
+TEST_F(CudaBackendMoe, DecodeExpertsGiveEachTokenItsBitsAloneAtEveryBatchSize) {
+  const GluParams silu{GluKind::kSilu, 1.0f, std::nullopt};
+  const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
+  struct Widths {
+    int64_t E, De, I, k;
+  };
+  for (const Widths& wd : {Widths{12, 2304, 1024, 8}, Widths{10, 96, 160, 4}}) {
+    SCOPED_TRACE("De = " + std::to_string(wd.De) + ", I = " + std::to_string(wd.I));
+    if (wd.De == 2304) {
+      EXPECT_GT(cuda::MoeDecodeSplits(wd.De, wd.I, wd.k, true), 1) << "the k split is what this width set covers";
+      EXPECT_GT(cuda::MoeDecodeSplits(wd.De, wd.I, wd.k, false), 1);
+    }
+    const Experts ex = RandomExperts(wd.E, wd.De, wd.I);
+    const int64_t max_t = gpu_->RowInvariantRows();
+    Tensor z_all = Random({max_t, wd.De}), idx_all, w_all;
+    RandomChoice(max_t, wd.E, wd.k, &idx_all, &w_all);
+    for (const GluParams& glu : {silu, situ}) {
+      // Every third token (and the last) also alone: they sit in every tile and column position
+      // across the batch sizes below, at a third of the runs (the suite also runs under memcheck).
+      std::vector<int64_t> sampled;
+      std::vector<Tensor> alone;
+      for (int64_t t = 0; t < max_t; ++t) {
+        if (t % 3 != 0 && t != max_t - 1) continue;
+        sampled.push_back(t);
+        alone.push_back(RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, glu));
+      }
+      for (int64_t T : {int64_t{2}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{17}, int64_t{33}, max_t}) {
+        SCOPED_TRACE("T = " + std::to_string(T));
+        const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+        const Tensor packed = RunGpu(z, idx, w, ex.packed, glu);
+        ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, glu), "MXFP4 vs BF16-held");
+        for (size_t i = 0; i < sampled.size() && sampled[i] < T; ++i) {
+          ExpectSameBits(packed.Rows(sampled[i], 1), alone[i], "row " + std::to_string(sampled[i]) + " vs alone");
+        }
+        if (T == 9 || T == max_t) {
+          Tensor want = cpu_->Empty({T, wd.De});
+          cpu_->MoeExperts(z, idx, w, ex.f32, glu, &want);
+          EXPECT_LE(RelL2(packed, want), 1e-5) << "against the CPU reference";
+        }
+      }
+    }
+  }
+}
+
+// The warp-per-token router gives the one-thread reference kernel's indices and weights bit
+// for bit, at K3's and Kimi-Linear's expert counts and a count that fills every lane's 32
+// experts, with logits and biases on a coarse grid so that many choice values tie exactly (the
+// tie rule: the lower expert id first), for both combine rules and with and without
+// renormalization.
+TEST_F(CudaBackendMoe, RouterWarpKernelGivesTheSerialKernelsBits) {
+  struct Case {
+    int64_t E, k;
+  };
+  const int64_t T = 64;
+  for (const Case& c : {Case{256, 8}, Case{896, 16}, Case{1024, 16}, Case{70, 64}}) {
+    SCOPED_TRACE("E = " + std::to_string(c.E) + ", k = " + std::to_string(c.k));
+    Tensor logits = Tensor::Host({T, c.E}), bias = Tensor::Host({c.E});
+    for (int64_t i = 0; i < logits.numel(); ++i) logits.f32()[i] = static_cast<float>(rng_.Next() % 33) / 8.0f - 2.0f;
+    for (int64_t i = 0; i < c.E; ++i) bias.f32()[i] = static_cast<float>(rng_.Next() % 3) / 16.0f;
+    const Tensor d_logits = gpu_->Upload(logits), d_bias = gpu_->Upload(bias);
+    for (bool combine_biased : {false, true}) {
+      for (bool renormalize : {true, false}) {
+        Tensor idx[2] = {gpu_->Empty({T, c.k}, DType::kI32), gpu_->Empty({T, c.k}, DType::kI32)};
+        Tensor w[2] = {Poisoned({T, c.k}), Poisoned({T, c.k})};
+        const auto* lp = static_cast<const float*>(d_logits.raw());
+        const auto* bp = static_cast<const float*>(d_bias.raw());
+        // The kernels run on the default stream; the uploads and poison went on the backend's own
+        // (non-blocking) stream: wait for them.
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cuda::MoeRoute(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, static_cast<int32_t*>(idx[0].raw()),
+                       static_cast<float*>(w[0].raw()), nullptr);
+        cuda::MoeRouteSerial(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased,
+                             static_cast<int32_t*>(idx[1].raw()), static_cast<float*>(w[1].raw()), nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const Tensor got_idx = gpu_->Download(idx[0]), want_idx = gpu_->Download(idx[1]);
+        for (int64_t i = 0; i < T * c.k; ++i) ASSERT_EQ(got_idx.i32()[i], want_idx.i32()[i]) << "slot " << i;
+        ExpectSameBits(gpu_->Download(w[0]), gpu_->Download(w[1]), "combine weights");
+      }
+    }
+  }
+}
+
+// The router's F32 GEMV at K3's widths (896 experts × 7168): each row of a decode batch
+// bit-identical to the row alone, and the CPU's logits within F32 summation error.
+TEST_F(CudaBackendMoe, RouterGemvRowsAreBitIdenticalToAloneAtK3Widths) {
+  const int64_t E = 896, D = 7168, T = gpu_->RowInvariantRows();
+  const Tensor x = Random({T, D}), w = Random({E, D}, 0.02f);
+  const Tensor d_w = gpu_->Upload(w);
+  Tensor all = Poisoned({T, E});
+  gpu_->Linear(gpu_->Upload(x), d_w, &all);
+  const Tensor got = gpu_->Download(all);
+  for (int64_t t = 0; t < T; t += 9) {
+    Tensor one = Poisoned({1, E});
+    gpu_->Linear(gpu_->Upload(x.Rows(t, 1)), d_w, &one);
+    ExpectSameBits(got.Rows(t, 1), gpu_->Download(one), "row " + std::to_string(t) + " vs alone");
+  }
+  Tensor want = cpu_->Empty({T, E});
+  cpu_->Linear(x, w, &want);
+  EXPECT_LE(RelL2(got, want), 1e-5);
 }
 
 }  // namespace
