@@ -30,6 +30,7 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
+  f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (default 256)");
   f.String("json", &json_path, "also write the results as JSON to this file");
   f.Double("peak-gbps", &o.peak_gb_per_s, "memory bandwidth (GB/s) to report decode traffic against");
   if (Status s = f.Parse(argc, argv, 3, nullptr); !s.ok()) {

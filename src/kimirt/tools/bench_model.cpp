@@ -100,6 +100,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     return InvalidArgument("give --model DIR or --config FILE --random-weights");
   }
   if (opt.prompt_len < 1 || opt.decode_tokens < 1) return InvalidArgument("--prompt-len and decode tokens must be >= 1");
+  if (opt.prefill_chunk < 1) return InvalidArgument("--prefill-chunk must be >= 1");
   std::string dir = opt.model_dir;
   std::string temp;
   if (dir.empty()) {
@@ -170,6 +171,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.tp = opt.tp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
+  report.prefill_chunk = opt.prefill_chunk;
   report.peak_gb_per_s = opt.peak_gb_per_s;
   report.cuda_graphs = model != nullptr && model->decode_graphs() && backend->SupportsGraphs();
   {
@@ -284,6 +286,7 @@ std::string BenchModelReport::ToJson() const {
   j["tp"] = tp;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;
+  j["prefill_chunk"] = prefill_chunk;
   j["peak_gb_per_s"] = peak_gb_per_s;
   j["cuda_graphs"] = cuda_graphs;
   j["points"] = nlohmann::ordered_json::array();

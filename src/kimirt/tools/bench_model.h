@@ -64,6 +64,7 @@ struct BenchModelReport {
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
+  int prefill_chunk = 0;
   double peak_gb_per_s = 0;
   bool cuda_graphs = false;  // decode steps ran as graph replays (CUDA, no --enforce-eager)
   std::vector<BenchModelPoint> points;

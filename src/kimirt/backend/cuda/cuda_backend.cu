@@ -912,7 +912,12 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
     }
     return;
   }
-  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row);
+  // The kernel shape by the call's query count (each gives every row the same bits, kernels.h):
+  // 128-query tiles for long chunks (measured 20-25% faster at 8K queries on an H200), 64-query
+  // tiles for short ones, where 128 leave SMs idle (256-token chunks: 6.1 vs 9.6 ms per 8K).
+  int64_t queries = 0;
+  for (int64_t n : batch.count) queries += n;
+  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row, queries >= 2048 ? 1 : 0);
   if (plan.num_tiles == 0) return;
   std::vector<int32_t> meta = plan.meta;
   const int64_t tables_at = static_cast<int64_t>(meta.size());
