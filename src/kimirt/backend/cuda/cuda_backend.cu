@@ -251,8 +251,24 @@ class CudaBackend final : public Backend {
   }
 
   void KdaCore(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta_logits, const Tensor& alpha,
-               int64_t heads, KdaForm /*form*/, Tensor* state, Tensor* o) override {
-    // Both forms compute the same function (spec §5.5); this backend runs the recurrent one.
+               int64_t heads, KdaForm form, Tensor* state, Tensor* o) override {
+    // Both forms compute the same function (spec §5.5). The chunked one runs on tensor cores
+    // (kda_chunk_kernels.cu) at head dim 128: F32 math in F32 mode, two-part BF16 operands in
+    // the BF16 prefill mode (docs/cuda.md "Chunked KDA prefill"); other head dims recurrently.
+    const int64_t T = Rows(q);
+    if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim) {
+      KIMIRT_CHECK_MSG(T < (int64_t{1} << 31), "KdaCore: more than 2^31 - 1 tokens in one call");
+      const int32_t meta[3] = {0, static_cast<int32_t>(T), 0};  // cu_seqlens {0, T}, slot 0
+      Tensor d_meta = UploadInts(meta);
+      cuda::KdaChunkArgs a;
+      a.q = F(q), a.k = F(k), a.v = F(v), a.beta_logits = F(beta_logits), a.alpha = F(alpha);
+      a.cu_seqlens = static_cast<const int32_t*>(d_meta.raw());
+      a.slots = a.cu_seqlens + 2;
+      a.state = F(*state), a.o = F(*o);
+      a.batch = 1, a.heads = heads, a.head_dim = cuda::kKdaChunkHeadDim;
+      cuda::KdaChunked(a, stream_, bf16_prefill());
+      return;
+    }
     cuda::KdaRecurrent(F(q), F(k), F(v), F(beta_logits), F(alpha), Rows(q), heads, Cols(q) / heads, F(*state),
                        F(*o), stream_);
   }
