@@ -149,7 +149,10 @@ std::vector<Point> Run(const Case& c, int reps) {
 
 std::string Join(const std::vector<int64_t>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s.push_back(',');
+    s.append(std::to_string(v[i]));
+  }
   return s;
 }
 
