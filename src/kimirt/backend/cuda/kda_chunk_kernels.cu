@@ -32,7 +32,7 @@
 //
 // Precision: every MMA operand is split into P BF16 parts (hi, mid, lo: all of F32 for P = 3; hi,
 // lo for P = 2) and the cross products of total order < P run as separate MMAs (6 for P = 3, 3
-// for P = 2), smallest first, into a zeroed accumulator that is then added to the running F32
+// for P = 2), smallest first; for P = 3 into a zeroed accumulator then added to the running F32
 // sum (the tensor cores truncate; docs/cuda.md "Precision" of the decode GEMM). So P = 3 is F32
 // math up to summation order; P = 2 is good to ~2⁻¹⁷ per product.
 //
@@ -99,17 +99,19 @@ __device__ __forceinline__ int PairIndex(int i, int j) { return i * (i - 1) / 2 
 __device__ __forceinline__ float2 Ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 __device__ __forceinline__ float2 Mul2(float2 a, float2 b) { return make_float2(a.x * b.x, a.y * b.y); }
 
-// x0, x1 as P BF16 parts each, packed as MMA registers (x0 in the low half). Each remainder is
-// exact in F32 and each part takes the next 8 significant bits (decode_gemm.cu SplitOne); the
-// operands here are finite by construction.
+// x0, x1 as P BF16 parts each, packed as MMA registers (x0 in the low half: one cvt.rn.bf16x2
+// per part). Each remainder is exact in F32 and each part takes the next 8 significant bits
+// (decode_gemm.cu SplitOne); the operands here are finite by construction.
 template <int P>
 __device__ __forceinline__ void SplitPair(float x0, float x1, uint32_t (&r)[P]) {
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
-    r[p] = static_cast<uint32_t>(__bfloat16_as_ushort(h0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h1)) << 16);
-    x0 -= __bfloat162float(h0);
-    x1 -= __bfloat162float(h1);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    r[p] = *reinterpret_cast<const uint32_t*>(&h);
+    if (p + 1 < P) {
+      x0 -= __low2float(h);
+      x1 -= __high2float(h);
+    }
   }
 }
 
@@ -152,22 +154,27 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const
 }
 
 // acc += A·B over one k16 step, as the cross products of the parts of total order < P, smallest
-// first, into a zeroed accumulator added once (see the top of the file).
+// first. For P = 3 into a zeroed accumulator added once (see the top of the file); for P = 2
+// straight into acc (the ≤ 24 truncating accumulations of a chain bias it by ≲ 1e-6, under the
+// split's own 2⁻¹⁷).
 template <int P>
 __device__ __forceinline__ void MmaSplit(float (&acc)[4], const uint32_t (&a)[P][4], const uint32_t (&b)[P][2]) {
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (P == 3) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     Mma(c, a[2], b[0]);
     Mma(c, a[0], b[2]);
     Mma(c, a[1], b[1]);
-  }
-  if constexpr (P >= 2) {
     Mma(c, a[1], b[0]);
     Mma(c, a[0], b[1]);
-  }
-  Mma(c, a[0], b[0]);
+    Mma(c, a[0], b[0]);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] += c[i];
+    for (int i = 0; i < 4; ++i) acc[i] += c[i];
+  } else {
+    static_assert(P == 2, "two or three parts");
+    Mma(acc, a[1], b[0]);
+    Mma(acc, a[0], b[1]);
+    Mma(acc, a[0], b[0]);
+  }
 }
 
 // A warp's 16 × 8·NT tile: acc[nt] += A[0:16, 0:16·k_steps] · B[0:16·k_steps, n0 + 8nt ..].
