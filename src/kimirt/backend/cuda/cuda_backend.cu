@@ -253,10 +253,13 @@ class CudaBackend final : public Backend {
   void KdaCore(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta_logits, const Tensor& alpha,
                int64_t heads, KdaForm form, Tensor* state, Tensor* o) override {
     // Both forms compute the same function (spec §5.5). The chunked one runs on tensor cores
-    // (kda_chunk_kernels.cu) at head dim 128: F32 math in F32 mode, two-part BF16 operands in
-    // the BF16 prefill mode (docs/cuda.md "Chunked KDA prefill"); other head dims recurrently.
+    // (kda_chunk_kernels.cu) at head dim 128 (rows 16-byte aligned, as every row view of a
+    // pooled tensor is): F32 math in F32 mode, two-part BF16 operands in the BF16 prefill mode
+    // (docs/cuda.md "Chunked KDA prefill"); otherwise recurrently.
     const int64_t T = Rows(q);
-    if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim) {
+    auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
+    if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim &&
+        aligned(q) && aligned(k) && aligned(v) && aligned(alpha) && aligned(*o)) {
       KIMIRT_CHECK_MSG(T < (int64_t{1} << 31), "KdaCore: more than 2^31 - 1 tokens in one call");
       const int32_t meta[3] = {0, static_cast<int32_t>(T), 0};  // cu_seqlens {0, T}, slot 0
       Tensor d_meta = UploadInts(meta);
