@@ -21,6 +21,8 @@ struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+template <typename T>
+T __ldg(const T* p) { return *p; }
 #include <math.h>
 struct BlockCtx {
   std::barrier<> block{256};

@@ -214,6 +214,27 @@ __device__ __forceinline__ void WarpGemm2(float (&acc1)[NT][4], float (&acc2)[NT
 __device__ __forceinline__ int AccRow(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int AccCol(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
+// Asks L2 for the 128-byte line holding p (no register, no wait).
+__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The rows a block reads in the next chunk (global rows `first` .. min(first + 64, end)): q, k and
+// α of head h (512 bytes each), v's VB columns, the beta logits; so the next chunk's first loads
+// come from L2. Called while the tensor cores are busy with this chunk.
+__device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t first, int64_t end, int64_t H,
+                                                  int h, int64_t col0, int vb) {
+  const int64_t rows = end - first < kChunk ? end - first : kChunk;
+  const int lines_v = vb * 4 / 128, per_row = 3 * 4 + lines_v;  // 128-byte lines per row
+  for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
+    const int64_t r = first + i / per_row;
+    const int l = i % per_row;
+    const int64_t at = (r * H + h) * kDim;
+    const float* p = l < 4 ? a.q + at + 32 * l
+                           : l < 8 ? a.k + at + 32 * (l - 4) : l < 12 ? a.alpha + at + 32 * (l - 8) : a.v + at + col0 + 32 * (l - 12);
+    PrefetchL2(p);
+  }
+  if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
+}
+
 template <int P, int VB>
 __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
   using L = Smem<VB>;
@@ -260,29 +281,45 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
 
     // 1. Normalized q̂, k̂ (spec §3.4: eps inside the sqrt of the sum; q scaled by 1/sqrt(K)
     //    after), one warp per row; the lanes' xor-butterfly sums are identical (a + b == b + a).
-    for (int r = warp; r < kChunk; r += kWarps) {
-      float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-      if (r < len) {
-        qv = reinterpret_cast<const float4*>(a.q + base(r))[lane];
-        kv = reinterpret_cast<const float4*>(a.k + base(r))[lane];
-      }
-      float sq = qv.x * qv.x + qv.y * qv.y + qv.z * qv.z + qv.w * qv.w;
-      float sk = kv.x * kv.x + kv.y * kv.y + kv.z * kv.z + kv.w * kv.w;
+    //    All of the warp's loads are issued before any shared-memory store (the compiler cannot
+    //    move a load past a store that might alias it), so their latencies overlap.
+    {
+      constexpr int kRowsPerWarp = kChunk / kWarps;
+      float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
+      float bl[kRowsPerWarp];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = warp + kWarps * i;
+        qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        bl[i] = 0.0f;
+        if (r < len) {
+          qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
+          kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
+          bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
+        }
       }
-      const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-      const float4 qn = make_float4(qv.x * rq * q_scale, qv.y * rq * q_scale, qv.z * rq * q_scale, qv.w * rq * q_scale);
-      const float4 kn = make_float4(kv.x * rk, kv.y * rk, kv.z * rk, kv.w * rk);
-      reinterpret_cast<float4*>(QM + r * kXs)[lane] = qn;
-      reinterpret_cast<float4*>(KM + r * kXs)[lane] = kn;
-      reinterpret_cast<float4*>(KR + r * kXs)[lane] = kn;
-      if (lane == 0) {
-        Beta[r] = r < len ? KdaSigmoid(a.beta_logits[(row0 + r) * H + h]) : 0.0f;
-        Rq[r] = rq;
-        Rk[r] = rk;
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = warp + kWarps * i;
+        float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
+        float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          sq += __shfl_xor_sync(0xffffffffu, sq, o);
+          sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        const float4 qn = make_float4(qv[i].x * rq * q_scale, qv[i].y * rq * q_scale, qv[i].z * rq * q_scale,
+                                      qv[i].w * rq * q_scale);
+        const float4 kn = make_float4(kv[i].x * rk, kv[i].y * rk, kv[i].z * rk, kv[i].w * rk);
+        reinterpret_cast<float4*>(QM + r * kXs)[lane] = qn;
+        reinterpret_cast<float4*>(KM + r * kXs)[lane] = kn;
+        reinterpret_cast<float4*>(KR + r * kXs)[lane] = kn;
+        if (lane == 0) {
+          Beta[r] = r < len ? KdaSigmoid(bl[i]) : 0.0f;
+          Rq[r] = rq;
+          Rk[r] = rk;
+        }
       }
     }
     __syncthreads();
@@ -292,11 +329,20 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     bool unsafe = false;
     {
       const int d = tid & (kDim - 1), half = tid / kDim;
+      float al2[2][kBlockRows];  // both blocks' loads first (see step 1)
+#pragma unroll
+      for (int bi = 0; bi < 2; ++bi) {
+#pragma unroll
+        for (int rr = 0; rr < kBlockRows; ++rr) {
+          const int r = kBlockRows * (2 * half + bi) + rr;
+          al2[bi][rr] = r < len ? __ldg(a.alpha + base(r) + d) : 0.0f;
+        }
+      }
+#pragma unroll
       for (int bi = 0; bi < 2; ++bi) {
         const int i = 2 * half + bi, r0 = kBlockRows * i;
-        float al[kBlockRows], x[kBlockRows];
-#pragma unroll
-        for (int rr = 0; rr < kBlockRows; ++rr) al[rr] = r0 + rr < len ? a.alpha[base(r0 + rr) + d] : 0.0f;
+        const float* const al = al2[bi];
+        float x[kBlockRows];
         x[kRef] = 0.0f;
 #pragma unroll
         for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
@@ -479,16 +525,22 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
       auto fk = [&](int row, int k) { return Mul2(Ld2(Kr + row * kXs + k), Ld2(Pr + k)); };
       auto fq = [&](int row, int k) { return Mul2(Ld2(Qr + row * kXs + k), Ld2(Pr + k)); };
       auto fs = [&](int k, int n) { return make_float2(S[k * kVs + n], S[(k + 1) * kVs + n]); };
+      PrefetchNextChunk(a, bos + t0 + kChunk, bos + T, H, h, col0, VB);
       WarpGemm2<P, NT>(y, o, kDim / 16, fk, fq, fs, n0);
-      __syncthreads();  // KM's space becomes Y
+      float vv[NT][4];  // all loads before the first store (see step 1)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = 16 * rb + AccRow(e), c = n0 + AccCol(nt, e);
-          const float v = r < len ? a.v[base(r) + col0 + c] : 0.0f;
-          Y[r * kVs + c] = v - y[nt][e];
+          const int r = 16 * rb + AccRow(e);
+          vv[nt][e] = r < len ? __ldg(a.v + base(r) + col0 + n0 + AccCol(nt, e)) : 0.0f;
         }
+      }
+      __syncthreads();  // KM's space becomes Y
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Y[(16 * rb + AccRow(e)) * kVs + n0 + AccCol(nt, e)] = vv[nt][e] - y[nt][e];
       }
     }
     __syncthreads();
