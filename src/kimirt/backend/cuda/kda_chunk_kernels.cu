@@ -37,7 +37,7 @@
 // math up to summation order; P = 2 is good to ~2⁻¹⁷ per product.
 //
 // Batch invariance: a block's results depend on its own sequence, head and state slot only; the
-// arithmetic of every output element is the same for VB = 64 and 128 (same k order, same MMA
+// arithmetic of every output element is the same for VB = 32, 64 and 128 (same k order, same MMA
 // terms, same fallback loop), so the VB picked from the batch's size does not change a bit.
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
@@ -635,13 +635,20 @@ int SmCount() {
 
 }  // namespace
 
-int KdaChunkValueBlock(int64_t batch, int64_t heads) { return 2 * batch * heads <= SmCount() ? 64 : 128; }
+int KdaChunkValueBlock(int64_t batch, int64_t heads) {
+  // The narrowest blocks (most parallelism, each repeating the per-chunk work on q, k and the
+  // decays) whose count still fits in one wave; past one wave, the widest.
+  for (int vb : {32, 64}) {
+    if (batch * heads * (kDim / vb) <= SmCount()) return vb;
+  }
+  return 128;
+}
 
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block) {
   if (a.head_dim != kKdaChunkHeadDim || a.batch < 0 || a.batch > 65535 || a.heads < 1 || a.heads > 65535 ||
-      (value_block != 0 && value_block != 64 && value_block != 128)) {
+      (value_block != 0 && value_block != 32 && value_block != 64 && value_block != 128)) {
     std::fprintf(stderr, "kimirt: KdaChunked: head dim %lld, batch %lld, heads %lld, value block %d (needs %d, "
-                 "<= 65535, 1..65535, 0/64/128)\n",
+                 "<= 65535, 1..65535, 0/32/64/128)\n",
                  static_cast<long long>(a.head_dim), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
                  value_block, kKdaChunkHeadDim);
     std::abort();
@@ -656,9 +663,9 @@ void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int v
   if (a.batch == 0) return;
   const int vb = value_block != 0 ? value_block : KdaChunkValueBlock(a.batch, a.heads);
   if (bf16_operands) {
-    vb == 64 ? Launch<2, 64>(a, s) : Launch<2, 128>(a, s);
+    vb == 32 ? Launch<2, 32>(a, s) : vb == 64 ? Launch<2, 64>(a, s) : Launch<2, 128>(a, s);
   } else {
-    vb == 64 ? Launch<3, 64>(a, s) : Launch<3, 128>(a, s);
+    vb == 32 ? Launch<3, 32>(a, s) : vb == 64 ? Launch<3, 64>(a, s) : Launch<3, 128>(a, s);
   }
 }
 

@@ -87,7 +87,7 @@ void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 // Matmuls on tensor cores with F32 operands split into BF16 parts: three (F32 math up to
 // summation order), or two with bf16_operands (~2⁻¹⁷ per product; the BF16 prefill mode). A
 // sequence's bits depend on its own rows and state only (batch invariance), for either
-// value_block (0 = KdaChunkValueBlock's choice; 64 or 128 value columns per thread block).
+// value_block (0 = KdaChunkValueBlock's choice; 32, 64 or 128 value columns per thread block).
 constexpr int kKdaChunkHeadDim = 128;
 struct KdaChunkArgs {
   const float* q = nullptr;
@@ -101,8 +101,8 @@ struct KdaChunkArgs {
   float* o = nullptr;
   int64_t batch = 0, heads = 0, head_dim = 0;
 };
-// The value columns per thread block KdaChunked picks: 64 while two blocks per head still fit
-// in one wave over the GPU's multiprocessors, else 128.
+// The value columns per thread block KdaChunked picks: the fewest (32, then 64) whose blocks
+// still fit in one wave over the GPU's multiprocessors, else 128.
 int KdaChunkValueBlock(int64_t batch, int64_t heads);
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block = 0);
 
