@@ -25,18 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace {
 
-#define BENCH_CUDA_OK(expr)                                                                      \
-  do {                                                                                           \
-    const cudaError_t bench_e = (expr);                                                          \
-    if (bench_e != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(bench_e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+using kimirt::bench::Fill;
+using kimirt::bench::TimeMs;
 
 struct Shape {
   const char* name;
@@ -51,48 +46,6 @@ const Shape kShapes[] = {
     {"k3.o", 7168, 12288},            {"k3.mlp_gate|up", 33792, 7168},  {"k3.mlp_down", 7168, 33792},
     {"k3.lm_head", 163840, 7168},
 };
-
-// Random values of a unit normal's scale (a hash, not zeros), as BF16 or F32.
-__global__ void FillKernel(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float v = scale * (static_cast<float>(z >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * 1.7f;
-    if (bf16 != nullptr) bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    if (f32 != nullptr) f32[i] = v;
-  }
-}
-
-void Fill(uint16_t* bf16, float* f32, int64_t n, uint64_t seed, float scale) {
-  FillKernel<<<4096, 256>>>(bf16, f32, n, seed, scale);
-  BENCH_CUDA_OK(cudaGetLastError());
-}
-
-double Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Times `fn` (which enqueues on `s`): the median over `reps` of event-timed calls, in ms.
-template <typename Fn>
-double TimeMs(cudaStream_t s, int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
-  for (auto& e : ev) BENCH_CUDA_OK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CUDA_OK(cudaEventRecord(ev[2 * i], s));
-    fn(warmup + i);
-    BENCH_CUDA_OK(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  BENCH_CUDA_OK(cudaStreamSynchronize(s));
-  BENCH_CUDA_OK(cudaGetLastError());
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) BENCH_CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) BENCH_CUDA_OK(cudaEventDestroy(e));
-  return Median(ms);
-}
 
 std::vector<int64_t> ParseRows(const char* s) {
   std::vector<int64_t> out;

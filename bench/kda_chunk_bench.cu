@@ -7,7 +7,8 @@
 //
 // Inputs: q, k, v, beta logits uniform in ±1 (never zeros: METHOD.md), α from the K3 gate
 // (cuda::KdaLogDecay with lower bound −5 on random f), random incoming states in a pool by slot
-// (a permutation). Timing: CUDA events around each call, median of --reps after 3 warm calls;
+// (a permutation). Timing: CUDA events around each call, median of --reps after 3 warm calls
+// (kimirt::bench::TimeMs);
 // each call continues from the states the previous one left (the time does not depend on them).
 //
 // FLOPs per token and head (the chunked form's matmuls at chunk C = 64, K = V = 128, counting
@@ -32,7 +33,13 @@
 
 namespace {
 
-using kimirt::bench::Alloc;
+// n random values (kimirt::bench::Fill: never zeros) in a new device array.
+float* Alloc(int64_t n, uint64_t seed, float scale) {
+  float* p = nullptr;
+  BENCH_CUDA_OK(cudaMalloc(&p, sizeof(float) * static_cast<size_t>(std::max<int64_t>(n, 1))));
+  kimirt::bench::Fill(nullptr, p, n, seed, scale);
+  return p;
+}
 
 constexpr int64_t kK = kimirt::cuda::kKdaChunkHeadDim;
 constexpr double kFlopsPerTokenHead = 6.0 * kK * kK + 4.0 * 64 * kK + 4.0 * 64 * kK;
@@ -64,7 +71,7 @@ std::vector<Point> Run(const Case& c, int reps) {
   float* alpha = Alloc(n, ++seed, 1.0f);
   float* pool = Alloc(B * H * kK * kK, ++seed, 0.1f);
   float* o = Alloc(n, ++seed, 1.0f);
-  CUDA_CHECK(cudaDeviceSynchronize());
+  BENCH_CUDA_OK(cudaDeviceSynchronize());
   kimirt::cuda::KdaLogDecay(f, T, H, kK, a_log, dt_bias, true, -5.0f, alpha, nullptr);
   std::vector<int32_t> slots(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) slots[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 3) % B);
@@ -72,39 +79,23 @@ std::vector<Point> Run(const Case& c, int reps) {
     for (int64_t b = 0; b < B; ++b) slots[static_cast<size_t>(b)] = static_cast<int32_t>(B - 1 - b);
   }
   int32_t* meta = nullptr;
-  CUDA_CHECK(cudaMalloc(&meta, sizeof(int32_t) * (cu.size() + slots.size())));
-  CUDA_CHECK(cudaMemcpy(meta, cu.data(), sizeof(int32_t) * cu.size(), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(meta + cu.size(), slots.data(), sizeof(int32_t) * slots.size(), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  BENCH_CUDA_OK(cudaMalloc(&meta, sizeof(int32_t) * (cu.size() + slots.size())));
+  BENCH_CUDA_OK(cudaMemcpy(meta, cu.data(), sizeof(int32_t) * cu.size(), cudaMemcpyHostToDevice));
+  BENCH_CUDA_OK(cudaMemcpy(meta + cu.size(), slots.data(), sizeof(int32_t) * slots.size(), cudaMemcpyHostToDevice));
+  BENCH_CUDA_OK(cudaDeviceSynchronize());
   a.q = q, a.k = k, a.v = v, a.beta_logits = beta, a.alpha = alpha;
   a.cu_seqlens = meta, a.slots = meta + cu.size(), a.state = pool, a.o = o;
   a.batch = B, a.heads = H, a.head_dim = kK;
 
   cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
+  BENCH_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<Point> out;
   for (bool bf16 : {true, false}) {
-    for (int i = 0; i < 3; ++i) kimirt::cuda::KdaChunked(a, s, bf16);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<float> ms;
-    for (int r = 0; r < reps; ++r) {
-      CUDA_CHECK(cudaEventRecord(e0, s));
-      kimirt::cuda::KdaChunked(a, s, bf16);
-      CUDA_CHECK(cudaEventRecord(e1, s));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    const double med = kimirt::bench::TimeMs(s, 3, reps, [&](int) { kimirt::cuda::KdaChunked(a, s, bf16); });
     // The output must be finite after all those calls (a NaN means the kernel is broken, and
     // its timings mean nothing).
     std::vector<float> host(static_cast<size_t>(n));
-    CUDA_CHECK(cudaMemcpy(host.data(), o, sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
+    BENCH_CUDA_OK(cudaMemcpy(host.data(), o, sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
     for (float x : host) {
       if (!std::isfinite(x)) {
         std::fprintf(stderr, "kda_chunk_bench: non-finite output in case %s\n", c.name.c_str());
@@ -114,11 +105,9 @@ std::vector<Point> Run(const Case& c, int reps) {
     out.push_back({c, bf16 ? "bf16" : "f32", T, kimirt::cuda::KdaChunkValueBlock(B, H), med,
                    kFlopsPerTokenHead * static_cast<double>(T * H) / (med * 1e9)});
   }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  CUDA_CHECK(cudaStreamDestroy(s));
-  for (float* p : {q, k, v, beta, f, a_log, dt_bias, alpha, pool, o}) CUDA_CHECK(cudaFree(p));
-  CUDA_CHECK(cudaFree(meta));
+  BENCH_CUDA_OK(cudaStreamDestroy(s));
+  for (float* p : {q, k, v, beta, f, a_log, dt_bias, alpha, pool, o}) BENCH_CUDA_OK(cudaFree(p));
+  BENCH_CUDA_OK(cudaFree(meta));
   return out;
 }
 
@@ -148,7 +137,7 @@ int main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  BENCH_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   const std::vector<Case> cases = {
       {"T8192_H96", 96, {8192}},
       {"T8192_H32", 32, {8192}},

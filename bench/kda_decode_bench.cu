@@ -27,12 +27,38 @@
 #include <string>
 #include <vector>
 
-#include "cuda_bench_util.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace {
 
-using kimirt::bench::Alloc;
+#define CUDA_CHECK(call)                                                                              \
+  do {                                                                                                \
+    if (cudaError_t e_ = (call); e_ != cudaSuccess) {                                                 \
+      std::fprintf(stderr, "kda_decode_bench: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
+                   __FILE__, __LINE__);                                                               \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+// Uniform values in [offset - scale, offset + scale) from a hash of the index (never zeros:
+// METHOD.md, zeros can run faster than real data and hide unwritten outputs).
+__global__ void FillKernel(float* x, int64_t n, uint64_t seed, float scale, float offset) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    x[i] = offset + scale * (static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+float* Alloc(int64_t n, uint64_t seed, float scale, float offset = 0.0f) {
+  float* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, sizeof(float) * static_cast<size_t>(n)));
+  FillKernel<<<1024, 256>>>(p, n, seed, scale, offset);
+  CUDA_CHECK(cudaGetLastError());
+  return p;
+}
 
 double Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());

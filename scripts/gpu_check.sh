@@ -23,7 +23,18 @@
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48]
+#   pgemm     the prefill GEMMs on tensor cores (issue 14 item 1, issue 13 item 2): their tests
+#             (CudaBackendPrefillGemm*, CudaBackendMoePrefill*), then bench/prefill_gemm_bench.cu:
+#             dense at Kimi-Linear-48B and K3 shapes, m = 512/2048/8192, beside cuBLAS BF16 in the
+#             same run, and the grouped MoE (BF16 and MXFP4) at 48B and K3 widths, as TFLOP/s and
+#             fraction of 790 ($OUT/prefill-gemm.json).
+#   mlapre    issue 14's MLA prefill on tensor cores: the CudaBackendMlaPrefill tests (flash kernel
+#             against float64, paged AttendPrefill against the CPU, row independence), `bench model`
+#             at the 2-layer Kimi-Linear-48B widths, BF16, prompt 8192, then mla_prefill_bench (the
+#             flash kernel's three shapes against CausalAttention, the paged op against Gather +
+#             MlaAttention, at 8K, 32K's last 8K chunk, 32K whole and in 8K chunks, 8K in 2K and
+#             256-token chunks; $OUT/mla-prefill-bench.json), its table last.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -52,7 +63,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
     # The K3-width MoE test (1.7 GB of experts) would take memcheck past its limit; its kernels are
     # the ones the small-width MoE tests run under memcheck.
     timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths" \
+      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths:CudaBackendMoePrefill.Mxfp4GivesTheBitsOfBf16AtK3Widths" \
       >"$out/memcheck.txt" 2>&1
     echo "memcheck exit $? ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses)"
   fi
@@ -168,6 +179,11 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
     --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The same steps op by op: what the decode graphs take off.
+  timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
+    --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \
+    --json "$out/bench-model-kimi-linear-2layer-prompt256-eager.json" 2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the
@@ -194,5 +210,28 @@ print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
   done
+fi
+if [[ "$what" == pgemm ]]; then
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendPrefillGemm*:CudaBackendMoePrefill*:PrefillGemmDeathTest*' \
+    --gtest_output="json:$out/gtest-pgemm.json" >"$out/gtest-pgemm.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|differ|kimirt:' "$out/gtest-pgemm.txt" | head -60
+  timeout 300 "$root/prefill_gemm_bench" --json "$out/prefill-gemm.json" >"$out/prefill-gemm.txt" 2>&1 || status=1
+  echo "--- prefill GEMMs (ours incl. rounding x to BF16; cuBLAS BF16 on pre-rounded x; of790 = of 790 TFLOP/s)"
+  grep -v ' ms (' "$out/prefill-gemm.txt" | tail -60
+fi
+if [[ "$what" == mlapre ]]; then
+  timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendMlaPrefill*:CpuPagedMlaPrefill*' \
+    --gtest_output="json:$out/gtest-mlapre.json" 2>&1 | tee "$out/gtest-mlapre.txt" |
+    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|worst row|error' | head -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
+    --prompt-len 8192 --decode-tokens 4 --peak-gbps 4800 --json "$out/bench-model-kimi-linear-2layer-bf16-prompt8192.json" \
+    2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 400 "$root/mla_prefill_bench" --json "$out/mla-prefill-bench.json" >"$out/mla-prefill-bench.txt" 2>&1 ||
+    status=1
+  echo "--- MLA prefill (issue 14; flash = tensor cores, causal = today's CUDA-core kernel; paged = AttendPrefill)"
+  cat "$out/mla-prefill-bench.txt"
 fi
 exit $status

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -112,6 +113,29 @@ struct PagedDecodeStep {
   }
 };
 
+// One prefill call over the paged latent cache (issue 14): sequence b has count[b] new tokens at
+// positions start[b] .. start[b] + count[b] - 1, already written to its blocks; their queries
+// and outputs are rows [row[b], row[b] + count[b]) of the call's q and o; its block table
+// tables[table_begin[b], table_begin[b+1]) covers start[b] + count[b] positions.
+struct PagedPrefill {
+  std::vector<int64_t> start, count, row;
+  std::vector<int32_t> table_begin{0};  // B + 1 offsets into tables
+  std::vector<int32_t> tables;
+  void Add(std::span<const int32_t> table, int64_t start_pos, int64_t tokens, int64_t first_row) {
+    start.push_back(start_pos);
+    count.push_back(tokens);
+    row.push_back(first_row);
+    tables.insert(tables.end(), table.begin(), table.end());
+    table_begin.push_back(static_cast<int32_t>(tables.size()));
+  }
+  int64_t size() const { return static_cast<int64_t>(start.size()); }
+  std::span<const int32_t> table(int64_t b) const {
+    return std::span<const int32_t>(tables).subspan(static_cast<size_t>(table_begin[static_cast<size_t>(b)]),
+                                                    static_cast<size_t>(table_begin[static_cast<size_t>(b) + 1] -
+                                                                        table_begin[static_cast<size_t>(b)]));
+  }
+};
+
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
@@ -136,6 +160,20 @@ class KvStorage {
   // MlaAttention's absorbed form over its gathered rows (same bits); CUDA splits a long context
   // across thread blocks and combines the pieces in an order fixed by that context length alone.
   virtual void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) = 0;
+  // What the decode ops bake into a captured graph (Backend::CaptureBegin): the addresses and
+  // layout of the step's buffers as the last SetDecodeStep left them. Empty: no graphs.
+  virtual std::string GraphKey() const { return {}; }
+
+  // Expanded MLA prefill (spec §6.2, §6.4) of the sequences of `batch` over `layer`, reading
+  // their latent rows through the block tables: q [rows, H*(dn+dr)], w_kvb [H*(dn+dv), r],
+  // o [rows, H*dv]; rows no sequence names are left as they are. The CPU computes each sequence
+  // exactly as Gather + MlaAttention's expanded form (the same bits); CUDA, at the models' head
+  // widths (dn = dv = 128, dr = 64 or 0), runs the expansion GEMM per sequence and a flash-
+  // attention kernel on tensor cores with BF16 operands and F32 accumulation (the model calls
+  // this only in Backend::bf16_prefill mode), other widths as the CPU does. Either way a row's
+  // bits depend on its own sequence alone, never on the others of the call.
+  virtual void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                             const MlaShape& shape, Tensor* o) = 0;
 };
 
 class Backend {
@@ -165,6 +203,24 @@ class Backend {
   // bfloat16`). Either way a row's bits never depend on the other rows of the call.
   void set_bf16_prefill(bool on) { bf16_prefill_ = on; }
   bool bf16_prefill() const { return bf16_prefill_; }
+
+  // Graphs of the decode step (issue 12; docs/cuda.md "Decode graphs"). A backend that has them
+  // records the launches between CaptureBegin and CaptureEnd into a graph under `key`, which
+  // names everything the launches bake in (row count, buffer addresses, layouts), and Replay
+  // runs them again. What changes from step to step must come through buffers of fixed address:
+  // SetDecodeInputs (token ids, KDA slots) and KvStorage::SetDecodeStep. Tensors allocated while
+  // capturing live in the graph's own memory; `output` becomes the graph's, and Replay returns
+  // it (valid until the next replay of that graph). No uploads, downloads or host waits may
+  // happen while capturing. CaptureEnd returns false when the capture failed (nothing ran; run
+  // the step eagerly).
+  virtual bool SupportsGraphs() const { return false; }
+  virtual bool HasGraph(const std::string& /*key*/) const { return false; }
+  virtual void CaptureBegin(const std::string& /*key*/) {}
+  virtual bool CaptureEnd(const Tensor& /*output*/) { return false; }
+  virtual Tensor Replay(const std::string& /*key*/) { return {}; }
+  // The decode step's token ids and KDA slots, put once into buffers of fixed address that
+  // Embedding and KdaDecode read when called with the same values (CUDA; a no-op elsewhere).
+  virtual void SetDecodeInputs(std::span<const int32_t> /*ids*/, std::span<const int32_t> /*slots*/) {}
   // The device's free and total bytes (cudaMemGetInfo), or nothing for host memory.
   struct MemoryInfo {
     uint64_t free = 0, total = 0;

@@ -21,6 +21,7 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.String("model", &o.model_dir, "model directory (default: the built-in model, as `serve`)");
   f.String("config", &o.config_path, "config.json to run with --random-weights");
   f.Bool("random-weights", &random_weights, "with --config: deterministic random weights");
+  f.Bool("enforce-eager", &o.enforce_eager, "no CUDA graphs: every decode step op by op");
   f.Int("seed", &seed, "seed of the random weights");
   f.String("device", &o.device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
   std::string dtype = "auto";

@@ -121,6 +121,8 @@ int RunServeCommand(int argc, char** argv) {
          "resume prompts from cached prefixes: shared latent blocks + KDA snapshots, bit-identical to no caching "
          "(default on; --no-enable-prefix-caching turns it off; docs/prefix-caching.md)");
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
+  bool enforce_eager = false;
+  f.Bool("enforce-eager", &enforce_eager, "no CUDA graphs: run every decode step op by op (default: graphs)");
   std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";
   int64_t seed = 0;
   bool no_request_log = false, no_stats_log = false, auto_tool_choice = false;
@@ -198,7 +200,8 @@ int RunServeCommand(int argc, char** argv) {
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);
   // The cache budget pays for KDA snapshots too (docs/prefix-caching.md): a tenth of it.
   ro.kda_snapshot_fraction = prefix_caching ? kKdaSnapshotFraction : 0.0;
-  if (device == "cuda") ro.gpu_memory_utilization = gpu_util;  // the cache is in GPU memory there
+  if (device == "cuda") ro.gpu_memory_utilization = gpu_util;
+  ro.enforce_eager = enforce_eager;  // the cache is in GPU memory there
   const auto t0 = std::chrono::steady_clock::now();
   LoadProgress progress(model_dir);
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);

@@ -382,6 +382,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     LoadOptions lo;
     lo.matrix_dtype = o.matrix_dtype;
     KIMIRT_ASSIGN_OR_RETURN(owned.model, Model::Load(dir, *owned.backend, *owned.comm, lo));
+    owned.model->set_decode_graphs(!o.enforce_eager);
     if (std::optional<Backend::MemoryInfo> mem = owned.backend->DeviceMemory();
         mem && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
       const double budget = o.gpu_memory_utilization * static_cast<double>(mem->total);

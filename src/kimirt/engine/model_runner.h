@@ -38,6 +38,8 @@ struct RunnerOptions {
   // of those bytes goes to snapshots and the rest to latent blocks, so both share one budget.
   int64_t max_kda_snapshots = 0;
   double kda_snapshot_fraction = 0;
+  // No decode graphs: every step op by op (vLLM's --enforce-eager; Model::set_decode_graphs).
+  bool enforce_eager = false;
 };
 
 class ModelRunner {

@@ -149,4 +149,15 @@ void LatentKvCache::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb
   storage_->AttendDecode(layer, q, w_kvb, shape, o);
 }
 
+void LatentKvCache::AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                                  const MlaShape& shape, Tensor* o) {
+  KIMIRT_CHECK(layer >= 0 && layer < num_layers_ && shape.latent_dim == r_ && shape.rope_dim == dr_);
+  for (int64_t b = 0; b < batch.size(); ++b) {
+    KIMIRT_CHECK_MSG(BlocksFor(batch.start[static_cast<size_t>(b)] + batch.count[static_cast<size_t>(b)]) <=
+                         static_cast<int64_t>(batch.table(b).size()),
+                     "prefill: a block table does not cover its sequence");
+  }
+  storage_->AttendPrefill(layer, batch, q, w_kvb, shape, o);
+}
+
 }  // namespace kimirt

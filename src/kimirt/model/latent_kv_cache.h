@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -80,6 +81,11 @@ class LatentKvCache {
   void SetDecodeStep(const PagedDecodeStep& step);
   void WriteDecode(int layer, const Tensor& c, const Tensor& ks);
   void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o);
+  // What a decode graph bakes in of this cache (KvStorage::GraphKey).
+  std::string GraphKey() const { return storage_->GraphKey(); }
+  // Expanded MLA prefill of `batch`'s sequences through their block tables (KvStorage::AttendPrefill).
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                     const MlaShape& shape, Tensor* o);
 
  private:
   void AddBlocks(int64_t add);

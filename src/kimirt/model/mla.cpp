@@ -50,18 +50,32 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
     kv->AttendDecode(mla_layer, q, w.kv_b, shape, &attn);
   } else {
     // Spec §6.4–6.6 (prefill): each sequence writes its new rows, gathers all of its rows back,
-    // attends.
+    // attends. In BF16 prefill mode (issue 14) the expanded-form sequences instead attend in one
+    // call per cache through their block tables, on tensor cores where the backend has them.
+    PagedPrefill paged;
+    LatentKvCache* paged_kv = nullptr;
+    auto attend_paged = [&] {
+      if (paged.size() > 0) paged_kv->AttendPrefill(mla_layer, paged, q, w.kv_b, shape, &attn);
+      paged = PagedPrefill();
+    };
     for (size_t b = 0; b < rows.seqs.size(); ++b) {
       SequenceState* st = rows.seqs[b];
       const int64_t at = rows.begin(b), n = rows.count(b), start = st->length;
       st->kv->Write(mla_layer, st->blocks, start, latent.Rows(at, n), ks.Rows(at, n));
+      const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
+      if (be.bf16_prefill() && seq_form == MlaForm::kExpanded) {
+        if (paged_kv != st->kv) attend_paged();
+        paged_kv = st->kv;
+        paged.Add(st->blocks, start, n, at);
+        continue;
+      }
       Tensor cache_c = be.Empty({start + n, r});
       Tensor cache_ks = be.Empty({start + n, dr});
       st->kv->Gather(mla_layer, st->blocks, start + n, &cache_c, &cache_ks);
-      const MlaForm seq_form = form.value_or(n == 1 ? MlaForm::kAbsorbed : MlaForm::kExpanded);
       Tensor out = attn.Rows(at, n);
       be.MlaAttention(q.Rows(at, n), cache_c, cache_ks, w.kv_b, shape, start, seq_form, &out);
     }
+    attend_paged();
   }
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
   if (c.mla_use_output_gate) be.SigmoidMul(attn, m.Linear(x, w.g), &attn);

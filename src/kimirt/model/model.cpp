@@ -6,6 +6,7 @@
 #include "kimirt/model/model.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "kimirt/model/attn_res.h"
 #include "kimirt/model/kda.h"
@@ -151,6 +152,65 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     for (SequenceState* st : rows.seqs) step.Add(st->blocks, st->length + 1);
     rows.seqs[0]->kv->SetDecodeStep(step);
   }
+  // The step's token ids and KDA slots go up once, to buffers of fixed address (a decode graph
+  // reads them there).
+  if (paged_decode) {
+    std::vector<int32_t> slots;
+    for (SequenceState* st : rows.seqs) slots.push_back(st->kda_slot);
+    be_.SetDecodeInputs(ids, slots);
+  }
+  const std::string key = DecodeGraphKey(rows, paged_decode, o);
+  Tensor local;
+  if (!key.empty() && be_.HasGraph(key)) {
+    local = be_.Replay(key);
+    ++graph_replays_;
+  } else if (!key.empty() && graph_seen_.count(key) > 0) {
+    // Second time this shape: capture it (the first ran eagerly, so every lazily made table,
+    // such as the MoE's expert pointers, already exists outside the graph), then replay.
+    be_.CaptureBegin(key);
+    Tensor captured = RunLayers(rows, ids, o, paged_decode);
+    if (be_.CaptureEnd(captured)) {
+      local = be_.Replay(key);
+      ++graph_replays_;
+    } else {
+      decode_graphs_ = false;  // told on stderr; the step runs op by op from here on
+      local = RunLayers(rows, ids, o, paged_decode);
+    }
+  } else {
+    if (!key.empty()) {
+      if (graph_seen_.size() > 4096) graph_seen_.clear();
+      graph_seen_.insert(key);
+    }
+    local = RunLayers(rows, ids, o, paged_decode);
+  }
+  for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
+  return GatherLogits(local);
+}
+
+std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const {
+  if (!decode_graphs_ || !paged_decode || !be_.SupportsGraphs() || o.trace != nullptr || comm_.size() != 1) return {};
+  // What the launches bake in: the row count, the latent cache's buffers and step layout, and
+  // the KDA pools' addresses (they move when the slots grow).
+  std::string key = "B" + std::to_string(rows.seqs.size()) + (o.all_logits ? ":all" : ":last");
+  if (config().NumMlaLayers() > 0) {
+    const std::string kv = rows.seqs[0]->kv->GraphKey();
+    if (kv.empty()) return {};
+    key += ":" + kv;
+  }
+  KdaStateSlots* kda = rows.seqs[0]->kda;
+  if (kda->num_layers() > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), ":kda:%p:%lld", kda->layer(0).recurrent.raw(),
+                  static_cast<long long>(kda->capacity()));
+    key += buf;
+  }
+  return key;
+}
+
+Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o,
+                        bool paged_decode) {
+  const ModelConfig& c = config();
+  const int64_t T = rows.T;
   ForwardTrace* trace = o.trace;
   if (trace != nullptr) *trace = ForwardTrace{};
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -179,26 +239,33 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     stream->Add(ffn);
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
   }
-  for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
 
   // Spec §4 steps 5-6: final norm and the vocab-parallel head.
   Tensor hn = ctx_.Norm(stream->Output(), w_.norm, eps);
   if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
-  return Logits(o.all_logits ? hn : hn.Rows(T - 1, 1));
+  return HeadLogits(o.all_logits ? hn : hn.Rows(T - 1, 1));
 }
 
-Tensor Model::Logits(const Tensor& head_in) {
-  const int64_t R = head_in.dim(0), Vl = w_.lm_head.dim(0), V = config().vocab_size;
+Tensor Model::HeadLogits(const Tensor& head_in) {
+  const int64_t R = head_in.dim(0), Vl = w_.lm_head.dim(0);
   Tensor local = be_.Empty({R, Vl});
-  // The last row goes through the head on its own even when every row is wanted: a GEMM's
+  // Rows up to RowInvariantRows go in one GEMM (each row's bits are its own there). Beyond,
+  // the last row goes through the head on its own even when every row is wanted: a GEMM's
   // summation order may depend on its row count, and the row a sampler reads must not change
   // when a caller also asks for the others (engine.h, prompt logprobs).
-  if (R > 1) {
-    Tensor head = local.Rows(0, R - 1);
-    be_.Linear(head_in.Rows(0, R - 1), w_.lm_head, &head);
+  if (R <= be_.RowInvariantRows()) {
+    be_.Linear(head_in, w_.lm_head, &local);
+    return local;
   }
+  Tensor head = local.Rows(0, R - 1);
+  be_.Linear(head_in.Rows(0, R - 1), w_.lm_head, &head);
   Tensor last = local.Rows(R - 1, 1);
   be_.Linear(head_in.Rows(R - 1, 1), w_.lm_head, &last);
+  return local;
+}
+
+Tensor Model::GatherLogits(const Tensor& local) {
+  const int64_t R = local.dim(0), Vl = local.dim(1), V = config().vocab_size;
   Tensor host_local = HostCopy(be_, local);
   Tensor logits = Tensor::Host({R, V});
   const int tp = comm_.size();

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <memory>
+#include <set>
+#include <string>
 #include <optional>
 #include <span>
 #include <string>
@@ -76,12 +78,26 @@ class Model {
   Result<Tensor> ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                const ForwardOptions& options = {});
 
+  // Decode steps as graphs (on by default where the backend has them: Backend::SupportsGraphs;
+  // docs/cuda.md "Decode graphs"): a step shape seen once is captured the second time and
+  // replayed after, the same bits as running it op by op. Off: vLLM's --enforce-eager.
+  void set_decode_graphs(bool on) { decode_graphs_ = on; }
+  bool decode_graphs() const { return decode_graphs_; }
+  // Decode steps run as graph replays so far (a test's proof that graphs ran).
+  int64_t graph_replays() const { return graph_replays_; }
+
  private:
   Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm);
 
   Result<Tensor> Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
-  // F32 host logits [R, vocab] of final-norm output rows head_in [R, D] (spec §4 step 6).
-  Tensor Logits(const Tensor& head_in);
+  // The layers, final norm and head of a step on the device: this rank's logits [R, V_local].
+  Tensor RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o, bool paged_decode);
+  // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).
+  Tensor HeadLogits(const Tensor& head_in);
+  // F32 host logits [R, vocab] from every rank's [R, V_local].
+  Tensor GatherLogits(const Tensor& local);
+  // The graph key of a decode step of `rows`, or empty when the step runs op by op.
+  std::string DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const;
 
   Layout layout_;
   ModelWeights w_;
@@ -92,6 +108,9 @@ class Model {
   std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1)
   std::unique_ptr<LatentKvCache> private_kv_;
   std::unique_ptr<KdaStateSlots> private_kda_;
+  bool decode_graphs_ = true;
+  int64_t graph_replays_ = 0;
+  std::set<std::string> graph_seen_;  // keys run once eagerly; the next step captures
 };
 
 }  // namespace kimirt

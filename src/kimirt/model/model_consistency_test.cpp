@@ -3,6 +3,7 @@
 // absorbed MLA == expanded MLA; TP = 2, 4 (threaded communicator) == TP = 1.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <thread>
 
 #include "kimirt/model/model_test_util.h"
@@ -72,6 +73,23 @@ TEST_P(ConsistencyTest, AbsorbedMlaEqualsExpandedMla) {
   const Tensor a = RunInChunks(*model_, ids_, 16, exp);
   const Tensor b = RunInChunks(*model_, ids_, 16, abs);
   EXPECT_LE(testing::MaxAbsDiff(a, b), 1e-4f * std::max(1.0f, testing::MaxAbs(a)));
+}
+
+// Backend::bf16_prefill sends the expanded-form prefill chunks through
+// KvStorage::AttendPrefill (model/mla.cpp, issue 14); on the CPU that is Gather + the expanded
+// kernel, so the logits keep their bits, in one call and in chunks (the one-token chunk absorbed).
+TEST_P(ConsistencyTest, PagedPrefillModeKeepsTheCpuBits) {
+  ASSERT_FALSE(backend_->bf16_prefill());
+  ASSERT_EQ(ids_.size() % 23, 1u);  // chunks of 23 end with one token: the absorbed form
+  const Tensor off = RunInChunks(*model_, ids_, 23);
+  backend_->set_bf16_prefill(true);
+  const Tensor on = RunInChunks(*model_, ids_, 23);
+  const Tensor on_once = RunInChunks(*model_, ids_, ids_.size());
+  backend_->set_bf16_prefill(false);
+  const Tensor off_once = RunInChunks(*model_, ids_, ids_.size());
+  ASSERT_EQ(on.numel(), off.numel());
+  EXPECT_EQ(std::memcmp(on.f32(), off.f32(), static_cast<size_t>(off.numel()) * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(on_once.f32(), off_once.f32(), static_cast<size_t>(off.numel()) * sizeof(float)), 0);
 }
 
 TEST_P(ConsistencyTest, TensorParallelEqualsOneRank) {

@@ -75,6 +75,49 @@ TEST_P(DecodeBatchTest, EachRowIsTheSequenceDecodedAlone) {
   EXPECT_FALSE(model_->ForwardDecode(two, std::vector<int32_t>{1}).ok());
 }
 
+// Decode graphs (docs/cuda.md "Decode graphs") give the bits of the op-by-op step while
+// sequences join, finish and come back, and batch 1 stays right after bigger batches were
+// captured (vllm#52531: a captured batch-1 step silently corrupted its output). Two sets of
+// the same sequences step in lockstep, one with graphs, one without; every row bit for bit.
+TEST_P(DecodeBatchTest, GraphsGiveTheEagerBits) {
+  const int64_t V = model_->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 301, 44}, {9}, {120, 7, 7, 250, 3}, {2, 60}};
+  std::vector<SequenceState> graphed, eager;
+  for (const auto& p : prompts) {
+    for (auto* set : {&graphed, &eager}) {
+      set->push_back(model_->NewSequence());
+      ASSERT_TRUE(model_->Forward(&set->back(), p).ok());
+    }
+  }
+  std::vector<int32_t> next = {11, 400, 3, 77};
+  // Which sequences decode at each step: a shape recurs (1st eager, 2nd captured, then replayed).
+  const std::vector<std::vector<size_t>> schedule = {{0},       {0},    {0},       {0, 1},    {0, 1}, {0, 1},
+                                                     {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {1, 2},    {1},    {1},
+                                                     {1},       {0, 1, 2, 3}, {0, 1, 2, 3}, {3}, {3}, {3}};
+  const int64_t replays_before = model_->graph_replays();
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const std::vector<size_t>& rows = schedule[step];
+    std::vector<SequenceState*> g, e;
+    std::vector<int32_t> ids;
+    for (size_t i : rows) {
+      g.push_back(&graphed[i]);
+      e.push_back(&eager[i]);
+      ids.push_back(next[i]);
+    }
+    model_->set_decode_graphs(true);
+    auto got = model_->ForwardDecode(g, ids);
+    model_->set_decode_graphs(false);
+    auto want = model_->ForwardDecode(e, ids);
+    ASSERT_TRUE(got.ok() && want.ok());
+    ASSERT_EQ(got->numel(), want->numel());
+    EXPECT_EQ(0, std::memcmp(got->f32(), want->f32(), static_cast<size_t>(got->numel()) * sizeof(float)));
+    for (size_t r = 0; r < rows.size(); ++r) next[rows[r]] = testing::ArgMax(want->f32() + r * V, V);
+  }
+  model_->set_decode_graphs(true);
+  if (backend_->SupportsGraphs()) EXPECT_GT(model_->graph_replays(), replays_before + 8);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeBatchTest,
                          ::testing::Combine(::testing::Values("tiny-a", "kimi-linear-tiny"),
                                             ::testing::ValuesIn(testing::BuiltDevices())),

@@ -33,6 +33,11 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::
     auto m = Model::Load(FixtureDir(Fixture()), *backend_, *comm_, lo);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(m).value();
+    // The F32 goldens pin F32 math: BF16-held weights with the exact decode GEMM and, for prompts
+    // of more than RowInvariantRows tokens (prompt3: 70), the F32 prefill — not the BF16
+    // tensor-core prefill Model::Load turns on with BF16 weights (issue 14; its bar is the
+    // reference's own BF16-vs-F32 spread, item 4, not these goldens).
+    if (device == "cuda-bf16") backend_->set_bf16_prefill(false);
     goldens_ = std::make_unique<Goldens>(FixtureDir(Fixture()) + "/goldens.safetensors");
   }
 

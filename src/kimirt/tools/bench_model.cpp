@@ -140,6 +140,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     LoadOptions lo;
     lo.matrix_dtype = opt.matrix_dtype;
     KIMIRT_ASSIGN_OR_RETURN(model, Model::Load(dir, *backend, *comm, lo));
+    model->set_decode_graphs(!opt.enforce_eager);
     held_bytes = HeldBytes(model->weights());
     KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::ForModel(*model, ro));
   } else {
@@ -170,6 +171,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.peak_gb_per_s = opt.peak_gb_per_s;
+  report.cuda_graphs = model != nullptr && model->decode_graphs() && backend->SupportsGraphs();
   {
     // Warm-up, untimed: first-use costs (page faults, GPU clocks ramping up from idle, kernel
     // loading, the allocator's first blocks) stay out of the numbers.
@@ -283,6 +285,7 @@ std::string BenchModelReport::ToJson() const {
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;
   j["peak_gb_per_s"] = peak_gb_per_s;
+  j["cuda_graphs"] = cuda_graphs;
   j["points"] = nlohmann::ordered_json::array();
   for (const BenchModelPoint& p : points) {
     j["points"].push_back({{"batch", p.batch},

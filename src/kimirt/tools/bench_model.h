@@ -43,6 +43,7 @@ struct BenchModelOptions {
   int64_t decode_tokens = 16;
   int prefill_chunk = 256;
   double peak_gb_per_s = 0;  // memory bandwidth to compare with (--gpu NAME or --peak-gbps); 0: none
+  bool enforce_eager = false;  // no decode graphs (Model::set_decode_graphs)
 };
 
 struct BenchModelPoint {
@@ -64,6 +65,7 @@ struct BenchModelReport {
   int tp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   double peak_gb_per_s = 0;
+  bool cuda_graphs = false;  // decode steps ran as graph replays (CUDA, no --enforce-eager)
   std::vector<BenchModelPoint> points;
   std::string ToText() const;
   std::string ToJson() const;

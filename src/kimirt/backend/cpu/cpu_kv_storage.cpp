@@ -114,17 +114,10 @@ class CpuKvStorage final : public KvStorage {
     KIMIRT_CHECK(q.dim(0) == step_.size() && q.numel() == step_.size() * H * dq && o->numel() == step_.size() * H * dv);
     for (int64_t b = 0; b < step_.size(); ++b) {
       const std::span<const int32_t> table = step_.table(b);
-      cpu::MlaAttentionArgs a;
+      cpu::MlaAttentionArgs a = ArgsOf(shape, w_kvb);
       a.tokens = 1;
       a.start = step_.context[static_cast<size_t>(b)] - 1;
-      a.heads = H;
-      a.nope_dim = shape.nope_dim;
-      a.rope_dim = shape.rope_dim;
-      a.v_dim = dv;
-      a.latent_dim = shape.latent_dim;
       a.q = q.f32() + b * H * dq;
-      a.w_kvb = w_kvb.f32();
-      a.scale = 1.0f / std::sqrt(static_cast<float>(dq));
       cpu::MlaAttentionAbsorbedRows(
           a,
           [&](int64_t p, float* scratch, const float** c, const float** ks) {
@@ -140,7 +133,46 @@ class CpuKvStorage final : public KvStorage {
     }
   }
 
+  // Each sequence as the F32 path computes it: its rows gathered, then the expanded reference
+  // kernel (what CpuBackend::MlaAttention runs for kExpanded), so the same bits.
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape,
+                     Tensor* o) override {
+    KIMIRT_CHECK_MSG(w_kvb.dtype() == DType::kF32, "the CPU backend holds kv_b in F32 only");
+    const int64_t H = shape.heads, dq = shape.nope_dim + shape.rope_dim, dv = shape.v_dim;
+    KIMIRT_CHECK(shape.latent_dim == s_.latent_dim && shape.rope_dim == s_.rope_dim);
+    KIMIRT_CHECK(q.numel() == q.dim(0) * H * dq && o->numel() == q.dim(0) * H * dv);
+    for (int64_t b = 0; b < batch.size(); ++b) {
+      const size_t i = static_cast<size_t>(b);
+      const int64_t start = batch.start[i], n = batch.count[i], row = batch.row[i];
+      KIMIRT_CHECK_MSG(start >= 0 && n >= 0 && row >= 0 && row + n <= q.dim(0), "prefill: rows out of range");
+      if (n == 0) continue;
+      Tensor c = Tensor::Host({start + n, s_.latent_dim}), ks = Tensor::Host({start + n, s_.rope_dim});
+      Gather(layer, batch.table(b), start + n, &c, &ks);
+      cpu::MlaAttentionArgs a = ArgsOf(shape, w_kvb);
+      a.tokens = n;
+      a.start = start;
+      a.q = q.f32() + row * H * dq;
+      a.cache_c = c.f32();
+      a.cache_ks = ks.f32();
+      cpu::MlaAttentionExpanded(a, o->f32() + row * H * dv);
+    }
+  }
+
  private:
+  // The reference kernels' arguments for these widths and kv_b (what CpuBackend::MlaAttention
+  // passes): tokens, start, q and the cache left to set.
+  static cpu::MlaAttentionArgs ArgsOf(const MlaShape& shape, const Tensor& w_kvb) {
+    cpu::MlaAttentionArgs a;
+    a.heads = shape.heads;
+    a.nope_dim = shape.nope_dim;
+    a.rope_dim = shape.rope_dim;
+    a.v_dim = shape.v_dim;
+    a.latent_dim = shape.latent_dim;
+    a.w_kvb = w_kvb.f32();
+    a.scale = 1.0f / std::sqrt(static_cast<float>(shape.nope_dim + shape.rope_dim));
+    return a;
+  }
+
   // row [r + dr] := position p of `layer`, widened to F32.
   void ReadRow(int layer, std::span<const int32_t> table, int64_t p, float* row) const {
     const size_t off = RowOffset(table, layer, p);

@@ -5,6 +5,7 @@
 // dtype, with block tables that interleave in the pool, and each row alone as in the batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -71,6 +72,48 @@ TEST(CpuPagedMlaDecodeTest, SameBitsAsGatherThenAttendForEveryDtype) {
       kv->AttendDecode(layer, c.q.Rows(b, 1), c.w_kvb, c.mla, &o1);
       EXPECT_TRUE(SameBits(o1.f32(), o.f32() + b * width, width)) << "sequence " << b;
     }
+  }
+}
+
+// KvStorage::AttendPrefill on the CPU (issue 14's paged prefill; the reference the CUDA kernel
+// is checked against): each sequence's rows, queries at rows of the call out of order, give the
+// bits of Gather + the expanded MlaAttention, alone or in the batch; a row no sequence names
+// keeps its value.
+TEST(CpuPagedMlaPrefillTest, SameBitsAsGatherThenExpandedAttention) {
+  auto cpu = std::move(MakeBackend("cpu")).value();
+  for (DType dtype : {DType::kF32, DType::kF8E4M3, DType::kBF16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    // Contexts = start + new tokens: (start 0, 17 new), (5, 3), (40, 1).
+    const std::vector<int64_t> starts = {0, 5, 40}, counts = {17, 3, 1}, rows = {4, 0, 3};
+    const testing::PagedDecodeCase c =
+        testing::MakePagedDecodeCase({17, 8, 41}, /*heads=*/3, dtype, 21 + static_cast<uint64_t>(dtype));
+    const int layer = 0;
+    auto kv = testing::FillPagedDecodeStorage(*cpu, c, layer);
+    const int64_t H = c.mla.heads, dq = c.mla.nope_dim + c.mla.rope_dim, width = H * c.mla.v_dim, n_rows = 22;
+    SplitMix64 rng(5);
+    const Tensor q = testing::RandomHost(rng, {n_rows, H * dq}, 1.0f);
+    PagedPrefill batch;
+    for (size_t b = 0; b < starts.size(); ++b) {
+      batch.Add(c.step.table(static_cast<int64_t>(b)), starts[b], counts[b], rows[b]);
+    }
+    Tensor o = cpu->Empty({n_rows, width});
+    std::fill(o.f32(), o.f32() + o.numel(), 7.0f);
+    kv->AttendPrefill(layer, batch, q, c.w_kvb, c.mla, &o);
+    for (size_t b = 0; b < starts.size(); ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b));
+      const int64_t len = starts[b] + counts[b];
+      Tensor cc = cpu->Empty({len, c.kv.latent_dim}), ks = cpu->Empty({len, c.kv.rope_dim});
+      kv->Gather(layer, c.step.table(static_cast<int64_t>(b)), len, &cc, &ks);
+      Tensor want = cpu->Empty({counts[b], width});
+      cpu->MlaAttention(q.Rows(rows[b], counts[b]), cc, ks, c.w_kvb, c.mla, starts[b], MlaForm::kExpanded, &want);
+      EXPECT_TRUE(SameBits(o.f32() + rows[b] * width, want.f32(), counts[b] * width));
+      PagedPrefill alone;
+      alone.Add(c.step.table(static_cast<int64_t>(b)), starts[b], counts[b], rows[b]);
+      Tensor o1 = cpu->Empty({n_rows, width});
+      kv->AttendPrefill(layer, alone, q, c.w_kvb, c.mla, &o1);
+      EXPECT_TRUE(SameBits(o1.f32() + rows[b] * width, want.f32(), counts[b] * width));
+    }
+    for (int64_t r = 21 * width; r < n_rows * width; ++r) ASSERT_EQ(o.f32()[r], 7.0f) << "row 21 was written";
   }
 }
 

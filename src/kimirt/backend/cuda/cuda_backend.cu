@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,13 +116,18 @@ class CudaKvStorage final : public KvStorage {
   void SetDecodeStep(const PagedDecodeStep& step) override;
   void WriteDecode(int layer, const Tensor& c, const Tensor& ks) override;
   void AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb, const MlaShape& shape, Tensor* o) override;
+  std::string GraphKey() const override;
+  void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                     const MlaShape& shape, Tensor* o) override;
 
  private:
-  // The step's metadata on the device, one int32 array uploaded once per step:
-  // context [B] ‖ table_begin [B + 1] ‖ split_begin [B + 1] ‖ work [num_work, 3] ‖ tables.
+  // The step's metadata on the device, one int32 array uploaded once per step into a buffer
+  // that only grows (so graphs can bake its address): work count ‖ context [B] ‖ table_begin
+  // [B + 1] ‖ split_begin [B + 1] ‖ work [work capacity, 3] ‖ tables [table capacity]. The
+  // capacities are powers of two, so the layout (and a graph's launch shapes) change rarely.
   cuda::PagedDecodeArgs StepArgs(int layer) const;
   Tensor step_meta_;
-  int64_t step_b_ = 0, step_work_ = 0;
+  int64_t step_b_ = 0, step_work_cap_ = 0, step_tables_cap_ = 0;
 
   CudaBackend& be_;
   KvStorageShape s_;
@@ -137,6 +143,7 @@ class CudaBackend final : public Backend {
       : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& [key, g] : graphs_) DestroyGraph(g);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -165,6 +172,7 @@ class CudaBackend final : public Backend {
 
   Tensor Download(const Tensor& t) override {
     if (t.device() == Device::kCpu) return t;
+    NotCapturing("a download");
     Tensor h = Tensor::Host(t.shape(), t.dtype());
     if (t.nbytes() > 0) {
       KIMIRT_CUDA_OK(cudaMemcpyAsync(h.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
@@ -174,6 +182,79 @@ class CudaBackend final : public Backend {
   }
 
   int64_t RowInvariantRows() const override { return cuda::kGemvMaxRows; }
+
+  bool SupportsGraphs() const override { return true; }
+  bool HasGraph(const std::string& key) const override { return graphs_.count(StoredKey(key)) > 0; }
+
+  void CaptureBegin(const std::string& key) override {
+    NotCapturing("a second capture");
+    capture_pool_ = std::make_shared<DevicePool>(device_);
+    capture_key_ = key;
+    capture_slot_bound_ = false;
+    // Relaxed: the graph's pool may cudaMalloc its first blocks while capturing.
+    KIMIRT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  }
+
+  bool CaptureEnd(const Tensor& output) override {
+    KIMIRT_CHECK_MSG(capture_pool_ != nullptr, "CaptureEnd without CaptureBegin");
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    Graph g;
+    g.pool = std::move(capture_pool_);
+    capture_pool_.reset();
+    if (e == cudaSuccess) {
+      e = cudaGraphInstantiate(&g.exec, graph, 0);
+      cudaGraphDestroy(graph);
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::fprintf(stderr, "kimirt: capturing the decode graph %s failed (%s); running eagerly\n",
+                   capture_key_.c_str(), cudaGetErrorString(e));
+      return false;
+    }
+    g.output = output;
+    g.last_use = ++graph_tick_;
+    if (capture_slot_bound_) slot_bound_keys_.insert(capture_key_);
+    capture_key_ = StoredKey(capture_key_);
+    // Its launches may still run when a graph goes: wait first.
+    if (auto it = graphs_.find(capture_key_); it != graphs_.end()) {
+      Synchronize();
+      DestroyGraph(it->second);
+      graphs_.erase(it);
+    }
+    if (graphs_.size() >= kMaxGraphs) {
+      auto lru = graphs_.begin();
+      for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+        if (it->second.last_use < lru->second.last_use) lru = it;
+      }
+      Synchronize();
+      DestroyGraph(lru->second);
+      graphs_.erase(lru);
+    }
+    graphs_.emplace(capture_key_, std::move(g));
+    return true;
+  }
+
+  Tensor Replay(const std::string& key) override {
+    auto it = graphs_.find(StoredKey(key));
+    KIMIRT_CHECK_MSG(it != graphs_.end(), "Replay of a decode graph never captured");
+    it->second.last_use = ++graph_tick_;
+    KIMIRT_CUDA_OK(cudaGraphLaunch(it->second.exec, stream_));
+    return it->second.output;
+  }
+
+  void SetDecodeInputs(std::span<const int32_t> ids, std::span<const int32_t> slots) override {
+    NotCapturing("SetDecodeInputs");
+    auto put = [&](std::span<const int32_t> v, Tensor* dev, std::vector<int32_t>* host) {
+      host->clear();
+      if (static_cast<int64_t>(v.size()) > kDecodeInputCap) return;
+      if (dev->raw() == nullptr) *dev = Raw({kDecodeInputCap}, DType::kI32);  // a default Tensor has rank 0
+      if (!v.empty()) CopyToDevice(dev->raw(), v.data(), v.size() * sizeof(int32_t));
+      host->assign(v.begin(), v.end());
+    };
+    put(ids, &decode_ids_, &decode_ids_host_);
+    put(slots, &decode_slots_, &decode_slots_host_);
+  }
 
   std::optional<MemoryInfo> DeviceMemory() override {
     size_t free = 0, total = 0;
@@ -223,20 +304,17 @@ class CudaBackend final : public Backend {
   void Embedding(std::span<const int32_t> ids, const Tensor& table, int64_t row_begin, Tensor* y) override {
     const int64_t T = static_cast<int64_t>(ids.size());
     KIMIRT_CHECK(Rows(*y) == T && Cols(*y) == Cols(table));
-    Tensor d_ids = UploadInts(ids);
-    cuda::Embedding(static_cast<const int32_t*>(d_ids.raw()), T, W(table), table.dtype() == DType::kBF16, Rows(table),
+    Tensor tmp;
+    cuda::Embedding(DecodeInput(ids, decode_ids_host_, decode_ids_, &tmp), T, W(table), table.dtype() == DType::kBF16, Rows(table),
                     Cols(table), row_begin, F(*y), stream_);
   }
 
   void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
                   Tensor* y) override {
-    KIMIRT_CHECK(!cands.empty());
-    std::vector<const float*> ptrs;
-    for (const Tensor* c : cands) ptrs.push_back(F(*c));
-    Tensor d_ptrs = Raw({static_cast<int64_t>(ptrs.size() * sizeof(void*))}, DType::kU8);
-    CopyToDevice(d_ptrs.raw(), ptrs.data(), ptrs.size() * sizeof(void*));
-    cuda::AttnResMix(static_cast<const float* const*>(d_ptrs.raw()), static_cast<int>(ptrs.size()), F(proj),
-                     F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
+    KIMIRT_CHECK(!cands.empty() && cands.size() <= static_cast<size_t>(cuda::kAttnResMaxCandidates));
+    cuda::AttnResCandidates c;
+    for (const Tensor* t : cands) c.p[c.n++] = F(*t);
+    cuda::AttnResMix(c, F(proj), F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
   }
 
   void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) override {
@@ -260,15 +338,10 @@ class CudaBackend final : public Backend {
     auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
     if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim &&
         aligned(q) && aligned(k) && aligned(v) && aligned(alpha) && aligned(*o)) {
-      KIMIRT_CHECK_MSG(T < (int64_t{1} << 31), "KdaCore: more than 2^31 - 1 tokens in one call");
-      const int32_t meta[3] = {0, static_cast<int32_t>(T), 0};  // cu_seqlens {0, T}, slot 0
-      Tensor d_meta = UploadInts(meta);
-      cuda::KdaChunkArgs a;
+      cuda::KdaChunkArgs a;  // one sequence, its state the pool's only slot: no metadata to upload
       a.q = F(q), a.k = F(k), a.v = F(v), a.beta_logits = F(beta_logits), a.alpha = F(alpha);
-      a.cu_seqlens = static_cast<const int32_t*>(d_meta.raw());
-      a.slots = a.cu_seqlens + 2;
       a.state = F(*state), a.o = F(*o);
-      a.batch = 1, a.heads = heads, a.head_dim = cuda::kKdaChunkHeadDim;
+      a.batch = 1, a.tokens = T, a.heads = heads, a.head_dim = cuda::kKdaChunkHeadDim;
       cuda::KdaChunked(a, stream_, bf16_prefill());
       return;
     }
@@ -289,12 +362,15 @@ class CudaBackend final : public Backend {
     const int64_t B = Rows(q_raw), Pl = Cols(q_raw), H = w.a_log->numel(), W = Cols(*w.conv_q);
     if (B == 0 || B > 65535 || H == 0 || Pl != H * cuda::kKdaDecodeHeadDim || W < 1 || W > 4 ||
         w.conv_q->dtype() != DType::kF32) {
+      // Per-row ops on slot views: a graph of them bakes the slots' addresses in.
+      capture_slot_bound_ = true;
       Backend::KdaDecode(slots, q_raw, k_raw, v_raw, f, beta_logits, gate, w, pool, o);
       return;
     }
     KIMIRT_CHECK(static_cast<int64_t>(slots.size()) == B && pool->conv_q.dim(1) == W - 1);
     CheckDecodeSlots(slots, pool->recurrent.dim(0));
-    Tensor d_slots = UploadInts(slots);
+    Tensor tmp;
+    const int32_t* d_slots = DecodeInput(slots, decode_slots_host_, decode_slots_, &tmp);
     KdaDecodeArgs a;
     a.rows = B;
     a.heads = H;
@@ -315,7 +391,7 @@ class CudaBackend final : public Backend {
     a.norm_eps = w.norm_eps;
     a.has_lower_bound = w.lower_bound.has_value();
     a.lower_bound = w.lower_bound.value_or(0.0f);
-    a.slots = static_cast<const int32_t*>(d_slots.raw());
+    a.slots = d_slots;
     a.slot_count = pool->recurrent.dim(0);
     a.recurrent = F(pool->recurrent);
     a.window_q = F(pool->conv_q);
@@ -414,11 +490,21 @@ class CudaBackend final : public Backend {
     g.begin = g.active + max_active;
     g.num_active = g.begin + max_active + 1;
     cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
-    Tensor h = Raw({n, I}, DType::kF32), grouped = Raw({n, De}, DType::kF32);
+    Tensor grouped = Raw({n, De}, DType::kF32);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
-    cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, p.kind == GluKind::kSilu ? 0 : 1,
-                            p.beta, p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped),
-                            stream_);
+    const int kind = p.kind == GluKind::kSilu ? 0 : 1;
+    if (T > cuda::kGemvMaxRows && bf16_prefill() && format != 0 && cuda::MoePrefillSupports(De, I, mxfp4) &&
+        ptrs.aligned16) {
+      // Prefill: BF16 tensor cores (moe_prefill_kernels.cu), the same bits for MXFP4 and BF16.
+      Tensor scratch = Scratch(cuda::MoePrefillScratchBytes(T, k, De, I, max_active));
+      cuda::MoePrefillExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), mxfp4, kind, p.beta,
+                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), scratch.raw(), F(grouped),
+                              stream_);
+    } else {
+      Tensor h = Raw({n, I}, DType::kF32);
+      cuda::MoeGroupedExperts(F(z), k, g, max_active, De, I, ptrs.view(), format, kind, p.beta,
+                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped), stream_);
+    }
     cuda::MoeCombine(F(grouped), g.pos, F(weights), T, k, De, F(*out), stream_);
   }
 
@@ -431,6 +517,7 @@ class CudaBackend final : public Backend {
     Tensor table;                   // 6·E pointers
     std::vector<const void*> host;  // the same, to check the entry still names these tensors
     int64_t E = 0;
+    bool aligned16 = false;         // every weight (codes) 16-byte aligned: the prefill kernels' copies
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -456,6 +543,8 @@ class CudaBackend final : public Backend {
     ptrs.E = static_cast<int64_t>(E);
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
+    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
+                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
     return ptrs;
   }
@@ -490,18 +579,24 @@ class CudaBackend final : public Backend {
 
   // y [m, n] = x [m, k] · w [n, k]ᵀ for a weight held as F32 or BF16. Up to kGemvMaxRows rows
   // (decode) a row-invariant kernel: BF16 on tensor cores with x split hi + mid + lo (DecodeGemm, the
-  // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows: cuBLAS SGEMM, a BF16
-  // weight widened to F32 in chunks of at most 16 M elements first.
+  // weight read once for all rows), F32 on the FP32 cores (Gemv). More rows (prefill): a BF16
+  // weight with bf16_prefill() on goes to PrefillGemm (x rounded to BF16, tensor cores, the same
+  // tile whatever m is); otherwise cuBLAS SGEMM, a BF16 weight widened to F32 in chunks of at
+  // most 16 M elements first.
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
     if (m <= cuda::kGemvMaxRows && k > 0) {
       if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
-        const size_t bytes = cuda::DecodeGemmScratchBytes(m, n, k);
-        Tensor scratch = Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32);
+        Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(m, n, k));
         cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
       }
+      return;
+    }
+    if (w.dtype() == DType::kBF16 && bf16_prefill() && m > 0 && n > 0 && k > 0) {
+      Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
+      cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       return;
     }
     if (w.dtype() == DType::kF32) {
@@ -524,12 +619,16 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // An uninitialized device tensor from the pool.
+  // Device scratch of `bytes` bytes from the pool (its blocks are cudaMalloc'd: 256-byte aligned).
+  Tensor Scratch(size_t bytes) { return Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32); }
+
+  // An uninitialized device tensor from the pool (while capturing, the graph's own pool).
   Tensor Raw(Shape shape, DType dtype) {
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
     if (bytes == 0) return Tensor(nullptr, nullptr, std::move(shape), dtype, Device::kCuda);
-    void* p = pool_->Get(bytes);
-    std::shared_ptr<void> owner(p, [pool = pool_, bytes](void* q) { pool->Put(q, bytes); });
+    const std::shared_ptr<DevicePool>& from = capture_pool_ ? capture_pool_ : pool_;
+    void* p = from->Get(bytes);
+    std::shared_ptr<void> owner(p, [pool = from, bytes](void* q) { pool->Put(q, bytes); });
     return Tensor(std::move(owner), p, std::move(shape), dtype, Device::kCuda);
   }
 
@@ -546,6 +645,7 @@ class CudaBackend final : public Backend {
   // (token ids, block tables, pointer arrays), a few per layer. (A pinned staging ring in their
   // place measured no gain: docs/cuda.md.)
   void CopyToDevice(void* dst, const void* src, size_t bytes) {
+    NotCapturing("an upload");
     const uint8_t* from = static_cast<const uint8_t*>(src);
     in_flight_.emplace_back(from, from + bytes);
     in_flight_bytes_ += bytes;
@@ -555,6 +655,7 @@ class CudaBackend final : public Backend {
 
   // Waits for the stream; every host buffer a queued copy read from may go.
   void Synchronize() {
+    NotCapturing("a wait for the stream");
     KIMIRT_CUDA_OK(cudaStreamSynchronize(stream_));
     in_flight_.clear();
     in_flight_bytes_ = 0;
@@ -578,10 +679,64 @@ class CudaBackend final : public Backend {
               p.linear_beta.value_or(1.0f), stream_);
   }
 
+  // A graph is made of launches only: anything that needs the host mid-step is a bug there.
+  void NotCapturing(const char* what) const {
+    if (capture_pool_) {
+      std::fprintf(stderr, "kimirt: %s while capturing the decode graph %s\n", what, capture_key_.c_str());
+      std::abort();
+    }
+  }
+
+  // Device ids or slots: the registered decode inputs (SetDecodeInputs) when `v` holds the same
+  // values, else a fresh upload kept alive by `tmp`.
+  const int32_t* DecodeInput(std::span<const int32_t> v, const std::vector<int32_t>& host, const Tensor& dev,
+                             Tensor* tmp) {
+    if (!v.empty() && v.size() == host.size() && std::equal(v.begin(), v.end(), host.begin())) {
+      return static_cast<const int32_t*>(dev.raw());
+    }
+    *tmp = UploadInts(v);
+    return static_cast<const int32_t*>(tmp->raw());
+  }
+
+  // Where a graph is stored: the caller's key, plus the step's KDA slots for shapes whose graph
+  // bakes them in (the unfused KdaDecode: the fixtures' small heads).
+  std::string StoredKey(const std::string& key) const {
+    if (slot_bound_keys_.count(key) == 0) return key;
+    std::string k = key + ":slots";
+    for (int32_t v : decode_slots_host_) {
+      k += ':';  // not ":" + to_string(v): GCC 12 flags that temporary with a false -Wrestrict
+      k += std::to_string(v);
+    }
+    return k;
+  }
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::shared_ptr<DevicePool> pool;  // the graph's tensors; outlives exec (destroyed after it)
+    Tensor output;
+    uint64_t last_use = 0;
+  };
+  static void DestroyGraph(Graph& g) {
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+  }
+
   int device_;
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
+  // Decode graphs by key (Backend::CaptureBegin), at most kMaxGraphs (least recently used go).
+  static constexpr size_t kMaxGraphs = 64;
+  std::map<std::string, Graph> graphs_;
+  uint64_t graph_tick_ = 0;
+  std::shared_ptr<DevicePool> capture_pool_;  // set while capturing
+  std::string capture_key_;
+  bool capture_slot_bound_ = false;
+  std::set<std::string> slot_bound_keys_;
+  // SetDecodeInputs' buffers (fixed addresses, kDecodeInputCap entries) and their host values.
+  static constexpr int64_t kDecodeInputCap = 1024;
+  Tensor decode_ids_, decode_slots_;
+  std::vector<int32_t> decode_ids_host_, decode_slots_host_;
   // Host sources of queued copies (CopyToDevice); each vector's buffer stays put when the list
   // grows.
   static constexpr size_t kMaxInFlight = 4096, kMaxInFlightBytes = 64u << 20;
@@ -623,34 +778,51 @@ void CudaKvStorage::Gather(int layer, std::span<const int32_t> table, int64_t le
                  CudaBackend::F(*c), s_.rope_dim > 0 ? CudaBackend::F(*ks) : nullptr, be_.stream_);
 }
 
+int64_t NextPow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
 void CudaKvStorage::SetDecodeStep(const PagedDecodeStep& step) {
   const int64_t B = step.size();
-  std::vector<int32_t> meta;
-  std::vector<int32_t> work;
-  meta.reserve(static_cast<size_t>(3 * B + 2) + step.tables.size());
-  for (int64_t len : step.context) {
-    KIMIRT_CHECK_MSG(len > 0 && len <= INT32_MAX, "decode step: context length out of range");
-    meta.push_back(static_cast<int32_t>(len));
-  }
-  meta.insert(meta.end(), step.table_begin.begin(), step.table_begin.end());
-  // The split schedule: a function of each sequence's own context length (batch invariance).
-  meta.push_back(0);
+  std::vector<int32_t> split_begin{0}, work;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = step.context[static_cast<size_t>(b)];
+    KIMIRT_CHECK_MSG(len > 0 && len <= INT32_MAX, "decode step: context length out of range");
     KIMIRT_CHECK_MSG(static_cast<int64_t>(step.table(b).size()) * s_.block_size >= len,
                      "decode step: a block table does not cover its context");
+    // The split schedule: a function of each sequence's own context length (batch invariance).
     const int64_t split = cuda::MlaDecodeSplitLen(len);
     for (int64_t s0 = 0; s0 < len; s0 += split) {
       work.insert(work.end(), {static_cast<int32_t>(b), static_cast<int32_t>(s0),
                                static_cast<int32_t>(std::min(len, s0 + split))});
     }
-    meta.push_back(static_cast<int32_t>(work.size() / 3));
+    split_begin.push_back(static_cast<int32_t>(work.size() / 3));
   }
+  step_b_ = B;
+  step_work_cap_ = NextPow2(std::max<int64_t>(1, static_cast<int64_t>(work.size() / 3)));
+  step_tables_cap_ = NextPow2(std::max<int64_t>(1, static_cast<int64_t>(step.tables.size())));
+  std::vector<int32_t> meta;
+  meta.reserve(static_cast<size_t>(1 + 3 * B + 2 + 3 * step_work_cap_ + step_tables_cap_));
+  meta.push_back(static_cast<int32_t>(work.size() / 3));
+  for (int64_t len : step.context) meta.push_back(static_cast<int32_t>(len));
+  meta.insert(meta.end(), step.table_begin.begin(), step.table_begin.end());
+  meta.insert(meta.end(), split_begin.begin(), split_begin.end());
+  work.resize(static_cast<size_t>(3 * step_work_cap_), 0);
   meta.insert(meta.end(), work.begin(), work.end());
   meta.insert(meta.end(), step.tables.begin(), step.tables.end());
-  step_meta_ = be_.UploadInts(meta);
-  step_b_ = B;
-  step_work_ = static_cast<int64_t>(work.size() / 3);
+  const int64_t need = static_cast<int64_t>(meta.size()) + step_tables_cap_ - static_cast<int64_t>(step.tables.size());
+  if (step_meta_.raw() == nullptr || need > step_meta_.numel()) step_meta_ = be_.Raw({NextPow2(need)}, DType::kI32);
+  be_.CopyToDevice(step_meta_.raw(), meta.data(), meta.size() * sizeof(int32_t));
+}
+
+std::string CudaKvStorage::GraphKey() const {
+  char key[160];
+  std::snprintf(key, sizeof(key), "kv:%p:%p:%p:b%lld:w%lld:t%lld", values_.raw(), scales_.raw(), step_meta_.raw(),
+                static_cast<long long>(step_b_), static_cast<long long>(step_work_cap_),
+                static_cast<long long>(step_tables_cap_));
+  return key;
 }
 
 cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
@@ -665,12 +837,13 @@ cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
   a.dr = s_.rope_dim;
   a.B = step_b_;
   const int32_t* meta = static_cast<const int32_t*>(step_meta_.raw());
-  a.context = meta;
+  a.work_count = meta;
+  a.context = meta + 1;
   a.table_begin = a.context + step_b_;
   a.split_begin = a.table_begin + step_b_ + 1;
   a.work = a.split_begin + step_b_ + 1;
-  a.num_work = step_work_;
-  a.tables = a.work + 3 * step_work_;
+  a.num_work = step_work_cap_;
+  a.tables = a.work + 3 * step_work_cap_;
   return a;
 }
 
@@ -697,13 +870,76 @@ void CudaKvStorage::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb
   cuda::PagedDecodeArgs a = StepArgs(layer);
   a.H = H;
   a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
-  Tensor part_o = be_.Raw({step_work_, H, r}, DType::kF32);
-  Tensor part_ml = be_.Raw({step_work_, H, 2}, DType::kF32);
+  Tensor part_o = be_.Raw({step_work_cap_, H, r}, DType::kF32);
+  Tensor part_ml = be_.Raw({step_work_cap_, H, 2}, DType::kF32);
   Tensor o_bar = be_.Raw({B, H, r}, DType::kF32);
   cuda::MlaPagedDecode(a, CudaBackend::F(qc), CudaBackend::F(part_o), CudaBackend::F(part_ml), CudaBackend::F(o_bar),
                        be_.stream_);
   cuda::AbsorbOutput(CudaBackend::F(o_bar), B, H, dn, dv, r, CudaBackend::W(w_kvb), bf16, CudaBackend::F(*o),
                      be_.stream_);
+}
+
+// Expanded prefill (spec §6.2, §6.4; issue 14). At the models' widths: every sequence's latent
+// rows gathered from the codes where they lie (KvGather, F32: the expansion GEMM's input), one
+// expansion GEMM per sequence (its bits a function of that sequence alone, whatever the batch),
+// k_nope ‖ v and k_s rounded to BF16, and the flash-attention kernel over the whole batch.
+// Other widths: each sequence through Gather + MlaAttention, the F32 path.
+void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
+                                  const MlaShape& shape, Tensor* o) {
+  const int64_t B = batch.size(), H = shape.heads, dn = shape.nope_dim, dr = shape.rope_dim, dv = shape.v_dim,
+                r = shape.latent_dim;
+  KIMIRT_CHECK(r == s_.latent_dim && dr == s_.rope_dim && layer >= 0 && layer < s_.layers);
+  const int64_t rows = q.dim(0);
+  KIMIRT_CHECK(q.numel() == rows * H * (dn + dr) && o->numel() == rows * H * dv && w_kvb.dim(1) == r &&
+               w_kvb.dim(0) == H * (dn + dv));
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    KIMIRT_CHECK_MSG(batch.start[i] >= 0 && batch.count[i] >= 0 && batch.row[i] >= 0 &&
+                         batch.row[i] + batch.count[i] <= rows,
+                     "prefill: rows out of range");
+    KIMIRT_CHECK_MSG(static_cast<int64_t>(batch.table(b).size()) * s_.block_size >= batch.start[i] + batch.count[i],
+                     "prefill: a block table does not cover its sequence");
+  }
+  if (!cuda::MlaPrefillSupported(dn, dr, dv)) {
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      const int64_t start = batch.start[i], n = batch.count[i];
+      if (n == 0) continue;
+      Tensor c = be_.Raw({start + n, r}, DType::kF32), ks = be_.Raw({start + n, dr}, DType::kF32);
+      Gather(layer, batch.table(b), start + n, &c, &ks);
+      Tensor out = o->Rows(batch.row[i], n);
+      be_.MlaAttention(q.Rows(batch.row[i], n), c, ks, w_kvb, shape, start, MlaForm::kExpanded, &out);
+    }
+    return;
+  }
+  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row);
+  if (plan.num_tiles == 0) return;
+  std::vector<int32_t> meta = plan.meta;
+  const int64_t tables_at = static_cast<int64_t>(meta.size());
+  meta.insert(meta.end(), batch.tables.begin(), batch.tables.end());
+  Tensor d_meta = be_.UploadInts(meta);
+  const int32_t* d_ints = static_cast<const int32_t*>(d_meta.raw());
+  const int64_t keys = plan.keys, width = H * (dn + dv);
+  Tensor c = be_.Raw({keys, r}, DType::kF32), ks = be_.Raw({keys, dr}, DType::kF32);
+  Tensor kv = be_.Raw({keys, width}, DType::kF32);
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    const int64_t len = batch.start[i] + batch.count[i], k0 = plan.key_begin[i];
+    if (batch.count[i] == 0) continue;
+    cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, r, dr,
+                   d_ints + tables_at + batch.table_begin[i], s_.layers, layer, s_.block_size, kind_,
+                   CudaBackend::F(c) + k0 * r, dr > 0 ? CudaBackend::F(ks) + k0 * dr : nullptr, be_.stream_);
+    be_.GemmW(CudaBackend::F(c) + k0 * r, w_kvb, CudaBackend::F(kv) + k0 * width, len, width, r);
+  }
+  Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
+  cuda::ToBf16(CudaBackend::F(kv), kv16.raw(), keys * width, be_.stream_);
+  if (dr > 0) cuda::ToBf16(CudaBackend::F(ks), ks16.raw(), keys * dr, be_.stream_);
+  cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
+  a.q = CudaBackend::F(q);
+  a.kv = kv16.raw();
+  a.ks = dr > 0 ? ks16.raw() : nullptr;
+  a.o = CudaBackend::F(*o);
+  cuda::MlaPrefillAttention(a, be_.stream_);
 }
 
 }  // namespace

@@ -265,9 +265,11 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
   const int64_t H = a.heads;
   const int h = static_cast<int>(blockIdx.x) / kNvb, vb = static_cast<int>(blockIdx.x) % kNvb;
   const int64_t seq = blockIdx.y;
-  const int64_t bos = a.cu_seqlens[seq], T = a.cu_seqlens[seq + 1] - bos;
+  const int64_t bos = a.cu_seqlens != nullptr ? a.cu_seqlens[seq] : 0;
+  const int64_t T = a.cu_seqlens != nullptr ? a.cu_seqlens[seq + 1] - bos : a.tokens;
+  const int64_t slot = a.slots != nullptr ? a.slots[seq] : 0;
   const int64_t col0 = int64_t{vb} * VB;  // first value column of this block
-  float* const state = a.state + (static_cast<int64_t>(a.slots[seq]) * H + h) * kDim * kDim + col0;
+  float* const state = a.state + (slot * H + h) * kDim * kDim + col0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));  // as the CPU reference computes it
 
@@ -646,6 +648,7 @@ int KdaChunkValueBlock(int64_t batch, int64_t heads) {
 
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block) {
   if (a.head_dim != kKdaChunkHeadDim || a.batch < 0 || a.batch > 65535 || a.heads < 1 || a.heads > 65535 ||
+      (a.cu_seqlens == nullptr && (a.batch > 1 || a.slots != nullptr || a.tokens < 0)) ||
       (value_block != 0 && value_block != 32 && value_block != 64 && value_block != 128)) {
     std::fprintf(stderr, "kimirt: KdaChunked: head dim %lld, batch %lld, heads %lld, value block %d (needs %d, "
                  "<= 65535, 1..65535, 0/32/64/128)\n",

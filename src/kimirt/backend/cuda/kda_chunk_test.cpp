@@ -134,7 +134,8 @@ class CudaBackendKdaChunkTest : public ::testing::Test {
   // cuda::KdaChunked on the sequences as one varlen batch, sequence b on slot slots[b] of `pool`
   // (updated); returns o of all rows (NaN-poisoned before the call).
   static std::vector<float> RunGpu(const std::vector<const Seq*>& seqs, const std::vector<int32_t>& slots,
-                                   std::vector<float>& pool, bool bf16, int value_block = 0) {
+                                   std::vector<float>& pool, bool bf16, int value_block = 0,
+                                   bool no_metadata = false) {
     const int64_t H = seqs.front()->H;
     std::vector<float> q, k, v, beta, alpha;
     std::vector<int32_t> cu{0};
@@ -150,6 +151,9 @@ class CudaBackendKdaChunkTest : public ::testing::Test {
     a.q = dq.get(), a.k = dk.get(), a.v = dv.get(), a.beta_logits = dbeta.get(), a.alpha = dalpha.get();
     a.cu_seqlens = dcu.get(), a.slots = dslots.get(), a.state = dpool.get(), a.o = dout.get();
     a.batch = static_cast<int64_t>(seqs.size()), a.heads = H, a.head_dim = kK;
+    if (no_metadata) {  // one sequence on slot 0, as CudaBackend::KdaCore calls it
+      a.cu_seqlens = nullptr, a.slots = nullptr, a.tokens = cu.back();
+    }
     cuda::KdaChunked(a, nullptr, bf16, value_block);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     pool = dpool.Download(pool.size());
@@ -238,6 +242,19 @@ TEST_F(CudaBackendKdaChunkTest, SequenceSplitOverTwoCallsCarriesState) {
   got.insert(got.end(), got_b.begin(), got_b.end());
   EXPECT_LE(RelL2(got, want), kTolF32);
   EXPECT_LE(RelL2(pool, want_state), kTolF32);
+}
+
+// CudaBackend::KdaCore's call (no cu_seqlens or slots: one sequence on the pool's slot 0) gives
+// the bits of the same sequence described by metadata.
+TEST_F(CudaBackendKdaChunkTest, OneSequenceWithoutMetadataGivesTheSameBits) {
+  const Seq s = NewSeq(150, 4, Gate::kLowerBound);
+  for (bool bf16 : {false, true}) {
+    std::vector<float> pool = NewPool(1, 4), pool_meta = pool;
+    const std::vector<float> out = RunGpu({&s}, {0}, pool, bf16, 0, true);
+    const std::vector<float> out_meta = RunGpu({&s}, {0}, pool_meta, bf16);
+    EXPECT_TRUE(SameBits(out.data(), out_meta.data(), out.size())) << (bf16 ? "BF16 mode" : "F32 mode");
+    EXPECT_TRUE(SameBits(pool.data(), pool_meta.data(), pool.size())) << (bf16 ? "BF16 mode" : "F32 mode");
+  }
 }
 
 // Batch invariance: a varlen batch (lengths around the chunk size, an empty sequence, several

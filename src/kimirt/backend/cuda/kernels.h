@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kimirt/backend/kda_decode_args.h"
 
@@ -44,13 +45,29 @@ int64_t DecodeGemmSplits(int64_t n, int64_t k);
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                 cudaStream_t s);
 
+// --- prefill_gemm.cu: BF16-weight GEMM for prefill (more than kGemvMaxRows rows) on tensor cores ---
+// y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32
+// accumulation and output (Backend::bf16_prefill; docs/cuda.md "Prefill GEMMs on tensor cores").
+// Batch-invariant: one fixed 128 × 128 tile, k in ascending order, no split, so a row's bits
+// depend on its x row, w, n and k only. Any m, n, k ≥ 1 (m, n ≤ 2³¹); `scratch` is device
+// memory of PrefillGemmScratchBytes(m, n, k, w_bf16) bytes, 256-byte aligned, used on `s` only.
+size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf16);
+void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
+                 cudaStream_t s);
+
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
 // rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
 void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int64_t rows, int64_t K, float* y,
                   cudaStream_t s);
-// cands: a device array of n device pointers, each [T, D] (spec §8.2).
-void AttnResMix(const float* const* cands, int n, const float* proj, const float* norm_w, float eps, int64_t T,
+// The candidates' device pointers, each [T, D], passed by value in the launch (no upload, so a
+// decode step with AttnRes can be captured in a graph) (spec §8.2).
+constexpr int kAttnResMaxCandidates = 128;
+struct AttnResCandidates {
+  const float* p[kAttnResMaxCandidates];
+  int n = 0;
+};
+void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s);
 
 // --- kda_kernels.cu (spec §5) ---
@@ -95,8 +112,11 @@ struct KdaChunkArgs {
   const float* v = nullptr;
   const float* beta_logits = nullptr;
   const float* alpha = nullptr;
-  const int32_t* cu_seqlens = nullptr;  // [batch + 1], non-decreasing, from 0
-  const int32_t* slots = nullptr;       // [batch]
+  // [batch + 1], non-decreasing, from 0. Null: one sequence of `tokens` rows on slot 0 (slots
+  // null too; nothing to upload, so a launch inside a graph capture bakes in no host data).
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* slots = nullptr;  // [batch]
+  int64_t tokens = 0;
   float* state = nullptr;               // [slot_count, H, K, K]
   float* o = nullptr;
   int64_t batch = 0, heads = 0, head_dim = 0;
@@ -150,9 +170,11 @@ struct PagedDecodeArgs {
   int layers = 0, layer = 0, block_size = 0;
   int64_t r = 0, dr = 0, B = 0, H = 0;
   float scale = 1.0f;
-  // Device metadata of the step (KvStorage::SetDecodeStep): per sequence context [B],
-  // table_begin [B + 1] into tables, split_begin [B + 1] into the work list, and the work list
-  // [num_work, 3] of (sequence, first position, end position).
+  // Device metadata of the step (KvStorage::SetDecodeStep): the work count, per sequence
+  // context [B], table_begin [B + 1] into tables, split_begin [B + 1] into the work list, and
+  // the work list of (sequence, first position, end position). num_work is the list's capacity
+  // (the grid: blocks past *work_count exit), so one launch shape serves every step of a graph.
+  const int32_t* work_count = nullptr;
   const int32_t* context = nullptr;
   const int32_t* table_begin = nullptr;
   const int32_t* tables = nullptr;
@@ -166,6 +188,58 @@ int64_t MlaDecodeSplitLen(int64_t context);
 // and part_ml [num_work, H, 2] are scratch for the splits.
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s);
+
+// --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
+// Causal flash attention of the new tokens of a varlen batch of sequences over their expanded
+// keys and values: sequence b's count new queries at positions start .. start + count - 1 see
+// its keys 0 .. position. Per head h the key is k_nope ‖ k_s (k_s shared by the heads), the
+// value v; BF16 operands, F32 accumulation and online softmax in F32, the probabilities rounded
+// to BF16 for P·V (the reference's eager numerics, spec §6.4). A row's bits depend on its own
+// query and its sequence's keys and values only (mla_prefill_kernels.cu says why).
+struct MlaPrefillArgs {
+  const float* q = nullptr;  // [rows, H, dn + dr] F32 (rounded to BF16 on load)
+  const void* kv = nullptr;  // BF16 [key rows, H, dn + dv]: k_nope ‖ v per head
+  const void* ks = nullptr;  // BF16 [key rows, dr] (may be null when dr = 0)
+  float* o = nullptr;        // [rows, H, dv] F32
+  // Device metadata (MlaPrefillPlan): seqs [B, 4] = (first q/o row, new tokens, start, first key
+  // row); tiles [num_tiles, 2] = (sequence, first new token of a block of MlaPrefillTileRows()
+  // of the variant).
+  const int32_t* seqs = nullptr;
+  const int32_t* tiles = nullptr;
+  int64_t num_tiles = 0, H = 0, dn = 0, dr = 0, dv = 0;
+  float scale = 1.0f;
+  int variant = 0;  // the plan's (PlannedMlaPrefillArgs sets it)
+};
+// The widths with a kernel: the models' (dn = dv = 128; dr = 64, or 0).
+bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
+// Kernel shapes; every row gets the same bits from each (the same mma and softmax steps in the
+// same order), so the choice is one of speed alone:
+//   0: 64 queries a block, 16 a warp, its query fragments in registers; key tiles double-buffered
+//      (86 KB of shared memory: 2 blocks an SM);
+//   1: 128 queries a block, 32 a warp (each K and V fragment read from shared memory feeds two
+//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM);
+//   2: as 1, double-buffered (135 KB: 1 block an SM).
+constexpr int kMlaPrefillVariants = 3;
+constexpr int kMlaPrefillDefaultVariant = 0;
+int64_t MlaPrefillTileRows(int variant);
+void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s);
+// The host side of a call's metadata: `meta` = seqs [B, 4] ‖ tiles [num_tiles, 2] (upload it and
+// point MlaPrefillArgs there), the tiles with the most keys first (they finish last otherwise).
+// Sequence b's keys are rows [key_begin[b], key_begin[b] + start[b] + count[b]) of kv and ks.
+struct MlaPrefillPlan {
+  std::vector<int32_t> meta;
+  std::vector<int64_t> key_begin;
+  int64_t B = 0, num_tiles = 0, keys = 0;  // keys: key rows of the whole batch
+  int variant = kMlaPrefillDefaultVariant;
+};
+MlaPrefillPlan PlanMlaPrefill(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                              const std::vector<int64_t>& row, int variant = kMlaPrefillDefaultVariant);
+// The arguments of the call `plan` describes, its metadata uploaded to `d_meta`, at these
+// widths, with the softmax scale 1/sqrt(dn + dr) (spec §6.4); q, kv, ks and o left to set.
+MlaPrefillArgs PlannedMlaPrefillArgs(const MlaPrefillPlan& plan, const int32_t* d_meta, int64_t H, int64_t dn,
+                                     int64_t dr, int64_t dv);
+// y [n] (BF16, round to nearest even) := x [n] (F32).
+void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 
 // --- moe_kernels.cu (spec §7.2) ---
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
@@ -200,6 +274,20 @@ struct ExpertPointerTable {
 void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De, int64_t I,
                        const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
                        float linear_beta, float* h, float* grouped, cudaStream_t s);
+// --- moe_prefill_kernels.cu: the routed experts of a prefill call on tensor cores ---
+// What MoeGroupedExperts computes, for calls of more than kGemvMaxRows tokens with
+// Backend::bf16_prefill on: for every group row g (slot order[g], token order[g] / k, expert e),
+// h[g] = bf16(GLU(bf16(z) W1_eᵀ, bf16(z) W3_eᵀ)) and grouped[g] = h[g] W2_eᵀ, BF16 tensor cores with
+// F32 accumulation, weights BF16 (mxfp4 false) or MXFP4 codes + scales decoded to BF16 in the
+// kernel — the same bits either way. A token's bits depend on its own row only. The tile
+// schedule is built on the device from the groups (no host round trip). Needs De and I multiples
+// of 8 (32 for MXFP4: MoePrefillSupports); `scratch` is device memory of
+// MoePrefillScratchBytes(T, k, De, I, max_active) bytes, 256-byte aligned.
+bool MoePrefillSupports(int64_t De, int64_t I, bool mxfp4);
+size_t MoePrefillScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I, int64_t max_active);
+void MoePrefillExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
+                       int64_t I, const ExpertPointerTable& w, bool mxfp4, int kind, float beta, bool has_linear_beta,
+                       float linear_beta, void* scratch, float* grouped, cudaStream_t s);
 // out[i] = the MXFP4 value i of `codes` / `scales` (n a multiple of 32), decoded as the expert
 // kernels decode it (for the bit-for-bit check against core/dtype_convert).
 void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s);

@@ -23,6 +23,12 @@ namespace kimirt::cuda {
 namespace {
 
 constexpr int kTile = 128;  // = threads per block
+
+// Butterfly sum: every lane ends with the same bits (each step adds the same two values).
+__device__ __forceinline__ float WarpSumAll(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
 constexpr int kValuesPerThread = static_cast<int>(kAttentionMaxValueDim / kTile);
 
 __global__ void CausalAttentionKernel(AttentionArgs a) {
@@ -76,31 +82,96 @@ __global__ void CausalAttentionKernel(AttentionArgs a) {
   }
 }
 
-// qc[t,h,j] = Σ_i q_n[t,h,i] W_UK,h[i,j] for j < r; then q_s copied after it.
-__global__ void AbsorbQueryKernel(const float* q, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
-                                  const void* w_kvb, bool bf16, float* qc) {
-  const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
-  const float* qn = q + (t * H + h) * (dn + dr);
+// The absorb GEMVs (spec §6.6) read each head's [dn | dv, r] slice of kv_b once per call for
+// every row, spread over many blocks; a row's sums have one fixed order whatever the other
+// rows, so rows stay batch-invariant. Rows go in chunks of kAbsorbRows (registers).
+constexpr int kAbsorbRows = 8;
+constexpr int kAbsorbCols = 64;    // AbsorbQuery: latent columns per block, one per thread
+constexpr int kAbsorbSplit = 4;    // AbsorbQuery: dn split over this many thread groups
+constexpr int kAbsorbOutWarps = 8;  // AbsorbOutput: output dims per block, one per warp
+constexpr int kAbsorbMaxLatent = static_cast<int>(kMlaDecodeMaxLatent);
+
+// qc[t,h,j] = Σ_i q_n[t,h,i] W_UK,h[i,j] for j < r; then q_s copied after it. Block (h, 64
+// columns): thread (g, c) sums i ≡ g (mod 4) ascending for column c, the four partial sums are
+// added in g order. The weight loads of a thread are independent, so they overlap.
+__global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
+    AbsorbQueryKernel(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
+                      const void* w_kvb, bool bf16, float* qc) {
+  __shared__ float part[kAbsorbSplit][kAbsorbRows][kAbsorbCols];
+  const int64_t h = blockIdx.x;
+  const int c = threadIdx.x % kAbsorbCols, g = threadIdx.x / kAbsorbCols;
+  const int64_t j = int64_t{blockIdx.y} * kAbsorbCols + c;
   const int64_t w_uk = h * (dn + dv) * r;  // element offset of W_UK,h
-  float* out = qc + (t * H + h) * (r + dr);
-  for (int64_t j = threadIdx.x; j < r; j += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < dn; ++i) sum += qn[i] * WeightAt(w_kvb, w_uk + i * r + j, bf16);
-    out[j] = sum;
+  for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
+    const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
+    float acc[kAbsorbRows];
+#pragma unroll
+    for (int b = 0; b < kAbsorbRows; ++b) acc[b] = 0.0f;
+    if (j < r) {
+#pragma unroll 4
+      for (int64_t i = g; i < dn; i += kAbsorbSplit) {
+        const float w = WeightAt(w_kvb, w_uk + i * r + j, bf16);
+#pragma unroll
+        for (int b = 0; b < kAbsorbRows; ++b) {
+          if (b < rows) acc[b] += q[((t0 + b) * H + h) * (dn + dr) + i] * w;
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kAbsorbRows; ++b) part[g][b][c] = acc[b];
+    __syncthreads();
+    if (g == 0 && j < r) {
+      for (int b = 0; b < rows; ++b) {
+        float sum = part[0][b][c];
+#pragma unroll
+        for (int k = 1; k < kAbsorbSplit; ++k) sum += part[k][b][c];
+        qc[((t0 + b) * H + h) * (r + dr) + j] = sum;
+      }
+    }
+    __syncthreads();
   }
-  for (int64_t i = threadIdx.x; i < dr; i += blockDim.x) out[r + i] = qn[dn + i];
+  if (blockIdx.y == 0) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = threadIdx.x; i < dr; i += blockDim.x) qc[(t * H + h) * (r + dr) + r + i] = q[(t * H + h) * (dn + dr) + dn + i];
+    }
+  }
 }
 
-// o[t,h,i] = Σ_j W_UV,h[i,j] ō[t,h,j]
-__global__ void AbsorbOutputKernel(const float* o_bar, int64_t H, int64_t dn, int64_t dv, int64_t r,
-                                   const void* w_kvb, bool bf16, float* o) {
-  const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
-  const float* ob = o_bar + (t * H + h) * r;
+// o[t,h,i] = Σ_j W_UV,h[i,j] ō[t,h,j]. Block (h, 8 output dims), warp per dim: lane holds the
+// weight row's elements j ≡ lane (mod 32) in registers, sums them ascending per row, then the
+// fixed butterfly. The rows' ō go through shared memory kAbsorbRows at a time.
+__global__ void __launch_bounds__(kAbsorbOutWarps * 32)
+    AbsorbOutputKernel(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
+                       const void* w_kvb, bool bf16, float* o) {
+  __shared__ float ob[kAbsorbRows][kAbsorbMaxLatent];
+  const int64_t h = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t{blockIdx.y} * kAbsorbOutWarps + warp;
+  constexpr int kPerLane = kAbsorbMaxLatent / 32;
+  float w[kPerLane];
   const int64_t w_uv = (h * (dn + dv) + dn) * r;  // element offset of W_UV,h
-  for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < r; ++j) sum += WeightAt(w_kvb, w_uv + i * r + j, bf16) * ob[j];
-    o[(t * H + h) * dv + i] = sum;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t jj = lane + 32 * k;
+    w[k] = i < dv && jj < r ? WeightAt(w_kvb, w_uv + i * r + jj, bf16) : 0.0f;
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
+    const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
+    __syncthreads();  // the last chunk is consumed
+    for (int64_t e = threadIdx.x; e < rows * r; e += blockDim.x) {
+      ob[e / r][e % r] = o_bar[((t0 + e / r) * H + h) * r + e % r];
+    }
+    __syncthreads();
+    if (i >= dv) continue;
+    for (int b = 0; b < rows; ++b) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        if (lane + 32 * k < r) sum += w[k] * ob[b][lane + 32 * k];
+      }
+      sum = WarpSumAll(sum);
+      if (lane == 0) o[((t0 + b) * H + h) * dv + i] = sum;
+    }
   }
 }
 
@@ -112,6 +183,7 @@ constexpr int kDecodeThreads = kDecodeHeads * 32;
 constexpr int kDecodeMaxRow = static_cast<int>(kMlaDecodeMaxLatent + kMlaDecodeMaxRope);
 constexpr int kLatentPerLane = static_cast<int>(kMlaDecodeMaxLatent / 32);
 constexpr int kRowPerLane = kDecodeMaxRow / 32;
+constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / kDecodeThreads;
 // Splits: at least kMinSplit positions, at most kMaxSplits per sequence (bounds the scratch).
 constexpr int64_t kMinSplit = 256, kMaxSplits = 64;
 
@@ -125,11 +197,6 @@ __device__ __forceinline__ float LatentAt(const PagedDecodeArgs& a, int64_t row,
   return __half2float(__half(h)) * a.scales[row * 2 + (e < a.r ? 0 : 1)];
 }
 
-// Butterfly sum: every lane ends with the same bits (each step adds the same two values).
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 
 // One block per (work item = split of a sequence, group of kDecodeHeads heads); warp w owns head
 // group·8 + w, its lane the query elements lane + 32k in registers. Per tile of positions staged
@@ -140,6 +207,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
   __shared__ float tile[kDecodeTile][kDecodeMaxRow];
   const int64_t work = blockIdx.x;
+  if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
   const int w = static_cast<int>(a.r + a.dr), r = static_cast<int>(a.r);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -155,15 +223,33 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float acc[kLatentPerLane];
 #pragma unroll
   for (int k = 0; k < kLatentPerLane; ++k) acc[k] = 0.0f;
+  // The tile's rows are loaded into registers one tile ahead (all of a thread's loads issued
+  // together, so their latencies overlap, and the next tile's in flight during this one's math).
+  float buf[kTileLoads];
+  auto load = [&](int64_t t0) {
+    const int n = static_cast<int>(s1 - t0 < kDecodeTile ? s1 - t0 : kDecodeTile);
+#pragma unroll
+    for (int k = 0; k < kTileLoads; ++k) {
+      const int idx = static_cast<int>(threadIdx.x) + k * kDecodeThreads, j = idx / w, e = idx % w;
+      buf[k] = 0.0f;
+      if (j < n) {
+        const int64_t p = t0 + j;
+        const int64_t row = (int64_t{table[p / a.block_size]} * a.layers + a.layer) * a.block_size + p % a.block_size;
+        buf[k] = LatentAt(a, row, e, w);
+      }
+    }
+  };
+  load(s0);
   for (int64_t t0 = s0; t0 < s1; t0 += kDecodeTile) {
     const int n = static_cast<int>(s1 - t0 < kDecodeTile ? s1 - t0 : kDecodeTile);
     __syncthreads();  // the last tile is consumed
-    for (int j = 0; j < n; ++j) {
-      const int64_t p = t0 + j;
-      const int64_t row = (int64_t{table[p / a.block_size]} * a.layers + a.layer) * a.block_size + p % a.block_size;
-      for (int e = threadIdx.x; e < w; e += kDecodeThreads) tile[j][e] = LatentAt(a, row, e, w);
+#pragma unroll
+    for (int k = 0; k < kTileLoads; ++k) {
+      const int idx = static_cast<int>(threadIdx.x) + k * kDecodeThreads, j = idx / w, e = idx % w;
+      if (j < n) tile[j][e] = buf[k];
     }
     __syncthreads();
+    if (t0 + kDecodeTile < s1) load(t0 + kDecodeTile);
     if (h >= a.H) continue;  // warp-uniform; the barriers above are still met
     float sc[kDecodeTile];
     float m_new = m;
@@ -175,7 +261,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int k = 0; k < kRowPerLane; ++k) {
           if (lane + 32 * k < w) dot += qr[k] * tile[j][lane + 32 * k];
         }
-        sc[j] = a.scale * WarpSum(dot);
+        sc[j] = a.scale * WarpSumAll(dot);
         m_new = fmaxf(m_new, sc[j]);
       }
     }
@@ -267,14 +353,21 @@ void CausalAttention(const AttentionArgs& a, cudaStream_t s) {
 void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
                  const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
-  AbsorbQueryKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(q, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
+  const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAbsorbCols - 1) / kAbsorbCols));
+  AbsorbQueryKernel<<<grid, kAbsorbCols * kAbsorbSplit, 0, s>>>(q, T, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
   CheckLaunch("AbsorbQuery");
 }
 
 void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r, const void* w_kvb,
                   bool w_bf16, float* o, cudaStream_t s) {
   if (T == 0 || H == 0) return;
-  AbsorbOutputKernel<<<static_cast<unsigned>(T * H), 128, 0, s>>>(o_bar, H, dn, dv, r, w_kvb, w_bf16, o);
+  if (r > kAbsorbMaxLatent) {
+    std::fprintf(stderr, "kimirt: MLA absorbed output with latent %lld exceeds the kernel's %d\n",
+                 static_cast<long long>(r), kAbsorbMaxLatent);
+    std::abort();
+  }
+  const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((dv + kAbsorbOutWarps - 1) / kAbsorbOutWarps));
+  AbsorbOutputKernel<<<grid, kAbsorbOutWarps * 32, 0, s>>>(o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);
   CheckLaunch("AbsorbOutput");
 }
 

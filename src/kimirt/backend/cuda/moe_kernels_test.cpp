@@ -22,6 +22,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/moe_experts_case.h"
 
 namespace kimirt {
 namespace {
@@ -32,12 +33,6 @@ uint32_t Bits(float f) {
   return u;
 }
 
-// One matrix as the checkpoint stores it, and its exact values.
-struct Mxfp4Matrix {
-  Tensor codes, scales;  // host U8 [rows, cols/2], [rows, cols/32]
-  Tensor values;         // host F32 [rows, cols]
-};
-
 class CudaBackendMoe : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -47,25 +42,6 @@ class CudaBackendMoe : public ::testing::Test {
     cpu_ = std::move(MakeBackend("cpu")).value();
   }
 
-  // Random codes (every byte equally likely, so every E2M1 code) and scales in [lo, hi].
-  Mxfp4Matrix RandomMxfp4(int64_t rows, int64_t cols, int lo, int hi) {
-    Mxfp4Matrix m{Tensor::Host({rows, cols / 2}, DType::kU8), Tensor::Host({rows, cols / 32}, DType::kU8),
-                  Tensor::Host({rows, cols})};
-    uint8_t* c = static_cast<uint8_t*>(m.codes.raw());
-    for (int64_t i = 0; i < m.codes.numel(); i += 8) {
-      const uint64_t r = rng_.Next();
-      std::memcpy(c + i, &r, static_cast<size_t>(std::min<int64_t>(8, m.codes.numel() - i)));
-    }
-    uint8_t* s = static_cast<uint8_t*>(m.scales.raw());
-    for (int64_t i = 0; i < m.scales.numel(); ++i) s[i] = static_cast<uint8_t>(lo + rng_.Next() % (hi - lo + 1));
-    for (int64_t r = 0; r < rows; ++r) DequantizeMxfp4Row(c + r * cols / 2, s + r * cols / 32, cols, m.values.f32() + r * cols);
-    return m;
-  }
-  Tensor Bf16Of(const Tensor& f32) {
-    Tensor b = Tensor::Host(f32.shape(), DType::kBF16);
-    F32ToBf16(f32.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(f32.numel()));
-    return gpu_->Upload(b);
-  }
   Tensor Random(Shape shape, float scale = 1.0f) {
     Tensor t = Tensor::Host(std::move(shape));
     for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng_.FastNormal();
@@ -76,46 +52,12 @@ class CudaBackendMoe : public ::testing::Test {
     for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::nanf("");
     return gpu_->Upload(h);
   }
-  // Each token chooses k distinct experts of E (a random order: top-k order is not sorted) with
-  // positive combine weights.
   void RandomChoice(int64_t T, int64_t E, int64_t k, Tensor* idx, Tensor* w) {
-    *idx = Tensor::Host({T, k}, DType::kI32);
-    *w = Tensor::Host({T, k});
-    std::vector<int32_t> perm(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
-      for (int64_t i = E - 1; i > 0; --i) std::swap(perm[static_cast<size_t>(i)], perm[rng_.Next() % (i + 1)]);
-      for (int64_t j = 0; j < k; ++j) {
-        idx->i32()[t * k + j] = perm[static_cast<size_t>(j)];
-        w->f32()[t * k + j] = 0.05f + static_cast<float>(rng_.Uniform());
-      }
-    }
+    testing::RandomMoeChoice(rng_, T, E, k, idx, w);
   }
-
   // The same experts three ways: MXFP4 codes + scales and BF16 on the GPU, F32 on the CPU.
-  struct Experts {
-    ExpertWeights packed, bf16, f32;
-  };
-  Experts RandomExperts(int64_t E, int64_t De, int64_t I) {
-    Experts ex;
-    for (int64_t e = 0; e < E; ++e) {
-      // Scales 2^-9 .. 2^-5 keep activations O(1) through K3-width sums.
-      Mxfp4Matrix g = RandomMxfp4(I, De, 118, 122), u = RandomMxfp4(I, De, 118, 122), d = RandomMxfp4(De, I, 118, 122);
-      ex.packed.gate.push_back(gpu_->Upload(g.codes));
-      ex.packed.up.push_back(gpu_->Upload(u.codes));
-      ex.packed.down.push_back(gpu_->Upload(d.codes));
-      ex.packed.gate_scales.push_back(gpu_->Upload(g.scales));
-      ex.packed.up_scales.push_back(gpu_->Upload(u.scales));
-      ex.packed.down_scales.push_back(gpu_->Upload(d.scales));
-      ex.bf16.gate.push_back(Bf16Of(g.values));
-      ex.bf16.up.push_back(Bf16Of(u.values));
-      ex.bf16.down.push_back(Bf16Of(d.values));
-      ex.f32.gate.push_back(g.values);
-      ex.f32.up.push_back(u.values);
-      ex.f32.down.push_back(d.values);
-    }
-    return ex;
-  }
+  using Experts = testing::MoeExpertsCase;
+  Experts RandomExperts(int64_t E, int64_t De, int64_t I) { return testing::RandomMoeExperts(*gpu_, rng_, E, De, I); }
 
   Tensor RunGpu(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex, const GluParams& p) {
     Tensor out = Poisoned({z.dim(0), z.dim(1)});

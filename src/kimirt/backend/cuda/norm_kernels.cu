@@ -11,7 +11,6 @@ namespace kimirt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxCandidates = 128;
 
 __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -41,13 +40,14 @@ __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* 
   for (int64_t d = threadIdx.x; d < K; d += blockDim.x) yr[d] = xr[d] * rstd * w[d] * Sigmoid(gr[d]);
 }
 
-__global__ void AttnResMixKernel(const float* const* cands, int n, const float* proj, const float* norm_w, float eps,
+__global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
   __shared__ float scratch[33];
-  __shared__ float score[kMaxCandidates];
+  __shared__ float score[kAttnResMaxCandidates];
   const int64_t t = blockIdx.x;
+  const int n = cands.n;
   for (int i = 0; i < n; ++i) {
-    const float* v = cands[i] + t * D;
+    const float* v = cands.p[i] + t * D;
     float ss = 0.0f, dot = 0.0f;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       ss += v[d] * v[d];
@@ -69,7 +69,7 @@ __global__ void AttnResMixKernel(const float* const* cands, int n, const float* 
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.0f;
-    for (int i = 0; i < n; ++i) o += score[i] * cands[i][t * D + d];
+    for (int i = 0; i < n; ++i) o += score[i] * cands.p[i][t * D + d];
     y[t * D + d] = o;
   }
 }
@@ -90,14 +90,14 @@ void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int
   CheckLaunch("GatedRmsNorm");
 }
 
-void AttnResMix(const float* const* cands, int n, const float* proj, const float* norm_w, float eps, int64_t T,
+void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s) {
   if (T == 0) return;
-  if (n < 1 || n > kMaxCandidates) {
-    std::fprintf(stderr, "kimirt: AttnResMix of %d candidates (1..%d supported)\n", n, kMaxCandidates);
+  if (cands.n < 1 || cands.n > kAttnResMaxCandidates) {
+    std::fprintf(stderr, "kimirt: AttnResMix of %d candidates (1..%d supported)\n", cands.n, kAttnResMaxCandidates);
     std::abort();
   }
-  AttnResMixKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(cands, n, proj, norm_w, eps, D, y);
+  AttnResMixKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(cands, proj, norm_w, eps, D, y);
   CheckLaunch("AttnResMix");
 }
 
