@@ -23,6 +23,7 @@ inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <typename T>
 T __ldg(const T* p) { return *p; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
 #include <math.h>
 struct BlockCtx {
   std::barrier<> block{256};

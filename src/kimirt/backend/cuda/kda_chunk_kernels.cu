@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
 #pragma unroll
         for (int rr = 0; rr < kBlockRows; ++rr) {
           unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
-          const float e = expf(x[rr]), ei = expf(-x[rr]);
+          const float e = expf(x[rr]), ei = __frcp_rn(e);  // |x| ≤ 60 where used: e and 1/e normal
           const int at = (r0 + rr) * kXs + d;
           QM[at] *= e;
           KM[at] *= e;
