@@ -103,7 +103,7 @@ void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 // q, k, v, alpha, o 16-byte aligned. Needs head_dim == kKdaChunkHeadDim; aborts otherwise.
 // Matmuls on tensor cores with F32 operands split into BF16 parts: three (F32 math up to
 // summation order), or two with bf16_operands (~2⁻¹⁷ per product; the BF16 prefill mode). A
-// sequence's bits depend on its own rows and state only (batch invariance), for either
+// sequence's bits depend on its own rows and state only (batch invariance), for any
 // value_block (0 = KdaChunkValueBlock's choice; 32, 64 or 128 value columns per thread block).
 constexpr int kKdaChunkHeadDim = 128;
 struct KdaChunkArgs {
@@ -117,7 +117,7 @@ struct KdaChunkArgs {
   const int32_t* cu_seqlens = nullptr;
   const int32_t* slots = nullptr;  // [batch]
   int64_t tokens = 0;
-  float* state = nullptr;               // [slot_count, H, K, K]
+  float* state = nullptr;  // [slot_count, H, K, K]
   float* o = nullptr;
   int64_t batch = 0, heads = 0, head_dim = 0;
 };
