@@ -490,25 +490,34 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
       }
       __syncthreads();
     }
+    // Four columns per thread (float4 rows of N and of the scratch): i·64 threads per block row.
     for (int i = 1; i < kBlocks; ++i) {
-      for (int e = tid; e < i * 256; e += kThreads) {
-        const int j = e >> 8, rr = (e >> 4) & 15, cc = e & 15;
-        float s = 0.0f;
+      for (int e = tid; e < i * 64; e += kThreads) {
+        const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int m = j; m < i; ++m) {
           const float* const arow = Am + (16 * i + rr) * kTs + 16 * m;
-          const float* const ncol = Am + 16 * m * kTs + 16 * j + cc;
+          const float* const nblk = Am + 16 * m * kTs + 16 * j + c0;
 #pragma unroll
-          for (int x = 0; x < kBlockRows; ++x) s += arow[x] * ncol[x * kTs];
+          for (int x = 0; x < kBlockRows; ++x) {
+            const float av = arow[x];
+            const float4 n4 = *reinterpret_cast<const float4*>(nblk + x * kTs);
+            s.x += av * n4.x, s.y += av * n4.y, s.z += av * n4.z, s.w += av * n4.w;
+          }
         }
-        Tmp[e] = s;
+        *reinterpret_cast<float4*>(Tmp + (j * 16 + rr) * 16 + c0) = s;
       }
       __syncthreads();
-      for (int e = tid; e < i * 256; e += kThreads) {
-        const int j = e >> 8, rr = (e >> 4) & 15, cc = e & 15;
+      for (int e = tid; e < i * 64; e += kThreads) {
+        const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
         const float* const nrow = Am + (16 * i + rr) * kTs + 16 * i;
-        float s = 0.0f;
-        for (int x = 0; x <= rr; ++x) s += nrow[x] * Tmp[(j * 16 + x) * 16 + cc];
-        Am[(16 * i + rr) * kTs + 16 * j + cc] = s;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int x = 0; x <= rr; ++x) {
+          const float nv = nrow[x];
+          const float4 t4 = *reinterpret_cast<const float4*>(Tmp + (j * 16 + x) * 16 + c0);
+          s.x += nv * t4.x, s.y += nv * t4.y, s.z += nv * t4.z, s.w += nv * t4.w;
+        }
+        *reinterpret_cast<float4*>(Am + (16 * i + rr) * kTs + 16 * j + c0) = s;
       }
       __syncthreads();
     }
