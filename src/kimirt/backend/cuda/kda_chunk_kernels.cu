@@ -620,9 +620,10 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
 template <int P, int VB>
 void Launch(const KdaChunkArgs& a, cudaStream_t s) {
   using L = Smem<VB>;
-  static const cudaError_t attr = cudaFuncSetAttribute(KdaChunkKernel<P, VB>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(L::kBytes));
+  // Every call (a microsecond next to a prefill's milliseconds), so it holds on whichever device
+  // is current.
+  const cudaError_t attr = cudaFuncSetAttribute(KdaChunkKernel<P, VB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(L::kBytes));
   if (attr != cudaSuccess) {
     std::fprintf(stderr, "kimirt: KdaChunked: %zu bytes of shared memory refused: %s\n", L::kBytes,
                  cudaGetErrorString(attr));
