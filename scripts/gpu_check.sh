@@ -11,6 +11,9 @@
 #   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
 #             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
 #             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
+#   kdachunk  the chunked KDA prefill kernel (bench/kda_chunk_bench.cu) and FLA's chunk_kda
+#             (bench/kda_chunk_fla.py) in one run ($OUT/kda-chunk-bench.json), after the kernel's
+#             tests (CudaBackendKdaChunk*); FLA as for kdabench.
 #   mla       the paged MLA decode kernel (mla_decode_bench: BF16 and FP8 latents at 4K-128K
 #             context, fraction of HBM) and `bench model` on the 2-layer Kimi-Linear-48B at prompt
 #             1024 and 8192 (batch 1), with the 32K step predicted from them (issue 12).
@@ -33,7 +36,7 @@
 #             flash kernel's three shapes against CausalAttention, the paged op against Gather +
 #             MlaAttention, at 8K, 32K's last 8K chunk, 32K whole and in 8K chunks, 8K in 2K and
 #             256-token chunks; $OUT/mla-prefill-bench.json), its table last.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|moe|decode48|mla|prof48|pgemm|mlapre]
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -138,6 +141,21 @@ if [[ "$what" == kdabench ]]; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_decode_fla.py --ours "$out/kda-decode-ours.json" \
     --out "$out/kda-decode-bench.json" 2>&1 | tee "$out/kda-decode-fla.txt" | grep -v Warning
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == kdachunk ]]; then
+  timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendKdaChunk*:CudaBackendTest.Kda*' \
+    --gtest_output="json:$out/gtest-kdachunk.json" >"$out/gtest-kdachunk.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|rel_l2' "$out/gtest-kdachunk.txt" | head -40
+  timeout 240 "$root/kda_chunk_bench" --json "$out/kda-chunk-ours.json" >"$out/kda-chunk-ours.txt" 2>&1 || status=1
+  if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  fi
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_chunk_fla.py --ours "$out/kda-chunk-ours.json" \
+    --out "$out/kda-chunk-bench.json" >"$out/kda-chunk-fla.txt" 2>&1 || status=1
+  echo "--- ours alone (kda_chunk_bench)"; tail -12 "$out/kda-chunk-ours.txt"
+  # The table (ours vs FLA, ms, speedup, TFLOP/s) last.
+  echo "--- vs FLA chunk_kda"; grep -v Warning "$out/kda-chunk-fla.txt" | tail -14
 fi
 if [[ "$what" == moe ]]; then
   timeout 400 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 --iters 50 \

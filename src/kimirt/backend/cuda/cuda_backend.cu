@@ -329,8 +329,22 @@ class CudaBackend final : public Backend {
   }
 
   void KdaCore(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta_logits, const Tensor& alpha,
-               int64_t heads, KdaForm /*form*/, Tensor* state, Tensor* o) override {
-    // Both forms compute the same function (spec §5.5); this backend runs the recurrent one.
+               int64_t heads, KdaForm form, Tensor* state, Tensor* o) override {
+    // Both forms compute the same function (spec §5.5). The chunked one runs on tensor cores
+    // (kda_chunk_kernels.cu) at head dim 128 (rows 16-byte aligned, as every row view of a
+    // pooled tensor is): F32 math in F32 mode, two-part BF16 operands in the BF16 prefill mode
+    // (docs/cuda.md "Chunked KDA prefill"); otherwise recurrently.
+    const int64_t T = Rows(q);
+    auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
+    if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim &&
+        aligned(q) && aligned(k) && aligned(v) && aligned(alpha) && aligned(*o)) {
+      cuda::KdaChunkArgs a;  // one sequence, its state the pool's only slot: no metadata to upload
+      a.q = F(q), a.k = F(k), a.v = F(v), a.beta_logits = F(beta_logits), a.alpha = F(alpha);
+      a.state = F(*state), a.o = F(*o);
+      a.batch = 1, a.tokens = T, a.heads = heads, a.head_dim = cuda::kKdaChunkHeadDim;
+      cuda::KdaChunked(a, stream_, bf16_prefill());
+      return;
+    }
     cuda::KdaRecurrent(F(q), F(k), F(v), F(beta_logits), F(alpha), Rows(q), heads, Cols(q) / heads, F(*state),
                        F(*o), stream_);
   }

@@ -93,6 +93,39 @@ void KdaRecurrent(const float* q, const float* k, const float* v, const float* b
 constexpr int kKdaDecodeHeadDim = 128;
 void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 
+// --- kda_chunk_kernels.cu: chunked KDA prefill on tensor cores (spec §5.5, docs/cuda.md) ---
+// The KDA core (q̂ = l2norm(q)/sqrt(K), k̂ = l2norm(k), β = sigmoid(logit), per-channel
+// log-decay α, delta rule; cpu::KdaRecurrent's function) over a batch of sequences in chunks of
+// 64 tokens: sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1] of q, k, v, alpha [rows, H, K],
+// beta_logits [rows, H] and o [rows, H, K] (fully written), and reads and updates the state
+// state[slots[b]] of a pool [slot_count, H, K, K] (row = key channel) in place. Device pointers
+// (cu_seqlens and slots too, int32); slots distinct within a call (not checked on the device);
+// q, k, v, alpha, o 16-byte aligned. Needs head_dim == kKdaChunkHeadDim; aborts otherwise.
+// Matmuls on tensor cores with F32 operands split into BF16 parts: three (F32 math up to
+// summation order), or two with bf16_operands (~2⁻¹⁷ per product; the BF16 prefill mode). A
+// sequence's bits depend on its own rows and state only (batch invariance), for any
+// value_block (0 = KdaChunkValueBlock's choice; 32, 64 or 128 value columns per thread block).
+constexpr int kKdaChunkHeadDim = 128;
+struct KdaChunkArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* beta_logits = nullptr;
+  const float* alpha = nullptr;
+  // [batch + 1], non-decreasing, from 0. Null: one sequence of `tokens` rows on slot 0 (slots
+  // null too; nothing to upload, so a launch inside a graph capture bakes in no host data).
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* slots = nullptr;  // [batch]
+  int64_t tokens = 0;
+  float* state = nullptr;  // [slot_count, H, K, K]
+  float* o = nullptr;
+  int64_t batch = 0, heads = 0, head_dim = 0;
+};
+// The value columns per thread block KdaChunked picks: the fewest (32, then 64) whose blocks
+// still fit in one wave over the GPU's multiprocessors, else 128.
+int KdaChunkValueBlock(int64_t batch, int64_t heads);
+void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block = 0);
+
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
 // parts (a per-head part and a part shared by all heads) and a value. Element pointers:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Checks the chunked KDA prefill kernel (src/kimirt/backend/cuda/kda_chunk_kernels.cu) without a
+# GPU: the kernel's source is turned into host C++ (its inline-PTX MMA replaced by an emulation,
+# its L2 prefetch by nothing, shared memory by a buffer, the launcher dropped), its thread blocks run as 256
+# std::threads with barriers (scripts/kda_chunk_emulation/shim.h), and driver.cpp compares it with
+# a float64 recurrence and checks batch invariance. It checks indexing, tiling, synchronization
+# and the algorithm, not the GPU's rounding or speed (the CUDA tests do: CudaBackendKdaChunk*).
+# About a minute on two cores. Usage: bash scripts/kda_chunk_emulate.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 - "$repo/src/kimirt/backend/cuda/kda_chunk_kernels.cu" "$work/kernel_host.cpp" <<'PY'
+import sys
+src = open(sys.argv[1]).read()
+def cut(s, start, end_marker, repl):
+    a = s.index(start)
+    b = s.index(end_marker, a) + len(end_marker)
+    return s[:a] + repl + s[b:]
+src = cut(src, "__device__ __forceinline__ void Mma(", "\n}\n",
+          "__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) "
+          "{ EmuMma(c, a, b); }\n")
+src = src[:src.index("template <int P, int VB>\nvoid Launch(")] + "}  // namespace\n}  // namespace kimirt::cuda\n"
+prefetch = 'asm volatile("prefetch.global.L2 [%0];" ::"l"(p));'
+assert prefetch in src and "extern __shared__ float4 smem_f4[];" in src
+src = src.replace(prefetch, "(void)p;")
+src = src.replace("extern __shared__ float4 smem_f4[];", "float4* smem_f4 = g_smem;")
+src = src.replace('#include "kimirt/backend/cuda/kda_activations.cuh"',
+                  '#include "shim.h"\ninline thread_local float4* g_smem;\n#include "kimirt/backend/cuda/kda_activations.cuh"')
+open(sys.argv[2], "w").write(src)
+PY
+g++ -std=c++20 -O2 -pthread -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" \
+  "$here/kda_chunk_emulation/driver.cpp" -o "$work/kda_chunk_emulation"
+timeout 900 "$work/kda_chunk_emulation"

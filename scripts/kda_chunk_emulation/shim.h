@@ -1,0 +1,74 @@
+// Host emulation of the CUDA features kda_chunk_kernels.cu uses (see ../kda_chunk_emulate.sh):
+// a thread block is 256 std::threads with std::barrier for __syncthreads and per-warp barriers
+// for the warp-collective operations (shuffles, mma.sync). The MMA follows the PTX ISA's
+// m16n8k16 fragment layouts (the ones decode_gemm.cu runs on the H200): it checks the kernel's
+// indexing, tiling, synchronization and math, not the tensor cores' rounding.
+#pragma once
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__
+#define __launch_bounds__(a, b)
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local Dim3 threadIdx, blockIdx;
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+template <typename T>
+T __ldg(const T* p) { return *p; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+#include <math.h>
+struct BlockCtx {
+  std::barrier<> block{256};
+  std::vector<std::barrier<>*> warp;
+  std::atomic<int> or_acc{0};
+  float shfl[8][32];
+  uint32_t fa[8][32][4], fb[8][32][2];
+  float fc[8][32][4];
+  BlockCtx() { for (int i = 0; i < 8; ++i) warp.push_back(new std::barrier<>(32)); }
+  ~BlockCtx() { for (auto* b : warp) delete b; }
+};
+inline BlockCtx* g_ctx;
+inline void __syncthreads() { g_ctx->block.arrive_and_wait(); }
+inline int __syncthreads_or(int p) {
+  __syncthreads();
+  if (p) g_ctx->or_acc |= 1;
+  __syncthreads();
+  const int r = g_ctx->or_acc.load();
+  __syncthreads();
+  if (threadIdx.x == 0) g_ctx->or_acc = 0;
+  return r;
+}
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_ctx->warp[w]->arrive_and_wait();
+  g_ctx->shfl[w][l] = v;
+  g_ctx->warp[w]->arrive_and_wait();
+  const float r = g_ctx->shfl[w][l ^ o];
+  return r;
+}
+inline float Half(uint32_t r, int hi) { uint32_t u = hi ? (r & 0xffff0000u) : (r << 16); float f; std::memcpy(&f, &u, 4); return f; }
+// m16n8k16 row.col BF16 -> F32: d = a·b + c with exact products summed in double, rounded once
+// (the hardware truncates; irrelevant to an index check).
+inline void EmuMma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  g_ctx->warp[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) g_ctx->fa[w][l][i] = a[i];
+  for (int i = 0; i < 2; ++i) g_ctx->fb[w][l][i] = b[i];
+  g_ctx->warp[w]->arrive_and_wait();
+  auto A = [&](int row, int k) { const int ln = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0); return Half(g_ctx->fa[w][ln][reg], k % 2); };
+  auto B = [&](int k, int n) { const int ln = n * 4 + (k % 8) / 2, reg = k >= 8 ? 1 : 0; return Half(g_ctx->fb[w][ln][reg], k % 2); };
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    double s = c[e];
+    for (int k = 0; k < 16; ++k) s += static_cast<double>(A(row, k)) * B(k, col);
+    c[e] = static_cast<float>(s);
+  }
+}
