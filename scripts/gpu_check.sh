@@ -178,7 +178,7 @@ fi
 if [[ "$what" == decode48 ]]; then
   # Issue 12's table: the decode step at the 2-layer Kimi-Linear-48B widths, prompt 256.
   timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
-    --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
+    --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
     --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # The same steps op by op: what the decode graphs take off.

@@ -202,6 +202,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     std::condition_variable cv;
     int first_tokens = 0, finished = 0;
     Clock::time_point prefill_done;
+    // Request 0's outputs (time, tokens so far), to time single steps.
+    std::vector<std::pair<Clock::time_point, int64_t>> token_times;
     for (int i = 0; i < batch; ++i) {
       EngineRequest r;
       r.id = "bench-" + std::to_string(round) + "-" + std::to_string(i);
@@ -209,8 +211,9 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
       r.params.temperature = 0;
       r.params.max_tokens = static_cast<int32_t>(opt.decode_tokens);
       r.params.ignore_eos = true;
-      r.on_output = [&](const RequestOutput& o) {
+      r.on_output = [&, i](const RequestOutput& o) {
         std::lock_guard<std::mutex> lock(mu);
+        if (i == 0 && !o.token_ids.empty()) token_times.emplace_back(Clock::now(), o.completion_tokens);
         if (o.completion_tokens == 1 && !o.token_ids.empty() && ++first_tokens == batch) prefill_done = Clock::now();
         if (o.finish != FinishReason::kNone) {
           ++finished;
@@ -234,6 +237,19 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     const double steps = static_cast<double>(std::max<int64_t>(1, opt.decode_tokens - 1));
     p.decode_step_ms = 1e3 * p.decode_seconds / steps;
     p.decode_tokens_per_s = static_cast<double>(batch) * steps / p.decode_seconds;
+    // The median step: one-off costs (a decode graph's capture on a shape's second step, the
+    // first step after prefill) stay out of it, which the mean above keeps.
+    std::vector<double> gaps;
+    for (size_t t = 2; t < token_times.size(); ++t) {
+      const int64_t n = token_times[t].second - token_times[t - 1].second;
+      if (n < 1) continue;
+      const double ms = std::chrono::duration<double, std::milli>(token_times[t].first - token_times[t - 1].first).count();
+      for (int64_t j = 0; j < n; ++j) gaps.push_back(ms / static_cast<double>(n));
+    }
+    if (!gaps.empty()) {
+      std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+      p.decode_step_ms_median = gaps[gaps.size() / 2];
+    }
     // The latent cache is F32 here (4 bytes per value); weights as the loader holds them.
     p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4,
                                           opt.matrix_dtype == DType::kBF16 ? 2 : 4, mxfp4_as_stored);
@@ -258,12 +274,12 @@ std::string BenchModelReport::ToText() const {
     s += held;
   }
   char line[160];
-  std::snprintf(line, sizeof(line), "%8s %16s %16s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
-                "decode tok/s", "MB/step", "GB/s");
+  std::snprintf(line, sizeof(line), "%8s %16s %16s %12s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
+                "median ms", "decode tok/s", "MB/step", "GB/s");
   s += line;
   for (const BenchModelPoint& p : points) {
-    std::snprintf(line, sizeof(line), "%8d %16.1f %16.2f %16.1f %14.1f %12.2f", p.batch, p.prefill_tokens_per_s,
-                  p.decode_step_ms, p.decode_tokens_per_s, static_cast<double>(p.decode_step_bytes) / 1e6,
+    std::snprintf(line, sizeof(line), "%8d %16.1f %16.2f %12.2f %16.1f %14.1f %12.2f", p.batch, p.prefill_tokens_per_s,
+                  p.decode_step_ms, p.decode_step_ms_median, p.decode_tokens_per_s, static_cast<double>(p.decode_step_bytes) / 1e6,
                   p.decode_gb_per_s);
     s += line;
     if (peak_gb_per_s > 0) {
@@ -299,7 +315,8 @@ std::string BenchModelReport::ToJson() const {
                            {"decode_tokens_per_s", p.decode_tokens_per_s},
                            {"decode_step_bytes", p.decode_step_bytes},
                            {"decode_gb_per_s", p.decode_gb_per_s},
-                           {"bandwidth_fraction", p.bandwidth_fraction}});
+                           {"bandwidth_fraction", p.bandwidth_fraction},
+                           {"decode_step_ms_median", p.decode_step_ms_median}});
   }
   return j.dump(2) + "\n";
 }

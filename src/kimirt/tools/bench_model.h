@@ -53,6 +53,7 @@ struct BenchModelPoint {
   uint64_t decode_step_bytes = 0;   // DecodeStepBytes at the mean context of the decode phase
   double decode_gb_per_s = 0;       // decode_step_bytes / step time
   double bandwidth_fraction = 0;    // decode_gb_per_s / peak (0 without a peak)
+  double decode_step_ms_median = 0; // the median step of the decode phase (0: fewer than 3 tokens)
 };
 
 struct BenchModelReport {
