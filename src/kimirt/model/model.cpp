@@ -267,8 +267,9 @@ Tensor Model::HeadLogits(const Tensor& head_in) {
 Tensor Model::GatherLogits(const Tensor& local) {
   const int64_t R = local.dim(0), Vl = local.dim(1), V = config().vocab_size;
   Tensor host_local = HostCopy(be_, local);
-  Tensor logits = Tensor::Host({R, V});
   const int tp = comm_.size();
+  if (tp == 1 && Vl == V) return host_local;  // already [R, V] (a decode batch: no 2nd copy)
+  Tensor logits = Tensor::Host({R, V});
   std::vector<float> gathered;
   const float* all = host_local.f32();
   if (tp > 1) {
