@@ -26,40 +26,18 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/paged_decode_case.h"
 
 namespace kimirt {
 namespace {
 
-class CudaBackendTest : public ::testing::Test {
+class CudaBackendTest : public testing::CudaCpuTest {
  protected:
-  void SetUp() override {
-    auto g = MakeBackend("cuda");
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    gpu_ = std::move(g).value();
-    cpu_ = std::move(MakeBackend("cpu")).value();
-  }
+  CudaBackendTest() : CudaCpuTest(20261130) {}
 
-  Tensor Random(Shape shape, float scale = 1.0f, float offset = 0.0f) {
-    Tensor t = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = offset + scale * rng_.FastNormal();
-    return t;
-  }
-  // A GPU output pre-filled with NaN, so an element the kernel does not write fails the check.
-  Tensor Poisoned(Shape shape) {
-    Tensor h = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::nanf("");
-    return gpu_->Upload(h);
-  }
+
   Tensor Up(const Tensor& h) { return gpu_->Upload(h); }
-  // A weight as the loader holds it with --dtype bfloat16: `w` rounded to BF16 in place (so the
-  // CPU reference sees the same values), and the device copy in BF16.
-  Tensor UpBf16(Tensor& w) {
-    Tensor b = Tensor::Host(w.shape(), DType::kBF16);
-    F32ToBf16(w.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(w.numel()));
-    Bf16ToF32(static_cast<const uint16_t*>(b.raw()), w.f32(), static_cast<size_t>(w.numel()));
-    return gpu_->Upload(b);
-  }
   Tensor Down(const Tensor& d) { return gpu_->Download(d); }
 
   static double RelL2(const Tensor& got, const Tensor& want) {
@@ -131,8 +109,6 @@ class CudaBackendTest : public ::testing::Test {
     EXPECT_EQ(std::memcmp(again.f32(), got.f32(), static_cast<size_t>(B * width) * sizeof(float)), 0);
   }
 
-  std::unique_ptr<Backend> gpu_, cpu_;
-  SplitMix64 rng_{20261130};
 };
 
 TEST_F(CudaBackendTest, LinearNormsAndElementwise) {

@@ -33,6 +33,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/paged_decode_case.h"
 
 namespace kimirt {
@@ -44,15 +45,8 @@ struct Seq {
   int64_t start, count;
 };
 
-class CudaBackendMlaPrefill : public ::testing::Test {
+class CudaBackendMlaPrefill : public testing::CudaCpuTest {
  protected:
-  void SetUp() override {
-    auto g = MakeBackend("cuda");
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    gpu_ = std::move(g).value();
-    cpu_ = std::move(MakeBackend("cpu")).value();
-  }
-
   // Random normal values rounded to BF16: `vals` gets the rounded F32, the result the codes.
   std::vector<uint16_t> RandomBf16(int64_t n, float scale, std::vector<float>* vals) {
     vals->resize(static_cast<size_t>(n));
@@ -71,18 +65,6 @@ class CudaBackendMlaPrefill : public ::testing::Test {
     Tensor h = Tensor::Host(std::move(shape));
     std::memcpy(h.f32(), v.data(), v.size() * sizeof(float));
     return gpu_->Upload(h);
-  }
-  Tensor Poisoned(Shape shape) {
-    Tensor h = Tensor::Host(std::move(shape));
-    std::fill(h.f32(), h.f32() + h.numel(), std::nanf(""));
-    return gpu_->Upload(h);
-  }
-  // A weight as the loader holds it with --dtype bfloat16: rounded in place, uploaded as BF16.
-  Tensor UpBf16(Tensor& w) {
-    Tensor b = Tensor::Host(w.shape(), DType::kBF16);
-    F32ToBf16(w.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(w.numel()));
-    Bf16ToF32(static_cast<const uint16_t*>(b.raw()), w.f32(), static_cast<size_t>(w.numel()));
-    return gpu_->Upload(b);
   }
 
   static double RelL2(const float* got, const double* want, int64_t n) {
@@ -229,8 +211,6 @@ class CudaBackendMlaPrefill : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Backend> gpu_, cpu_;
-  SplitMix64 rng_{20261201};
 };
 
 std::vector<Seq> AllShapes() {

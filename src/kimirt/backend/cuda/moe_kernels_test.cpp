@@ -24,6 +24,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/moe_experts_case.h"
 
 namespace kimirt {
@@ -35,25 +36,8 @@ uint32_t Bits(float f) {
   return u;
 }
 
-class CudaBackendMoe : public ::testing::Test {
+class CudaBackendMoe : public testing::CudaCpuTest {
  protected:
-  void SetUp() override {
-    auto g = MakeBackend("cuda");
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    gpu_ = std::move(g).value();
-    cpu_ = std::move(MakeBackend("cpu")).value();
-  }
-
-  Tensor Random(Shape shape, float scale = 1.0f) {
-    Tensor t = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng_.FastNormal();
-    return t;
-  }
-  Tensor Poisoned(Shape shape) {
-    Tensor h = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::nanf("");
-    return gpu_->Upload(h);
-  }
   void RandomChoice(int64_t T, int64_t E, int64_t k, Tensor* idx, Tensor* w) {
     testing::RandomMoeChoice(rng_, T, E, k, idx, w);
   }
@@ -91,8 +75,6 @@ class CudaBackendMoe : public ::testing::Test {
                          << ")";
   }
 
-  std::unique_ptr<Backend> gpu_, cpu_;
-  SplitMix64 rng_{20261201};
 };
 
 TEST_F(CudaBackendMoe, DecodesEveryMxfp4CodeAsTheCpu) {

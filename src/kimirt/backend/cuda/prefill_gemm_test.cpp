@@ -28,6 +28,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/moe_experts_case.h"
 
 namespace kimirt {
@@ -52,32 +53,11 @@ int64_t BitDiffs(const float* got, const float* want, int64_t n, int64_t* first)
   return differ;
 }
 
-class PrefillFixture : public ::testing::Test {
+class PrefillFixture : public testing::CudaCpuTest {
  protected:
   void SetUp() override {
-    auto g = MakeBackend("cuda");
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    gpu_ = std::move(g).value();
-    cpu_ = std::move(MakeBackend("cpu")).value();
-    gpu_->set_bf16_prefill(true);  // as Model::Load does for BF16-held weights
-  }
-
-  Tensor Random(Shape shape, float scale = 1.0f) {
-    Tensor t = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = scale * rng_.FastNormal();
-    return t;
-  }
-  Tensor Poisoned(Shape shape) {
-    Tensor h = Tensor::Host(std::move(shape));
-    for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::nanf("");
-    return gpu_->Upload(h);
-  }
-  // `w` rounded to BF16 in place (the values every reference sees) and its BF16 device copy.
-  Tensor UpBf16(Tensor& w) {
-    Tensor b = Tensor::Host(w.shape(), DType::kBF16);
-    F32ToBf16(w.f32(), static_cast<uint16_t*>(b.raw()), static_cast<size_t>(w.numel()));
-    Bf16ToF32(static_cast<const uint16_t*>(b.raw()), w.f32(), static_cast<size_t>(w.numel()));
-    return gpu_->Upload(b);
+    CudaCpuTest::SetUp();
+    if (gpu_ != nullptr) gpu_->set_bf16_prefill(true);  // as Model::Load does for BF16-held weights
   }
   Tensor Linear(const Tensor& x, const Tensor& w_dev, int64_t n) {
     Tensor y = Poisoned({x.dim(0), n});
@@ -95,8 +75,6 @@ class PrefillFixture : public ::testing::Test {
                          << (first >= 0 ? first / n : 0) << " column " << (first >= 0 ? first % n : 0);
   }
 
-  std::unique_ptr<Backend> gpu_, cpu_;
-  SplitMix64 rng_{20261201};
 };
 
 class CudaBackendPrefillGemm : public PrefillFixture {};
