@@ -175,12 +175,21 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
 }
 
 TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
-  // Both spellings of the seed's flags (ATOM uses --kv_cache_dtype).
+  // Both spellings of the seed's flags (ATOM uses --kv_cache_dtype and serves with
+  // --no-enable_prefix_caching: no KDA snapshots).
   CmdResult r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") +
-                 " -tp 8 --gpu mi355x --context 1048576 --kv_cache_dtype fp8");
+                 " -tp 8 --gpu mi355x --context 1048576 --kv_cache_dtype fp8 --no-enable_prefix_caching");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* n : {"205.057 GB", "15.491 GB", "205.401 GiB", "71.3%", "82.599 GiB", "FITS"}) {
     EXPECT_NE(r.output.find(n), std::string::npos) << n;
+  }
+  EXPECT_EQ(r.output.find("KDA prefix snapshots"), std::string::npos);
+  // With prefix caching (serve's default) its snapshots are a row of their own: 126 of
+  // 69 x 841,728 bytes = 7.318 GB (plan_test.cpp has the arithmetic), in the total.
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp 8 --gpu mi355x --context 1048576 --kv-cache-dtype fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* n : {"KDA prefix snapshots", "7.318 GB", "22.809 GB", "FITS"}) {
+    EXPECT_NE(r.output.find(n), std::string::npos) << n << " missing from:\n" << r.output;
   }
   r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp 8 --gpu h200 --kv-cache-dtype fp8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;

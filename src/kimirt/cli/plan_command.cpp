@@ -16,7 +16,8 @@ int RunPlanCommand(int argc, char** argv) {
   int tp = 1, pp = 1, ep = 1, pad_align = 128;
   int64_t context = 0, num_seqs = 1, chunk = 8192;
   double gpu_mem_gib = 0, util = 0.9;
-  bool with_vision = false, json = false;
+  bool with_vision = false, json = false, prefix_caching = true;
+  int64_t kda_snapshots = -1;
 
   FlagSet flags("plan",
                 "Per-GPU HBM for a Kimi model: weights by category (from the layout, or from a\n"
@@ -35,6 +36,11 @@ int RunPlanCommand(int argc, char** argv) {
   flags.Int("attn-res-chunk", &chunk, "prefill chunk tokens the AttnRes bank is sized for");
   flags.Int("moe-pad-align", &pad_align, "per-rank MoE intermediate padding (ATOM uses 128 for Kimi)");
   flags.Bool("with-vision", &with_vision, "load the vision tower and projector (replicated)");
+  flags.Bool("enable-prefix-caching", &prefix_caching,
+             "count the prefix cache's KDA snapshots, as serve allocates them (default on, as in serve; "
+             "--no-enable-prefix-caching plans without)");
+  flags.Int("kda-snapshots", &kda_snapshots,
+            "KDA snapshots per GPU (default: serve's share of the cache budget the GPU leaves)");
   flags.Bool("json", &json, "print one JSON object instead of tables");
 
   if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) {
@@ -64,10 +70,12 @@ int RunPlanCommand(int argc, char** argv) {
   o.num_seqs = num_seqs;
   o.attn_res_chunk_tokens = chunk;
   o.gpu_memory_utilization = util;
+  o.prefix_caching = prefix_caching;
+  o.kda_snapshots = kda_snapshots;
   if (kv_dtype == "fp8" || kv_dtype == "fp8_e4m3" || kv_dtype == "fp8-e4m3") {
-    o.kv_cache_dtype = KvCacheDType::kFP8;
+    o.kv_cache_dtype = PlanKvDType::kFP8;
   } else if (kv_dtype == "bf16" || kv_dtype == "auto" || kv_dtype == "bfloat16") {
-    o.kv_cache_dtype = KvCacheDType::kBF16;
+    o.kv_cache_dtype = PlanKvDType::kBF16;
   } else {
     return fail(InvalidArgument("--kv-cache-dtype: expected auto, bf16 or fp8, got \"" + kv_dtype + "\""));
   }

@@ -28,6 +28,7 @@
 #include "kimirt/cli/flags.h"
 #include "kimirt/cli/load_progress.h"
 #include "kimirt/engine/engine.h"
+#include "kimirt/engine/kda_snapshot_budget.h"
 #include "kimirt/engine/model_runner.h"
 #include "kimirt/model/config.h"
 #include "kimirt/server/log.h"
@@ -37,10 +38,6 @@
 
 namespace kimirt {
 namespace {
-
-// Share of the cache budget (--cpu-memory-gib, or what --gpu-memory-utilization leaves) that
-// holds KDA snapshots when prefix caching is on; the rest holds latent blocks.
-constexpr double kKdaSnapshotFraction = 0.1;
 
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal.store(sig); }
@@ -198,8 +195,9 @@ int RunServeCommand(int argc, char** argv) {
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);
-  // The cache budget pays for KDA snapshots too (docs/prefix-caching.md): a tenth of it.
-  ro.kda_snapshot_fraction = prefix_caching ? kKdaSnapshotFraction : 0.0;
+  // The cache budget pays for KDA snapshots too (docs/prefix-caching.md): a tenth of it, as
+  // `kimirt plan` counts them (engine/kda_snapshot_budget.h).
+  ro.kda_snapshot_fraction = prefix_caching ? kServeKdaSnapshotFraction : 0.0;
   if (device == "cuda") ro.gpu_memory_utilization = gpu_util;
   ro.enforce_eager = enforce_eager;  // the cache is in GPU memory there
   const auto t0 = std::chrono::steady_clock::now();

@@ -179,7 +179,13 @@ class EngineImpl final : public Engine {
 
   void Step() {
     const StepPlan plan = scheduler_.Schedule();
-    for (Sequence* s : plan.preempted) requests_.at(s->id)->output.DiscardPromptLogprobs();
+    for (Sequence* s : plan.preempted) {
+      // Unsent prompt logprobs are scored again by the recomputation; once sent, the
+      // recomputation may resume from the prefix cache like any other.
+      OutputProcessor& out = requests_.at(s->id)->output;
+      out.DiscardPromptLogprobs();
+      s->use_prefix_cache = !out.wants_prompt_logprobs();
+    }
     for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
     // One-token forwards together where the runner can batch them without changing a bit
     // (ModelRunner::decode_batch_limit), prefill chunks one sequence at a time.
@@ -281,7 +287,9 @@ class EngineImpl final : public Engine {
       r.prompt_counted = prompt_done;
     }
     s.computed += n;
-    if (s.pending() > 0) return;  // prefill continues
+    // Prefill continues, or a preempted sequence replays its generated tokens: their logits
+    // were sampled (and their logprobs sent) the first time, so they are never sampled again.
+    if (s.pending() > 0) return;
     std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
     std::vector<float> masked;
     if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);

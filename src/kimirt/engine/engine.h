@@ -11,7 +11,9 @@
 // load; decode steps are forwarded one sequence at a time too, or together in one forward where
 // the runner's backend computes every row exactly as alone (ModelRunner::decode_batch_limit:
 // CUDA). So a request's tokens are bit-identical alone or among many (issue "Engine": batch
-// invariance).
+// invariance), and whether or not it was preempted: a preempted sequence recomputes its prompt
+// in the same chunks and replays its generated tokens through one-token forwards, as the decode
+// steps computed them (scheduler.h, docs/prefix-caching.md).
 #pragma once
 
 #include <atomic>
@@ -91,7 +93,7 @@ struct EngineStats {
   // taking); total - used - evictable are free.
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_evictable = 0;
   int64_t state_slots_total = 0, state_slots_used = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0;  // total (vllm:num_preemptions_total)
   int64_t steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // totals
   bool prefix_caching = false;                       // whether a prefix cache runs

@@ -11,6 +11,7 @@
 
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/core/check.h"
+#include "kimirt/engine/kda_snapshot_budget.h"
 #include "kimirt/model/model.h"
 #include "kimirt/parallel/communicator.h"
 
@@ -79,9 +80,9 @@ Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o) {
   if (o.kda_snapshot_fraction < 0 || o.kda_snapshot_fraction >= 1) {
     return InvalidArgument("the KDA snapshot fraction must be in [0, 1)");
   }
-  const auto snapshot_budget = static_cast<uint64_t>(o.kda_snapshot_fraction * static_cast<double>(o.kv_cache_bytes));
-  // A model without KDA layers snapshots nothing: no limit.
-  z.snapshots = z.snapshot_bytes == 0 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(snapshot_budget / z.snapshot_bytes);
+  // A model without KDA layers snapshots nothing: no limit. (`kimirt plan` counts the same.)
+  z.snapshots = z.snapshot_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                      : KdaSnapshotsFor(o.kv_cache_bytes, o.kda_snapshot_fraction, z.snapshot_bytes);
   z.blocks = static_cast<int64_t>((o.kv_cache_bytes - (z.snapshot_bytes == 0 ? 0 : static_cast<uint64_t>(z.snapshots) * z.snapshot_bytes)) /
                                   std::max<uint64_t>(1, probe->block_bytes()));
   return z;

@@ -2,8 +2,9 @@
 // many requests sharing prefixes of random lengths (aligned to blocks and chunks and not),
 // submitted in interleaved waves with cancellations, a small block pool (preemptions) and a
 // small snapshot budget (evictions), produce every token and logprob bit-identical to the same
-// requests with caching off (docs/prefix-caching.md); afterwards no block is used and the
-// cached ones are all evictable. Also: a request that outgrows the whole pool ends naming it.
+// requests with caching off and never preempted (docs/prefix-caching.md); afterwards no block is
+// used and the cached ones are all evictable. A sequence preempted mid-generation resumes bit
+// for bit. Also: a request that outgrows the whole pool ends naming it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -148,64 +149,118 @@ std::vector<Placement> Placements() {
 
 class PrefixCachingEngineTest : public ::testing::TestWithParam<Placement> {};
 
-TEST_P(PrefixCachingEngineTest, EveryTokenAndLogprobIsBitIdenticalToNoCaching) {
+// Every request of `run` finished with exactly `ref`'s tokens and logprobs, bit for bit.
+void ExpectSameOutputs(const RunResult& ref, const RunResult& run, const std::string& what) {
+  ASSERT_EQ(run.outcomes.size(), ref.outcomes.size()) << what;
+  for (const auto& [id, want] : ref.outcomes) {
+    const Collector::Result& got = run.outcomes.at(id);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << what << " " << id;
+    EXPECT_EQ(got.tokens, want.tokens) << what << " " << id;
+    // Bitwise (memcmp): == would call -0 and 0 equal.
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what << " " << id;
+    EXPECT_EQ(0, std::memcmp(got.logprobs.data(), want.logprobs.data(), got.logprobs.size() * sizeof(float)))
+        << what << " " << id;
+    EXPECT_EQ(Bits(got.prompt_logprobs), Bits(want.prompt_logprobs)) << what << " " << id;
+  }
+}
+
+// Memory accounting back to zero: nothing used; what the cache keeps is evictable.
+void ExpectIdle(const RunResult& run, bool caching, const std::string& what) {
+  EXPECT_EQ(run.stats.prefix_caching, caching) << what;
+  EXPECT_EQ(run.stats.running + run.stats.waiting, 0) << what;
+  EXPECT_EQ(run.stats.kv_blocks_used, 0) << what;
+  if (caching) {
+    EXPECT_GT(run.stats.kv_blocks_evictable, 0) << what;
+    EXPECT_LE(run.stats.kv_blocks_evictable, run.stats.kv_blocks_total) << what;
+  } else {
+    EXPECT_EQ(run.stats.kv_blocks_evictable, 0) << what;
+    EXPECT_EQ(run.stats.prefix_cache_queries, 0) << what;
+  }
+}
+
+TEST_P(PrefixCachingEngineTest, EveryTokenAndLogprobIsBitIdenticalToNoCachingAndNoPreemption) {
   KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
   const std::string device = GetParam().device;
   const int tp = GetParam().tp;
   int64_t evicted = 0;
   for (uint64_t seed : {1u, 2u}) {
+    const std::string s = " seed " + std::to_string(seed);
     const auto waves = MakeWaves(seed);
-    // Three sequences at a time need at most 3 x 22 blocks: 66 never preempts, but the cached
-    // blocks fill the rest and are evicted. (Preemption itself is not bit-neutral: a preempted
-    // sequence re-prefills its generated tokens, which the decodes computed otherwise; that holds
-    // with or without caching, so it is kept out of the comparison and tested below.)
-    const RunResult off = RunWaves(device, tp, false, waves, /*blocks=*/66, /*max_seqs=*/3);
-    const RunResult on = RunWaves(device, tp, true, waves, /*blocks=*/66, /*max_seqs=*/3);
-    ASSERT_EQ(on.outcomes.size(), off.outcomes.size());
-    for (const auto& [id, want] : off.outcomes) {
-      const Collector::Result& got = on.outcomes.at(id);
-      EXPECT_EQ(got.finish, FinishReason::kLength) << id;
-      EXPECT_EQ(got.tokens, want.tokens) << id << " seed " << seed;
-      // Bitwise (memcmp): == would call -0 and 0 equal.
-      ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << id;
-      EXPECT_EQ(0, std::memcmp(got.logprobs.data(), want.logprobs.data(), got.logprobs.size() * sizeof(float))) << id;
-      EXPECT_EQ(Bits(got.prompt_logprobs), Bits(want.prompt_logprobs)) << id;
-    }
+    // The reference: no caching, three sequences at a time in 66 blocks (they need at most
+    // 3 x 22): never preempted.
+    const RunResult ref = RunWaves(device, tp, false, waves, /*blocks=*/66, /*max_seqs=*/3);
+    // Caching in the same pool: hits, and the cached blocks fill the rest and are evicted.
+    const RunResult cached = RunWaves(device, tp, true, waves, /*blocks=*/66, /*max_seqs=*/3);
+    // Ten at a time in 40 blocks (320 positions for up to ~1,700 wanted): preemptions, with
+    // caching on and off; preempted sequences resume from the cache or recompute.
+    const RunResult squeezed = RunWaves(device, tp, true, waves, /*blocks=*/40, /*max_seqs=*/10);
+    const RunResult squeezed_off = RunWaves(device, tp, false, waves, /*blocks=*/40, /*max_seqs=*/10);
+    ExpectSameOutputs(ref, cached, "cached" + s);
+    ExpectSameOutputs(ref, squeezed, "cached, preempted" + s);
+    ExpectSameOutputs(ref, squeezed_off, "preempted" + s);
+
+    EXPECT_EQ(ref.stats.preemptions, 0) << s;
+    EXPECT_EQ(cached.stats.preemptions, 0) << s;
+    EXPECT_GT(squeezed.stats.preemptions, 0) << s;
+    EXPECT_GT(squeezed_off.stats.preemptions, 0) << s;
     // The cache was exercised: hits, block and snapshot evictions.
-    EXPECT_TRUE(on.stats.prefix_caching);
-    EXPECT_GT(on.stats.prefix_cache_hits, 0) << "seed " << seed;
-    EXPECT_GT(on.stats.prefix_cache_queries, on.stats.prefix_cache_hits);
-    evicted += on.stats.prefix_cache_evicted_blocks;
-    EXPECT_EQ(on.stats.kda_snapshots, 6);  // the budget is full: older snapshots were dropped
-    EXPECT_EQ(on.stats.preemptions, 0);
-    EXPECT_EQ(off.stats.preemptions, 0);
-    EXPECT_FALSE(off.stats.prefix_caching);
-    EXPECT_EQ(off.stats.prefix_cache_queries, 0);
-    // Memory accounting back to zero: nothing used; what the cache keeps is evictable.
-    EXPECT_EQ(on.stats.running + on.stats.waiting, 0);
-    EXPECT_EQ(on.stats.kv_blocks_used, 0);
-    EXPECT_GT(on.stats.kv_blocks_evictable, 0);
-    EXPECT_EQ(off.stats.kv_blocks_used, 0);
-    EXPECT_EQ(off.stats.kv_blocks_evictable, 0);
+    for (const RunResult* on : {&cached, &squeezed}) {
+      EXPECT_GT(on->stats.prefix_cache_hits, 0) << s;
+      EXPECT_GT(on->stats.prefix_cache_queries, on->stats.prefix_cache_hits) << s;
+      evicted += on->stats.prefix_cache_evicted_blocks;
+    }
+    EXPECT_EQ(cached.stats.kda_snapshots, 6) << s;  // the budget is full: older snapshots were dropped
+    EXPECT_GT(squeezed.stats.kda_snapshots, 0) << s;  // (an evicted block takes its snapshot along)
+    EXPECT_LE(squeezed.stats.kda_snapshots, 6) << s;
+    ExpectIdle(ref, false, "reference" + s);
+    ExpectIdle(cached, true, "cached" + s);
+    ExpectIdle(squeezed, true, "cached, preempted" + s);
+    ExpectIdle(squeezed_off, false, "preempted" + s);
   }
   EXPECT_GT(evicted, 0);  // cached blocks were evicted for new ones along the way
 }
 
-TEST_P(PrefixCachingEngineTest, PreemptionsAmongCachedPrefixesCompleteAndReturnEveryBlock) {
+TEST_P(PrefixCachingEngineTest, APreemptedSequenceResumesBitIdenticalToOneNeverPreempted) {
   KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
-  const auto waves = MakeWaves(3);
-  // 40 blocks hold 320 positions for ten requests of up to ~170 at once.
-  const RunResult on = RunWaves(GetParam().device, GetParam().tp, true, waves, /*blocks=*/40, /*max_seqs=*/10);
-  for (const auto& [id, got] : on.outcomes) {
-    EXPECT_EQ(got.finish, FinishReason::kLength) << id;
-    EXPECT_EQ(got.tokens.size(), got.logprobs.size()) << id;
+  // "old" (8 prompt tokens, greedy, 38 more) needs 6 blocks of 8 at its end; "young" (20 prompt
+  // tokens: a full chunk of 16, then 4; sampled, 20 more) needs 5. In a pool of 6 the old one's
+  // third block (position 16) comes due while the young one, admitted after it and so the
+  // newest, holds four and has sampled several tokens: the young one is preempted mid-generation
+  // (more than once: readmitted, it is preempted again as the old one grows) and resumes by
+  // recomputation, from the cached chunk [0, 16) when caching is on. Each must end with the
+  // tokens and logprobs it has in a pool where nobody is preempted.
+  std::vector<Planned> wave(2);
+  wave[0].request.id = "old";
+  wave[1].request.id = "young";
+  for (int i = 0; i < 8; ++i) wave[0].request.prompt.push_back((37 * i + 5) % 512);
+  for (int i = 0; i < 20; ++i) wave[1].request.prompt.push_back((91 * i + 11) % 512);
+  wave[0].request.params.temperature = 0.0f;
+  wave[0].request.params.max_tokens = 38;
+  wave[1].request.params.temperature = 0.9f;
+  wave[1].request.params.seed = 7;
+  wave[1].request.params.max_tokens = 20;
+  for (Planned& p : wave) {
+    p.request.params.ignore_eos = true;
+    p.request.params.logprobs = 0;
   }
-  EXPECT_GT(on.stats.preemptions, 0);
-  EXPECT_GT(on.stats.prefix_cache_hits, 0);
-  EXPECT_EQ(on.stats.running + on.stats.waiting, 0);
-  EXPECT_EQ(on.stats.kv_blocks_used, 0);
-  EXPECT_GT(on.stats.kv_blocks_evictable, 0);
-  EXPECT_LE(on.stats.kv_blocks_evictable, on.stats.kv_blocks_total);
+  const std::vector<std::vector<Planned>> waves{wave};
+  for (bool caching : {false, true}) {
+    const std::string what = caching ? "caching on" : "caching off";
+    const RunResult alone = RunWaves(GetParam().device, GetParam().tp, caching, waves, /*blocks=*/64, /*max_seqs=*/2);
+    const RunResult squeezed = RunWaves(GetParam().device, GetParam().tp, caching, waves, /*blocks=*/6, /*max_seqs=*/2);
+    EXPECT_EQ(alone.stats.preemptions, 0) << what;
+    EXPECT_GE(squeezed.stats.preemptions, 1) << what;
+    ASSERT_EQ(alone.outcomes.at("old").tokens.size(), 38u) << what;
+    ASSERT_EQ(alone.outcomes.at("young").tokens.size(), 20u) << what;
+    ExpectSameOutputs(alone, squeezed, what);
+    // With caching the young one's only hits are its resumptions, at position 16.
+    if (caching) {
+      EXPECT_EQ(alone.stats.prefix_cache_hits, 0);
+      EXPECT_GE(squeezed.stats.prefix_cache_hits, 16);
+      EXPECT_EQ(squeezed.stats.prefix_cache_hits % 16, 0);
+    }
+    ExpectIdle(squeezed, caching, what);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, PrefixCachingEngineTest, ::testing::ValuesIn(Placements()),

@@ -31,8 +31,11 @@ void Scheduler::Remove(Sequence* s) {
 }
 
 int64_t Scheduler::NextChunkEnd(const Sequence& s) const {
+  // Past the prompt every position is a one-token forward, as the decode step that first
+  // computed it: the replay of a preempted sequence's generated tokens included.
+  if (s.computed >= s.prompt_len) return std::min<int64_t>(s.computed + 1, static_cast<int64_t>(s.tokens.size()));
   const int64_t chunk = opt_.prefill_chunk;
-  return std::min<int64_t>((s.computed / chunk + 1) * chunk, static_cast<int64_t>(s.tokens.size()));
+  return std::min<int64_t>((s.computed / chunk + 1) * chunk, s.prompt_len);
 }
 
 StepPlan Scheduler::Schedule() {
@@ -43,14 +46,14 @@ StepPlan Scheduler::Schedule() {
   int64_t budget = opt_.max_num_batched_tokens;
   std::vector<StepPlan::Chunk> work;
   for (Sequence* s : running_) {
-    if (s->pending() == 1 && budget >= 1) {
+    if (NextChunkEnd(*s) - s->computed == 1 && budget >= 1) {
       work.push_back({s, s->computed, s->computed + 1});
       budget -= 1;
     }
   }
   for (Sequence* s : running_) {
-    if (s->pending() <= 1) continue;
     const StepPlan::Chunk c{s, s->computed, NextChunkEnd(*s)};
+    if (c.size() <= 1) continue;
     if (c.size() > budget) continue;
     work.push_back(c);
     budget -= c.size();
@@ -86,7 +89,7 @@ void Scheduler::Admit() {
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence* s = waiting_.front();
     PrefixCache::Match hit;
-    if (cache_ != nullptr && s->use_prefix_cache) hit = cache_->Lookup(s->tokens);
+    if (cache_ != nullptr && s->use_prefix_cache) hit = cache_->Lookup(CacheablePrefix(*s));
     s->computed = hit.tokens;
     const int64_t need = runner_.kv_blocks_for(NextChunkEnd(*s)) - static_cast<int64_t>(hit.blocks.size());
     const int64_t taken = cache_ != nullptr ? cache_->EvictableAmong(hit.blocks) : 0;
@@ -98,7 +101,7 @@ void Scheduler::Admit() {
     claimed += taken;
     s->handle = runner_.NewSequence();
     if (cache_ != nullptr && s->use_prefix_cache) {
-      cache_->Apply(s->handle, hit, static_cast<int64_t>(s->tokens.size()));
+      cache_->Apply(s->handle, hit, s->prompt_len);
     }
     s->running = true;
     s->arrival = next_arrival_++;
@@ -130,9 +133,21 @@ bool Scheduler::ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan) {
   }
 }
 
+std::span<const int32_t> Scheduler::CacheablePrefix(const Sequence& s) {
+  // The prompt, and one token more once there is one: PrefixCache::Lookup resumes below the
+  // span's last token, so a sequence with output may resume at the prompt's end (its first
+  // token is sampled; the replay needs no logits there), a fresh one only below it.
+  return std::span<const int32_t>(s.tokens).first(
+      static_cast<size_t>(std::min<int64_t>(s.prompt_len + 1, static_cast<int64_t>(s.tokens.size()))));
+}
+
 void Scheduler::Preempt(Sequence* s) {
-  // Recompute preemption (vLLM): drop the state and blocks, keep the tokens; the sequence goes to
-  // the front of the queue and re-prefills prompt + output when readmitted.
+  // Recompute preemption (vLLM), made bit-neutral: drop the state and blocks, keep the tokens;
+  // the sequence goes to the front of the queue. Readmitted, it resumes from the prefix cache
+  // where it can, prefills the rest of its prompt in the chunks of the grid, as the first time,
+  // and replays its generated tokens one per step as the decode steps computed them
+  // (NextChunkEnd), sampling only after the last: its state is then the one it had here, bit
+  // for bit (docs/prefix-caching.md "Preemption").
   Release(s);
   running_.erase(std::find(running_.begin(), running_.end(), s));
   waiting_.push_front(s);

@@ -7,8 +7,10 @@
 // Sequence's `computed`; it appends sampled tokens; it calls Remove when a sequence ends.
 //
 // Batch invariance: a prefill chunk ends at the next multiple of `prefill_chunk` in absolute
-// positions (or at the sequence's end) and is never shrunk to fit the budget (a chunk that does
-// not fit waits), so how a sequence's tokens are chunked never depends on the load.
+// positions (or at the prompt's end) and is never shrunk to fit the budget (a chunk that does
+// not fit waits), so how a sequence's tokens are chunked never depends on the load. Every
+// position past the prompt is a one-token forward, also when a preempted sequence recomputes
+// its generated tokens: so preemption never changes a bit either (docs/prefix-caching.md).
 //
 // Prefix caching (prefix_cache.h): at admission a sequence resumes from the longest cached
 // prefix (shared latent blocks and a KDA snapshot); blocks only the cache holds count as free
@@ -23,6 +25,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,9 +57,11 @@ struct Sequence {
 // One step's work. Every sequence in `decodes` and `prefills` appears once, is running, and has
 // latent blocks reserved for the positions it forwards.
 struct StepPlan {
-  // Forwards of exactly one token, tokens[computed]: decodes, and prefills whose last chunk is a
-  // single token. One-token forwards compute the same alone or batched where the runner allows
-  // (ModelRunner::decode_batch_limit), so the step loop may group them.
+  // Forwards of exactly one token, tokens[computed]: decodes, prefills whose last chunk is a
+  // single token, and a preempted sequence's replay of a generated token (the step loop samples
+  // only once a sequence has no token left to forward). One-token forwards compute the same
+  // alone or batched where the runner allows (ModelRunner::decode_batch_limit), so the step
+  // loop may group them.
   std::vector<Sequence*> decodes;
   // Prefill chunks of more than one token: tokens [begin, end) of `seq`, begin == seq->computed;
   // forwarded one sequence at a time.
@@ -67,7 +72,8 @@ struct StepPlan {
   };
   std::vector<Chunk> prefills;
   // Sequences preempted while reserving this step's blocks: their state and blocks are gone,
-  // they wait at the front of the queue and recompute from position 0 when readmitted.
+  // they wait at the front of the queue and recompute when readmitted (from the prefix cache
+  // where it holds their prompt, else from position 0), bit for bit as they first computed it.
   std::vector<Sequence*> preempted;
   // Sequences whose next forward needs more blocks than the pool holds (`exhausted_tokens`
   // positions): released and forgotten by the scheduler; the step loop ends them.
@@ -101,8 +107,14 @@ class Scheduler {
   // The next step's plan; admits and preempts as it goes.
   StepPlan Schedule();
 
-  // The tokens `s` forwards next: to the next multiple of prefill_chunk, or to its end.
+  // Where `s`'s next forward ends: in the prompt, at the next multiple of prefill_chunk or the
+  // prompt's end; past it, one token later (decode steps, and the replay of a preempted
+  // sequence's generated tokens).
   int64_t NextChunkEnd(const Sequence& s) const;
+  // What admission looks `s` up by in the prefix cache: its prompt (and, with output, one more
+  // token, so that it may resume at the prompt's end). Never the generated tokens: the cache
+  // holds prefill chunks, and those positions were computed by decode steps.
+  static std::span<const int32_t> CacheablePrefix(const Sequence& s);
 
   const std::vector<Sequence*>& running() const { return running_; }  // in admission order
   const std::deque<Sequence*>& waiting() const { return waiting_; }    // in the order they will be admitted

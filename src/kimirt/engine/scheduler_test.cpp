@@ -2,7 +2,8 @@
 // LatentKvCache allocator, one tiny layer) stands in for the model, and the tests play the step
 // loop's part (advance `computed`, append a sampled token once a sequence caught up). They check
 // admission by blocks and state slots, prefill chunks ending at multiples of the chunk size, the
-// token budget, and preemption of the newest running sequence when the pool runs dry.
+// token budget, preemption of the newest running sequence when the pool runs dry, and how a
+// preempted sequence recomputes (its prompt in chunks, its output one token at a time).
 #include "kimirt/engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -164,8 +165,17 @@ TEST_F(SchedulerTest, NextChunkEndIsTheNextMultipleOfTheChunkInAbsolutePositions
   Make(64, Options(/*chunk=*/8, /*budget=*/64));
   Sequence s;
   s.tokens.assign(30, 1);
+  s.prompt_len = 30;
   const std::vector<std::pair<int64_t, int64_t>> cases = {{0, 8}, {5, 8}, {7, 8}, {8, 16}, {13, 16}, {24, 30}, {29, 30}};
   for (auto [computed, end] : cases) {
+    s.computed = computed;
+    EXPECT_EQ(scheduler_->NextChunkEnd(s), end) << "computed " << computed;
+  }
+  // A 21-token prompt and 9 generated tokens (a preempted sequence recomputing): the prompt's
+  // chunks end at its end, every later position is a forward of its own.
+  s.prompt_len = 21;
+  const std::vector<std::pair<int64_t, int64_t>> after = {{16, 21}, {17, 21}, {21, 22}, {25, 26}, {29, 30}};
+  for (auto [computed, end] : after) {
     s.computed = computed;
     EXPECT_EQ(scheduler_->NextChunkEnd(s), end) << "computed " << computed;
   }
@@ -262,7 +272,8 @@ TEST_F(SchedulerTest, WhenBlocksRunOutTheNewestRunningSequenceIsPreempted) {
   EXPECT_EQ(runner_->blocks_of(*a), 3);
   EXPECT_EQ(runner_->blocks_of(*b), 3);
   Execute(plan);
-  // When a finishes, c is readmitted and re-prefills its 9 tokens in aligned chunks.
+  // When a finishes, c is readmitted and re-prefills its prompt in aligned chunks (then decodes
+  // at position 8 the token it had sampled).
   scheduler_->Remove(a);
   StepPlan next = scheduler_->Schedule();
   EXPECT_EQ(Describe(next), (V{"b[9,10)", "c[0,8)"}));
@@ -361,6 +372,39 @@ TEST_F(SchedulerTest, ACachedPrefixResumesAtTheLastSharedChunkBoundaryBelowTheLa
   const PrefixCacheStats st = cache_->stats();
   EXPECT_EQ(st.queries, 17 + 17 + 16 + 17);  // a, b, c, d at admission
   EXPECT_EQ(st.hits, 16 + 8);
+}
+
+TEST_F(SchedulerTest, ARecomputedSequenceResumesWithinItsPromptThenReplaysOneTokenAtATime) {
+  // Chunk 8, blocks of 4. x's 19-token prompt caches [0,8) and [0,16) with snapshots.
+  Make(64, Options(/*chunk=*/8, /*budget=*/64), /*snapshots=*/8);
+  Sequence* x = Add("x", 19);
+  for (int i = 0; i < 3; ++i) Execute(scheduler_->Schedule());
+  ASSERT_EQ(runner_->snapshots(), 2);
+  scheduler_->Remove(x);
+  // p: a 10-token prompt and 8 tokens sampled before it was preempted, all equal to x's first
+  // 18. Queued as a preempted sequence waits (nothing computed, not running).
+  auto owned = std::make_unique<Sequence>();
+  Sequence* p = owned.get();
+  p->id = "p";
+  p->prompt_len = 10;
+  p->tokens.assign(18, 7);
+  seqs_.push_back(std::move(owned));
+  scheduler_->Add(p);
+  // It resumes at 8, inside its prompt; never at 16: positions 10..15 were computed by its
+  // decode steps, the cached ones by x's prefill chunk. Then the rest of the prompt as the
+  // chunk [8,10), and its output token by token, the forward of 17 last (the one that samples).
+  std::vector<V> steps;
+  for (int i = 0; i < 9; ++i) {
+    const StepPlan plan = scheduler_->Schedule();
+    steps.push_back(Describe(plan));
+    Execute(plan);
+    if (i < 8) EXPECT_EQ(p->tokens.size(), 18u) << "step " << i;  // replays sample nothing
+  }
+  EXPECT_EQ(steps, (std::vector<V>{{"p[8,10)"}, {"p[10,11)"}, {"p[11,12)"}, {"p[12,13)"}, {"p[13,14)"},
+                                   {"p[14,15)"}, {"p[15,16)"}, {"p[16,17)"}, {"p[17,18)"}}));
+  EXPECT_EQ(p->tokens.size(), 19u);
+  EXPECT_EQ(cache_->stats().hits, 8);
+  EXPECT_EQ(cache_->stats().queries, 19 + 10);  // x's prompt, then p's
 }
 
 TEST_F(SchedulerTest, UnreferencedCachedBlocksAreEvictedBeforeAnyoneIsPreempted) {

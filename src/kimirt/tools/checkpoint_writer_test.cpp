@@ -119,7 +119,7 @@ TEST(CheckpointWriter, SparseKimiK3PlansLikeItsConfig) {
   PlanOptions po;
   po.par.tp = 8;
   po.context_tokens = 1048576;
-  po.kv_cache_dtype = KvCacheDType::kFP8;
+  po.kv_cache_dtype = PlanKvDType::kFP8;
   po.gpu = FindGpu("MI355X");
   Result<PlanReport> from_ckpt = PlanFromCheckpoint(l, **ckpt, po, "same");
   Result<PlanReport> from_cfg = PlanFromLayout(l, po, "same");

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -67,6 +68,12 @@ int StageOf(const TensorSpec& t, const std::vector<int>& stage_of_layer, int pp)
   return pp - 1;
 }
 
+int64_t KdaLayersIn(const ModelConfig& c, int64_t first, int64_t last) {
+  int64_t n = 0;
+  for (int64_t i = first; i <= last; ++i) n += c.IsKdaLayer(i) ? 1 : 0;
+  return n;
+}
+
 std::vector<RuntimeRow> RuntimeFor(const ModelConfig& c, const PlanOptions& o, int64_t first,
                                    int64_t last) {
   int64_t kda = 0, mla = 0;
@@ -78,8 +85,8 @@ std::vector<RuntimeRow> RuntimeFor(const ModelConfig& c, const PlanOptions& o, i
 
   // Spec §6.5: 512 latent + 64 shared-key values per token and layer, held whole by every rank.
   const int64_t latent = c.kv_lora_rank + c.qk_rope_head_dim;
-  const int64_t kv_bytes = o.kv_cache_dtype == KvCacheDType::kFP8 ? 1 : 2;
-  const char* kv_name = o.kv_cache_dtype == KvCacheDType::kFP8 ? "fp8" : "bf16";
+  const int64_t kv_bytes = o.kv_cache_dtype == PlanKvDType::kFP8 ? 1 : 2;
+  const char* kv_name = o.kv_cache_dtype == PlanKvDType::kFP8 ? "fp8" : "bf16";
   rows.push_back({"MLA latent KV",
                   seq_prefix + Commas(o.context_tokens) + " × (" + std::to_string(c.kv_lora_rank) +
                       " + " + std::to_string(c.qk_rope_head_dim) + ") × " +
@@ -159,9 +166,52 @@ Tally TallyWeights(const Layout& layout, const std::vector<const TensorSpec*>& t
   return tally;
 }
 
-void AddRuntime(const ModelConfig& c, const PlanOptions& o, std::vector<StagePlan>* stages) {
+// The prefix cache's KDA snapshots on one GPU of a stage holding `kda` KDA layers and `weights`
+// bytes of weights, counted as `kimirt serve` allocates them (engine/kda_snapshot_budget.h): an
+// explicit count, or a share of the cache budget, which serve takes as what
+// --gpu-memory-utilization leaves after the weights. None when caching is off, the stage has
+// no KDA layer, or neither a count nor a GPU budget is known.
+std::optional<SnapshotPlan> SnapshotsFor(const ModelConfig& c, const PlanOptions& o, int64_t kda, uint64_t weights,
+                                         std::optional<uint64_t> budget) {
+  if (!o.prefix_caching || kda == 0) return std::nullopt;
+  SnapshotPlan p;
+  p.bytes_each = KdaSnapshotBytes(c, o.par.tp, kda);
+  if (o.kda_snapshots >= 0) {
+    p.count = o.kda_snapshots;
+    return p;
+  }
+  if (!budget) return std::nullopt;
+  p.cache_budget = *budget > weights ? *budget - weights : 0;
+  p.count = KdaSnapshotsFor(p.cache_budget, o.kda_snapshot_fraction, p.bytes_each);
+  return p;
+}
+
+RuntimeRow SnapshotRow(const ModelConfig& c, const PlanOptions& o, int64_t kda, const SnapshotPlan& p) {
+  const std::string tp = std::to_string(o.par.tp);
+  const std::string H = std::to_string(c.linear_attn.num_heads), K = std::to_string(c.linear_attn.head_dim);
+  RuntimeRow r;
+  r.name = "KDA prefix snapshots";
+  // The recurrent state and the conv windows as the runner holds them: FP32 both.
+  // (The conv windows' 3 × (W − 1) × (H·K ÷ tp) multiplied out, so that the row fits its column.)
+  r.formula = Commas(p.count) + " × ((" + H + " ÷ " + tp + ") × " + K + " × " + K + " + " +
+              std::to_string(3 * (c.linear_attn.short_conv_kernel_size - 1)) + " × " +
+              std::to_string(c.KdaProjDim() / o.par.tp) + ") × 4 bytes/layer";
+  r.layers = kda;
+  r.bytes = p.bytes();
+  r.scaling = o.kda_snapshots >= 0
+                  ? "prefix cache: --kda-snapshots"
+                  : "prefix cache: " + Fmt("%g", 100 * o.kda_snapshot_fraction) + "% of the " + GiB(p.cache_budget) +
+                        " cache budget, as serve";
+  return r;
+}
+
+void AddRuntime(const ModelConfig& c, const PlanOptions& o, std::optional<uint64_t> budget,
+                std::vector<StagePlan>* stages) {
   for (StagePlan& sp : *stages) {
     sp.runtime = RuntimeFor(c, o, sp.first_layer, sp.last_layer);
+    const int64_t kda = KdaLayersIn(c, sp.first_layer, sp.last_layer);
+    sp.snapshots = SnapshotsFor(c, o, kda, sp.weights, budget);
+    if (sp.snapshots) sp.runtime.push_back(SnapshotRow(c, o, kda, *sp.snapshots));
     sp.runtime_bytes = 0;
     for (const RuntimeRow& r : sp.runtime) sp.runtime_bytes += r.bytes;
   }
@@ -193,7 +243,7 @@ std::optional<LayoutChoice> SearchSmallestFit(const Layout& layout,
       cand.pp = pp;
       if (!layout.CheckParallelism(cand.par).ok()) continue;
       Tally t = TallyWeights(layout, tensors, cand.par, pp);
-      AddRuntime(c, cand, &t.stages);
+      AddRuntime(c, cand, budget, &t.stages);
       const uint64_t worst = t.stages[static_cast<size_t>(Heaviest(t.stages))].total();
       if (worst <= budget) return LayoutChoice{tp, pp, cand.par.ep, worst};
     }
@@ -212,6 +262,10 @@ Result<PlanReport> PlanTensors(const Layout& layout, const std::vector<const Ten
   if (o.num_seqs < 1) return InvalidArgument("--num-seqs must be >= 1");
   if (o.context_tokens < 0) return InvalidArgument("--context must be >= 0");
   if (o.attn_res_chunk_tokens < 1) return InvalidArgument("--attn-res-chunk must be >= 1");
+  if (o.kda_snapshots < -1) return InvalidArgument("--kda-snapshots must be >= 0");
+  if (!(o.kda_snapshot_fraction >= 0 && o.kda_snapshot_fraction < 1)) {
+    return InvalidArgument("the KDA snapshot fraction must be in [0, 1)");
+  }
   if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
     return InvalidArgument("--gpu-memory-utilization must be in (0, 1]");
   }
@@ -246,8 +300,12 @@ Result<PlanReport> PlanTensors(const Layout& layout, const std::vector<const Ten
     }
   }
 
+  std::optional<uint64_t> budget;  // utilization × capacity, when a GPU is given
+  if (o.gpu) {
+    budget = static_cast<uint64_t>(std::floor(o.gpu_memory_utilization * static_cast<double>(o.gpu->capacity_bytes)));
+  }
   Tally tally = TallyWeights(layout, tensors, o.par, o.pp);
-  AddRuntime(c, o, &tally.stages);
+  AddRuntime(c, o, budget, &tally.stages);
   r.stages = std::move(tally.stages);
   r.heaviest_stage = Heaviest(r.stages);
   r.options = o;
@@ -258,14 +316,20 @@ Result<PlanReport> PlanTensors(const Layout& layout, const std::vector<const Ten
                       " of padding (vocab rows rounded up, MoE intermediate padded to a multiple of " +
                       std::to_string(o.par.pad_align) + ")");
   }
+  if (o.prefix_caching && !h.snapshots && KdaLayersIn(c, h.first_layer, h.last_layer) > 0) {
+    r.notes.push_back("prefix caching (on by default in serve) also keeps KDA snapshots of " +
+                      GB(KdaSnapshotBytes(c, o.par.tp, KdaLayersIn(c, h.first_layer, h.last_layer))) +
+                      " each per GPU, not counted here: give a GPU (serve gives them " +
+                      Fmt("%g", 100 * o.kda_snapshot_fraction) +
+                      "% of the cache budget) or --kda-snapshots N; --no-enable-prefix-caching plans without");
+  }
   if (o.gpu) {
     r.gpu = o.gpu;
-    r.budget_bytes = static_cast<uint64_t>(std::floor(o.gpu_memory_utilization *
-                                                      static_cast<double>(o.gpu->capacity_bytes)));
+    r.budget_bytes = *budget;
     r.fits = h.total() <= r.budget_bytes;
     // Tokens of latent KV the budget holds beside the weights and the fixed per-sequence state.
     const int64_t latent = c.kv_lora_rank + c.qk_rope_head_dim;
-    const int64_t per_token = latent * (o.kv_cache_dtype == KvCacheDType::kFP8 ? 1 : 2) *
+    const int64_t per_token = latent * (o.kv_cache_dtype == PlanKvDType::kFP8 ? 1 : 2) *
                               std::max<int64_t>(1, [&] {
                                 int64_t m = 0;
                                 for (int64_t i = h.first_layer; i <= h.last_layer; ++i) m += !c.IsKdaLayer(i);
@@ -463,8 +527,9 @@ std::string FormatPlanJson(const PlanReport& r) {
                  {"with_vision", o.par.load_vision}};
   j["context"] = {{"tokens_per_sequence", o.context_tokens},
                   {"num_sequences", o.num_seqs},
-                  {"kv_cache_dtype", o.kv_cache_dtype == KvCacheDType::kFP8 ? "fp8" : "bf16"},
-                  {"attn_res_chunk_tokens", o.attn_res_chunk_tokens}};
+                  {"kv_cache_dtype", o.kv_cache_dtype == PlanKvDType::kFP8 ? "fp8" : "bf16"},
+                  {"attn_res_chunk_tokens", o.attn_res_chunk_tokens},
+                  {"prefix_caching", o.prefix_caching}};
   Json cats = Json::array();
   const StagePlan& h = r.heaviest();
   for (int k = 0; k < kNumCategories; ++k) {
@@ -481,6 +546,12 @@ std::string FormatPlanJson(const PlanReport& r) {
     rt.push_back({{"name", row.name}, {"formula", row.formula}, {"layers", row.layers}, {"bytes", row.bytes}});
   }
   j["runtime"] = {{"items", rt}, {"per_gpu_bytes", h.runtime_bytes}};
+  if (h.snapshots) {
+    j["runtime"]["kda_snapshots"] = {{"count", h.snapshots->count},
+                                     {"bytes_each", h.snapshots->bytes_each},
+                                     {"bytes", h.snapshots->bytes()},
+                                     {"cache_budget_bytes", h.snapshots->cache_budget}};
+  }
   Json stages = Json::array();
   for (const StagePlan& sp : r.stages) {
     stages.push_back({{"stage", sp.stage},

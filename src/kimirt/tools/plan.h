@@ -15,24 +15,34 @@
 #include <vector>
 
 #include "kimirt/core/status.h"
+#include "kimirt/engine/kda_snapshot_budget.h"
 #include "kimirt/io/safetensors.h"
 #include "kimirt/model/layout.h"
 #include "kimirt/tools/gpu_catalog.h"
 
 namespace kimirt {
 
-enum class KvCacheDType : uint8_t { kBF16, kFP8 };
+// The latent cache dtypes a plan sizes (named apart from the runner's KvCacheDType, which also
+// has F32, so that one file may use both).
+enum class PlanKvDType : uint8_t { kBF16, kFP8 };
 
 struct PlanOptions {
   Parallelism par;                 // tp, ep, MoE pad_align, vision
   int pp = 1;                      // pipeline stages
   int64_t context_tokens = 0;      // per sequence; 0: the config's max, else 1,048,576
   int64_t num_seqs = 1;
-  KvCacheDType kv_cache_dtype = KvCacheDType::kBF16;
+  PlanKvDType kv_cache_dtype = PlanKvDType::kBF16;
   std::optional<GpuSpec> gpu;      // capacity to compare against; none: no verdict
   double gpu_memory_utilization = 0.9;  // the budget is this fraction of capacity (vLLM meaning)
   int64_t attn_res_chunk_tokens = 8192; // prefill chunk the AttnRes bank is sized for (seed: 8K)
   bool suggest = true;             // search the smallest layout that fits when this one does not
+  // The prefix cache's KDA snapshots (docs/prefix-caching.md "Memory"), on by default as in
+  // `kimirt serve`: `kda_snapshots` of them per GPU when >= 0, else `kda_snapshot_fraction` of
+  // the cache budget (what the GPU budget leaves after the weights), as serve sizes them
+  // (engine/kda_snapshot_budget.h).
+  bool prefix_caching = true;
+  int64_t kda_snapshots = -1;
+  double kda_snapshot_fraction = kServeKdaSnapshotFraction;
 };
 
 struct RuntimeRow {
@@ -43,6 +53,14 @@ struct RuntimeRow {
   std::string scaling;  // "grows linearly with tokens; not sharded by TP"
 };
 
+// The KDA snapshots one GPU of a stage holds for the prefix cache.
+struct SnapshotPlan {
+  int64_t count = 0;
+  uint64_t bytes_each = 0;   // one snapshot: every KDA layer of the stage, this rank's heads
+  uint64_t cache_budget = 0; // what the fraction was taken of (0 with an explicit count)
+  uint64_t bytes() const { return static_cast<uint64_t>(count) * bytes_each; }
+};
+
 struct StagePlan {
   int stage = 0;
   int64_t first_layer = 0;  // inclusive
@@ -50,7 +68,8 @@ struct StagePlan {
   std::array<uint64_t, kNumCategories> weight_bytes{};  // per GPU (one rank of this stage)
   uint64_t weights = 0;
   uint64_t loaded_weights = 0;  // without vocab / MoE padding
-  std::vector<RuntimeRow> runtime;
+  std::vector<RuntimeRow> runtime;  // the snapshot row last, when counted
+  std::optional<SnapshotPlan> snapshots;  // counted (prefix caching on, count known)
   uint64_t runtime_bytes = 0;
   uint64_t total() const { return weights + runtime_bytes; }
 };

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "kimirt/engine/model_runner.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
@@ -32,8 +33,9 @@ PlanOptions SeedOptions() {
   PlanOptions o;
   o.par.tp = 8;
   o.context_tokens = 1048576;
-  o.kv_cache_dtype = KvCacheDType::kFP8;
+  o.kv_cache_dtype = PlanKvDType::kFP8;
   o.gpu = FindGpu("mi355x");
+  o.prefix_caching = false;  // the seed's recipe serves with --no-enable_prefix_caching
   return o;
 }
 
@@ -105,7 +107,7 @@ TEST(Plan, BF16LatentCacheDoublesTheKvRow) {
   KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();
   PlanOptions o = SeedOptions();
-  o.kv_cache_dtype = KvCacheDType::kBF16;
+  o.kv_cache_dtype = PlanKvDType::kBF16;
   Result<PlanReport> r = PlanFromLayout(l, o, "test");
   ASSERT_TRUE(r.ok());
   // k3-checkpoint-memory.md "Seed inconsistencies" 1: 28.991 GB; 29.987 GB; 218.901 GiB; 76.0 %.
@@ -160,8 +162,10 @@ TEST(Plan, KimiLinear48BFitsOneH200) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->fits) << FormatPlanText(*r);
   EXPECT_EQ(r->options.context_tokens, 1048576);  // model_max_length
-  EXPECT_EQ(r->heaviest().runtime.size(), 3u);    // no AttnRes
+  ASSERT_EQ(r->heaviest().runtime.size(), 4u);    // no AttnRes; the prefix cache's snapshots (on by default)
   EXPECT_EQ(r->heaviest().runtime[0].layers, 7);
+  EXPECT_EQ(r->heaviest().runtime[3].name, "KDA prefix snapshots");
+  EXPECT_EQ(r->heaviest().runtime[3].layers, 20);
   EXPECT_GT(r->kv_token_capacity, 1048576);
 }
 
@@ -187,6 +191,92 @@ TEST(Plan, PipelineStagesSplitLayersLikeVllm) {
   uint64_t expect = 0;
   for (const TensorSpec& t : l.tensors()) expect += l.SliceFor(t, one, 0).loaded_bytes;
   EXPECT_EQ(sum, expect);
+}
+
+TEST(Plan, CountsThePrefixCachesKdaSnapshotsAsServeSizesThem) {
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
+  Layout l = K3Layout();
+  PlanOptions o = SeedOptions();
+  o.prefix_caching = true;
+  Result<PlanReport> r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const StagePlan& h = r->heaviest();
+  // Hand arithmetic. One snapshot per GPU at TP8: 69 KDA layers of (96/8) x 128 x 128 FP32
+  // recurrent state + 3 x (4 - 1) x 12288/8 FP32 conv windows = 69 x 841,728 bytes. serve's
+  // cache budget is what 0.9 x 288 GiB leaves after the 205,056,581,360 bytes of weights:
+  // floor(0.9 x 309,237,645,312) - 205,056,581,360 = 73,257,299,420; a tenth of it holds 126
+  // snapshots (7,325,729,942 / 58,079,232 = 126.1).
+  ASSERT_TRUE(h.snapshots.has_value());
+  EXPECT_EQ(h.snapshots->bytes_each, 69ull * 841728);
+  EXPECT_EQ(h.snapshots->cache_budget, 73257299420ull);
+  EXPECT_EQ(h.snapshots->count, 126);
+  ASSERT_EQ(h.runtime.size(), 5u);  // the seed's four rows, then the snapshots
+  EXPECT_EQ(h.runtime[4].name, "KDA prefix snapshots");
+  EXPECT_EQ(h.runtime[4].bytes, 126ull * 69 * 841728);
+  EXPECT_EQ(h.runtime[4].layers, 69);
+  EXPECT_EQ(h.runtime[4].formula, "126 × ((96 ÷ 8) × 128 × 128 + 9 × 1536) × 4 bytes/layer");
+  EXPECT_EQ(h.runtime_bytes, 15491210240ull + 126ull * 69 * 841728);  // the seed's total + the row
+  const std::string text = FormatPlanText(*r);
+  EXPECT_NE(text.find("KDA prefix snapshots"), std::string::npos) << text;
+  EXPECT_NE(text.find("7.318 GB"), std::string::npos) << text;
+  EXPECT_NE(FormatPlanJson(*r).find("\"kda_snapshots\""), std::string::npos);
+
+  // An explicit count; and without a GPU no budget to take a share of: no row, but a note.
+  o.kda_snapshots = 10;
+  r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->heaviest().runtime.back().bytes, 10ull * 69 * 841728);
+  o.kda_snapshots = -1;
+  o.gpu.reset();
+  r = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->heaviest().runtime.size(), 4u);
+  EXPECT_NE(FormatPlanText(*r).find("not counted here"), std::string::npos);
+  o.kda_snapshots = -2;
+  EXPECT_FALSE(PlanFromLayout(l, o, "test").ok());
+}
+
+// The planner's snapshot row is what the runner serve builds allocates: for the same cache
+// budget, the same count of snapshots of the same size (KdaStateSlots::SlotBytes on a rank).
+TEST(Plan, SnapshotBytesMatchWhatTheRunnerAllocates) {
+  const std::string dir = TestDataPath("fixtures/tiny-a");
+  KIMIRT_REQUIRE_FILE(dir + "/config.json");
+  Result<ModelConfig> c = LoadModelConfig(dir + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_GT(c->NumKdaLayers(), 0);
+  Result<Layout> l = Layout::Build(*c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  PlanOptions o;
+  o.context_tokens = 256;
+  o.gpu = GpuSpec{"custom", "64 MiB", 64ull << 20, "test", 0.0, 8};
+  Result<PlanReport> r = PlanFromLayout(*l, o, "test");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->heaviest().snapshots.has_value());
+  const SnapshotPlan plan = *r->heaviest().snapshots;
+  ASSERT_GT(plan.count, 1);
+  auto runner_for = [&](int tp) {
+    RunnerOptions ro;
+    ro.tp = tp;
+    ro.block_size = 16;
+    ro.kv_cache_bytes = plan.cache_budget;  // what serve's runner gets from the same GPU budget
+    ro.kda_snapshot_fraction = kServeKdaSnapshotFraction;  // serve's share with caching on
+    return ModelRunner::Create(dir, ro);
+  };
+  Result<std::unique_ptr<ModelRunner>> one = runner_for(1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ((*one)->kda_snapshot_bytes(), plan.bytes_each);
+  EXPECT_EQ((*one)->kda_snapshot_capacity(), plan.count);
+  EXPECT_EQ(r->heaviest().runtime.back().bytes,
+            static_cast<uint64_t>((*one)->kda_snapshot_capacity()) * (*one)->kda_snapshot_bytes());
+  // On two ranks each holds half the heads: the bytes the planner's rule gives for TP2. (tiny-a's
+  // layout does not plan at TP2 — its MXFP4 scale groups do not split — so the rule directly.)
+  Result<std::unique_ptr<ModelRunner>> two = runner_for(2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ((*two)->kda_snapshot_bytes(), KdaSnapshotBytes(*c, 2, c->NumKdaLayers()));
+  EXPECT_EQ((*two)->kda_snapshot_bytes() * 2, plan.bytes_each);
+  EXPECT_EQ((*two)->kda_snapshot_capacity(), KdaSnapshotsFor(plan.cache_budget, kServeKdaSnapshotFraction,
+                                                             (*two)->kda_snapshot_bytes()));
+  EXPECT_EQ(PlanOptions{}.kda_snapshot_fraction, kServeKdaSnapshotFraction);
 }
 
 TEST(Plan, RejectsBadOptions) {
