@@ -1,0 +1,269 @@
+// NcclCommunicator (nccl_communicator.h): NCCL init from the rendezvous store's unique id, with
+// a deadline (non-blocking communicator, polled); the batch-invariant all-reduce (ncclAllGather,
+// then RankOrderedSum below); a Barrier that cannot hang past the deadline.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kimirt/dist/tcp_socket.h"
+#include "kimirt/parallel/nccl_communicator.h"
+
+namespace kimirt {
+namespace {
+
+// out[i] := ((g[0][i] + g[1][i]) + g[2][i]) + ... with g[r] = gathered + r*n: rank order, the
+// same bits on every rank and for every n (each element is summed alone). Starting from g[0]
+// (not 0.0f) keeps a lone -0.0f, as the thread communicator does.
+__global__ void RankOrderedSum(const float* __restrict__ gathered, size_t n, int ranks, float* __restrict__ out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float s = gathered[i];
+    for (int r = 1; r < ranks; ++r) s = __fadd_rn(s, gathered[static_cast<size_t>(r) * n + i]);
+    out[i] = s;
+  }
+}
+
+std::string NcclMessage(ncclResult_t r, ncclComm_t comm) {
+  std::string m = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);  // comm may be null: then the thread's last error
+  if (last != nullptr && *last != '\0') m += ": " + std::string(last);
+  return m;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o)
+      : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {}
+
+  ~NcclCommunicator() override {
+    if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+    cudaStreamSynchronize(stream_);
+    // Finalize flushes outstanding work; a broken communicator (or one that cannot finalize in
+    // time: a peer is gone) is aborted instead.
+    if (!broken_) {
+      const ncclResult_t f = ncclCommFinalize(comm_);
+      broken_ = (f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty();
+    }
+    if (broken_) {
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void AllReduceSum(float* data, size_t n) override {
+    if (n == 0) return;
+    if (n >= o_.nccl_allreduce_min_elems) {
+      Check(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+      return;
+    }
+    float* g = Scratch(n * static_cast<size_t>(size_));
+    Check(ncclAllGather(data, g, n, ncclFloat32, comm_, stream_), "ncclAllGather");
+    const int threads = 256;
+    const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 1024);
+    RankOrderedSum<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(g, n, size_, data);
+    CheckCuda(cudaGetLastError(), "RankOrderedSum launch");
+  }
+
+  void AllGather(const float* send, size_t n, float* recv) override {
+    if (n == 0) return;
+    Check(ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_), "ncclAllGather");
+  }
+
+  // A one-float all-reduce, then the stream drained with a deadline: a peer that never arrives
+  // aborts the communicator and throws, naming this rank (the peers' own errors name theirs).
+  void Barrier() override {
+    float* one = Scratch(static_cast<size_t>(size_));
+    Check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce (Barrier)");
+    const Deadline deadline = Clock::now() + o_.timeout;
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) CheckCuda(e, "Barrier");
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) Fail("Barrier", NcclMessage(async, comm_));
+      if (Clock::now() >= deadline) {
+        Fail("Barrier", "timed out after " + std::to_string(o_.timeout.count()) + " ms (a peer rank did not arrive)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  // The non-blocking communicator may answer ncclInProgress; poll until done or `limit`.
+  // Returns an error message, empty on success.
+  std::string Wait(std::chrono::milliseconds limit) {
+    const Deadline deadline = Clock::now() + limit;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return "";
+      if (state != ncclInProgress) return NcclMessage(state, comm_);
+      if (Clock::now() >= deadline) return "timed out after " + std::to_string(limit.count()) + " ms";
+      std::this_thread::yield();
+    }
+  }
+
+  void Check(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return;
+    if (r == ncclInProgress) {
+      const std::string err = Wait(o_.timeout);
+      if (err.empty()) return;
+      Fail(what, err);
+    }
+    Fail(what, NcclMessage(r, comm_));
+  }
+
+  void CheckCuda(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) Fail(what, cudaGetErrorString(e));
+  }
+
+  [[noreturn]] void Fail(const char* what, const std::string& msg) {
+    broken_ = true;
+    throw std::runtime_error("NCCL rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " + what +
+                             ": " + msg);
+  }
+
+  // A device buffer of at least `count` floats, reused across calls (stream-ordered).
+  float* Scratch(size_t count) {
+    if (count > scratch_count_) {
+      if (scratch_ != nullptr) CheckCuda(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      scratch_ = nullptr;
+      CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch_), count * sizeof(float), stream_),
+                "cudaMallocAsync (all-reduce scratch)");
+      scratch_count_ = count;
+    }
+    return scratch_;
+  }
+
+  ncclComm_t comm_;
+  const int rank_;
+  const int size_;
+  const NcclOptions o_;
+  cudaStream_t stream_;
+  float* scratch_ = nullptr;
+  size_t scratch_count_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& o) {
+  const int rank = store.rank();
+  const int size = store.world_size();
+  const std::string who = "NCCL init (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
+                          std::to_string(o.device) + ")";
+  if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
+    return Internal(who + ": cudaSetDevice: " + cudaGetErrorString(e));
+  }
+  ncclUniqueId id;
+  const std::string key = "nccl/unique-id";
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return Internal(who + ": ncclGetUniqueId: " + NcclMessage(r, nullptr));
+    }
+    KIMIRT_RETURN_IF_ERROR(store.Set(key, std::string(id.internal, sizeof(id.internal))));
+  } else {
+    Result<std::string> bytes = store.Get(key);
+    if (!bytes.ok()) return bytes.status().WithContext(who);
+    if (bytes->size() != sizeof(id.internal)) {
+      return Internal(who + ": the unique id has " + std::to_string(bytes->size()) + " bytes, not " +
+                      std::to_string(sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, bytes->data(), sizeof(id.internal));
+  }
+  // Non-blocking, so a peer that never initialises ends in an abort at the deadline.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const Deadline deadline = Clock::now() + o.timeout;
+  while (comm != nullptr && (r == ncclInProgress || r == ncclSuccess)) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(comm, &state);
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      ncclCommAbort(comm);
+      return Internal(who + ": timed out after " + std::to_string(o.timeout.count()) +
+                      " ms (a peer rank did not initialise)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != ncclSuccess) {
+    const std::string msg = NcclMessage(r, comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return Internal(who + ": " + msg);
+  }
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, size, o));
+}
+
+Status NcclSelfCheck(RendezvousStore& store, int device, size_t count) {
+  const int rank = store.rank();
+  const int size = store.world_size();
+  auto cuda = [&](cudaError_t e, const char* what) {
+    return e == cudaSuccess ? Status::Ok()
+                            : Internal("rank " + std::to_string(rank) + ": " + what + ": " + cudaGetErrorString(e));
+  };
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaSetDevice(device), "cudaSetDevice"));
+  cudaStream_t stream;
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  NcclOptions o;
+  o.device = device;
+  o.stream = stream;
+  Result<std::unique_ptr<Communicator>> comm = MakeNcclCommunicator(store, o);
+  if (!comm.ok()) return comm.status();
+  std::vector<float> host(count, static_cast<float>(rank + 1));
+  std::vector<float> gathered(count * size, -1.0f);
+  float* d = nullptr;
+  float* g = nullptr;
+  Status st = cuda(cudaMalloc(&d, count * sizeof(float)), "cudaMalloc");
+  if (st.ok()) st = cuda(cudaMalloc(&g, gathered.size() * sizeof(float)), "cudaMalloc");
+  try {
+    if (st.ok()) {
+      st = cuda(cudaMemcpyAsync(d, host.data(), count * 4, cudaMemcpyHostToDevice, stream), "upload");
+      (*comm)->AllGather(d, count, g);
+      (*comm)->AllReduceSum(d, count);
+      (*comm)->Barrier();
+      if (st.ok()) st = cuda(cudaMemcpyAsync(host.data(), d, count * 4, cudaMemcpyDeviceToHost, stream), "download");
+      if (st.ok()) {
+        st = cuda(cudaMemcpyAsync(gathered.data(), g, gathered.size() * 4, cudaMemcpyDeviceToHost, stream), "download");
+      }
+      if (st.ok()) st = cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
+  } catch (const std::exception& e) {
+    st = Internal(e.what());
+  }
+  const float want = static_cast<float>(size * (size + 1) / 2);
+  for (size_t i = 0; st.ok() && i < count; ++i) {
+    if (host[i] != want) {
+      st = Internal("rank " + std::to_string(rank) + ": all-reduce element " + std::to_string(i) + " is " +
+                    std::to_string(host[i]) + ", want " + std::to_string(want));
+    }
+  }
+  for (size_t i = 0; st.ok() && i < gathered.size(); ++i) {
+    if (gathered[i] != static_cast<float>(i / count + 1)) {
+      st = Internal("rank " + std::to_string(rank) + ": all-gather element " + std::to_string(i) + " is " +
+                    std::to_string(gathered[i]) + ", want " + std::to_string(i / count + 1));
+    }
+  }
+  comm->reset();
+  cudaFree(d);
+  cudaFree(g);
+  cudaStreamDestroy(stream);
+  return st;
+}
+
+}  // namespace kimirt
