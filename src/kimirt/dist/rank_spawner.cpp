@@ -169,13 +169,18 @@ Status SpawnAndSupervise(SpawnOptions o) {
     children.push_back(Child{*pid, i});
   }
   for (;;) {
-    const int failed = Reap(children);
-    if (failed >= 0) {
-      const Child c = children[failed];
+    if (Reap(children) >= 0) {
+      // Every rank that failed by itself (in this poll: which came first is unknowable), before
+      // the others are stopped.
+      std::string msg;
+      for (const Child& c : children) {
+        if (!c.done || !Failed(c.wstatus)) continue;
+        msg += (msg.empty() ? "" : "; ") + ("rank " + std::to_string(o.first_rank + c.local_rank) + " (local rank " +
+                                            std::to_string(c.local_rank) + ", pid " + std::to_string(c.pid) + ") " +
+                                            Describe(c.wstatus));
+      }
       StopAll(children, o.grace);
-      return Internal("rank " + std::to_string(o.first_rank + c.local_rank) + " (local rank " +
-                      std::to_string(c.local_rank) + ", pid " + std::to_string(c.pid) + ") " + Describe(c.wstatus) +
-                      "; the other ranks were stopped");
+      return Internal(msg + "; the other ranks were stopped");
     }
     if (AllDone(children)) return Status::Ok();
     if (o.stop != nullptr && o.stop->load()) {
