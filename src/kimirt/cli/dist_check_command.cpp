@@ -72,7 +72,8 @@ int RunRank(const LaunchEnv& env, const Options& o) {
     std::fflush(stdout);
   }
   if (o.device == "cuda") {
-    if (Status st = NcclSelfCheck(s, env.local_rank, static_cast<size_t>(o.count)); !st.ok()) return Fail(who, st);
+    // NcclSelfCheck's errors name the rank already.
+    if (Status st = NcclSelfCheck(s, env.local_rank, static_cast<size_t>(o.count)); !st.ok()) return Fail("", st);
     if (env.rank == 0) std::printf("NCCL all-reduce and all-gather of %lld floats: exact on every rank\n", (long long)o.count);
   }
   if (Status st = s.Barrier("done"); !st.ok()) return Fail(who, st);
