@@ -40,7 +40,8 @@
 #             on two GPUs (nvidia-h200-x2; with fewer GPUs they fail saying so), then the CPU-side
 #             launch/rendezvous/spawn tests (LaunchEnv*, SlurmNodelist*, Rendezvous*, RankSpawner*),
 #             and `kimirt dist-check -tp 2 --device cuda` spawned and as two processes
-#             started by environment variables (NCCL all-reduce exact on both GPUs).
+#             started by environment variables (NCCL all-reduce exact on both GPUs), with the
+#             all-reduce latency table last (ours vs ncclAllReduce; $OUT/nccl-allreduce-bench.json).
 # Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre|nccl]
 set -uo pipefail
 what="${1:-all}"
@@ -257,16 +258,18 @@ if [[ "$what" == nccl ]]; then
   # The whole launch path in real processes: spawned by `kimirt dist-check -tp 2`, then two
   # processes started by torchrun-style variables (the multi-node path on one host); each ends
   # with an exact NCCL all-reduce and all-gather on both GPUs.
-  timeout 180 "$root/kimirt" dist-check -tp 2 --device cuda --timeout-s 120 >"$out/dist-check-spawn.txt" 2>&1 || status=1
+  timeout 240 "$root/kimirt" dist-check -tp 2 --device cuda --timeout-s 120 --bench --json "$out/nccl-allreduce-bench.json" \
+    >"$out/dist-check-spawn.txt" 2>&1 || status=1
   env_rank() { RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 \
     timeout 180 "$root/kimirt" dist-check -tp 2 --device cuda --timeout-s 120; }
   env_rank 1 >"$out/dist-check-env-rank1.txt" 2>&1 &
   env_rank 0 >"$out/dist-check-env-rank0.txt" 2>&1 || status=1
   wait $! || status=1
-  echo "--- kimirt dist-check -tp 2 --device cuda (spawned)"; tail -5 "$out/dist-check-spawn.txt"
   echo "--- the same, two processes by RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT"
   tail -4 "$out/dist-check-env-rank0.txt"; tail -2 "$out/dist-check-env-rank1.txt"
   echo "--- NcclComm (2 GPUs): rank-ordered all-reduce bits, row invariance, all-gather, NCCL's own within rounding"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-nccl.txt" | head -40
+  # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
+  echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
 fi
 exit $status

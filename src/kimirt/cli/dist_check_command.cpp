@@ -12,8 +12,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/flags.h"
@@ -24,6 +27,8 @@
 
 namespace kimirt {
 namespace {
+
+using Json = nlohmann::json;
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
@@ -38,7 +43,38 @@ struct Options {
   double timeout_s = 60;
   int fail_rank = -1;
   int64_t count = 4096;
+  bool bench = false;
+  int64_t width = 2304;  // Kimi-Linear-48B's hidden size: one decode row of a row-parallel output
+  std::string json;
 };
+
+// Rank 0's table of all-reduce latencies (our batch-invariant form beside ncclAllReduce) for
+// decode batches of 1-64 rows, and the JSON for bench/results.
+int Bench(RendezvousStore& s, const LaunchEnv& env, const Options& o) {
+  const std::vector<int> rows = {1, 8, 32, 64};
+  std::vector<size_t> counts;
+  for (int r : rows) counts.push_back(static_cast<size_t>(r * o.width));
+  Result<std::vector<AllReduceTiming>> t = NcclAllReduceBench(s, env.local_rank, counts, 200);
+  if (!t.ok()) return Fail("", t.status());
+  if (env.rank != 0) return 0;
+  Json j = {{"tp", env.world_size}, {"width", o.width}, {"iters", 200}, {"points", Json::array()}};
+  std::printf("all-reduce of rows x %lld floats over %d ranks (us per call, mean of 200)\n", (long long)o.width,
+              env.world_size);
+  std::printf("%6s %12s %16s %14s %8s\n", "rows", "bytes", "invariant (us)", "ncclAllReduce", "ratio");
+  for (size_t i = 0; i < t->size(); ++i) {
+    const AllReduceTiming& p = (*t)[i];
+    std::printf("%6d %12zu %16.2f %14.2f %8.2f\n", rows[i], p.count * 4, p.invariant_us, p.nccl_us,
+                p.invariant_us / p.nccl_us);
+    j["points"].push_back({{"rows", rows[i]}, {"floats", p.count}, {"invariant_allgather_sum_us", p.invariant_us},
+                           {"nccl_allreduce_us", p.nccl_us}});
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << j.dump(2) << "\n";
+    if (!f) return Fail("", IoError(o.json + ": cannot write"));
+  }
+  return 0;
+}
 
 // This process is one rank: join, publish who it is, meet, check NCCL on CUDA, meet again.
 int RunRank(const LaunchEnv& env, const Options& o) {
@@ -75,6 +111,9 @@ int RunRank(const LaunchEnv& env, const Options& o) {
     // NcclSelfCheck's errors name the rank already.
     if (Status st = NcclSelfCheck(s, env.local_rank, static_cast<size_t>(o.count)); !st.ok()) return Fail("", st);
     if (env.rank == 0) std::printf("NCCL all-reduce and all-gather of %lld floats: exact on every rank\n", (long long)o.count);
+    if (o.bench) {
+      if (int rc = Bench(s, env, o); rc != 0) return rc;
+    }
   }
   if (Status st = s.Barrier("done"); !st.ok()) return Fail(who, st);
   if (env.rank == 0) std::printf("%d ranks ok\n", env.world_size);
@@ -100,6 +139,9 @@ int RunDistCheckCommand(int argc, char** argv) {
   flags.Double("timeout-s", &o.timeout_s, "deadline of each rendezvous step");
   flags.Int("fail-rank", &o.fail_rank, "this rank exits with status 3 after joining (tests the failure path)");
   flags.Int("count", &o.count, "floats in the NCCL check");
+  flags.Bool("bench", &o.bench, "with --device cuda: all-reduce latency, invariant form vs ncclAllReduce");
+  flags.Int("width", &o.width, "floats per row in --bench (rows 1, 8, 32, 64)");
+  flags.String("json", &o.json, "with --bench: rank 0 writes the timings here");
   if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) {
     std::fprintf(stderr, "kimirt dist-check: %s\n", s.message().c_str());
     return 2;
@@ -108,9 +150,10 @@ int RunDistCheckCommand(int argc, char** argv) {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
-  if (tp < 1 || pp < 1 || (o.device != "cpu" && o.device != "cuda") || o.timeout_s <= 0 || o.count < 1) {
+  if (tp < 1 || pp < 1 || (o.device != "cpu" && o.device != "cuda") || o.timeout_s <= 0 || o.count < 1 ||
+      o.width < 1) {
     std::fprintf(stderr, "kimirt dist-check: -tp and -pp must be >= 1, --device cpu or cuda, --timeout-s > 0, "
-                         "--count >= 1\n");
+                         "--count and --width >= 1\n");
     return 2;
   }
   Result<LaunchEnv> env = ResolveLaunchEnv(tp * pp, lf, ProcessEnv());

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kimirt/core/status.h"
 #include "kimirt/dist/rendezvous_store.h"
@@ -35,10 +37,13 @@ struct NcclOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Messages of at least this many floats use ncclAllReduce (not batch-invariant).
   size_t nccl_allreduce_min_elems = std::numeric_limits<size_t>::max();
+  // Names this communicator's unique id in the store ("nccl/unique-id/<tag>"): each
+  // communicator of one store (a TP group, a PP pair, a bench's second one) needs its own.
+  std::string tag = "world";
 };
 
 // Collective over the ranks of `store`: rank 0 creates the NCCL unique id and publishes it
-// through the store ("nccl/unique-id"), every rank initialises its NCCL communicator on
+// through the store ("nccl/unique-id/<tag>"), every rank initialises its NCCL communicator on
 // options.device. Errors name the rank, and NCCL's own message.
 // The communicator's collectives throw std::runtime_error on an NCCL or CUDA error (the
 // Communicator interface has no Status; the thread communicator throws the same way).
@@ -48,5 +53,16 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
 // `device`, all-reduces `count` floats where rank r contributes r + 1 and all-gathers the ranks,
 // and checks every element exactly (n(n+1)/2 is exact in float for any small n). Collective.
 Status NcclSelfCheck(RendezvousStore& store, int device, size_t count);
+
+// All-reduce latency, this communicator's batch-invariant form beside ncclAllReduce, for each
+// message size in `counts` (floats): the mean of `iters` back-to-back calls on the device after
+// warm-up (CUDA events). Collective; every rank returns its own table.
+struct AllReduceTiming {
+  size_t count = 0;
+  double invariant_us = 0;  // ncclAllGather + rank-ordered sum
+  double nccl_us = 0;       // ncclAllReduce
+};
+Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
+                                                        const std::vector<size_t>& counts, int iters);
 
 }  // namespace kimirt

@@ -16,5 +16,9 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore&, con
 
 Status NcclSelfCheck(RendezvousStore&, int, size_t) { return NotBuilt(); }
 
+Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore&, int, const std::vector<size_t>&, int) {
+  return NotBuilt();
+}
+
 }  // namespace kimirt
 #endif

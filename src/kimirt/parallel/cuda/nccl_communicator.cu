@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -167,7 +168,7 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
     return Internal(who + ": cudaSetDevice: " + cudaGetErrorString(e));
   }
   ncclUniqueId id;
-  const std::string key = "nccl/unique-id";
+  const std::string key = "nccl/unique-id/" + o.tag;
   if (rank == 0) {
     if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
       return Internal(who + ": ncclGetUniqueId: " + NcclMessage(r, nullptr));
@@ -210,60 +211,133 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
   return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, size, o));
 }
 
+namespace {
+
+// A rank's CUDA resources for the checks below, released on every path.
+struct DeviceScope {
+  ~DeviceScope() {
+    for (void* p : buffers) cudaFree(p);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  cudaStream_t stream = nullptr;
+  std::vector<void*> buffers;
+  std::vector<cudaEvent_t> events;
+};
+
+Status CudaOk(cudaError_t e, int rank, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Internal("rank " + std::to_string(rank) + ": " + what + ": " + cudaGetErrorString(e));
+}
+
+// Runs fn, turning the communicator's exceptions into a Status.
+Status Guard(const std::function<Status()>& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+Result<float*> DeviceFloats(DeviceScope& scope, size_t count, int rank) {
+  void* p = nullptr;
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaMalloc(&p, count * sizeof(float)), rank, "cudaMalloc"));
+  scope.buffers.push_back(p);
+  return static_cast<float*>(p);
+}
+
+// The scope's stream on `device`, and a communicator on it.
+Result<std::unique_ptr<Communicator>> SetUp(RendezvousStore& store, int device, DeviceScope& scope, NcclOptions o) {
+  const int rank = store.rank();
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), rank, "cudaSetDevice"));
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaStreamCreateWithFlags(&scope.stream, cudaStreamNonBlocking), rank, "cudaStreamCreate"));
+  o.device = device;
+  o.stream = scope.stream;
+  return MakeNcclCommunicator(store, o);
+}
+
+}  // namespace
+
 Status NcclSelfCheck(RendezvousStore& store, int device, size_t count) {
   const int rank = store.rank();
   const int size = store.world_size();
-  auto cuda = [&](cudaError_t e, const char* what) {
-    return e == cudaSuccess ? Status::Ok()
-                            : Internal("rank " + std::to_string(rank) + ": " + what + ": " + cudaGetErrorString(e));
-  };
-  KIMIRT_RETURN_IF_ERROR(cuda(cudaSetDevice(device), "cudaSetDevice"));
-  cudaStream_t stream;
-  KIMIRT_RETURN_IF_ERROR(cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  NcclOptions o;
-  o.device = device;
-  o.stream = stream;
-  Result<std::unique_ptr<Communicator>> comm = MakeNcclCommunicator(store, o);
-  if (!comm.ok()) return comm.status();
+  DeviceScope scope;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, SetUp(store, device, scope, NcclOptions{}));
+  KIMIRT_ASSIGN_OR_RETURN(float* d, DeviceFloats(scope, count, rank));
+  KIMIRT_ASSIGN_OR_RETURN(float* g, DeviceFloats(scope, count * size, rank));
   std::vector<float> host(count, static_cast<float>(rank + 1));
   std::vector<float> gathered(count * size, -1.0f);
-  float* d = nullptr;
-  float* g = nullptr;
-  Status st = cuda(cudaMalloc(&d, count * sizeof(float)), "cudaMalloc");
-  if (st.ok()) st = cuda(cudaMalloc(&g, gathered.size() * sizeof(float)), "cudaMalloc");
-  try {
-    if (st.ok()) {
-      st = cuda(cudaMemcpyAsync(d, host.data(), count * 4, cudaMemcpyHostToDevice, stream), "upload");
-      (*comm)->AllGather(d, count, g);
-      (*comm)->AllReduceSum(d, count);
-      (*comm)->Barrier();
-      if (st.ok()) st = cuda(cudaMemcpyAsync(host.data(), d, count * 4, cudaMemcpyDeviceToHost, stream), "download");
-      if (st.ok()) {
-        st = cuda(cudaMemcpyAsync(gathered.data(), g, gathered.size() * 4, cudaMemcpyDeviceToHost, stream), "download");
-      }
-      if (st.ok()) st = cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    }
-  } catch (const std::exception& e) {
-    st = Internal(e.what());
-  }
+  KIMIRT_RETURN_IF_ERROR(Guard([&]() -> Status {
+    KIMIRT_RETURN_IF_ERROR(
+        CudaOk(cudaMemcpyAsync(d, host.data(), count * 4, cudaMemcpyHostToDevice, scope.stream), rank, "upload"));
+    comm->AllGather(d, count, g);
+    comm->AllReduceSum(d, count);
+    comm->Barrier();
+    KIMIRT_RETURN_IF_ERROR(
+        CudaOk(cudaMemcpyAsync(host.data(), d, count * 4, cudaMemcpyDeviceToHost, scope.stream), rank, "download"));
+    KIMIRT_RETURN_IF_ERROR(CudaOk(
+        cudaMemcpyAsync(gathered.data(), g, gathered.size() * 4, cudaMemcpyDeviceToHost, scope.stream), rank,
+        "download"));
+    return CudaOk(cudaStreamSynchronize(scope.stream), rank, "cudaStreamSynchronize");
+  }));
   const float want = static_cast<float>(size * (size + 1) / 2);
-  for (size_t i = 0; st.ok() && i < count; ++i) {
+  for (size_t i = 0; i < count; ++i) {
     if (host[i] != want) {
-      st = Internal("rank " + std::to_string(rank) + ": all-reduce element " + std::to_string(i) + " is " +
-                    std::to_string(host[i]) + ", want " + std::to_string(want));
+      return Internal("rank " + std::to_string(rank) + ": all-reduce element " + std::to_string(i) + " is " +
+                      std::to_string(host[i]) + ", want " + std::to_string(want));
     }
   }
-  for (size_t i = 0; st.ok() && i < gathered.size(); ++i) {
+  for (size_t i = 0; i < gathered.size(); ++i) {
     if (gathered[i] != static_cast<float>(i / count + 1)) {
-      st = Internal("rank " + std::to_string(rank) + ": all-gather element " + std::to_string(i) + " is " +
-                    std::to_string(gathered[i]) + ", want " + std::to_string(i / count + 1));
+      return Internal("rank " + std::to_string(rank) + ": all-gather element " + std::to_string(i) + " is " +
+                      std::to_string(gathered[i]) + ", want " + std::to_string(i / count + 1));
     }
   }
-  comm->reset();
-  cudaFree(d);
-  cudaFree(g);
-  cudaStreamDestroy(stream);
-  return st;
+  return Status::Ok();
+}
+
+Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
+                                                        const std::vector<size_t>& counts, int iters) {
+  const int rank = store.rank();
+  DeviceScope scope;
+  NcclOptions o;
+  o.tag = "bench-invariant";
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> ours, SetUp(store, device, scope, o));
+  o.tag = "bench-nccl";
+  o.nccl_allreduce_min_elems = 0;
+  o.device = device;
+  o.stream = scope.stream;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl, MakeNcclCommunicator(store, o));
+  size_t most = 1;
+  for (size_t c : counts) most = std::max(most, c);
+  KIMIRT_ASSIGN_OR_RETURN(float* buf, DeviceFloats(scope, most, rank));
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaMemsetAsync(buf, 0, most * sizeof(float), scope.stream), rank, "cudaMemset"));
+  cudaEvent_t start, stop;
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventCreate(&start), rank, "cudaEventCreate"));
+  scope.events.push_back(start);
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventCreate(&stop), rank, "cudaEventCreate"));
+  scope.events.push_back(stop);
+  std::vector<AllReduceTiming> out;
+  KIMIRT_RETURN_IF_ERROR(Guard([&]() -> Status {
+    for (size_t c : counts) {
+      AllReduceTiming t;
+      t.count = c;
+      for (Communicator* comm : {ours.get(), nccl.get()}) {
+        for (int i = 0; i < 5; ++i) comm->AllReduceSum(buf, c);  // warm-up (scratch, NCCL channels)
+        comm->Barrier();
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(start, scope.stream), rank, "cudaEventRecord"));
+        for (int i = 0; i < iters; ++i) comm->AllReduceSum(buf, c);
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(stop, scope.stream), rank, "cudaEventRecord"));
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventSynchronize(stop), rank, "cudaEventSynchronize"));
+        float ms = 0;
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventElapsedTime(&ms, start, stop), rank, "cudaEventElapsedTime"));
+        (comm == ours.get() ? t.invariant_us : t.nccl_us) = 1000.0 * ms / iters;
+      }
+      out.push_back(t);
+    }
+    return Status::Ok();
+  }));
+  return out;
 }
 
 }  // namespace kimirt
