@@ -32,8 +32,9 @@ namespace kimirt {
 struct NcclOptions {
   int device = 0;          // CUDA device index: the rank's LOCAL_RANK (launch_env.h)
   void* stream = nullptr;  // cudaStream_t; nullptr: the legacy default stream
-  // NCCL's init (a peer that never initialises) and Barrier() fail after this; the error names
-  // this rank.
+  // NCCL's init (a peer that never initialises) and any collective not complete after this (a
+  // peer stalled or died: the watchdog aborts the communicator) fail; the error names this rank
+  // and the collective.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Messages of at least this many floats use ncclAllReduce (not batch-invariant).
   size_t nccl_allreduce_min_elems = std::numeric_limits<size_t>::max();

@@ -1,10 +1,13 @@
 // NcclCommunicator (nccl_communicator.h): NCCL init from the rendezvous store's unique id, with
 // a deadline (non-blocking communicator, polled); the batch-invariant all-reduce (ncclAllGather,
-// then RankOrderedSum below); a Barrier that cannot hang past the deadline.
+// then RankOrderedSum below); a watchdog that aborts a collective stalled past the deadline.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -37,25 +40,40 @@ std::string NcclMessage(ncclResult_t r, ncclComm_t comm) {
   return m;
 }
 
+// Timeouts on collectives: every collective records an event on the stream after it; a watchdog
+// thread polls the oldest one, and one that has not completed within options.timeout (a peer
+// stalled or died inside a collective), or an asynchronous NCCL error, aborts the communicator:
+// NCCL's kernels then return, the stream drains, and this rank's next collective throws, naming
+// the one that stalled. The host never blocks inside a collective, so the watchdog is the only
+// place a hang can be seen before the backend's next download would wait on it forever.
+// call_mu_ keeps ncclCommAbort (watchdog) and NCCL calls (the rank's thread) apart: after an
+// abort the communicator handle is gone.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o)
-      : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {}
+      : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
 
   ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    watchdog_.join();
+    // A broken communicator is aborted first, so its kernels return and the stream can drain.
+    // Finalize flushes outstanding work; one that cannot finalize in time (a peer is gone) is
+    // aborted instead.
+    if (!aborted_ && broken_) Abort("");
+    if (!aborted_) {
+      const ncclResult_t f = ncclCommFinalize(comm_);
+      if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) Abort("");
+    }
+    if (!aborted_) ncclCommDestroy(comm_);
     if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
     cudaStreamSynchronize(stream_);
-    // Finalize flushes outstanding work; a broken communicator (or one that cannot finalize in
-    // time: a peer is gone) is aborted instead.
-    if (!broken_) {
-      const ncclResult_t f = ncclCommFinalize(comm_);
-      broken_ = (f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty();
-    }
-    if (broken_) {
-      ncclCommAbort(comm_);
-    } else {
-      ncclCommDestroy(comm_);
-    }
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   }
 
   int rank() const override { return rank_; }
@@ -64,11 +82,11 @@ class NcclCommunicator final : public Communicator {
   void AllReduceSum(float* data, size_t n) override {
     if (n == 0) return;
     if (n >= o_.nccl_allreduce_min_elems) {
-      Check(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+      Enqueue("ncclAllReduce", [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
       return;
     }
     float* g = Scratch(n * static_cast<size_t>(size_));
-    Check(ncclAllGather(data, g, n, ncclFloat32, comm_, stream_), "ncclAllGather");
+    Enqueue("ncclAllGather (all-reduce)", [&] { return ncclAllGather(data, g, n, ncclFloat32, comm_, stream_); });
     const int threads = 256;
     const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 1024);
     RankOrderedSum<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(g, n, size_, data);
@@ -77,30 +95,103 @@ class NcclCommunicator final : public Communicator {
 
   void AllGather(const float* send, size_t n, float* recv) override {
     if (n == 0) return;
-    Check(ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_), "ncclAllGather");
+    Enqueue("ncclAllGather", [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
   }
 
-  // A one-float all-reduce, then the stream drained with a deadline: a peer that never arrives
-  // aborts the communicator and throws, naming this rank (the peers' own errors name theirs).
+  // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
+  // arrives into an abort, seen here.
   void Barrier() override {
     float* one = Scratch(static_cast<size_t>(size_));
-    Check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce (Barrier)");
-    const Deadline deadline = Clock::now() + o_.timeout;
+    Enqueue("ncclAllReduce (Barrier)", [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
+      ThrowIfAborted();
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) CheckCuda(e, "Barrier");
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) Fail("Barrier", NcclMessage(async, comm_));
-      if (Clock::now() >= deadline) {
-        Fail("Barrier", "timed out after " + std::to_string(o_.timeout.count()) + " ms (a peer rank did not arrive)");
-      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
  private:
+  struct Pending {
+    cudaEvent_t event;
+    Deadline deadline;
+    const char* what;
+  };
+
+  // Issues one NCCL call (under call_mu_, so the watchdog cannot abort in the middle) and
+  // records the event the watchdog waits for.
+  template <typename F>
+  void Enqueue(const char* what, F&& call) {
+    std::lock_guard<std::mutex> call_lock(call_mu_);
+    ThrowIfAborted();
+    Check(call(), what);
+    cudaEvent_t ev;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_events_.empty()) {
+        CheckCuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+      } else {
+        ev = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    CheckCuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({ev, Clock::now() + o_.timeout, what});
+  }
+
+  void Watch() {
+    cudaSetDevice(o_.device);  // events are queried in the communicator's device context
+    for (;;) {
+      std::string stalled;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+          free_events_.push_back(pending_.front().event);
+          pending_.pop_front();
+        }
+        if (!pending_.empty() && Clock::now() >= pending_.front().deadline) {
+          stalled = std::string(pending_.front().what) + " did not complete within " +
+                    std::to_string(o_.timeout.count()) + " ms (a peer rank stalled or died)";
+        }
+      }
+      if (stalled.empty() && !aborted_) {
+        ncclResult_t async = ncclSuccess;
+        std::lock_guard<std::mutex> call_lock(call_mu_);
+        if (!aborted_) ncclCommGetAsyncError(comm_, &async);
+        if (async != ncclSuccess && async != ncclInProgress) stalled = "NCCL error: " + NcclMessage(async, comm_);
+      }
+      if (!stalled.empty() && !aborted_) {
+        std::lock_guard<std::mutex> call_lock(call_mu_);
+        Abort(stalled);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Aborts the communicator once; `why` becomes the error of every later collective.
+  void Abort(const std::string& why) {
+    if (aborted_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_reason_ = why.empty() ? "the communicator was aborted after an earlier error" : why;
+    }
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+  void ThrowIfAborted() {
+    if (!aborted_) return;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = abort_reason_;
+    }
+    Fail("aborted", why);
+  }
+
   // The non-blocking communicator may answer ncclInProgress; poll until done or `limit`.
   // Returns an error message, empty on success.
   std::string Wait(std::chrono::milliseconds limit) {
@@ -154,7 +245,16 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   float* scratch_ = nullptr;
   size_t scratch_count_ = 0;
-  bool broken_ = false;
+  bool broken_ = false;  // the rank's thread only
+
+  std::mutex call_mu_;              // NCCL calls vs the watchdog's abort
+  std::mutex mu_;                   // guards the fields below
+  std::deque<Pending> pending_;     // collectives in flight, oldest first
+  std::vector<cudaEvent_t> free_events_;
+  std::string abort_reason_;
+  bool stop_ = false;
+  std::atomic<bool> aborted_{false};
+  std::thread watchdog_;
 };
 
 }  // namespace

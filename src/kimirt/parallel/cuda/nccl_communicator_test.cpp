@@ -5,7 +5,8 @@
 //   - AllReduceSum equals the rank-ordered host sum bit for bit, on both ranks;
 //   - batch invariance: each row of a 64-row all-reduce is bit-identical to the row reduced alone;
 //   - AllGather's layout, in place too; Barrier; NCCL's own ncclAllReduce (the non-invariant
-//     path) agrees within rounding.
+//     path) agrees within rounding;
+//   - a peer stalled in a collective ends in an error on both ranks within the timeout.
 #include "kimirt/parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <functional>
@@ -57,8 +60,12 @@ struct DeviceFloats {
   cudaStream_t stream;
 };
 
-// Runs fn(comm, stream) on kRanks threads, rank r on GPU r; failures come back as test failures.
-void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size_t nccl_min = SIZE_MAX) {
+// Runs fn(comm, stream) on kRanks threads, rank r on GPU r, then a Barrier. With errors_out (a
+// test of failures) there is no final Barrier and each rank's error (an exception's message)
+// goes to *errors_out; else any error fails the test.
+void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size_t nccl_min = SIZE_MAX,
+                std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                std::vector<std::string>* errors_out = nullptr) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GE(devices, kRanks) << "the NcclComm tests need " << kRanks << " GPUs; this machine has " << devices
@@ -82,14 +89,14 @@ void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size
         NcclOptions no;
         no.device = r;
         no.stream = stream;
-        no.timeout = std::chrono::seconds(60);
+        no.timeout = timeout;
         no.nccl_allreduce_min_elems = nccl_min;
         Result<std::unique_ptr<Communicator>> comm = MakeNcclCommunicator(**store, no);
         if (!comm.ok()) throw std::runtime_error(comm.status().ToString());
         EXPECT_EQ((*comm)->rank(), r);
         EXPECT_EQ((*comm)->size(), kRanks);
         fn(**comm, stream);
-        (*comm)->Barrier();
+        if (errors_out == nullptr) (*comm)->Barrier();
         comm->reset();
         if (Status s = (*store)->Barrier("done"); !s.ok()) throw std::runtime_error(s.ToString());
         CUDA_OK(cudaStreamDestroy(stream));
@@ -99,6 +106,10 @@ void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size
     });
   }
   for (std::thread& t : threads) t.join();
+  if (errors_out != nullptr) {
+    *errors_out = errors;
+    return;
+  }
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
@@ -197,6 +208,42 @@ TEST(NcclComm, NcclsOwnAllReduceAgreesWithinRounding) {
     for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(got[r][i]) - want[i]) / (std::abs(want[i]) + 1e-3));
     EXPECT_LT(worst, 1e-5) << "rank " << r;
   }
+}
+
+TEST(NcclComm, StalledPeerTimesOutInsteadOfHanging) {
+  // Rank 1 never joins rank 0's all-reduce (and calls no collective at all: a mismatched one could
+  // pair with rank 0's half-done all-gather). Rank 0's watchdog must abort within the timeout and
+  // its next collective throw, naming the stalled one; nothing may hang, destructors included.
+  std::atomic<bool> rank0_done{false};
+  std::string rank0_error;
+  std::vector<std::string> errors;
+  const auto t0 = std::chrono::steady_clock::now();
+  OnGpuRanks(
+      [&](Communicator& c, cudaStream_t s) {
+        if (c.rank() == 0) {
+          DeviceFloats d(kWidth, s);
+          d.Up(Random(kWidth, 500));
+          try {
+            c.AllReduceSum(d.p, kWidth);
+            c.Barrier();
+          } catch (const std::exception& e) {
+            rank0_error = e.what();
+          }
+          rank0_done = true;
+        } else {
+          while (!rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        }
+      },
+      SIZE_MAX, std::chrono::seconds(3), &errors);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 50.0);
+  EXPECT_NE(rank0_error.find("NCCL rank 0 of 2: aborted: ncclAllGather (all-reduce) did not complete within 3000 ms"),
+            std::string::npos)
+      << rank0_error;
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 }  // namespace
