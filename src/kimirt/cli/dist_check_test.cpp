@@ -57,6 +57,20 @@ TEST(DistCheck, TwoProcessesStartedByEnvironmentVariables) {
   ExpectIn(r, "2 ranks ok");
 }
 
+TEST(DistCheck, TwoNodeLaunchersByFlags) {
+  // The multi-node spelling on one host: each "node" spawns its two ranks of four.
+  const int port = *PickFreePort();
+  const std::string node = std::string(KIMIRT_BINARY) + " dist-check -tp 4 --nnodes 2 --master-addr 127.0.0.1 " +
+                           "--master-port " + std::to_string(port) + " --node-rank ";
+  CommandResult r = kimirt::testing::RunCommand(node + "1 > /dev/null 2>&1 & " + node +
+                                                "0 2>&1; r0=$?; wait $!; echo \"exits $r0 $?\"");
+  ExpectIn(r, "node 0 of 2 (flags) starts ranks 0..1 of 4");
+  ExpectIn(r, "rank 3: ");
+  ExpectIn(r, "local rank 1 (torchrun)");
+  ExpectIn(r, "4 ranks ok");
+  ExpectIn(r, "exits 0 0");
+}
+
 TEST(DistCheck, RankNeverStartedIsNamed) {
   const int port = *PickFreePort();
   CommandResult r = kimirt::testing::RunCommand(RankEnv(0, 2, port) + KIMIRT_BINARY +

@@ -108,7 +108,12 @@ class State {
       const std::vector<int> missing = Missing(arrived);
       const std::string what = c.op == Op::kHello ? "joining the rendezvous" : "barrier '" + c.key + "'";
       if (missing.empty()) {
-        Reply(c, true, "");
+        // Every rank said hello, but one that died since cannot take part: the group is broken.
+        if (const int d = FirstGone(RankState::kDied); c.op == Op::kHello && d >= 0) {
+          Fail(c, "rank " + std::to_string(d) + " died (its connection closed without leaving) while " + what);
+        } else {
+          Reply(c, true, "");
+        }
         continue;
       }
       for (int r : missing) {

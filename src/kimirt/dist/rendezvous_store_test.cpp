@@ -180,6 +180,28 @@ TEST(Rendezvous, RankThatDiesMidwayIsDetectedAtOnce) {
   }
 }
 
+TEST(Rendezvous, RankDyingWhileOthersJoinFailsTheJoin) {
+  const int port = *PickFreePort();
+  // Rank 2 (forked first, before any thread exists) says hello and waits for the others; it is
+  // killed before rank 1 arrives, so the group can never be whole.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)RendezvousStore::Join(Opts(port, 2, 3));
+    _exit(0);
+  }
+  std::vector<Status> st(3);
+  std::thread master([&] { st[0] = RendezvousStore::Join(Opts(port, 0, 3, milliseconds(30000))).status(); });
+  std::this_thread::sleep_for(milliseconds(1500));  // rank 2 has connected and said hello
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  st[1] = RendezvousStore::Join(Opts(port, 1, 3, milliseconds(30000))).status();
+  master.join();
+  ExpectMessage(st[0], "rank 2 died");
+  ExpectMessage(st[1], "rank 2 died");
+  ExpectMessage(st[1], "joining the rendezvous");
+}
+
 TEST(Rendezvous, MasterDeathIsNamed) {
   const int port = *PickFreePort();
   // Rank 0 (the server) is a forked process that joins, then dies by SIGKILL.
@@ -187,6 +209,8 @@ TEST(Rendezvous, MasterDeathIsNamed) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     auto store = RendezvousStore::Join(Opts(port, 0, 2));
+    // Rank 1's join answer is still being sent when rank 0's own arrives: let it go out first.
+    usleep(300 * 1000);
     raise(SIGKILL);
     _exit(1);
   }
