@@ -36,7 +36,13 @@
 #             flash kernel's three shapes against CausalAttention, the paged op against Gather +
 #             MlaAttention, at 8K, 32K's last 8K chunk, 32K whole and in 8K chunks, 8K in 2K and
 #             256-token chunks; $OUT/mla-prefill-bench.json), its table last.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre]
+#   nccl      the NCCL communicator (issue 15; docs/distributed.md): the NcclComm* tests, two ranks
+#             on two GPUs (nvidia-h200-x2; with fewer GPUs they fail saying so), then the CPU-side
+#             launch/rendezvous/spawn tests (LaunchEnv*, SlurmNodelist*, Rendezvous*, RankSpawner*),
+#             and `kimirt dist-check -tp 2 --device cuda` spawned and as two processes
+#             started by environment variables (NCCL all-reduce exact on both GPUs), with the
+#             all-reduce latency table last (ours vs ncclAllReduce; $OUT/nccl-allreduce-bench.json).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre|nccl]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -50,10 +56,16 @@ cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
          find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
 cudart=$(ls /usr/local/cuda/lib64/libcudart.so.13 2>/dev/null ||
          find / -xdev -name 'libcudart.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH="$root/lib:$(dirname "$cublas"):$(dirname "$cudart"):${LD_LIBRARY_PATH:-}"
+# The NCCL communicator links libnccl.so.2: the toolkit's, or PyTorch's nvidia-nccl wheel's.
+nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null ||
+       find / -xdev -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+[[ -n "$nccl" ]] || echo "libnccl.so.2 not found: kimirt and kimirt_tests will not start"
+export LD_LIBRARY_PATH="$root/lib:$(dirname "$cublas"):$(dirname "$cudart"):${nccl:+$(dirname "$nccl"):}${LD_LIBRARY_PATH:-}"
+# NVLink multicast stays off in everything we start (KINDS.md; issue 15 item 5).
+export NCCL_NVLS_ENABLE=0
 export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-echo "cublas: $cublas  cudart: $cudart"
+echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
 filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
@@ -235,5 +247,29 @@ if [[ "$what" == mlapre ]]; then
     status=1
   echo "--- MLA prefill (issue 14; flash = tensor cores, causal = today's CUDA-core kernel; paged = AttendPrefill)"
   cat "$out/mla-prefill-bench.txt"
+fi
+if [[ "$what" == nccl ]]; then
+  nvidia-smi topo -m 2>&1 | head -6
+  timeout 300 "$root/kimirt_tests" --gtest_filter='NcclComm*' --gtest_output="json:$out/gtest-nccl.json" \
+    >"$out/gtest-nccl.txt" 2>&1 || status=1
+  timeout 200 "$root/kimirt_tests" --gtest_filter='LaunchEnv*:SlurmNodelist*:Rendezvous*:RankSpawner*' \
+    >"$out/gtest-dist.txt" 2>&1 || status=1
+  echo "--- launch/rendezvous/spawn (CPU side)"; grep -E '^\[ +(FAILED|PASSED) +\]|Failure' "$out/gtest-dist.txt" | head -20
+  # The whole launch path in real processes: spawned by `kimirt dist-check -tp 2`, then two
+  # processes started by torchrun-style variables (the multi-node path on one host); each ends
+  # with an exact NCCL all-reduce and all-gather on both GPUs.
+  timeout 240 "$root/kimirt" dist-check -tp 2 --device cuda --timeout-s 120 --bench --json "$out/nccl-allreduce-bench.json" \
+    >"$out/dist-check-spawn.txt" 2>&1 || status=1
+  env_rank() { RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 \
+    timeout 180 "$root/kimirt" dist-check -tp 2 --device cuda --timeout-s 120; }
+  env_rank 1 >"$out/dist-check-env-rank1.txt" 2>&1 &
+  env_rank 0 >"$out/dist-check-env-rank0.txt" 2>&1 || status=1
+  wait $! || status=1
+  echo "--- the same, two processes by RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT"
+  tail -4 "$out/dist-check-env-rank0.txt"; tail -2 "$out/dist-check-env-rank1.txt"
+  echo "--- NcclComm (2 GPUs): rank-ordered all-reduce bits, row invariance, all-gather, NCCL's own within rounding"
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-nccl.txt" | head -40
+  # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
+  echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
 fi
 exit $status

@@ -14,5 +14,6 @@ int RunDetokenizeCommand(int argc, char** argv);      // kimirt detokenize
 int RunEvalCommand(int argc, char** argv);            // kimirt eval gsm8k
 int RunBenchCommand(int argc, char** argv);           // kimirt bench serve|model
 int RunBenchModelCommand(int argc, char** argv);      // kimirt bench model
+int RunDistCheckCommand(int argc, char** argv);       // kimirt dist-check
 
 }  // namespace kimirt

@@ -21,7 +21,8 @@ void Usage(FILE* out) {
                "  eval gsm8k       GSM8K 5-shot as lm-eval runs it, against any OpenAI-compatible server\n"
                "  bench serve      load generator with vllm bench serve's metrics\n"
                "  bench model      the engine in-process: prefill tokens/s, decode step time\n"
-               "  logits           FP32 logits of every position, as safetensors\n\n"
+               "  logits           FP32 logits of every position, as safetensors\n"
+               "  dist-check       start -tp × -pp ranks (one process each) and check rendezvous and NCCL\n\n"
                "`kimirt <command> --help` lists a command's flags; `kimirt --version` prints the version.\n");
 }
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return kimirt::RunBenchCommand(argc, argv);
   if (cmd == "detokenize") return kimirt::RunDetokenizeCommand(argc, argv);
   if (cmd == "logits") return kimirt::RunLogitsCommand(argc, argv);
+  if (cmd == "dist-check") return kimirt::RunDistCheckCommand(argc, argv);
   if (cmd == "--version" || cmd == "-V" || cmd == "version") {
     std::printf("kimirt %.*s\n", static_cast<int>(kimirt::kKimirtVersion.size()), kimirt::kKimirtVersion.data());
     return 0;

@@ -1,0 +1,443 @@
+// NcclCommunicator (nccl_communicator.h): NCCL init from the rendezvous store's unique id, with
+// a deadline (non-blocking communicator, polled); the batch-invariant all-reduce (ncclAllGather,
+// then RankOrderedSum below); a watchdog that aborts a collective stalled past the deadline.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kimirt/dist/tcp_socket.h"
+#include "kimirt/parallel/nccl_communicator.h"
+
+namespace kimirt {
+namespace {
+
+// out[i] := ((g[0][i] + g[1][i]) + g[2][i]) + ... with g[r] = gathered + r*n: rank order, the
+// same bits on every rank and for every n (each element is summed alone). Starting from g[0]
+// (not 0.0f) keeps a lone -0.0f, as the thread communicator does.
+__global__ void RankOrderedSum(const float* __restrict__ gathered, size_t n, int ranks, float* __restrict__ out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float s = gathered[i];
+    for (int r = 1; r < ranks; ++r) s = __fadd_rn(s, gathered[static_cast<size_t>(r) * n + i]);
+    out[i] = s;
+  }
+}
+
+std::string NcclMessage(ncclResult_t r, ncclComm_t comm) {
+  std::string m = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);  // comm may be null: then the thread's last error
+  if (last != nullptr && *last != '\0') m += ": " + std::string(last);
+  return m;
+}
+
+// Timeouts on collectives: every collective records an event on the stream after it; a watchdog
+// thread polls the oldest one, and one that has not completed within options.timeout (a peer
+// stalled or died inside a collective), or an asynchronous NCCL error, aborts the communicator:
+// NCCL's kernels then return, the stream drains, and this rank's next collective throws, naming
+// the one that stalled. The host never blocks inside a collective, so the watchdog is the only
+// place a hang can be seen before the backend's next download would wait on it forever.
+// call_mu_ keeps ncclCommAbort (watchdog) and NCCL calls (the rank's thread) apart: after an
+// abort the communicator handle is gone.
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o)
+      : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    watchdog_.join();
+    // A broken communicator is aborted first, so its kernels return and the stream can drain.
+    // Finalize flushes outstanding work; one that cannot finalize in time (a peer is gone) is
+    // aborted instead.
+    if (!aborted_ && broken_) Abort("");
+    if (!aborted_) {
+      const ncclResult_t f = ncclCommFinalize(comm_);
+      if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) Abort("");
+    }
+    if (!aborted_) ncclCommDestroy(comm_);
+    if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+    cudaStreamSynchronize(stream_);
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void AllReduceSum(float* data, size_t n) override {
+    if (n == 0) return;
+    if (n >= o_.nccl_allreduce_min_elems) {
+      Enqueue("ncclAllReduce", [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
+      return;
+    }
+    float* g = Scratch(n * static_cast<size_t>(size_));
+    Enqueue("ncclAllGather (all-reduce)", [&] { return ncclAllGather(data, g, n, ncclFloat32, comm_, stream_); });
+    const int threads = 256;
+    const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 1024);
+    RankOrderedSum<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(g, n, size_, data);
+    CheckCuda(cudaGetLastError(), "RankOrderedSum launch");
+  }
+
+  void AllGather(const float* send, size_t n, float* recv) override {
+    if (n == 0) return;
+    Enqueue("ncclAllGather", [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
+  }
+
+  // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
+  // arrives into an abort, seen here.
+  void Barrier() override {
+    float* one = Scratch(static_cast<size_t>(size_));
+    Enqueue("ncclAllReduce (Barrier)", [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      ThrowIfAborted();
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) CheckCuda(e, "Barrier");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    Deadline deadline;
+    const char* what;
+  };
+
+  // Issues one NCCL call (under call_mu_, so the watchdog cannot abort in the middle) and
+  // records the event the watchdog waits for.
+  template <typename F>
+  void Enqueue(const char* what, F&& call) {
+    std::lock_guard<std::mutex> call_lock(call_mu_);
+    ThrowIfAborted();
+    Check(call(), what);
+    cudaEvent_t ev;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_events_.empty()) {
+        CheckCuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+      } else {
+        ev = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    CheckCuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({ev, Clock::now() + o_.timeout, what});
+  }
+
+  void Watch() {
+    cudaSetDevice(o_.device);  // events are queried in the communicator's device context
+    for (;;) {
+      std::string stalled;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+          free_events_.push_back(pending_.front().event);
+          pending_.pop_front();
+        }
+        if (!pending_.empty() && Clock::now() >= pending_.front().deadline) {
+          stalled = std::string(pending_.front().what) + " did not complete within " +
+                    std::to_string(o_.timeout.count()) + " ms (a peer rank stalled or died)";
+        }
+      }
+      if (stalled.empty() && !aborted_) {
+        ncclResult_t async = ncclSuccess;
+        std::lock_guard<std::mutex> call_lock(call_mu_);
+        if (!aborted_) ncclCommGetAsyncError(comm_, &async);
+        if (async != ncclSuccess && async != ncclInProgress) stalled = "NCCL error: " + NcclMessage(async, comm_);
+      }
+      if (!stalled.empty() && !aborted_) {
+        std::lock_guard<std::mutex> call_lock(call_mu_);
+        Abort(stalled);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Aborts the communicator once; `why` becomes the error of every later collective.
+  void Abort(const std::string& why) {
+    if (aborted_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_reason_ = why.empty() ? "the communicator was aborted after an earlier error" : why;
+    }
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+  void ThrowIfAborted() {
+    if (!aborted_) return;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = abort_reason_;
+    }
+    Fail("aborted", why);
+  }
+
+  // The non-blocking communicator may answer ncclInProgress; poll until done or `limit`.
+  // Returns an error message, empty on success.
+  std::string Wait(std::chrono::milliseconds limit) {
+    const Deadline deadline = Clock::now() + limit;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return "";
+      if (state != ncclInProgress) return NcclMessage(state, comm_);
+      if (Clock::now() >= deadline) return "timed out after " + std::to_string(limit.count()) + " ms";
+      std::this_thread::yield();
+    }
+  }
+
+  void Check(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return;
+    if (r == ncclInProgress) {
+      const std::string err = Wait(o_.timeout);
+      if (err.empty()) return;
+      Fail(what, err);
+    }
+    Fail(what, NcclMessage(r, comm_));
+  }
+
+  void CheckCuda(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) Fail(what, cudaGetErrorString(e));
+  }
+
+  [[noreturn]] void Fail(const char* what, const std::string& msg) {
+    broken_ = true;
+    throw std::runtime_error("NCCL rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " + what +
+                             ": " + msg);
+  }
+
+  // A device buffer of at least `count` floats, reused across calls (stream-ordered).
+  float* Scratch(size_t count) {
+    if (count > scratch_count_) {
+      if (scratch_ != nullptr) CheckCuda(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      scratch_ = nullptr;
+      CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch_), count * sizeof(float), stream_),
+                "cudaMallocAsync (all-reduce scratch)");
+      scratch_count_ = count;
+    }
+    return scratch_;
+  }
+
+  ncclComm_t comm_;
+  const int rank_;
+  const int size_;
+  const NcclOptions o_;
+  cudaStream_t stream_;
+  float* scratch_ = nullptr;
+  size_t scratch_count_ = 0;
+  bool broken_ = false;  // the rank's thread only
+
+  std::mutex call_mu_;              // NCCL calls vs the watchdog's abort
+  std::mutex mu_;                   // guards the fields below
+  std::deque<Pending> pending_;     // collectives in flight, oldest first
+  std::vector<cudaEvent_t> free_events_;
+  std::string abort_reason_;
+  bool stop_ = false;
+  std::atomic<bool> aborted_{false};
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& o) {
+  const int rank = store.rank();
+  const int size = store.world_size();
+  const std::string who = "NCCL init (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
+                          std::to_string(o.device) + ")";
+  if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
+    return Internal(who + ": cudaSetDevice: " + cudaGetErrorString(e));
+  }
+  ncclUniqueId id;
+  const std::string key = "nccl/unique-id/" + o.tag;
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return Internal(who + ": ncclGetUniqueId: " + NcclMessage(r, nullptr));
+    }
+    KIMIRT_RETURN_IF_ERROR(store.Set(key, std::string(id.internal, sizeof(id.internal))));
+  } else {
+    Result<std::string> bytes = store.Get(key);
+    if (!bytes.ok()) return bytes.status().WithContext(who);
+    if (bytes->size() != sizeof(id.internal)) {
+      return Internal(who + ": the unique id has " + std::to_string(bytes->size()) + " bytes, not " +
+                      std::to_string(sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, bytes->data(), sizeof(id.internal));
+  }
+  // Non-blocking, so a peer that never initialises ends in an abort at the deadline.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const Deadline deadline = Clock::now() + o.timeout;
+  while (comm != nullptr && (r == ncclInProgress || r == ncclSuccess)) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(comm, &state);
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      ncclCommAbort(comm);
+      return Internal(who + ": timed out after " + std::to_string(o.timeout.count()) +
+                      " ms (a peer rank did not initialise)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (r != ncclSuccess) {
+    const std::string msg = NcclMessage(r, comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return Internal(who + ": " + msg);
+  }
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, size, o));
+}
+
+namespace {
+
+// A rank's CUDA resources for the checks below, released on every path.
+struct DeviceScope {
+  ~DeviceScope() {
+    for (void* p : buffers) cudaFree(p);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  cudaStream_t stream = nullptr;
+  std::vector<void*> buffers;
+  std::vector<cudaEvent_t> events;
+};
+
+Status CudaOk(cudaError_t e, int rank, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Internal("rank " + std::to_string(rank) + ": " + what + ": " + cudaGetErrorString(e));
+}
+
+// Runs fn, turning the communicator's exceptions into a Status.
+Status Guard(const std::function<Status()>& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+Result<float*> DeviceFloats(DeviceScope& scope, size_t count, int rank) {
+  void* p = nullptr;
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaMalloc(&p, count * sizeof(float)), rank, "cudaMalloc"));
+  scope.buffers.push_back(p);
+  return static_cast<float*>(p);
+}
+
+// The scope's stream on `device`, and a communicator on it.
+Result<std::unique_ptr<Communicator>> SetUp(RendezvousStore& store, int device, DeviceScope& scope, NcclOptions o) {
+  const int rank = store.rank();
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), rank, "cudaSetDevice"));
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaStreamCreateWithFlags(&scope.stream, cudaStreamNonBlocking), rank, "cudaStreamCreate"));
+  o.device = device;
+  o.stream = scope.stream;
+  return MakeNcclCommunicator(store, o);
+}
+
+}  // namespace
+
+Status NcclSelfCheck(RendezvousStore& store, int device, size_t count) {
+  const int rank = store.rank();
+  const int size = store.world_size();
+  DeviceScope scope;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, SetUp(store, device, scope, NcclOptions{}));
+  KIMIRT_ASSIGN_OR_RETURN(float* d, DeviceFloats(scope, count, rank));
+  KIMIRT_ASSIGN_OR_RETURN(float* g, DeviceFloats(scope, count * size, rank));
+  std::vector<float> host(count, static_cast<float>(rank + 1));
+  std::vector<float> gathered(count * size, -1.0f);
+  KIMIRT_RETURN_IF_ERROR(Guard([&]() -> Status {
+    KIMIRT_RETURN_IF_ERROR(
+        CudaOk(cudaMemcpyAsync(d, host.data(), count * 4, cudaMemcpyHostToDevice, scope.stream), rank, "upload"));
+    comm->AllGather(d, count, g);
+    comm->AllReduceSum(d, count);
+    comm->Barrier();
+    KIMIRT_RETURN_IF_ERROR(
+        CudaOk(cudaMemcpyAsync(host.data(), d, count * 4, cudaMemcpyDeviceToHost, scope.stream), rank, "download"));
+    KIMIRT_RETURN_IF_ERROR(CudaOk(
+        cudaMemcpyAsync(gathered.data(), g, gathered.size() * 4, cudaMemcpyDeviceToHost, scope.stream), rank,
+        "download"));
+    return CudaOk(cudaStreamSynchronize(scope.stream), rank, "cudaStreamSynchronize");
+  }));
+  const float want = static_cast<float>(size * (size + 1) / 2);
+  for (size_t i = 0; i < count; ++i) {
+    if (host[i] != want) {
+      return Internal("rank " + std::to_string(rank) + ": all-reduce element " + std::to_string(i) + " is " +
+                      std::to_string(host[i]) + ", want " + std::to_string(want));
+    }
+  }
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    if (gathered[i] != static_cast<float>(i / count + 1)) {
+      return Internal("rank " + std::to_string(rank) + ": all-gather element " + std::to_string(i) + " is " +
+                      std::to_string(gathered[i]) + ", want " + std::to_string(i / count + 1));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
+                                                        const std::vector<size_t>& counts, int iters) {
+  const int rank = store.rank();
+  DeviceScope scope;
+  NcclOptions o;
+  o.tag = "bench-invariant";
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> ours, SetUp(store, device, scope, o));
+  o.tag = "bench-nccl";
+  o.nccl_allreduce_min_elems = 0;
+  o.device = device;
+  o.stream = scope.stream;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl, MakeNcclCommunicator(store, o));
+  size_t most = 1;
+  for (size_t c : counts) most = std::max(most, c);
+  KIMIRT_ASSIGN_OR_RETURN(float* buf, DeviceFloats(scope, most, rank));
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaMemsetAsync(buf, 0, most * sizeof(float), scope.stream), rank, "cudaMemset"));
+  cudaEvent_t start, stop;
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventCreate(&start), rank, "cudaEventCreate"));
+  scope.events.push_back(start);
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventCreate(&stop), rank, "cudaEventCreate"));
+  scope.events.push_back(stop);
+  std::vector<AllReduceTiming> out;
+  KIMIRT_RETURN_IF_ERROR(Guard([&]() -> Status {
+    for (size_t c : counts) {
+      AllReduceTiming t;
+      t.count = c;
+      for (Communicator* comm : {ours.get(), nccl.get()}) {
+        for (int i = 0; i < 5; ++i) comm->AllReduceSum(buf, c);  // warm-up (scratch, NCCL channels)
+        comm->Barrier();
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(start, scope.stream), rank, "cudaEventRecord"));
+        for (int i = 0; i < iters; ++i) comm->AllReduceSum(buf, c);
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(stop, scope.stream), rank, "cudaEventRecord"));
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventSynchronize(stop), rank, "cudaEventSynchronize"));
+        float ms = 0;
+        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventElapsedTime(&ms, start, stop), rank, "cudaEventElapsedTime"));
+        (comm == ours.get() ? t.invariant_us : t.nccl_us) = 1000.0 * ms / iters;
+      }
+      out.push_back(t);
+    }
+    return Status::Ok();
+  }));
+  return out;
+}
+
+}  // namespace kimirt

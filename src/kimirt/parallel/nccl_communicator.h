@@ -1,0 +1,69 @@
+// NcclCommunicator: the Communicator (communicator.h) of one process per GPU, over NCCL
+// (docs/distributed.md). Buffers are device pointers on `stream`, the stream the rank's backend
+// issues on, so collectives are ordered with the ops around them and the host never waits.
+//
+// Batch invariance (issue 15 item 3, docs/architecture.md): NCCL's ring and tree all-reduce sum
+// an element in an order that depends on the message size and the channel count, so a row's
+// bits would depend on the other rows of the call. AllReduceSum is therefore an ncclAllGather of
+// every rank's buffer followed by a sum on the device in rank order ((x0 + x1) + x2) + ... —
+// each element's order is fixed, the result is bitwise the same on every rank, for every message
+// size, and equal to the thread communicator's (communicator.cpp). It moves (n-1)/n more bytes
+// than a ring all-reduce; at decode sizes (a few rows × hidden) latency dominates, not bytes.
+// `nccl_allreduce_min_elems` lets large messages use ncclAllReduce instead (prefill), which gives
+// up invariance; the default never does.
+//
+// Built only with -DKIMIRT_CUDA=ON and NCCL found at configure time; otherwise the factory
+// answers Unsupported.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kimirt/core/status.h"
+#include "kimirt/dist/rendezvous_store.h"
+#include "kimirt/parallel/communicator.h"
+
+namespace kimirt {
+
+struct NcclOptions {
+  int device = 0;          // CUDA device index: the rank's LOCAL_RANK (launch_env.h)
+  void* stream = nullptr;  // cudaStream_t; nullptr: the legacy default stream
+  // NCCL's init (a peer that never initialises) and any collective not complete after this (a
+  // peer stalled or died: the watchdog aborts the communicator) fail; the error names this rank
+  // and the collective.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Messages of at least this many floats use ncclAllReduce (not batch-invariant).
+  size_t nccl_allreduce_min_elems = std::numeric_limits<size_t>::max();
+  // Names this communicator's unique id in the store ("nccl/unique-id/<tag>"): each
+  // communicator of one store (a TP group, a PP pair, a bench's second one) needs its own.
+  std::string tag = "world";
+};
+
+// Collective over the ranks of `store`: rank 0 creates the NCCL unique id and publishes it
+// through the store ("nccl/unique-id/<tag>"), every rank initialises its NCCL communicator on
+// options.device. Errors name the rank, and NCCL's own message.
+// The communicator's collectives throw std::runtime_error on an NCCL or CUDA error (the
+// Communicator interface has no Status; the thread communicator throws the same way).
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& options);
+
+// End-to-end check of a group (`kimirt dist-check --device cuda`): builds the communicator on
+// `device`, all-reduces `count` floats where rank r contributes r + 1 and all-gathers the ranks,
+// and checks every element exactly (n(n+1)/2 is exact in float for any small n). Collective.
+Status NcclSelfCheck(RendezvousStore& store, int device, size_t count);
+
+// All-reduce latency, this communicator's batch-invariant form beside ncclAllReduce, for each
+// message size in `counts` (floats): the mean of `iters` back-to-back calls on the device after
+// warm-up (CUDA events). Collective; every rank returns its own table.
+struct AllReduceTiming {
+  size_t count = 0;
+  double invariant_us = 0;  // ncclAllGather + rank-ordered sum
+  double nccl_us = 0;       // ncclAllReduce
+};
+Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
+                                                        const std::vector<size_t>& counts, int iters);
+
+}  // namespace kimirt
