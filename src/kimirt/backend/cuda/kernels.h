@@ -217,9 +217,10 @@ bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
 //   0: 64 queries a block, 16 a warp, its query fragments in registers; key tiles double-buffered
 //      (86 KB of shared memory: 2 blocks an SM);
 //   1: 128 queries a block, 32 a warp (each K and V fragment read from shared memory feeds two
-//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM);
-//   2: as 1, double-buffered (135 KB: 1 block an SM).
-constexpr int kMlaPrefillVariants = 3;
+//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM).
+// (A third, 1 double-buffered at 135 KB and 1 block an SM, was slower than 1 at every measured
+// length and cost a third of this file's compile time: dropped.)
+constexpr int kMlaPrefillVariants = 2;
 constexpr int kMlaPrefillDefaultVariant = 0;
 int64_t MlaPrefillTileRows(int variant);
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s);

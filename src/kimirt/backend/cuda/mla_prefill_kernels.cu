@@ -391,9 +391,6 @@ void LaunchVariant(const MlaPrefillArgs& a, cudaStream_t s) {
     case 1:
       Launch<DN, DR, DV, 2, 1>(a, s);
       return;
-    case 2:
-      Launch<DN, DR, DV, 2, 2>(a, s);
-      return;
     default:
       std::fprintf(stderr, "kimirt: MlaPrefillAttention: no variant %d\n", a.variant);
       std::abort();
