@@ -263,9 +263,17 @@ int RunServeCommand(int argc, char** argv) {
   std::printf("kimirt serve: listening on http://%s:%d (model \"%s\")%s\n", host.c_str(), (*server)->port(),
               served_name.c_str(), api_key.empty() ? "" : "; /v1/* need the API key");
   std::fflush(stdout);
-  while (g_signal.load() == 0 && (*server)->serving()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Status health;
+  while (g_signal.load() == 0 && (*server)->serving() && (health = (*engine)->Health()).ok()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   const bool died = g_signal.load() == 0;
-  if (died) {
+  if (!health.ok()) {
+    // A rank died (process ranks): the group exits, but /health answers 503 for a moment first,
+    // so a load balancer polling it sees why before the port closes.
+    std::fprintf(stderr, "kimirt serve: the model cannot run: %s; stopping\n", health.message().c_str());
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  } else if (died) {
     std::fprintf(stderr, "kimirt serve: the HTTP listener stopped unexpectedly\n");
   } else {
     std::fprintf(stderr, "kimirt serve: signal %d: no new requests; finishing the running ones\n", g_signal.load());

@@ -68,6 +68,7 @@ class ModelRunner {
 
   // OK while every rank can run; once a rank has died or failed, the error naming it (every
   // later Forward returns it too). Runners whose ranks share this process are always healthy.
+  // Unlike the other calls, any thread may ask (the server's /health does).
   virtual Status health() const { return Status::Ok(); }
 
   virtual Handle NewSequence() = 0;

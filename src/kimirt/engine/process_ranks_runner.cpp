@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -203,6 +204,14 @@ Result<bool> Apply(Rank& r, uint32_t op, const Message& m) {
   return true;
 }
 
+// /proc/self/exe as the path it links to, so the followers show under the binary's own name
+// (ps, pgrep -x kimirt) rather than "exe".
+std::string ResolveBinary(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::read_symlink(path, ec);
+  return ec || path != "/proc/self/exe" ? path : real.string();
+}
+
 class ProcessRanksRunner final : public ModelRunner {
  public:
   ~ProcessRanksRunner() override {
@@ -233,7 +242,7 @@ class ProcessRanksRunner final : public ModelRunner {
     KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(0));
     KIMIRT_ASSIGN_OR_RETURN(const int port, LocalPort(listener));
     SpawnOptions so;
-    so.argv = {o.rank_worker_binary, "rank-worker"};
+    so.argv = {ResolveBinary(o.rank_worker_binary), "rank-worker"};
     so.local_ranks = o.tp - 1;
     so.first_rank = 1;
     so.world_size = o.tp;
