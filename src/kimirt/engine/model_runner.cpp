@@ -25,7 +25,6 @@ using runner::kInitialKdaSlots;
 using runner::Rank;
 using runner::SizeCaches;
 
-
 // What a runner loaded from a directory owns; members end in reverse: the model before its
 // communicator and backend.
 struct LoadedModel {
