@@ -207,6 +207,7 @@ int RunServeCommand(int argc, char** argv) {
     return Fail(InvalidArgument("--distributed-executor-backend must be threads or mp, not \"" + executor + "\""), 2);
   }
   ro.process_ranks = executor == "mp" && tp > 1;
+  ro.follower_cpu_threads = threads;
   const auto t0 = std::chrono::steady_clock::now();
   LoadProgress progress(model_dir);
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);

@@ -48,6 +48,9 @@ struct RunnerOptions {
   // Process ranks: the longest any rank waits for another (a load, a collective, a command's
   // reply); a rank that dies ends the wait at once (its socket closes).
   int rank_timeout_ms = 300000;
+  // Process ranks: each follower's CPU backend threads (SetCpuBackendThreads; 0: all cores), as
+  // serve --threads sets them in rank 0's process.
+  int follower_cpu_threads = 0;
 };
 
 class ModelRunner {

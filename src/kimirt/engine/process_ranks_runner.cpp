@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/dist/rank_spawner.h"
 #include "kimirt/engine/runner_rank.h"
 #include "kimirt/parallel/tcp_communicator.h"
@@ -113,14 +114,15 @@ Message OptionsMessage(const std::string& dir, const RunnerOptions& o) {
          std::bit_cast<int64_t>(o.kda_snapshot_fraction),
          o.enforce_eager ? 1 : 0,
          static_cast<int64_t>(o.matrix_dtype),
-         o.rank_timeout_ms};
+         o.rank_timeout_ms,
+         o.follower_cpu_threads};
   m.text = dir + '\n' + o.device;
   return m;
 }
 
 Result<std::pair<std::string, RunnerOptions>> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
-  if (m.a.size() != 10 || nl == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 11 || nl == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -132,6 +134,7 @@ Result<std::pair<std::string, RunnerOptions>> OptionsFrom(const Message& m) {
   o.enforce_eager = m.a[7] != 0;
   o.matrix_dtype = static_cast<DType>(m.a[8]);
   o.rank_timeout_ms = static_cast<int>(m.a[9]);
+  o.follower_cpu_threads = static_cast<int>(m.a[10]);
   o.device = m.text.substr(nl + 1);
   return std::make_pair(m.text.substr(0, nl), o);
 }
@@ -435,6 +438,7 @@ Status ServeFollower(StarLinks& links) {
   KIMIRT_ASSIGN_OR_RETURN(Message m, RecvPayload(fd, h, start));
   KIMIRT_ASSIGN_OR_RETURN(auto dir_options, OptionsFrom(m));
   links.timeout = std::chrono::milliseconds(dir_options.second.rank_timeout_ms);
+  SetCpuBackendThreads(dir_options.second.follower_cpu_threads);
   std::unique_ptr<Communicator> comm = MakeTcpCommunicator(links);
   LoadedRank self;
   KIMIRT_RETURN_IF_ERROR(LoadRank(dir_options.first, dir_options.second, *comm, &self));
