@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kimirt/cli/commands.h"
+#include "kimirt/engine/process_ranks_runner.h"
 #include "kimirt/server/version.h"
 
 namespace {
@@ -43,6 +44,8 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return kimirt::RunBenchCommand(argc, argv);
   if (cmd == "detokenize") return kimirt::RunDetokenizeCommand(argc, argv);
   if (cmd == "logits") return kimirt::RunLogitsCommand(argc, argv);
+  // Hidden: a follower rank of `serve --distributed-executor-backend mp` (process_ranks_runner.h).
+  if (cmd == "rank-worker") return kimirt::RunProcessRankWorker();
   if (cmd == "dist-check") return kimirt::RunDistCheckCommand(argc, argv);
   if (cmd == "--version" || cmd == "-V" || cmd == "version") {
     std::printf("kimirt %.*s\n", static_cast<int>(kimirt::kKimirtVersion.size()), kimirt::kKimirtVersion.data());

@@ -118,6 +118,9 @@ int RunServeCommand(int argc, char** argv) {
          "resume prompts from cached prefixes: shared latent blocks + KDA snapshots, bit-identical to no caching "
          "(default on; --no-enable-prefix-caching turns it off; docs/prefix-caching.md)");
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
+  std::string executor = "threads";
+  f.String("distributed-executor-backend", &executor,
+           "-tp > 1 on CPU: threads (one process) or mp (one process per rank; docs/distributed.md)");
   bool enforce_eager = false;
   f.Bool("enforce-eager", &enforce_eager, "no CUDA graphs: run every decode step op by op (default: graphs)");
   std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";
@@ -200,6 +203,11 @@ int RunServeCommand(int argc, char** argv) {
   ro.kda_snapshot_fraction = prefix_caching ? kServeKdaSnapshotFraction : 0.0;
   if (device == "cuda") ro.gpu_memory_utilization = gpu_util;
   ro.enforce_eager = enforce_eager;  // the cache is in GPU memory there
+  if (executor != "threads" && executor != "mp") {
+    return Fail(InvalidArgument("--distributed-executor-backend must be threads or mp, not \"" + executor + "\""), 2);
+  }
+  ro.process_ranks = executor == "mp" && tp > 1;
+  ro.follower_cpu_threads = threads;
   const auto t0 = std::chrono::steady_clock::now();
   LoadProgress progress(model_dir);
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);
@@ -256,9 +264,17 @@ int RunServeCommand(int argc, char** argv) {
   std::printf("kimirt serve: listening on http://%s:%d (model \"%s\")%s\n", host.c_str(), (*server)->port(),
               served_name.c_str(), api_key.empty() ? "" : "; /v1/* need the API key");
   std::fflush(stdout);
-  while (g_signal.load() == 0 && (*server)->serving()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Status health;
+  while (g_signal.load() == 0 && (*server)->serving() && (health = (*engine)->Health()).ok()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   const bool died = g_signal.load() == 0;
-  if (died) {
+  if (!health.ok()) {
+    // A rank died (process ranks): the group exits, but /health answers 503 for a moment first,
+    // so a load balancer polling it sees why before the port closes.
+    std::fprintf(stderr, "kimirt serve: the model cannot run: %s; stopping\n", health.message().c_str());
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  } else if (died) {
     std::fprintf(stderr, "kimirt serve: the HTTP listener stopped unexpectedly\n");
   } else {
     std::fprintf(stderr, "kimirt serve: signal %d: no new requests; finishing the running ones\n", g_signal.load());

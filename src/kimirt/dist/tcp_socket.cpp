@@ -143,6 +143,22 @@ Result<Socket> ConnectTcp(const std::string& host, int port, Deadline deadline) 
   }
 }
 
+Result<Socket> AcceptTcp(const Socket& listener, Deadline deadline) {
+  for (;;) {
+    const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return Socket(fd);
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+      KIMIRT_RETURN_IF_ERROR(WaitFor(listener.fd(), POLLIN, deadline, "accepting"));
+      continue;
+    }
+    return IoError(Errno("accept"));
+  }
+}
+
 Status SendAll(int fd, const void* data, size_t n, Deadline deadline) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {

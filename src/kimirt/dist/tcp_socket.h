@@ -44,6 +44,10 @@ Result<int> PickFreePort();
 // may start after us). The socket is non-blocking, TCP_NODELAY.
 Result<Socket> ConnectTcp(const std::string& host, int port, Deadline deadline);
 
+// One connection from a listening socket (ListenTcp), waiting until `deadline` (then an error
+// "timed out accepting"). The socket is non-blocking, TCP_NODELAY.
+Result<Socket> AcceptTcp(const Socket& listener, Deadline deadline);
+
 // Whole buffers, or an error: the deadline passed, the peer closed the connection ("connection
 // closed"), or the OS refused.
 Status SendAll(int fd, const void* data, size_t n, Deadline deadline);

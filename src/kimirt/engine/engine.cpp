@@ -86,6 +86,7 @@ class EngineImpl final : public Engine {
   ~EngineImpl() override { Shutdown(false); }
 
   const EngineOptions& options() const override { return opt_; }
+  Status Health() const override { return runner_.health(); }
 
   Status Submit(EngineRequest r) override {
     const int32_t V = static_cast<int32_t>(runner_.config().vocab_size);
@@ -104,6 +105,7 @@ class EngineImpl final : public Engine {
                              std::to_string(opt_.max_model_len));
     }
     if (!r.on_output) return InvalidArgument("request has no output callback");
+    if (Status h = runner_.health(); !h.ok()) return Internal("the model cannot run: " + h.message());
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return ResourceExhausted("engine is shutting down");
     if (static_cast<int64_t>(inbox_.size()) + stats_.waiting >= opt_.max_waiting) {

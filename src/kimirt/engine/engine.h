@@ -123,6 +123,9 @@ class Engine {
   // Returns when the step loop has exited.
   virtual void Shutdown(bool drain) = 0;
   virtual const EngineOptions& options() const = 0;
+  // OK while the model can run; once its runner failed for good (a process rank died:
+  // ModelRunner::health), the error naming the rank. Any thread.
+  virtual Status Health() const { return Status::Ok(); }
 };
 
 }  // namespace kimirt

@@ -12,81 +12,18 @@
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/core/check.h"
 #include "kimirt/engine/kda_snapshot_budget.h"
+#include "kimirt/engine/process_ranks_runner.h"
+#include "kimirt/engine/runner_rank.h"
 #include "kimirt/model/model.h"
 #include "kimirt/parallel/communicator.h"
 
 namespace kimirt {
 namespace {
 
-// One rank's model, latent cache, KDA state slots, sequences and KDA snapshots.
-struct Rank {
-  Model* model = nullptr;
-  std::unique_ptr<LatentKvCache> kv;
-  std::unique_ptr<KdaStateSlots> kda;
-  std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
-  std::unordered_map<ModelRunner::SnapshotId, std::vector<KdaStatePool>> snapshots;
-
-  void SharePrefix(ModelRunner::Handle h, std::span<const int32_t> blocks, int64_t tokens) {
-    SequenceState& st = seqs.at(h);
-    KIMIRT_CHECK(st.blocks.empty() && st.length == 0);
-    kv->Share(blocks);
-    st.blocks.assign(blocks.begin(), blocks.end());
-    st.length = tokens;
-  }
-  // The copy lives in pools of its own (KdaStateSlots::Snapshot): the sequence's slot is never
-  // aliased, since the forward updates it in place.
-  void SnapshotKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
-    snapshots.emplace(id, kda->Snapshot(seqs.at(h).kda_slot));
-  }
-  void RestoreKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
-    kda->Restore(seqs.at(h).kda_slot, snapshots.at(id));
-  }
-
-  Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
-  Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only) {
-    ForwardOptions o;
-    o.all_logits = !last_only;
-    return model->Forward(&seqs.at(h), ids, o);
-  }
-  Result<Tensor> ForwardDecode(std::span<const ModelRunner::Handle> hs, std::span<const int32_t> ids) {
-    std::vector<SequenceState*> states;
-    for (ModelRunner::Handle h : hs) states.push_back(&seqs.at(h));
-    return model->ForwardDecode(states, ids);
-  }
-};
-
-// How the cache budget splits: latent blocks, and KDA snapshots for the prefix cache (one
-// snapshot is every KDA layer's state of one sequence on this rank).
-struct CacheSizes {
-  int64_t blocks = 0;
-  int64_t snapshots = 0;
-  uint64_t snapshot_bytes = 0;
-};
-
-// KDA state slots a rank starts with; they double as more sequences run at once (the
-// scheduler's max_num_seqs bounds them), so memory follows the concurrency actually reached.
-constexpr int64_t kInitialKdaSlots = 8;
-
-Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o) {
-  auto probe = model.MakeKvCache(0, o.block_size, o.kv_cache_dtype, false);
-  CacheSizes z;
-  z.snapshot_bytes = model.MakeKdaStates(1)->SlotBytes();
-  if (o.num_kv_blocks > 0) {
-    z.blocks = o.num_kv_blocks;
-    z.snapshots = o.max_kda_snapshots;
-    return z;
-  }
-  if (o.kv_cache_bytes == 0) return InvalidArgument("give the runner num_kv_blocks or kv_cache_bytes");
-  if (o.kda_snapshot_fraction < 0 || o.kda_snapshot_fraction >= 1) {
-    return InvalidArgument("the KDA snapshot fraction must be in [0, 1)");
-  }
-  // A model without KDA layers snapshots nothing: no limit. (`kimirt plan` counts the same.)
-  z.snapshots = z.snapshot_bytes == 0 ? std::numeric_limits<int64_t>::max()
-                                      : KdaSnapshotsFor(o.kv_cache_bytes, o.kda_snapshot_fraction, z.snapshot_bytes);
-  z.blocks = static_cast<int64_t>((o.kv_cache_bytes - (z.snapshot_bytes == 0 ? 0 : static_cast<uint64_t>(z.snapshots) * z.snapshot_bytes)) /
-                                  std::max<uint64_t>(1, probe->block_bytes()));
-  return z;
-}
+using runner::CacheSizes;
+using runner::kInitialKdaSlots;
+using runner::Rank;
+using runner::SizeCaches;
 
 // What a runner loaded from a directory owns; members end in reverse: the model before its
 // communicator and backend.
@@ -399,6 +336,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     Model& model = *owned.model;
     return SingleRankRunner::Create(model, o, std::move(owned));
   }
+  if (o.process_ranks) return CreateProcessRanksRunner(dir, o);
   return ThreadRanksRunner::Create(dir, o);
 }
 

@@ -40,6 +40,17 @@ struct RunnerOptions {
   double kda_snapshot_fraction = 0;
   // No decode graphs: every step op by op (vLLM's --enforce-eager; Model::set_decode_graphs).
   bool enforce_eager = false;
+  // CPU, tp > 1: one process per rank instead of one thread per rank (vLLM's
+  // --distributed-executor-backend mp; docs/distributed.md "Process ranks"). Rank 0 stays in
+  // this process; ranks 1..tp-1 are `rank_worker_binary rank-worker` children.
+  bool process_ranks = false;
+  std::string rank_worker_binary = "/proc/self/exe";
+  // Process ranks: the longest any rank waits for another (a load, a collective, a command's
+  // reply); a rank that dies ends the wait at once (its socket closes).
+  int rank_timeout_ms = 300000;
+  // Process ranks: each follower's CPU backend threads (SetCpuBackendThreads; 0: all cores), as
+  // serve --threads sets them in rank 0's process.
+  int follower_cpu_threads = 0;
 };
 
 class ModelRunner {
@@ -57,6 +68,11 @@ class ModelRunner {
   virtual int64_t kv_blocks_total() const = 0;
   virtual int64_t kv_blocks_free() const = 0;
   virtual int64_t kv_blocks_for(int64_t tokens) const = 0;
+
+  // OK while every rank can run; once a rank has died or failed, the error naming it (every
+  // later Forward returns it too). Runners whose ranks share this process are always healthy.
+  // Unlike the other calls, any thread may ask (the server's /health does).
+  virtual Status health() const { return Status::Ok(); }
 
   virtual Handle NewSequence() = 0;
   // Makes the sequence's latent blocks cover `tokens` positions; ResourceExhausted (and no

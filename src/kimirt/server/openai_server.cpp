@@ -146,6 +146,10 @@ struct Server::Impl {
 
   HttpResponse Health() const {
     if (stopping) return ErrorResponse({ApiErrorKind::kShuttingDown, "The server is shutting down", {}, {}});
+    // A failed model (a process rank died) cannot answer anything: 503, naming the rank.
+    if (Status h = engine->Health(); !h.ok()) {
+      return ErrorResponse({ApiErrorKind::kShuttingDown, "The model cannot run: " + h.message(), {}, "engine_dead"});
+    }
     return JsonResponse(Json{{"status", "ok"}});
   }
 

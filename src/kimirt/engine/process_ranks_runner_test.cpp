@@ -1,0 +1,169 @@
+// Process ranks (process_ranks_runner.h) against thread ranks: the same calls give the same
+// logits bit for bit (the TCP communicator sums in the thread communicator's rank order), over a
+// prefill, decode steps, a KDA snapshot restored into a second sequence that shares the prompt's
+// blocks; and a follower killed mid-run is an error naming it within seconds, not a hang.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kimirt/engine/model_runner.h"
+#include "kimirt/testing/run_command.h"
+#include "kimirt/testing/test_data.h"
+
+namespace kimirt {
+namespace {
+
+std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
+
+RunnerOptions Options(bool processes, int tp = 2) {
+  RunnerOptions o;
+  o.tp = tp;
+  o.block_size = 8;
+  o.num_kv_blocks = 64;
+  o.max_kda_snapshots = 4;
+  o.process_ranks = processes;
+  o.rank_worker_binary = KIMIRT_BINARY;
+  o.rank_timeout_ms = 20000;
+  return o;
+}
+
+std::vector<float> Host(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
+
+int32_t Argmax(const std::vector<float>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Every logits tensor rank 0 returns, in call order: a 13-token prefill (all positions), five
+// greedy decode steps, then a second sequence sharing the first block of the prompt, restored
+// from a snapshot of the first sequence taken after its first block, prefilling the rest.
+std::vector<std::vector<float>> Trace(ModelRunner& r) {
+  std::vector<std::vector<float>> out;
+  std::vector<int32_t> prompt;
+  for (int k = 0; k < 13; ++k) prompt.push_back((k * 37 + 5) % 500);
+  const ModelRunner::Handle a = r.NewSequence();
+  EXPECT_TRUE(r.Reserve(a, 32).ok());
+  auto first = r.Forward(a, std::span<const int32_t>(prompt).first(8), false);
+  EXPECT_TRUE(first.ok()) << first.status().ToString();
+  out.push_back(Host(*first));
+  const ModelRunner::SnapshotId snap = r.SnapshotKda(a);
+  auto rest = r.Forward(a, std::span<const int32_t>(prompt).subspan(8), false);
+  EXPECT_TRUE(rest.ok()) << rest.status().ToString();
+  out.push_back(Host(*rest));
+  int32_t next = Argmax(std::vector<float>(out.back().end() - r.config().vocab_size, out.back().end()));
+  for (int step = 0; step < 5; ++step) {
+    auto l = r.Forward(a, std::vector<int32_t>{next}, true);
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    out.push_back(Host(*l));
+    next = Argmax(out.back());
+  }
+  const ModelRunner::Handle b = r.NewSequence();
+  const std::vector<int32_t> table = r.BlockTable(a);
+  r.SharePrefix(b, std::span<const int32_t>(table).first(1), 8);
+  r.RestoreKda(b, snap);
+  EXPECT_TRUE(r.Reserve(b, 16).ok());
+  auto l = r.Forward(b, std::span<const int32_t>(prompt).subspan(8), true);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  out.push_back(Host(*l));
+  r.DropKdaSnapshot(snap);
+  r.Release(a);
+  r.Release(b);
+  EXPECT_EQ(r.kv_blocks_free(), r.kv_blocks_total());
+  return out;
+}
+
+// A fixture and a TP degree. With 4 ranks the rank order of the sums matters (with 2, x0 + x1
+// equals x1 + x0 in IEEE arithmetic).
+class ProcessRanks : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+
+TEST_P(ProcessRanks, LogitsEqualThreadRanksBitForBit) {
+  const auto& [fixture, tp] = GetParam();
+  KIMIRT_REQUIRE_FILE(Fixture(fixture + "/config.json"));
+  auto threads = ModelRunner::Create(Fixture(fixture), Options(false, tp));
+  ASSERT_TRUE(threads.ok()) << threads.status().ToString();
+  auto procs = ModelRunner::Create(Fixture(fixture), Options(true, tp));
+  ASSERT_TRUE(procs.ok()) << procs.status().ToString();
+  const auto want = Trace(**threads);
+  const auto got = Trace(**procs);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
+  }
+  // The prefix-cache path reproduces the unshared sequence: the snapshot + shared block resume
+  // exactly where sequence a was after its first block (last row of its second prefill).
+  EXPECT_EQ(std::memcmp(got.back().data(), got[1].data() + got[1].size() - got.back().size(),
+                        got.back().size() * sizeof(float)), 0);
+  EXPECT_TRUE((*procs)->health().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
+                         ::testing::Values(std::make_pair(std::string("tiny-a"), 2), std::make_pair(std::string("tiny-a"), 4),
+                                           std::make_pair(std::string("kimi-linear-tiny"), 2),
+                                           std::make_pair(std::string("kimi-linear-tiny"), 4)),
+                         [](const auto& info) {
+                           return std::string(info.param.first == "tiny-a" ? "TinyA" : "KimiLinearTiny") + "Tp" +
+                                  std::to_string(info.param.second);
+                         });
+
+// The follower processes of this test process (its `kimirt rank-worker` children).
+std::vector<int> Followers() {
+  auto r = kimirt::testing::RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep
+  std::vector<int> pids;
+  size_t at = 0;
+  while (at < r.output.size()) {
+    const size_t nl = r.output.find('\n', at);
+    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    if (!line.empty()) pids.push_back(std::stoi(line));
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return pids;
+}
+
+TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true);
+  o.tp = 4;  // tiny-a has 4 heads: ranks 1..3 are processes
+  auto r = ModelRunner::Create(Fixture("tiny-a"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelRunner::Handle h = (*r)->NewSequence();
+  ASSERT_TRUE((*r)->Reserve(h, 16).ok());
+  ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
+  const std::vector<int> pids = Followers();
+  ASSERT_EQ(pids.size(), 3u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  // The next Forward's collectives read rank 2's closed socket.
+  Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(l.ok());
+  EXPECT_LT(s, 5.0);
+  EXPECT_NE(l.status().message().find("rank 2"), std::string::npos) << l.status().message();
+  EXPECT_FALSE((*r)->health().ok());
+  // Failed for good: every later call says so at once.
+  EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
+  EXPECT_FALSE((*r)->Reserve(h, 17).ok());
+  r->reset();
+  EXPECT_TRUE(Followers().empty());  // the supervisor stopped the others
+}
+
+TEST(ProcessRanksFailure, AFollowerThatCannotStartFailsCreate) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true);
+  o.rank_worker_binary = "/nonexistent/kimirt";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ModelRunner::Create(Fixture("tiny-a"), o);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rank 1"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace kimirt

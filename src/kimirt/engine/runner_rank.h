@@ -1,0 +1,68 @@
+// One rank's state as a ModelRunner drives it (model_runner.cpp's runners, and each process of
+// the process-ranks runner): shared so every runner applies a call to a rank the same way.
+// Internal to engine/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kimirt/core/check.h"
+#include "kimirt/engine/model_runner.h"
+#include "kimirt/model/model.h"
+
+namespace kimirt::runner {
+
+// One rank's model, latent cache, KDA state slots, sequences and KDA snapshots.
+struct Rank {
+  Model* model = nullptr;
+  std::unique_ptr<LatentKvCache> kv;
+  std::unique_ptr<KdaStateSlots> kda;
+  std::unordered_map<ModelRunner::Handle, SequenceState> seqs;
+  std::unordered_map<ModelRunner::SnapshotId, std::vector<KdaStatePool>> snapshots;
+
+  void SharePrefix(ModelRunner::Handle h, std::span<const int32_t> blocks, int64_t tokens) {
+    SequenceState& st = seqs.at(h);
+    KIMIRT_CHECK(st.blocks.empty() && st.length == 0);
+    kv->Share(blocks);
+    st.blocks.assign(blocks.begin(), blocks.end());
+    st.length = tokens;
+  }
+  // The copy lives in pools of its own (KdaStateSlots::Snapshot): the sequence's slot is never
+  // aliased, since the forward updates it in place.
+  void SnapshotKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
+    snapshots.emplace(id, kda->Snapshot(seqs.at(h).kda_slot));
+  }
+  void RestoreKda(ModelRunner::Handle h, ModelRunner::SnapshotId id) {
+    kda->Restore(seqs.at(h).kda_slot, snapshots.at(id));
+  }
+
+  Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
+  Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only) {
+    ForwardOptions o;
+    o.all_logits = !last_only;
+    return model->Forward(&seqs.at(h), ids, o);
+  }
+  Result<Tensor> ForwardDecode(std::span<const ModelRunner::Handle> hs, std::span<const int32_t> ids) {
+    std::vector<SequenceState*> states;
+    for (ModelRunner::Handle h : hs) states.push_back(&seqs.at(h));
+    return model->ForwardDecode(states, ids);
+  }
+};
+
+// How the cache budget splits: latent blocks, and KDA snapshots for the prefix cache (one
+// snapshot is every KDA layer's state of one sequence on this rank).
+struct CacheSizes {
+  int64_t blocks = 0;
+  int64_t snapshots = 0;
+  uint64_t snapshot_bytes = 0;
+};
+
+// KDA state slots a rank starts with; they double as more sequences run at once (the
+// scheduler's max_num_seqs bounds them), so memory follows the concurrency actually reached.
+constexpr int64_t kInitialKdaSlots = 8;
+Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o);
+
+}  // namespace kimirt::runner

@@ -1,0 +1,85 @@
+"""`kimirt serve -tp 2 --distributed-executor-backend mp`: one process per rank (docs/distributed.md
+"Process ranks"). It answers exactly as the thread ranks do; a follower rank killed mid-run turns
+/health into 503 naming the rank, requests into errors, and the server exits 1 — never a hang.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from conftest import ServerProcess
+
+PROMPTS = ["Hello world", "The quick brown fox jumps over", "1 2 3 4 5 6 7"]
+
+
+def post(base_url, path, body):
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(base_url, path):
+    try:
+        with urllib.request.urlopen(base_url + path, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def completions(server):
+    out = []
+    for p in PROMPTS:
+        status, body = post(server.base_url, "/v1/completions",
+                            {"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+        assert status == 200, body
+        out.append(body["choices"][0]["text"])
+    return out
+
+
+def followers(pid):
+    r = subprocess.run(["pgrep", "-P", str(pid), "-x", "kimirt"], capture_output=True, text=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def test_process_ranks_answer_as_thread_ranks_do():
+    threads = ServerProcess(["-tp", "2"])
+    try:
+        want = completions(threads)
+    finally:
+        assert threads.stop() == 0
+    procs = ServerProcess(["-tp", "2", "--distributed-executor-backend", "mp"])
+    try:
+        assert len(followers(procs.proc.pid)) == 1  # rank 1 is a child process
+        assert completions(procs) == want
+    finally:
+        assert procs.stop() == 0, "".join(procs.stderr_lines)
+    assert followers(procs.proc.pid) == []
+
+
+def test_a_killed_follower_makes_health_503_requests_fail_and_the_server_exit():
+    s = ServerProcess(["-tp", "2", "--distributed-executor-backend", "mp"])
+    try:
+        assert get(s.base_url, "/health")[0] == 200
+        completions(s)
+        (rank1,) = followers(s.proc.pid)
+        os.kill(rank1, signal.SIGKILL)
+        t0 = time.monotonic()
+        status, body = get(s.base_url, "/health")
+        while status == 200 and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+            status, body = get(s.base_url, "/health")
+        assert status == 503, body
+        assert "rank 1" in body["error"]["message"]
+        status, body = post(s.base_url, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+        assert status >= 500 and "rank 1" in body["error"]["message"], body
+        assert s.proc.wait(timeout=15) == 1
+        assert any("the model cannot run" in line and "rank 1" in line for line in s.stderr_lines), s.stderr_lines
+    finally:
+        s.stop()
