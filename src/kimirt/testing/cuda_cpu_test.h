@@ -49,6 +49,24 @@ class CudaCpuTest : public ::testing::Test {
     return gpu_->Upload(b);
   }
 
+  // The routed experts on the GPU (outputs poisoned first), back on the host.
+  Tensor RunMoeExperts(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex,
+                       const GluParams& p) {
+    Tensor out = Poisoned({z.dim(0), z.dim(1)});
+    gpu_->MoeExperts(gpu_->Upload(z), gpu_->Upload(idx), gpu_->Upload(w), ex, p, &out);
+    return gpu_->Download(out);
+  }
+  // Relative L2 distance of host tensors; NaN anywhere or an all-zero reference never passes.
+  static double RelL2(const Tensor& got, const Tensor& want) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double d = static_cast<double>(got.f32()[i]) - want.f32()[i];
+      num += d * d;
+      den += static_cast<double>(want.f32()[i]) * want.f32()[i];
+    }
+    return den > 0 && !std::isnan(num) ? std::sqrt(num / den) : INFINITY;
+  }
+
   std::unique_ptr<Backend> gpu_, cpu_;
   SplitMix64 rng_;
 };

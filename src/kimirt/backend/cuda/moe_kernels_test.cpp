@@ -45,23 +45,6 @@ class CudaBackendMoe : public testing::CudaCpuTest {
   using Experts = testing::MoeExpertsCase;
   Experts RandomExperts(int64_t E, int64_t De, int64_t I) { return testing::RandomMoeExperts(*gpu_, rng_, E, De, I); }
 
-  Tensor RunGpu(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex, const GluParams& p) {
-    Tensor out = Poisoned({z.dim(0), z.dim(1)});
-    gpu_->MoeExperts(gpu_->Upload(z), gpu_->Upload(idx), gpu_->Upload(w), ex, p, &out);
-    return gpu_->Download(out);
-  }
-
-  // Relative L2 distance; NaN anywhere or an all-zero reference never passes.
-  static double RelL2(const Tensor& got, const Tensor& want) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < want.numel(); ++i) {
-      const double d = static_cast<double>(got.f32()[i]) - want.f32()[i];
-      num += d * d;
-      den += static_cast<double>(want.f32()[i]) * want.f32()[i];
-    }
-    return den > 0 && !std::isnan(num) ? std::sqrt(num / den) : INFINITY;
-  }
-
   static void ExpectSameBits(const Tensor& got, const Tensor& want, const std::string& what) {
     ASSERT_EQ(got.numel(), want.numel());
     int64_t differ = 0, first = -1;
@@ -141,14 +124,14 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
   constexpr int64_t kAlone = 12;  // the first rows of every step, each also computed alone
   Tensor alone = Tensor::Host({kAlone, De});
   for (int64_t t = 0; t < kAlone; ++t) {
-    Tensor row = RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
+    Tensor row = RunMoeExperts(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
     std::memcpy(alone.f32() + t * De, row.f32(), static_cast<size_t>(De) * sizeof(float));
   }
   for (int64_t T : {1, 7, 40, 64, 100}) {
     SCOPED_TRACE("T = " + std::to_string(T));
     const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
-    const Tensor packed = RunGpu(z, idx, w, ex.packed, situ);
-    ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
+    const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, situ);
+    ExpectSameBits(packed, RunMoeExperts(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
     // Row invariance: each token as computed alone, over the range the backend promises it
     // (RowInvariantRows: decode steps; more tokens take the prefill path).
     if (T <= gpu_->RowInvariantRows()) {
@@ -178,8 +161,8 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsSmallWidthsAgainstTheCpu) {
       if (idx.i32()[t * k + j] == 4) idx.i32()[t * k + j] = static_cast<int32_t>(E - 1 - j);
     }
   }
-  const Tensor packed = RunGpu(z, idx, w, ex.packed, silu);
-  ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, silu), "MXFP4 vs BF16-held");
+  const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, silu);
+  ExpectSameBits(packed, RunMoeExperts(z, idx, w, ex.bf16, silu), "MXFP4 vs BF16-held");
   Tensor want = cpu_->Empty({T, De});
   cpu_->MoeExperts(z, idx, w, ex.f32, silu, &want);
   EXPECT_LE(RelL2(packed, want), 1e-5);
@@ -215,13 +198,13 @@ TEST_F(CudaBackendMoe, DecodeExpertsGiveEachTokenItsBitsAloneAtEveryBatchSize) {
       for (int64_t t = 0; t < max_t; ++t) {
         if (t % 3 != 0 && t != max_t - 1) continue;
         sampled.push_back(t);
-        alone.push_back(RunGpu(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, glu));
+        alone.push_back(RunMoeExperts(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, glu));
       }
       for (int64_t T : {int64_t{2}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{17}, int64_t{33}, max_t}) {
         SCOPED_TRACE("T = " + std::to_string(T));
         const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
-        const Tensor packed = RunGpu(z, idx, w, ex.packed, glu);
-        ExpectSameBits(packed, RunGpu(z, idx, w, ex.bf16, glu), "MXFP4 vs BF16-held");
+        const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, glu);
+        ExpectSameBits(packed, RunMoeExperts(z, idx, w, ex.bf16, glu), "MXFP4 vs BF16-held");
         for (size_t i = 0; i < sampled.size() && sampled[i] < T; ++i) {
           ExpectSameBits(packed.Rows(sampled[i], 1), alone[i], "row " + std::to_string(sampled[i]) + " vs alone");
         }

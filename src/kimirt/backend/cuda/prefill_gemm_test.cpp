@@ -229,20 +229,6 @@ class CudaBackendMoePrefill : public PrefillFixture {
   void RandomChoice(int64_t T, int64_t E, int64_t k, int64_t hot, Tensor* idx, Tensor* w) {
     testing::RandomMoeChoice(rng_, T, E, k, idx, w, hot);
   }
-  Tensor Run(const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex, const GluParams& p) {
-    Tensor out = Poisoned({z.dim(0), z.dim(1)});
-    gpu_->MoeExperts(gpu_->Upload(z), gpu_->Upload(idx), gpu_->Upload(w), ex, p, &out);
-    return gpu_->Download(out);
-  }
-  static double RelL2(const Tensor& got, const Tensor& want) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < want.numel(); ++i) {
-      const double d = static_cast<double>(got.f32()[i]) - want.f32()[i];
-      num += std::isnan(d) ? INFINITY : d * d;
-      den += static_cast<double>(want.f32()[i]) * want.f32()[i];
-    }
-    return den > 0 ? std::sqrt(num / den) : INFINITY;
-  }
   static double Glu(double a, double u, const GluParams& p) {
     const double sig = 1.0 / (1.0 + std::exp(-a));
     if (p.kind == GluKind::kSilu) return a * sig * u;
@@ -292,8 +278,8 @@ TEST_F(CudaBackendMoePrefill, Mxfp4GivesTheBitsOfBf16AndMatchesTheReference) {
     SCOPED_TRACE(p.kind == GluKind::kSilu ? "silu" : "situ");
     Tensor z = Random({T, De}), idx, w;
     RandomChoice(T, E, k, /*hot=*/5, &idx, &w);
-    const Tensor packed = Run(z, idx, w, ex.packed, p);
-    ExpectSameRows(packed, 0, Run(z, idx, w, ex.bf16, p), 0, T, "MXFP4 vs BF16-held");
+    const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, p);
+    ExpectSameRows(packed, 0, RunMoeExperts(z, idx, w, ex.bf16, p), 0, T, "MXFP4 vs BF16-held");
     // Within BF16 tolerance of the CPU's F32 reference (z and h rounded to BF16: ~2⁻⁹ each).
     Tensor want = cpu_->Empty({T, De});
     cpu_->MoeExperts(z, idx, w, ex.f32, p, &want);
@@ -305,7 +291,7 @@ TEST_F(CudaBackendMoePrefill, Mxfp4GivesTheBitsOfBf16AndMatchesTheReference) {
     EXPECT_LE(RelL2(packed, Emulated(z, idx, w, ex.f32, p)), 1e-4) << "against the BF16-rounding emulation";
     // bf16_prefill off: the F32 CUDA-core kernels, F32 accuracy.
     gpu_->set_bf16_prefill(false);
-    EXPECT_LE(RelL2(Run(z, idx, w, ex.packed, p), want), 1e-5) << "bf16_prefill off";
+    EXPECT_LE(RelL2(RunMoeExperts(z, idx, w, ex.packed, p), want), 1e-5) << "bf16_prefill off";
     gpu_->set_bf16_prefill(true);
   }
 }
@@ -320,9 +306,9 @@ TEST_F(CudaBackendMoePrefill, TokensAreBitIdenticalAcrossCallSizes) {
   RandomChoice(T, E, k, -1, &idx, &w);
   for (const ExpertWeights* held : {&ex.packed, &ex.bf16}) {
     SCOPED_TRACE(held == &ex.packed ? "MXFP4" : "BF16");
-    const Tensor all = Run(z, idx, w, *held, p);
-    ExpectSameRows(Run(z.Rows(0, 65), idx.Rows(0, 65), w.Rows(0, 65), *held, p), 0, all, 0, 65, "T = 65");
-    ExpectSameRows(Run(z.Rows(300, 300), idx.Rows(300, 300), w.Rows(300, 300), *held, p), 0, all, 300, 300,
+    const Tensor all = RunMoeExperts(z, idx, w, *held, p);
+    ExpectSameRows(RunMoeExperts(z.Rows(0, 65), idx.Rows(0, 65), w.Rows(0, 65), *held, p), 0, all, 0, 65, "T = 65");
+    ExpectSameRows(RunMoeExperts(z.Rows(300, 300), idx.Rows(300, 300), w.Rows(300, 300), *held, p), 0, all, 300, 300,
                    "T = 300, tokens 300..599");
   }
 }
@@ -335,8 +321,8 @@ TEST_F(CudaBackendMoePrefill, Mxfp4GivesTheBitsOfBf16AtK3Widths) {
   const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
   Tensor z = Random({T, De}), idx, w;
   RandomChoice(T, E, k, -1, &idx, &w);
-  const Tensor packed = Run(z, idx, w, ex.packed, situ);
-  ExpectSameRows(packed, 0, Run(z, idx, w, ex.bf16, situ), 0, T, "MXFP4 vs BF16-held");
+  const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, situ);
+  ExpectSameRows(packed, 0, RunMoeExperts(z, idx, w, ex.bf16, situ), 0, T, "MXFP4 vs BF16-held");
   Tensor want = cpu_->Empty({T, De});
   cpu_->MoeExperts(z, idx, w, ex.f32, situ, &want);
   EXPECT_LE(RelL2(packed, want), 1e-2);
