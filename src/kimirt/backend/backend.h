@@ -189,6 +189,11 @@ class Backend {
   virtual Tensor Zeros(Shape shape, DType dtype = DType::kF32) = 0;
   virtual Tensor Upload(const Tensor& host) = 0;
   virtual Tensor Download(const Tensor& t) = 0;
+  // Greedy decoding's pick for each row of F32 logits [R, V], taken where they lie so that only
+  // R ids cross to the host (a decode batch's rows are 42 MB at R = 64 and a 163,840 vocabulary):
+  // row r's ArgmaxOf (core/argmax.h: lowest index of the largest value, NaN as -inf; -1 when
+  // there is none) — the token the sampler would pick from the downloaded row.
+  virtual std::vector<int32_t> ArgmaxRows(const Tensor& logits) = 0;
   // y [T, count] := x [T, :][begin, begin + count)
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
   // Up to how many rows every per-token op computes each row exactly as it would alone (same

@@ -33,6 +33,8 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (default 256)");
   f.String("json", &json_path, "also write the results as JSON to this file");
   f.Double("peak-gbps", &o.peak_gb_per_s, "memory bandwidth (GB/s) to report decode traffic against");
+  std::string kv_dtype = "auto";
+  f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype, as serve's: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
   if (Status s = f.Parse(argc, argv, 3, nullptr); !s.ok()) {
     std::fprintf(stderr, "kimirt bench model: %s\n", s.message().c_str());
     return 2;
@@ -53,6 +55,13 @@ int RunBenchModelCommand(int argc, char** argv) {
     }
     o.model_dir = *dir;
   }
+  std::optional<KvCacheDType> kv = KvCacheDTypeFlag(kv_dtype, o.device);
+  if (!kv) {
+    std::fprintf(stderr, "kimirt bench model: --kv-cache-dtype: expected auto, f32, bf16 or fp8, got \"%s\"\n",
+                 kv_dtype.c_str());
+    return 2;
+  }
+  o.kv_cache_dtype = *kv;
   Result<DType> matrix_dtype = ParseDtypeFlag(dtype, o.device);
   if (!matrix_dtype.ok()) {
     std::fprintf(stderr, "kimirt bench model: %s\n", matrix_dtype.status().message().c_str());

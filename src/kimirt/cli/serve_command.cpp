@@ -165,13 +165,9 @@ int RunServeCommand(int argc, char** argv) {
   if (api_key.empty()) api_key = EnvOr("KIMIRT_API_KEY", EnvOr("VLLM_API_KEY", ""));
   if (device != "cpu" && device != "cuda") return Fail(InvalidArgument("--device: expected cpu or cuda, got \"" + device + "\""), 2);
   if (!(cpu_mem_gib > 0)) return Fail(InvalidArgument("--cpu-memory-gib must be positive"), 2);
-  // auto: the checkpoint's own precision on the GPU (vLLM's auto), the reference precision on CPU.
-  KvCacheDType kv = device == "cuda" ? KvCacheDType::kBF16 : KvCacheDType::kF32;
-  if (kv_dtype != "auto") {
-    std::optional<KvCacheDType> parsed = ParseKvCacheDType(kv_dtype);
-    if (!parsed) return Fail(InvalidArgument("--kv-cache-dtype: expected auto, f32, bf16 or fp8, got \"" + kv_dtype + "\""), 2);
-    kv = *parsed;
-  }
+  std::optional<KvCacheDType> kv_parsed = KvCacheDTypeFlag(kv_dtype, device);
+  if (!kv_parsed) return Fail(InvalidArgument("--kv-cache-dtype: expected auto, f32, bf16 or fp8, got \"" + kv_dtype + "\""), 2);
+  const KvCacheDType kv = *kv_parsed;
   if (!(gpu_util > 0 && gpu_util <= 1)) return Fail(InvalidArgument("--gpu-memory-utilization must be in (0, 1]"), 2);
   if (device == "cpu" && f.WasSet("gpu-memory-utilization")) {
     std::fprintf(stderr, "kimirt serve: note: --gpu-memory-utilization applies to --device cuda; the CPU "

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -20,6 +21,7 @@
 #include "kimirt/core/random.h"
 #include "kimirt/engine/output_processor.h"
 #include "kimirt/engine/scheduler.h"
+#include "kimirt/model/model.h"
 
 namespace kimirt {
 
@@ -202,7 +204,10 @@ class EngineImpl final : public Engine {
   void Forward(Request& r, int64_t n) {
     const Sequence& s = r.seq;
     std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(n));
-    Result<Tensor> logits = runner_.Forward(s.handle, ids, /*last_only=*/!ScoresPrompt(r));
+    const bool last_only = !ScoresPrompt(r);
+    ArgmaxRequest argmax;
+    if (last_only) argmax.only = {ArgmaxOnly(r, n) ? uint8_t{1} : uint8_t{0}};
+    Result<Tensor> logits = runner_.Forward(s.handle, ids, last_only, &argmax);
     if (!logits.ok()) {
       Finish(r, FinishReason::kError, logits.status());
       return;
@@ -212,7 +217,16 @@ class EngineImpl final : public Engine {
     if (cache_ != nullptr && cache_->Qualifies(s.computed, s.computed + n)) {
       cache_->Insert(s.handle, s.tokens, s.computed + n);
     }
-    Advance(r, n, *logits);
+    Advance(r, n, *logits, argmax.taken ? std::optional<int32_t>(argmax.argmax[0]) : std::nullopt);
+  }
+
+  // Whether all r needs of the last row of its next forward of n tokens is the row's argmax: the
+  // row is not sampled (prefill goes on, or a preempted sequence replays), or its sample is plain
+  // greedy (Sampler::ArgmaxOnly) with no stop tokens to mask. Such rows stay on the device.
+  bool ArgmaxOnly(const Request& r, int64_t n) const {
+    const Sequence& s = r.seq;
+    if (s.pending() > n) return true;
+    return r.sampler.ArgmaxOnly() && s.generated() >= r.sampler.params().min_tokens;
   }
 
   // r's next forward needs `tokens` positions, more than the whole latent cache holds: it can
@@ -237,17 +251,22 @@ class EngineImpl final : public Engine {
     std::vector<Request*> reqs;
     std::vector<ModelRunner::Handle> handles;
     std::vector<int32_t> ids;
+    ArgmaxRequest argmax;
     for (Sequence* s : seqs) {
       reqs.push_back(requests_.at(s->id).get());
       handles.push_back(s->handle);
       ids.push_back(s->tokens[static_cast<size_t>(s->computed)]);
+      argmax.only.push_back(ArgmaxOnly(*reqs.back(), 1) ? 1 : 0);
     }
-    Result<Tensor> logits = runner_.ForwardDecode(handles, ids);
+    Result<Tensor> logits = runner_.ForwardDecode(handles, ids, &argmax);
+    int64_t row = 0;  // next row of the returned logits (only the rows not reduced to an argmax)
     for (size_t b = 0; b < reqs.size(); ++b) {
       if (!logits.ok()) {
         Finish(*reqs[b], FinishReason::kError, logits.status());
+      } else if (argmax.taken && argmax.only[b] != 0) {
+        Advance(*reqs[b], 1, Tensor(), argmax.argmax[b]);
       } else {
-        Advance(*reqs[b], 1, logits->Rows(static_cast<int64_t>(b), 1));
+        Advance(*reqs[b], 1, logits->Rows(argmax.taken ? row++ : static_cast<int64_t>(b), 1));
       }
     }
   }
@@ -271,11 +290,13 @@ class EngineImpl final : public Engine {
   }
 
   // After a forward of r's next n tokens: score prompt tokens, then sample if r caught up.
-  // `logits` holds the rows of those n positions ([n, V]), or just the last ([1, V]).
-  void Advance(Request& r, int64_t n, const Tensor& logits) {
+  // `logits` holds the rows of those n positions ([n, V]), or just the last ([1, V]); or, when
+  // the device reduced the last row to its argmax (ArgmaxOnly), nothing, and `argmax` is it.
+  void Advance(Request& r, int64_t n, const Tensor& logits, std::optional<int32_t> argmax = std::nullopt) {
     Sequence& s = r.seq;
-    const size_t V = static_cast<size_t>(logits.dim(1));
     if (ScoresPrompt(r)) {
+      KIMIRT_CHECK(!argmax.has_value());
+      const size_t V = static_cast<size_t>(logits.dim(1));
       // Row i holds the distribution of the token after position computed + i.
       const int32_t top = r.sampler.params().prompt_logprobs;
       for (int64_t i = 0; i < n && s.computed + i + 1 < s.prompt_len; ++i) {
@@ -292,12 +313,18 @@ class EngineImpl final : public Engine {
     // Prefill continues, or a preempted sequence replays its generated tokens: their logits
     // were sampled (and their logprobs sent) the first time, so they are never sampled again.
     if (s.pending() > 0) return;
-    std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
-    std::vector<float> masked;
-    if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);
-    const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.prompt_len));
-    const std::span<const int32_t> output(s.tokens.data() + s.prompt_len, static_cast<size_t>(s.generated()));
-    SampleResult sampled = r.sampler.Sample(row, prompt, output);
+    SampleResult sampled;
+    if (argmax.has_value()) {
+      sampled.token = Sampler::FromArgmax(*argmax);  // what Sample gives (ArgmaxOnly)
+    } else {
+      const size_t V = static_cast<size_t>(logits.dim(1));
+      std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+      std::vector<float> masked;
+      if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);
+      const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.prompt_len));
+      const std::span<const int32_t> output(s.tokens.data() + s.prompt_len, static_cast<size_t>(s.generated()));
+      sampled = r.sampler.Sample(row, prompt, output);
+    }
     if (hooks_.override_token) sampled.token = hooks_.override_token(s.generated());
     s.tokens.push_back(sampled.token);
     ++stats_generation_tokens_;

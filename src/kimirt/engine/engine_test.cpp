@@ -154,6 +154,36 @@ TEST_P(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   EXPECT_EQ(s.running + s.waiting, 0);
 }
 
+// Greedy requests without logprobs take their token from the device's argmax (the row never
+// comes back; engine.cpp ArgmaxOnly); with logprobs the sampler reads the row. The tokens must
+// be the same: every request once with logprobs (the reference), then again with every other
+// one without, so decode batches mix both kinds of rows.
+TEST_P(EngineTest, ArgmaxOnlyRowsGiveTheSamplersTokens) {
+  auto run = [&](bool mixed) {
+    Collector c;
+    auto engine = MakeEngine(SmallOptions());
+    std::vector<std::string> ids;
+    for (int i = 0; i < 12; ++i) {
+      ids.push_back("r" + std::to_string(i));
+      EngineRequest r = Request(ids.back(), Prompt(3 + (i * 11) % 40, i + 50), 6 + i % 5, c);
+      if (mixed && i % 2 == 0) r.params.logprobs = -1;
+      EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+    }
+    EXPECT_TRUE(c.Wait(ids));
+    std::vector<std::vector<int32_t>> tokens;
+    for (const std::string& id : ids) tokens.push_back(c.Get(id).tokens);
+    EngineStats s = WaitIdle(*engine);
+    EXPECT_EQ(s.kv_blocks_used, 0);
+    return tokens;
+  };
+  const std::vector<std::vector<int32_t>> want = run(false), got = run(true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "request r" << i << (i % 2 == 0 ? " (argmax on the device)" : " (logprobs)");
+    EXPECT_EQ(want[i].size(), 6 + i % 5);
+  }
+}
+
 TEST_P(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
   const std::vector<int32_t> prompt = Prompt(45, 5);  // chunks of 16, 16 and 13
   // Reference: the whole prompt in one forward, every position's logits, log_softmax in double.

@@ -55,12 +55,13 @@ class SingleRankRunner final : public ModelRunner {
     return next_++;
   }
   Status Reserve(Handle h, int64_t tokens) override { return rank_.Reserve(h, tokens); }
-  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
-    return rank_.Forward(h, ids, last_only);
+  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
+    return rank_.Forward(h, ids, last_only, argmax);
   }
   int64_t decode_batch_limit() const override { return rank_.model->backend().RowInvariantRows(); }
-  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids) override {
-    return rank_.ForwardDecode(hs, ids);
+  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
+                               ArgmaxRequest* argmax) override {
+    return rank_.ForwardDecode(hs, ids, argmax);
   }
   void Release(Handle h) override { rank_.seqs.erase(h); }
 
@@ -187,10 +188,10 @@ class ThreadRanksRunner final : public ModelRunner {
   Status Reserve(Handle h, int64_t tokens) override {
     return Broadcast([h, tokens](Rank& r, int) { return r.Reserve(h, tokens); });
   }
-  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
+  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
     Tensor out;
     Status s = Broadcast([&](Rank& r, int rank) -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r.Forward(h, ids, last_only));
+      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r.Forward(h, ids, last_only, rank == 0 ? argmax : nullptr));
       if (rank == 0) out = std::move(logits);
       return Status::Ok();
     });
@@ -296,7 +297,7 @@ class ThreadRanksRunner final : public ModelRunner {
 
 }  // namespace
 
-Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<const int32_t>) {
+Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<const int32_t>, ArgmaxRequest*) {
   return Unsupported("this runner forwards each sequence alone (decode_batch_limit 1)");
 }
 

@@ -21,6 +21,7 @@
 namespace kimirt {
 
 class Model;
+struct ArgmaxRequest;
 
 struct RunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
@@ -78,8 +79,10 @@ class ModelRunner {
   // Makes the sequence's latent blocks cover `tokens` positions; ResourceExhausted (and no
   // change) if the pool is short.
   virtual Status Reserve(Handle h, int64_t tokens) = 0;
-  // Forwards `ids` as the sequence's next tokens; rank 0's logits [T or 1, vocab].
-  virtual Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) = 0;
+  // Forwards `ids` as the sequence's next tokens; rank 0's logits [T or 1, vocab]. With
+  // `argmax`, rows it marks may come back as their argmax only (model.h ArgmaxRequest).
+  virtual Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only,
+                                 ArgmaxRequest* argmax = nullptr) = 0;
   // Frees the sequence's blocks and state.
   virtual void Release(Handle h) = 0;
 
@@ -113,7 +116,8 @@ class ModelRunner {
   // invariance. 1: the engine forwards each sequence alone.
   virtual int64_t decode_batch_limit() const { return 1; }
   // One next token for each of `hs` (distinct, reserved); rank 0's logits [B, vocab], row b for hs[b].
-  virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids);
+  virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
+                                       ArgmaxRequest* argmax = nullptr);
 };
 
 }  // namespace kimirt

@@ -299,20 +299,21 @@ class ProcessRanksRunner final : public ModelRunner {
     KIMIRT_RETURN_IF_ERROR(Mirror(kReserve, {{h, tokens}, {}, {}}));
     return Local([&] { return self_.rank.Reserve(h, tokens); });
   }
-  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only) override {
+  Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
     KIMIRT_RETURN_IF_ERROR(Mirror(kForward, {{h, last_only ? 1 : 0}, {ids.begin(), ids.end()}, {}}));
     Tensor out;
     KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.Forward(h, ids, last_only));
+      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.Forward(h, ids, last_only, argmax));
       return Status::Ok();
     }));
     return out;
   }
-  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids) override {
+  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
+                               ArgmaxRequest* argmax) override {
     KIMIRT_RETURN_IF_ERROR(Mirror(kForwardDecode, {{hs.begin(), hs.end()}, {ids.begin(), ids.end()}, {}}));
     Tensor out;
     KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardDecode(hs, ids));
+      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardDecode(hs, ids, argmax));
       return Status::Ok();
     }));
     return out;

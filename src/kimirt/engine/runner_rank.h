@@ -40,15 +40,20 @@ struct Rank {
   }
 
   Status Reserve(ModelRunner::Handle h, int64_t tokens) { return kv->Reserve(&seqs.at(h).blocks, tokens); }
-  Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only) {
+  Result<Tensor> Forward(ModelRunner::Handle h, std::span<const int32_t> ids, bool last_only,
+                         ArgmaxRequest* argmax = nullptr) {
     ForwardOptions o;
     o.all_logits = !last_only;
+    o.argmax = argmax;
     return model->Forward(&seqs.at(h), ids, o);
   }
-  Result<Tensor> ForwardDecode(std::span<const ModelRunner::Handle> hs, std::span<const int32_t> ids) {
+  Result<Tensor> ForwardDecode(std::span<const ModelRunner::Handle> hs, std::span<const int32_t> ids,
+                               ArgmaxRequest* argmax = nullptr) {
     std::vector<SequenceState*> states;
     for (ModelRunner::Handle h : hs) states.push_back(&seqs.at(h));
-    return model->ForwardDecode(states, ids);
+    ForwardOptions o;
+    o.argmax = argmax;
+    return model->ForwardDecode(states, ids, o);
   }
 };
 

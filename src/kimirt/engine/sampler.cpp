@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 
+#include "kimirt/core/argmax.h"
 #include "kimirt/core/check.h"
 
 namespace kimirt {
@@ -49,37 +50,6 @@ inline float ExpNonPositive(float x) {
   // Below -87, n < -126 and y · scale is garbage (NaN for -inf): mask it to +0.
   const uint32_t keep = x >= -87.0f ? ~0u : 0u;
   return std::bit_cast<float>(std::bit_cast<uint32_t>(y * scale) & keep);
-}
-
-// Largest value, NaN ignored (so NaN counts as -inf); -inf when there is none.
-float MaxOf(const float* __restrict x, size_t n) {
-  float lane[kLanes];
-  std::fill(lane, lane + kLanes, kNegInf);
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-  }
-  float m = kNegInf;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  for (size_t j = 0; j < kLanes; ++j) m = lane[j] > m ? lane[j] : m;
-  return m;
-}
-
-// Lowest index holding the maximum (NaN as -inf); -1 when every value is -inf or NaN. Two
-// passes (max, then its first position) beat one that tracks positions per lane.
-int32_t ArgmaxOf(const float* __restrict x, size_t n) {
-  const float m = MaxOf(x, n);
-  if (m == kNegInf) return -1;
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    uint32_t any = 0;
-    for (size_t j = 0; j < kLanes; ++j) any |= x[i + j] == m ? 1u : 0u;
-    if (any != 0) break;
-  }
-  for (; i < n; ++i) {
-    if (x[i] == m) return static_cast<int32_t>(i);
-  }
-  return -1;  // unreachable: m is one of the values
 }
 
 void CopyNanToNegInf(const float* __restrict in, float* __restrict out, size_t n) {

@@ -93,6 +93,14 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // Greedy with nothing that changes the logits and no logprobs: Sample's token is then
+  // FromArgmax(ArgmaxOf(logits)), which a backend can take where the logits lie
+  // (Backend::ArgmaxRows) without downloading the row. Such a Sample keeps no state.
+  bool ArgmaxOnly() const { return greedy_ && !HasLogitChanges() && params_.logprobs < 0; }
+  // The token an ArgmaxOnly() Sample gives for a row whose ArgmaxOf is `argmax` (-1: every
+  // logit -inf or NaN, and the sampler answers 0).
+  static int32_t FromArgmax(int32_t argmax) { return argmax < 0 ? 0 : argmax; }
+
  private:
   bool HasLogitChanges() const;
   // Writes the processed logits into `out` (size of logits).

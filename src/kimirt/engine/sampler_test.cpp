@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "kimirt/core/argmax.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/argmax_rows_case.h"
 
 namespace kimirt {
 namespace {
@@ -110,6 +112,30 @@ TEST(Sampler, GreedyPicksArgmaxWithTiesToLowerId) {
   big[150000] = 50.0f;
   for (int i = 0; i < 3; ++i) EXPECT_EQ(SampleOnce(tiny, big), 100000);
   EXPECT_EQ(SampleOnce(s, big), 100000);
+}
+
+// The engine hands ArgmaxOnly() rows to the device's ArgmaxRows instead of Sample: the token
+// must be the one Sample picks, on every probe of greedy's rules.
+TEST(Sampler, ArgmaxOnlyMeansTheTokenIsTheRowsArgmax) {
+  Sampler greedy(GreedyParams(), 1);
+  ASSERT_TRUE(greedy.ArgmaxOnly());
+  for (int64_t V : {37, 163840}) {
+    for (const std::vector<float>& row : testing::ArgmaxProbeRows(V)) {
+      EXPECT_EQ(SampleOnce(greedy, row), Sampler::FromArgmax(ArgmaxOf(row.data(), row.size())));
+    }
+  }
+  // Anything that changes the logits, reads them whole or draws at random needs the row.
+  auto with = [](auto change) {
+    SamplingParams p = GreedyParams();
+    change(p);
+    return Sampler(p, 1).ArgmaxOnly();
+  };
+  EXPECT_FALSE(with([](SamplingParams& p) { p.logprobs = 0; }));
+  EXPECT_FALSE(with([](SamplingParams& p) { p.repetition_penalty = 1.1f; }));
+  EXPECT_FALSE(with([](SamplingParams& p) { p.frequency_penalty = 0.5f; }));
+  EXPECT_FALSE(with([](SamplingParams& p) { p.presence_penalty = 0.5f; }));
+  EXPECT_FALSE(with([](SamplingParams& p) { p.logit_bias = {{3, 1.0f}}; }));
+  EXPECT_FALSE(with([](SamplingParams& p) { p.temperature = 0.7f; }));
 }
 
 TEST(Sampler, TemperatureSamplingMatchesSoftmax) {

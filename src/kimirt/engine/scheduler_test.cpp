@@ -36,7 +36,7 @@ class BlocksOnlyRunner final : public ModelRunner {
     return next_++;
   }
   Status Reserve(Handle h, int64_t tokens) override { return kv_.Reserve(&tables_.at(h), tokens); }
-  Result<Tensor> Forward(Handle, std::span<const int32_t>, bool) override {
+  Result<Tensor> Forward(Handle, std::span<const int32_t>, bool, ArgmaxRequest*) override {
     return Unsupported("the scheduler tests forward nothing");
   }
   void Release(Handle h) override {

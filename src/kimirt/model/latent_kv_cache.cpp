@@ -35,6 +35,13 @@ std::optional<KvCacheDType> ParseKvCacheDType(std::string_view n) {
   return std::nullopt;
 }
 
+std::optional<KvCacheDType> KvCacheDTypeFlag(std::string_view flag, std::string_view device) {
+  if (flag == "auto") return device == "cuda" ? KvCacheDType::kBF16 : KvCacheDType::kF32;
+  return ParseKvCacheDType(flag);
+}
+
+int KvCacheValueBytes(KvCacheDType t) { return t == KvCacheDType::kF32 ? 4 : t == KvCacheDType::kBF16 ? 2 : 1; }
+
 LatentKvCache::LatentKvCache(Backend& backend, int num_layers, int64_t num_blocks, int block_size,
                              int64_t latent_dim, int64_t rope_dim, KvCacheDType dtype, bool growable)
     : num_layers_(num_layers),

@@ -40,6 +40,11 @@ enum class KvCacheDType : uint8_t { kF32, kBF16, kFP8 };
 std::string_view KvCacheDTypeName(KvCacheDType t);
 // "f32"/"float32", "bf16"/"bfloat16", "fp8"/"fp8_e4m3".
 std::optional<KvCacheDType> ParseKvCacheDType(std::string_view name);
+// The --kv-cache-dtype flag: "auto" is the checkpoint's own precision on the GPU (BF16, vLLM's
+// auto) and the reference precision (F32) on the CPU; otherwise ParseKvCacheDType.
+std::optional<KvCacheDType> KvCacheDTypeFlag(std::string_view flag, std::string_view device);
+// Bytes a stored value takes (the FP8 rows' two F32 scales aside).
+int KvCacheValueBytes(KvCacheDType t);
 
 class LatentKvCache {
  public:

@@ -19,6 +19,7 @@ namespace {
 
 Tensor HostCopy(Backend& be, const Tensor& t) {
   Tensor d = be.Download(t);
+  if (d.raw() != t.raw()) return d;  // already a fresh host tensor (a device's download)
   Tensor h = Tensor::Host(d.shape(), d.dtype());
   std::copy_n(static_cast<const uint8_t*>(d.raw()), d.nbytes(), static_cast<uint8_t*>(h.raw()));
   return h;
@@ -184,7 +185,7 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     local = RunLayers(rows, ids, o, paged_decode);
   }
   for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
-  return GatherLogits(local);
+  return GatherLogits(local, o.argmax);
 }
 
 std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const {
@@ -264,8 +265,35 @@ Tensor Model::HeadLogits(const Tensor& head_in) {
   return local;
 }
 
-Tensor Model::GatherLogits(const Tensor& local) {
+Tensor Model::GatherLogits(const Tensor& local, ArgmaxRequest* argmax) {
   const int64_t R = local.dim(0), Vl = local.dim(1), V = config().vocab_size;
+  if (argmax != nullptr) {
+    argmax->taken = false;
+    const std::vector<uint8_t>& only = argmax->only;
+    const bool any = std::find(only.begin(), only.end(), uint8_t{1}) != only.end();
+    if (comm_.size() == 1 && Vl == V && static_cast<int64_t>(only.size()) == R && any) {
+      argmax->argmax = be_.ArgmaxRows(local);
+      argmax->taken = true;
+      const int64_t full = std::count(only.begin(), only.end(), uint8_t{0});
+      Tensor rows = Tensor::Host({full, V});
+      const size_t row_bytes = static_cast<size_t>(V) * sizeof(float);
+      int64_t at = 0;
+      for (int64_t r = 0; r < R;) {
+        if (only[static_cast<size_t>(r)] != 0) {
+          ++r;
+          continue;
+        }
+        int64_t e = r;
+        while (e < R && only[static_cast<size_t>(e)] == 0) ++e;
+        Tensor d = be_.Download(local.Rows(r, e - r));
+        std::copy_n(static_cast<const uint8_t*>(d.raw()), static_cast<size_t>(e - r) * row_bytes,
+                    static_cast<uint8_t*>(rows.raw()) + static_cast<size_t>(at) * row_bytes);
+        at += e - r;
+        r = e;
+      }
+      return rows;
+    }
+  }
   Tensor host_local = HostCopy(be_, local);
   const int tp = comm_.size();
   if (tp == 1 && Vl == V) return host_local;  // already [R, V] (a decode batch: no 2nd copy)

@@ -33,6 +33,18 @@ struct ForwardTrace {
   Tensor final_norm;              // [T, D]
 };
 
+// Rows of a forward's logits that the caller reduces to their argmax (greedy sampling with
+// nothing that changes the logits and no logprobs: Sampler::ArgmaxOnly). Where one rank holds
+// the whole vocabulary, the backend takes them where the logits lie (Backend::ArgmaxRows) and
+// those rows never come back: a decode batch's logits are 42 MB at 64 rows of a 163,840-token
+// vocabulary, its argmaxes 256 bytes.
+struct ArgmaxRequest {
+  std::vector<uint8_t> only;    // in: per output row, 1 = its argmax is all the caller reads
+  bool taken = false;           // out: the argmaxes were taken, and the returned logits hold
+                                // only the rows with only[r] == 0, in order
+  std::vector<int32_t> argmax;  // out, when taken: per output row, its ArgmaxOf (core/argmax.h)
+};
+
 struct ForwardOptions {
   // Default: chunked for calls of more than 64 tokens, recurrent otherwise.
   std::optional<KdaForm> kda_form;
@@ -40,6 +52,7 @@ struct ForwardOptions {
   std::optional<MlaForm> mla_form;
   bool all_logits = true;  // false: logits of the last position only
   ForwardTrace* trace = nullptr;
+  ArgmaxRequest* argmax = nullptr;
 };
 
 class Model {
@@ -94,8 +107,9 @@ class Model {
   Tensor RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o, bool paged_decode);
   // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).
   Tensor HeadLogits(const Tensor& head_in);
-  // F32 host logits [R, vocab] from every rank's [R, V_local].
-  Tensor GatherLogits(const Tensor& local);
+  // F32 host logits [R, vocab] from every rank's [R, V_local] (or, when `argmax` is taken, the
+  // argmaxes and the other rows only).
+  Tensor GatherLogits(const Tensor& local, ArgmaxRequest* argmax);
   // The graph key of a decode step of `rows`, or empty when the step runs op by op.
   std::string DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const;
 

@@ -125,6 +125,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
   ro.block_size = 64;
+  ro.kv_cache_dtype = opt.kv_cache_dtype;
   // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
   ro.num_kv_blocks = static_cast<int64_t>(max_batch) * ((opt.prompt_len + opt.decode_tokens) / 64 + 2) +
                      (opt.prefill_chunk + 63) / 64;
@@ -163,6 +164,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
   report.device = opt.device;
   report.matrix_dtype = opt.matrix_dtype;
+  report.kv_cache_dtype = opt.kv_cache_dtype;
   // CUDA holds MXFP4 experts as stored (weights.h); the CPU widens every weight to F32.
   const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
@@ -250,8 +252,9 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
       std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
       p.decode_step_ms_median = gaps[gaps.size() / 2];
     }
-    // The latent cache is F32 here (4 bytes per value); weights as the loader holds them.
-    p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2, 4,
+    // The latent cache's values as stored; weights as the loader holds them.
+    p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2,
+                                          KvCacheValueBytes(opt.kv_cache_dtype),
                                           opt.matrix_dtype == DType::kBF16 ? 2 : 4, mxfp4_as_stored);
     p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
     p.bandwidth_fraction = opt.peak_gb_per_s > 0 ? p.decode_gb_per_s / opt.peak_gb_per_s : 0.0;
@@ -297,6 +300,7 @@ std::string BenchModelReport::ToJson() const {
   j["device"] = device;
   j["weights"] = weights;
   j["matrix_dtype"] = DTypeName(matrix_dtype);
+  j["kv_cache_dtype"] = KvCacheDTypeName(kv_cache_dtype);
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
   j["tp"] = tp;

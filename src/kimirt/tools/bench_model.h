@@ -10,6 +10,7 @@
 
 #include "kimirt/core/dtype.h"
 #include "kimirt/core/status.h"
+#include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/model/layout.h"
 
 namespace kimirt {
@@ -44,6 +45,7 @@ struct BenchModelOptions {
   int prefill_chunk = 256;
   double peak_gb_per_s = 0;  // memory bandwidth to compare with (--gpu NAME or --peak-gbps); 0: none
   bool enforce_eager = false;  // no decode graphs (Model::set_decode_graphs)
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;  // the latent cache's element type (as serve's flag)
 };
 
 struct BenchModelPoint {
@@ -60,6 +62,7 @@ struct BenchModelReport {
   std::string model;
   std::string device = "cpu";
   DType matrix_dtype = DType::kF32;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kF32;
   std::string weights;                 // how the weights are held: "MXFP4 experts + BF16", "F32", ...
   uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)

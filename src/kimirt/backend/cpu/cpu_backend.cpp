@@ -14,6 +14,7 @@
 #include "kimirt/backend/cpu/kda_kernels.h"
 #include "kimirt/backend/cpu/mla_kernels.h"
 #include "kimirt/backend/cpu/moe_kernels.h"
+#include "kimirt/core/argmax.h"
 #include "kimirt/core/parallel_for.h"
 
 namespace kimirt {
@@ -30,6 +31,13 @@ class CpuBackend final : public Backend {
   Tensor Zeros(Shape shape, DType dtype) override { return Tensor::Host(std::move(shape), dtype); }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
+  std::vector<int32_t> ArgmaxRows(const Tensor& logits) override {
+    KIMIRT_CHECK(logits.rank() == 2 && logits.dtype() == DType::kF32);
+    const int64_t R = logits.dim(0), V = logits.dim(1);
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) ids[static_cast<size_t>(r)] = ArgmaxOf(logits.f32() + r * V, static_cast<size_t>(V));
+    return ids;
+  }
   std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) override { return MakeCpuKvStorage(shape); }
 
   void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {

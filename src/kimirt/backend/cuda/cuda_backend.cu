@@ -181,6 +181,19 @@ class CudaBackend final : public Backend {
     return h;
   }
 
+  std::vector<int32_t> ArgmaxRows(const Tensor& logits) override {
+    KIMIRT_CHECK(logits.rank() == 2 && logits.dtype() == DType::kF32 && logits.device() == Device::kCuda);
+    const int64_t R = logits.dim(0);
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    if (R == 0) return ids;
+    Tensor scratch = Empty({static_cast<int64_t>(cuda::ArgmaxRowsScratchBytes(R))}, DType::kU8);
+    Tensor dev_ids = Empty({R}, DType::kI32);
+    cuda::ArgmaxRows(F(logits), R, logits.dim(1), scratch.raw(), static_cast<int32_t*>(dev_ids.raw()), stream_);
+    Tensor host = Download(dev_ids);
+    std::copy_n(static_cast<const int32_t*>(host.raw()), R, ids.data());
+    return ids;
+  }
+
   int64_t RowInvariantRows() const override { return cuda::kGemvMaxRows; }
 
   bool SupportsGraphs() const override { return true; }

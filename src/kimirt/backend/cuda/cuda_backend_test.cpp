@@ -24,8 +24,10 @@
 
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/core/argmax.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/testing/argmax_rows_case.h"
 #include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/paged_decode_case.h"
 
@@ -252,6 +254,24 @@ TEST_F(CudaBackendTest, DecodeGemmRowsAreBitIdenticalToAlone) {
             << "m=" << m << " row " << i << " (pool row " << pick[static_cast<size_t>(i)] << ")";
       }
     }
+  }
+}
+
+// Greedy decoding's pick taken on the device must be the sampler's (core/argmax.h): every probe
+// row at once (the kernel splits each row over blocks, so ties across splits are tested), at a
+// width below the block size and at the real vocabulary's.
+TEST_F(CudaBackendTest, ArgmaxRowsFollowGreedysRules) {
+  for (int64_t V : {37, 163840}) {
+    const std::vector<std::vector<float>> rows = testing::ArgmaxProbeRows(V);
+    const int64_t R = static_cast<int64_t>(rows.size());
+    Tensor host = Tensor::Host({R, V});
+    for (int64_t r = 0; r < R; ++r) std::copy(rows[r].begin(), rows[r].end(), host.f32() + r * V);
+    const std::vector<int32_t> got = gpu_->ArgmaxRows(Up(host));
+    ASSERT_EQ(got.size(), rows.size());
+    for (int64_t r = 0; r < R; ++r) {
+      EXPECT_EQ(got[r], ArgmaxOf(rows[r].data(), rows[r].size())) << "V " << V << " row " << r;
+    }
+    EXPECT_EQ(gpu_->ArgmaxRows(Up(host).Rows(3, 2)), (std::vector<int32_t>{got[3], got[4]}));
   }
 }
 

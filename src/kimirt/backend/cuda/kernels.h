@@ -25,6 +25,11 @@ void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, floa
 void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16, int64_t V, int64_t D,
                int64_t row_begin, float* y, cudaStream_t s);
 
+// --- argmax_kernels.cu: greedy decoding's pick per row (Backend::ArgmaxRows, core/argmax.h) ---
+// ids[r] = ArgmaxOf(x[r, :V]) for r < R; scratch holds ArgmaxRowsScratchBytes(R).
+size_t ArgmaxRowsScratchBytes(int64_t R);
+void ArgmaxRows(const float* x, int64_t R, int64_t V, void* scratch, int32_t* ids, cudaStream_t s);
+
 // --- weight_kernels.cu: few-row GEMMs, BF16-held weights ---
 // Up to this many rows, GEMMs run as DecodeGemm (BF16 weights) or Gemv (F32 weights), both
 // row-invariant; more go to cuBLAS.
