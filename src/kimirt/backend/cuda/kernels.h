@@ -193,6 +193,10 @@ int64_t MlaDecodeSplitLen(int64_t context);
 // and part_ml [num_work, H, 2] are scratch for the splits.
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s);
+// --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
+// the models' widths (512 + 64); the others take the CUDA-core split ---
+bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
+void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

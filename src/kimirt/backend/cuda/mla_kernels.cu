@@ -184,8 +184,9 @@ constexpr int kDecodeMaxRow = static_cast<int>(kMlaDecodeMaxLatent + kMlaDecodeM
 constexpr int kLatentPerLane = static_cast<int>(kMlaDecodeMaxLatent / 32);
 constexpr int kRowPerLane = kDecodeMaxRow / 32;
 constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / kDecodeThreads;
-// Splits: at least kMinSplit positions, at most kMaxSplits per sequence (bounds the scratch).
-constexpr int64_t kMinSplit = 256, kMaxSplits = 64;
+// Splits: at least kMinSplit positions (two tensor-core tiles: a short context still spreads over
+// a few blocks), at most kMaxSplits per sequence (bounds the scratch).
+constexpr int64_t kMinSplit = 64, kMaxSplits = 64;
 
 // Element e of stored row `row` (row index over [blocks, layers, block_size]), widened to F32 as
 // KvGather does.
@@ -330,9 +331,13 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
     std::abort();
   }
   if (a.B == 0 || a.H == 0) return;
-  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kDecodeHeads - 1) / kDecodeHeads));
-  MlaPagedDecodeSplitKernel<<<grid, kDecodeThreads, 0, s>>>(a, qc, part_o, part_ml);
-  CheckLaunch("MlaPagedDecodeSplit");
+  if (MlaPagedDecodeTcSupported(a)) {
+    MlaPagedDecodeSplitTc(a, qc, part_o, part_ml, s);
+  } else {
+    const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kDecodeHeads - 1) / kDecodeHeads));
+    MlaPagedDecodeSplitKernel<<<grid, kDecodeThreads, 0, s>>>(a, qc, part_o, part_ml);
+    CheckLaunch("MlaPagedDecodeSplit");
+  }
   MlaPagedDecodeCombineKernel<<<static_cast<unsigned>(a.B * a.H), 128, 0, s>>>(a, part_o, part_ml, o_bar);
   CheckLaunch("MlaPagedDecodeCombine");
 }

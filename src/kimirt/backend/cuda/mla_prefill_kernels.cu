@@ -21,6 +21,7 @@
 // alone. So a row's bits depend on its query and its sequence's keys and values only, not on how
 // the new tokens are cut into calls, nor on the other sequences of a call.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 
 #include <cuda_bf16.h>
 
@@ -60,10 +61,6 @@ struct PrefillTile {
   static_assert(STAGES == 1 || STAGES == 2, "one or two key tiles in flight");
 };
 
-__device__ __forceinline__ unsigned SmemAddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes global → shared, asynchronously; `valid` false writes 16 zero bytes (src-size 0: no
 // global read), so keys past the sequence's end are zeros, never garbage.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
@@ -74,26 +71,6 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void Ldmatrix4(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(smem)));
-}
-__device__ __forceinline__ void Ldmatrix4Trans(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(smem)));
-}
-
-// d += a · b for one m16n8k16 tile (BF16 operands, F32 accumulators).
-__device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two F32 as a BF16 pair (round to nearest even), `lo` in the low half: the element of the
