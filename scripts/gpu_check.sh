@@ -22,6 +22,10 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
+#   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
+#             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
+#   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
+#             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
@@ -42,7 +46,7 @@
 #             and `kimirt dist-check -tp 2 --device cuda` spawned and as two processes
 #             started by environment variables (NCCL all-reduce exact on both GPUs), with the
 #             all-reduce latency table last (ours vs ncclAllReduce; $OUT/nccl-allreduce-bench.json).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre|nccl]
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -131,6 +135,32 @@ if len(step) == 2:
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
+fi
+if [[ "$what" == mlaprof ]]; then
+  # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
+  # throughput, occupancy and where the warps stall.
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 "$ncu" --clock-control none -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
+    --iters 2 >"$out/ncu-mla.txt" 2>&1 || status=1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mla.txt" | grep -E '[0-9]' | tail -90
+fi
+if [[ "$what" == prefill48 ]]; then
+  # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
+  # and 32768 in one run (target: >= 200,000 tok/s at 8K; 32K time <= 4.5x the 8K time).
+  for len in 8192 32768; do
+    timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
+      --prompt-len "$len" --decode-tokens 4 --prefill-chunk 2048 --peak-gbps 4800 \
+      --json "$out/bench-model-kimi-linear-2layer-prefill$len.json" 2>&1 | tail -1
+  done
+  python3 - "$out" <<'PY' || true
+import json, sys
+t = {n: json.load(open(f"{sys.argv[1]}/bench-model-kimi-linear-2layer-prefill{n}.json"))["points"][0]["prefill_seconds"]
+     for n in (8192, 32768)}
+print(f"prefill 8K {t[8192]*1e3:.1f} ms ({8192/t[8192]:,.0f} tok/s), 32K {t[32768]*1e3:.1f} ms = {t[32768]/t[8192]:.2f}x (target <= 4.5)")
+PY
 fi
 if [[ "$what" == gemm ]]; then
   timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
