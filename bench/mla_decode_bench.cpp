@@ -8,7 +8,9 @@
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random
 // latents. Each call is one decode step of `batch` sequences of the same context. Time per call
 // is the wall time of --iters back-to-back calls over the count (the queue stays full; one
-// download at the end waits for it). Bytes are what the op must read: the latent codes of every
+// download at the end waits for it): eager (`us/call`: every launch from the host, as with
+// --enforce-eager), and, where the backend has graphs, the same call captured once and replayed
+// (`graph us`: the GPU's time, as a decode step in a graph sees it). Bytes are what the op must read: the latent codes of every
 // position (values and, for FP8, the two F32 scales per row); queries, kv_b and outputs are
 // left out (they are < 1% at 4K). Uses only the Backend interface, so it builds everywhere and
 // says so when the device is missing.
@@ -82,7 +84,8 @@ int Run(int argc, char** argv) {
   mla.latent_dim = 512;
   const int block = 64;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-5s %8s %6s %6s %10s %9s %8s\n", "dtype", "context", "heads", "batch", "us/call", "GB/s", "of peak");
+  std::printf("%-5s %8s %6s %6s %10s %9s %8s %10s %8s\n", "dtype", "context", "heads", "batch", "us/call", "GB/s",
+              "of peak", "graph us", "of peak");
   for (const std::string& dt : Split(dtypes)) {
     KvStorageShape ks;
     ks.layers = 1;
@@ -122,13 +125,32 @@ int Run(int argc, char** argv) {
       for (int64_t i = 0; i < iters; ++i) kv->AttendDecode(0, q, w, mla, &o);
       be.Download(o);
       const double us = (Now() - t0) / static_cast<double>(iters) * 1e6;
+      // The same call as a graph, replayed back to back.
+      double us_graph = 0;
+      if (be.SupportsGraphs()) {
+        const std::string key = "mla_decode_bench:" + dt + ":" + cs;
+        be.CaptureBegin(key);
+        kv->AttendDecode(0, q, w, mla, &o);
+        if (be.CaptureEnd(o)) {
+          for (int i = 0; i < 5; ++i) be.Replay(key);
+          be.Download(o);
+          const double g0 = Now();
+          Tensor out;
+          for (int64_t i = 0; i < iters; ++i) out = be.Replay(key);
+          be.Download(out);
+          us_graph = (Now() - g0) / static_cast<double>(iters) * 1e6;
+        }
+      }
       const double row_bytes = 576.0 * static_cast<double>(DTypeSize(ks.dtype)) + (ks.dtype == DType::kF8E4M3 ? 8.0 : 0.0);
       const double bytes = row_bytes * static_cast<double>(ctx * batch);
       const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f\n", dt.c_str(), static_cast<long long>(ctx),
-                  static_cast<long long>(heads), static_cast<long long>(batch), us, gbps, gbps / peak_gbps);
+      const double gbps_graph = us_graph > 0 ? bytes / (us_graph * 1e-6) / 1e9 : 0.0;
+      std::printf("%-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f %10.1f %8.3f\n", dt.c_str(), static_cast<long long>(ctx),
+                  static_cast<long long>(heads), static_cast<long long>(batch), us, gbps, gbps / peak_gbps, us_graph,
+                  gbps_graph / peak_gbps);
       rows.push_back({{"dtype", dt}, {"context", ctx}, {"heads", heads}, {"batch", batch}, {"us_per_call", us},
-                      {"bytes", bytes}, {"gbps", gbps}, {"fraction_of_peak", gbps / peak_gbps}});
+                      {"bytes", bytes}, {"gbps", gbps}, {"fraction_of_peak", gbps / peak_gbps},
+                      {"us_per_call_graph", us_graph}, {"fraction_of_peak_graph", gbps_graph / peak_gbps}});
     }
   }
   if (!json.empty()) {
