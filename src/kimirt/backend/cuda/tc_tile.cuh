@@ -27,6 +27,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+
 namespace kimirt::cuda::tc {
 
 constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 3, kThreads = 256;
@@ -80,15 +82,6 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// d += a · b, m16n8k16, BF16 in, F32 accumulate (PTX ISA "Matrix fragments for mma.m16n8k16").
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // MXFP4 → F32, exactly (spec §2.9): E8M0 s is 2^(s−127) (s = 0 the subnormal 2^−127, s = 255
@@ -236,7 +229,7 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) MmaBf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        for (int ni = 0; ni < 4; ++ni) Mma(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);  // ldmatrix_mma.cuh
       }
     }
   }
