@@ -18,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "kimirt/core/parallel_for.h"
 #include "kimirt/core/random.h"
 #include "kimirt/engine/output_processor.h"
 #include "kimirt/engine/scheduler.h"
@@ -220,11 +221,13 @@ class EngineImpl final : public Engine {
     Advance(r, n, *logits, argmax.taken ? std::optional<int32_t>(argmax.argmax[0]) : std::nullopt);
   }
 
-  // Whether all r needs of the last row of its next forward of n tokens is the row's argmax: the
-  // row is not sampled (prefill goes on, or a preempted sequence replays), or its sample is plain
-  // greedy (Sampler::ArgmaxOnly) with no stop tokens to mask. Such rows stay on the device.
+  // Whether all r needs of the last row of its next forward of n tokens is the row's argmax: no
+  // prompt logprobs to score, and the row is not sampled (prefill goes on, or a preempted
+  // sequence replays) or its sample is plain greedy (Sampler::ArgmaxOnly) with no stop tokens
+  // to mask. Such rows stay on the device.
   bool ArgmaxOnly(const Request& r, int64_t n) const {
     const Sequence& s = r.seq;
+    if (ScoresPrompt(r)) return false;  // prompt logprobs read the row
     if (s.pending() > n) return true;
     return r.sampler.ArgmaxOnly() && s.generated() >= r.sampler.params().min_tokens;
   }
@@ -259,14 +262,35 @@ class EngineImpl final : public Engine {
       argmax.only.push_back(ArgmaxOnly(*reqs.back(), 1) ? 1 : 0);
     }
     Result<Tensor> logits = runner_.ForwardDecode(handles, ids, &argmax);
-    int64_t row = 0;  // next row of the returned logits (only the rows not reduced to an argmax)
+    if (!logits.ok()) {
+      for (Request* r : reqs) Finish(*r, FinishReason::kError, logits.status());
+      return;
+    }
+    // Row b of the returned logits (only the rows not reduced to an argmax come back), or none.
+    std::vector<Tensor> rows(reqs.size());
+    int64_t next = 0;
     for (size_t b = 0; b < reqs.size(); ++b) {
-      if (!logits.ok()) {
-        Finish(*reqs[b], FinishReason::kError, logits.status());
-      } else if (argmax.taken && argmax.only[b] != 0) {
+      if (argmax.taken && argmax.only[b] != 0) continue;
+      rows[b] = logits->Rows(argmax.taken ? next++ : static_cast<int64_t>(b), 1);
+    }
+    // The rows' samples, on the pool's threads: a 163,840-token row costs the host ~0.1-1 ms
+    // (softmax, top-p), one row after another a large share of a batched GPU step. Each sample
+    // reads its own row and changes only its own request's sampler, so the results do not
+    // depend on the threads (core/parallel_for.h).
+    std::vector<size_t> sampling;
+    for (size_t b = 0; b < reqs.size(); ++b) {
+      if (rows[b].defined() && reqs[b]->seq.pending() == 1) sampling.push_back(b);
+    }
+    std::vector<std::optional<SampleResult>> sampled(reqs.size());
+    ParallelFor(static_cast<int64_t>(sampling.size()), [&](int64_t i) {
+      const size_t b = sampling[static_cast<size_t>(i)];
+      sampled[b] = SampleLastRow(*reqs[b], rows[b]);
+    });
+    for (size_t b = 0; b < reqs.size(); ++b) {
+      if (!rows[b].defined()) {
         Advance(*reqs[b], 1, Tensor(), argmax.argmax[b]);
       } else {
-        Advance(*reqs[b], 1, logits->Rows(argmax.taken ? row++ : static_cast<int64_t>(b), 1));
+        Advance(*reqs[b], 1, rows[b], std::nullopt, std::move(sampled[b]));
       }
     }
   }
@@ -289,10 +313,25 @@ class EngineImpl final : public Engine {
     return *scratch;
   }
 
+  // r's next token from the last row of `logits` (min_tokens' stop-token mask, then the
+  // sampler). Reads r, changes only r's sampler: safe beside other requests' samples.
+  SampleResult SampleLastRow(Request& r, const Tensor& logits) const {
+    const Sequence& s = r.seq;
+    const size_t V = static_cast<size_t>(logits.dim(1));
+    std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
+    std::vector<float> masked;
+    if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);
+    const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.prompt_len));
+    const std::span<const int32_t> output(s.tokens.data() + s.prompt_len, static_cast<size_t>(s.generated()));
+    return r.sampler.Sample(row, prompt, output);
+  }
+
   // After a forward of r's next n tokens: score prompt tokens, then sample if r caught up.
   // `logits` holds the rows of those n positions ([n, V]), or just the last ([1, V]); or, when
   // the device reduced the last row to its argmax (ArgmaxOnly), nothing, and `argmax` is it.
-  void Advance(Request& r, int64_t n, const Tensor& logits, std::optional<int32_t> argmax = std::nullopt) {
+  // `presampled`: the sample of the last row, already taken (SampleLastRow).
+  void Advance(Request& r, int64_t n, const Tensor& logits, std::optional<int32_t> argmax = std::nullopt,
+               std::optional<SampleResult> presampled = std::nullopt) {
     Sequence& s = r.seq;
     if (ScoresPrompt(r)) {
       KIMIRT_CHECK(!argmax.has_value());
@@ -316,14 +355,10 @@ class EngineImpl final : public Engine {
     SampleResult sampled;
     if (argmax.has_value()) {
       sampled.token = Sampler::FromArgmax(*argmax);  // what Sample gives (ArgmaxOnly)
+    } else if (presampled.has_value()) {
+      sampled = std::move(*presampled);
     } else {
-      const size_t V = static_cast<size_t>(logits.dim(1));
-      std::span<const float> row(logits.f32() + static_cast<size_t>(logits.dim(0) - 1) * V, V);
-      std::vector<float> masked;
-      if (s.generated() < r.sampler.params().min_tokens) row = MaskStopTokens(row, r.sampler.params(), &masked);
-      const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.prompt_len));
-      const std::span<const int32_t> output(s.tokens.data() + s.prompt_len, static_cast<size_t>(s.generated()));
-      sampled = r.sampler.Sample(row, prompt, output);
+      sampled = SampleLastRow(r, logits);
     }
     if (hooks_.override_token) sampled.token = hooks_.override_token(s.generated());
     s.tokens.push_back(sampled.token);
