@@ -23,5 +23,11 @@ namespace kimirt {
 
 // Errors: no CUDA device with that index, or the driver or cuBLAS could not start.
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+// GPUs this process sees (cudaGetDeviceCount, under CUDA_VISIBLE_DEVICES); 0 without a usable
+// driver.
+int CudaDeviceCount();
+// The cudaStream_t `backend` issues every op on, when it is a CUDA backend (else nullptr):
+// collectives on its tensors go on it too, so they are ordered with the ops around them.
+void* CudaBackendStream(Backend& backend);
 
 }  // namespace kimirt
