@@ -11,7 +11,8 @@
 //
 // Weights: F32, or BF16 for the GEMM weights (weights.h LoadOptions), always with F32 math.
 // Not yet (docs/cuda.md): batched decode, CUDA graphs, packed MXFP4 experts, the chunked KDA
-// form (computed recurrently), NCCL ranks.
+// form (computed recurrently). One backend per process and GPU: -tp N runs N processes
+// (engine/process_ranks_runner.h), collectives over NCCL on CudaBackendStream.
 #pragma once
 
 #include <memory>
