@@ -167,6 +167,15 @@ struct LoadedRank {
   std::unique_ptr<Model> model;
   Rank rank;
   CacheSizes sizes;
+
+  // Everything, in the reverse of the order it was made.
+  void Release() {
+    { Rank gone = std::move(rank); }  // in its own order: the sequences before the caches
+    model.reset();
+    comm.reset();
+    store.reset();
+    backend.reset();
+  }
 };
 
 bool OnGpus(const RunnerOptions& o) { return o.device != "cpu"; }
@@ -288,6 +297,9 @@ class ProcessRanksRunner final : public ModelRunner {
         }
       }
     }
+    // Rank 0's shard ends while the followers end theirs (an NCCL communicator's teardown may
+    // wait for its peers'); the links stay for the followers' goodbyes.
+    self_.Release();
     // The followers exit 0 on kQuit and the supervisor returns by itself; any still running
     // after a short wait are stopped (SIGTERM, then SIGKILL).
     {
