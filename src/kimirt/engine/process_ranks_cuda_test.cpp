@@ -23,7 +23,6 @@
 #include "kimirt/engine/engine_test_util.h"
 #include "kimirt/engine/model_runner.h"
 #include "kimirt/engine/runner_trace_test_util.h"
-#include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
@@ -102,20 +101,6 @@ TEST_P(ProcessRanksCuda, Tp2GreedyGenerationIsTp1s) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCuda, ::testing::Values("tiny-a", "kimi-linear-tiny"),
                          [](const auto& info) { return info.param == "tiny-a" ? "TinyA" : "KimiLinearTiny"; });
 
-// The rank-worker children of this test process.
-std::vector<int> Followers() {
-  auto r = testing::RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");
-  std::vector<int> pids;
-  for (size_t at = 0; at < r.output.size();) {
-    const size_t nl = r.output.find('\n', at);
-    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
-    if (!line.empty()) pids.push_back(std::stoi(line));
-    if (nl == std::string::npos) break;
-    at = nl + 1;
-  }
-  return pids;
-}
-
 // Rank 1 dies between steps: the supervisor names it within moments (health()), and the next
 // Forward fails with that error at once instead of waiting in an NCCL collective for rank 1.
 TEST(ProcessRanksCudaFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
@@ -126,7 +111,7 @@ TEST(ProcessRanksCudaFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   const ModelRunner::Handle h = (*r)->NewSequence();
   ASSERT_TRUE((*r)->Reserve(h, 16).ok());
   ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
-  const std::vector<int> pids = Followers();
+  const std::vector<int> pids = testing::FollowerPids();
   ASSERT_EQ(pids.size(), 1u);
   ASSERT_EQ(kill(pids[0], SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -138,7 +123,7 @@ TEST(ProcessRanksCudaFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   EXPECT_LT(s, 5.0);
   EXPECT_NE(l.status().message().find("rank 1"), std::string::npos) << l.status().message();
   r->reset();
-  EXPECT_TRUE(Followers().empty());
+  EXPECT_TRUE(testing::FollowerPids().empty());
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 
 #include "kimirt/engine/model_runner.h"
 #include "kimirt/engine/runner_trace_test_util.h"
-#include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
@@ -71,21 +70,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
                                   std::to_string(info.param.second);
                          });
 
-// The follower processes of this test process (its `kimirt rank-worker` children).
-std::vector<int> Followers() {
-  auto r = kimirt::testing::RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep
-  std::vector<int> pids;
-  size_t at = 0;
-  while (at < r.output.size()) {
-    const size_t nl = r.output.find('\n', at);
-    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
-    if (!line.empty()) pids.push_back(std::stoi(line));
-    if (nl == std::string::npos) break;
-    at = nl + 1;
-  }
-  return pids;
-}
-
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions o = Options(true);
@@ -95,7 +79,7 @@ TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   const ModelRunner::Handle h = (*r)->NewSequence();
   ASSERT_TRUE((*r)->Reserve(h, 16).ok());
   ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
-  const std::vector<int> pids = Followers();
+  const std::vector<int> pids = testing::FollowerPids();
   ASSERT_EQ(pids.size(), 3u);
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -110,7 +94,7 @@ TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
   EXPECT_FALSE((*r)->Reserve(h, 17).ok());
   r->reset();
-  EXPECT_TRUE(Followers().empty());  // the supervisor stopped the others
+  EXPECT_TRUE(testing::FollowerPids().empty());  // the supervisor stopped the others
 }
 
 TEST(ProcessRanksFailure, AFollowerThatCannotStartFailsCreate) {

@@ -1,15 +1,20 @@
-// Test helper shared by the process-ranks tests (CPU and CUDA): every logits tensor a runner
-// returns over a fixed sequence of calls, so that two runners can be compared call by call.
+// Test helpers shared by the process-ranks tests (CPU and CUDA): every logits tensor a runner
+// returns over a fixed sequence of calls, so that two runners can be compared call by call; the
+// follower processes of the test.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/testing/run_command.h"
 
 namespace kimirt::testing {
 
@@ -55,6 +60,20 @@ inline std::vector<std::vector<float>> Trace(ModelRunner& r) {
   r.Release(b);
   EXPECT_EQ(r.kv_blocks_free(), r.kv_blocks_total());
   return out;
+}
+
+// The pids of this test process's `kimirt rank-worker` children.
+inline std::vector<int> FollowerPids() {
+  auto r = RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep
+  std::vector<int> pids;
+  for (size_t at = 0; at < r.output.size();) {
+    const size_t nl = r.output.find('\n', at);
+    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    if (!line.empty()) pids.push_back(std::stoi(line));
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return pids;
 }
 
 }  // namespace kimirt::testing
