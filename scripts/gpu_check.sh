@@ -47,7 +47,8 @@
 #             the same greedy tokens, a killed follower named), RankDevice*, `bench model` on the
 #             built-in model at TP 1 and TP 2 ($OUT/bench-model-builtin-cuda-tp{1,2}.json), and
 #             `serve -tp 2 --device cuda` answering `bench serve` (its table last).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre|nccl]
+#   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|prof48|pgemm|mlapre|nccl|tp2]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -276,6 +277,8 @@ if [[ "$what" == nccl ]]; then
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-nccl.txt" | head -40
   # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
   echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
+fi
+if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
   timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda*:ProcessRanksCuda*:RankDevice*' \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
@@ -298,7 +301,7 @@ if [[ "$what" == nccl ]]; then
   kill -TERM $server
   for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
   if kill -0 $server 2>/dev/null; then echo "serve -tp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
-  wait $server; echo "serve -tp 2 exit $? (rank 1 gone: $(pgrep -c -x kimirt || true) kimirt processes left)"
+  wait $server; echo "serve -tp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
   echo "--- serve -tp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-tp2.txt"
 fi
 exit $status
