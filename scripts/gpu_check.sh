@@ -46,7 +46,13 @@
 #             and `kimirt dist-check -tp 2 --device cuda` spawned and as two processes
 #             started by environment variables (NCCL all-reduce exact on both GPUs), with the
 #             all-reduce latency table last (ours vs ncclAllReduce; $OUT/nccl-allreduce-bench.json).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl]
+#             Then -tp 2 --device cuda end to end (one process per GPU): the ProcessRanksCuda*
+#             tests (TP 2 logits = TP 1's within 1e-5 × max|logit| on tiny-a and kimi-linear-tiny,
+#             the same greedy tokens, a killed follower named), RankDevice*, `bench model` on the
+#             built-in model at TP 1 and TP 2 ($OUT/bench-model-builtin-cuda-tp{1,2}.json), and
+#             `serve -tp 2 --device cuda` answering `bench serve` (its table last).
+#   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -296,5 +302,31 @@ if [[ "$what" == nccl ]]; then
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-nccl.txt" | head -40
   # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
   echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
+fi
+if [[ "$what" == nccl || "$what" == tp2 ]]; then
+  # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
+  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda*:ProcessRanksCuda*:RankDevice*' \
+    --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
+  echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, a killed follower"
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
+  for tp in 1 2; do
+    timeout 240 "$root/kimirt" bench model -tp $tp --device cuda --batch-sizes 1,8 --prompt-len 256 \
+      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-tp$tp.json" >"$out/bench-model-tp$tp.txt" 2>&1 ||
+      status=1
+    echo "--- bench model -tp $tp --device cuda (built-in model)"; tail -5 "$out/bench-model-tp$tp.txt"
+  done
+  log="$out/serve-cuda-tp2.log"
+  "$root/kimirt" serve -tp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  grep -E "loaded in|listening|rank" "$log" | head -8
+  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8124 --input-len 256 --output-len 64 \
+    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-tp2.json" \
+    >"$out/bench-serve-tp2.txt" 2>&1 || status=1
+  kill -TERM $server
+  for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $server 2>/dev/null; then echo "serve -tp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
+  wait $server; echo "serve -tp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
+  echo "--- serve -tp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-tp2.txt"
 fi
 exit $status

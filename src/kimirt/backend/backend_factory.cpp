@@ -12,6 +12,23 @@ namespace kimirt {
 
 bool CudaBackendBuilt() { return KIMIRT_HAVE_CUDA != 0; }
 
+int VisibleCudaDevices() {
+#if KIMIRT_HAVE_CUDA
+  return CudaDeviceCount();
+#else
+  return 0;
+#endif
+}
+
+void* BackendStream(Backend& backend) {
+#if KIMIRT_HAVE_CUDA
+  return CudaBackendStream(backend);
+#else
+  (void)backend;
+  return nullptr;
+#endif
+}
+
 Result<std::unique_ptr<Backend>> MakeBackend(std::string_view device, int device_index) {
   if (device == "cpu") return MakeCpuBackend();
   if (device == "cuda") {

@@ -14,5 +14,10 @@ namespace kimirt {
 // GPU (Unsupported, saying which).
 Result<std::unique_ptr<Backend>> MakeBackend(std::string_view device, int device_index = 0);
 bool CudaBackendBuilt();
+// GPUs this process sees (under CUDA_VISIBLE_DEVICES); 0 in a build without the CUDA backend.
+int VisibleCudaDevices();
+// The cudaStream_t a CUDA backend issues its ops on (nullptr for other backends): a
+// communicator reducing its tensors must issue on it (nccl_communicator.h NcclOptions::stream).
+void* BackendStream(Backend& backend);
 
 }  // namespace kimirt

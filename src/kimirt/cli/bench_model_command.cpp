@@ -23,10 +23,10 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Bool("random-weights", &random_weights, "with --config: deterministic random weights");
   f.Bool("enforce-eager", &o.enforce_eager, "no CUDA graphs: every decode step op by op");
   f.Int("seed", &seed, "seed of the random weights");
-  f.String("device", &o.device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
+  f.String("device", &o.device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp N takes GPUs 0..N-1)");
   std::string dtype = "auto";
   f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
-  f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU threads)");
+  f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU: threads; CUDA: one process per GPU)");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");

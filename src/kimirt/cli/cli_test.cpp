@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
 
@@ -161,8 +162,9 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(r.exit_code, 2);
   r = Kimirt("nonsense");
   EXPECT_EQ(r.exit_code, 2);
-  // Devices: an unknown one, a bad memory fraction, and CUDA beyond one GPU (in a build without
-  // CUDA it says that instead; either way nothing starts).
+  // Devices: an unknown one, a bad memory fraction, `generate` beyond one GPU, and more CUDA
+  // ranks than any host has GPUs (the first rank without one named; in a build without CUDA it
+  // says that instead; either way nothing starts).
   auto refused = [&](const std::string& args, const std::string& needle) {
     const CmdResult c = Kimirt(args);
     EXPECT_NE(c.exit_code, 0) << args;
@@ -171,7 +173,9 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   refused("serve --device tpu --port 0", "--device: expected cpu or cuda");
   refused("serve --device cuda --gpu-memory-utilization 1.5 --port 0", "--gpu-memory-utilization must be in (0, 1]");
   refused("generate --device cuda --tp 2 --model " + dir_ + " --ids 1,2", "--device cuda runs one GPU so far");
-  refused("bench model --device cuda -tp 2 --model " + dir_, "-tp 1");
+  const std::string no_gpu = "needs CUDA device " + std::to_string(kimirt::VisibleCudaDevices()) + " (its local rank)";
+  refused("bench model --device cuda -tp 64 --model " + dir_,
+          kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
 }
 
 TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {

@@ -100,8 +100,8 @@ int RunServeCommand(int argc, char** argv) {
   f.String("served-model-name", &served_name, "the model name clients use (default: the directory name)");
   f.String("host", &host, "address to bind");
   f.Int("port", &port, "port to bind (0: any free port; the bound one is printed)");
-  f.String("device", &device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
-  f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU: threads)");
+  f.String("device", &device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp N takes GPUs 0..N-1)");
+  f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU: threads or processes; CUDA: one process per GPU)");
   f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
   std::string dtype = "auto";
   f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
@@ -120,7 +120,8 @@ int RunServeCommand(int argc, char** argv) {
   f.Ignored("trust-remote-code", false, "kimirt runs no model code from the checkpoint");
   std::string executor = "threads";
   f.String("distributed-executor-backend", &executor,
-           "-tp > 1 on CPU: threads (one process) or mp (one process per rank; docs/distributed.md)");
+           "-tp > 1 on CPU: threads (one process) or mp (one process per rank; docs/distributed.md); "
+           "CUDA always runs mp");
   bool enforce_eager = false;
   f.Bool("enforce-eager", &enforce_eager, "no CUDA graphs: run every decode step op by op (default: graphs)");
   std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";

@@ -124,8 +124,8 @@ std::vector<std::string> RankEnvironment(const SpawnOptions& o, int local_rank, 
   std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", std::to_string(o.first_rank + local_rank)},
       {"WORLD_SIZE", std::to_string(o.world_size)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.local_ranks)},
+      {"LOCAL_RANK", std::to_string(o.first_local_rank + local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.first_local_rank + o.local_ranks)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
@@ -176,7 +176,7 @@ Status SpawnAndSupervise(SpawnOptions o) {
       for (const Child& c : children) {
         if (!c.done || !Failed(c.wstatus)) continue;
         msg += (msg.empty() ? "" : "; ") + ("rank " + std::to_string(o.first_rank + c.local_rank) + " (local rank " +
-                                            std::to_string(c.local_rank) + ", pid " + std::to_string(c.pid) + ") " +
+                                            std::to_string(o.first_local_rank + c.local_rank) + ", pid " + std::to_string(c.pid) + ") " +
                                             Describe(c.wstatus));
       }
       StopAll(children, o.grace);

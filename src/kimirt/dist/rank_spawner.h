@@ -24,8 +24,12 @@ namespace kimirt {
 
 struct SpawnOptions {
   std::vector<std::string> argv;  // the rank's command line; argv[0] is looked up in PATH
-  int local_ranks = 1;            // children to start: local ranks 0 .. local_ranks - 1
-  int first_rank = 0;             // global rank of local rank 0
+  int local_ranks = 1;            // children to start
+  int first_rank = 0;             // global rank of the first child
+  // Local rank of the first child: 0 when this process only supervises; 1 when it is local rank
+  // 0 itself and starts the others (process ranks: rank 0 serves in the calling process, so the
+  // child of rank 1 takes GPU 1). LOCAL_WORLD_SIZE counts the caller then too.
+  int first_local_rank = 0;
   int world_size = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";

@@ -85,6 +85,17 @@ TEST_F(RankSpawner, EachRankGetsItsEnvironment) {
   }
 }
 
+// Process ranks: the caller is local rank 0 itself (rank 0 serves in-process), so its children
+// are local ranks 1..n-1 of a host of n, and rank r's device index (its LOCAL_RANK) is r.
+TEST_F(RankSpawner, ChildrenAfterTheCallersOwnLocalRankCountFromIt) {
+  SpawnOptions o = Sh("echo \"$RANK $LOCAL_RANK $LOCAL_WORLD_SIZE\" > \"$OUT/env.$RANK\"", 3);
+  o.first_rank = 1;
+  o.first_local_rank = 1;
+  o.world_size = 4;
+  ASSERT_TRUE(SpawnAndSupervise(o).ok());
+  for (int r = 1; r <= 3; ++r) EXPECT_EQ(Read("env." + std::to_string(r)), std::to_string(r) + " " + std::to_string(r) + " 4\n");
+}
+
 TEST_F(RankSpawner, PicksAFreeMasterPortForOneHost) {
   ASSERT_TRUE(SpawnAndSupervise(Sh("echo $MASTER_PORT > \"$OUT/port.$LOCAL_RANK\"", 2)).ok());
   const std::string p0 = Read("port.0");

@@ -1,4 +1,5 @@
-// Test helper shared by the engine's tests: collects every request's events.
+// Test helpers shared by the engine's tests: collects every request's events; a runner's greedy
+// generation of a fixed set of requests.
 #pragma once
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kimirt/engine/engine.h"
+#include "kimirt/engine/model_runner.h"
 
 namespace kimirt::testing {
 
@@ -66,5 +68,34 @@ class Collector {
   std::condition_variable cv_;
   std::map<std::string, Result> results_;
 };
+
+// Four greedy requests of 10 tokens (prompts of 10, 17, 24, 31 tokens) through an engine on
+// `runner`, prefilled in 16-token chunks; each request's tokens. Empty when the engine fails.
+inline std::vector<std::vector<int32_t>> GreedyTokens(ModelRunner& runner) {
+  EngineOptions o;
+  o.prefill_chunk = 16;
+  o.max_num_batched_tokens = 64;
+  auto engine = Engine::Create(runner, nullptr, o);
+  if (!engine.ok()) return {};
+  Collector c;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r;
+    r.id = "t" + std::to_string(i);
+    for (int k = 0; k < 10 + 7 * i; ++k) r.prompt.push_back((k * 31 + i) % 512);
+    r.params.temperature = 0;
+    r.params.max_tokens = 10;
+    r.params.ignore_eos = true;
+    r.on_output = c.Callback();
+    ids.push_back(r.id);
+    if (!(*engine)->Submit(std::move(r)).ok()) return {};
+  }
+  std::vector<std::vector<int32_t>> out;
+  if (c.Wait(ids)) {
+    for (const std::string& id : ids) out.push_back(c.Get(id).tokens);
+  }
+  (*engine)->Shutdown(true);
+  return out;
+}
 
 }  // namespace kimirt::testing

@@ -310,10 +310,6 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
   }
-  if (o.device != "cpu" && o.tp != 1) {
-    return Unsupported("--device " + o.device + " runs on one GPU so far (-tp 1); tensor parallelism over NCCL "
-                       "is not built yet (-tp " + std::to_string(o.tp) + " asked)");
-  }
   if (o.tp == 1) {
     LoadedModel owned;
     KIMIRT_ASSIGN_OR_RETURN(owned.backend, MakeBackend(o.device));
@@ -322,22 +318,12 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     lo.matrix_dtype = o.matrix_dtype;
     KIMIRT_ASSIGN_OR_RETURN(owned.model, Model::Load(dir, *owned.backend, *owned.comm, lo));
     owned.model->set_decode_graphs(!o.enforce_eager);
-    if (std::optional<Backend::MemoryInfo> mem = owned.backend->DeviceMemory();
-        mem && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
-      const double budget = o.gpu_memory_utilization * static_cast<double>(mem->total);
-      const double in_use = static_cast<double>(mem->total - mem->free);
-      if (budget <= in_use) {
-        return ResourceExhausted("--gpu-memory-utilization " + std::to_string(o.gpu_memory_utilization) +
-                                 " leaves no room for the latent cache: " + std::to_string(in_use / 1073741824.0) +
-                                 " GiB of the GPU's " + std::to_string(mem->total / 1073741824.0) +
-                                 " GiB are in use after loading the weights");
-      }
-      o.kv_cache_bytes = static_cast<uint64_t>(budget - in_use);
-    }
+    KIMIRT_RETURN_IF_ERROR(runner::SizeFromGpuMemory(*owned.backend, &o).status());
     Model& model = *owned.model;
     return SingleRankRunner::Create(model, o, std::move(owned));
   }
-  if (o.process_ranks) return CreateProcessRanksRunner(dir, o);
+  // GPUs: one process per GPU always (each rank its own CUDA context, talking over NCCL).
+  if (o.process_ranks || o.device != "cpu") return CreateProcessRanksRunner(dir, o);
   return ThreadRanksRunner::Create(dir, o);
 }
 

@@ -26,7 +26,7 @@ struct ArgmaxRequest;
 struct RunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
   DType matrix_dtype = DType::kF32;  // GEMM weights as held on the device (weights.h LoadOptions)
-  int tp = 1;                // ranks (CPU: in-process threads; CUDA: 1 for now)
+  int tp = 1;                // ranks (CPU: threads, or processes; CUDA: one process per GPU)
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;
   // GPU devices: when > 0, the latent cache gets what this fraction of the GPU's memory leaves
@@ -43,7 +43,8 @@ struct RunnerOptions {
   bool enforce_eager = false;
   // CPU, tp > 1: one process per rank instead of one thread per rank (vLLM's
   // --distributed-executor-backend mp; docs/distributed.md "Process ranks"). Rank 0 stays in
-  // this process; ranks 1..tp-1 are `rank_worker_binary rank-worker` children.
+  // this process; ranks 1..tp-1 are `rank_worker_binary rank-worker` children. CUDA with tp > 1
+  // always runs so (rank r on GPU r, collectives over NCCL).
   bool process_ranks = false;
   std::string rank_worker_binary = "/proc/self/exe";
   // Process ranks: the longest any rank waits for another (a load, a collective, a command's
@@ -59,8 +60,8 @@ class ModelRunner {
   using Handle = int64_t;
   virtual ~ModelRunner() = default;
 
-  // Loads DIR on `options.tp` ranks of `options.device`. CUDA runs one rank (one GPU) so far;
-  // more is an Unsupported error that says so.
+  // Loads DIR on `options.tp` ranks of `options.device`. CUDA with tp > 1: one process per GPU
+  // (process_ranks_runner.h); fewer visible GPUs than ranks is an error naming the rank.
   static Result<std::unique_ptr<ModelRunner>> Create(const std::string& model_dir, RunnerOptions options);
   // Drives an already loaded single-rank model (tests, tools). The model must outlive the runner.
   static Result<std::unique_ptr<ModelRunner>> ForModel(Model& model, RunnerOptions options);

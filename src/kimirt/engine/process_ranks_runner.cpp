@@ -1,9 +1,12 @@
 // ProcessRanksRunner (process_ranks_runner.h). Wire format on each rank-0 <-> follower link:
 // FrameHeader{op, aux, n} + n payload bytes, where a command's payload is
 //   [u64 count of int64 args][u64 count of int32 ids][u64 text bytes][int64 args][int32 ids][text].
-// Start-up: follower -> Hello(aux = its rank); rank 0 -> Options; both load; follower -> Ready.
-// Then rank 0 sends commands; the follower answers only through the collectives the command
-// runs (and an error frame if it fails, after which it exits 1).
+// Start-up: follower -> Hello(aux = its rank); rank 0 -> Options; both make their backend;
+// CUDA: follower -> BackendReady, then every rank joins the rendezvous store (rank 0 serves it,
+// on the port the options name) and builds its NCCL communicator; CPU: the TCP communicator on
+// these links. Both load; follower -> Ready. Then rank 0 sends commands; the follower answers
+// only through the collectives the command runs (and an error frame if it fails, after which it
+// exits 1).
 #include "kimirt/engine/process_ranks_runner.h"
 
 #include <atomic>
@@ -20,7 +23,10 @@
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/dist/rank_spawner.h"
+#include "kimirt/dist/rendezvous_store.h"
+#include "kimirt/engine/rank_device.h"
 #include "kimirt/engine/runner_rank.h"
+#include "kimirt/parallel/nccl_communicator.h"
 #include "kimirt/parallel/tcp_communicator.h"
 
 namespace kimirt {
@@ -45,6 +51,7 @@ enum Cmd : uint32_t {
   kSnapshotKda,
   kRestoreKda,
   kDropKdaSnapshot,
+  kBackendReady,
 };
 
 struct Message {
@@ -102,8 +109,9 @@ Result<Message> RecvPayload(int fd, const FrameHeader& h, Deadline d) {
   return Decode(payload);
 }
 
-// The options a follower needs to load its shard exactly as rank 0 loads its own.
-Message OptionsMessage(const std::string& dir, const RunnerOptions& o) {
+// The options a follower needs to load its shard exactly as rank 0 loads its own, and (CUDA) the
+// port of rank 0's rendezvous store.
+Message OptionsMessage(const std::string& dir, const RunnerOptions& o, int store_port) {
   Message m;
   m.a = {o.tp,
          o.num_kv_blocks,
@@ -115,14 +123,22 @@ Message OptionsMessage(const std::string& dir, const RunnerOptions& o) {
          o.enforce_eager ? 1 : 0,
          static_cast<int64_t>(o.matrix_dtype),
          o.rank_timeout_ms,
-         o.follower_cpu_threads};
+         o.follower_cpu_threads,
+         std::bit_cast<int64_t>(o.gpu_memory_utilization),
+         store_port};
   m.text = dir + '\n' + o.device;
   return m;
 }
 
-Result<std::pair<std::string, RunnerOptions>> OptionsFrom(const Message& m) {
+struct FollowerOptions {
+  std::string dir;
+  RunnerOptions o;
+  int store_port = 0;
+};
+
+Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
-  if (m.a.size() != 11 || nl == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 13 || nl == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -135,25 +151,80 @@ Result<std::pair<std::string, RunnerOptions>> OptionsFrom(const Message& m) {
   o.matrix_dtype = static_cast<DType>(m.a[8]);
   o.rank_timeout_ms = static_cast<int>(m.a[9]);
   o.follower_cpu_threads = static_cast<int>(m.a[10]);
+  o.gpu_memory_utilization = std::bit_cast<double>(m.a[11]);
   o.device = m.text.substr(nl + 1);
-  return std::make_pair(m.text.substr(0, nl), o);
+  return FollowerOptions{m.text.substr(0, nl), o, static_cast<int>(m.a[12])};
 }
 
-// One rank's backend, model and state, loaded with `comm` (rank r of N) — the same on rank 0 and
-// on every follower. Members end in reverse: the state before the model before the backend.
+// One rank's backend, communicator, model and state — the same on rank 0 and on every follower.
+// Made in this order and ended in reverse: the model and state before the communicator they
+// reduce through, the communicator before the rendezvous store and the backend (NCCL issues on
+// the backend's stream).
 struct LoadedRank {
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<RendezvousStore> store;  // CUDA: NCCL's unique id came through it
+  std::unique_ptr<Communicator> comm;
   std::unique_ptr<Model> model;
   Rank rank;
   CacheSizes sizes;
+
+  // Everything, in the reverse of the order it was made.
+  void Release() {
+    { Rank gone = std::move(rank); }  // in its own order: the sequences before the caches
+    model.reset();
+    comm.reset();
+    store.reset();
+    backend.reset();
+  }
 };
 
-Status LoadRank(const std::string& dir, const RunnerOptions& o, Communicator& comm, LoadedRank* out) {
-  KIMIRT_ASSIGN_OR_RETURN(out->backend, MakeBackend(o.device));
+bool OnGpus(const RunnerOptions& o) { return o.device != "cpu"; }
+
+// The rank's backend: on GPUs, device `device` (its local rank).
+Status MakeRankBackend(const RunnerOptions& o, int rank, int device, LoadedRank* out) {
+  Result<std::unique_ptr<Backend>> b = MakeBackend(o.device, device);
+  if (!b.ok()) return b.status().WithContext("rank " + std::to_string(rank));
+  out->backend = std::move(*b);
+  return Status::Ok();
+}
+
+// GPUs: joins rank 0's rendezvous store and builds the NCCL communicator on the backend's stream.
+// Collective over the ranks.
+Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, int device,
+                LoadedRank* out) {
+  RendezvousOptions ro;
+  ro.master_addr = master_addr;
+  ro.master_port = store_port;
+  ro.rank = rank;
+  ro.world_size = o.tp;
+  ro.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
+  KIMIRT_ASSIGN_OR_RETURN(out->store, RendezvousStore::Join(ro));
+  NcclOptions no;
+  no.device = device;
+  no.stream = BackendStream(*out->backend);
+  no.timeout = ro.timeout;  // above the longest legitimate step, as the TCP links' deadline
+  no.tag = "tp";
+  KIMIRT_ASSIGN_OR_RETURN(out->comm, MakeNcclCommunicator(*out->store, no));
+  return Status::Ok();
+}
+
+// Loads the rank's shard (rank out->comm->rank()) and sizes its caches. Collective: loading and
+// sizing from GPU memory run collectives.
+Status LoadRank(const std::string& dir, RunnerOptions o, LoadedRank* out) {
   LoadOptions lo;
   lo.matrix_dtype = o.matrix_dtype;
-  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(dir, *out->backend, comm, lo));
+  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(dir, *out->backend, *out->comm, lo));
   out->model->set_decode_graphs(!o.enforce_eager);
+  if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
+    // Each GPU's free memory may differ; the ranks take the smallest budget so their block
+    // allocators stay in lockstep. A rank without room takes part too (with 0), so none waits.
+    RunnerOptions mine = o;
+    const Result<bool> sized = runner::SizeFromGpuMemory(*out->backend, &mine);
+    const uint64_t least = runner::MinOverRanks(*out->comm, *out->backend, sized.ok() ? mine.kv_cache_bytes : 0);
+    if (!sized.ok()) return sized.status().WithContext("rank " + std::to_string(out->comm->rank()));
+    if (least == 0) return ResourceExhausted("another rank's GPU has no room for the latent cache (--gpu-memory-utilization)");
+    o.kv_cache_bytes = least;
+  }
   KIMIRT_ASSIGN_OR_RETURN(out->sizes, runner::SizeCaches(*out->model, o));
   out->rank.model = out->model.get();
   out->rank.kv = out->model->MakeKvCache(out->sizes.blocks, o.block_size, o.kv_cache_dtype, false);
@@ -226,6 +297,9 @@ class ProcessRanksRunner final : public ModelRunner {
         }
       }
     }
+    // Rank 0's shard ends while the followers end theirs (an NCCL communicator's teardown may
+    // wait for its peers'); the links stay for the followers' goodbyes.
+    self_.Release();
     // The followers exit 0 on kQuit and the supervisor returns by itself; any still running
     // after a short wait are stopped (SIGTERM, then SIGKILL).
     {
@@ -248,6 +322,7 @@ class ProcessRanksRunner final : public ModelRunner {
     so.argv = {ResolveBinary(o.rank_worker_binary), "rank-worker"};
     so.local_ranks = o.tp - 1;
     so.first_rank = 1;
+    so.first_local_rank = 1;  // this process is local rank 0: rank r takes GPU r
     so.world_size = o.tp;
     so.master_port = port;
     so.grace = std::chrono::milliseconds(2000);
@@ -261,22 +336,26 @@ class ProcessRanksRunner final : public ModelRunner {
       raw->supervisor_done_ = true;
       raw->cv_.notify_all();
     });
-    KIMIRT_RETURN_IF_ERROR(r->AcceptFollowers(listener, dir, o));
-    // Rank 0 loads while the followers do (loading may run collectives).
-    r->comm_ = MakeTcpCommunicator(r->links_);
-    Status loaded;
-    try {
-      loaded = LoadRank(dir, o, *r->comm_, &r->self_);
-    } catch (const std::exception& e) {
-      loaded = Internal(e.what());
+    int store_port = 0;
+    if (OnGpus(o)) {
+      KIMIRT_ASSIGN_OR_RETURN(store_port, PickFreePort());
     }
+    KIMIRT_RETURN_IF_ERROR(r->AcceptFollowers(listener, dir, o, store_port));
+    // Rank 0 sets up and loads while the followers do (loading runs collectives).
+    Status loaded = r->Local([&]() -> Status {
+      KIMIRT_RETURN_IF_ERROR(MakeRankBackend(o, 0, 0, &r->self_));
+      if (OnGpus(o)) {
+        // Every follower has its GPU before anyone waits in the store or NCCL's init for it: a
+        // follower that cannot start says why on its link.
+        KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kBackendReady, "making its backend"));
+        KIMIRT_RETURN_IF_ERROR(JoinNccl(o, 0, "127.0.0.1", store_port, 0, &r->self_));
+      } else {
+        r->self_.comm = MakeTcpCommunicator(r->links_);
+      }
+      return LoadRank(dir, o, &r->self_);
+    });
     if (!loaded.ok()) return r->Fail(loaded);
-    const Deadline d = r->links_.deadline();
-    for (int k = 1; k < o.tp; ++k) {
-      Result<FrameHeader> h = RecvHeader(r->links_.peers[static_cast<size_t>(k)].fd(), k, "loading", d);
-      if (!h.ok()) return r->Fail(h.status());
-      if (h->op != kReady) return r->Fail(Internal("rank " + std::to_string(k) + " sent op " + std::to_string(h->op) + " instead of ready"));
-    }
+    KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
@@ -353,7 +432,20 @@ class ProcessRanksRunner final : public ModelRunner {
     return failed_;
   }
 
-  Status AcceptFollowers(const Socket& listener, const std::string& dir, const RunnerOptions& o) {
+  // Each follower's next frame, which must be `op` (an error frame carries its failure).
+  Status AwaitFollowers(uint32_t op, const std::string& what) {
+    const Deadline d = links_.deadline();
+    for (int k = 1; k < links_.size; ++k) {
+      Result<FrameHeader> h = RecvHeader(links_.peers[static_cast<size_t>(k)].fd(), k, what, d);
+      if (!h.ok()) return Fail(h.status());
+      if (h->op != op) {
+        return Fail(Internal("rank " + std::to_string(k) + " sent op " + std::to_string(h->op) + " while " + what));
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status AcceptFollowers(const Socket& listener, const std::string& dir, const RunnerOptions& o, int store_port) {
     const Deadline end = links_.deadline();
     for (int accepted = 0; accepted < o.tp - 1;) {
       KIMIRT_RETURN_IF_ERROR(health());  // a follower that could not start
@@ -372,7 +464,7 @@ class ProcessRanksRunner final : public ModelRunner {
       links_.peers[static_cast<size_t>(k)] = std::move(*s);
       ++accepted;
     }
-    const Message opts = OptionsMessage(dir, o);
+    const Message opts = OptionsMessage(dir, o, store_port);
     for (int k = 1; k < o.tp; ++k) {
       Status s = SendMessage(links_.peers[static_cast<size_t>(k)].fd(), kOptions, 0, opts, end);
       if (!s.ok()) return Fail(Internal("process ranks: sending rank " + std::to_string(k) + " its options: " + s.message()));
@@ -412,8 +504,7 @@ class ProcessRanksRunner final : public ModelRunner {
   }
 
   StarLinks links_;
-  std::unique_ptr<Communicator> comm_;
-  LoadedRank self_;  // after comm_: its model ends before the communicator it holds
+  LoadedRank self_;  // after links_: its TCP communicator (CPU) uses them
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
 
@@ -431,19 +522,28 @@ int EnvInt(const char* name, int fallback) {
 }
 
 // A follower's life after it connected: options, load, ready, then commands until kQuit.
-Status ServeFollower(StarLinks& links) {
+Status ServeFollower(StarLinks& links, const std::string& master_addr) {
   const int fd = links.to_root().fd();
   const Deadline start = Clock::now() + std::chrono::minutes(5);
   KIMIRT_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(fd, 0, "waiting for the options", start));
   if (h.op != kOptions) return Corrupt("rank-worker: expected the options, got op " + std::to_string(h.op));
   KIMIRT_ASSIGN_OR_RETURN(Message m, RecvPayload(fd, h, start));
-  KIMIRT_ASSIGN_OR_RETURN(auto dir_options, OptionsFrom(m));
-  links.timeout = std::chrono::milliseconds(dir_options.second.rank_timeout_ms);
-  SetCpuBackendThreads(dir_options.second.follower_cpu_threads);
-  std::unique_ptr<Communicator> comm = MakeTcpCommunicator(links);
+  KIMIRT_ASSIGN_OR_RETURN(const FollowerOptions fo, OptionsFrom(m));
+  links.timeout = std::chrono::milliseconds(fo.o.rank_timeout_ms);
+  const uint32_t me = static_cast<uint32_t>(links.rank);
   LoadedRank self;
-  KIMIRT_RETURN_IF_ERROR(LoadRank(dir_options.first, dir_options.second, *comm, &self));
-  KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kReady, static_cast<uint32_t>(links.rank), 0}, nullptr, 0, links.deadline()));
+  if (OnGpus(fo.o)) {
+    KIMIRT_ASSIGN_OR_RETURN(const int device, RankCudaDevice(links.rank, std::getenv("LOCAL_RANK"), VisibleCudaDevices()));
+    KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, device, &self));
+    KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kBackendReady, me, 0}, nullptr, 0, links.deadline()));
+    KIMIRT_RETURN_IF_ERROR(JoinNccl(fo.o, links.rank, master_addr, fo.store_port, device, &self));
+  } else {
+    SetCpuBackendThreads(fo.o.follower_cpu_threads);
+    KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, 0, &self));
+    self.comm = MakeTcpCommunicator(links);
+  }
+  KIMIRT_RETURN_IF_ERROR(LoadRank(fo.dir, fo.o, &self));
+  KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kReady, me, 0}, nullptr, 0, links.deadline()));
   for (;;) {
     // A server may idle for days between commands; rank 0's death closes the link at once.
     const Deadline idle = Clock::now() + std::chrono::hours(24 * 365);
@@ -457,8 +557,22 @@ Status ServeFollower(StarLinks& links) {
 }  // namespace
 
 Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string& dir, const RunnerOptions& o) {
-  if (o.device != "cpu") return Unsupported("process ranks run on --device cpu so far (" + o.device + " asked)");
   if (o.tp < 2) return InvalidArgument("process ranks need -tp 2 or more");
+  if (o.device == "cuda") {
+    // Everything a rank would find missing is checked here, before any process starts.
+    if (!CudaBackendBuilt()) return MakeBackend(o.device).status();  // says it is not built
+    if (!NcclCommunicatorBuilt()) {
+      return Unsupported("-tp " + std::to_string(o.tp) + " --device cuda needs NCCL, which this kimirt was built "
+                         "without (configure with -DKIMIRT_CUDA=ON where nccl.h and libnccl are found)");
+    }
+    KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.tp, VisibleCudaDevices()));
+    // NVLink multicast stays off in every process of the group (issue 15 item 5): the followers
+    // get it from the spawner; rank 0 is this process, before its NCCL init. Forced, not
+    // defaulted, so that all ranks agree.
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+  } else if (o.device != "cpu") {
+    return MakeBackend(o.device).status();  // an unknown device, named
+  }
   return ProcessRanksRunner::Create(dir, o);
 }
 
@@ -479,7 +593,7 @@ int RunProcessRankWorker() {
     KIMIRT_RETURN_IF_ERROR(SendFrame(links.to_root().fd(), FrameHeader{kHello, static_cast<uint32_t>(links.rank), 0},
                                      nullptr, 0, Clock::now() + std::chrono::minutes(1)));
     try {
-      return ServeFollower(links);
+      return ServeFollower(links, addr);
     } catch (const std::exception& e) {
       return Internal(e.what());
     }

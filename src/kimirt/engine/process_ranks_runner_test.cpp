@@ -14,11 +14,13 @@
 #include <vector>
 
 #include "kimirt/engine/model_runner.h"
-#include "kimirt/testing/run_command.h"
+#include "kimirt/engine/runner_trace_test_util.h"
 #include "kimirt/testing/test_data.h"
 
 namespace kimirt {
 namespace {
+
+using testing::Trace;
 
 std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
 
@@ -32,50 +34,6 @@ RunnerOptions Options(bool processes, int tp = 2) {
   o.rank_worker_binary = KIMIRT_BINARY;
   o.rank_timeout_ms = 20000;
   return o;
-}
-
-std::vector<float> Host(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
-
-int32_t Argmax(const std::vector<float>& row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-// Every logits tensor rank 0 returns, in call order: a 13-token prefill (all positions), five
-// greedy decode steps, then a second sequence sharing the first block of the prompt, restored
-// from a snapshot of the first sequence taken after its first block, prefilling the rest.
-std::vector<std::vector<float>> Trace(ModelRunner& r) {
-  std::vector<std::vector<float>> out;
-  std::vector<int32_t> prompt;
-  for (int k = 0; k < 13; ++k) prompt.push_back((k * 37 + 5) % 500);
-  const ModelRunner::Handle a = r.NewSequence();
-  EXPECT_TRUE(r.Reserve(a, 32).ok());
-  auto first = r.Forward(a, std::span<const int32_t>(prompt).first(8), false);
-  EXPECT_TRUE(first.ok()) << first.status().ToString();
-  out.push_back(Host(*first));
-  const ModelRunner::SnapshotId snap = r.SnapshotKda(a);
-  auto rest = r.Forward(a, std::span<const int32_t>(prompt).subspan(8), false);
-  EXPECT_TRUE(rest.ok()) << rest.status().ToString();
-  out.push_back(Host(*rest));
-  int32_t next = Argmax(std::vector<float>(out.back().end() - r.config().vocab_size, out.back().end()));
-  for (int step = 0; step < 5; ++step) {
-    auto l = r.Forward(a, std::vector<int32_t>{next}, true);
-    EXPECT_TRUE(l.ok()) << l.status().ToString();
-    out.push_back(Host(*l));
-    next = Argmax(out.back());
-  }
-  const ModelRunner::Handle b = r.NewSequence();
-  const std::vector<int32_t> table = r.BlockTable(a);
-  r.SharePrefix(b, std::span<const int32_t>(table).first(1), 8);
-  r.RestoreKda(b, snap);
-  EXPECT_TRUE(r.Reserve(b, 16).ok());
-  auto l = r.Forward(b, std::span<const int32_t>(prompt).subspan(8), true);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
-  out.push_back(Host(*l));
-  r.DropKdaSnapshot(snap);
-  r.Release(a);
-  r.Release(b);
-  EXPECT_EQ(r.kv_blocks_free(), r.kv_blocks_total());
-  return out;
 }
 
 // A fixture and a TP degree. With 4 ranks the rank order of the sums matters (with 2, x0 + x1
@@ -112,21 +70,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
                                   std::to_string(info.param.second);
                          });
 
-// The follower processes of this test process (its `kimirt rank-worker` children).
-std::vector<int> Followers() {
-  auto r = kimirt::testing::RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep
-  std::vector<int> pids;
-  size_t at = 0;
-  while (at < r.output.size()) {
-    const size_t nl = r.output.find('\n', at);
-    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
-    if (!line.empty()) pids.push_back(std::stoi(line));
-    if (nl == std::string::npos) break;
-    at = nl + 1;
-  }
-  return pids;
-}
-
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions o = Options(true);
@@ -136,7 +79,7 @@ TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   const ModelRunner::Handle h = (*r)->NewSequence();
   ASSERT_TRUE((*r)->Reserve(h, 16).ok());
   ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
-  const std::vector<int> pids = Followers();
+  const std::vector<int> pids = testing::FollowerPids();
   ASSERT_EQ(pids.size(), 3u);
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -151,7 +94,7 @@ TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
   EXPECT_FALSE((*r)->Reserve(h, 17).ok());
   r->reset();
-  EXPECT_TRUE(Followers().empty());  // the supervisor stopped the others
+  EXPECT_TRUE(testing::FollowerPids().empty());  // the supervisor stopped the others
 }
 
 TEST(ProcessRanksFailure, AFollowerThatCannotStartFailsCreate) {

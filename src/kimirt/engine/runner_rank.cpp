@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "kimirt/engine/kda_snapshot_budget.h"
+#include "kimirt/parallel/communicator.h"
 
 namespace kimirt::runner {
 
@@ -26,6 +29,34 @@ Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o) {
   z.blocks = static_cast<int64_t>((o.kv_cache_bytes - (z.snapshot_bytes == 0 ? 0 : static_cast<uint64_t>(z.snapshots) * z.snapshot_bytes)) /
                                   std::max<uint64_t>(1, probe->block_bytes()));
   return z;
+}
+
+Result<bool> SizeFromGpuMemory(Backend& backend, RunnerOptions* o) {
+  if (o->gpu_memory_utilization <= 0 || o->num_kv_blocks != 0) return false;
+  const std::optional<Backend::MemoryInfo> mem = backend.DeviceMemory();
+  if (!mem) return false;
+  const double budget = o->gpu_memory_utilization * static_cast<double>(mem->total);
+  const double in_use = static_cast<double>(mem->total - mem->free);
+  if (budget <= in_use) {
+    return ResourceExhausted("--gpu-memory-utilization " + std::to_string(o->gpu_memory_utilization) +
+                             " leaves no room for the latent cache: " + std::to_string(in_use / 1073741824.0) +
+                             " GiB of the GPU's " + std::to_string(mem->total / 1073741824.0) +
+                             " GiB are in use after loading the weights");
+  }
+  o->kv_cache_bytes = static_cast<uint64_t>(budget - in_use);
+  return true;
+}
+
+uint64_t MinOverRanks(Communicator& comm, Backend& backend, uint64_t bytes) {
+  // In MiB: exact in a float up to 16 TiB.
+  Tensor mine = Tensor::Host({1});
+  mine.f32()[0] = static_cast<float>(bytes >> 20);
+  const Tensor send = backend.Upload(mine);
+  Tensor all = backend.Empty({comm.size()});
+  comm.AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
+  const Tensor got = backend.Download(all);
+  const float least = *std::min_element(got.f32(), got.f32() + comm.size());
+  return static_cast<uint64_t>(least) << 20;
 }
 
 }  // namespace kimirt::runner

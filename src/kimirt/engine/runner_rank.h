@@ -70,4 +70,15 @@ struct CacheSizes {
 constexpr int64_t kInitialKdaSlots = 8;
 Result<CacheSizes> SizeCaches(Model& model, const RunnerOptions& o);
 
+// GPU memory as vLLM's --gpu-memory-utilization sizes it: with o->gpu_memory_utilization > 0 and
+// no num_kv_blocks, o->kv_cache_bytes becomes what that fraction of the device's memory leaves
+// after the weights (and whatever else is on the GPU); returns whether it did (no change for
+// host memory). Call after loading the weights.
+Result<bool> SizeFromGpuMemory(Backend& backend, RunnerOptions* o);
+
+// The smallest of every rank's `bytes`, to the MiB below, the same on all: ranks of one group
+// size their caches alike, so their block allocators stay in lockstep. Collective, through the
+// backend's memory (the communicator may take device pointers only).
+uint64_t MinOverRanks(Communicator& comm, Backend& backend, uint64_t bytes);
+
 }  // namespace kimirt::runner

@@ -294,17 +294,19 @@ Tensor Model::GatherLogits(const Tensor& local, ArgmaxRequest* argmax) {
       return rows;
     }
   }
-  Tensor host_local = HostCopy(be_, local);
   const int tp = comm_.size();
-  if (tp == 1 && Vl == V) return host_local;  // already [R, V] (a decode batch: no 2nd copy)
-  Tensor logits = Tensor::Host({R, V});
-  std::vector<float> gathered;
-  const float* all = host_local.f32();
+  if (tp == 1 && Vl == V) return HostCopy(be_, local);  // already [R, V] (a decode batch: no 2nd copy)
+  // The ranks' slices are gathered where they lie (the communicator takes the backend's memory:
+  // device pointers under NCCL), then cross to the host once, as [tp, R, Vl].
+  Tensor all_ranks = local;
   if (tp > 1) {
-    gathered.resize(static_cast<size_t>(tp * R * Vl));
-    comm_.AllGather(host_local.f32(), static_cast<size_t>(R * Vl), gathered.data());
-    all = gathered.data();
+    all_ranks = be_.Empty({tp * R, Vl});
+    comm_.AllGather(static_cast<const float*>(local.raw()), static_cast<size_t>(R * Vl),
+                    static_cast<float*>(all_ranks.raw()));
   }
+  const Tensor host = be_.Download(all_ranks);  // read only: may be all_ranks itself on the CPU
+  const float* all = host.f32();
+  Tensor logits = Tensor::Host({R, V});
   // Rank r's block [R, Vl] holds vocabulary rows [r*Vl, (r+1)*Vl); rows past V are padding.
   for (int r = 0; r < tp; ++r) {
     for (int64_t t = 0; t < R; ++t) {

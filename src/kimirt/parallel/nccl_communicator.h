@@ -43,6 +43,9 @@ struct NcclOptions {
   std::string tag = "world";
 };
 
+// Whether this build has the NCCL communicator (else the functions below answer Unsupported).
+bool NcclCommunicatorBuilt();
+
 // Collective over the ranks of `store`: rank 0 creates the NCCL unique id and publishes it
 // through the store ("nccl/unique-id/<tag>"), every rank initialises its NCCL communicator on
 // options.device. Errors name the rank, and NCCL's own message.

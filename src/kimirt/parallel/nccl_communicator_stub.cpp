@@ -12,6 +12,8 @@ Status NotBuilt() {
 }
 }  // namespace
 
+bool NcclCommunicatorBuilt() { return false; }
+
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore&, const NcclOptions&) { return NotBuilt(); }
 
 Status NcclSelfCheck(RendezvousStore&, int, size_t) { return NotBuilt(); }

@@ -150,6 +150,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
+  cudaStream_t stream() const { return stream_; }
 
   // No fill: a forward allocates a few hundred outputs, each fully written by its op, and a
   // memset apiece was a measurable share of the launches of a decode step.
@@ -975,6 +976,20 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
 }
 
 }  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void* CudaBackendStream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda == nullptr ? nullptr : cuda->stream();
+}
 
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   int count = 0;

@@ -11,7 +11,8 @@
 //
 // Weights: F32, or BF16 for the GEMM weights (weights.h LoadOptions), always with F32 math.
 // Not yet (docs/cuda.md): batched decode, CUDA graphs, packed MXFP4 experts, the chunked KDA
-// form (computed recurrently), NCCL ranks.
+// form (computed recurrently). One backend per process and GPU: -tp N runs N processes
+// (engine/process_ranks_runner.h), collectives over NCCL on CudaBackendStream.
 #pragma once
 
 #include <memory>
@@ -23,5 +24,11 @@ namespace kimirt {
 
 // Errors: no CUDA device with that index, or the driver or cuBLAS could not start.
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+// GPUs this process sees (cudaGetDeviceCount, under CUDA_VISIBLE_DEVICES); 0 without a usable
+// driver.
+int CudaDeviceCount();
+// The cudaStream_t `backend` issues every op on, when it is a CUDA backend (else nullptr):
+// collectives on its tensors go on it too, so they are ordered with the ops around them.
+void* CudaBackendStream(Backend& backend);
 
 }  // namespace kimirt

@@ -1,0 +1,79 @@
+// Test helpers shared by the process-ranks tests (CPU and CUDA): every logits tensor a runner
+// returns over a fixed sequence of calls, so that two runners can be compared call by call; the
+// follower processes of the test.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kimirt/engine/model_runner.h"
+#include "kimirt/testing/run_command.h"
+
+namespace kimirt::testing {
+
+inline std::vector<float> Host(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
+
+inline int32_t Argmax(const std::vector<float>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Every logits tensor rank 0 returns, in call order: a 13-token prefill (all positions), five
+// greedy decode steps, then a second sequence sharing the first block of the prompt, restored
+// from a snapshot of the first sequence taken after its first block, prefilling the rest.
+inline std::vector<std::vector<float>> Trace(ModelRunner& r) {
+  std::vector<std::vector<float>> out;
+  std::vector<int32_t> prompt;
+  for (int k = 0; k < 13; ++k) prompt.push_back((k * 37 + 5) % 500);
+  const ModelRunner::Handle a = r.NewSequence();
+  EXPECT_TRUE(r.Reserve(a, 32).ok());
+  auto first = r.Forward(a, std::span<const int32_t>(prompt).first(8), false);
+  EXPECT_TRUE(first.ok()) << first.status().ToString();
+  out.push_back(Host(*first));
+  const ModelRunner::SnapshotId snap = r.SnapshotKda(a);
+  auto rest = r.Forward(a, std::span<const int32_t>(prompt).subspan(8), false);
+  EXPECT_TRUE(rest.ok()) << rest.status().ToString();
+  out.push_back(Host(*rest));
+  int32_t next = Argmax(std::vector<float>(out.back().end() - r.config().vocab_size, out.back().end()));
+  for (int step = 0; step < 5; ++step) {
+    auto l = r.Forward(a, std::vector<int32_t>{next}, true);
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    out.push_back(Host(*l));
+    next = Argmax(out.back());
+  }
+  const ModelRunner::Handle b = r.NewSequence();
+  const std::vector<int32_t> table = r.BlockTable(a);
+  r.SharePrefix(b, std::span<const int32_t>(table).first(1), 8);
+  r.RestoreKda(b, snap);
+  EXPECT_TRUE(r.Reserve(b, 16).ok());
+  auto l = r.Forward(b, std::span<const int32_t>(prompt).subspan(8), true);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  out.push_back(Host(*l));
+  r.DropKdaSnapshot(snap);
+  r.Release(a);
+  r.Release(b);
+  EXPECT_EQ(r.kv_blocks_free(), r.kv_blocks_total());
+  return out;
+}
+
+// The pids of this test process's `kimirt rank-worker` children.
+inline std::vector<int> FollowerPids() {
+  auto r = RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep
+  std::vector<int> pids;
+  for (size_t at = 0; at < r.output.size();) {
+    const size_t nl = r.output.find('\n', at);
+    const std::string line = r.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    if (!line.empty()) pids.push_back(std::stoi(line));
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return pids;
+}
+
+}  // namespace kimirt::testing
