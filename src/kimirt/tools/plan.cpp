@@ -416,6 +416,8 @@ Result<PlanReport> PlanFromCheckpoint(const Layout& layout, const Checkpoint& ch
   return r;
 }
 
+std::string FormatPlanGiB(uint64_t bytes) { return GiB(bytes); }
+
 std::string FormatPlanText(const PlanReport& r) {
   const PlanOptions& o = r.options;
   const StagePlan& h = r.heaviest();

@@ -115,5 +115,7 @@ Result<PlanReport> PlanFromCheckpoint(const Layout& layout, const Checkpoint& ch
 
 std::string FormatPlanText(const PlanReport& report);
 std::string FormatPlanJson(const PlanReport& report);
+// Bytes as the combined table prints them: "130.559 GiB" (2^30 bytes, three decimals).
+std::string FormatPlanGiB(uint64_t bytes);
 
 }  // namespace kimirt
