@@ -13,12 +13,6 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-std::string Commas(int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
-}
-
 std::string PadLeft(std::string s, size_t w) {
   if (s.size() < w) s.insert(0, w - s.size(), ' ');
   return s;
@@ -187,7 +181,7 @@ std::string FormatLayerFitText(const LayerFit& fit) {
          std::to_string(n.layers - p.layers) + " more layers (" + std::to_string(n.kda_layers - p.kda_layers) +
          " KDA + " + std::to_string(n.mla_layers - p.mla_layers) + " MLA) add " +
          FormatPlanGiB(b.weights - a.weights) + " of weights and " + FormatPlanGiB(kv_b - kv_a) +
-         " of latent KV (" + Commas(p.options.num_seqs) + " × " + Commas(p.options.context_tokens) +
+         " of latent KV (" + FormatPlanCount(p.options.num_seqs) + " × " + FormatPlanCount(p.options.context_tokens) +
          " tokens)\n";
   }
   return s;

@@ -30,8 +30,8 @@ namespace kimirt {
 
 // The config.json text of `config_json`'s model cut to its first `layers` layers: the same JSON
 // with num_hidden_layers and the two layer lists changed, every other field as it was. Errors
-// name the problem (not a Kimi config, `layers` outside 1..L, a cut that would leave no layer of
-// a kind the dense-first rule needs).
+// name the problem: a config the parser refuses, `layers` outside 1..L, a cut the parser would
+// refuse (e.g. fewer layers than first_k_dense_replace).
 Result<std::string> CutConfigJson(std::string_view config_json, std::string_view source, int64_t layers);
 
 // The layer counts a cut may have (see above), ascending; the last is the model's own L.
