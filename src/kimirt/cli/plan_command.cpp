@@ -74,8 +74,8 @@ int RunPlanCommand(int argc, char** argv) {
   flags.Int("kda-snapshots", &kda_snapshots,
             "KDA snapshots per GPU (default: serve's share of the cache budget the GPU leaves)");
   flags.Bool("fit-layers", &fit_layers,
-             "plan the config cut to the most of its first layers that fit the GPU: whole AttnRes blocks\n"
-             "ending on an MLA layer, as the published layer pattern lays them out (needs --config and a GPU)");
+             "plan the config cut to the most of its first layers that fit the GPU (whole AttnRes blocks "
+             "ending on an MLA layer; needs --config and a GPU)");
   flags.String("write-config", &write_config, "with --fit-layers: write the cut config.json to this file");
   flags.Bool("json", &json, "print one JSON object instead of tables");
 
