@@ -221,6 +221,26 @@ TEST(CliPlan, FitLayersWritesTheCutConfig) {
   EXPECT_NE(r.output.find("\"next_layers\": 48"), std::string::npos) << r.output;
 }
 
+// A cut config is a model like any other: make-checkpoint writes it and generate loads and runs it.
+// tiny-a (6 layers, AttnRes blocks of 2, MLA layers 4-6): with 16 × 4,096 tokens of latent on a
+// 0.015 GiB GPU the first 4 layers fit (7.5 MiB) and all 6 do not (18.4 MiB).
+TEST(CliPlan, FitLayersCutLoadsAndGenerates) {
+  const std::string dir = ::testing::TempDir() + "kimirt_fit_tiny_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CmdResult r = Kimirt("plan --config " + Shared("fixtures/tiny-a/config.json") +
+                       " --gpu-mem-gib 0.015 --max-model-len 4096 --max-num-seqs 16 --no-enable-prefix-caching"
+                       " --fit-layers --write-config " + dir + "/config.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Chosen: 4 layers (3 KDA + 1 MLA, 2 AttnRes blocks of 2)"), std::string::npos) << r.output;
+  r = Kimirt("make-checkpoint --quiet --random --seed 1 --config " + dir + "/config.json --out " + dir + "/ckpt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Kimirt("generate --model " + dir + "/ckpt --ids 1,2,3 --max-tokens 4 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("decode 3 tokens"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
 TEST(CliPlan, FitLayersBadInputsAreNamed) {
   const std::string k3 = Shared("configs/kimi-k3.json");
   CmdResult r = Kimirt("plan --config " + k3 + " -tp 8 --gpu-mem-gib 16 --fit-layers");

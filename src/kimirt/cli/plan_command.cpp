@@ -137,6 +137,8 @@ int RunPlanCommand(int argc, char** argv) {
                     static_cast<uint64_t>(gpu_mem_gib * 1073741824.0), "--gpu-mem-gib", 0.0, 8};
   }
 
+  if (fit_layers) return RunFitLayers(config_path, o, json, write_config);
+
   const std::string cfg_source = config_path.empty() ? model_dir : config_path;
   Result<ModelConfig> config = LoadModelConfig(cfg_source);
   if (!config.ok()) return fail(config.status());
@@ -145,8 +147,6 @@ int RunPlanCommand(int argc, char** argv) {
   }
   Result<Layout> layout = Layout::Build(*config);
   if (!layout.ok()) return fail(layout.status());
-
-  if (fit_layers) return RunFitLayers(config_path, o, json, write_config);
 
   auto make_report = [&]() -> Result<PlanReport> {
     if (!config_path.empty()) return PlanFromLayout(*layout, o, "--config " + config_path);
