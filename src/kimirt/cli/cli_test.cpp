@@ -201,6 +201,69 @@ TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
   EXPECT_NE(r.output.find("\"smallest_fit\""), std::string::npos);
 }
 
+// issue 17's command: the most K3 layers that fit 8 × H200 at TP8 with the seed's serving settings
+// at a 128K context; the written config plans to the same per-GPU total as the fit printed.
+TEST(CliPlan, FitLayersWritesTheCutConfig) {
+  const std::string out = ::testing::TempDir() + "kimirt_fit_" + std::to_string(::getpid()) + ".json";
+  const std::string settings = " --gpu h200 -tp 8 --kv-cache-dtype fp8 --max-model-len 131072 --max-num-seqs 64"
+                               " --gpu-memory-utilization 0.93";
+  CmdResult r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + settings + " --fit-layers --write-config " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* n : {"Layer fit:", "Chosen: 36 layers (27 KDA + 9 MLA, 3 AttnRes blocks of 12)", "Why not 48",
+                        "121.039 GiB", "wrote " }) {
+    EXPECT_NE(r.output.find(n), std::string::npos) << n << " missing from:\n" << r.output;
+  }
+  CmdResult again = Kimirt("plan --config " + out + settings);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("36 layers (27 KDA + 9 MLA)"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("121.039 GiB"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("note: ignoring unknown config key"), std::string::npos) << again.output;
+  std::remove(out.c_str());
+
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + settings + " --fit-layers --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"next_layers\": 48"), std::string::npos) << r.output;
+}
+
+// A cut config is a model like any other: make-checkpoint writes it and generate loads and runs it.
+// tiny-a (6 layers, AttnRes blocks of 2, MLA layers 4-6): with 16 × 4,096 tokens of latent on a
+// 0.015 GiB GPU the first 4 layers fit (7.5 MiB) and all 6 do not (18.4 MiB).
+TEST(CliPlan, FitLayersCutLoadsAndGenerates) {
+  const std::string dir = ::testing::TempDir() + "kimirt_fit_tiny_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CmdResult r = Kimirt("plan --config " + Shared("fixtures/tiny-a/config.json") +
+                       " --gpu-mem-gib 0.015 --max-model-len 4096 --max-num-seqs 16 --no-enable-prefix-caching"
+                       " --fit-layers --write-config " + dir + "/config.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Chosen: 4 layers (3 KDA + 1 MLA, 2 AttnRes blocks of 2)"), std::string::npos) << r.output;
+  r = Kimirt("make-checkpoint --quiet --random --seed 1 --config " + dir + "/config.json --out " + dir + "/ckpt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Kimirt("generate --model " + dir + "/ckpt --ids 1,2,3 --max-tokens 4 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("decode 3 tokens"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(CliPlan, FitLayersBadInputsAreNamed) {
+  const std::string k3 = Shared("configs/kimi-k3.json");
+  CmdResult r = Kimirt("plan --config " + k3 + " -tp 8 --gpu-mem-gib 16 --fit-layers");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("even the smallest cut, 12 layers"), std::string::npos) << r.output;
+  r = Kimirt("plan --config " + k3 + " -tp 8 --fit-layers");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("needs a GPU"), std::string::npos) << r.output;
+  r = Kimirt("plan --model " + ::testing::TempDir() + " --gpu h200 --fit-layers");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--fit-layers cuts a config"), std::string::npos) << r.output;
+  r = Kimirt("plan --config " + k3 + " --gpu h200 --write-config /tmp/x.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("add --fit-layers"), std::string::npos) << r.output;
+  r = Kimirt("plan --config " + k3 + " -tp 8 --gpu h200 --fit-layers --write-config /nonexistent-dir/x.json");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot write /nonexistent-dir/x.json"), std::string::npos) << r.output;
+}
+
 }  // namespace
 
 namespace {

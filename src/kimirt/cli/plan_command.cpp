@@ -1,6 +1,7 @@
 // `kimirt plan`: flags → PlanOptions → PlanFromLayout / PlanFromCheckpoint → table or JSON.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "kimirt/cli/commands.h"
@@ -8,15 +9,46 @@
 #include "kimirt/model/config.h"
 #include "kimirt/model/layout.h"
 #include "kimirt/tools/plan.h"
+#include "kimirt/tools/plan_fit.h"
 
 namespace kimirt {
+namespace {
+
+// --fit-layers: reads the config's text (the cut keeps every field it does not change), prints
+// the chosen cut's tables and why the next cut point does not fit, writes the cut on request.
+int RunFitLayers(const std::string& config_path, const PlanOptions& o, bool json, const std::string& write_config) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kimirt plan: %s\n", s.message().c_str());
+    return 1;
+  };
+  std::string file;
+  Result<std::string> text = ReadModelConfigText(config_path, &file);
+  if (!text.ok()) return fail(text.status());
+  Result<LayerFit> fit = FitLayers(*text, file, o);
+  if (!fit.ok()) return fail(fit.status());
+  if (!write_config.empty()) {
+    std::ofstream out(write_config, std::ios::binary | std::ios::trunc);
+    out << fit->config_json;
+    out.close();
+    if (!out) return fail(IoError("--write-config: cannot write " + write_config));
+  }
+  const std::string report = json ? FormatLayerFitJson(*fit) : FormatLayerFitText(*fit);
+  std::fputs(report.c_str(), stdout);
+  if (!write_config.empty() && !json) {
+    std::printf("wrote %s: the config cut to %lld layers\n", write_config.c_str(),
+                static_cast<long long>(fit->layers));
+  }
+  return 0;
+}
+
+}  // namespace
 
 int RunPlanCommand(int argc, char** argv) {
-  std::string config_path, model_dir, gpu_name, kv_dtype = "auto";
+  std::string config_path, model_dir, gpu_name, kv_dtype = "auto", write_config;
   int tp = 1, pp = 1, ep = 1, pad_align = 128;
   int64_t context = 0, num_seqs = 1, chunk = 8192;
   double gpu_mem_gib = 0, util = 0.9;
-  bool with_vision = false, json = false, prefix_caching = true;
+  bool with_vision = false, json = false, prefix_caching = true, fit_layers = false;
   int64_t kda_snapshots = -1;
 
   FlagSet flags("plan",
@@ -41,6 +73,10 @@ int RunPlanCommand(int argc, char** argv) {
              "--no-enable-prefix-caching plans without)");
   flags.Int("kda-snapshots", &kda_snapshots,
             "KDA snapshots per GPU (default: serve's share of the cache budget the GPU leaves)");
+  flags.Bool("fit-layers", &fit_layers,
+             "plan the config cut to the most of its first layers that fit the GPU (whole AttnRes blocks "
+             "ending on an MLA layer; needs --config and a GPU)");
+  flags.String("write-config", &write_config, "with --fit-layers: write the cut config.json to this file");
   flags.Bool("json", &json, "print one JSON object instead of tables");
 
   if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) {
@@ -57,6 +93,14 @@ int RunPlanCommand(int argc, char** argv) {
   };
   if (config_path.empty() == model_dir.empty()) {
     std::fprintf(stderr, "kimirt plan: give exactly one of --config FILE or --model DIR\n");
+    return 2;
+  }
+  if (fit_layers && config_path.empty()) {
+    std::fprintf(stderr, "kimirt plan: --fit-layers cuts a config: give --config FILE, not --model\n");
+    return 2;
+  }
+  if (!write_config.empty() && !fit_layers) {
+    std::fprintf(stderr, "kimirt plan: --write-config writes the cut of --fit-layers: add --fit-layers\n");
     return 2;
   }
 
@@ -92,6 +136,8 @@ int RunPlanCommand(int argc, char** argv) {
     o.gpu = GpuSpec{"custom", std::to_string(gpu_mem_gib) + " GiB",
                     static_cast<uint64_t>(gpu_mem_gib * 1073741824.0), "--gpu-mem-gib", 0.0, 8};
   }
+
+  if (fit_layers) return RunFitLayers(config_path, o, json, write_config);
 
   const std::string cfg_source = config_path.empty() ? model_dir : config_path;
   Result<ModelConfig> config = LoadModelConfig(cfg_source);

@@ -531,15 +531,22 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_vie
   return c;
 }
 
-Result<ModelConfig> LoadModelConfig(const std::string& path) {
+Result<std::string> ReadModelConfigText(const std::string& path, std::string* file_read) {
   std::string file = path;
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  if (file_read != nullptr) *file_read = file;
   std::ifstream in(file, std::ios::binary);
   if (!in) return NotFound(file + ": cannot open config");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), file);
+  return ss.str();
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& path) {
+  std::string file;
+  KIMIRT_ASSIGN_OR_RETURN(std::string text, ReadModelConfigText(path, &file));
+  return ParseModelConfig(text, file);
 }
 
 }  // namespace kimirt

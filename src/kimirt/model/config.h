@@ -136,5 +136,8 @@ struct ModelConfig {
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source);
 // Reads a config.json file, or DIR/config.json if given a directory.
 Result<ModelConfig> LoadModelConfig(const std::string& path);
+// The text LoadModelConfig parses (for tools that rewrite a config, e.g. `plan --fit-layers`);
+// `file_read`, when given, gets the file's path (DIR/config.json for a directory).
+Result<std::string> ReadModelConfigText(const std::string& path, std::string* file_read = nullptr);
 
 }  // namespace kimirt

@@ -416,6 +416,9 @@ Result<PlanReport> PlanFromCheckpoint(const Layout& layout, const Checkpoint& ch
   return r;
 }
 
+std::string FormatPlanGiB(uint64_t bytes) { return GiB(bytes); }
+std::string FormatPlanCount(int64_t n) { return Commas(n); }
+
 std::string FormatPlanText(const PlanReport& r) {
   const PlanOptions& o = r.options;
   const StagePlan& h = r.heaviest();

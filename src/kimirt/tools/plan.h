@@ -115,5 +115,9 @@ Result<PlanReport> PlanFromCheckpoint(const Layout& layout, const Checkpoint& ch
 
 std::string FormatPlanText(const PlanReport& report);
 std::string FormatPlanJson(const PlanReport& report);
+// Bytes as the combined table prints them: "130.559 GiB" (2^30 bytes, three decimals).
+std::string FormatPlanGiB(uint64_t bytes);
+// A count as the tables print it: "1,048,576".
+std::string FormatPlanCount(int64_t n);
 
 }  // namespace kimirt
