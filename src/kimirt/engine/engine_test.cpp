@@ -374,6 +374,86 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
   EXPECT_EQ(run(2), one);
 }
 
+// Expert parallelism through the engine (docs/distributed.md "Expert parallelism"): TP 2 with
+// ep 2 generates what one rank does, and a request's tokens and logprobs are bit-identical alone
+// or among 15 others (on the CPU each sequence forwards alone; the ranks' all-reduce sums in rank
+// order, whatever else runs).
+TEST(EngineExpertParallel, TwoRanksGenerateWhatOneRankDoesAloneOrAmongOthers) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  struct Out {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+  };
+  auto run = [](int tp, int ep, int others) {
+    RunnerOptions ro;
+    ro.tp = tp;
+    ro.ep = ep;
+    ro.block_size = 8;
+    ro.num_kv_blocks = 512;
+    auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+    EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+    if (!runner.ok()) return Out{};
+    EngineOptions o;
+    o.prefill_chunk = 16;
+    o.max_num_batched_tokens = 64;
+    auto engine = Engine::Create(**runner, nullptr, o);
+    EXPECT_TRUE(engine.ok());
+    Collector c;
+    std::vector<std::string> ids;
+    auto submit = [&](const std::string& id, int len, int salt, int max_tokens) {
+      EngineRequest r;
+      r.id = id;
+      for (int k = 0; k < len; ++k) r.prompt.push_back((k * 31 + salt * 7 + 3) % 512);
+      r.params.temperature = 0;
+      r.params.max_tokens = max_tokens;
+      r.params.ignore_eos = true;
+      r.params.logprobs = 0;
+      r.on_output = c.Callback();
+      ids.push_back(r.id);
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+    };
+    for (int i = 0; i < others; ++i) {
+      submit("o" + std::to_string(i), 1 + (i * 13) % 40, i + 1, 3 + i % 9);
+      if (i == others / 2) submit("probe", 37, 0, 14);
+    }
+    if (others == 0) submit("probe", 37, 0, 14);
+    EXPECT_TRUE(c.Wait(ids));
+    (*engine)->Shutdown(true);
+    const Collector::Result r = c.Get("probe");
+    return Out{r.tokens, r.logprobs};
+  };
+  const Out one = run(1, 1, 0), alone = run(2, 2, 0), among = run(2, 2, 15);
+  ASSERT_EQ(one.tokens.size(), 14u);
+  EXPECT_EQ(alone.tokens, one.tokens);
+  EXPECT_EQ(among.tokens, alone.tokens);
+  ASSERT_EQ(among.logprobs.size(), alone.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(among.logprobs.data(), alone.logprobs.data(), alone.logprobs.size() * sizeof(float)))
+      << "logprobs differ in their bits";
+}
+
+TEST(EngineExpertParallel, DegreesAndExecutorsItCannotRunAreRefused) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions ro;
+  ro.num_kv_blocks = 16;
+  ro.tp = 3;  // tiny-a has 8 experts
+  ro.ep = 3;
+  auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("the 8 routed experts do not split evenly"), std::string::npos)
+      << runner.status().message();
+  ro.tp = 4;
+  ro.ep = 2;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("ep must be 1 or -tp 4, got 2"), std::string::npos)
+      << runner.status().message();
+  ro.ep = 4;
+  ro.process_ranks = true;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), ErrorCode::kUnsupported) << runner.status().ToString();
+}
+
 TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions ro;
