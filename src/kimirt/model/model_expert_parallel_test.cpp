@@ -3,8 +3,9 @@
 // fixtures whose heads split (tiny-a, kimi-linear-tiny: 8 experts each) at TP 2 and 4: the logits
 // equal TP 1 within the tolerance of the TP test (model_consistency_test.cpp) and the greedy
 // continuation is the same; each rank holds exactly its experts (the checkpoint's values, whole)
-// and the routed-expert bytes `kimirt plan -ep` counts; degrees that cannot place the experts
-// are refused naming the numbers.
+// and the routed-expert bytes `kimirt plan -ep` counts; at the MoE op, on every backend built
+// (the CUDA cases in a CUDA build, on one GPU), each rank adds exactly its own (token, slot)
+// contributions; degrees that cannot place the experts are refused naming the numbers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +14,10 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kimirt/backend/backend_factory.h"
 #include "kimirt/core/random.h"
 #include "kimirt/model/model_test_util.h"
 #include "kimirt/model/moe.h"
@@ -241,71 +244,113 @@ TEST_P(ExpertParallelTest, EachRankHoldsExactlyItsExpertsWhole) {
   }
 }
 
-// The mechanism under the logits, at the MoE op (spec §7.2 steps 3-4) on a fixture's first MoE
-// layer: on each EP rank, Backend::MoeExperts over the rank's experts (stand-ins for the others)
-// gives bit for bit what the whole experts give with the routing weights of the other ranks'
-// slots set to zero, i.e. exactly its own (token, slot) contributions; the ranks' rank-ordered
-// sum is then the one-rank output, bit for bit at top-2 (each token's two terms are added once
-// either way) and within rounding at top-4 (partial sums regroup).
-TEST_P(ExpertParallelTest, EachRankAddsExactlyItsOwnSlots) {
-  std::unique_ptr<Backend> be = MakeCpuBackend();
-  auto comm = MakeSingleRankCommunicator();
-  auto full = Model::Load(FixtureDir(GetParam()), *be, *comm);
-  ASSERT_TRUE(full.ok()) << full.status().ToString();
-  const ModelConfig& c = (*full)->config();
+// The mechanism under the logits, at the MoE op (spec §7.2 steps 3-4), on each backend built
+// ("cuda": F32 matrices, MXFP4 experts as stored; "cuda-bf16": BF16 matrices, the tensor-core
+// decode and prefill kernels): rank r's weights loaded as EP rank r of N, and the fixture's
+// first MoE layer. Backend::MoeExperts over the rank's experts (stand-ins for the others) gives
+// bit for bit what the whole experts give with the routing weights of the other ranks' slots set
+// to zero, i.e. exactly the rank's own (token, slot) contributions; the ranks' rank-ordered sum
+// is the one-rank output, bit for bit at top-2 (each token's two terms are added once either
+// way) and within rounding at top-4 (partial sums regroup). 9 rows (a decode step) and 80 (a
+// prefill chunk past the decode kernels' 64).
+class ExpertStandInTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  void SetUp() override {
+    const std::string& fixture = std::get<0>(GetParam());
+    KIMIRT_REQUIRE_FIXTURE(fixture);
+    const std::string& device = std::get<1>(GetParam());
+    auto be = MakeBackend(device == "cuda-bf16" ? "cuda" : device);
+    ASSERT_TRUE(be.ok()) << be.status().ToString();
+    backend_ = std::move(be).value();
+    if (device == "cuda-bf16") options_.matrix_dtype = DType::kBF16;
+    backend_->set_bf16_prefill(options_.matrix_dtype == DType::kBF16);  // as Model::Load sets it
+    auto config = LoadModelConfig(FixtureDir(fixture) + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    auto layout = Layout::Build(*config);
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    layout_ = std::make_unique<Layout>(std::move(layout).value());
+    auto ckpt = Checkpoint::Open(FixtureDir(fixture));
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    ckpt_ = std::move(ckpt).value();
+  }
+  // Rank `rank` of `ep` EP ranks (ep 1: the whole model).
+  ModelWeights Load(int ep, int rank) {
+    LoadOptions lo = options_;
+    lo.ep = ep;
+    auto w = LoadModelWeights(*layout_, *ckpt_, ep, rank, *backend_, lo);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(w).value() : ModelWeights{};
+  }
+  std::unique_ptr<Backend> backend_;
+  LoadOptions options_;
+  std::unique_ptr<Layout> layout_;
+  std::unique_ptr<Checkpoint> ckpt_;
+};
+
+TEST_P(ExpertStandInTest, EachRankAddsExactlyItsOwnSlots) {
+  const ModelConfig& c = layout_->config();
+  const ModelWeights full = Load(1, 0);
+  ASSERT_FALSE(full.layers.empty());
   size_t layer = 0;
-  while (!(*full)->weights().layers[layer].is_moe) ++layer;
-  const ExpertWeights& all = (*full)->weights().layers[layer].moe.experts;
-  const int64_t E = c.num_experts, T = 9, De = all.gate[0].dim(1);
+  while (!full.layers[layer].is_moe) ++layer;
+  const ExpertWeights& all = full.layers[layer].moe.experts;
+  const int64_t E = c.num_experts;
+  const int64_t De = c.ExpertHiddenSize();
   const GluParams glu = FfnActivation(c);
+  Backend& be = *backend_;
+  // MoeExperts on the device; the output on the host.
+  auto run = [&](const Tensor& z, const Tensor& idx, const Tensor& w, const ExpertWeights& ex) {
+    Tensor out = be.Empty({z.dim(0), De});
+    be.MoeExperts(be.Upload(z), be.Upload(idx), be.Upload(w), ex, glu, &out);
+    return be.Download(out);
+  };
   SplitMix64 rng(15);
-  for (int64_t k : {2, 4}) {
-    // Distinct experts per token, positive weights, random latents.
-    Tensor z = Tensor::Host({T, De}), idx = Tensor::Host({T, k}, DType::kI32), w = Tensor::Host({T, k});
-    for (int64_t i = 0; i < z.numel(); ++i) z.f32()[i] = static_cast<float>(rng.Normal());
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        int32_t e = 0;
-        do {
-          e = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(E));
-        } while (std::find(idx.i32() + t * k, idx.i32() + t * k + j, e) != idx.i32() + t * k + j);
-        idx.i32()[t * k + j] = e;
-        w.f32()[t * k + j] = static_cast<float>(0.1 + rng.Uniform());
-      }
-    }
-    Tensor want = Tensor::Host({T, De});
-    be->MoeExperts(z, idx, w, all, glu, &want);
-    for (int tp : {2, 4}) {
-      SCOPED_TRACE("top-" + std::to_string(k) + ", EP" + std::to_string(tp));
-      std::vector<Tensor> part(static_cast<size_t>(tp));
-      const std::vector<std::string> errors = OnRanks(GetParam(), tp, tp, [&](Model& m, Communicator& rc) {
-        Tensor out = Tensor::Host({T, De});
-        m.backend().MoeExperts(z, idx, w, m.weights().layers[layer].moe.experts, glu, &out);
-        part[static_cast<size_t>(rc.rank())] = out;
-      });
-      for (const std::string& e : errors) ASSERT_TRUE(e.empty()) << e;
-      Tensor sum = Tensor::Host({T, De});  // ((x0 + x1) + x2) + ..., the all-reduce's order
-      for (int r = 0; r < tp; ++r) {
-        Tensor masked = Tensor::Host({T, k});
-        for (int64_t s = 0; s < T * k; ++s) {
-          const bool own = idx.i32()[s] / (E / tp) == r;  // rank r: experts [r·E/N, (r+1)·E/N)
-          masked.f32()[s] = own ? w.f32()[s] : 0.0f;
+  for (int64_t T : {9, 80}) {
+    for (int64_t k : {2, 4}) {
+      // Distinct experts per token, positive weights, random latents.
+      Tensor z = Tensor::Host({T, De}), idx = Tensor::Host({T, k}, DType::kI32), w = Tensor::Host({T, k});
+      for (int64_t i = 0; i < z.numel(); ++i) z.f32()[i] = static_cast<float>(rng.Normal());
+      for (int64_t t = 0; t < T; ++t) {
+        int32_t* row = idx.i32() + t * k;
+        for (int64_t j = 0; j < k; ++j) {
+          do {
+            row[j] = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(E));
+          } while (std::find(row, row + j, row[j]) != row + j);
+          w.f32()[t * k + j] = static_cast<float>(0.1 + rng.Uniform());
         }
-        Tensor mine = Tensor::Host({T, De});
-        be->MoeExperts(z, idx, masked, all, glu, &mine);
-        const Tensor& got = part[static_cast<size_t>(r)];
-        EXPECT_EQ(0, std::memcmp(got.raw(), mine.raw(), mine.nbytes())) << "rank " << r;
-        for (int64_t i = 0; i < sum.numel(); ++i) sum.f32()[i] = r == 0 ? got.f32()[i] : sum.f32()[i] + got.f32()[i];
       }
-      if (k == 2) {
-        EXPECT_EQ(0, std::memcmp(sum.raw(), want.raw(), want.nbytes()));
-      } else {
-        EXPECT_LE(testing::MaxAbsDiff(sum, want), 1e-6f * std::max(1.0f, testing::MaxAbs(want)));
+      const Tensor want = run(z, idx, w, all);
+      ASSERT_GT(testing::MaxAbs(want), 0.0f);
+      for (int ep : {2, 4}) {
+        SCOPED_TRACE(std::to_string(T) + " rows, top-" + std::to_string(k) + ", EP" + std::to_string(ep));
+        Tensor sum = Tensor::Host({T, De});  // ((x0 + x1) + x2) + ..., the all-reduce's order
+        for (int r = 0; r < ep; ++r) {
+          const ModelWeights mine = Load(ep, r);
+          ASSERT_EQ(mine.layers.size(), full.layers.size());
+          const Tensor got = run(z, idx, w, mine.layers[layer].moe.experts);
+          Tensor masked = Tensor::Host({T, k});
+          for (int64_t s = 0; s < T * k; ++s) {
+            const bool own = idx.i32()[s] / (E / ep) == r;  // rank r: experts [r·E/N, (r+1)·E/N)
+            masked.f32()[s] = own ? w.f32()[s] : 0.0f;
+          }
+          const Tensor ref = run(z, idx, masked, all);
+          EXPECT_EQ(0, std::memcmp(got.raw(), ref.raw(), ref.nbytes())) << "rank " << r;
+          for (int64_t i = 0; i < sum.numel(); ++i) sum.f32()[i] = r == 0 ? got.f32()[i] : sum.f32()[i] + got.f32()[i];
+        }
+        if (k == 2) {
+          EXPECT_EQ(0, std::memcmp(sum.raw(), want.raw(), want.nbytes()));
+        } else {
+          EXPECT_LE(testing::MaxAbsDiff(sum, want), 1e-6f * std::max(1.0f, testing::MaxAbs(want)));
+        }
       }
-      EXPECT_GT(testing::MaxAbs(want), 0.0f);
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertStandInTest,
+                         ::testing::Combine(::testing::Values("tiny-a", "kimi-linear-tiny"),
+                                            ::testing::ValuesIn(testing::BuiltDevices({"cuda", "cuda-bf16"}))),
+                         testing::FixtureDeviceName);
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallelTest, ::testing::Values("tiny-a", "kimi-linear-tiny"),
                          [](const auto& info) {
