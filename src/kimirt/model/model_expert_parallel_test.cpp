@@ -1,8 +1,8 @@
 // Expert parallelism on CPU thread ranks (docs/distributed.md "Expert parallelism"): with ep = tp
 // every rank holds E / tp routed experts whole and zero stand-ins for the others. Checked on the
 // fixtures whose heads split (tiny-a, kimi-linear-tiny: 8 experts each) at TP 2 and 4: the logits
-// equal TP 1 within the tolerance of the TP test (model_consistency_test.cpp) and the greedy
-// continuation is the same; each rank holds exactly its experts (the checkpoint's values, whole)
+// equal TP 1 within twice the TP test's tolerance (model_consistency_test.cpp; why, at the test)
+// and the greedy continuation is the same; each rank holds exactly its experts (the checkpoint's values, whole)
 // and the routed-expert bytes `kimirt plan -ep` counts; at the MoE op, on every backend built
 // (the CUDA cases in a CUDA build, on one GPU), each rank adds exactly its own (token, slot)
 // contributions; degrees that cannot place the experts are refused naming the numbers.
