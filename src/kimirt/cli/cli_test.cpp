@@ -274,13 +274,23 @@ TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
   const std::string ids = "422,53,217,295,453,382,482";
   const std::string want =
       "16,207,473,268,451,25,205,486,194,208,245,403,0,416,235,189,489,184,503,57,194,238,96,360";
-  for (const char* tp : {"1", "2"}) {
+  // Also with the routed experts split by id (8 experts: 4 or 2 whole ones a rank).
+  for (const char* tp : {"1", "2", "2 --enable-expert-parallel", "4 --enable-expert-parallel"}) {
     CmdResult r = Kimirt("generate --model " + Shared("fixtures/tiny-a") + " --ids " + ids +
                          " --max-tokens 24 --ignore-eos --tp " + tp);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // stdout holds the ids (stderr, interleaved by the pipe, the timing line).
     EXPECT_NE(r.output.find(want + "\n"), std::string::npos) << "tp " << tp << ":\n" << r.output;
   }
+}
+
+TEST(CliModel, ExpertParallelOverADegreeThatDoesNotDivideTheExpertsFails) {
+  KIMIRT_REQUIRE_FILE(Shared("fixtures/tiny-a/config.json"));
+  CmdResult r = Kimirt("generate --model " + Shared("fixtures/tiny-a") + " --ids 1,2 --tp 3 --enable-expert-parallel");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("expert parallelism over 3 ranks: the 8 routed experts do not split evenly"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(CliModel, LogitsWritesEveryPosition) {

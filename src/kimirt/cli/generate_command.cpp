@@ -33,7 +33,7 @@ Result<std::vector<int32_t>> ParseIds(const std::string& text) {
 }
 
 // Runs fn on every rank of a --tp group (threads); returns rank 0's status.
-Status OnRanks(int tp, const std::string& device, const std::string& model_dir,
+Status OnRanks(int tp, bool expert_parallel, const std::string& device, const std::string& model_dir,
                const std::function<Status(Model&, Communicator&)>& fn) {
   if (tp < 1) return InvalidArgument("--tp must be >= 1");
   if (device != "cpu" && tp != 1) return Unsupported("--device " + device + " runs one GPU so far (--tp 1)");
@@ -44,7 +44,9 @@ Status OnRanks(int tp, const std::string& device, const std::string& model_dir,
       status[static_cast<size_t>(comm.rank())] = backend.status();
       return;
     }
-    auto model = Model::Load(model_dir, **backend, comm);
+    LoadOptions lo;
+    lo.ep = expert_parallel ? tp : 1;
+    auto model = Model::Load(model_dir, **backend, comm, lo);
     // Every rank loads the same checkpoint at the same degree, so they fail or succeed together.
     status[static_cast<size_t>(comm.rank())] = model.ok() ? fn(**model, comm) : model.status();
   };
@@ -60,11 +62,14 @@ Status OnRanks(int tp, const std::string& device, const std::string& model_dir,
 struct CommonFlags {
   std::string model_dir, ids_text, device = "cpu";
   int tp = 1;
+  bool expert_parallel = false;
   void Register(FlagSet& f) {
     f.String("model", &model_dir, "model directory (config.json + safetensors checkpoint)");
     f.String("device", &device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
     f.String("ids", &ids_text, "prompt token ids, comma separated");
     f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU threads)");
+    f.Bool("enable-expert-parallel", &expert_parallel,
+           "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
   }
 };
 
@@ -91,7 +96,8 @@ int RunGenerateCommand(int argc, char** argv) {
   if (common.model_dir.empty()) return Fail("generate", InvalidArgument("--model DIR is required"), 2);
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("generate", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.device, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+  Status s = OnRanks(common.tp, common.expert_parallel, common.device, common.model_dir,
+                     [&](Model& m, Communicator& comm) -> Status {
     const int64_t V = m.config().vocab_size;
     const std::vector<int64_t>& eos = m.config().eos_token_ids;
     SequenceState st = m.NewSequence();
@@ -139,7 +145,8 @@ int RunLogitsCommand(int argc, char** argv) {
   }
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("logits", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.device, common.model_dir, [&](Model& m, Communicator& comm) -> Status {
+  Status s = OnRanks(common.tp, common.expert_parallel, common.device, common.model_dir,
+                     [&](Model& m, Communicator& comm) -> Status {
     SequenceState st = m.NewSequence();
     KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids));
     if (comm.rank() != 0) return Status::Ok();

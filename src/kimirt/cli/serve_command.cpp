@@ -102,6 +102,9 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("port", &port, "port to bind (0: any free port; the bound one is printed)");
   f.String("device", &device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp N takes GPUs 0..N-1)");
   f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU: threads or processes; CUDA: one process per GPU)");
+  bool expert_parallel = false;
+  f.Bool("enable-expert-parallel", &expert_parallel,
+         "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
   f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
   std::string dtype = "auto";
   f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
@@ -192,6 +195,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.device = device;
   ro.matrix_dtype = *matrix_dtype;
   ro.tp = tp;
+  ro.ep = expert_parallel ? tp : 1;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);

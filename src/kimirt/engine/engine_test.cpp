@@ -358,6 +358,52 @@ namespace {
 INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::ValuesIn(testing::BuiltDevices()),
                          [](const auto& info) { return info.param; });
 
+// A greedy request for RunGreedy: id, prompt, tokens to generate.
+struct GreedyRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 0;
+};
+std::vector<int32_t> TestPrompt(int len, int salt) {
+  std::vector<int32_t> p;
+  for (int k = 0; k < len; ++k) p.push_back((k * 31 + salt) % 512);
+  return p;
+}
+
+// `requests` through an engine on a runner of tiny-a made with `ro` (block size 8); each
+// request's result, in order. With `logprobs`, each token's logprob comes back too.
+std::vector<Collector::Result> RunGreedy(RunnerOptions ro, const std::vector<GreedyRequest>& requests,
+                                         bool logprobs = false) {
+  ro.block_size = 8;
+  auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+  if (!runner.ok()) return {};
+  EngineOptions o;
+  o.prefill_chunk = 16;
+  o.max_num_batched_tokens = 64;
+  auto engine = Engine::Create(**runner, nullptr, o);
+  EXPECT_TRUE(engine.ok());
+  Collector c;
+  std::vector<std::string> ids;
+  for (const GreedyRequest& g : requests) {
+    EngineRequest r;
+    r.id = g.id;
+    r.prompt = g.prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = g.max_tokens;
+    r.params.ignore_eos = true;
+    if (logprobs) r.params.logprobs = 0;
+    r.on_output = c.Callback();
+    ids.push_back(r.id);
+    EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+  }
+  EXPECT_TRUE(c.Wait(ids));
+  std::vector<Collector::Result> out;
+  for (const std::string& id : ids) out.push_back(c.Get(id));
+  (*engine)->Shutdown(true);
+  return out;
+}
+
 TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   auto run = [](int tp) {
@@ -372,6 +418,55 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
   const auto one = run(1);
   ASSERT_EQ(one.size(), 4u);
   EXPECT_EQ(run(2), one);
+}
+
+// Expert parallelism through the engine (docs/distributed.md "Expert parallelism"): TP 2 with
+// ep 2 generates what one rank does, and a request's tokens and logprobs are bit-identical alone
+// or among 15 others (on the CPU each sequence forwards alone; the ranks' all-reduce sums in rank
+// order, whatever else runs).
+TEST(EngineExpertParallel, TwoRanksGenerateWhatOneRankDoesAloneOrAmongOthers) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  const GreedyRequest probe{"probe", TestPrompt(37, 3), 14};
+  std::vector<GreedyRequest> crowd;
+  for (int i = 0; i < 15; ++i) {
+    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
+    if (i == 7) crowd.push_back(probe);
+  }
+  RunnerOptions ro;
+  ro.num_kv_blocks = 512;
+  const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);
+  ro.tp = ro.ep = 2;
+  const Collector::Result alone = RunGreedy(ro, {probe}, true).at(0);
+  const Collector::Result among = RunGreedy(ro, crowd, true).at(8);
+  ASSERT_EQ(one.tokens.size(), 14u);
+  EXPECT_EQ(alone.tokens, one.tokens);
+  EXPECT_EQ(among.tokens, alone.tokens);
+  ASSERT_EQ(among.logprobs.size(), alone.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(among.logprobs.data(), alone.logprobs.data(), alone.logprobs.size() * sizeof(float)))
+      << "logprobs differ in their bits";
+}
+
+TEST(EngineExpertParallel, DegreesAndExecutorsItCannotRunAreRefused) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions ro;
+  ro.num_kv_blocks = 16;
+  ro.tp = 3;  // tiny-a has 8 experts
+  ro.ep = 3;
+  auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("the 8 routed experts do not split evenly"), std::string::npos)
+      << runner.status().message();
+  ro.tp = 4;
+  ro.ep = 2;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("ep must be 1 or -tp 4, got 2"), std::string::npos)
+      << runner.status().message();
+  ro.ep = 4;
+  ro.process_ranks = true;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), ErrorCode::kUnsupported) << runner.status().ToString();
 }
 
 TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {

@@ -131,7 +131,10 @@ class ThreadRanksRunner final : public ModelRunner {
         const size_t k = static_cast<size_t>(comm.rank());
         Status st = [&]() -> Status {
           KIMIRT_ASSIGN_OR_RETURN(raw->backends_[k], MakeBackend(o.device));
-          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(dir, *raw->backends_[k], comm));
+          LoadOptions lo;
+          lo.matrix_dtype = o.matrix_dtype;
+          lo.ep = o.ep;
+          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(dir, *raw->backends_[k], comm, lo));
           KIMIRT_ASSIGN_OR_RETURN(CacheSizes sizes, SizeCaches(*raw->models_[k], o));
           if (k == 0) raw->sizes_ = sizes;
           raw->ranks_[k].model = raw->models_[k].get();
@@ -309,6 +312,14 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
+  }
+  if (o.ep != 1 && o.ep != o.tp) {
+    return InvalidArgument("expert parallelism spans the TP group: ep must be 1 or -tp " + std::to_string(o.tp) +
+                           ", got " + std::to_string(o.ep));
+  }
+  if (o.ep > 1 && (o.process_ranks || o.device != "cpu")) {
+    return Unsupported("--enable-expert-parallel runs on CPU thread ranks so far: process ranks (every GPU, and "
+                       "--distributed-executor-backend mp) do not carry it to their followers yet");
   }
   if (o.tp == 1) {
     LoadedModel owned;

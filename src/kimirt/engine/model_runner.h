@@ -27,6 +27,9 @@ struct RunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
   DType matrix_dtype = DType::kF32;  // GEMM weights as held on the device (weights.h LoadOptions)
   int tp = 1;                // ranks (CPU: threads, or processes; CUDA: one process per GPU)
+  // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
+  // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
+  int ep = 1;
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;
   // GPU devices: when > 0, the latent cache gets what this fraction of the GPU's memory leaves

@@ -88,6 +88,22 @@ Status Layout::CheckParallelism(const Parallelism& par) const {
     return Unsupported("expert parallelism must be 1 or equal to the TP degree (" +
                        std::to_string(par.tp) + "), got " + std::to_string(par.ep));
   }
+  if (par.ep > 1) {
+    // Expert parallelism places whole experts, E / ep on each rank (spec §11; vLLM's
+    // --enable-expert-parallel): there must be routed experts, and as many on every rank.
+    const int64_t E = config_.num_experts;
+    if (config_.NumMoeLayers() == 0) {
+      return InvalidArgument("expert parallelism over " + std::to_string(par.ep) +
+                             " ranks needs routed experts, and this model has none (its " +
+                             std::to_string(config_.num_hidden_layers) + " layers are all dense MLPs)");
+    }
+    if (E % par.ep != 0) {
+      return InvalidArgument("expert parallelism over " + std::to_string(par.ep) + " ranks: the " +
+                             std::to_string(E) + " routed experts do not split evenly (" + std::to_string(E) +
+                             " % " + std::to_string(par.ep) + " = " + std::to_string(E % par.ep) +
+                             "); use a TP degree that divides " + std::to_string(E));
+    }
+  }
   if (par.pad_align < 1 || par.pad_align % 32 != 0) {
     return InvalidArgument("MoE pad_align must be a positive multiple of 32, got " +
                            std::to_string(par.pad_align));
@@ -177,9 +193,7 @@ TensorSlice Layout::SliceFor(const TensorSpec& t, const Parallelism& par, int ra
     }
     case PlacementKind::kExpertShard: {
       if (par.ep > 1) {
-        const int64_t experts = config_.num_experts;
-        const int64_t per_rank = CeilDiv(experts, par.ep);
-        if (t.expert / per_rank != rank) {
+        if (!ExpertsOf(par, rank).contains(t.expert)) {
           s.loaded = false;
           s.dim = -1;
           return s;
@@ -200,6 +214,13 @@ TensorSlice Layout::SliceFor(const TensorSpec& t, const Parallelism& par, int ra
   s.loaded_bytes = per_index * static_cast<uint64_t>(s.length);
   s.allocated_bytes = per_index * static_cast<uint64_t>(s.allocated);
   return s;
+}
+
+Layout::ExpertRange Layout::ExpertsOf(const Parallelism& par, int rank) const {
+  if (par.ep <= 1) return {0, config_.num_experts};
+  const int64_t per_rank = CeilDiv(config_.num_experts, par.ep);  // exact once CheckParallelism passed
+  const int64_t first = std::min<int64_t>(rank * per_rank, config_.num_experts);
+  return {first, std::min<int64_t>(per_rank, config_.num_experts - first)};
 }
 
 Status LayoutMismatch::ToStatus(std::string_view checkpoint_dir) const {

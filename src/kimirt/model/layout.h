@@ -83,7 +83,8 @@ struct TensorSpec {
 // How the ranks of one model replica divide the weights.
 struct Parallelism {
   int tp = 1;         // tensor parallel degree
-  int ep = 1;         // expert parallel degree: 1, or == tp (experts split by id over the TP group)
+  int ep = 1;         // expert parallel degree: 1, or == tp (experts split by id over the TP group;
+                      // the degree must divide the routed expert count)
   int pad_align = 128;  // FusedMoE per-rank intermediate padding (ATOM pad_align for Kimi, §11)
   bool load_vision = false;  // load the vision tower (replicated) instead of skipping it
   // The loader widens MXFP4 experts before slicing them (CPU backend), so a slice may cut a
@@ -113,8 +114,16 @@ class Layout {
   uint64_t total_bytes() const;
 
   // Checks that `par` can split every loaded tensor (heads divisible by tp, ...). The error names
-  // the first tensor that cannot be split and why.
+  // the first tensor that cannot be split and why; under expert parallelism, first that the
+  // model has routed experts and that ep divides their count.
   Status CheckParallelism(const Parallelism& par) const;
+  // The routed experts `rank` holds whole under expert parallelism (par.ep > 1): ids
+  // [first, first + count), E / ep of them. With ep == 1 every rank holds every expert (sliced).
+  struct ExpertRange {
+    int64_t first = 0, count = 0;
+    bool contains(int64_t e) const { return e >= first && e < first + count; }
+  };
+  ExpertRange ExpertsOf(const Parallelism& par, int rank) const;
   // The slice of `t` that `rank` loads. Call CheckParallelism first; a split that does not
   // divide is then a programmer error.
   TensorSlice SliceFor(const TensorSpec& t, const Parallelism& par, int rank) const;

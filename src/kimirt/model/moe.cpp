@@ -41,8 +41,9 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   Tensor z = c.UsesLatentMoe() ? m.Linear(y, w.latent_down) : y;
   Tensor routed = be.Empty({T, z.dim(1)});
   be.MoeExperts(z, idx, weights, w.experts, m.glu, &routed);
-  // Each rank holds a slice of every expert's intermediate width: sum the partial outputs
-  // BEFORE the latent norm, which is not linear (spec §7.2 TP caveat).
+  // Each rank holds a slice of every expert's intermediate width (TP), or its E/N experts whole
+  // with zero stand-ins for the rest (EP: weights.cpp AddExpertStandIns): sum the partial
+  // outputs, in rank order, BEFORE the latent norm, which is not linear (spec §7.2 TP caveat).
   m.AllReduce(&routed);
   // Steps 5-6: latent norm and up-projection.
   if (c.UsesLatentMoe()) {

@@ -3,9 +3,11 @@
 // field its role binds to (weight_binding.cpp). MXFP4 experts (spec §2.9): on CUDA their codes and
 // scales are kept as stored, each sliced as `kimirt plan` places it (a slice never cuts a scale
 // group: Layout::CheckParallelism); on the CPU (the F32 reference) the pair is dequantized exactly
-// and sliced after widening.
+// and sliced after widening. Under expert parallelism a rank reads only its own routed experts,
+// whole, and the others' entries become zero stand-ins (AddExpertStandIns).
 #include "kimirt/model/weights.h"
 
+#include <array>
 #include <cstring>
 #include <set>
 #include <string>
@@ -55,10 +57,14 @@ class Loader {
          bool mxfp4_as_stored)
       : layout_(layout), ckpt_(ckpt), rank_(rank), backend_(backend), options_(o) {
     par_.tp = tp;
+    par_.ep = o.ep;
     par_.experts_dequantized = !mxfp4_as_stored;
   }
 
   Status Check() const { return layout_.CheckParallelism(par_); }
+  const Parallelism& par() const { return par_; }
+  // Whether this rank holds any of `spec` (false: another EP rank's expert, or the vision tower).
+  bool Holds(const TensorSpec& spec) const { return layout_.SliceFor(spec, par_, rank_).loaded; }
 
   // The rank's slice of `spec` as a device tensor, held as `held`.
   Result<Tensor> Load(const TensorSpec& spec, HeldAs held) {
@@ -103,9 +109,10 @@ class Loader {
   Result<Tensor> Place(const TensorSpec& spec, Tensor full, HeldAs held, bool exact_bf16) {
     Tensor part = full;
     const Placement& p = spec.placement;
-    if (p.kind == PlacementKind::kExpertShard || p.kind == PlacementKind::kHeadVector) {
-      // Experts: logical intermediate elements per rank. Head vectors: also at TP 1, to strip
-      // the stored padding (K3 stores 128 per-head log-rates for 96 heads, spec §2.4).
+    if ((p.kind == PlacementKind::kExpertShard && par_.ep == 1) || p.kind == PlacementKind::kHeadVector) {
+      // Experts under TP: logical intermediate elements per rank (EP: whole, SliceFor below).
+      // Head vectors: also at TP 1, to strip the stored padding (K3 stores 128 per-head
+      // log-rates for 96 heads, spec §2.4).
       const int64_t per = p.units / par_.tp;
       part = SliceAlong(full, p.dim, rank_ * per, per, per);
     } else {
@@ -177,13 +184,87 @@ Status CheckExperts(const ExpertWeights& ex, int layer) {
   return Status::Ok();
 }
 
+// Expert parallelism (docs/distributed.md "Expert parallelism"; spec §7.2 steps 3-4, §11): the
+// entries of the routed experts other ranks hold point at zeros shaped like this rank's own, so
+// Backend::MoeExperts runs as it is on every backend (no kernel knows about EP). The router is
+// replicated, so every rank sees the same (token, slot) choices; a slot routed to another rank's
+// expert computes GLU(0, 0) = 0 through a zero down-projection: an output of exactly ±0, which the
+// combine weights and adds in its slot order as a no-op (x + ±0 = x, and the sum starts at +0).
+// Each rank's routed output is therefore exactly the slot-ordered sum of its own experts'
+// weighted outputs — the bits a kernel skipping the other experts would give — and the
+// all-reduce after the MoE sums the ranks in rank order, deterministic and row-independent
+// (rows stay independent: the stand-ins change no grouping a row could see). We chose this over
+// masking the routing on the device (remapped ids, zero weights), which needs a new device op;
+// the price is compute on zeros for other ranks' slots, which a kernel that skips null experts
+// can drop later without changing a bit.
+//
+// Each layer's stand-in gate is its own view of the buffer (whole 16-byte steps apart): a
+// backend may cache per-weight-set data under the first gate's address (the CUDA backend's
+// expert pointer tables), and expert 0 is a stand-in on every rank but 0.
+Status AddExpertStandIns(const Layout& layout, const Parallelism& par, int rank, Backend& backend, ModelWeights* w) {
+  if (par.ep <= 1) return Status::Ok();
+  const Layout::ExpertRange own = layout.ExpertsOf(par, rank);
+  const int64_t moe_layers = layout.config().NumMoeLayers();
+  std::array<Tensor, 6> buffer;  // per ExpertWeights list (gate, up, down, their scales)
+  std::array<Tensor, 6> first;   // the own expert each buffer was shaped on
+  int64_t gate_step = 0;         // rows between two layers' stand-in gates
+  int64_t moe = 0;
+  for (size_t i = 0; i < w->layers.size(); ++i) {
+    LayerWeights& l = w->layers[i];
+    if (!l.is_moe) continue;
+    ExpertWeights& ex = l.moe.experts;
+    const std::array<std::vector<Tensor>*, 6> lists = {&ex.gate,        &ex.up,        &ex.down,
+                                                       &ex.gate_scales, &ex.up_scales, &ex.down_scales};
+    for (size_t k = 0; k < lists.size(); ++k) {
+      std::vector<Tensor>& v = *lists[k];
+      const Tensor& mine = v[static_cast<size_t>(own.first)];
+      if (!mine.defined() || mine.numel() == 0) continue;  // not held on this backend (CPU: scales)
+      if (!buffer[k].defined()) {
+        first[k] = mine;
+        Shape shape = mine.shape();
+        if (k == 0) {
+          KIMIRT_CHECK(mine.rank() == 2);
+          const int64_t row_bytes = mine.dim(1) * static_cast<int64_t>(DTypeSize(mine.dtype()));
+          gate_step = 1;
+          while (gate_step * row_bytes % 16 != 0) ++gate_step;
+          shape[0] += (moe_layers - 1) * gate_step;
+        }
+        buffer[k] = backend.Zeros(shape, mine.dtype());
+        w->expert_stand_ins.push_back(buffer[k]);
+      } else if (mine.shape() != first[k].shape() || mine.dtype() != first[k].dtype()) {
+        return Internal("layer " + std::to_string(i) + " expert " + std::to_string(own.first) + " is " +
+                        mine.ToString() + ", but an earlier MoE layer's is " + first[k].ToString() +
+                        ": expert parallelism's stand-ins need every MoE layer's experts alike");
+      }
+      const Tensor stand_in = k == 0 ? buffer[0].Rows(moe * gate_step, mine.dim(0)) : buffer[k];
+      for (int64_t e = 0; e < static_cast<int64_t>(v.size()); ++e) {
+        if (!own.contains(e)) v[static_cast<size_t>(e)] = stand_in;
+      }
+    }
+    ++moe;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 uint64_t HeldBytes(const ModelWeights& w) {
   std::set<const void*> seen;
   uint64_t total = 0;
+  // Expert stand-ins are views of a few buffers: each buffer counts once, its views not at all.
+  for (const Tensor& b : w.expert_stand_ins) {
+    if (seen.insert(b.raw()).second) total += b.nbytes();
+  }
+  auto stand_in = [&](const Tensor& t) {
+    const uint8_t* p = static_cast<const uint8_t*>(t.raw());
+    for (const Tensor& b : w.expert_stand_ins) {
+      const uint8_t* base = static_cast<const uint8_t*>(b.raw());
+      if (p >= base && p < base + b.nbytes()) return true;
+    }
+    return false;
+  };
   auto add = [&](const Tensor& t) {
-    if (t.defined() && t.nbytes() > 0 && seen.insert(t.raw()).second) total += t.nbytes();
+    if (t.defined() && t.nbytes() > 0 && !stand_in(t) && seen.insert(t.raw()).second) total += t.nbytes();
   };
   auto add_mlp = [&](const MlpWeights& m) {
     for (const Tensor* t : {&m.gate, &m.up, &m.down}) add(*t);
@@ -231,6 +312,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
   for (const TensorSpec& t : layout.tensors()) {
     const WeightBinding b = BindWeight(w, t);
     if (b.field == nullptr) continue;  // the vision tower: not part of the text model
+    if (!ld.Holds(t)) continue;        // another rank's routed expert (expert parallelism)
     if (b.held == HeldAs::kMxfp4 && mxfp4_as_stored) {
       KIMIRT_ASSIGN_OR_RETURN(*b.field, ld.LoadStored(t));
     } else if (IsMxfp4Codes(t.role)) {
@@ -247,6 +329,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
       if (t.role == TensorRole::kEmbed) w.embed_row_begin = ld.vocab_begin();
     }
   }
+  KIMIRT_RETURN_IF_ERROR(AddExpertStandIns(layout, ld.par(), rank, backend, &w));
   for (size_t i = 0; i < w.layers.size(); ++i) {
     KIMIRT_RETURN_IF_ERROR(CheckExperts(w.layers[i].moe.experts, static_cast<int>(i)));
   }

@@ -47,7 +47,10 @@ struct MoeWeights {
   Tensor latent_up;     // [D, Dl]
   Tensor latent_norm;   // [Dl]
   MlpWeights shared;    // sharded like a dense MLP
-  ExpertWeights experts;  // every expert, intermediate sliced
+  // One entry per routed expert. Tensor parallelism: every expert, intermediate sliced. Expert
+  // parallelism: this rank's experts whole; the others' entries are zero stand-ins
+  // (ModelWeights::expert_stand_ins), so they add exactly nothing to the routed output.
+  ExpertWeights experts;
 };
 
 struct LayerWeights {
@@ -69,6 +72,9 @@ struct ModelWeights {
   Tensor norm;                // [D]
   Tensor out_res_norm, out_res_proj;  // [D]
   std::vector<LayerWeights> layers;
+  // Expert parallelism: the zero buffers the stand-ins of other ranks' experts are views of
+  // (weights.cpp AddExpertStandIns), one expert's worth whatever the layer count.
+  std::vector<Tensor> expert_stand_ins;
 };
 
 // How weights are held on the device. The math is F32 either way; `matrix_dtype` BF16 keeps the
@@ -79,16 +85,22 @@ struct ModelWeights {
 // the CPU backend only F32.
 struct LoadOptions {
   DType matrix_dtype = DType::kF32;
+  // Expert parallelism (vLLM's --enable-expert-parallel; docs/distributed.md "Expert
+  // parallelism"): 1, or the TP degree — each rank then holds E / tp routed experts whole
+  // (Layout::ExpertsOf) instead of every expert's slice of the intermediate width.
+  int ep = 1;
 };
 
 // Loads rank `rank` of `tp` from `checkpoint` onto `backend`. MXFP4 routed experts are held as
 // stored (codes + scales, ExpertWeights) on CUDA and widened to F32 on the CPU (the reference).
+// With options.ep > 1 (== tp) the other ranks' routed experts are not read at all.
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
                                       int rank, Backend& backend,
                                       const LoadOptions& options = {});
 
-// Bytes of the tensors `w` holds, each counted once (a tied embedding is one tensor): what the
-// backend allocated for the weights, to set against the planner's figure.
+// Bytes of the tensors `w` holds, each counted once (a tied embedding is one tensor; the expert
+// stand-ins once, as the buffers they view): what the backend allocated for the weights, to set
+// against the planner's figure.
 uint64_t HeldBytes(const ModelWeights& w);
 
 }  // namespace kimirt

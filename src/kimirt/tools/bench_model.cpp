@@ -84,9 +84,10 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   return static_cast<uint64_t>(shared + touched * experts + latent + kda);
 }
 
-uint64_t PlannedWeightBytes(const Layout& layout, int tp) {
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep) {
   Parallelism par;
   par.tp = tp;  // experts as stored, vision not loaded: as `kimirt plan` places them
+  par.ep = ep;
   uint64_t total = 0;
   for (const TensorSpec& t : layout.tensors()) {
     const TensorSlice s = layout.SliceFor(t, par, 0);
@@ -124,6 +125,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.device = opt.device;
   ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
+  ro.ep = opt.expert_parallel ? opt.tp : 1;
   ro.block_size = 64;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
   // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
@@ -168,9 +170,10 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   // CUDA holds MXFP4 experts as stored (weights.h); the CPU widens every weight to F32.
   const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
-  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp);
+  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep);
   report.weight_bytes_on_device = held_bytes;
   report.tp = opt.tp;
+  report.ep = ro.ep;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.prefill_chunk = opt.prefill_chunk;
@@ -265,7 +268,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 }
 
 std::string BenchModelReport::ToText() const {
-  std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + ", prompt " + std::to_string(prompt_len) +
+  std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + (ep > 1 ? " EP" + std::to_string(ep) : "") +
+                  ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
   if (weight_bytes_planned > 0) {
     char held[160];
@@ -304,6 +308,7 @@ std::string BenchModelReport::ToJson() const {
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
   j["tp"] = tp;
+  j["ep"] = ep;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;
   j["prefill_chunk"] = prefill_chunk;

@@ -29,8 +29,8 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
                          int weight_bytes, bool mxfp4_as_stored = false);
 
 // Rank 0's weight bytes as `kimirt plan` counts them per GPU (tools/plan.h: the slices as placed,
-// padding included, experts as stored, the vision tower not loaded).
-uint64_t PlannedWeightBytes(const Layout& layout, int tp);
+// padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep.
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
@@ -39,6 +39,7 @@ struct BenchModelOptions {
   std::string device = "cpu";  // or "cuda"
   DType matrix_dtype = DType::kF32;
   int tp = 1;
+  bool expert_parallel = false;  // routed experts split by id over the tp ranks (ep = tp)
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
   int64_t decode_tokens = 16;
@@ -67,6 +68,7 @@ struct BenchModelReport {
   uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
   int tp = 1;
+  int ep = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;

@@ -1,5 +1,6 @@
 // bench model's planned weight bytes are `kimirt plan`'s per-GPU weights, for the K3 2-layer
-// bench config and the full K3 at TP 1 and 8 (the figure the device's held bytes are set against).
+// bench config and the full K3 at TP 1 and 8, and at TP 8 with EP 8 (the figure the device's held
+// bytes are set against).
 #include <gtest/gtest.h>
 
 #include "kimirt/model/config.h"
@@ -27,6 +28,13 @@ TEST(BenchModel, PlannedWeightBytesArePlansPerGpuWeights) {
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       EXPECT_EQ(PlannedWeightBytes(*layout, tp), plan->heaviest().weights) << "TP" << tp;
     }
+    // Expert parallelism (bench model --enable-expert-parallel): plan -tp 8 -ep 8's figure.
+    PlanOptions po;
+    po.par.tp = po.par.ep = 8;
+    po.suggest = false;
+    auto plan = PlanFromLayout(*layout, po, "--config");
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(PlannedWeightBytes(*layout, 8, 8), plan->heaviest().weights);
   }
 }
 
