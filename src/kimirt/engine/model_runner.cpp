@@ -317,10 +317,6 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     return InvalidArgument("expert parallelism spans the TP group: ep must be 1 or -tp " + std::to_string(o.tp) +
                            ", got " + std::to_string(o.ep));
   }
-  if (o.ep > 1 && (o.process_ranks || o.device != "cpu")) {
-    return Unsupported("--enable-expert-parallel runs on CPU thread ranks so far: process ranks (every GPU, and "
-                       "--distributed-executor-backend mp) do not carry it to their followers yet");
-  }
   if (o.tp == 1) {
     LoadedModel owned;
     KIMIRT_ASSIGN_OR_RETURN(owned.backend, MakeBackend(o.device));

@@ -125,7 +125,8 @@ Message OptionsMessage(const std::string& dir, const RunnerOptions& o, int store
          o.rank_timeout_ms,
          o.follower_cpu_threads,
          std::bit_cast<int64_t>(o.gpu_memory_utilization),
-         store_port};
+         store_port,
+         o.ep};
   m.text = dir + '\n' + o.device;
   return m;
 }
@@ -138,7 +139,7 @@ struct FollowerOptions {
 
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
-  if (m.a.size() != 13 || nl == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 14 || nl == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -152,6 +153,7 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.rank_timeout_ms = static_cast<int>(m.a[9]);
   o.follower_cpu_threads = static_cast<int>(m.a[10]);
   o.gpu_memory_utilization = std::bit_cast<double>(m.a[11]);
+  o.ep = static_cast<int>(m.a[13]);
   o.device = m.text.substr(nl + 1);
   return FollowerOptions{m.text.substr(0, nl), o, static_cast<int>(m.a[12])};
 }
@@ -213,6 +215,7 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
 Status LoadRank(const std::string& dir, RunnerOptions o, LoadedRank* out) {
   LoadOptions lo;
   lo.matrix_dtype = o.matrix_dtype;
+  lo.ep = o.ep;
   KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(dir, *out->backend, *out->comm, lo));
   out->model->set_decode_graphs(!o.enforce_eager);
   if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {

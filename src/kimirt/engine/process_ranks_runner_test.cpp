@@ -24,9 +24,10 @@ using testing::Trace;
 
 std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
 
-RunnerOptions Options(bool processes, int tp = 2) {
+RunnerOptions Options(bool processes, int tp = 2, bool ep = false) {
   RunnerOptions o;
   o.tp = tp;
+  o.ep = ep ? tp : 1;
   o.block_size = 8;
   o.num_kv_blocks = 64;
   o.max_kda_snapshots = 4;
@@ -59,6 +60,26 @@ TEST_P(ProcessRanks, LogitsEqualThreadRanksBitForBit) {
   EXPECT_EQ(std::memcmp(got.back().data(), got[1].data() + got[1].size() - got.back().size(),
                         got.back().size() * sizeof(float)), 0);
   EXPECT_TRUE((*procs)->health().ok());
+}
+
+// Expert parallelism travels to the followers: each loads its own experts (and the zero
+// stand-ins for the others) exactly as the thread ranks do, so the logits are the same bits.
+TEST(ProcessRanksExpertParallel, LogitsEqualThreadRanksBitForBit) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    auto threads = ModelRunner::Create(Fixture("tiny-a"), Options(false, tp, /*ep=*/true));
+    ASSERT_TRUE(threads.ok()) << threads.status().ToString();
+    auto procs = ModelRunner::Create(Fixture("tiny-a"), Options(true, tp, /*ep=*/true));
+    ASSERT_TRUE(procs.ok()) << procs.status().ToString();
+    const auto want = Trace(**threads);
+    const auto got = Trace(**procs);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
+      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
