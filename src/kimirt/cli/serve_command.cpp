@@ -27,9 +27,12 @@
 #include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/cli/load_progress.h"
+#include "kimirt/dist/launch_env.h"
+#include "kimirt/dist/serve_ranks.h"
 #include "kimirt/engine/engine.h"
 #include "kimirt/engine/kda_snapshot_budget.h"
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/engine/process_ranks_runner.h"
 #include "kimirt/model/config.h"
 #include "kimirt/server/log.h"
 #include "kimirt/server/openai_server.h"
@@ -40,7 +43,11 @@ namespace kimirt {
 namespace {
 
 std::atomic<int> g_signal{0};
-void OnSignal(int sig) { g_signal.store(sig); }
+std::atomic<bool> g_stop{false};  // the same, for a follower node's supervisor (RunFollowerNode)
+void OnSignal(int sig) {
+  g_signal.store(sig);
+  g_stop.store(true);
+}
 
 int Fail(const Status& s, int code = 1) {
   std::fprintf(stderr, "kimirt serve: %s\n", s.message().c_str());
@@ -125,6 +132,14 @@ int RunServeCommand(int argc, char** argv) {
   f.String("distributed-executor-backend", &executor,
            "-tp > 1 on CPU: threads (one process) or mp (one process per rank; docs/distributed.md); "
            "CUDA always runs mp");
+  LaunchFlags lf;
+  f.Int("nnodes", &lf.nnodes, "nodes of a multi-node run (process ranks; docs/distributed.md \"Multi-node\")");
+  f.Int("node-rank", &lf.node_rank, "this node's index in [0, nnodes): node 0 serves HTTP, the others follow");
+  f.String("master-addr", &lf.master_addr, "host of rank 0 (node 0), for the other nodes (overrides MASTER_ADDR)");
+  f.Int("master-port", &lf.master_port, "port rank 0 listens on for the other nodes' ranks (overrides MASTER_PORT)");
+  double rank_timeout_s = 300;
+  f.Double("rank-timeout-s", &rank_timeout_s,
+           "process ranks: the longest one rank waits for another (to connect, load or finish a step)");
   bool enforce_eager = false;
   f.Bool("enforce-eager", &enforce_eager, "no CUDA graphs: run every decode step op by op (default: graphs)");
   std::string api_key, tool_parser, reasoning_parser, chat_kwargs, origins = "*", log_level = "info";
@@ -209,6 +224,41 @@ int RunServeCommand(int argc, char** argv) {
   }
   ro.process_ranks = executor == "mp" && tp > 1;
   ro.follower_cpu_threads = threads;
+  if (!(rank_timeout_s > 0 && rank_timeout_s < 2e6)) return Fail(InvalidArgument("--rank-timeout-s must be in (0, 2e6)"), 2);
+  ro.rank_timeout_ms = static_cast<int>(rank_timeout_s * 1000);
+  if (ro.process_ranks || (tp > 1 && device == "cuda")) {
+    // One process per rank: this process may be rank 0 (it serves), another node's launcher, or
+    // one follower rank started by torchrun / srun / mpirun (dist/serve_ranks.h).
+    Result<LaunchEnv> env = ResolveLaunchEnv(tp, lf, ProcessEnv());
+    if (!env.ok()) return Fail(env.status(), 2);
+    const ServeRanks plan = PlanServeRanks(*env);
+    if (plan.role == ServeRole::kFollower) {
+      std::fprintf(stderr, "kimirt serve: rank %d of %d (%s): follows rank 0 at %s:%d\n", env->rank, env->world_size,
+                   LaunchSourceName(env->source), env->master_addr.c_str(), env->master_port);
+      return RunProcessRankWorker(FollowerStart{env->rank, env->world_size, env->local_rank, env->master_addr,
+                                                env->master_port, ro.rank_timeout_ms});
+    }
+    if (plan.role == ServeRole::kNodeLauncher) {
+      std::fprintf(stderr, "kimirt serve: node %d of %d (%s) starts ranks %d..%d of %d, following rank 0 at %s:%d\n",
+                   env->node_rank, env->nnodes, LaunchSourceName(env->source), env->first_rank,
+                   env->first_rank + env->local_world_size - 1, env->world_size, env->master_addr.c_str(),
+                   env->master_port);
+      std::signal(SIGINT, OnSignal);
+      std::signal(SIGTERM, OnSignal);
+      if (Status s = RunFollowerNode(*env, ro.rank_timeout_ms, &g_stop); !s.ok()) return Fail(s);
+      return g_stop ? 1 : 0;
+    }
+    ro.master_port = plan.listen_port;
+    ro.local_followers = plan.spawn_followers;
+    if (env->source != LaunchSource::kLocal) {
+      std::fprintf(stderr, "kimirt serve: rank 0 of %d (%s) serves; %d of its ranks start here, the others connect "
+                           "to port %d\n", env->world_size, LaunchSourceName(env->source), 1 + plan.spawn_followers,
+                   plan.listen_port);
+    }
+  } else if (lf.nnodes >= 0 || lf.node_rank >= 0 || !lf.master_addr.empty() || lf.master_port >= 0) {
+    return Fail(InvalidArgument("--nnodes, --node-rank, --master-addr and --master-port need one process per rank: "
+                                "-tp 2 or more with --distributed-executor-backend mp, or --device cuda"), 2);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   LoadProgress progress(model_dir);
   Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);

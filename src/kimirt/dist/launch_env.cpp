@@ -243,8 +243,10 @@ Result<LaunchEnv> ResolveLaunchEnv(int world_size, const LaunchFlags& flags, con
   }
   KIMIRT_RETURN_IF_ERROR(
       SplitOverNodes(world_size, nnodes, flags.node_rank < 0 ? 0 : flags.node_rank, "--nnodes", "--node-rank", &e));
-  KIMIRT_RETURN_IF_ERROR(ResolveMaster(flags, env, nnodes == 1 ? "127.0.0.1" : "", true,
-                                       "every node must name the host of node 0", &e));
+  // Node 0 is the master's own host: its ranks reach rank 0 there without being told its name.
+  const bool on_master_host = nnodes == 1 || flags.node_rank <= 0;
+  KIMIRT_RETURN_IF_ERROR(ResolveMaster(flags, env, on_master_host ? "127.0.0.1" : "", true,
+                                       "every node but node 0 must name the host of node 0", &e));
   return e;
 }
 

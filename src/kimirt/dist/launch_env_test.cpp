@@ -225,6 +225,9 @@ TEST(LaunchEnv, ExplicitFlags) {
   g = f;
   g.master_addr.clear();
   ExpectError(16, {}, g, {"MASTER_ADDR is not set", "--master-addr"});
+  g.node_rank = 0;  // node 0 is the master's host: it needs no address
+  EXPECT_EQ(Ok(16, {}, g).master_addr, "127.0.0.1");
+  EXPECT_EQ(Ok(16, {}, g).first_rank, 0);
   g = f;
   g.nnodes = 3;
   ExpectError(16, {}, g, {"16 ranks", "--nnodes 3"});

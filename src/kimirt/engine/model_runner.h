@@ -56,6 +56,12 @@ struct RunnerOptions {
   // Process ranks: each follower's CPU backend threads (SetCpuBackendThreads; 0: all cores), as
   // serve --threads sets them in rank 0's process.
   int follower_cpu_threads = 0;
+  // Process ranks across nodes (docs/distributed.md "Multi-node"; dist/serve_ranks.h): the port
+  // rank 0's followers connect to, on every interface (0: a free one, one host only), and how
+  // many of them rank 0 starts itself — ranks 1..local_followers, its node's share (-1: all
+  // tp - 1). The others are started on their nodes and connect on their own.
+  int master_port = 0;
+  int local_followers = -1;
 };
 
 class ModelRunner {

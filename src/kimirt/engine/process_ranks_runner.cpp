@@ -20,6 +20,8 @@
 #include <mutex>
 #include <thread>
 
+#include <poll.h>
+
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/dist/rank_spawner.h"
@@ -289,9 +291,35 @@ std::string ResolveBinary(const std::string& path) {
   return ec || path != "/proc/self/exe" ? path : real.string();
 }
 
+// The spawner's options for `count` follower ranks from `first_rank` on this node (local ranks
+// from `first_local_rank`), connecting to rank 0 at addr:port: rank 0's own node and every other
+// node's launcher start them the same way.
+SpawnOptions FollowerSpawn(const std::string& binary, int first_rank, int count, int first_local_rank, int world_size,
+                           const std::string& addr, int port) {
+  SpawnOptions so;
+  so.argv = {ResolveBinary(binary), "rank-worker"};
+  so.local_ranks = count;
+  so.first_rank = first_rank;
+  so.first_local_rank = first_local_rank;
+  so.world_size = world_size;
+  so.master_addr = addr;
+  so.master_port = port;
+  so.grace = std::chrono::milliseconds(2000);
+  return so;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
 class ProcessRanksRunner final : public ModelRunner {
  public:
   ~ProcessRanksRunner() override {
+    // The followers' links close below on purpose: the watcher must not take that for a death.
+    watch_stop_ = true;
+    if (watcher_.joinable()) watcher_.join();
     const bool quit = health().ok();
     if (quit) {
       for (int r = 1; r < links_.size && r < static_cast<int>(links_.peers.size()); ++r) {
@@ -319,26 +347,26 @@ class ProcessRanksRunner final : public ModelRunner {
     r->links_.size = o.tp;
     r->links_.peers.resize(static_cast<size_t>(o.tp));
     r->links_.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
-    KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(0));
+    // Multi-node: the master port, on every interface, where the other nodes' followers come.
+    KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(o.master_port));
     KIMIRT_ASSIGN_OR_RETURN(const int port, LocalPort(listener));
-    SpawnOptions so;
-    so.argv = {ResolveBinary(o.rank_worker_binary), "rank-worker"};
-    so.local_ranks = o.tp - 1;
-    so.first_rank = 1;
-    so.first_local_rank = 1;  // this process is local rank 0: rank r takes GPU r
-    so.world_size = o.tp;
-    so.master_port = port;
-    so.grace = std::chrono::milliseconds(2000);
-    so.stop = &r->stop_;
-    // The supervisor thread lives as long as the followers: PR_SET_PDEATHSIG follows the
-    // thread that forked, so they die with it, and with this process.
-    r->supervisor_ = std::thread([raw = r.get(), so] {
-      Status s = SpawnAndSupervise(so);
-      std::lock_guard<std::mutex> lock(raw->mu_);
-      if (!s.ok() && raw->failed_.ok()) raw->failed_ = Internal("process ranks: " + s.message());
-      raw->supervisor_done_ = true;
-      raw->cv_.notify_all();
-    });
+    r->local_followers_ = o.local_followers < 0 ? o.tp - 1 : std::min(o.local_followers, o.tp - 1);
+    if (r->local_followers_ > 0) {
+      // This process is local rank 0: rank r of this node takes GPU r.
+      SpawnOptions so = FollowerSpawn(o.rank_worker_binary, 1, r->local_followers_, 1, o.tp, "127.0.0.1", port);
+      so.stop = &r->stop_;
+      // The supervisor thread lives as long as the followers: PR_SET_PDEATHSIG follows the
+      // thread that forked, so they die with it, and with this process.
+      r->supervisor_ = std::thread([raw = r.get(), so] {
+        Status s = SpawnAndSupervise(so);
+        std::lock_guard<std::mutex> lock(raw->mu_);
+        if (!s.ok() && raw->failed_.ok()) raw->failed_ = Internal("process ranks: " + s.message());
+        raw->supervisor_done_ = true;
+        raw->cv_.notify_all();
+      });
+    } else {
+      r->supervisor_done_ = true;
+    }
     int store_port = 0;
     if (OnGpus(o)) {
       KIMIRT_ASSIGN_OR_RETURN(store_port, PickFreePort());
@@ -359,6 +387,7 @@ class ProcessRanksRunner final : public ModelRunner {
     });
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
+    if (r->local_followers_ < o.tp - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
@@ -453,16 +482,30 @@ class ProcessRanksRunner final : public ModelRunner {
     for (int accepted = 0; accepted < o.tp - 1;) {
       KIMIRT_RETURN_IF_ERROR(health());  // a follower that could not start
       if (Clock::now() >= end) {
-        return Fail(IoError("process ranks: only " + std::to_string(accepted) + " of " + std::to_string(o.tp - 1) +
-                            " follower ranks connected within " + std::to_string(o.rank_timeout_ms) + " ms"));
+        const Result<int> port = LocalPort(listener);
+        std::vector<int> missing;
+        for (int k = 1; k < o.tp; ++k) {
+          if (!links_.peers[static_cast<size_t>(k)].valid()) missing.push_back(k);
+        }
+        return Fail(IoError("process ranks: rank" + std::string(missing.size() > 1 ? "s " : " ") + RankList(missing) +
+                            " of " + std::to_string(o.tp) + " did not connect to rank 0 (port " +
+                            std::to_string(port.ok() ? *port : 0) + ") within " +
+                            std::to_string(o.rank_timeout_ms) + " ms"));
       }
       Result<Socket> s = AcceptTcp(listener, std::min(end, Clock::now() + std::chrono::milliseconds(200)));
       if (!s.ok()) continue;  // timed out this slice: check the supervisor again
       Result<FrameHeader> h = RecvHeader(s->fd(), -1, "the hello", end);
       if (!h.ok()) return Fail(h.status());
       const int k = static_cast<int>(h->aux);
-      if (h->op != kHello || k < 1 || k >= o.tp || links_.peers[static_cast<size_t>(k)].valid()) {
+      Result<Message> hello = h->op == kHello ? RecvPayload(s->fd(), *h, end) : Result<Message>(Corrupt("not a hello"));
+      if (!hello.ok() || hello->a.size() != 1 || k < 1 || links_.peers[static_cast<size_t>(std::min(k, o.tp - 1))].valid()) {
         return Fail(Internal("process ranks: a bad hello (op " + std::to_string(h->op) + ", rank " + std::to_string(k) + ")"));
+      }
+      // Each node's command line says the world: one that disagrees would deadlock later.
+      if (hello->a[0] != o.tp || k >= o.tp) {
+        return Fail(InvalidArgument("process ranks: rank " + std::to_string(k) + " was started in a run of " +
+                                    std::to_string(hello->a[0]) + " ranks, but rank 0 serves -tp " +
+                                    std::to_string(o.tp) + " (every node must be given the same -tp)"));
       }
       links_.peers[static_cast<size_t>(k)] = std::move(*s);
       ++accepted;
@@ -506,7 +549,33 @@ class ProcessRanksRunner final : public ModelRunner {
     return sent.ok() ? local : sent;
   }
 
+  // Followers started on other nodes (ranks local_followers_ + 1 ..) have no supervisor here: a
+  // link that closes while no command runs (their process or node died) fails the runner, as the
+  // supervisor does for the local ones. During a command the collective sees it first.
+  void WatchRemoteFollowers() {
+    const int first = local_followers_ + 1;
+    std::vector<pollfd> fds;
+    for (int k = first; k < links_.size; ++k) fds.push_back({links_.peers[static_cast<size_t>(k)].fd(), POLLRDHUP, 0});
+    while (!watch_stop_ && health().ok()) {
+      if (poll(fds.data(), fds.size(), 200) <= 0) continue;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if ((fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+        // A follower that failed sends its message before it exits; let the command that
+        // reads it report it first.
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        if (watch_stop_) return;
+        (void)Fail(Internal("process ranks: rank " + std::to_string(first + static_cast<int>(i)) +
+                            " (started on another node) closed its link to rank 0: its process or its node's "
+                            "launcher died"));
+        return;
+      }
+    }
+  }
+
   StarLinks links_;
+  int local_followers_ = 0;
+  std::atomic<bool> watch_stop_{false};
+  std::thread watcher_;
   LoadedRank self_;  // after links_: its TCP communicator (CPU) uses them
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
@@ -525,7 +594,7 @@ int EnvInt(const char* name, int fallback) {
 }
 
 // A follower's life after it connected: options, load, ready, then commands until kQuit.
-Status ServeFollower(StarLinks& links, const std::string& master_addr) {
+Status ServeFollower(StarLinks& links, const std::string& master_addr, const char* local_rank) {
   const int fd = links.to_root().fd();
   const Deadline start = Clock::now() + std::chrono::minutes(5);
   KIMIRT_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(fd, 0, "waiting for the options", start));
@@ -536,7 +605,7 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr) {
   const uint32_t me = static_cast<uint32_t>(links.rank);
   LoadedRank self;
   if (OnGpus(fo.o)) {
-    KIMIRT_ASSIGN_OR_RETURN(const int device, RankCudaDevice(links.rank, std::getenv("LOCAL_RANK"), VisibleCudaDevices()));
+    KIMIRT_ASSIGN_OR_RETURN(const int device, RankCudaDevice(links.rank, local_rank, VisibleCudaDevices()));
     KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, device, &self));
     KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kBackendReady, me, 0}, nullptr, 0, links.deadline()));
     KIMIRT_RETURN_IF_ERROR(JoinNccl(fo.o, links.rank, master_addr, fo.store_port, device, &self));
@@ -579,24 +648,26 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string&
   return ProcessRanksRunner::Create(dir, o);
 }
 
-int RunProcessRankWorker() {
+int RunProcessRankWorker(const FollowerStart& start) {
   StarLinks links;
-  links.rank = EnvInt("RANK", -1);
-  links.size = EnvInt("WORLD_SIZE", -1);
-  const char* addr = std::getenv("MASTER_ADDR");
-  const int port = EnvInt("MASTER_PORT", -1);
-  if (links.rank < 1 || links.size <= links.rank || addr == nullptr || port <= 0) {
-    std::fprintf(stderr, "kimirt rank-worker: started without RANK >= 1, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
-                         "(it is started by `kimirt serve --distributed-executor-backend mp`, not by hand)\n");
-    return 2;
-  }
+  links.rank = start.rank;
+  links.size = start.world_size;
   links.peers.resize(1);
+  const std::string local_rank = std::to_string(start.local_rank);
   Status st = [&]() -> Status {
-    KIMIRT_ASSIGN_OR_RETURN(links.peers[0], ConnectTcp(addr, port, Clock::now() + std::chrono::minutes(1)));
-    KIMIRT_RETURN_IF_ERROR(SendFrame(links.to_root().fd(), FrameHeader{kHello, static_cast<uint32_t>(links.rank), 0},
-                                     nullptr, 0, Clock::now() + std::chrono::minutes(1)));
+    const Deadline connect = Clock::now() + std::chrono::milliseconds(start.connect_timeout_ms);
+    Result<Socket> link = ConnectTcp(start.master_addr, start.master_port, connect);
+    if (!link.ok()) {
+      return link.status().WithContext("rank " + std::to_string(start.rank) + " could not reach rank 0 at " +
+                                       start.master_addr + ":" + std::to_string(start.master_port) + " within " +
+                                       std::to_string(start.connect_timeout_ms) + " ms");
+    }
+    links.peers[0] = std::move(*link);
+    Message hello;
+    hello.a = {start.world_size};  // rank 0 checks it against its own -tp
+    KIMIRT_RETURN_IF_ERROR(SendMessage(links.to_root().fd(), kHello, static_cast<uint32_t>(links.rank), hello, connect));
     try {
-      return ServeFollower(links, addr);
+      return ServeFollower(links, start.master_addr, start.local_rank < 0 ? nullptr : local_rank.c_str());
     } catch (const std::exception& e) {
       return Internal(e.what());
     }
@@ -605,6 +676,33 @@ int RunProcessRankWorker() {
   std::fprintf(stderr, "kimirt rank-worker: rank %d: %s\n", links.rank, st.message().c_str());
   SendErrorFrame(links, st.message());
   return 1;
+}
+
+int RunProcessRankWorker() {
+  FollowerStart start;
+  start.rank = EnvInt("RANK", -1);
+  start.world_size = EnvInt("WORLD_SIZE", -1);
+  start.local_rank = EnvInt("LOCAL_RANK", -1);
+  const char* addr = std::getenv("MASTER_ADDR");
+  start.master_port = EnvInt("MASTER_PORT", -1);
+  start.connect_timeout_ms = EnvInt("KIMIRT_RANK_CONNECT_TIMEOUT_MS", 60000);
+  if (start.rank < 1 || start.world_size <= start.rank || addr == nullptr || start.master_port <= 0 ||
+      start.connect_timeout_ms <= 0) {
+    std::fprintf(stderr, "kimirt rank-worker: started without RANK >= 1, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
+                         "(it is started by `kimirt serve --distributed-executor-backend mp`, not by hand)\n");
+    return 2;
+  }
+  start.master_addr = addr;
+  return RunProcessRankWorker(start);
+}
+
+Status RunFollowerNode(const LaunchEnv& env, int connect_timeout_ms, const std::atomic<bool>* stop) {
+  SpawnOptions so = FollowerSpawn("/proc/self/exe", env.first_rank, env.local_world_size, 0, env.world_size,
+                                  env.master_addr, env.master_port);
+  so.node_rank = env.node_rank;
+  so.extra_env = {{"KIMIRT_RANK_CONNECT_TIMEOUT_MS", std::to_string(connect_timeout_ms)}};
+  so.stop = stop;
+  return SpawnAndSupervise(so);
 }
 
 }  // namespace kimirt
