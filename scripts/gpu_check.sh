@@ -52,7 +52,11 @@
 #             built-in model at TP 1 and TP 2 ($OUT/bench-model-builtin-cuda-tp{1,2}.json), and
 #             `serve -tp 2 --device cuda` answering `bench serve` (its table last).
 #   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2]
+#   mnode     (also in nccl) multi-node on one host (docs/distributed.md "Multi-node"): two
+#             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
+#             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
+#             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -328,5 +332,51 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
   if kill -0 $server 2>/dev/null; then echo "serve -tp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
   wait $server; echo "serve -tp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
   echo "--- serve -tp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-tp2.txt"
+fi
+if [[ "$what" == nccl || "$what" == mnode ]]; then
+  req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
+  # Text and token logprobs of one greedy completion from the server on port $1.
+  complete() {
+    curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+      python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
+  }
+  await_listening() { for _ in $(seq 1 900); do grep -q "listening on" "$1" && return 0; sleep 0.1; done; return 1; }
+  stop_server() {  # SIGTERM, then SIGKILL after 30 s; its exit status in $rc
+    kill -TERM "$1" 2>/dev/null
+    for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
+  }
+  "$root/kimirt" serve -tp 2 --device cuda --port 8125 --gpu-memory-utilization 0.5 >"$out/mnode-ref.log" 2>&1 &
+  ref=$!
+  await_listening "$out/mnode-ref.log" || status=1
+  want=$(complete 8125)
+  stop_server $ref
+  echo "--- mnode: serve -tp 2 --device cuda (one host): exit $rc; $want"
+  for how in flags torchrun; do
+    if [[ $how == flags ]]; then
+      common=(-tp 2 --device cuda --gpu-memory-utilization 0.5 --nnodes 2 --master-port 29611 --rank-timeout-s 120)
+      CUDA_VISIBLE_DEVICES=1 timeout 400 "$root/kimirt" serve "${common[@]}" --node-rank 1 --master-addr 127.0.0.1 \
+        >"$out/mnode-$how-node1.log" 2>&1 &
+      n1=$!
+      CUDA_VISIBLE_DEVICES=0 "$root/kimirt" serve "${common[@]}" --node-rank 0 --port 8126 >"$out/mnode-$how-node0.log" 2>&1 &
+      n0=$!
+    else
+      env=(WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29612)
+      env "${env[@]}" RANK=1 CUDA_VISIBLE_DEVICES=1 timeout 400 "$root/kimirt" serve -tp 2 --device cuda \
+        --gpu-memory-utilization 0.5 --rank-timeout-s 120 >"$out/mnode-$how-node1.log" 2>&1 &
+      n1=$!
+      env "${env[@]}" RANK=0 CUDA_VISIBLE_DEVICES=0 "$root/kimirt" serve -tp 2 --device cuda --port 8126 \
+        --gpu-memory-utilization 0.5 --rank-timeout-s 120 >"$out/mnode-$how-node0.log" 2>&1 &
+      n0=$!
+    fi
+    await_listening "$out/mnode-$how-node0.log" || status=1
+    got=$(complete 8126)
+    stop_server $n0; rc0=$rc
+    wait $n1; rc1=$?
+    verdict=DIFFER; [[ -n "$want" && "$got" == "$want" ]] && verdict=same
+    [[ $verdict == same && $rc0 == 0 && $rc1 == 0 ]] || status=1
+    echo "--- mnode ($how): two processes, one GPU each: $verdict as -tp 2; node 0 exit $rc0, node 1 exit $rc1 (0 0 expected)"
+    [[ $verdict == same ]] || { echo "got $got"; tail -5 "$out/mnode-$how-node0.log" "$out/mnode-$how-node1.log"; }
+  done
 fi
 exit $status

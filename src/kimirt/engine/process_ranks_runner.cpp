@@ -607,6 +607,9 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
   if (OnGpus(fo.o)) {
     KIMIRT_ASSIGN_OR_RETURN(const int device, RankCudaDevice(links.rank, local_rank, VisibleCudaDevices()));
     KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, device, &self));
+    // As in rank 0 (CreateProcessRanksRunner): a follower started by torchrun / srun / mpirun
+    // did not come through our spawner, which sets it for the others.
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
     KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kBackendReady, me, 0}, nullptr, 0, links.deadline()));
     KIMIRT_RETURN_IF_ERROR(JoinNccl(fo.o, links.rank, master_addr, fo.store_port, device, &self));
   } else {
@@ -637,7 +640,8 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string&
       return Unsupported("-tp " + std::to_string(o.tp) + " --device cuda needs NCCL, which this kimirt was built "
                          "without (configure with -DKIMIRT_CUDA=ON where nccl.h and libnccl are found)");
     }
-    KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.tp, VisibleCudaDevices()));
+    // This host's ranks only: across nodes, the others check their own GPUs.
+    KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.local_followers < 0 ? o.tp : 1 + o.local_followers, VisibleCudaDevices()));
     // NVLink multicast stays off in every process of the group (issue 15 item 5): the followers
     // get it from the spawner; rank 0 is this process, before its NCCL init. Forced, not
     // defaulted, so that all ranks agree.
