@@ -649,7 +649,11 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string&
   } else if (o.device != "cpu") {
     return MakeBackend(o.device).status();  // an unknown device, named
   }
-  return ProcessRanksRunner::Create(dir, o);
+  // The followers load the directory rank 0 names, from their own working directory (another
+  // node's, across nodes): an absolute path.
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+  return ProcessRanksRunner::Create(ec ? dir : abs.string(), o);
 }
 
 int RunProcessRankWorker(const FollowerStart& start) {
