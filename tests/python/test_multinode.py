@@ -14,7 +14,7 @@ import threading
 import time
 
 from conftest import ServerProcess, kimirt_binary
-from test_process_ranks import followers, get, post
+from test_process_ranks import followers, health_after_a_death, post
 
 MP = ["--distributed-executor-backend", "mp"]
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "1 2 3 4 5 6 7"]
@@ -112,11 +112,7 @@ def test_a_killed_node_makes_health_503_and_node_0_exit():
         answers(node0)
         (rank1,) = followers(node1.proc.pid)
         os.kill(node1.proc.pid, signal.SIGKILL)  # the node's launcher; its rank dies with it
-        t0 = time.monotonic()
-        status, body = get(node0.base_url, "/health")
-        while status == 200 and time.monotonic() - t0 < 5:
-            time.sleep(0.05)
-            status, body = get(node0.base_url, "/health")
+        status, body = health_after_a_death(node0.base_url)
         assert status == 503, body
         assert "rank 1" in body["error"]["message"] and "another node" in body["error"]["message"], body
         status, body = post(node0.base_url, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
