@@ -13,9 +13,13 @@ ServeRanks PlanServeRanks(const LaunchEnv& env) {
     out.role = env.first_rank == 0 ? ServeRole::kRankZero : ServeRole::kNodeLauncher;
     if (out.role == ServeRole::kRankZero) out.spawn_followers = env.local_world_size - 1;
   }
-  // Alone on one host (kLocal) rank 0 listens on any free port; otherwise on the master port the
-  // other nodes were told.
-  if (out.role == ServeRole::kRankZero) out.listen_port = env.source == LaunchSource::kLocal ? 0 : env.master_port;
+  // When this node launches every rank (one host: no launcher, --nnodes 1, or a Slurm / OpenMPI
+  // allocation of one node), only its own children connect: any free port, so two servers on one
+  // host never clash. Otherwise the master port the other nodes were told.
+  if (out.role == ServeRole::kRankZero) {
+    const bool alone = !env.is_rank && env.local_world_size == env.world_size;
+    out.listen_port = alone ? 0 : env.master_port;
+  }
   return out;
 }
 

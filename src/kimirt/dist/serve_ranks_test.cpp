@@ -28,6 +28,20 @@ TEST(ServeRanks, OneHostSpawnsEveryFollowerOnAFreePort) {
   EXPECT_EQ(p.spawn_followers, 3);
 }
 
+TEST(ServeRanks, OneNodeOfALauncherStillTakesAFreePort) {
+  // `serve -tp 2` inside a one-task Slurm allocation (salloc): this node has every rank.
+  const Vars salloc = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_JOB_NODELIST", "gpu7"}};
+  const ServeRanks p = Plan(2, salloc);
+  EXPECT_EQ(p.role, ServeRole::kRankZero);
+  EXPECT_EQ(p.listen_port, 0);
+  EXPECT_EQ(p.spawn_followers, 1);
+  LaunchFlags one;
+  one.nnodes = 1;
+  one.master_port = 29613;
+  EXPECT_EQ(Plan(2, {}, one).listen_port, 0);
+}
+
 TEST(ServeRanks, NodeZeroByFlagsListensOnTheMasterPortAndSpawnsItsOwnNodeOnly) {
   LaunchFlags f;
   f.nnodes = 2;

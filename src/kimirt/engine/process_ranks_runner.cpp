@@ -673,7 +673,8 @@ int RunProcessRankWorker(const FollowerStart& start) {
     links.peers[0] = std::move(*link);
     Message hello;
     hello.a = {start.world_size};  // rank 0 checks it against its own -tp
-    KIMIRT_RETURN_IF_ERROR(SendMessage(links.to_root().fd(), kHello, static_cast<uint32_t>(links.rank), hello, connect));
+    KIMIRT_RETURN_IF_ERROR(SendMessage(links.to_root().fd(), kHello, static_cast<uint32_t>(links.rank), hello,
+                                       Clock::now() + std::chrono::minutes(1)));
     try {
       return ServeFollower(links, start.master_addr, start.local_rank < 0 ? nullptr : local_rank.c_str());
     } catch (const std::exception& e) {
