@@ -273,8 +273,8 @@ class EngineImpl final : public Engine {
       if (argmax.taken && argmax.only[b] != 0) continue;
       rows[b] = logits->Rows(argmax.taken ? next++ : static_cast<int64_t>(b), 1);
     }
-    // The rows' samples, on the pool's threads: a 163,840-token row costs the host ~0.1-1 ms
-    // (softmax, top-p), one row after another a large share of a batched GPU step. Each sample
+    // The rows' samples, on the pool's threads: each is a pass or more over the whole vocabulary
+    // (softmax, top-k/top-p), and one row after another they add up beside a batched GPU step. Each sample
     // reads its own row and changes only its own request's sampler, so the results do not
     // depend on the threads (core/parallel_for.h).
     std::vector<size_t> sampling;

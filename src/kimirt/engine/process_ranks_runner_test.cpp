@@ -37,6 +37,15 @@ RunnerOptions Options(bool processes, int tp = 2, bool ep = false) {
   return o;
 }
 
+// Every call's logits, bit for bit.
+void ExpectSameBits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
+  }
+}
+
 // A fixture and a TP degree. With 4 ranks the rank order of the sums matters (with 2, x0 + x1
 // equals x1 + x0 in IEEE arithmetic).
 class ProcessRanks : public ::testing::TestWithParam<std::pair<std::string, int>> {};
@@ -50,11 +59,7 @@ TEST_P(ProcessRanks, LogitsEqualThreadRanksBitForBit) {
   ASSERT_TRUE(procs.ok()) << procs.status().ToString();
   const auto want = Trace(**threads);
   const auto got = Trace(**procs);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
-    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBits(got, want));
   // The prefix-cache path reproduces the unshared sequence: the snapshot + shared block resume
   // exactly where sequence a was after its first block (last row of its second prefill).
   EXPECT_EQ(std::memcmp(got.back().data(), got[1].data() + got[1].size() - got.back().size(),
@@ -72,13 +77,7 @@ TEST(ProcessRanksExpertParallel, LogitsEqualThreadRanksBitForBit) {
     ASSERT_TRUE(threads.ok()) << threads.status().ToString();
     auto procs = ModelRunner::Create(Fixture("tiny-a"), Options(true, tp, /*ep=*/true));
     ASSERT_TRUE(procs.ok()) << procs.status().ToString();
-    const auto want = Trace(**threads);
-    const auto got = Trace(**procs);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
-      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectSameBits(Trace(**procs), Trace(**threads)));
   }
 }
 

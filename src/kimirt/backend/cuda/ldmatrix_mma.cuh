@@ -25,6 +25,13 @@ __device__ __forceinline__ void Ldmatrix4Trans(unsigned (&r)[4], const void* sme
                : "r"(SmemAddr(smem)));
 }
 
+// Two F32 as a BF16 pair (round to nearest even), `lo` in the low half: the element of the
+// lower column index, as the mma fragments order them.
+__device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
 // d += a · b for one m16n8k16 tile (BF16 operands, F32 accumulators).
 __device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm volatile(

@@ -24,6 +24,7 @@
 // depend on the batch.
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+#include "kimirt/backend/cuda/mma_bf16.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -57,11 +58,6 @@ struct Smem {
   float corr[kHeads];
 };
 
-// Two floats as a BF16 pair, `lo` in the low half (the lower column, as fragments order them).
-__device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
 
 // v = hi + lo + (|rest| ≤ 2⁻¹⁷|v|), both BF16; a non-finite hi gets lo = 0.
 __device__ __forceinline__ void Split2(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
@@ -70,13 +66,6 @@ __device__ __forceinline__ void Split2(float v, __nv_bfloat16& hi, __nv_bfloat16
   lo = __float2bfloat16_rn(isfinite(h) ? v - h : 0.0f);
 }
 
-__device__ __forceinline__ uint4 LoadNc(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // Two FP8 E4M3 codes (low byte first) as a BF16 pair: every E4M3 value is a BF16 value.
 __device__ __forceinline__ unsigned Fp8x2ToBf16x2(unsigned short codes) {
@@ -109,7 +98,7 @@ struct TileRegs {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int e = sub + 8 * i;
-      v[i] = valid && e < kChunksPerRow ? LoadNc(src + e * 16) : make_uint4(0, 0, 0, 0);
+      v[i] = valid && e < kChunksPerRow ? mma::LoadStreaming(src + e * 16) : make_uint4(0, 0, 0, 0);
     }
     if (kKind == 2 && sub == 0) {
       sl = valid ? a.scales[row * 2] : 0.0f;

@@ -73,12 +73,6 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Two F32 as a BF16 pair (round to nearest even), `lo` in the low half: the element of the
-// lower column index, as the mma fragments order them.
-__device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
 
 template <int DN, int DR, int DV, int M, int STAGES>
 __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
