@@ -339,11 +339,13 @@ TEST(ThreadGrid, PointToPointMisuseThrowsInsteadOfHanging) {
                }),
                std::logic_error);
   EXPECT_THROW(MakeSingleRankCommunicator()->Send(nullptr, 0, 1), std::logic_error);
-  // A failing rank ends a peer's wait in Recv with the failure itself.
+  // A failing rank ends the waits of its stage's TP peer in a collective and of stage 0 in Recv
+  // (across groups: the failure ends every group), and is the error reported.
   try {
     RunOnThreadGrid(2, 2, [](Communicator& t, Communicator& p) {
       if (p.rank() == 1 && t.rank() == 1) throw std::runtime_error("boom on stage 1");
       float x = 0;
+      if (p.rank() == 1) t.Barrier();
       if (p.rank() == 0) p.Recv(&x, 1, 1);
     });
     FAIL() << "expected an exception";
