@@ -107,12 +107,17 @@ const char* OpName(Op op) {
 
 // What every group of one run shares (see the top comment). Guarded by mu.
 struct ThreadWorld {
-  explicit ThreadWorld(int size) : exited(static_cast<size_t>(size), 0) {}
+  explicit ThreadWorld(int size)
+      : exited(static_cast<size_t>(size), 0), waits_on(static_cast<size_t>(size)), where(static_cast<size_t>(size)) {}
   std::mutex mu;
   std::condition_variable cv;
   int failed_rank = -1;        // first world rank whose fn threw
   std::vector<uint8_t> exited;  // per world rank: its fn returned
   std::string misuse;           // set when a group's last arrival found mismatched tags
+  // Per world rank: what it is blocked on (a group's barrier, a mailbox), null while it runs.
+  std::vector<const void*> waits_on;
+  std::vector<std::string> where;
+  std::string deadlock;  // set when every rank still running is blocked
 
   // Called once per rank when its fn ends: `failed` when it threw.
   void Exit(int world_rank, bool failed) {
@@ -122,6 +127,36 @@ struct ThreadWorld {
     } else {
       exited[static_cast<size_t>(world_rank)] = 1;
     }
+    CheckDeadlock();
+    cv.notify_all();
+  }
+
+  // Rank w blocks on `what` (`why` describes it). When every rank that has not returned is
+  // blocked, none can wake another: a deadlock (a Recv without its Send, stages waiting on each
+  // other), which ends every wait in std::logic_error instead of a hang.
+  void Block(int w, const void* what, std::string why) {
+    waits_on[static_cast<size_t>(w)] = what;
+    where[static_cast<size_t>(w)] = std::move(why);
+    CheckDeadlock();
+  }
+  // Every rank blocked on `what` may run again (its barrier completed, its mailbox got mail).
+  void Wake(const void* what) {
+    for (const void*& p : waits_on) {
+      if (p == what) p = nullptr;
+    }
+  }
+  void Unblock(int w) { waits_on[static_cast<size_t>(w)] = nullptr; }
+
+ private:
+  void CheckDeadlock() {
+    std::string who;
+    for (size_t r = 0; r < exited.size(); ++r) {
+      if (exited[r] != 0) continue;
+      if (waits_on[r] == nullptr) return;
+      who += (who.empty() ? "" : ", ") + where[r];
+    }
+    if (who.empty() || !deadlock.empty()) return;
+    deadlock = "thread ranks deadlocked: every rank still running waits (" + who + ")";
     cv.notify_all();
   }
 };
@@ -160,11 +195,15 @@ class ThreadGroup {
       }
       arrived_ = 0;
       ++generation_;
+      world_.Wake(this);
       world_.cv.notify_all();
       return;
     }
     const uint64_t gen = generation_;
+    const int w = members_[static_cast<size_t>(rank)];
+    world_.Block(w, this, "rank " + std::to_string(w) + " in " + OpName(op));
     world_.cv.wait(lock, [&] { return generation_ != gen || Broken(); });
+    world_.Unblock(w);
     // Woken by a completed generation, or by a break (then the group is dead: every later
     // arrival throws at entry, so arrived_ need not be restored).
     if (generation_ == gen) ThrowIfBroken(rank, OpName(op));
@@ -178,6 +217,7 @@ class ThreadGroup {
     std::lock_guard<std::mutex> lock(world_.mu);
     if (world_.failed_rank >= 0 || !world_.misuse.empty()) ThrowIfBroken(from, "Send");
     Mailbox(from, to).emplace_back(data, data + n);
+    world_.Wake(&Mailbox(from, to));
     world_.cv.notify_all();
   }
 
@@ -185,12 +225,16 @@ class ThreadGroup {
     CheckPeer(to, from);
     std::unique_lock<std::mutex> lock(world_.mu);
     std::deque<std::vector<float>>& box = Mailbox(from, to);
+    const int w = members_[static_cast<size_t>(to)], peer = members_[static_cast<size_t>(from)];
+    if (box.empty() && world_.exited[static_cast<size_t>(peer)] == 0) world_.Block(w, &box, "rank " + std::to_string(w) + " in Recv from rank " + std::to_string(peer));
     world_.cv.wait(lock, [&] {
-      return !box.empty() || world_.failed_rank >= 0 || !world_.misuse.empty() ||
-             world_.exited[static_cast<size_t>(members_[static_cast<size_t>(from)])] != 0;
+      return !box.empty() || world_.failed_rank >= 0 || !world_.misuse.empty() || !world_.deadlock.empty() ||
+             world_.exited[static_cast<size_t>(peer)] != 0;
     });
+    world_.Unblock(w);
     if (box.empty()) {
       if (world_.failed_rank >= 0 || !world_.misuse.empty()) ThrowIfBroken(to, "Recv");
+      if (world_.exited[static_cast<size_t>(peer)] == 0) throw std::logic_error(world_.deadlock);
       throw std::logic_error("thread rank " + std::to_string(from) + " returned while rank " + std::to_string(to) +
                              " waits in Recv from it (every Recv needs its Send)");
     }
@@ -221,6 +265,7 @@ class ThreadGroup {
   }
 
   std::deque<std::vector<float>>& Mailbox(int from, int to) {
+    // (World ranks of other groups never wait on this group's mailboxes: pointers are unique.)
     return mail_[static_cast<size_t>(from) * members_.size() + static_cast<size_t>(to)];
   }
 
@@ -235,7 +280,9 @@ class ThreadGroup {
   // A barrier of the current generation can no longer complete. (A rank that has exited cannot
   // be among its arrivals: had it arrived, it would still be waiting in it, or it would have
   // been the last arrival and the generation would have advanced.)
-  bool Broken() const { return world_.failed_rank >= 0 || !world_.misuse.empty() || ExitedMember() >= 0; }
+  bool Broken() const {
+    return world_.failed_rank >= 0 || !world_.misuse.empty() || !world_.deadlock.empty() || ExitedMember() >= 0;
+  }
 
   void ThrowIfBroken(int rank, const char* what) const {
     if (world_.failed_rank >= 0) {
@@ -243,6 +290,7 @@ class ThreadGroup {
                                std::to_string(rank) + " abandons " + what);
     }
     if (!world_.misuse.empty()) throw std::logic_error(world_.misuse);
+    if (!world_.deadlock.empty()) throw std::logic_error(world_.deadlock);
     if (const int exited = ExitedMember(); exited >= 0) {
       throw std::logic_error("thread rank " + std::to_string(exited) + " returned while rank " +
                              std::to_string(rank) + " waits in " + what +

@@ -332,6 +332,18 @@ TEST(ThreadGrid, PointToPointMisuseThrowsInsteadOfHanging) {
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 returned while rank 1 waits in Recv"), std::string::npos) << e.what();
   }
+  // Stages waiting on each other (each Recv before its Send): a deadlock, named, not a hang.
+  try {
+    RunOnThreadGrid(1, 3, [](Communicator&, Communicator& p) {
+      float x = 0;
+      p.Recv(&x, 1, (p.rank() + 2) % 3);
+      p.Send(&x, 1, (p.rank() + 1) % 3);
+    });
+    FAIL() << "expected an exception";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("thread ranks deadlocked"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in Recv from rank"), std::string::npos) << e.what();
+  }
   // A peer that is not there, or oneself.
   EXPECT_THROW(RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
                  float x = 0;
