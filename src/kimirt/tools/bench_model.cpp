@@ -125,6 +125,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.device = opt.device;
   ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
+  ro.pp = opt.pp;
   ro.ep = opt.expert_parallel ? opt.tp : 1;
   ro.block_size = 64;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
@@ -138,7 +139,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   std::unique_ptr<Model> model;
   std::unique_ptr<ModelRunner> runner;
   uint64_t held_bytes = 0;
-  if (opt.tp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
+  if (opt.tp == 1 && opt.pp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
     KIMIRT_ASSIGN_OR_RETURN(backend, MakeBackend(opt.device));
     comm = MakeSingleRankCommunicator();
     LoadOptions lo;
@@ -174,6 +175,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.weight_bytes_on_device = held_bytes;
   report.tp = opt.tp;
   report.ep = ro.ep;
+  report.pp = opt.pp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.prefill_chunk = opt.prefill_chunk;
@@ -269,6 +271,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + (ep > 1 ? " EP" + std::to_string(ep) : "") +
+                  (pp > 1 ? " PP" + std::to_string(pp) : "") +
                   ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
   if (weight_bytes_planned > 0) {
@@ -308,6 +311,7 @@ std::string BenchModelReport::ToJson() const {
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
   j["tp"] = tp;
+  j["pp"] = pp;
   j["ep"] = ep;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

@@ -39,6 +39,7 @@ struct BenchModelOptions {
   std::string device = "cpu";  // or "cuda"
   DType matrix_dtype = DType::kF32;
   int tp = 1;
+  int pp = 1;  // pipeline stages (RunnerOptions::pp)
   bool expert_parallel = false;  // routed experts split by id over the tp ranks (ep = tp)
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
@@ -69,6 +70,7 @@ struct BenchModelReport {
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
   int tp = 1;
   int ep = 1;
+  int pp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;
