@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include "kimirt/engine/engine.h"
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/model/pipeline_stages.h"
 #include "kimirt/model/config.h"
 #include "kimirt/model/layout.h"
 #include "kimirt/model/model.h"
@@ -84,16 +86,17 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   return static_cast<uint64_t>(shared + touched * experts + latent + kda);
 }
 
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep) {
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep, int pp) {
   Parallelism par;
   par.tp = tp;  // experts as stored, vision not loaded: as `kimirt plan` places them
   par.ep = ep;
-  uint64_t total = 0;
+  const std::vector<PipelineStage> stages = PipelineStages(layout.config().num_hidden_layers, pp);
+  std::vector<uint64_t> per_stage(stages.size(), 0);
   for (const TensorSpec& t : layout.tensors()) {
     const TensorSlice s = layout.SliceFor(t, par, 0);
-    if (s.loaded) total += s.allocated_bytes;
+    if (s.loaded) per_stage[static_cast<size_t>(StageOfTensor(t, stages))] += s.allocated_bytes;
   }
-  return total;
+  return *std::max_element(per_stage.begin(), per_stage.end());
 }
 
 Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
@@ -171,7 +174,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   // CUDA holds MXFP4 experts as stored (weights.h); the CPU widens every weight to F32.
   const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
-  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep);
+  KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, opt.pp));
+  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep, opt.pp);
   report.weight_bytes_on_device = held_bytes;
   report.tp = opt.tp;
   report.ep = ro.ep;

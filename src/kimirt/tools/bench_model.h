@@ -29,8 +29,9 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
                          int weight_bytes, bool mxfp4_as_stored = false);
 
 // Rank 0's weight bytes as `kimirt plan` counts them per GPU (tools/plan.h: the slices as placed,
-// padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep.
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1);
+// padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep; with
+// `pp` stages, the heaviest stage's rank (plan's -pp).
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1, int pp = 1);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
