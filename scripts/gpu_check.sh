@@ -57,7 +57,15 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mla16|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode]
+#   pp2       pipeline parallelism on two GPUs (nvidia-h200-x2; docs/distributed.md "Pipeline
+#             parallelism"): the ProcessRanksCudaPipeline* tests (PP 2 logits = one GPU's within
+#             1e-5 × max|logit|, 0 expected and printed, on tiny-a, kimi-linear-tiny and random
+#             2-layer K3 and Kimi-Linear-48B checkpoints; greedy tokens equal), `bench model -pp 1`
+#             and `-pp 2 --device cuda` on the built-in model ($OUT/bench-model-builtin-cuda-pp{1,2}.json),
+#             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
+#             and token logprobs must be the same ("same" expected), and `bench serve` against
+#             -pp 2 (its table last).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mla16|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode|pp2]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -391,5 +399,45 @@ if [[ "$what" == nccl || "$what" == mnode ]]; then
     echo "--- mnode ($how): two processes, one GPU each: $verdict as -tp 2; node 0 exit $rc0, node 1 exit $rc1 (0 0 expected)"
     [[ $verdict == same ]] || { echo "got $got"; tail -5 "$out/mnode-$how-node0.log" "$out/mnode-$how-node1.log"; }
   done
+fi
+if [[ "$what" == pp2 ]]; then
+  timeout 560 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCudaPipeline*:ProcessRanksCudaPipeline*' \
+    --gtest_output="json:$out/gtest-cudapp.json" >"$out/gtest-cudapp.txt" 2>&1 || status=1
+  echo "--- ProcessRanksCudaPipeline (2 GPUs): PP 2 logits vs one GPU (largest difference printed), greedy tokens"
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|PP 2 vs one GPU|GPUs' "$out/gtest-cudapp.txt" | head -40
+  for pp in 1 2; do
+    timeout 240 "$root/kimirt" bench model -pp $pp --device cuda --batch-sizes 1,8 --prompt-len 256 \
+      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-pp$pp.json" >"$out/bench-model-pp$pp.txt" 2>&1 ||
+      status=1
+    echo "--- bench model -pp $pp --device cuda (built-in model)"; tail -5 "$out/bench-model-pp$pp.txt"
+  done
+  req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
+  complete() {
+    curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+      python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
+  }
+  "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
+  ref=$!
+  for _ in $(seq 1 600); do grep -q "listening on" "$out/serve-cuda-pp1.log" && break; sleep 0.1; done
+  want=$(complete 8127)
+  kill -TERM $ref; wait $ref
+  log="$out/serve-cuda-pp2.log"
+  "$root/kimirt" serve -pp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  grep -E "loaded in|listening|rank" "$log" | head -8
+  got=$(complete 8124)
+  verdict=DIFFER; [[ -n "$want" && "$got" == "$want" ]] && verdict=same
+  [[ $verdict == same ]] || status=1
+  echo "--- serve -pp 2 --device cuda vs serve --device cuda, one greedy completion (text, logprobs): $verdict"
+  [[ $verdict == same ]] || echo "one GPU: $want"$'\n'"pp 2:    $got"
+  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8124 --input-len 256 --output-len 64 \
+    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-pp2.json" \
+    >"$out/bench-serve-pp2.txt" 2>&1 || status=1
+  kill -TERM $server
+  for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $server 2>/dev/null; then echo "serve -pp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
+  wait $server; echo "serve -pp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
+  echo "--- serve -pp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-pp2.txt"
 fi
 exit $status
