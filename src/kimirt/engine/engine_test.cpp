@@ -371,6 +371,17 @@ std::vector<int32_t> TestPrompt(int len, int salt) {
   return p;
 }
 
+// A request to follow, and 15 others around it (it is the 9th, index 8).
+GreedyRequest Probe() { return {"probe", TestPrompt(37, 3), 14}; }
+std::vector<GreedyRequest> CrowdAround(const GreedyRequest& probe) {
+  std::vector<GreedyRequest> crowd;
+  for (int i = 0; i < 15; ++i) {
+    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
+    if (i == 7) crowd.push_back(probe);
+  }
+  return crowd;
+}
+
 // `requests` through an engine on a runner of tiny-a made with `ro` (block size 8); each
 // request's result, in order. With `logprobs`, each token's logprob comes back too.
 std::vector<Collector::Result> RunGreedy(RunnerOptions ro, const std::vector<GreedyRequest>& requests,
@@ -427,12 +438,8 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
 // order, whatever else runs).
 TEST(EngineExpertParallel, TwoRanksGenerateWhatOneRankDoesAloneOrAmongOthers) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
-  const GreedyRequest probe{"probe", TestPrompt(37, 3), 14};
-  std::vector<GreedyRequest> crowd;
-  for (int i = 0; i < 15; ++i) {
-    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
-    if (i == 7) crowd.push_back(probe);
-  }
+  const GreedyRequest probe = Probe();
+  const std::vector<GreedyRequest> crowd = CrowdAround(probe);
   RunnerOptions ro;
   ro.num_kv_blocks = 512;
   const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);
@@ -481,12 +488,8 @@ TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
 // numerics are one rank's, and on the CPU each sequence forwards alone).
 TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
-  const GreedyRequest probe{"probe", TestPrompt(37, 3), 14};
-  std::vector<GreedyRequest> crowd;
-  for (int i = 0; i < 15; ++i) {
-    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
-    if (i == 7) crowd.push_back(probe);
-  }
+  const GreedyRequest probe = Probe();
+  const std::vector<GreedyRequest> crowd = CrowdAround(probe);
   RunnerOptions ro;
   ro.num_kv_blocks = 512;
   const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);

@@ -213,8 +213,8 @@ Status MakeRankBackend(const RunnerOptions& o, int rank, int device, LoadedRank*
 
 // GPUs: joins rank 0's rendezvous store and builds the NCCL communicator on the backend's stream.
 // Collective over the ranks.
-Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, int device,
-                LoadedRank* out) {
+// Joins rank 0's rendezvous store (every rank of the run).
+Status JoinStore(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, LoadedRank* out) {
   RendezvousOptions ro;
   ro.master_addr = master_addr;
   ro.master_port = store_port;
@@ -222,10 +222,16 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
   ro.world_size = World(o);
   ro.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
   KIMIRT_ASSIGN_OR_RETURN(out->store, RendezvousStore::Join(ro));
+  return Status::Ok();
+}
+
+Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, int device,
+                LoadedRank* out) {
+  KIMIRT_RETURN_IF_ERROR(JoinStore(o, rank, master_addr, store_port, out));
   NcclOptions no;
   no.device = device;
   no.stream = BackendStream(*out->backend);
-  no.timeout = ro.timeout;  // above the longest legitimate step, as the TCP links' deadline
+  no.timeout = std::chrono::milliseconds(o.rank_timeout_ms);  // above the longest legitimate step, as the TCP links' deadline
   no.tag = "tp";
   if (o.pp == 1) {
     KIMIRT_ASSIGN_OR_RETURN(out->comm, MakeNcclCommunicator(*out->store, no));
@@ -255,23 +261,18 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
 // peer accepts, so the order of the ranks does not matter.
 Status JoinGroupLinks(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port,
                       const std::string& my_host, LoadedRank* out) {
-  RendezvousOptions ro;
-  ro.master_addr = master_addr;
-  ro.master_port = store_port;
-  ro.rank = rank;
-  ro.world_size = World(o);
-  ro.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
-  KIMIRT_ASSIGN_OR_RETURN(out->store, RendezvousStore::Join(ro));
+  KIMIRT_RETURN_IF_ERROR(JoinStore(o, rank, master_addr, store_port, out));
+  const std::chrono::milliseconds timeout(o.rank_timeout_ms);
   KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(0));
   KIMIRT_ASSIGN_OR_RETURN(const int port, LocalPort(listener));
   KIMIRT_RETURN_IF_ERROR(out->store->Set("links/" + std::to_string(rank), my_host + ":" + std::to_string(port)));
   const int stage = rank / o.tp, t = rank % o.tp;
-  const Deadline d = Clock::now() + ro.timeout;
+  const Deadline d = Clock::now() + timeout;
   for (auto [links, me, n] : {std::tuple{&out->tp_links, t, o.tp}, std::tuple{&out->pp_links, stage, o.pp}}) {
     links->rank = me;
     links->size = n;
     links->peers.resize(static_cast<size_t>(n));
-    links->timeout = ro.timeout;
+    links->timeout = timeout;
   }
   auto connect = [&](int peer, Socket* slot, uint64_t group) -> Status {
     KIMIRT_ASSIGN_OR_RETURN(const std::string addr, out->store->Get("links/" + std::to_string(peer)));
