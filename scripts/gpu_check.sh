@@ -22,7 +22,6 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   mla16     the MLA decode split at 16 warps a block against 8 (KIMIRT_MLA_DECODE_WARPS): tests, bench.
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -57,7 +56,7 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mla16|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode]
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -146,18 +145,6 @@ if len(step) == 2:
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
-fi
-if [[ "$what" == mla16 ]]; then
-  # The MLA decode split with 8 and with 16 warps a block (KIMIRT_MLA_DECODE_WARPS), side by side:
-  # the paged-decode tests under 16 (8 is the default the tests mode runs), then the bench under each.
-  KIMIRT_MLA_DECODE_WARPS=16 timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' | head
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for w in 8 16; do
-    echo "--- $w warps a block"
-    KIMIRT_MLA_DECODE_WARPS=$w timeout 200 "$root/mla_decode_bench" --heads 32 --contexts 4096,32768,131072 \
-      --json "$out/mla-decode-bench-w$w.json" 2>&1 | tail -7
-  done
 fi
 if [[ "$what" == mlaprof ]]; then
   # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
