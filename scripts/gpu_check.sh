@@ -22,6 +22,8 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
+#   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
+#   kdaprof   Nsight Compute sections of one chunked-KDA launch ($OUT/ncu-kda-chunk.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -56,7 +58,6 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -155,6 +156,28 @@ if [[ "$what" == mlaprof ]]; then
     --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
     --iters 2 >"$out/ncu-mla.txt" 2>&1 || status=1
   grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mla.txt" | grep -E '[0-9]' | tail -90
+fi
+if [[ "$what" == moeprof ]]; then
+  # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,
+  # occupancy, warp stalls and memory of each ExpertMma launch (issue 13's bandwidth target).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for b in 1 32; do
+    timeout 200 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 2 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis "$root/moe_bench" --device cuda --configs k3 --batch-sizes $b --iters 2 \
+      >"$out/ncu-moe-b$b.txt" 2>&1 || status=1
+    echo "--- ncu ExpertMma, K3 MXFP4, batch $b"
+    grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-moe-b$b.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -80
+  done
+fi
+if [[ "$what" == kdaprof ]]; then
+  # Nsight Compute on one launch of the chunked KDA kernel (kda_chunk_bench's first case).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 "$ncu" --clock-control none -k regex:KdaChunk -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
+    >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -90
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
