@@ -29,6 +29,8 @@
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
 #             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
+#   prefprof  Nsight Compute kernel times of one 8K prefill (2048-token chunks) at the 2-layer
+#             Kimi-Linear-48B widths, BF16, grouped by kernel (issue 14).
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
 #   pgemm     the prefill GEMMs on tensor cores (issue 14 item 1, issue 13 item 2): their tests
@@ -256,6 +258,28 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \
     --json "$out/bench-model-kimi-linear-2layer-prompt256-eager.json" 2>&1 | tail -3
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == prefprof ]]; then
+  # Where an 8K prefill's time goes (issue 14): each kernel's GPU time under ncu, grouped by kernel,
+  # for one 8192-token prompt in 2048-token chunks at the 2-layer Kimi-Linear-48B widths, BF16.
+  cfg="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
+  timeout 300 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+    "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights --batch-sizes 1 \
+    --prompt-len 8192 --decode-tokens 1 --prefill-chunk 2048 > "$out/ncu-prefill.csv" 2>"$out/ncu-prefill.err"
+  echo "ncu prefill exit $?"; tail -2 "$out/ncu-prefill.err"
+  python3 - "$out/ncu-prefill.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[ival].replace(",", ""))
+    name = r[iname].split("(")[0][:70]
+    tot[name] += v; cnt[name] += 1
+print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
+for k, v in tot.most_common(30): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
+PY
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the
