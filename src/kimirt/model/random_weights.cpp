@@ -1,0 +1,170 @@
+// Counter-based random weights (random_weights.h): each tensor's recipe from its role, then
+// element i from SplitMix64::At(seed ^ FNV-1a(name), i) alone.
+#include "kimirt/model/random_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kimirt/core/dtype_convert.h"
+#include "kimirt/core/parallel_for.h"
+#include "kimirt/core/random.h"
+
+namespace kimirt {
+namespace {
+
+// How a tensor's elements are drawn.
+struct Recipe {
+  enum Kind : uint8_t { kNormal, kLogRates, kCodes, kScales } kind = kNormal;
+  float mean = 0, stddev = 1;  // kNormal: mean + stddev · FastNormal
+  int64_t heads = 0;           // kLogRates: log U(1, 16) below this index, 0 past it
+  int low_exponent = 0;        // kScales: E8M0 code 127 + low, or + 1 with probability `upper`
+  double upper = 0;
+};
+
+Recipe Normal(double stddev, double mean = 0.0) {
+  Recipe r;
+  r.mean = static_cast<float>(mean);
+  r.stddev = static_cast<float>(stddev);
+  return r;
+}
+
+Recipe RecipeOf(const ModelConfig& c, const TensorSpec& t) {
+  using R = TensorRole;
+  const TensorRole role = t.role;
+  Recipe r;
+  if (IsMxfp4Codes(role)) {
+    // Random weights at MXFP4's own resolution, so multi-GB expert sets (K3: 30 G values a
+    // layer) are made at memory speed: codes are random bytes (every E2M1 code equally likely,
+    // mean square 68.5/8), and each group's scale is one of two neighbouring powers of two, the
+    // upper with the probability that makes the decoded matrix's standard deviation
+    // 1/sqrt(fan_in), like every other weight (spec §2.9 for the format).
+    r.kind = Recipe::kCodes;
+    return r;
+  }
+  if (IsMxfp4Scales(role)) {
+    const double fan_in = static_cast<double>(t.shape[1] * kMxfp4GroupSize);
+    const double code_ms = 68.5 / 8.0, want_ms = 1.0 / fan_in;
+    r.kind = Recipe::kScales;
+    r.low_exponent = static_cast<int>(std::floor(0.5 * std::log2(want_ms / code_ms)));
+    r.upper = (want_ms / (code_ms * std::ldexp(1.0, 2 * r.low_exponent)) - 1.0) / 3.0;  // in [0, 1)
+    return r;
+  }
+  const double fan_in = static_cast<double>(t.shape.size() >= 2 ? t.shape.back() : 1);
+  if (role == R::kKdaALog) {
+    // log(U(1, 16)) for the real heads; K3's zero padding after them (spec §2.4).
+    r.kind = Recipe::kLogRates;
+    r.heads = c.linear_attn.num_heads;
+    return r;
+  }
+  if (role == R::kKdaDtBias) return Normal(0.1);
+  if (role == R::kKdaConvQ || role == R::kKdaConvK || role == R::kKdaConvV) return Normal(0.5);
+  if (role == R::kRouterBias) return Normal(0.01);
+  if (t.category == Category::kNorm) return Normal(0.1, 1.0);
+  if (role == R::kEmbed) return Normal(1.0);
+  if (role == R::kRouter) return Normal(2.5 / std::sqrt(fan_in));  // router: decisive top-k margins
+  if (role == R::kKdaDecayB) return Normal(0.3 / std::sqrt(fan_in));
+  if (role == R::kVisionPatchProj || role == R::kVisionPosEmb) return Normal(0.02);
+  return Normal(1.0 / std::sqrt(fan_in));
+}
+
+// Elements [first, first + count) of a float-valued recipe as F32.
+void FloatValues(const Recipe& r, uint64_t state, uint64_t first, size_t count, float* out) {
+  if (r.kind == Recipe::kLogRates) {
+    for (size_t k = 0; k < count; ++k) {
+      const uint64_t i = first + k;
+      out[k] = static_cast<int64_t>(i) < r.heads
+                   ? static_cast<float>(std::log(1.0 + 15.0 * SplitMix64::UniformOf(SplitMix64::At(state, i))))
+                   : 0.0f;
+    }
+    return;
+  }
+  // The hot loop (all but a few KB of a model): one mix and one bell-shaped draw per element.
+  const float m = r.mean, sd = r.stddev;
+  const uint64_t base = state + (first + 1) * SplitMix64::kGamma;
+  for (size_t k = 0; k < count; ++k) {
+    out[k] = m + sd * SplitMix64::FastNormalOf(SplitMix64::Mix(base + k * SplitMix64::kGamma));
+  }
+}
+
+}  // namespace
+
+void RandomTensorElements(const ModelConfig& config, const TensorSpec& t, uint64_t seed, uint64_t first,
+                          uint64_t count, uint8_t* out) {
+  const Recipe r = RecipeOf(config, t);
+  const uint64_t state = seed ^ HashName(t.name);
+  const uint64_t end = first + count;
+  if (r.kind == Recipe::kCodes) {
+    // Byte i is byte i % 8 (little-endian) of output i / 8.
+    uint64_t i = first;
+    auto byte = [&](uint64_t k) { return static_cast<uint8_t>(SplitMix64::At(state, k >> 3) >> (8 * (k & 7))); };
+    for (; i < end && (i & 7) != 0; ++i) *out++ = byte(i);
+    for (; end - i >= 8; i += 8, out += 8) {
+      const uint64_t w = SplitMix64::At(state, i >> 3);
+      for (int b = 0; b < 8; ++b) out[b] = static_cast<uint8_t>(w >> (8 * b));
+    }
+    for (; i < end; ++i) *out++ = byte(i);
+    return;
+  }
+  if (r.kind == Recipe::kScales) {
+    const uint8_t low = static_cast<uint8_t>(127 + r.low_exponent);
+    for (uint64_t i = first; i < end; ++i) {
+      *out++ = static_cast<uint8_t>(low + (SplitMix64::UniformOf(SplitMix64::At(state, i)) < r.upper ? 1 : 0));
+    }
+    return;
+  }
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
+    // The layout stores floats only as BF16 or F32; anything else is left zero.
+    std::memset(out, 0, static_cast<size_t>(count) * DTypeSize(t.dtype));
+    return;
+  }
+  constexpr size_t kBlock = 1024;
+  float values[kBlock];
+  for (uint64_t i = first; i < end;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, end - i));
+    FloatValues(r, state, i, n, values);
+    if (t.dtype == DType::kBF16) {
+      uint16_t bits[kBlock];
+      F32ToBf16(values, bits, n);
+      std::memcpy(out, bits, n * sizeof(uint16_t));
+    } else {
+      std::memcpy(out, values, n * sizeof(float));
+    }
+    out += n * DTypeSize(t.dtype);
+    i += n;
+  }
+}
+
+void RandomTensorSlice(const ModelConfig& config, const TensorSpec& t, uint64_t seed, int dim, int64_t begin,
+                       int64_t length, uint8_t* out) {
+  // The slice is `outer` runs of `run` consecutive elements; run o starts at element
+  // (o · size + begin) · inner of the full tensor.
+  int64_t outer = 1, inner = 1, size = NumElements(t.shape);
+  if (dim < 0) {
+    begin = 0;
+    length = size;
+  } else {
+    size = t.shape[static_cast<size_t>(dim)];
+    for (int i = 0; i < dim; ++i) outer *= t.shape[static_cast<size_t>(i)];
+    for (size_t i = static_cast<size_t>(dim) + 1; i < t.shape.size(); ++i) inner *= t.shape[i];
+  }
+  const uint64_t run = static_cast<uint64_t>(length * inner);
+  const uint64_t total = static_cast<uint64_t>(outer) * run;
+  const size_t es = DTypeSize(t.dtype);
+  // Pieces of 64 K elements (a multiple of 8, so MXFP4 code words are not split between pieces of
+  // one run): small enough to balance the pool, large enough that scheduling costs nothing.
+  constexpr uint64_t kPiece = uint64_t{1} << 16;
+  ParallelFor(static_cast<int64_t>((total + kPiece - 1) / kPiece), [&](int64_t piece) {
+    uint64_t at = static_cast<uint64_t>(piece) * kPiece;
+    const uint64_t stop = std::min(total, at + kPiece);
+    while (at < stop) {
+      const uint64_t o = at / run, j = at % run;
+      const uint64_t n = std::min(run - j, stop - at);
+      const uint64_t first = (o * static_cast<uint64_t>(size) + static_cast<uint64_t>(begin)) * static_cast<uint64_t>(inner) + j;
+      RandomTensorElements(config, t, seed, first, n, out + at * es);
+      at += n;
+    }
+  });
+}
+
+}  // namespace kimirt
