@@ -114,6 +114,20 @@ KIMIRT_HOT_LOOP void ScaleCodes(uint8_t low, double upper, uint64_t state, uint6
   }
 }
 
+// Elements [first, end) made `fill(i, n, block)` an aligned block at a time and copied to the
+// bytes at `out` (which need not be aligned for T).
+template <typename T, typename Fill>
+void InBlocks(uint64_t first, uint64_t end, uint8_t* out, Fill fill) {
+  constexpr size_t kBlock = 4096 / sizeof(T);
+  alignas(64) T block[kBlock];
+  for (uint64_t i = first; i < end; i += kBlock) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, end - i));
+    fill(i, n, block);
+    std::memcpy(out, block, n * sizeof(T));
+    out += n * sizeof(T);
+  }
+}
+
 }  // namespace
 
 void RandomTensorElements(const ModelConfig& config, const TensorSpec& t, uint64_t seed, uint64_t first,
@@ -153,29 +167,13 @@ void RandomTensorElements(const ModelConfig& config, const TensorSpec& t, uint64
     return;
   }
   switch (t.dtype) {
-    case DType::kF32: {
-      // Through an aligned block: `out` is bytes.
-      constexpr size_t kBlock = 1024;
-      alignas(64) float values[kBlock];
-      for (uint64_t i = first; i < end; i += kBlock) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, end - i));
-        NormalF32(r.mean, r.stddev, state, i, n, values);
-        std::memcpy(out, values, n * sizeof(float));
-        out += n * sizeof(float);
-      }
+    case DType::kF32:
+      InBlocks<float>(first, end, out, [&](uint64_t i, size_t n, float* b) { NormalF32(r.mean, r.stddev, state, i, n, b); });
       return;
-    }
-    case DType::kBF16: {
-      constexpr size_t kBlock = 2048;
-      alignas(64) uint16_t bits[kBlock];
-      for (uint64_t i = first; i < end; i += kBlock) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, end - i));
-        NormalBf16(r.mean, r.stddev, state, i, n, bits);
-        std::memcpy(out, bits, n * sizeof(uint16_t));
-        out += n * sizeof(uint16_t);
-      }
+    case DType::kBF16:
+      InBlocks<uint16_t>(first, end, out,
+                         [&](uint64_t i, size_t n, uint16_t* b) { NormalBf16(r.mean, r.stddev, state, i, n, b); });
       return;
-    }
     default:
       // The layout stores floats only as BF16 or F32; anything else is left zero.
       std::memset(out, 0, static_cast<size_t>(count) * DTypeSize(t.dtype));

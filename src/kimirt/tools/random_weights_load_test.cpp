@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -49,34 +50,16 @@ void WriteRandomCheckpoint(const std::string& fixture, const std::string& dir) {
   ASSERT_TRUE(s.ok()) << s.status().ToString();
 }
 
+using testing::ExpectSameBits;
+
 RunnerOptions Options(const std::string& device, int tp, bool ep, bool processes) {
-  RunnerOptions o;
-  o.device = device;
-  o.matrix_dtype = device == "cpu" ? DType::kF32 : DType::kBF16;
-  o.tp = tp;
-  o.ep = ep ? tp : 1;
-  o.block_size = 8;
-  o.num_kv_blocks = 64;
-  o.max_kda_snapshots = 4;
-  o.process_ranks = processes;
-  o.rank_worker_binary = KIMIRT_BINARY;
-  o.rank_timeout_ms = 20000;
-  return o;
+  return testing::TraceRunnerOptions(processes, tp, ep, device);
 }
 
 std::vector<std::vector<float>> TraceOf(const ModelSource& source, const RunnerOptions& o) {
   auto r = ModelRunner::Create(source, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? testing::Trace(**r) : std::vector<std::vector<float>>{};
-}
-
-void ExpectSameBits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(want.empty());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
-    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
-  }
 }
 
 // One rank on each built device (CUDA: BF16 matrices, MXFP4 experts held as stored).
