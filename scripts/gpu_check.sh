@@ -22,7 +22,8 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   mla16     the MLA decode split at 16 warps a block against 8 (KIMIRT_MLA_DECODE_WARPS): tests, bench.
+#   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
+#   kdaprof   Nsight Compute sections of one chunked-KDA launch ($OUT/ncu-kda-chunk.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -64,7 +65,7 @@
 #             ($OUT/bench-model-kimi-linear-48b-full-prompt1024.json), sampling the process's host
 #             RSS and the GPU's memory (the host never holds the model: peak RSS a few GB); load
 #             time and the table last.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mla16|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode|full48]
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode|full48]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -154,18 +155,6 @@ PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
 fi
-if [[ "$what" == mla16 ]]; then
-  # The MLA decode split with 8 and with 16 warps a block (KIMIRT_MLA_DECODE_WARPS), side by side:
-  # the paged-decode tests under 16 (8 is the default the tests mode runs), then the bench under each.
-  KIMIRT_MLA_DECODE_WARPS=16 timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' | head
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for w in 8 16; do
-    echo "--- $w warps a block"
-    KIMIRT_MLA_DECODE_WARPS=$w timeout 200 "$root/mla_decode_bench" --heads 32 --contexts 4096,32768,131072 \
-      --json "$out/mla-decode-bench-w$w.json" 2>&1 | tail -7
-  done
-fi
 if [[ "$what" == mlaprof ]]; then
   # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
   # throughput, occupancy and where the warps stall.
@@ -175,6 +164,28 @@ if [[ "$what" == mlaprof ]]; then
     --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
     --iters 2 >"$out/ncu-mla.txt" 2>&1 || status=1
   grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mla.txt" | grep -E '[0-9]' | tail -90
+fi
+if [[ "$what" == moeprof ]]; then
+  # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,
+  # occupancy, warp stalls and memory of each ExpertMma launch (issue 13's bandwidth target).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for b in 1 32; do
+    timeout 200 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 2 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis "$root/moe_bench" --device cuda --configs k3 --batch-sizes $b --iters 2 \
+      >"$out/ncu-moe-b$b.txt" 2>&1 || status=1
+    echo "--- ncu ExpertMma, K3 MXFP4, batch $b"
+    grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-moe-b$b.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -80
+  done
+fi
+if [[ "$what" == kdaprof ]]; then
+  # Nsight Compute on one launch of the chunked KDA kernel (kda_chunk_bench's first case).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 "$ncu" --clock-control none -k regex:KdaChunk -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
+    >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -90
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192

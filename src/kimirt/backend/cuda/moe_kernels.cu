@@ -539,7 +539,10 @@ __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int
   }
 }
 
-// out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order. A thread
+// out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order, each
+// product rounded before it is added (no FMA contraction, as the CPU reference): then a slot whose
+// expert another EP rank holds adds exactly +0 here, and at top-2 the ranks' sum is the one-rank
+// result bit for bit (ExpertStandInTest; a fused w·v + acc rounds once and breaks that). A thread
 // per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out
 // together (a thread looping over the columns of a token waited one L2 round trip per column:
 // tens of µs at batch 1).
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float* p = part + static_cast<int64_t>(pos[t * k + j]) * D + d;
     float v = p[0];
     for (int64_t s = 1; s < splits; ++s) v += p[s * n * D];
-    acc += weights[t * k + j] * v;
+    acc = __fadd_rn(acc, __fmul_rn(weights[t * k + j], v));
   }
   out[t * D + d] = acc;
 }
