@@ -1,5 +1,6 @@
 #include "kimirt/tools/bench_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -21,6 +22,32 @@ namespace kimirt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The largest |logit| of one prompt of min(prompt_len, 64) tokens, or an error when any logit is
+// not finite: a model whose activations blow up (say, random weights drawn at the wrong scale)
+// fails here, not as plausible-looking timings.
+Result<float> ProbeLogits(ModelRunner& runner, int64_t prompt_len) {
+  const int64_t V = runner.config().vocab_size;
+  std::vector<int32_t> ids;
+  for (int64_t k = 0; k < std::min<int64_t>(prompt_len, 64); ++k) ids.push_back(static_cast<int32_t>((k * 131 + 7) % V));
+  const ModelRunner::Handle h = runner.NewSequence();
+  Status reserved = runner.Reserve(h, static_cast<int64_t>(ids.size()));
+  Result<Tensor> logits = reserved.ok() ? runner.Forward(h, ids, /*last_only=*/true) : Result<Tensor>(reserved);
+  runner.Release(h);
+  if (!logits.ok()) return logits.status();
+  float max_abs = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < logits->numel(); ++i) {
+    const float v = logits->f32()[i];
+    if (!std::isfinite(v)) ++bad;
+    else max_abs = std::max(max_abs, std::fabs(v));
+  }
+  if (bad > 0) {
+    return Internal("the model's logits are not finite: " + std::to_string(bad) + " of " +
+                    std::to_string(logits->numel()) + " after a " + std::to_string(ids.size()) + "-token prompt");
+  }
+  return max_abs;
+}
 
 }  // namespace
 
@@ -126,6 +153,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
   const ModelConfig& c = runner->config();
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
+  // Numerical sanity first (random weights above all): one prompt's last logits must be finite.
+  KIMIRT_ASSIGN_OR_RETURN(const float max_logit, ProbeLogits(*runner, opt.prompt_len));
   EngineOptions eo;
   eo.max_num_seqs = max_batch;
   eo.prefill_chunk = opt.prefill_chunk;
@@ -147,6 +176,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep);
   report.weight_bytes_on_device = held_bytes;
   report.load_seconds = load_seconds;
+  report.max_abs_logit = max_logit;
   report.tp = opt.tp;
   report.ep = ro.ep;
   report.prompt_len = opt.prompt_len;
@@ -256,7 +286,8 @@ std::string BenchModelReport::ToText() const {
     s += held;
   }
   char line[160];
-  std::snprintf(line, sizeof(line), "load: %.1f s (backends, weights, caches)\n", load_seconds);
+  std::snprintf(line, sizeof(line), "load: %.1f s (backends, weights, caches); logits finite, max |logit| %.2f\n",
+                load_seconds, max_abs_logit);
   s += line;
   std::snprintf(line, sizeof(line), "%8s %16s %16s %12s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "median ms", "decode tok/s", "MB/step", "GB/s");
@@ -285,6 +316,7 @@ std::string BenchModelReport::ToJson() const {
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
   j["load_seconds"] = load_seconds;
+  j["max_abs_logit"] = max_abs_logit;
   j["tp"] = tp;
   j["ep"] = ep;
   j["prompt_len"] = prompt_len;

@@ -68,6 +68,7 @@ struct BenchModelReport {
   uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
   double load_seconds = 0;             // making the runner: backends, weights (read or made), caches
+  float max_abs_logit = 0;             // of a probe prompt's last logits (all finite, or the bench fails)
   int tp = 1;
   int ep = 1;
   int64_t prompt_len = 0, decode_tokens = 0;

@@ -155,6 +155,8 @@ TEST(BenchModelRandomWeights, RunsAtTensorParallelTwo) {
   EXPECT_GT(r->load_seconds, 0.0);
   EXPECT_NE(r->model.find("random weights, seed 11"), std::string::npos) << r->model;
   EXPECT_NE(r->ToText().find("load: "), std::string::npos);
+  EXPECT_GT(r->max_abs_logit, 0.0f);
+  EXPECT_LT(r->max_abs_logit, 1e3f);  // the recipe keeps activations O(1)
   for (const BenchModelPoint& p : r->points) EXPECT_GT(p.decode_tokens_per_s, 0.0);
 }
 
