@@ -141,14 +141,11 @@ int main(int argc, char** argv) {
     BENCH_CUDA_OK(cudaMalloc(&x, static_cast<size_t>(max_m * sh.k) * sizeof(float)));
     BENCH_CUDA_OK(cudaMalloc(&y, static_cast<size_t>(max_m * sh.n) * sizeof(float)));
     Fill(nullptr, x, max_m * sh.k, 7, 1.0f);
-    int* counters = nullptr;  // the fused split-k sum's, zero between calls
-    BENCH_CUDA_OK(cudaMalloc(&counters, kimirt::cuda::kDecodeGemmCounters * sizeof(int)));
-    BENCH_CUDA_OK(cudaMemset(counters, 0, kimirt::cuda::kDecodeGemmCounters * sizeof(int)));
     for (int64_t m : rows) {
       void* scratch = nullptr;
       BENCH_CUDA_OK(cudaMalloc(&scratch, kimirt::cuda::DecodeGemmScratchBytes(m, sh.n, sh.k)));
       const auto call = [&](int i) {
-        kimirt::cuda::DecodeGemm(x, w[static_cast<size_t>(i % copies)], y, m, sh.n, sh.k, scratch, counters, s);
+        kimirt::cuda::DecodeGemm(x, w[static_cast<size_t>(i % copies)], y, m, sh.n, sh.k, scratch, s);
       };
       const double ms = TimeMs(s, warmup, reps, call);
       const double ms_graph = GraphMsPerCall(s, reps, std::max(20, copies), call);
@@ -160,7 +157,6 @@ int main(int argc, char** argv) {
     for (uint16_t* p : w) BENCH_CUDA_OK(cudaFree(p));
     BENCH_CUDA_OK(cudaFree(x));
     BENCH_CUDA_OK(cudaFree(y));
-    BENCH_CUDA_OK(cudaFree(counters));
   }
 
   // Per call (events) and in a graph; fractions of 4.8 TB/s and of the copy.

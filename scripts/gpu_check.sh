@@ -22,12 +22,15 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   mla16     the MLA decode split at 16 warps a block against 8 (KIMIRT_MLA_DECODE_WARPS): tests, bench.
+#   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
+#   kdaprof   Nsight Compute sections of one chunked-KDA launch ($OUT/ncu-kda-chunk.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
 #             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
+#   prefprof  Nsight Compute kernel times of one 8K prefill (2048-token chunks) at the 2-layer
+#             Kimi-Linear-48B widths, BF16, grouped by kernel (issue 14).
 #   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
 #             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
 #   pgemm     the prefill GEMMs on tensor cores (issue 14 item 1, issue 13 item 2): their tests
@@ -57,15 +60,22 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
+#   full48    the whole Kimi-Linear-48B-A3B (configs/kimi-linear-48b-a3b.json, 98.2 GB of BF16 weights)
+#             on one H200 with random weights made at load (no checkpoint on disk; issues 12, 13, 17):
+#             first the made-at-load == on-disk tests on CUDA (RandomWeightsLoadOnDevice), then
+#             `bench model` at batches 1, 8, 32, 64, prompt 1024, 32 decode tokens
+#             ($OUT/bench-model-kimi-linear-48b-full-prompt1024.json), sampling the process's host
+#             RSS and the GPU's memory (the host never holds the model: peak RSS a few GB); load
+#             time and the table last.
 #   pp2       pipeline parallelism on two GPUs (nvidia-h200-x2; docs/distributed.md "Pipeline
 #             parallelism"): the ProcessRanksCudaPipeline* tests (PP 2 logits = one GPU's within
 #             1e-5 × max|logit|, 0 expected and printed, on tiny-a, kimi-linear-tiny and random
-#             2-layer K3 and Kimi-Linear-48B checkpoints; greedy tokens equal), `bench model -pp 1`
+#             2-layer K3 and Kimi-Linear-48B weights; greedy tokens equal), `bench model -pp 1`
 #             and `-pp 2 --device cuda` on the built-in model ($OUT/bench-model-builtin-cuda-pp{1,2}.json),
 #             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
 #             and token logprobs must be the same ("same" expected), and `bench serve` against
 #             -pp 2 (its table last).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|moe|decode48|mla|mla16|mlaprof|prefill48|prof48|pgemm|mlapre|nccl|tp2|mnode|pp2]
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|pp2]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -90,7 +100,7 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
-filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*'
+filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
   timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
@@ -155,18 +165,6 @@ PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
 fi
-if [[ "$what" == mla16 ]]; then
-  # The MLA decode split with 8 and with 16 warps a block (KIMIRT_MLA_DECODE_WARPS), side by side:
-  # the paged-decode tests under 16 (8 is the default the tests mode runs), then the bench under each.
-  KIMIRT_MLA_DECODE_WARPS=16 timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' | head
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for w in 8 16; do
-    echo "--- $w warps a block"
-    KIMIRT_MLA_DECODE_WARPS=$w timeout 200 "$root/mla_decode_bench" --heads 32 --contexts 4096,32768,131072 \
-      --json "$out/mla-decode-bench-w$w.json" 2>&1 | tail -7
-  done
-fi
 if [[ "$what" == mlaprof ]]; then
   # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
   # throughput, occupancy and where the warps stall.
@@ -176,6 +174,28 @@ if [[ "$what" == mlaprof ]]; then
     --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
     --iters 2 >"$out/ncu-mla.txt" 2>&1 || status=1
   grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mla.txt" | grep -E '[0-9]' | tail -90
+fi
+if [[ "$what" == moeprof ]]; then
+  # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,
+  # occupancy, warp stalls and memory of each ExpertMma launch (issue 13's bandwidth target).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for b in 1 32; do
+    timeout 200 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 2 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis "$root/moe_bench" --device cuda --configs k3 --batch-sizes $b --iters 2 \
+      >"$out/ncu-moe-b$b.txt" 2>&1 || status=1
+    echo "--- ncu ExpertMma, K3 MXFP4, batch $b"
+    grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-moe-b$b.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -80
+  done
+fi
+if [[ "$what" == kdaprof ]]; then
+  # Nsight Compute on one launch of the chunked KDA kernel (kda_chunk_bench's first case).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 "$ncu" --clock-control none -k regex:KdaChunk -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
+    >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -90
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
@@ -254,6 +274,52 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \
     --json "$out/bench-model-kimi-linear-2layer-prompt256-eager.json" 2>&1 | tail -3
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == prefprof ]]; then
+  # Where an 8K prefill's time goes (issue 14): each kernel's GPU time under ncu, grouped by kernel,
+  # for one 8192-token prompt in 2048-token chunks at the 2-layer Kimi-Linear-48B widths, BF16.
+  cfg="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
+  timeout 300 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+    "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights --batch-sizes 1 \
+    --prompt-len 8192 --decode-tokens 1 --prefill-chunk 2048 > "$out/ncu-prefill.csv" 2>"$out/ncu-prefill.err"
+  echo "ncu prefill exit $?"; tail -2 "$out/ncu-prefill.err"
+  python3 - "$out/ncu-prefill.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[ival].replace(",", ""))
+    name = r[iname].split("(")[0][:70]
+    tot[name] += v; cnt[name] += 1
+print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
+for k, v in tot.most_common(30): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
+PY
+fi
+if [[ "$what" == full48 ]]; then
+  timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/RandomWeightsLoadOnDevice.*cuda*' \
+    >"$out/gtest-random-load.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' "$out/gtest-random-load.txt" | head -10
+  json="$out/bench-model-kimi-linear-48b-full-prompt1024.json"
+  timeout 450 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+    --config "$root/shared/configs/kimi-linear-48b-a3b.json" --random-weights --batch-sizes 1,8,32,64 \
+    --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 --json "$json" >"$out/bench-model-48b-full.txt" 2>&1 &
+  bench=$!
+  # Peaks, once a second: the host RSS of the bench (timeout's child) and the GPU's memory in use.
+  rss=0; gpu=0
+  while kill -0 $bench 2>/dev/null; do
+    pid=$(pgrep -P $bench | head -1)
+    r=$( [[ -n "$pid" ]] && ps -o rss= -p "$pid" 2>/dev/null | tr -d ' ')
+    g=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')
+    (( ${r:-0} > rss )) && rss=${r:-0}
+    (( ${g:-0} > gpu )) && gpu=${g:-0}
+    sleep 1
+  done
+  wait $bench || status=1
+  echo "--- full Kimi-Linear-48B-A3B, random weights made at load: peak host RSS $((rss / 1024)) MiB, peak GPU memory $gpu MiB"
+  grep -E '^weight bytes|^load:' "$out/bench-model-48b-full.txt"
+  tail -5 "$out/bench-model-48b-full.txt"
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the

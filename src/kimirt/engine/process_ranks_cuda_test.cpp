@@ -26,8 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,7 +34,6 @@
 #include "kimirt/engine/model_runner.h"
 #include "kimirt/engine/runner_trace_test_util.h"
 #include "kimirt/testing/test_data.h"
-#include "kimirt/tools/checkpoint_writer.h"
 
 namespace kimirt {
 namespace {
@@ -69,16 +66,16 @@ RunnerOptions CudaOptions(int tp, int pp = 1) {
   ASSERT_GE(VisibleCudaDevices(), 2) << "-tp 2 --device cuda needs two GPUs; " << VisibleCudaDevices() \
                                      << " visible (run on nvidia-h200-x2: scripts/gpu_check.sh nccl)"
 
-// The trace of `dir` on one GPU (`one`'s options) and on two ranks (`two`'s): call by call
+// The trace of `source` on one GPU (`one`'s options) and on two ranks (`two`'s): call by call
 // within the CPU TP tests' tolerance, 1e-5 × max|logit|, and the greedy token of each call's last
 // row (the next token of a decode) the same. Returns the largest difference.
-float ExpectTwoRanksMatchOneGpu(const std::string& dir, const RunnerOptions& one_o, const RunnerOptions& two_o) {
-  auto one = ModelRunner::Create(dir, one_o);
+float ExpectTwoRanksMatchOneGpu(const ModelSource& source, const RunnerOptions& one_o, const RunnerOptions& two_o) {
+  auto one = ModelRunner::Create(source, one_o);
   EXPECT_TRUE(one.ok()) << one.status().ToString();
   if (!one.ok()) return -1;
   const auto want = testing::Trace(**one);
   one->reset();
-  auto two = ModelRunner::Create(dir, two_o);
+  auto two = ModelRunner::Create(source, two_o);
   EXPECT_TRUE(two.ok()) << two.status().ToString();
   if (!two.ok()) return -1;
   const auto got = testing::Trace(**two);
@@ -104,13 +101,13 @@ float ExpectTwoRanksMatchOneGpu(const std::string& dir, const RunnerOptions& one
 }
 
 // An engine's greedy generation of four requests on two ranks is one GPU's, token for token.
-void ExpectSameGreedyGeneration(const std::string& dir, const RunnerOptions& one_o, const RunnerOptions& two_o) {
-  auto one = ModelRunner::Create(dir, one_o);
+void ExpectSameGreedyGeneration(const std::string& source, const RunnerOptions& one_o, const RunnerOptions& two_o) {
+  auto one = ModelRunner::Create(source, one_o);
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   const auto want = testing::GreedyTokens(**one);
   one->reset();
   ASSERT_EQ(want.size(), 4u);
-  auto two = ModelRunner::Create(dir, two_o);
+  auto two = ModelRunner::Create(source, two_o);
   ASSERT_TRUE(two.ok()) << two.status().ToString();
   EXPECT_EQ(testing::GreedyTokens(**two), want);
 }
@@ -120,7 +117,7 @@ class ProcessRanksCuda : public ::testing::TestWithParam<std::string> {};
 TEST_P(ProcessRanksCuda, Tp2LogitsMatchTp1) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
-  ExpectTwoRanksMatchOneGpu(Fixture(GetParam()), CudaOptions(1), CudaOptions(2));
+  ExpectTwoRanksMatchOneGpu(ModelSource::Directory(Fixture(GetParam())), CudaOptions(1), CudaOptions(2));
 }
 
 TEST_P(ProcessRanksCuda, Tp2GreedyGenerationIsTp1s) {
@@ -137,7 +134,8 @@ class ProcessRanksCudaPipeline : public ::testing::TestWithParam<std::string> {}
 TEST_P(ProcessRanksCudaPipeline, Pp2LogitsMatchOneGpu) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
-  const float worst = ExpectTwoRanksMatchOneGpu(Fixture(GetParam()), CudaOptions(1), CudaOptions(1, 2));
+  const float worst =
+      ExpectTwoRanksMatchOneGpu(ModelSource::Directory(Fixture(GetParam())), CudaOptions(1), CudaOptions(1, 2));
   std::printf("PP 2 vs one GPU, %s: largest |logit difference| %g\n", GetParam().c_str(), worst);
 }
 
@@ -150,41 +148,23 @@ TEST_P(ProcessRanksCudaPipeline, Pp2GreedyGenerationIsOneGpus) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCudaPipeline, ::testing::Values("tiny-a", "kimi-linear-tiny"),
                          [](const auto& info) { return info.param == "tiny-a" ? "TinyA" : "KimiLinearTiny"; });
 
-// Real widths: random checkpoints of the 2-layer bench configs (bench/configs), written to a
-// temporary directory; weights held as BF16 (exact for BF16 and MXFP4 values), the latent cache
-// BF16, as serve holds them.
+// Real widths: random weights made at load (ModelSource::RandomWeights) at the 2-layer bench
+// configs' widths (bench/configs); weights held as BF16 (exact for BF16 and MXFP4 values), the
+// latent cache BF16, as serve holds them.
 TEST(ProcessRanksCudaPipelineRealWidth, Pp2LogitsMatchOneGpu) {
   KIMIRT_REQUIRE_TWO_GPUS();
   for (const char* name : {"kimi-k3-2layer", "kimi-linear-48b-2layer"}) {
     SCOPED_TRACE(name);
     const std::string config = testing::TestDataPath(std::string("bench/configs/") + name + ".json");
     KIMIRT_REQUIRE_FILE(config);
-    auto c = LoadModelConfig(config);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    auto layout = Layout::Build(*c);
-    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("kimirt-pp2-" + std::string(name) + "-" + std::to_string(::getpid())))
-                                .string();
-    std::ifstream in(config);
-    std::ostringstream text;
-    text << in.rdbuf();
-    CheckpointWriteOptions wo;
-    wo.fill = CheckpointFill::kRandom;
-    wo.seed = 7;
-    wo.shards = 1;
-    wo.config_json = text.str();
-    ASSERT_TRUE(WriteCheckpoint(*layout, dir, wo).ok());
     RunnerOptions one = CudaOptions(1), two = CudaOptions(1, 2);
     for (RunnerOptions* o : {&one, &two}) {
       o->matrix_dtype = DType::kBF16;
       o->kv_cache_dtype = KvCacheDType::kBF16;
-      o->rank_timeout_ms = 300000;  // loading GBs of weights takes longer than a fixture's 10 s
+      o->rank_timeout_ms = 300000;  // making GBs of weights takes longer than a fixture's 10 s
     }
-    const float worst = ExpectTwoRanksMatchOneGpu(dir, one, two);
+    const float worst = ExpectTwoRanksMatchOneGpu(ModelSource::RandomWeights(config, 7), one, two);
     std::printf("PP 2 vs one GPU, %s (random weights): largest |logit difference| %g\n", name, worst);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "kimirt/model/config.h"
 #include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/model/layout.h"
+#include "kimirt/model/model_source.h"
 #include "kimirt/model/module_context.h"
 #include "kimirt/model/pipeline_stages.h"
 #include "kimirt/model/sequence_state.h"
@@ -58,13 +59,19 @@ struct ForwardOptions {
 
 class Model {
  public:
-  // Loads DIR (config.json + checkpoint) as rank comm.rank() of comm.size(). With a `pipeline`
-  // group of more than one rank (pipeline parallelism; docs/distributed.md "Pipeline
-  // parallelism"), as stage pipeline->rank() of pipeline->size() (model/pipeline_stages.h):
-  // `comm` is then the stage's TP group, and the rank holds and runs only its stage's layers.
-  // options.pp and options.stage are set from `pipeline`.
-  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
+  // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
+  // comm.size(); a random source makes only this rank's slices. With a `pipeline` group of more
+  // than one rank (pipeline parallelism; docs/distributed.md "Pipeline parallelism"), as stage
+  // pipeline->rank() of pipeline->size() (model/pipeline_stages.h): `comm` is then the stage's TP
+  // group, and the rank holds and runs only its stage's layers. options.pp and options.stage are
+  // set from `pipeline`.
+  static Result<std::unique_ptr<Model>> Load(const ModelSource& source, Backend& backend, Communicator& comm,
                                               const LoadOptions& options = {}, Communicator* pipeline = nullptr);
+  // Loads DIR (config.json + checkpoint).
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
+                                              const LoadOptions& options = {}, Communicator* pipeline = nullptr) {
+    return Load(ModelSource::Directory(dir), backend, comm, options, pipeline);
+  }
 
   Model(const Model&) = delete;  // not movable either: ctx_ refers to layout_'s config
   Model& operator=(const Model&) = delete;

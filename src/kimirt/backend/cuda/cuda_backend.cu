@@ -140,11 +140,7 @@ class CudaKvStorage final : public KvStorage {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
-      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {
-    // DecodeGemm's split-k counters: zeroed once; every call leaves them zero (kernels.h).
-    gemm_counters_ = Zeros({cuda::kDecodeGemmCounters}, DType::kI32);
-    Synchronize();
-  }
+      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     for (auto& [key, g] : graphs_) DestroyGraph(g);
@@ -619,7 +615,7 @@ class CudaBackend final : public Backend {
     if (m <= cuda::kGemvMaxRows && k > 0) {
       if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
         Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(m, n, k));
-        cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), GemmCounters(), stream_);
+        cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
       }
@@ -649,8 +645,6 @@ class CudaBackend final : public Backend {
                                    &zero, y + n0, static_cast<int>(n)));
     }
   }
-
-  int* GemmCounters() { return static_cast<int*>(gemm_counters_.raw()); }
 
   // Device scratch of `bytes` bytes from the pool (its blocks are cudaMalloc'd: 256-byte aligned).
   Tensor Scratch(size_t bytes) { return Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32); }
@@ -759,7 +753,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
-  Tensor gemm_counters_;  // DecodeGemm's, zero between calls
   // Decode graphs by key (Backend::CaptureBegin), at most kMaxGraphs (least recently used go).
   static constexpr size_t kMaxGraphs = 64;
   std::map<std::string, Graph> graphs_;

@@ -320,7 +320,7 @@ TEST_F(CudaBackendTest, KdaPipelineWithCarriedState) {
     // The same starting window and state on both sides; each side then updates its own copy.
     Tensor win_cpu = Random({W - 1, C}), state_cpu = Random({H, K, K}, 0.1f);
     Tensor win_gpu = Up(win_cpu), state_gpu = Up(state_cpu);
-    for (int64_t T : {70, 1}) {
+    for (int64_t T : {70, 2, 1}) {  // 2: a chunk shorter than the window (W − 1 = 3)
       SCOPED_TRACE("T=" + std::to_string(T));
       Tensor x = Random({T, C});
       Tensor conv_want = cpu_->Empty({T, C}), conv_got = Poisoned({T, C});

@@ -63,8 +63,6 @@ constexpr int kParts = 3;  // x = hi + mid + lo
 // per element and lane stay well under the weight's memory time (~450 issue cycles per 2 KB
 // warp-step per scheduler at 4.8 TB/s); at 8 they would outgrow the MMAs, so SplitXKernel.
 constexpr int kMaxTilesSplitInKernel = 2;
-// Up to this many 8-row tiles the last block of a column tile sums the k split (SumSplitsInLastBlock).
-constexpr int kMaxTilesFusedSum = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -159,32 +157,6 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
 
 // Block (blockIdx.x, blockIdx.y): 128 columns × k slice blockIdx.y; warp: 32 columns (two MMA
 // tiles) × all kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
-// The k split's sum, fused (up to kMaxTilesFusedSum tiles): each block counts itself in when its
-// partials are stored, and the last of a column tile's gridDim.y blocks sums them, s ascending,
-// exactly as SumSplitsKernel does (the same bits), then zeroes the count for the next call (and
-// the next replay of a graph). Saves a launch and its ramp per split GEMM: ~2.5 µs of ~6-13 µs
-// for the small GEMMs of a batch-1 decode step. More rows: the sum would be too long for one
-// block a column tile, so SumSplitsKernel.
-__device__ __forceinline__ void SumSplitsInLastBlock(const float* part, int64_t m, int64_t n, float* y, int* counters) {
-  __shared__ bool last;
-  __threadfence();  // this block's partials, visible device-wide before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other blocks' partials (counted before us) are visible now
-  const int64_t splits = gridDim.y, mn = m * n, col_base = int64_t{blockIdx.x} * kBlockCols;
-  for (int64_t e = threadIdx.x; e < m * kBlockCols; e += blockDim.x) {
-    const int64_t row = e / kBlockCols, col = col_base + e % kBlockCols;
-    if (col >= n) continue;
-    const int64_t i = row * n + col;
-    float s = __ldcg(part + i);  // L2: another block wrote it
-    for (int64_t j = 1; j < splits; ++j) s += __ldcg(part + j * mn + i);
-    y[i] = s;
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-}
-
 // Blocks per multiprocessor the registers must allow: 4 (≤ 128 registers) up to 16 rows, so the
 // ~4 blocks per multiprocessor of kTargetBlocks are resident at once (1 tile wants 162 unbounded,
 // for the round's x prefetch; bounded, no spills). 32 and 64 rows need ~170 (their accumulators
@@ -196,8 +168,8 @@ template <int kTiles, bool kVec>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
                      const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
-                     const uint16_t* __restrict__ x_lo, float* __restrict__ out, float* __restrict__ y,
-                     int* __restrict__ counters, int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
+                     const uint16_t* __restrict__ x_lo, float* __restrict__ out,
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = int64_t{blockIdx.x} * kBlockCols + warp * (kColTiles * 16);
   const int64_t k_begin = int64_t{blockIdx.y} * slice;
@@ -286,7 +258,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
       }
     }
   }
-  if (counters != nullptr) SumSplitsInLastBlock(out - int64_t{blockIdx.y} * m * n, m, n, y, counters);
 }
 
 // y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
@@ -311,14 +282,14 @@ __global__ void SumSplitsKernel(const float* __restrict__ part, int64_t splits, 
 
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
-            const uint16_t* mid, const uint16_t* lo, float* out, float* y, int* counters, int64_t m, int64_t n,
-            int64_t k, const Plan& p, cudaStream_t s) {
+            const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
+            cudaStream_t s) {
   if (vec) {
     DecodeGemmKernel<kTiles, true>
-        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, y, counters, m, n, k, p.k_pad, p.slice);
+        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
   } else {
     DecodeGemmKernel<kTiles, false>
-        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, y, counters, m, n, k, p.k_pad, p.slice);
+        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
   }
 }
 
@@ -334,7 +305,7 @@ size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k) {
 int64_t DecodeGemmSplits(int64_t n, int64_t k) { return MakePlan(1, n, k).splits; }
 
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                int* counters, cudaStream_t s) {
+                cudaStream_t s) {
   if (m == 0 || n == 0) return;
   if (m > kGemvMaxRows || k <= 0) {
     std::fprintf(stderr, "kimirt: DecodeGemm takes 1..%lld rows and k > 0, got m=%lld k=%lld\n",
@@ -357,21 +328,14 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   const bool x_vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
-  const bool fused_sum = p.splits > 1 && p.tiles <= kMaxTilesFusedSum;
-  if (fused_sum && static_cast<int64_t>(grid.x) > kDecodeGemmCounters) {
-    std::fprintf(stderr, "kimirt: DecodeGemm with %u column tiles exceeds its %lld counters\n", grid.x,
-                 static_cast<long long>(kDecodeGemmCounters));
-    std::abort();
-  }
-  int* ctr = fused_sum ? counters : nullptr;
   switch (p.tiles) {
-    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, y, ctr, m, n, k, p, s); break;
-    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, y, ctr, m, n, k, p, s); break;
-    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, y, ctr, m, n, k, p, s); break;
-    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, y, ctr, m, n, k, p, s); break;
+    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
   }
   CheckLaunch("DecodeGemm");
-  if (p.splits > 1 && !fused_sum) {
+  if (p.splits > 1) {
     SumSplitsKernel<<<GridFor(m * n), 256, 0, s>>>(out, p.splits, m * n, y);
     CheckLaunch("DecodeGemm sum splits");
   }

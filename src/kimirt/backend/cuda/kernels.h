@@ -47,12 +47,8 @@ void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k);
 // Blocks k is split across for an [n, k] weight (1 = no split); for tests and benches.
 int64_t DecodeGemmSplits(int64_t n, int64_t k);
-// `counters`: kDecodeGemmCounters ints, zero before the call and zero after it (the split-k sum
-// of up to 16 rows is done by the last block of each column tile, which these count), used by
-// one stream at a time.
-constexpr int64_t kDecodeGemmCounters = 4096;
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                int* counters, cudaStream_t s);
+                cudaStream_t s);
 
 // --- prefill_gemm.cu: BF16-weight GEMM for prefill (more than kGemvMaxRows rows) on tensor cores ---
 // y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32

@@ -31,7 +31,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
 
 namespace kimirt::cuda {
 namespace {
@@ -39,27 +38,15 @@ namespace {
 constexpr int kR = 512, kDr = 64, kW = kR + kDr;  // the models' MLA widths (spec §6)
 constexpr int kHeads = 16;                         // heads a block: one m-tile
 constexpr int kTile = 32;                          // positions a tile
+constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kRowStride = kW + 8;  // BF16 elements: 1168 bytes, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kLatSteps = kR / 16, kRopeSteps = kDr / 16;  // 32 + 4 k-steps of 16
+constexpr int kLatPerWarp = kLatSteps / kWarps;            // 4; warps 0..3 also take one rope step
+constexpr int kDimsPerWarp = kR / kWarps;                  // 64 latent dims of ō a warp
 constexpr int kPStride = kTile + 8;                        // P rows: 80 bytes, conflict-free too
 constexpr int kSStride = kTile + 1;
+static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt evenly");
 
-// A block of kWarps warps (8 or 16: the latter doubles the warps an SM holds, the kernel being
-// latency-bound at one 8-warp block an SM; measured against each other by mla_decode_bench with
-// KIMIRT_MLA_DECODE_WARPS).
-template <int kWarps>
-struct Cfg {
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kLatPerWarp = kLatSteps / kWarps;            // warps 0..3 also take one rope step
-  static constexpr int kDimsPerWarp = kR / kWarps;                  // latent dims of ō a warp
-  static constexpr int kThreadsPerRow = kThreads / kTile;           // loading a tile's row
-  static constexpr int kThreadsPerHead = kThreads / kHeads;         // in the softmax
-  static constexpr int kScoresPerThread = kTile / kThreadsPerHead;  // positions a softmax thread takes
-  static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt evenly");
-  static_assert(kDimsPerWarp % 16 == 0 && kThreadsPerHead <= 32, "the shapes below");
-};
-
-template <int kWarps>
 struct Smem {
   // The tile's rows as BF16 [position][latent ‖ rope]; before the first tile, q̄'s hi and lo
   // parts [2][kHeads][kRowStride] (the same size), read once into registers.
@@ -88,19 +75,19 @@ __device__ __forceinline__ unsigned Fp8x2ToBf16x2(unsigned short codes) {
 }
 
 // One tile's rows in flight in registers: kind 1 (BF16) 72 chunks of 16 bytes a row, kind 2
-// (FP8) 36. kT threads a row (row tid / kT), thread tid % kT taking chunks tid % kT + kT·i: the
-// row's place in the pool is worked out once a tile, in 32-bit math.
-template <int kKind, int kWarps>
+// (FP8) 36. Eight threads a row (tid / 8; 32 rows × 8 = 256 threads), thread tid % 8 taking
+// chunks tid % 8 + 8i: the row's place in the pool is worked out once a tile, in 32-bit math.
+template <int kKind>
 struct TileRegs {
-  static constexpr int kT = Cfg<kWarps>::kThreadsPerRow;
   static constexpr int kRowBytes = kKind == 1 ? kW * 2 : kW;
   static constexpr int kChunksPerRow = kRowBytes / 16;
-  static constexpr int kPerThread = (kChunksPerRow + kT - 1) / kT;
+  static constexpr int kPerThread = (kChunksPerRow + 7) / 8;
+  static_assert(kTile * 8 == kThreads, "eight threads a row");
   uint4 v[kPerThread];
   float sl = 1.0f, sr = 1.0f;  // the row's scales (FP8)
 
   __device__ void Load(const PagedDecodeArgs& a, const int32_t* table, int64_t t0, int64_t s1) {
-    const int j = threadIdx.x / kT, sub = threadIdx.x % kT;
+    const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
     const bool valid = t0 + j < s1;
     int64_t row = 0;
     if (valid) {
@@ -110,7 +97,7 @@ struct TileRegs {
     const unsigned char* src = static_cast<const unsigned char*>(a.values) + row * kRowBytes;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = sub + kT * i;
+      const int e = sub + 8 * i;
       v[i] = valid && e < kChunksPerRow ? mma::LoadStreaming(src + e * 16) : make_uint4(0, 0, 0, 0);
     }
     if (kKind == 2 && sub == 0) {
@@ -119,11 +106,11 @@ struct TileRegs {
     }
   }
 
-  __device__ void Store(Smem<kWarps>& sm) const {
-    const int j = threadIdx.x / kT, sub = threadIdx.x % kT;
+  __device__ void Store(Smem& sm) const {
+    const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = sub + kT * i;
+      const int e = sub + 8 * i;
       if (e >= kChunksPerRow) continue;
       if (kKind == 1) {
         *reinterpret_cast<uint4*>(&sm.rows[j][e * 8]) = v[i];
@@ -147,14 +134,11 @@ struct TileRegs {
 
 // Block (work item = split [s0, s1) of sequence b, heads h0 .. h0 + 15). Writes the split's
 // unnormalized ō [kR] and (max, sum) per head to part_o / part_ml, as the CUDA-core split does.
-template <int kKind, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
-                                                                 float* part_ml) {
-  using C = Cfg<kWarps>;
-  constexpr int kThreads = C::kThreads, kLatPerWarp = C::kLatPerWarp, kDimsPerWarp = C::kDimsPerWarp;
-  constexpr int kTph = C::kThreadsPerHead, kSpt = C::kScoresPerThread;
+template <int kKind>
+__global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
+                                                              float* part_ml) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<kWarps>& sm = *reinterpret_cast<Smem<kWarps>*>(smem_raw);
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
@@ -163,11 +147,11 @@ __global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs
   const int32_t* table = a.tables + a.table_begin[b];
 
   // The first tile's loads go out before the query is staged.
-  TileRegs<kKind, kWarps> regs;
+  TileRegs<kKind> regs;
   regs.Load(a, table, s0, s1);
 
   // q̄ hi / lo into the rows buffer, then this warp's k-steps' A fragments into registers:
-  // latent k-steps warp·kLatPerWarp .. + kLatPerWarp − 1, and rope k-step warp for warps 0..3.
+  // latent k-steps warp·4 .. warp·4 + 3, and rope k-step warp for warps 0..3.
   {
     __nv_bfloat16(*q)[kHeads][kRowStride] = reinterpret_cast<__nv_bfloat16(*)[kHeads][kRowStride]>(&sm.rows[0][0]);
     for (int i = tid; i < kHeads * kW; i += kThreads) {
@@ -193,8 +177,8 @@ __global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs
   regs.Store(sm);
   __syncthreads();
 
-  // Softmax state of head hs = tid / kTph (its kTph threads hold the same values).
-  const int hs = tid / kTph, js = (tid % kTph) * kSpt;
+  // Softmax state of head hs = tid / 16 (its 16 threads hold the same values).
+  const int hs = tid / 16, js = (tid % 16) * 2;
   float m = -INFINITY, l = 0.0f;
   float acc[kDimsPerWarp / 8][4];
 #pragma unroll
@@ -245,11 +229,11 @@ __global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs
     }
     __syncthreads();
 
-    // 2. Online softmax: thread (hs, js) takes positions js .. js + kSpt − 1 of head hs.
+    // 2. Online softmax: thread (hs, js) takes positions js, js + 1 of head hs.
     {
-      float s[kSpt];
+      float s[2];
 #pragma unroll
-      for (int u = 0; u < kSpt; ++u) {
+      for (int u = 0; u < 2; ++u) {
         const int j = js + u;
         float lat = 0.0f, rope = 0.0f;
 #pragma unroll
@@ -258,27 +242,24 @@ __global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs
         for (int w = 0; w < kRopeSteps; ++w) rope += sm.s_rope[w][hs][j];
         s[u] = t0 + j < s1 ? a.scale * (sm.scale_lat[j] * lat + sm.scale_rope[j] * rope) : -INFINITY;
       }
-      float tmax = s[0];
+      float tmax = fmaxf(s[0], s[1]);
 #pragma unroll
-      for (int u = 1; u < kSpt; ++u) tmax = fmaxf(tmax, s[u]);
-#pragma unroll
-      for (int off = kTph / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      for (int off = 8; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
       const float m_new = fmaxf(m, tmax);
       const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
-      float p[kSpt], psum = 0.0f;
+      const float p0 = expf(s[0] - m_new), p1 = expf(s[1] - m_new);
+      float psum = p0 + p1;
 #pragma unroll
-      for (int u = 0; u < kSpt; ++u) {
-        p[u] = expf(s[u] - m_new);
-        psum += p[u];
-      }
-#pragma unroll
-      for (int off = kTph / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      for (int off = 8; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
       l = l * corr + psum;
       m = m_new;
       // ō sums p·scale·code: the FP8 row's latent scale rides on p (l sums p alone).
-#pragma unroll
-      for (int u = 0; u < kSpt; ++u) Split2(p[u] * sm.scale_lat[js + u], sm.p[0][hs][js + u], sm.p[1][hs][js + u]);
-      if (tid % kTph == 0) sm.corr[hs] = corr;
+      __nv_bfloat16 h0b, l0b, h1b, l1b;
+      Split2(p0 * sm.scale_lat[js], h0b, l0b);
+      Split2(p1 * sm.scale_lat[js + 1], h1b, l1b);
+      sm.p[0][hs][js] = h0b, sm.p[0][hs][js + 1] = h1b;
+      sm.p[1][hs][js] = l0b, sm.p[1][hs][js + 1] = l1b;
+      if (tid % 16 == 0) sm.corr[hs] = corr;
     }
     __syncthreads();
 
@@ -335,19 +316,18 @@ __global__ void __launch_bounds__(kWarps * 32) MlaDecodeTcKernel(PagedDecodeArgs
       po[0] = acc[n][2], po[1] = acc[n][3];
     }
   }
-  if (tid % kTph == 0 && h0 + hs < a.H) {
+  if (tid % 16 == 0 && h0 + hs < a.H) {
     part_ml[(work * a.H + h0 + hs) * 2] = m;
     part_ml[(work * a.H + h0 + hs) * 2 + 1] = l;
   }
 }
 
-template <int kKind, int kWarps>
+template <int kKind>
 void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(MlaDecodeTcKernel<kKind, kWarps>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(sizeof(Smem<kWarps>)));
+    const cudaError_t e = cudaFuncSetAttribute(MlaDecodeTcKernel<kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(sizeof(Smem)));
     if (e != cudaSuccess) {
       std::fprintf(stderr, "kimirt: MLA decode kernel: %s\n", cudaGetErrorString(e));
       std::abort();
@@ -355,18 +335,8 @@ void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* par
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  MlaDecodeTcKernel<kKind, kWarps><<<grid, kWarps * 32, sizeof(Smem<kWarps>), s>>>(a, qc, part_o, part_ml);
+  MlaDecodeTcKernel<kKind><<<grid, kThreads, sizeof(Smem), s>>>(a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeTc");
-}
-
-// The block's warps: 8, or 16 with KIMIRT_MLA_DECODE_WARPS=16 (a measurement switch: the two
-// are timed against each other before one is kept).
-int DecodeWarps() {
-  static const int warps = [] {
-    const char* v = std::getenv("KIMIRT_MLA_DECODE_WARPS");
-    return v != nullptr && std::string_view(v) == "16" ? 16 : 8;
-  }();
-  return warps;
 }
 
 }  // namespace
@@ -381,11 +351,10 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  const bool wide = DecodeWarps() == 16;
   if (a.kind == 1) {
-    wide ? Launch<1, 16>(a, qc, part_o, part_ml, s) : Launch<1, 8>(a, qc, part_o, part_ml, s);
+    Launch<1>(a, qc, part_o, part_ml, s);
   } else {
-    wide ? Launch<2, 16>(a, qc, part_o, part_ml, s) : Launch<2, 8>(a, qc, part_o, part_ml, s);
+    Launch<2>(a, qc, part_o, part_ml, s);
   }
 }
 

@@ -539,7 +539,10 @@ __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int
   }
 }
 
-// out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order. A thread
+// out[t] = Σ_j weights[t,j] · (Σ_s part[s, pos[t·k + j]]), j ascending, slices in order, each
+// product rounded before it is added (no FMA contraction, as the CPU reference): then a slot whose
+// expert another EP rank holds adds exactly +0 here, and at top-2 the ranks' sum is the one-rank
+// result bit for bit (ExpertStandInTest; a fused w·v + acc rounds once and breaks that). A thread
 // per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out
 // together (a thread looping over the columns of a token waited one L2 round trip per column:
 // tens of µs at batch 1).
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float* p = part + static_cast<int64_t>(pos[t * k + j]) * D + d;
     float v = p[0];
     for (int64_t s = 1; s < splits; ++s) v += p[s * n * D];
-    acc += weights[t * k + j] * v;
+    acc = __fadd_rn(acc, __fmul_rn(weights[t * k + j], v));
   }
   out[t * D + d] = acc;
 }
@@ -620,18 +623,18 @@ __device__ __forceinline__ void ForEachRoundWord(F&& f) {
   }
 }
 
-// The split x of one token at k = kk .. kk+7 (zeros for a padding column: row < 0).
-__device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t rows, int64_t row, int64_t K,
-                                                  int64_t kk) {
+// The split x of one token at k = kk + 8t .. +7, from the lane's row pointer at k = 8t (null
+// for a padding column: zeros); the three parts lie `plane` elements apart.
+__device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* row, int64_t plane, int64_t kk) {
   mma::XParts xp;
-  if (row < 0) {
+  if (row == nullptr) {
     xp.hi = xp.mid = xp.lo = make_uint4(0, 0, 0, 0);
     return xp;
   }
-  const uint16_t* p = parts + row * K + kk;
+  const uint16_t* p = row + kk;
   xp.hi = __ldg(reinterpret_cast<const uint4*>(p));
-  xp.mid = __ldg(reinterpret_cast<const uint4*>(p + rows * K));
-  xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * rows * K));
+  xp.mid = __ldg(reinterpret_cast<const uint4*>(p + plane));
+  xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * plane));
   return xp;
 }
 
@@ -640,9 +643,9 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* parts, int64_t
 // rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
 // Needs N and K multiples of 32 and 16-byte aligned weights (MoeDecodeSupported); scales_vec:
 // K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
-// Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers). ptxas -v, sm_90: 1, 2
-// and 4 tiles take ~120-166 and spill nothing (1 tile, whose four steps' x loads the compiler
-// hoists ahead of the MMAs, spills at 4 blocks' 128).
+// Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers), 4 (≤ 128) for one
+// tile, the decode's case: ncu found the MXFP4 kernel latency-bound at 3 warps a scheduler.
+// cuobjdump -res-usage, sm_90: 1 tile 128 registers, 2 and 4 tiles 138-168; none spills.
 constexpr int kMmaMinBlocks = 3;
 
 struct MmaArgs {
@@ -660,7 +663,7 @@ struct MmaArgs {
 };
 
 template <int kFmt, bool kGateUp, int kTT>
-__global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   const uint16_t* __restrict__ x_parts = args.x_parts;
   const int64_t x_rows = args.x_rows, N = args.N, K = args.K, slice = args.slice, n = args.n;
   const GroupArgs& ga = args.ga;
@@ -692,11 +695,29 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel
   const void* const p_w = p_second ? w_tile[1] : w_tile[0];
   for (int32_t p0 = g0; p0 < g1; p0 += 8 * kTT) {
     const int tiles = min(kTT, (g1 - p0 + 7) / 8);  // the same for the whole warp
-    int64_t xrow[kTT];
+    // This lane's x row of each token tile at k = 8t (null: a padding column), so a step's loads
+    // are a pointer plus a constant rather than 64-bit row arithmetic each round.
+    const uint16_t* xp_row[kTT];
 #pragma unroll
     for (int r = 0; r < kTT; ++r) {
       const int32_t gr = p0 + 8 * r + g;
-      xrow[r] = gr < g1 ? (kGateUp ? ga.order[gr] / ga.k : gr) : -1;
+      const int64_t xrow = gr < g1 ? (kGateUp ? ga.order[gr] / ga.k : gr) : -1;
+      xp_row[r] = xrow < 0 ? nullptr : x_parts + xrow * K + 8 * t;
+    }
+    // MXFP4: this lane's code and scale pointers of each (tile, half) at the slice's start,
+    // advanced by a round's bytes each round.
+    const uint8_t* qp[2][2];
+    const uint8_t* sp[2][2];
+    if constexpr (kFmt == kMxfp4) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = row_tile[c] + g + 8 * h;
+          qp[c][h] = static_cast<const uint8_t*>(w_tile[c]) + (row * K + k_begin) / 2 + 16 * t;
+          sp[c][h] = s_tile[c] + row * (K / 32) + k_begin / 32;
+        }
+      }
     }
     float acc[2][kTT][4];
 #pragma unroll
@@ -720,32 +741,46 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel
           }
         }
       }
-      // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
-      uint4 wr[4][2][2];
+      const int64_t plane = x_rows * K;
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
         uint32_t sc[2][2];
+        const bool mine = kb + 32 * t < k_end;  // this lane's scale group is in the slice
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t row = row_tile[c] + g + 8 * h;
-            const int64_t kk = kb + 32 * t;  // this lane's scale group
-            q[c][h] = kk < k_end ? mma::LoadStreaming(static_cast<const uint8_t*>(w_tile[c]) + (row * K + kk) / 2)
-                                 : make_uint4(0, 0, 0, 0);
-            const uint8_t* srow = s_tile[c] + row * (K / 32) + kb / 32;
-            if (scales_vec) {
-              sc[c][h] = __ldg(reinterpret_cast<const uint32_t*>(srow));
-            } else {
+            q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
+            qp[c][h] += kRoundK / 2;
+          }
+        }
+        if (scales_vec) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) sc[c][h] = __ldg(reinterpret_cast<const uint32_t*>(sp[c][h]));
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
               uint32_t v = 0;
 #pragma unroll
               for (int u = 0; u < 4; ++u) {
-                if (kb + 32 * u < k_end) v |= static_cast<uint32_t>(__ldg(srow + u)) << (8 * u);
+                if (kb + 32 * u < k_end) v |= static_cast<uint32_t>(__ldg(sp[c][h] + u)) << (8 * u);
               }
               sc[c][h] = v;
             }
           }
         }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) sp[c][h] += kRoundK / 32;
+        }
+        // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
+        mma::XParts x0 = LoadXParts(xp_row[0], x_rows * K, kb);
         // Exchange within each quad: lane t gets word t of the groups of lanes 0..3, so its word u
         // holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         uint32_t* ex = xchg[warp][0];
@@ -770,15 +805,49 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel
           }
         }
         __syncwarp();  // the next round's stores wait for these loads
-        // Scales under 128 (all real checkpoints' so far) take one IMAD per step for the multiplier;
-        // a row whose round has a scale ≥ 128 takes the general decode (the same values).
-        ForEachRoundWord([&](int u, int c, int h) {
-          const uint32_t word = u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
-          const uint32_t s = __byte_perm(sc[c][h], 0, 0x4440u | u);  // scale byte u
-          wr[u][c][h] = (sc[c][h] & 0x80808080u) == 0 ? PlaceAndScaleX8(word, Mxfp4Multiplier(s))
-                                                        : DecodeMxfp4x8(word, s);
-        });
+        // Scales under 128 (all real checkpoints' so far) take one IMAD per word for the multiplier;
+        // a round where one of the lane's scales is ≥ 128 takes the general decode (the same values).
+        // One branch a step, not one a word: the per-word branch cost nearly as much as the decode.
+        // Each step is decoded just before its MMAs (16 live words, not 64), and tile 0's x of
+        // the next step is loaded before this step's decode, so the loads wait under the work.
+        const bool small_scales = ((sc[0][0] | sc[0][1] | sc[1][0] | sc[1][1]) & 0x80808080u) == 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
+          mma::XParts x0_next;
+          if (u < 3 && kb + 32 * (u + 1) < k_end) x0_next = LoadXParts(xp_row[0], plane, kb + 32 * (u + 1));
+          uint4 w[2][2];
+          const auto word = [&](int c, int h) {
+            return u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
+          };
+          if (small_scales) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                w[c][h] = PlaceAndScaleX8(word(c, h), Mxfp4Multiplier(__byte_perm(sc[c][h], 0, 0x4440u | u)));
+              }
+            }
+          } else {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) w[c][h] = DecodeMxfp4x8(word(c, h), __byte_perm(sc[c][h], 0, 0x4440u | u));
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kTT; ++r) {
+            if (r < tiles) {
+              const mma::XParts xp = r == 0 ? x0 : LoadXParts(xp_row[r], plane, kb + 32 * u);
+#pragma unroll
+              for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], w[c][0], w[c][1], xp);
+            }
+          }
+          if (u < 3) x0 = x0_next;
+        }
       } else {
+        // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
+        uint4 wr[4][2][2];
         ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
           const int64_t kk = kb + 32 * u + 8 * t;
           wr[u][c][h] = kb + 32 * u < k_end ? mma::LoadStreaming(static_cast<const uint16_t*>(w_tile[c]) +
@@ -786,16 +855,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaMinBlocks) ExpertMmaKernel
                                             : make_uint4(0, 0, 0, 0);
         });
         ForEachRoundWord([&](int u, int c, int h) { wr[u][c][h] = PairBf16x8(wr[u][c][h]); });
-      }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
+        for (int u = 0; u < 4; ++u) {
+          if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
 #pragma unroll
-        for (int r = 0; r < kTT; ++r) {
-          if (r < tiles) {
-            const mma::XParts xp = LoadXParts(x_parts, x_rows, xrow[r], K, kb + 32 * u + 8 * t);
+          for (int r = 0; r < kTT; ++r) {
+            if (r < tiles) {
+              const mma::XParts xp = LoadXParts(xp_row[r], plane, kb + 32 * u);
 #pragma unroll
-            for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+              for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+            }
           }
         }
       }
