@@ -396,7 +396,7 @@ if [[ "$what" == nccl ]]; then
 fi
 if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
-  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda*:ProcessRanksCuda*:RankDevice*' \
+  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaFailure*:RankDevice*' \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
   echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, a killed follower"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
