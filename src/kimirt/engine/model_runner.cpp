@@ -119,7 +119,7 @@ class ThreadRanksRunner final : public ModelRunner {
   static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, RunnerOptions o) {
     auto r = std::unique_ptr<ThreadRanksRunner>(new ThreadRanksRunner());
     const int world = o.tp * o.pp;
-    r->tp_ = world;
+    r->world_ = world;
     r->ranks_.resize(static_cast<size_t>(world));
     r->models_.resize(static_cast<size_t>(world));
     r->backends_.resize(static_cast<size_t>(world));
@@ -281,10 +281,10 @@ class ThreadRanksRunner final : public ModelRunner {
     job_ = std::move(job);
     quit_ = quit;
     done_ = 0;
-    statuses_.assign(static_cast<size_t>(tp_), Status::Ok());
+    statuses_.assign(static_cast<size_t>(world_), Status::Ok());
     ++generation_;
     cv_.notify_all();
-    cv_done_.wait(lock, [&] { return done_ == tp_; });
+    cv_done_.wait(lock, [&] { return done_ == world_; });
     return statuses_[0];
   }
 
@@ -305,7 +305,7 @@ class ThreadRanksRunner final : public ModelRunner {
       {
         std::lock_guard<std::mutex> lock(mu_);
         statuses_[static_cast<size_t>(rank)] = std::move(s);
-        if (++done_ == tp_) cv_done_.notify_one();
+        if (++done_ == world_) cv_done_.notify_one();
       }
       if (quit) return;
     }
@@ -315,7 +315,7 @@ class ThreadRanksRunner final : public ModelRunner {
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<Rank> ranks_;
   std::vector<std::thread> threads_;
-  int tp_ = 0;
+  int world_ = 0;  // ranks: tp × pp
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
   CacheSizes sizes_;
