@@ -1,7 +1,8 @@
 // Chunked KDA prefill on tensor cores (kernels.h KdaChunked; spec §5.5, numerics in docs/cuda.md
-// "Chunked KDA prefill").
+// "Chunked KDA prefill"). Two forms: the fused kernel below (the F32 mode), then the BF16 prefill
+// mode's chunk-parallel kernels (map, prep, state; their own comment further down).
 //
-// One thread block per (sequence, head, block of VB value columns), walking the sequence's chunks
+// The fused kernel: one thread block per (sequence, head, block of VB value columns), walking the sequence's chunks
 // of 64 tokens in order with its [K, VB] slice of the state in shared memory (F32 throughout).
 // Value columns never mix in the delta rule (every product contracts over key channels or
 // tokens), so the VB-column slices of one head are independent; only the per-chunk work on q, k
@@ -30,11 +31,11 @@
 // gate can) runs token by token instead (the recurrent kernel's loop on the state in shared
 // memory): exact, slower, and decided by the chunk's own α alone.
 //
-// Precision: every MMA operand is split into P BF16 parts (hi, mid, lo: all of F32 for P = 3; hi,
-// lo for P = 2) and the cross products of total order < P run as separate MMAs (6 for P = 3, 3
-// for P = 2), smallest first; for P = 3 into a zeroed accumulator then added to the running F32
-// sum (the tensor cores truncate; docs/cuda.md "Precision" of the decode GEMM). So P = 3 is F32
-// math up to summation order; P = 2 is good to ~2⁻¹⁷ per product.
+// Precision: every MMA operand is split into P = 3 BF16 parts (hi, mid, lo: all of F32) and the
+// cross products of total order < 3 run as 6 separate MMAs, smallest first, into a zeroed
+// accumulator then added to the running F32 sum (the tensor cores truncate; docs/cuda.md
+// "Precision" of the decode GEMM): F32 math up to summation order. (The prep kernel below uses
+// the same helpers with P = 1: one BF16 part.)
 //
 // Batch invariance: a block's results depend on its own sequence, head and state slot only; the
 // arithmetic of every output element is the same for VB = 32, 64 and 128 (same k order, same MMA
@@ -154,9 +155,8 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const
 }
 
 // acc += A·B over one k16 step, as the cross products of the parts of total order < P, smallest
-// first. For P = 3 into a zeroed accumulator added once (see the top of the file); for P = 2
-// straight into acc (the ≤ 24 truncating accumulations of a chain bias it by ≲ 1e-6, under the
-// split's own 2⁻¹⁷).
+// first: for P = 3 into a zeroed accumulator added once (see the top of the file); for P = 1 one
+// MMA straight into acc.
 template <int P>
 __device__ __forceinline__ void MmaSplit(float (&acc)[4], const uint32_t (&a)[P][4], const uint32_t (&b)[P][2]) {
   if constexpr (P == 3) {
@@ -169,12 +169,8 @@ __device__ __forceinline__ void MmaSplit(float (&acc)[4], const uint32_t (&a)[P]
     Mma(c, a[0], b[0]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] += c[i];
-  } else if constexpr (P == 1) {
-    Mma(acc, a[0], b[0]);
   } else {
-    static_assert(P == 2, "one, two or three parts");
-    Mma(acc, a[1], b[0]);
-    Mma(acc, a[0], b[1]);
+    static_assert(P == 1, "one or three parts");
     Mma(acc, a[0], b[0]);
   }
 }
