@@ -23,7 +23,8 @@
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
-#   kdaprof   Nsight Compute sections of one chunked-KDA launch ($OUT/ncu-kda-chunk.txt).
+#   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
+#             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -181,13 +182,14 @@ if [[ "$what" == moeprof ]]; then
   done
 fi
 if [[ "$what" == kdaprof ]]; then
-  # Nsight Compute on one launch of the chunked KDA kernel (kda_chunk_bench's first case).
+  # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call
+  # (T = 8192, H = 96; the map kernel is a few microseconds).
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 200 "$ncu" --clock-control none -k regex:KdaChunk -c 1 --section SpeedOfLight \
+  timeout 200 "$ncu" --clock-control none -k regex:'KdaChunkPrep|KdaState' -c 2 --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
     >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
-  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -90
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -170
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
