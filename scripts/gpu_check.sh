@@ -96,6 +96,23 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
+# Kernel GPU times from an `ncu --csv --metrics gpu__time_duration.sum` log, grouped by kernel name:
+# the $2 largest, with call counts.
+kernel_times() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[ival].replace(",", ""))
+    name = r[iname].split("(")[0][:70]
+    tot[name] += v; cnt[name] += 1
+print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
+for k, v in tot.most_common(int(sys.argv[2])): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
+PY
+}
 filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
@@ -280,19 +297,7 @@ if [[ "$what" == prefprof ]]; then
     "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights --batch-sizes 1 \
     --prompt-len 8192 --decode-tokens 1 --prefill-chunk 2048 > "$out/ncu-prefill.csv" 2>"$out/ncu-prefill.err"
   echo "ncu prefill exit $?"; tail -2 "$out/ncu-prefill.err"
-  python3 - "$out/ncu-prefill.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; rows = rows[1:]
-iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
-tot = collections.Counter(); cnt = collections.Counter()
-for r in rows:
-    v = float(r[ival].replace(",", ""))
-    name = r[iname].split("(")[0][:70]
-    tot[name] += v; cnt[name] += 1
-print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
-for k, v in tot.most_common(30): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
-PY
+  kernel_times "$out/ncu-prefill.csv" 30
 fi
 if [[ "$what" == k3tp8 ]]; then
   # Issue 17 on nvidia-h200-x8 (8 GPUs): K3 cut to the 36 layers that fit 8 x H200 at TP8
@@ -359,19 +364,7 @@ if [[ "$what" == prof48 ]]; then
       "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
       --prompt-len 16 --decode-tokens 8 > "$out/ncu-b$b.csv" 2>"$out/ncu-b$b.err"
     echo "ncu b$b exit $?"; tail -2 "$out/ncu-b$b.err"
-    python3 - "$out/ncu-b$b.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; rows = rows[1:]
-iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
-tot = collections.Counter(); cnt = collections.Counter()
-for r in rows:
-    v = float(r[ival].replace(",", ""))
-    name = r[iname].split("(")[0][:70]
-    tot[name] += v; cnt[name] += 1
-print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
-for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
-PY
+    kernel_times "$out/ncu-b$b.csv" 25
   done
 fi
 if [[ "$what" == pgemm ]]; then
