@@ -835,7 +835,9 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));
 
   // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β, one
-  //    warp per row; the values themselves are read again in step 2 (from L1/L2).
+  //    warp per row; the values themselves are read again in step 2 (from L1/L2). V's rows
+  //    (four 128-byte lines each) are asked into L2 now for step 5.
+  if (tid < 4 * len) PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
   {
     constexpr int kRowsPerWarp = kChunk / kWarps;
     float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
@@ -1037,10 +1039,23 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   // 5. V transposed (VT[n][r], rows past the end zero), then W = T·(KM·P) and U = T·V: warp
   //    (row block rb, column half) over 16 rows × 64 columns; T is lower triangular, so the
   //    k-steps past the row block are zero.
-  for (int e = tid; e < kChunk / 2 * kDim; e += kThreads) {
-    const int r = 2 * (e / kDim), n = e % kDim;
-    const float v0 = r < len ? __ldg(a.v + base(r) + n) : 0.0f, v1 = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
-    *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v0, v1);
+  //    Thread: column n = tid % 128, rows 2·(tid / 128 + 2m) and the next, m < 16; all 32 loads
+  //    before the first store (L2 hits: step 1 asked for these rows).
+  {
+    constexpr int kPairs = kChunk / 2 / (kThreads / kDim);  // 16 row pairs a thread
+    const int n = tid % kDim;
+    float v[kPairs][2];
+#pragma unroll
+    for (int m = 0; m < kPairs; ++m) {
+      const int r = 2 * (tid / kDim + 2 * m);
+      v[m][0] = r < len ? __ldg(a.v + base(r) + n) : 0.0f;
+      v[m][1] = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < kPairs; ++m) {
+      const int r = 2 * (tid / kDim + 2 * m);
+      *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v[m][0], v[m][1]);
+    }
   }
   __syncthreads();
   {
