@@ -233,6 +233,62 @@ __device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t
   if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
 }
 
+// Step 1's loads, shared by the fused and the prep kernel: rows r = warp + 8i (i < 8) of a chunk
+// (global row row0 + r, head h; zero past len): q and k as one float4 a lane, their squared
+// norms summed over the warp (the lanes' xor-butterfly sums are identical: a + b == b + a) and
+// β's logit. All loads are issued before any use, so their latencies overlap.
+struct WarpRows {
+  static constexpr int kRows = kChunk / kWarps;
+  float4 q[kRows], k[kRows];
+  float sq[kRows], sk[kRows], bl[kRows];
+};
+__device__ __forceinline__ void LoadWarpRows(const KdaChunkArgs& a, int len, int64_t row0, int h, WarpRows& w) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < WarpRows::kRows; ++i) {
+    const int r = warp + kWarps * i;
+    const int64_t at = ((row0 + r) * a.heads + h) * kDim;
+    w.q[i] = w.k[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    w.bl[i] = 0.0f;
+    if (r < len) {
+      w.q[i] = __ldg(reinterpret_cast<const float4*>(a.q + at) + lane);
+      w.k[i] = __ldg(reinterpret_cast<const float4*>(a.k + at) + lane);
+      w.bl[i] = __ldg(a.beta_logits + (row0 + r) * a.heads + h);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < WarpRows::kRows; ++i) {
+    const float4 q = w.q[i], k = w.k[i];
+    float sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+    float sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      sk += __shfl_xor_sync(0xffffffffu, sk, o);
+    }
+    w.sq[i] = sq;
+    w.sk[i] = sk;
+  }
+}
+
+// A row block's decays for one channel from its 16 α: x_r = Γ_r − Γ_{m} (m = the block's
+// reference row) as a direct sum outward from m, and the block's partial sums Σ α over rows
+// 0 .. m (pre) and m+1 .. 15 (post), from which ChunkFactors builds the chunk-level factors.
+__device__ __forceinline__ void BlockDecays(const float (&al)[kBlockRows], float (&x)[kBlockRows], float& pre,
+                                            float& post) {
+  x[kRef] = 0.0f;
+#pragma unroll
+  for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
+#pragma unroll
+  for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
+  pre = 0.0f;
+  post = 0.0f;
+#pragma unroll
+  for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
+#pragma unroll
+  for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+}
+
 // Chunk-level decay factors per channel d = tid < 128 from the row blocks' partial sums Pre, Post
 // (Σ α over rows 16i .. m_i and m_i+1 .. 16i+15): P_i = e^{Γ_{m_i}}, F_j = e^{Γ_63 − Γ_{m_j}},
 // D_ij = e^{Γ_{m_i} − Γ_{m_j}} (i > j) and e^{Γ_63}, each the exp of one sum of α of one sign.
@@ -377,34 +433,18 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     auto base = [&](int r) { return ((row0 + r) * H + h) * kDim; };  // element (r, head h, channel 0)
 
     // 1. Normalized q̂, k̂ (spec §3.4: eps inside the sqrt of the sum; q scaled by 1/sqrt(K)
-    //    after), one warp per row; the lanes' xor-butterfly sums are identical (a + b == b + a).
-    //    All of the warp's loads are issued before any shared-memory store (the compiler cannot
-    //    move a load past a store that might alias it), so their latencies overlap.
+    //    after), one warp per row (LoadWarpRows: all loads before any shared-memory store, which
+    //    the compiler could not move a load past).
     {
-      constexpr int kRowsPerWarp = kChunk / kWarps;
-      float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
-      float bl[kRowsPerWarp];
+      WarpRows w;
+      LoadWarpRows(a, len, row0, h, w);
+      const float4* const qv = w.q;
+      const float4* const kv = w.k;
+      const float* const bl = w.bl;
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
+      for (int i = 0; i < WarpRows::kRows; ++i) {
         const int r = warp + kWarps * i;
-        qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        bl[i] = 0.0f;
-        if (r < len) {
-          qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
-          kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
-          bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
-        const int r = warp + kWarps * i;
-        float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
-        float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          sq += __shfl_xor_sync(0xffffffffu, sq, o);
-          sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
+        const float sq = w.sq[i], sk = w.sk[i];
         const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
         const float4 qn = make_float4(qv[i].x * rq * q_scale, qv[i].y * rq * q_scale, qv[i].z * rq * q_scale,
                                       qv[i].w * rq * q_scale);
@@ -438,18 +478,8 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
 #pragma unroll
       for (int bi = 0; bi < 2; ++bi) {
         const int i = 2 * half + bi, r0 = kBlockRows * i;
-        const float* const al = al2[bi];
-        float x[kBlockRows];
-        x[kRef] = 0.0f;
-#pragma unroll
-        for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
-#pragma unroll
-        for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
-        float pre = 0.0f, post = 0.0f;
-#pragma unroll
-        for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
-#pragma unroll
-        for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+        float x[kBlockRows], pre, post;
+        BlockDecays(al2[bi], x, pre, post);
 #pragma unroll
         for (int rr = 0; rr < kBlockRows; ++rr) {
           unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
@@ -713,6 +743,25 @@ __device__ __forceinline__ void FragB(const Bf16Bits* xt, int n0, int k0, uint32
   b[1] = Ld32<L>(xt, n0 + g, k0 + 2 * t + 8);
 }
 
+// acc[nt] += A[r0 .. r0 + 15][0 .. 16·k_steps) · B[..][n0 + 8·nt ..] (nt < N) over swizzled BF16
+// arrays: A row-major with rows of LA elements, B stored transposed (Bt[n][k], rows of LB).
+// The k loop unrolled U times (the state kernel's register budget decides: 80 for 3 blocks/SM).
+template <int LA, int LB, int N, int U>
+__device__ __forceinline__ void WarpMmaBf16(float (&acc)[N][4], const Bf16Bits* a_rows, int r0, const Bf16Bits* bt,
+                                            int n0, int k_steps) {
+#pragma unroll U
+  for (int ks = 0; ks < k_steps; ++ks) {
+    uint32_t a[4];
+    FragA<LA>(a_rows, r0, 16 * ks, a);
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt) {
+      uint32_t b[2];
+      FragB<LB>(bt, n0 + 8 * nt, 16 * ks, b);
+      Mma(acc[nt], a, b);
+    }
+  }
+}
+
 // 16 bytes global → shared without a register (cp.async.cg: L2 only), and its group fences.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -839,34 +888,15 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   //    (four 128-byte lines each) are asked into L2 now for step 5.
   if (tid < 4 * len) PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
   {
-    constexpr int kRowsPerWarp = kChunk / kWarps;
-    float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
-    float bl[kRowsPerWarp];
+    WarpRows w;
+    LoadWarpRows(a, len, row0, h, w);
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
+    for (int i = 0; i < WarpRows::kRows; ++i) {
       const int r = warp + kWarps * i;
-      qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      bl[i] = 0.0f;
-      if (r < len) {
-        qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
-        kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
-        bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + kWarps * i;
-      float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
-      float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        sk += __shfl_xor_sync(0xffffffffu, sk, o);
-      }
       if (lane == 0) {
-        Beta[r] = r < len ? KdaSigmoid(bl[i]) : 0.0f;
-        Rq[r] = q_scale / sqrtf(sq + 1e-6f);
-        Rk[r] = 1.0f / sqrtf(sk + 1e-6f);
+        Beta[r] = r < len ? KdaSigmoid(w.bl[i]) : 0.0f;
+        Rq[r] = q_scale / sqrtf(w.sq[i] + 1e-6f);
+        Rk[r] = 1.0f / sqrtf(w.sk[i] + 1e-6f);
       }
     }
   }
@@ -889,17 +919,8 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
         qd[rr] = in ? __ldg(a.q + base(r0 + rr) + d) : 0.0f;
         kd[rr] = in ? __ldg(a.k + base(r0 + rr) + d) : 0.0f;
       }
-      float x[kBlockRows];
-      x[kRef] = 0.0f;
-#pragma unroll
-      for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
-#pragma unroll
-      for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
-      float pre = 0.0f, post = 0.0f;
-#pragma unroll
-      for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
-#pragma unroll
-      for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+      float x[kBlockRows], pre, post;
+      BlockDecays(al, x, pre, post);
 #pragma unroll
       for (int rr = 0; rr < kBlockRows; ++rr) {
         unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
@@ -1212,17 +1233,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
 
     // V' = U − W S for 16 rows × VB/2 columns.
     float y[NT][4] = {};
-#pragma unroll 1
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      uint32_t aw[4];
-      FragA<kDim>(Ws, 16 * rb, 16 * ks, aw);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b[2];
-        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
-        Mma(y[nt], aw, b);
-      }
-    }
+    WarpMmaBf16<kDim, kDim, NT, 1>(y, Ws, 16 * rb, St, n0, kDim / 16);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * rb + AccRow(e), col = n0 + AccCol(0, e);
@@ -1235,17 +1246,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     // O = Q̃ S, the same rows and columns (after W S rather than beside it: y and o are not
     // live together, so 80 registers hold 3 blocks an SM without spilling).
     float o[NT][4] = {};
-#pragma unroll 1
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      uint32_t aq[4];
-      FragA<kDim>(Qs, 16 * rb, 16 * ks, aq);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b[2];
-        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
-        Mma(o[nt], aq, b);
-      }
-    }
+    WarpMmaBf16<kDim, kDim, NT, 1>(o, Qs, 16 * rb, St, n0, kDim / 16);
     __syncthreads();  // V' in place; every warp is done with set A and St
     if (c + 1 < nch) load_a(record(c + 1));
     CpAsyncCommit();
@@ -1256,16 +1257,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     {
       const int64_t t0 = int64_t{c} * kChunk;
       const int len = static_cast<int>(T - t0 < kChunk ? T - t0 : kChunk);
-      for (int ks = 0; ks <= rb; ++ks) {
-        uint32_t aa[4];
-        FragA<kChunk>(Aqs, 16 * rb, 16 * ks, aa);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t b[2];
-          FragB<kChunk>(Vt, n0 + 8 * nt, 16 * ks, b);
-          Mma(o[nt], aa, b);
-        }
-      }
+      WarpMmaBf16<kChunk, kChunk, NT, 1>(o, Aqs, 16 * rb, Vt, n0, rb + 1);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -1285,17 +1277,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] *= Gls[16 * warp + AccRow(e)];
     }
-#pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
-      uint32_t ak[4];
-      FragA<kChunk>(Kts, 16 * warp, 16 * ks, ak);
-#pragma unroll
-      for (int nt = 0; nt < NS; ++nt) {
-        uint32_t b[2];
-        FragB<kChunk>(Vt, 8 * nt, 16 * ks, b);
-        Mma(s[nt], ak, b);
-      }
-    }
+    WarpMmaBf16<kChunk, kChunk, NS, kChunk / 16>(s, Kts, 16 * warp, Vt, 0, kChunk / 16);
     store_st();
   }
 #pragma unroll
