@@ -3,7 +3,8 @@
 // (8 × 1024 and 4 × 2048 at H = 96, and mixed lengths), in both operand modes: "f32" (three BF16
 // parts per operand, the F32 mode's fused kernel) and "bf16" (the BF16 prefill mode's
 // chunk-parallel kernels, one BF16 part per operand), each at its automatic value-block width,
-// and the BF16 mode at its other widths ("bf16_vb64" etc.).
+// the BF16 mode at its other widths ("bf16_vb64" etc.), and "bf16_prep": the BF16 mode's
+// chunk-parallel kernels alone (KdaChunkPrepOnly; the rest of "bf16" is the state kernel).
 // scripts/gpu_check.sh kdachunk runs it beside FLA's chunk_kda (bench/kda_chunk_fla.py), which
 // adds fla_ms and speedup_vs_fla to this program's JSON.
 //
@@ -104,10 +105,16 @@ std::vector<Point> Run(const Case& c, int reps) {
   for (int vb : {32, 64, 128}) {
     if (vb != auto_vb) modes.push_back({"bf16_vb" + std::to_string(vb), true, vb});
   }
+  modes.push_back({"bf16_prep", true, -1});  // the BF16 mode's map + prep kernels alone
   for (const Mode& m : modes) {
     const bool bf16 = m.bf16;
-    const double med =
-        kimirt::bench::TimeMs(s, 3, reps, [&](int) { kimirt::cuda::KdaChunked(a, s, bf16, m.value_block); });
+    const double med = kimirt::bench::TimeMs(s, 3, reps, [&](int) {
+      if (m.value_block < 0) {
+        kimirt::cuda::KdaChunkPrepOnly(a, s);
+      } else {
+        kimirt::cuda::KdaChunked(a, s, bf16, m.value_block);
+      }
+    });
     // The output must be finite after all those calls (a NaN means the kernel is broken, and
     // its timings mean nothing).
     std::vector<float> host(static_cast<size_t>(n));
@@ -118,7 +125,7 @@ std::vector<Point> Run(const Case& c, int reps) {
         std::exit(1);
       }
     }
-    out.push_back({c, m.name, T, m.value_block != 0 ? m.value_block : kimirt::cuda::KdaChunkValueBlock(B, H, bf16), med,
+    out.push_back({c, m.name, T, m.value_block > 0 ? m.value_block : kimirt::cuda::KdaChunkValueBlock(B, H, bf16), med,
                    kFlopsPerTokenHead * static_cast<double>(T * H) / (med * 1e9)});
   }
   BENCH_CUDA_OK(cudaStreamDestroy(s));

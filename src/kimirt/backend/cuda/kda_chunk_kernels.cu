@@ -208,6 +208,23 @@ __device__ __forceinline__ void WarpGemm2(float (&acc1)[NT][4], float (&acc2)[NT
   }
 }
 
+// WarpGemm with one BF16 part whose operands come as packed pairs already: fa(row, k) gives
+// {A[row][k], A[row][k+1]} and fb(k, n) gives {B[k][n], B[k+1][n]} as BF16x2 (low half first),
+// so values held as BF16 go to the tensor cores without a round trip through F32.
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void WarpGemmPacked(float (&acc)[NT][4], int k_steps, const FA& fa, const FB& fb, int n0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int ks = 0; ks < k_steps; ++ks) {
+    const int k0 = 16 * ks;
+    const uint32_t a[4] = {fa(g, k0 + 2 * t), fa(g + 8, k0 + 2 * t), fa(g, k0 + 2 * t + 8), fa(g + 8, k0 + 2 * t + 8)};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t b[2] = {fb(k0 + 2 * t, n0 + 8 * nt + g), fb(k0 + 2 * t + 8, n0 + 8 * nt + g)};
+      Mma(acc[nt], a, b);
+    }
+  }
+}
+
 // Row and column of accumulator element e of n-tile nt for this lane (C layout of m16n8).
 __device__ __forceinline__ int AccRow(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int AccCol(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
@@ -884,9 +901,13 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));
 
   // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β, one
-  //    warp per row; the values themselves are read again in step 2 (from L1/L2). V's rows
-  //    (four 128-byte lines each) are asked into L2 now for step 5.
-  if (tid < 4 * len) PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
+  //    warp per row; the values themselves are read again in step 2 (from L1/L2). α's and V's
+  //    rows (four 128-byte lines each) are asked into L2 now for steps 2 and 5, so all of the
+  //    chunk's HBM reads are in flight at once.
+  if (tid < 4 * len) {
+    PrefetchL2(a.alpha + base(tid / 4) + 32 * (tid % 4));
+    PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
+  }
   {
     WarpRows w;
     LoadWarpRows(a, len, row0, h, w);
@@ -924,7 +945,8 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
 #pragma unroll
       for (int rr = 0; rr < kBlockRows; ++rr) {
         unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
-        const float e = expf(x[rr]), ei = __frcp_rn(e);  // |x| ≤ 60 where used: e and 1/e normal
+        // The fast exponential (relative error ~1e-6 at |x| ≤ 60) for operands rounded to BF16.
+        const float e = __expf(x[rr]), ei = __expf(-x[rr]);
         const int r = r0 + rr, at = r * kXs + d;
         const float kn = kd[rr] * Rk[r];
         QM[at] = ToBf16(qd[rr] * Rq[r] * e);
@@ -956,11 +978,13 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
       const bool scaled = i > j;
       float acc[2][4] = {};
       auto fa = [&](int row, int k) {
-        const float2 x = FromBf16x2(*reinterpret_cast<const uint32_t*>(X + row * kXs + k));
-        return scaled ? Mul2(x, Ld2(scale + k)) : x;
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(X + row * kXs + k);
+        if (!scaled) return x;
+        const float2 y = Mul2(FromBf16x2(x), Ld2(scale + k));
+        return PackBf16x2(y.x, y.y);
       };
-      auto fb = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(Kc + n * kXs + k)); };
-      WarpGemm<1, 2>(acc, kDim / 16, fa, fb, 0);
+      auto fb = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(Kc + n * kXs + k); };
+      WarpGemmPacked<2>(acc, kDim / 16, fa, fb, 0);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -1082,12 +1106,15 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   {
     const int rb = warp >> 1, n0 = (warp & 1) * (kDim / 2);
     const float* const Tr = Am + 16 * rb * kTs;
-    auto ft = [&](int row, int k) { return Ld2(Tr + row * kTs + k); };
+    auto ft = [&](int row, int k) {
+      const float2 x = Ld2(Tr + row * kTs + k);
+      return PackBf16x2(x.x, x.y);
+    };
     auto fkg = [&](int k, int n) {  // (K̂ ⊙ e^Γ)[k][n]: k, k + 1 in one row block
       const float p = Pf[(k / kBlockRows) * kDim + n];
-      return make_float2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
+      return PackBf16x2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
     };
-    auto fv = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(VT + n * kTs + k)); };
+    auto fv = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(VT + n * kTs + k); };
     constexpr int NT = kDim / 16;
     auto store = [&](const float (&acc)[NT][4], Bf16Bits* out) {
 #pragma unroll
@@ -1101,12 +1128,12 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
     };
     {
       float w[NT][4] = {};
-      WarpGemm<1, NT>(w, rb + 1, ft, fkg, n0);
+      WarpGemmPacked<NT>(w, rb + 1, ft, fkg, n0);
       store(w, rec + kRecW);
     }
     {
       float u[NT][4] = {};
-      WarpGemm<1, NT>(u, rb + 1, ft, fv, n0);
+      WarpGemmPacked<NT>(u, rb + 1, ft, fv, n0);
       store(u, rec + kRecU);
     }
   }
@@ -1137,6 +1164,8 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
   constexpr int kNvb = kDim / VB;
   constexpr int NT = VB / 16;  // n-tiles of a warp's half of the columns (W S, Q̃ S, Aqk V')
   constexpr int NS = VB / 8;   // n-tiles of a warp's state rows (all VB columns)
+  // The k loops over S unrolled twice where registers allow (VB = 32 has 80 for 3 blocks/SM).
+  constexpr int kUnrollS = VB == 32 ? 1 : 2;
   extern __shared__ float4 smem_f4[];
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
   Bf16Bits* const Ws = reinterpret_cast<Bf16Bits*>(sm + L::kW);
@@ -1233,7 +1262,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
 
     // V' = U − W S for 16 rows × VB/2 columns.
     float y[NT][4] = {};
-    WarpMmaBf16<kDim, kDim, NT, 1>(y, Ws, 16 * rb, St, n0, kDim / 16);
+    WarpMmaBf16<kDim, kDim, NT, kUnrollS>(y, Ws, 16 * rb, St, n0, kDim / 16);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * rb + AccRow(e), col = n0 + AccCol(0, e);
@@ -1246,7 +1275,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     // O = Q̃ S, the same rows and columns (after W S rather than beside it: y and o are not
     // live together, so 80 registers hold 3 blocks an SM without spilling).
     float o[NT][4] = {};
-    WarpMmaBf16<kDim, kDim, NT, 1>(o, Qs, 16 * rb, St, n0, kDim / 16);
+    WarpMmaBf16<kDim, kDim, NT, kUnrollS>(o, Qs, 16 * rb, St, n0, kDim / 16);
     __syncthreads();  // V' in place; every warp is done with set A and St
     if (c + 1 < nch) load_a(record(c + 1));
     CpAsyncCommit();
@@ -1333,8 +1362,9 @@ void AllowSmem(Kernel kernel, size_t bytes) {
   }
 }
 
-// The BF16 mode's three launches (map, prep, state) on a.scratch.
-void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb) {
+// The BF16 mode's three launches (map, prep, state) on a.scratch; without `state` only the first
+// two (KdaChunkPrepOnly).
+void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool state = true) {
   const int64_t capacity = ChunkCapacity(a.tokens, a.batch);
   if (a.scratch == nullptr || a.tokens < 0 || capacity * a.heads > 0x7fffffff) {
     std::fprintf(stderr, "kimirt: KdaChunked: the BF16 mode needs scratch (KdaChunkScratchBytes) and the call's "
@@ -1354,18 +1384,19 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb) {
   KdaChunkPrepKernel<<<static_cast<unsigned>(capacity * a.heads), kThreads, PrepSmem::kBytes, s>>>(a, chunk_seq,
                                                                                                    chunk_idx, records);
   CheckLaunch("KdaChunked prep");
-  auto state = [&](auto kernel, size_t bytes) {
+  if (!state) return;
+  auto run_state = [&](auto kernel, size_t bytes) {
     AllowSmem(kernel, bytes);
     const dim3 grid(static_cast<unsigned>(a.heads * (kDim / vb)), static_cast<unsigned>(a.batch));
     kernel<<<grid, kThreads, bytes, s>>>(a, chunk_first, records);
     CheckLaunch("KdaChunked state");
   };
   if (vb == 32) {
-    state(KdaStateKernel<32>, StateSmem<32>::kBytes);
+    run_state(KdaStateKernel<32>, StateSmem<32>::kBytes);
   } else if (vb == 64) {
-    state(KdaStateKernel<64>, StateSmem<64>::kBytes);
+    run_state(KdaStateKernel<64>, StateSmem<64>::kBytes);
   } else {
-    state(KdaStateKernel<128>, StateSmem<128>::kBytes);
+    run_state(KdaStateKernel<128>, StateSmem<128>::kBytes);
   }
 }
 
@@ -1414,6 +1445,15 @@ void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int v
   } else {
     vb == 32 ? Launch<3, 32>(a, s) : vb == 64 ? Launch<3, 64>(a, s) : Launch<3, 128>(a, s);
   }
+}
+
+void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s) {
+  if (a.head_dim != kKdaChunkHeadDim || a.batch < 1 || a.batch > 65535 || a.heads < 1 || a.heads > 65535) {
+    std::fprintf(stderr, "kimirt: KdaChunkPrepOnly: head dim %lld, batch %lld, heads %lld\n",
+                 static_cast<long long>(a.head_dim), static_cast<long long>(a.batch), static_cast<long long>(a.heads));
+    std::abort();
+  }
+  LaunchChunkParallel(a, s, 0, false);
 }
 
 }  // namespace kimirt::cuda
