@@ -732,49 +732,49 @@ __device__ __forceinline__ float2 FromBf16x2(uint32_t u) {
 }
 
 // Element (row, col) of a BF16 [rows][L] array in shared memory whose 16-byte pieces are
-// swizzled: piece p of row r sits at p ^ (r & 7). The fragment loads below (8 rows × 4
-// consecutive words) then hit 32 distinct banks, with no padding.
+// swizzled: piece p of row r sits at p ^ (r & 7). An ldmatrix phase (8 consecutive rows, one
+// piece each) then hits 32 distinct banks, with no padding.
 template <int L>
 __device__ __forceinline__ int Swz(int row, int col) {
   static_assert(L == 64 || L == 128, "eight or sixteen pieces a row");
   return row * L + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
-template <int L>
-__device__ __forceinline__ uint32_t Ld32(const Bf16Bits* x, int row, int col) {
-  return *reinterpret_cast<const uint32_t*>(x + Swz<L>(row, col));
-}
-// m16n8k16 fragments from swizzled BF16 arrays: A = X[r0 .., k0 ..] (row-major), and B[k][n] =
-// Xt[n][k] (B stored transposed, so a fragment's pairs along k are adjacent).
-template <int L>
-__device__ __forceinline__ void FragA(const Bf16Bits* x, int r0, int k0, uint32_t (&a)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  a[0] = Ld32<L>(x, r0 + g, k0 + 2 * t);
-  a[1] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t);
-  a[2] = Ld32<L>(x, r0 + g, k0 + 2 * t + 8);
-  a[3] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t + 8);
-}
-template <int L>
-__device__ __forceinline__ void FragB(const Bf16Bits* xt, int n0, int k0, uint32_t (&b)[2]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  b[0] = Ld32<L>(xt, n0 + g, k0 + 2 * t);
-  b[1] = Ld32<L>(xt, n0 + g, k0 + 2 * t + 8);
+// Four 8 × 8 BF16 matrices from shared memory (ldmatrix .x4): lane l gives the address of row
+// l % 8 of matrix l / 8 (16 contiguous bytes); d[j] is matrix j in the MMA fragment layout (lane
+// g·4 + t: row g, columns 2t, 2t + 1). One instruction where 4-byte loads take four.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&d)[4], const Bf16Bits* p) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(s)
+               : "memory");
 }
 
 // acc[nt] += A[r0 .. r0 + 15][0 .. 16·k_steps) · B[..][n0 + 8·nt ..] (nt < N) over swizzled BF16
-// arrays: A row-major with rows of LA elements, B stored transposed (Bt[n][k], rows of LB).
-// The k loop unrolled U times (the state kernel's register budget decides: 80 for 3 blocks/SM).
+// arrays: A row-major with rows of LA elements, B stored transposed (Bt[n][k], rows of LB, so a
+// fragment's pairs along k are adjacent). Fragments by ldmatrix: A's four matrices are rows
+// r0 + 8·(m & 1) .., columns k0 + 8·(m >> 1); one load of B covers two n-tiles, matrices rows
+// n + 8·(m >> 1) .., columns k0 + 8·(m & 1). A lane's row is fixed, so only the swizzled piece
+// changes with k. The k loop unrolled U times (the state kernel's register budget decides: 80
+// for 3 blocks/SM).
 template <int LA, int LB, int N, int U>
 __device__ __forceinline__ void WarpMmaBf16(float (&acc)[N][4], const Bf16Bits* a_rows, int r0, const Bf16Bits* bt,
                                             int n0, int k_steps) {
+  static_assert(N % 2 == 0, "B fragments come two n-tiles at a time");
+  const int lane = threadIdx.x & 31, i = lane & 7, m = lane >> 3;
+  const int ra = r0 + i + 8 * (m & 1), ca = 8 * (m >> 1);
+  const int rb = n0 + i + 8 * (m >> 1), cb = 8 * (m & 1);
 #pragma unroll U
   for (int ks = 0; ks < k_steps; ++ks) {
     uint32_t a[4];
-    FragA<LA>(a_rows, r0, 16 * ks, a);
+    LdMatrixX4(a, a_rows + Swz<LA>(ra, 16 * ks + ca));
 #pragma unroll
-    for (int nt = 0; nt < N; ++nt) {
-      uint32_t b[2];
-      FragB<LB>(bt, n0 + 8 * nt, 16 * ks, b);
-      Mma(acc[nt], a, b);
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t b[4];
+      LdMatrixX4(b, bt + Swz<LB>(rb + 16 * np, 16 * ks + cb));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      Mma(acc[2 * np], a, b0);
+      Mma(acc[2 * np + 1], a, b1);
     }
   }
 }
