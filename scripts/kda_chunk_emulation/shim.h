@@ -17,7 +17,7 @@
 #define __forceinline__
 #define __launch_bounds__(a, b)
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local Dim3 threadIdx, blockIdx;
+inline thread_local Dim3 threadIdx, blockIdx, gridDim;
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }

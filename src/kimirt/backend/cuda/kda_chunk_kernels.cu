@@ -865,8 +865,10 @@ struct PrepSmem {
   static_assert(4 * (kChunk * kDim + 2 * kChunk * 16) <= kA, "the direct path's scratch fits");
 };
 
-__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, const int32_t* chunk_seq,
-                                                                  const int32_t* chunk_idx, uint8_t* records) {
+// One work item of the prep kernel: item = g·H + h (global chunk g, head h); returns at once for
+// a g past the call's chunks.
+__device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, const int32_t* chunk_seq,
+                                          const int32_t* chunk_idx, uint8_t* records) {
   using L = PrepSmem;
   extern __shared__ float4 smem_f4[];
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
@@ -887,8 +889,8 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   float* const Rk = reinterpret_cast<float*>(sm + L::kRk);
 
   const int64_t H = a.heads;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) / H;
-  const int h = static_cast<int>(static_cast<int64_t>(blockIdx.x) % H);
+  const int64_t g = item / H;
+  const int h = static_cast<int>(item % H);
   const int32_t seq = chunk_seq[g];
   if (seq < 0) return;
   const int64_t t0 = int64_t{chunk_idx[g]} * kChunk;
@@ -1139,6 +1141,36 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   }
 }
 
+// Asks L2 for work item `item`'s rows of q, k and α (64 rows × 4 lines each: one prefetch a
+// thread and tensor), if it is one.
+__device__ __forceinline__ void PrefetchPrepItem(const KdaChunkArgs& a, int64_t item, int64_t items,
+                                                 const int32_t* chunk_seq, const int32_t* chunk_idx) {
+  if (item >= items) return;
+  const int64_t g = item / a.heads;
+  const int32_t seq = chunk_seq[g];
+  if (seq < 0) return;
+  const int64_t t0 = int64_t{chunk_idx[g]} * kChunk, T = SeqLen(a, seq);
+  const int r = threadIdx.x / 4, line = threadIdx.x % 4;  // 64 rows × 4 lines
+  if (t0 + r >= T) return;
+  const int64_t at = ((SeqBegin(a, seq) + t0 + r) * a.heads + item % a.heads) * kDim + 32 * line;
+  PrefetchL2(a.q + at);
+  PrefetchL2(a.k + at);
+  PrefetchL2(a.alpha + at);
+}
+
+// Persistent over the work items (chunk, head): block b takes b, b + gridDim.x, ... (an item's
+// arithmetic is the same whichever block takes it), and first asks L2 for its next item's rows,
+// so one item's HBM reads overlap the previous item's compute.
+__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, int64_t items,
+                                                                  const int32_t* chunk_seq, const int32_t* chunk_idx,
+                                                                  uint8_t* records) {
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    PrefetchPrepItem(a, item + gridDim.x, items, chunk_seq, chunk_idx);
+    PrepChunk(a, item, chunk_seq, chunk_idx, records);
+    __syncthreads();  // the next item rewrites shared memory this one's last phase read
+  }
+}
+
 // Shared memory of the state kernel, in bytes; BF16 arrays swizzled (Swz), unpadded except U.
 // Set A (W, Q̃, U's VB columns) is read by the first products of a chunk (V' = U − W S, Q̃ S),
 // set B (K̃ᵀ, Aqk, e^{Γ_63}) by the last ones: each streams in while the other is in use.
@@ -1381,8 +1413,9 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool sta
   CheckLaunch("KdaChunked map");
   if (capacity == 0) return;
   AllowSmem(KdaChunkPrepKernel, PrepSmem::kBytes);
-  KdaChunkPrepKernel<<<static_cast<unsigned>(capacity * a.heads), kThreads, PrepSmem::kBytes, s>>>(a, chunk_seq,
-                                                                                                   chunk_idx, records);
+  const int64_t items = capacity * a.heads;
+  const unsigned prep_blocks = static_cast<unsigned>(items < 2 * SmCount() ? items : 2 * SmCount());  // 2 per SM
+  KdaChunkPrepKernel<<<prep_blocks, kThreads, PrepSmem::kBytes, s>>>(a, items, chunk_seq, chunk_idx, records);
   CheckLaunch("KdaChunked prep");
   if (!state) return;
   auto run_state = [&](auto kernel, size_t bytes) {
