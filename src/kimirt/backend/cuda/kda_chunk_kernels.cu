@@ -778,6 +778,32 @@ __device__ __forceinline__ void WarpMmaBf16(float (&acc)[N][4], const Bf16Bits* 
     }
   }
 }
+// The same for two A operands (rows of equal length) against one B: B's fragments loaded once.
+template <int LA, int LB, int N, int U>
+__device__ __forceinline__ void WarpMmaBf16x2(float (&acc1)[N][4], float (&acc2)[N][4], const Bf16Bits* a1_rows,
+                                              const Bf16Bits* a2_rows, int r0, const Bf16Bits* bt, int n0,
+                                              int k_steps) {
+  static_assert(N % 2 == 0, "B fragments come two n-tiles at a time");
+  const int lane = threadIdx.x & 31, i = lane & 7, m = lane >> 3;
+  const int ra = r0 + i + 8 * (m & 1), ca = 8 * (m >> 1);
+  const int rb = n0 + i + 8 * (m >> 1), cb = 8 * (m & 1);
+#pragma unroll U
+  for (int ks = 0; ks < k_steps; ++ks) {
+    uint32_t a1[4], a2[4];
+    LdMatrixX4(a1, a1_rows + Swz<LA>(ra, 16 * ks + ca));
+    LdMatrixX4(a2, a2_rows + Swz<LA>(ra, 16 * ks + ca));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t b[4];
+      LdMatrixX4(b, bt + Swz<LB>(rb + 16 * np, 16 * ks + cb));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      Mma(acc1[2 * np], a1, b0);
+      Mma(acc1[2 * np + 1], a1, b1);
+      Mma(acc2[2 * np], a2, b0);
+      Mma(acc2[2 * np + 1], a2, b1);
+    }
+  }
+}
 
 // 16 bytes global → shared without a register (cp.async.cg: L2 only), and its group fences.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -1292,9 +1318,15 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     CpAsyncCommit();
     prefetch(c + 2);
 
-    // V' = U − W S for 16 rows × VB/2 columns.
-    float y[NT][4] = {};
-    WarpMmaBf16<kDim, kDim, NT, kUnrollS>(y, Ws, 16 * rb, St, n0, kDim / 16);
+    // V' = U − W S and O = Q̃ S for 16 rows × VB/2 columns: at VB = 64, 128 in one pass (S's
+    // fragments shared); at VB = 32 one after the other (y and o never live together, so 80
+    // registers hold 3 blocks an SM without spilling).
+    float y[NT][4] = {}, o[NT][4] = {};
+    if constexpr (VB == 32) {
+      WarpMmaBf16<kDim, kDim, NT, kUnrollS>(y, Ws, 16 * rb, St, n0, kDim / 16);
+    } else {
+      WarpMmaBf16x2<kDim, kDim, NT, kUnrollS>(y, o, Ws, Qs, 16 * rb, St, n0, kDim / 16);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * rb + AccRow(e), col = n0 + AccCol(0, e);
@@ -1304,10 +1336,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
         Vt[vt_at + 8 * nt * kChunk] = ToBf16(FromBf16(Us[u_at + 8 * nt]) - y[nt][e]);
       }
     }
-    // O = Q̃ S, the same rows and columns (after W S rather than beside it: y and o are not
-    // live together, so 80 registers hold 3 blocks an SM without spilling).
-    float o[NT][4] = {};
-    WarpMmaBf16<kDim, kDim, NT, kUnrollS>(o, Qs, 16 * rb, St, n0, kDim / 16);
+    if constexpr (VB == 32) WarpMmaBf16<kDim, kDim, NT, kUnrollS>(o, Qs, 16 * rb, St, n0, kDim / 16);
     __syncthreads();  // V' in place; every warp is done with set A and St
     if (c + 1 < nch) load_a(record(c + 1));
     CpAsyncCommit();
