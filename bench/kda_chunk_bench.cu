@@ -2,7 +2,9 @@
 // call and TFLOP/s at T = 8192 with H = 96 and 32 (K = V = 128, one sequence) and varlen batches
 // (8 × 1024 and 4 × 2048 at H = 96, and mixed lengths), in both operand modes: "f32" (three BF16
 // parts per operand, the F32 mode's fused kernel) and "bf16" (the BF16 prefill mode's
-// chunk-parallel kernels, one BF16 part per operand).
+// chunk-parallel kernels, one BF16 part per operand), each at its automatic value-block width,
+// the BF16 mode at its other widths ("bf16_vb64" etc.), and "bf16_prep": the BF16 mode's
+// chunk-parallel kernels alone (KdaChunkPrepOnly; the rest of "bf16" is the state kernel).
 // scripts/gpu_check.sh kdachunk runs it beside FLA's chunk_kda (bench/kda_chunk_fla.py), which
 // adds fla_ms and speedup_vs_fla to this program's JSON.
 //
@@ -91,8 +93,28 @@ std::vector<Point> Run(const Case& c, int reps) {
   cudaStream_t s;
   BENCH_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<Point> out;
-  for (bool bf16 : {true, false}) {
-    const double med = kimirt::bench::TimeMs(s, 3, reps, [&](int) { kimirt::cuda::KdaChunked(a, s, bf16); });
+  // The automatic choice in both modes ("bf16", "f32"), then the BF16 mode at the value-block
+  // widths it did not choose ("bf16_vb64", ...), so one run shows which width is fastest.
+  struct Mode {
+    std::string name;
+    bool bf16;
+    int value_block;
+  };
+  const int auto_vb = kimirt::cuda::KdaChunkValueBlock(B, H, true);
+  std::vector<Mode> modes = {{"bf16", true, 0}, {"f32", false, 0}};
+  for (int vb : {32, 64, 128}) {
+    if (vb != auto_vb) modes.push_back({"bf16_vb" + std::to_string(vb), true, vb});
+  }
+  modes.push_back({"bf16_prep", true, -1});  // the BF16 mode's map + prep kernels alone
+  for (const Mode& m : modes) {
+    const bool bf16 = m.bf16;
+    const double med = kimirt::bench::TimeMs(s, 3, reps, [&](int) {
+      if (m.value_block < 0) {
+        kimirt::cuda::KdaChunkPrepOnly(a, s);
+      } else {
+        kimirt::cuda::KdaChunked(a, s, bf16, m.value_block);
+      }
+    });
     // The output must be finite after all those calls (a NaN means the kernel is broken, and
     // its timings mean nothing).
     std::vector<float> host(static_cast<size_t>(n));
@@ -103,7 +125,7 @@ std::vector<Point> Run(const Case& c, int reps) {
         std::exit(1);
       }
     }
-    out.push_back({c, bf16 ? "bf16" : "f32", T, kimirt::cuda::KdaChunkValueBlock(B, H, bf16), med,
+    out.push_back({c, m.name, T, m.value_block > 0 ? m.value_block : kimirt::cuda::KdaChunkValueBlock(B, H, bf16), med,
                    kFlopsPerTokenHead * static_cast<double>(T * H) / (med * 1e9)});
   }
   BENCH_CUDA_OK(cudaStreamDestroy(s));
@@ -151,9 +173,9 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     for (const Point& p : Run(c, reps)) points.push_back(p);
   }
-  std::printf("%-20s %5s %6s %4s %9s %8s\n", "case", "mode", "tokens", "vb", "ms", "TFLOP/s");
+  std::printf("%-20s %10s %6s %4s %9s %8s\n", "case", "mode", "tokens", "vb", "ms", "TFLOP/s");
   for (const Point& p : points) {
-    std::printf("%-20s %5s %6lld %4d %9.3f %8.2f\n", p.c.name.c_str(), p.mode.c_str(), static_cast<long long>(p.tokens),
+    std::printf("%-20s %10s %6lld %4d %9.3f %8.2f\n", p.c.name.c_str(), p.mode.c_str(), static_cast<long long>(p.tokens),
                 p.value_block, p.ms, p.tflops);
   }
   if (!json.empty()) {

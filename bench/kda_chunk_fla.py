@@ -78,12 +78,13 @@ def main():
         p["speedup_vs_fla"] = round(fla_ms[key] / p["ms"], 3)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"Chunked KDA prefill on {report['device']}: ours (F32 in; bf16 = 2-part operands, f32 = 3-part) "
-          f"vs FLA chunk_kda (BF16 in); issue 14 target: bf16 speedup >= 1.5 at T8192_H96")
-    print(f"{'case':<20} {'mode':>5} {'ours_ms':>8} {'fla_ms':>8} {'speedup':>8} {'TFLOP/s':>8}")
+    print(f"Chunked KDA prefill on {report['device']}: ours (F32 in; bf16 = chunk-parallel, BF16 operands; "
+          f"f32 = fused, 3-part operands; bf16_vbN = bf16 at value block N) vs FLA chunk_kda (BF16 in); "
+          f"issue 14 target: bf16 speedup >= 1.5 at T8192_H96")
+    print(f"{'case':<20} {'mode':>10} {'vb':>4} {'ours_ms':>8} {'fla_ms':>8} {'speedup':>8} {'TFLOP/s':>8}")
     for p in report["points"]:
-        print(f"{p['case']:<20} {p['mode']:>5} {p['ms']:>8.3f} {p['fla_ms']:>8.3f} {p['speedup_vs_fla']:>8.2f} "
-              f"{p['tflops']:>8.2f}")
+        print(f"{p['case']:<20} {p['mode']:>10} {p['value_block']:>4} {p['ms']:>8.3f} {p['fla_ms']:>8.3f} "
+              f"{p['speedup_vs_fla']:>8.2f} {p['tflops']:>8.2f}")
 
 
 if __name__ == "__main__":

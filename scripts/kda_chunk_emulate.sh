@@ -25,6 +25,8 @@ src = cut(src, "__device__ __forceinline__ void Mma(", "\n}\n",
 # this checks what is copied where, not the wait_group placement).
 src = cut(src, "__device__ __forceinline__ void CpAsync16(", "\n}\n",
           "inline void CpAsync16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }\n")
+src = cut(src, "__device__ __forceinline__ void LdMatrixX4(", "\n}\n",
+          "inline void LdMatrixX4(uint32_t (&d)[4], const Bf16Bits* p) { EmuLdMatrixX4(d, p); }\n")
 src = cut(src, "__device__ __forceinline__ void PrefetchL2Bulk(", "\n}\n",
           "inline void PrefetchL2Bulk(const void*, uint32_t) {}\n")
 src = cut(src, "__device__ __forceinline__ void CpAsyncCommit(", "\n}\n", "inline void CpAsyncCommit() {}\n")

@@ -29,6 +29,7 @@ void RunGrid(unsigned gx, unsigned gy, size_t smem_bytes, F&& kernel) {
         threads.emplace_back([&, t] {
           threadIdx = {t, 0, 0};
           blockIdx = {bx, by, 0};
+          gridDim = {gx, gy, 1};
           g_smem = smem.data();
           kernel();
         });
@@ -54,7 +55,10 @@ void RunKernel(KdaChunkArgs a) {
     int32_t* const idx = seq + capacity, *const first = idx + capacity;
     a.scratch = records;
     RunGrid(1, 1, 4 * 256, [&] { kc::KdaChunkMapKernel(a, static_cast<int>(capacity), seq, idx, first); });
-    RunGrid(capacity * a.heads, 1, kc::PrepSmem::kBytes, [&] { kc::KdaChunkPrepKernel(a, seq, idx, records); });
+    // Fewer prep blocks than items (the device runs 2 per SM): each block takes several.
+    const int64_t items = capacity * a.heads;
+    RunGrid(static_cast<unsigned>(std::min<int64_t>(items, 5)), 1, kc::PrepSmem::kBytes,
+            [&] { kc::KdaChunkPrepKernel(a, items, seq, idx, records); });
     RunGrid(a.heads * (128 / VB), a.batch, kc::StateSmem<VB>::kBytes, [&] { kc::KdaStateKernel<VB>(a, first, records); });
   }
 }

@@ -17,7 +17,7 @@
 #define __forceinline__
 #define __launch_bounds__(a, b)
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local Dim3 threadIdx, blockIdx;
+inline thread_local Dim3 threadIdx, blockIdx, gridDim;
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -25,6 +25,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 template <typename T>
 T __ldg(const T* p) { return *p; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __expf(float x) { return std::exp(x); }
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 [[noreturn]] inline void __trap() { std::abort(); }
 #include <math.h>
@@ -34,6 +35,7 @@ struct BlockCtx {
   std::atomic<int> or_acc{0};
   float shfl[8][32];
   uint32_t fa[8][32][4], fb[8][32][2];
+  const void* ptr[8][32];
   float fc[8][32][4];
   BlockCtx() { for (int i = 0; i < 8; ++i) warp.push_back(new std::barrier<>(32)); }
   ~BlockCtx() { for (auto* b : warp) delete b; }
@@ -74,4 +76,13 @@ inline void EmuMma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]
     for (int k = 0; k < 16; ++k) s += static_cast<double>(A(row, k)) * B(k, col);
     c[e] = static_cast<float>(s);
   }
+}
+// ldmatrix .x4: lane l's address is row l % 8 of matrix l / 8; lane g·4 + t receives columns
+// 2t, 2t + 1 of row g of each matrix.
+inline void EmuLdMatrixX4(uint32_t (&d)[4], const void* p) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  g_ctx->warp[w]->arrive_and_wait();
+  g_ctx->ptr[w][l] = p;
+  g_ctx->warp[w]->arrive_and_wait();
+  for (int j = 0; j < 4; ++j) std::memcpy(&d[j], static_cast<const char*>(g_ctx->ptr[w][8 * j + g]) + 4 * t, 4);
 }

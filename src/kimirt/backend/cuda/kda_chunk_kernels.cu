@@ -208,6 +208,23 @@ __device__ __forceinline__ void WarpGemm2(float (&acc1)[NT][4], float (&acc2)[NT
   }
 }
 
+// WarpGemm with one BF16 part whose operands come as packed pairs already: fa(row, k) gives
+// {A[row][k], A[row][k+1]} and fb(k, n) gives {B[k][n], B[k+1][n]} as BF16x2 (low half first),
+// so values held as BF16 go to the tensor cores without a round trip through F32.
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void WarpGemmPacked(float (&acc)[NT][4], int k_steps, const FA& fa, const FB& fb, int n0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int ks = 0; ks < k_steps; ++ks) {
+    const int k0 = 16 * ks;
+    const uint32_t a[4] = {fa(g, k0 + 2 * t), fa(g + 8, k0 + 2 * t), fa(g, k0 + 2 * t + 8), fa(g + 8, k0 + 2 * t + 8)};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t b[2] = {fb(k0 + 2 * t, n0 + 8 * nt + g), fb(k0 + 2 * t + 8, n0 + 8 * nt + g)};
+      Mma(acc[nt], a, b);
+    }
+  }
+}
+
 // Row and column of accumulator element e of n-tile nt for this lane (C layout of m16n8).
 __device__ __forceinline__ int AccRow(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int AccCol(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
@@ -231,6 +248,62 @@ __device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t
     PrefetchL2(p);
   }
   if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
+}
+
+// Step 1's loads, shared by the fused and the prep kernel: rows r = warp + 8i (i < 8) of a chunk
+// (global row row0 + r, head h; zero past len): q and k as one float4 a lane, their squared
+// norms summed over the warp (the lanes' xor-butterfly sums are identical: a + b == b + a) and
+// β's logit. All loads are issued before any use, so their latencies overlap.
+struct WarpRows {
+  static constexpr int kRows = kChunk / kWarps;
+  float4 q[kRows], k[kRows];
+  float sq[kRows], sk[kRows], bl[kRows];
+};
+__device__ __forceinline__ void LoadWarpRows(const KdaChunkArgs& a, int len, int64_t row0, int h, WarpRows& w) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < WarpRows::kRows; ++i) {
+    const int r = warp + kWarps * i;
+    const int64_t at = ((row0 + r) * a.heads + h) * kDim;
+    w.q[i] = w.k[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    w.bl[i] = 0.0f;
+    if (r < len) {
+      w.q[i] = __ldg(reinterpret_cast<const float4*>(a.q + at) + lane);
+      w.k[i] = __ldg(reinterpret_cast<const float4*>(a.k + at) + lane);
+      w.bl[i] = __ldg(a.beta_logits + (row0 + r) * a.heads + h);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < WarpRows::kRows; ++i) {
+    const float4 q = w.q[i], k = w.k[i];
+    float sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+    float sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      sk += __shfl_xor_sync(0xffffffffu, sk, o);
+    }
+    w.sq[i] = sq;
+    w.sk[i] = sk;
+  }
+}
+
+// A row block's decays for one channel from its 16 α: x_r = Γ_r − Γ_{m} (m = the block's
+// reference row) as a direct sum outward from m, and the block's partial sums Σ α over rows
+// 0 .. m (pre) and m+1 .. 15 (post), from which ChunkFactors builds the chunk-level factors.
+__device__ __forceinline__ void BlockDecays(const float (&al)[kBlockRows], float (&x)[kBlockRows], float& pre,
+                                            float& post) {
+  x[kRef] = 0.0f;
+#pragma unroll
+  for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
+#pragma unroll
+  for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
+  pre = 0.0f;
+  post = 0.0f;
+#pragma unroll
+  for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
+#pragma unroll
+  for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
 }
 
 // Chunk-level decay factors per channel d = tid < 128 from the row blocks' partial sums Pre, Post
@@ -377,34 +450,18 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     auto base = [&](int r) { return ((row0 + r) * H + h) * kDim; };  // element (r, head h, channel 0)
 
     // 1. Normalized q̂, k̂ (spec §3.4: eps inside the sqrt of the sum; q scaled by 1/sqrt(K)
-    //    after), one warp per row; the lanes' xor-butterfly sums are identical (a + b == b + a).
-    //    All of the warp's loads are issued before any shared-memory store (the compiler cannot
-    //    move a load past a store that might alias it), so their latencies overlap.
+    //    after), one warp per row (LoadWarpRows: all loads before any shared-memory store, which
+    //    the compiler could not move a load past).
     {
-      constexpr int kRowsPerWarp = kChunk / kWarps;
-      float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
-      float bl[kRowsPerWarp];
+      WarpRows w;
+      LoadWarpRows(a, len, row0, h, w);
+      const float4* const qv = w.q;
+      const float4* const kv = w.k;
+      const float* const bl = w.bl;
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
+      for (int i = 0; i < WarpRows::kRows; ++i) {
         const int r = warp + kWarps * i;
-        qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        bl[i] = 0.0f;
-        if (r < len) {
-          qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
-          kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
-          bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
-        const int r = warp + kWarps * i;
-        float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
-        float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          sq += __shfl_xor_sync(0xffffffffu, sq, o);
-          sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
+        const float sq = w.sq[i], sk = w.sk[i];
         const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
         const float4 qn = make_float4(qv[i].x * rq * q_scale, qv[i].y * rq * q_scale, qv[i].z * rq * q_scale,
                                       qv[i].w * rq * q_scale);
@@ -438,18 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
 #pragma unroll
       for (int bi = 0; bi < 2; ++bi) {
         const int i = 2 * half + bi, r0 = kBlockRows * i;
-        const float* const al = al2[bi];
-        float x[kBlockRows];
-        x[kRef] = 0.0f;
-#pragma unroll
-        for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
-#pragma unroll
-        for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
-        float pre = 0.0f, post = 0.0f;
-#pragma unroll
-        for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
-#pragma unroll
-        for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+        float x[kBlockRows], pre, post;
+        BlockDecays(al2[bi], x, pre, post);
 #pragma unroll
         for (int rr = 0; rr < kBlockRows; ++rr) {
           unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
@@ -685,32 +732,77 @@ __device__ __forceinline__ float2 FromBf16x2(uint32_t u) {
 }
 
 // Element (row, col) of a BF16 [rows][L] array in shared memory whose 16-byte pieces are
-// swizzled: piece p of row r sits at p ^ (r & 7). The fragment loads below (8 rows × 4
-// consecutive words) then hit 32 distinct banks, with no padding.
+// swizzled: piece p of row r sits at p ^ (r & 7). An ldmatrix phase (8 consecutive rows, one
+// piece each) then hits 32 distinct banks, with no padding.
 template <int L>
 __device__ __forceinline__ int Swz(int row, int col) {
   static_assert(L == 64 || L == 128, "eight or sixteen pieces a row");
   return row * L + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
-template <int L>
-__device__ __forceinline__ uint32_t Ld32(const Bf16Bits* x, int row, int col) {
-  return *reinterpret_cast<const uint32_t*>(x + Swz<L>(row, col));
+// Four 8 × 8 BF16 matrices from shared memory (ldmatrix .x4): lane l gives the address of row
+// l % 8 of matrix l / 8 (16 contiguous bytes); d[j] is matrix j in the MMA fragment layout (lane
+// g·4 + t: row g, columns 2t, 2t + 1). One instruction where 4-byte loads take four.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&d)[4], const Bf16Bits* p) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(s)
+               : "memory");
 }
-// m16n8k16 fragments from swizzled BF16 arrays: A = X[r0 .., k0 ..] (row-major), and B[k][n] =
-// Xt[n][k] (B stored transposed, so a fragment's pairs along k are adjacent).
-template <int L>
-__device__ __forceinline__ void FragA(const Bf16Bits* x, int r0, int k0, uint32_t (&a)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  a[0] = Ld32<L>(x, r0 + g, k0 + 2 * t);
-  a[1] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t);
-  a[2] = Ld32<L>(x, r0 + g, k0 + 2 * t + 8);
-  a[3] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t + 8);
+
+// acc[nt] += A[r0 .. r0 + 15][0 .. 16·k_steps) · B[..][n0 + 8·nt ..] (nt < N) over swizzled BF16
+// arrays: A row-major with rows of LA elements, B stored transposed (Bt[n][k], rows of LB, so a
+// fragment's pairs along k are adjacent). Fragments by ldmatrix: A's four matrices are rows
+// r0 + 8·(m & 1) .., columns k0 + 8·(m >> 1); one load of B covers two n-tiles, matrices rows
+// n + 8·(m >> 1) .., columns k0 + 8·(m & 1). A lane's row is fixed, so only the swizzled piece
+// changes with k. The k loop unrolled U times (the state kernel's register budget decides: 80
+// for 3 blocks/SM).
+template <int LA, int LB, int N, int U>
+__device__ __forceinline__ void WarpMmaBf16(float (&acc)[N][4], const Bf16Bits* a_rows, int r0, const Bf16Bits* bt,
+                                            int n0, int k_steps) {
+  static_assert(N % 2 == 0, "B fragments come two n-tiles at a time");
+  const int lane = threadIdx.x & 31, i = lane & 7, m = lane >> 3;
+  const int ra = r0 + i + 8 * (m & 1), ca = 8 * (m >> 1);
+  const int rb = n0 + i + 8 * (m >> 1), cb = 8 * (m & 1);
+#pragma unroll U
+  for (int ks = 0; ks < k_steps; ++ks) {
+    uint32_t a[4];
+    LdMatrixX4(a, a_rows + Swz<LA>(ra, 16 * ks + ca));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t b[4];
+      LdMatrixX4(b, bt + Swz<LB>(rb + 16 * np, 16 * ks + cb));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      Mma(acc[2 * np], a, b0);
+      Mma(acc[2 * np + 1], a, b1);
+    }
+  }
 }
-template <int L>
-__device__ __forceinline__ void FragB(const Bf16Bits* xt, int n0, int k0, uint32_t (&b)[2]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  b[0] = Ld32<L>(xt, n0 + g, k0 + 2 * t);
-  b[1] = Ld32<L>(xt, n0 + g, k0 + 2 * t + 8);
+// The same for two A operands (rows of equal length) against one B: B's fragments loaded once.
+template <int LA, int LB, int N, int U>
+__device__ __forceinline__ void WarpMmaBf16x2(float (&acc1)[N][4], float (&acc2)[N][4], const Bf16Bits* a1_rows,
+                                              const Bf16Bits* a2_rows, int r0, const Bf16Bits* bt, int n0,
+                                              int k_steps) {
+  static_assert(N % 2 == 0, "B fragments come two n-tiles at a time");
+  const int lane = threadIdx.x & 31, i = lane & 7, m = lane >> 3;
+  const int ra = r0 + i + 8 * (m & 1), ca = 8 * (m >> 1);
+  const int rb = n0 + i + 8 * (m >> 1), cb = 8 * (m & 1);
+#pragma unroll U
+  for (int ks = 0; ks < k_steps; ++ks) {
+    uint32_t a1[4], a2[4];
+    LdMatrixX4(a1, a1_rows + Swz<LA>(ra, 16 * ks + ca));
+    LdMatrixX4(a2, a2_rows + Swz<LA>(ra, 16 * ks + ca));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t b[4];
+      LdMatrixX4(b, bt + Swz<LB>(rb + 16 * np, 16 * ks + cb));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      Mma(acc1[2 * np], a1, b0);
+      Mma(acc1[2 * np + 1], a1, b1);
+      Mma(acc2[2 * np], a2, b0);
+      Mma(acc2[2 * np + 1], a2, b1);
+    }
+  }
 }
 
 // 16 bytes global → shared without a register (cp.async.cg: L2 only), and its group fences.
@@ -799,8 +891,10 @@ struct PrepSmem {
   static_assert(4 * (kChunk * kDim + 2 * kChunk * 16) <= kA, "the direct path's scratch fits");
 };
 
-__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, const int32_t* chunk_seq,
-                                                                  const int32_t* chunk_idx, uint8_t* records) {
+// One work item of the prep kernel: item = g·H + h (global chunk g, head h); returns at once for
+// a g past the call's chunks.
+__device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, const int32_t* chunk_seq,
+                                          const int32_t* chunk_idx, uint8_t* records) {
   using L = PrepSmem;
   extern __shared__ float4 smem_f4[];
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
@@ -821,8 +915,8 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   float* const Rk = reinterpret_cast<float*>(sm + L::kRk);
 
   const int64_t H = a.heads;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) / H;
-  const int h = static_cast<int>(static_cast<int64_t>(blockIdx.x) % H);
+  const int64_t g = item / H;
+  const int h = static_cast<int>(item % H);
   const int32_t seq = chunk_seq[g];
   if (seq < 0) return;
   const int64_t t0 = int64_t{chunk_idx[g]} * kChunk;
@@ -835,36 +929,23 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));
 
   // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β, one
-  //    warp per row; the values themselves are read again in step 2 (from L1/L2).
+  //    warp per row; the values themselves are read again in step 2 (from L1/L2). α's and V's
+  //    rows (four 128-byte lines each) are asked into L2 now for steps 2 and 5, so all of the
+  //    chunk's HBM reads are in flight at once.
+  if (tid < 4 * len) {
+    PrefetchL2(a.alpha + base(tid / 4) + 32 * (tid % 4));
+    PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
+  }
   {
-    constexpr int kRowsPerWarp = kChunk / kWarps;
-    float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
-    float bl[kRowsPerWarp];
+    WarpRows w;
+    LoadWarpRows(a, len, row0, h, w);
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
+    for (int i = 0; i < WarpRows::kRows; ++i) {
       const int r = warp + kWarps * i;
-      qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      bl[i] = 0.0f;
-      if (r < len) {
-        qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
-        kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
-        bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + kWarps * i;
-      float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
-      float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        sk += __shfl_xor_sync(0xffffffffu, sk, o);
-      }
       if (lane == 0) {
-        Beta[r] = r < len ? KdaSigmoid(bl[i]) : 0.0f;
-        Rq[r] = q_scale / sqrtf(sq + 1e-6f);
-        Rk[r] = 1.0f / sqrtf(sk + 1e-6f);
+        Beta[r] = r < len ? KdaSigmoid(w.bl[i]) : 0.0f;
+        Rq[r] = q_scale / sqrtf(w.sq[i] + 1e-6f);
+        Rk[r] = 1.0f / sqrtf(w.sk[i] + 1e-6f);
       }
     }
   }
@@ -887,21 +968,13 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
         qd[rr] = in ? __ldg(a.q + base(r0 + rr) + d) : 0.0f;
         kd[rr] = in ? __ldg(a.k + base(r0 + rr) + d) : 0.0f;
       }
-      float x[kBlockRows];
-      x[kRef] = 0.0f;
-#pragma unroll
-      for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
-#pragma unroll
-      for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
-      float pre = 0.0f, post = 0.0f;
-#pragma unroll
-      for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
-#pragma unroll
-      for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+      float x[kBlockRows], pre, post;
+      BlockDecays(al, x, pre, post);
 #pragma unroll
       for (int rr = 0; rr < kBlockRows; ++rr) {
         unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
-        const float e = expf(x[rr]), ei = __frcp_rn(e);  // |x| ≤ 60 where used: e and 1/e normal
+        // The fast exponential (relative error ~1e-6 at |x| ≤ 60) for operands rounded to BF16.
+        const float e = __expf(x[rr]), ei = __expf(-x[rr]);
         const int r = r0 + rr, at = r * kXs + d;
         const float kn = kd[rr] * Rk[r];
         QM[at] = ToBf16(qd[rr] * Rq[r] * e);
@@ -933,11 +1006,13 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
       const bool scaled = i > j;
       float acc[2][4] = {};
       auto fa = [&](int row, int k) {
-        const float2 x = FromBf16x2(*reinterpret_cast<const uint32_t*>(X + row * kXs + k));
-        return scaled ? Mul2(x, Ld2(scale + k)) : x;
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(X + row * kXs + k);
+        if (!scaled) return x;
+        const float2 y = Mul2(FromBf16x2(x), Ld2(scale + k));
+        return PackBf16x2(y.x, y.y);
       };
-      auto fb = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(Kc + n * kXs + k)); };
-      WarpGemm<1, 2>(acc, kDim / 16, fa, fb, 0);
+      auto fb = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(Kc + n * kXs + k); };
+      WarpGemmPacked<2>(acc, kDim / 16, fa, fb, 0);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -1037,21 +1112,37 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
   // 5. V transposed (VT[n][r], rows past the end zero), then W = T·(KM·P) and U = T·V: warp
   //    (row block rb, column half) over 16 rows × 64 columns; T is lower triangular, so the
   //    k-steps past the row block are zero.
-  for (int e = tid; e < kChunk / 2 * kDim; e += kThreads) {
-    const int r = 2 * (e / kDim), n = e % kDim;
-    const float v0 = r < len ? __ldg(a.v + base(r) + n) : 0.0f, v1 = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
-    *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v0, v1);
+  //    Thread: column n = tid % 128, rows 2·(tid / 128 + 2m) and the next, m < 16; all 32 loads
+  //    before the first store (L2 hits: step 1 asked for these rows).
+  {
+    constexpr int kPairs = kChunk / 2 / (kThreads / kDim);  // 16 row pairs a thread
+    const int n = tid % kDim;
+    float v[kPairs][2];
+#pragma unroll
+    for (int m = 0; m < kPairs; ++m) {
+      const int r = 2 * (tid / kDim + 2 * m);
+      v[m][0] = r < len ? __ldg(a.v + base(r) + n) : 0.0f;
+      v[m][1] = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < kPairs; ++m) {
+      const int r = 2 * (tid / kDim + 2 * m);
+      *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v[m][0], v[m][1]);
+    }
   }
   __syncthreads();
   {
     const int rb = warp >> 1, n0 = (warp & 1) * (kDim / 2);
     const float* const Tr = Am + 16 * rb * kTs;
-    auto ft = [&](int row, int k) { return Ld2(Tr + row * kTs + k); };
+    auto ft = [&](int row, int k) {
+      const float2 x = Ld2(Tr + row * kTs + k);
+      return PackBf16x2(x.x, x.y);
+    };
     auto fkg = [&](int k, int n) {  // (K̂ ⊙ e^Γ)[k][n]: k, k + 1 in one row block
       const float p = Pf[(k / kBlockRows) * kDim + n];
-      return make_float2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
+      return PackBf16x2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
     };
-    auto fv = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(VT + n * kTs + k)); };
+    auto fv = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(VT + n * kTs + k); };
     constexpr int NT = kDim / 16;
     auto store = [&](const float (&acc)[NT][4], Bf16Bits* out) {
 #pragma unroll
@@ -1065,14 +1156,44 @@ __global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a
     };
     {
       float w[NT][4] = {};
-      WarpGemm<1, NT>(w, rb + 1, ft, fkg, n0);
+      WarpGemmPacked<NT>(w, rb + 1, ft, fkg, n0);
       store(w, rec + kRecW);
     }
     {
       float u[NT][4] = {};
-      WarpGemm<1, NT>(u, rb + 1, ft, fv, n0);
+      WarpGemmPacked<NT>(u, rb + 1, ft, fv, n0);
       store(u, rec + kRecU);
     }
+  }
+}
+
+// Asks L2 for work item `item`'s rows of q, k and α (64 rows × 4 lines each: one prefetch a
+// thread and tensor), if it is one.
+__device__ __forceinline__ void PrefetchPrepItem(const KdaChunkArgs& a, int64_t item, int64_t items,
+                                                 const int32_t* chunk_seq, const int32_t* chunk_idx) {
+  if (item >= items) return;
+  const int64_t g = item / a.heads;
+  const int32_t seq = chunk_seq[g];
+  if (seq < 0) return;
+  const int64_t t0 = int64_t{chunk_idx[g]} * kChunk, T = SeqLen(a, seq);
+  const int r = threadIdx.x / 4, line = threadIdx.x % 4;  // 64 rows × 4 lines
+  if (t0 + r >= T) return;
+  const int64_t at = ((SeqBegin(a, seq) + t0 + r) * a.heads + item % a.heads) * kDim + 32 * line;
+  PrefetchL2(a.q + at);
+  PrefetchL2(a.k + at);
+  PrefetchL2(a.alpha + at);
+}
+
+// Persistent over the work items (chunk, head): block b takes b, b + gridDim.x, ... (an item's
+// arithmetic is the same whichever block takes it), and first asks L2 for its next item's rows,
+// so one item's HBM reads overlap the previous item's compute.
+__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, int64_t items,
+                                                                  const int32_t* chunk_seq, const int32_t* chunk_idx,
+                                                                  uint8_t* records) {
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    PrefetchPrepItem(a, item + gridDim.x, items, chunk_seq, chunk_idx);
+    PrepChunk(a, item, chunk_seq, chunk_idx, records);
+    __syncthreads();  // the next item rewrites shared memory this one's last phase read
   }
 }
 
@@ -1101,6 +1222,8 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
   constexpr int kNvb = kDim / VB;
   constexpr int NT = VB / 16;  // n-tiles of a warp's half of the columns (W S, Q̃ S, Aqk V')
   constexpr int NS = VB / 8;   // n-tiles of a warp's state rows (all VB columns)
+  // The k loops over S unrolled twice where registers allow (VB = 32 has 80 for 3 blocks/SM).
+  constexpr int kUnrollS = VB == 32 ? 1 : 2;
   extern __shared__ float4 smem_f4[];
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
   Bf16Bits* const Ws = reinterpret_cast<Bf16Bits*>(sm + L::kW);
@@ -1195,18 +1318,14 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     CpAsyncCommit();
     prefetch(c + 2);
 
-    // V' = U − W S for 16 rows × VB/2 columns.
-    float y[NT][4] = {};
-#pragma unroll 1
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      uint32_t aw[4];
-      FragA<kDim>(Ws, 16 * rb, 16 * ks, aw);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b[2];
-        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
-        Mma(y[nt], aw, b);
-      }
+    // V' = U − W S and O = Q̃ S for 16 rows × VB/2 columns: at VB = 64, 128 in one pass (S's
+    // fragments shared); at VB = 32 one after the other (y and o never live together, so 80
+    // registers hold 3 blocks an SM without spilling).
+    float y[NT][4] = {}, o[NT][4] = {};
+    if constexpr (VB == 32) {
+      WarpMmaBf16<kDim, kDim, NT, kUnrollS>(y, Ws, 16 * rb, St, n0, kDim / 16);
+    } else {
+      WarpMmaBf16x2<kDim, kDim, NT, kUnrollS>(y, o, Ws, Qs, 16 * rb, St, n0, kDim / 16);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -1217,20 +1336,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
         Vt[vt_at + 8 * nt * kChunk] = ToBf16(FromBf16(Us[u_at + 8 * nt]) - y[nt][e]);
       }
     }
-    // O = Q̃ S, the same rows and columns (after W S rather than beside it: y and o are not
-    // live together, so 80 registers hold 3 blocks an SM without spilling).
-    float o[NT][4] = {};
-#pragma unroll 1
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      uint32_t aq[4];
-      FragA<kDim>(Qs, 16 * rb, 16 * ks, aq);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b[2];
-        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
-        Mma(o[nt], aq, b);
-      }
-    }
+    if constexpr (VB == 32) WarpMmaBf16<kDim, kDim, NT, kUnrollS>(o, Qs, 16 * rb, St, n0, kDim / 16);
     __syncthreads();  // V' in place; every warp is done with set A and St
     if (c + 1 < nch) load_a(record(c + 1));
     CpAsyncCommit();
@@ -1241,16 +1347,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
     {
       const int64_t t0 = int64_t{c} * kChunk;
       const int len = static_cast<int>(T - t0 < kChunk ? T - t0 : kChunk);
-      for (int ks = 0; ks <= rb; ++ks) {
-        uint32_t aa[4];
-        FragA<kChunk>(Aqs, 16 * rb, 16 * ks, aa);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t b[2];
-          FragB<kChunk>(Vt, n0 + 8 * nt, 16 * ks, b);
-          Mma(o[nt], aa, b);
-        }
-      }
+      WarpMmaBf16<kChunk, kChunk, NT, 1>(o, Aqs, 16 * rb, Vt, n0, rb + 1);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -1270,17 +1367,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] *= Gls[16 * warp + AccRow(e)];
     }
-#pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
-      uint32_t ak[4];
-      FragA<kChunk>(Kts, 16 * warp, 16 * ks, ak);
-#pragma unroll
-      for (int nt = 0; nt < NS; ++nt) {
-        uint32_t b[2];
-        FragB<kChunk>(Vt, 8 * nt, 16 * ks, b);
-        Mma(s[nt], ak, b);
-      }
-    }
+    WarpMmaBf16<kChunk, kChunk, NS, kChunk / 16>(s, Kts, 16 * warp, Vt, 0, kChunk / 16);
     store_st();
   }
 #pragma unroll
@@ -1336,8 +1423,9 @@ void AllowSmem(Kernel kernel, size_t bytes) {
   }
 }
 
-// The BF16 mode's three launches (map, prep, state) on a.scratch.
-void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb) {
+// The BF16 mode's three launches (map, prep, state) on a.scratch; without `state` only the first
+// two (KdaChunkPrepOnly).
+void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool state = true) {
   const int64_t capacity = ChunkCapacity(a.tokens, a.batch);
   if (a.scratch == nullptr || a.tokens < 0 || capacity * a.heads > 0x7fffffff) {
     std::fprintf(stderr, "kimirt: KdaChunked: the BF16 mode needs scratch (KdaChunkScratchBytes) and the call's "
@@ -1354,21 +1442,23 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb) {
   CheckLaunch("KdaChunked map");
   if (capacity == 0) return;
   AllowSmem(KdaChunkPrepKernel, PrepSmem::kBytes);
-  KdaChunkPrepKernel<<<static_cast<unsigned>(capacity * a.heads), kThreads, PrepSmem::kBytes, s>>>(a, chunk_seq,
-                                                                                                   chunk_idx, records);
+  const int64_t items = capacity * a.heads;
+  const unsigned prep_blocks = static_cast<unsigned>(items < 2 * SmCount() ? items : 2 * SmCount());  // 2 per SM
+  KdaChunkPrepKernel<<<prep_blocks, kThreads, PrepSmem::kBytes, s>>>(a, items, chunk_seq, chunk_idx, records);
   CheckLaunch("KdaChunked prep");
-  auto state = [&](auto kernel, size_t bytes) {
+  if (!state) return;
+  auto run_state = [&](auto kernel, size_t bytes) {
     AllowSmem(kernel, bytes);
     const dim3 grid(static_cast<unsigned>(a.heads * (kDim / vb)), static_cast<unsigned>(a.batch));
     kernel<<<grid, kThreads, bytes, s>>>(a, chunk_first, records);
     CheckLaunch("KdaChunked state");
   };
   if (vb == 32) {
-    state(KdaStateKernel<32>, StateSmem<32>::kBytes);
+    run_state(KdaStateKernel<32>, StateSmem<32>::kBytes);
   } else if (vb == 64) {
-    state(KdaStateKernel<64>, StateSmem<64>::kBytes);
+    run_state(KdaStateKernel<64>, StateSmem<64>::kBytes);
   } else {
-    state(KdaStateKernel<128>, StateSmem<128>::kBytes);
+    run_state(KdaStateKernel<128>, StateSmem<128>::kBytes);
   }
 }
 
@@ -1417,6 +1507,15 @@ void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int v
   } else {
     vb == 32 ? Launch<3, 32>(a, s) : vb == 64 ? Launch<3, 64>(a, s) : Launch<3, 128>(a, s);
   }
+}
+
+void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s) {
+  if (a.head_dim != kKdaChunkHeadDim || a.batch < 1 || a.batch > 65535 || a.heads < 1 || a.heads > 65535) {
+    std::fprintf(stderr, "kimirt: KdaChunkPrepOnly: head dim %lld, batch %lld, heads %lld\n",
+                 static_cast<long long>(a.head_dim), static_cast<long long>(a.batch), static_cast<long long>(a.heads));
+    std::abort();
+  }
+  LaunchChunkParallel(a, s, 0, false);
 }
 
 }  // namespace kimirt::cuda

@@ -139,6 +139,10 @@ int KdaChunkValueBlock(int64_t batch, int64_t heads, bool bf16_operands);
 // tokens / 64 + batch chunks, and the chunk map (12 bytes per chunk and sequence).
 size_t KdaChunkScratchBytes(int64_t tokens, int64_t batch, int64_t heads);
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block = 0);
+// The BF16 mode's chunk-parallel part alone (its map and prep kernels: records written to
+// a.scratch, state and o untouched), so kda_chunk_bench can split the mode's time between the
+// parallel and the sequential kernel.
+void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
