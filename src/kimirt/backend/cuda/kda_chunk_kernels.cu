@@ -1442,8 +1442,16 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool sta
   CheckLaunch("KdaChunked map");
   if (capacity == 0) return;
   AllowSmem(KdaChunkPrepKernel, PrepSmem::kBytes);
-  const int64_t items = capacity * a.heads;
-  const unsigned prep_blocks = static_cast<unsigned>(items < 2 * SmCount() ? items : 2 * SmCount());  // 2 per SM
+  // As many persistent blocks as are resident at once (2 per SM by design; asked, so that a
+  // device fitting fewer does not run a second wave of whole persistent blocks).
+  static const int prep_per_sm = [] {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KdaChunkPrepKernel, kThreads,
+                                                                          PrepSmem::kBytes);
+    return err == cudaSuccess && n > 0 ? n : 1;
+  }();
+  const int64_t items = capacity * a.heads, resident = int64_t{prep_per_sm} * SmCount();
+  const unsigned prep_blocks = static_cast<unsigned>(items < resident ? items : resident);
   KdaChunkPrepKernel<<<prep_blocks, kThreads, PrepSmem::kBytes, s>>>(a, items, chunk_seq, chunk_idx, records);
   CheckLaunch("KdaChunked prep");
   if (!state) return;
