@@ -84,7 +84,7 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
-filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*'
+filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
   timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
