@@ -11,6 +11,7 @@ debug.safetensors: prompt{i}.layer{l}.route_idx_{fp32,bf16} I32 [T, k] (sorted e
   route_margin_{fp32,bf16} F32 [T] (k-th minus (k+1)-th of sigmoid(logits) + bias).
 
 usage: python3 tools/reference/make_fixture.py DIR [--lengths 1,7,70,200] [--seed 1] [--greedy 24]
+       [--decisive MARGIN]
 """
 import argparse
 import json
@@ -28,12 +29,34 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def decisive_ids(model, T, rng, margin):
+    """T token ids drawn uniformly one position at a time, each redrawn until every MoE layer's
+    top-k selection margin at that position (float64 mode) exceeds `margin`. The model is causal,
+    so a position's routing depends only on the ids up to it: earlier choices stay valid. With
+    no decision near a tie, BF16 rounding (~1e-2 relative) cannot flip a routing decision, and the
+    prompt's bf16-vs-fp32 spread measures rounding rather than routing chaos."""
+    ids = []
+    while len(ids) < T:
+        for _ in range(1000):
+            cand = ids + [int(rng.integers(0, model.cfg.vocab))]
+            model.trace = {}
+            model.forward(cand)
+            if all(v[-1] > margin for k, v in model.trace.items() if k.endswith("route_margin")):
+                ids = cand
+                break
+        else:
+            raise RuntimeError(f"no token keeps every routing margin above {margin} at position {len(ids)}")
+    return np.array(ids, dtype=np.int32)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--lengths", default="1,7,70,200")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--greedy", type=int, default=24)
+    ap.add_argument("--decisive", type=float, default=0.0,
+                    help="draw each prompt token until every routing margin there exceeds this (0: plain uniform ids)")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     f64, b16 = Model(a.dir, "f64"), Model(a.dir, "bf16")
@@ -41,7 +64,10 @@ def main():
     rng = np.random.default_rng(a.seed)
     gold, dbg, stats = {}, {}, {"prompts": []}
     for p, T in enumerate(lengths):
-        ids = rng.integers(0, vocab, size=T).astype(np.int32)
+        if a.decisive > 0:
+            ids = decisive_ids(f64, T, rng, a.decisive)
+        else:
+            ids = rng.integers(0, vocab, size=T).astype(np.int32)
         f64.trace, b16.trace = {}, {}
         lf, lb = f64.forward(ids), b16.forward(ids)
         gold[f"prompt{p}.ids"] = ("I32", ids)
