@@ -84,7 +84,8 @@ def check(fx_dir):
 
 
 def main(argv):
-    dirs = argv or [os.path.join(ROOT, "tests", "fixtures", f) for f in ("tiny-a", "tiny-b", "kimi-linear-tiny", "kimi-linear-realheads")]
+    dirs = argv or [os.path.join(ROOT, "tests", "fixtures", f) for f in ("tiny-a", "tiny-b", "kimi-linear-tiny", "kimi-linear-realheads",
+                                                                      "k3-realheads")]
     ok = all([check(d) for d in dirs])
     print("FP32 bars:", "met" if ok else "NOT MET")
     return 0 if ok else 1
