@@ -1,7 +1,8 @@
 """Validates the reference against the fixtures' goldens (tests/fixtures/*/goldens.safetensors,
 debug.safetensors): FP32 logits of every prompt, prompt 2's per-layer outputs, every routing
 decision, the greedy continuation; then the BF16 mode against `logits_bf16` (routing first, as
-the fixture READMEs explain). Prints one table; exits non-zero when the FP32 bars fail.
+the fixture READMEs explain). Prints one table; exits non-zero when an FP32 bar fails, or when a
+fixture this reference made (goldens metadata `producer`) is no longer its output in BF16 mode.
 
 usage: python3 tools/reference/check_fixtures.py [FIXTURE_DIR ...]
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kimi_reference import Model  # noqa: E402
-from safetensors_io import read_file  # noqa: E402
+from safetensors_io import read_file, read_metadata  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FP32_LOGIT_BAR = 1e-5  # max|diff| / max|logit|: the fixtures' README ("~1e-5")
@@ -33,6 +34,8 @@ def prompts(g):
 def check(fx_dir):
     name = os.path.basename(os.path.normpath(fx_dir))
     g = read_file(os.path.join(fx_dir, "goldens.safetensors"))
+    # Goldens this reference made (make_fixture.py) must still be its output in both modes.
+    ours = read_metadata(os.path.join(fx_dir, "goldens.safetensors")).get("producer", "").startswith("tools/reference")
     dbg_path = os.path.join(fx_dir, "debug.safetensors")
     dbg = read_file(dbg_path) if os.path.exists(dbg_path) else {}
     ok = True
@@ -62,6 +65,8 @@ def check(fx_dir):
                 if key == "bf16" and not same.all():
                     first_flip = min(first_flip, int(np.argmin(same)))
         ok &= route["fp32"][0] == route["fp32"][1]
+        if ours:
+            ok &= rel_l2(got_b, want_b) <= 1e-6 and route["bf16"][0] == route["bf16"][1]
         pre = (f" | bf16 vs logits_bf16 rel-L2 {rel_l2(got_b, want_b):.2e}, before the first routing "
                f"difference (t<{first_flip}) {rel_l2(got_b[:first_flip], want_b[:first_flip]):.2e}"
                if first_flip > 0 else " | bf16: routing differs at t=0")
@@ -84,10 +89,10 @@ def check(fx_dir):
 
 
 def main(argv):
-    dirs = argv or [os.path.join(ROOT, "tests", "fixtures", f) for f in ("tiny-a", "tiny-b", "kimi-linear-tiny", "kimi-linear-realheads",
-                                                                      "k3-realheads")]
+    names = ("tiny-a", "tiny-b", "kimi-linear-tiny", "kimi-linear-realheads", "k3-realheads")
+    dirs = argv or [os.path.join(ROOT, "tests", "fixtures", f) for f in names]
     ok = all([check(d) for d in dirs])
-    print("FP32 bars:", "met" if ok else "NOT MET")
+    print("FP32 bars (and this reference's own BF16 goldens):", "met" if ok else "NOT MET")
     return 0 if ok else 1
 
 

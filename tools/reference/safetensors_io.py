@@ -59,6 +59,13 @@ def read_file(path):
     return out
 
 
+def read_metadata(path):
+    """The `__metadata__` map of a .safetensors file ({} when absent)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
 def read_checkpoint(directory):
     """Every tensor of a sharded checkpoint (model.safetensors.index.json) or one model.safetensors."""
     index = os.path.join(directory, "model.safetensors.index.json")
