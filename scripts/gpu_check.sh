@@ -60,6 +60,14 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
+#   full48    the whole Kimi-Linear-48B-A3B (configs/kimi-linear-48b-a3b.json, 98.2 GB of BF16 weights)
+#             on one H200 with random weights made at load (no checkpoint on disk; issues 12, 13, 17):
+#             first the made-at-load == on-disk tests on CUDA (RandomWeightsLoadOnDevice), then
+#             `bench model` at batches 1, 8, 32, 64, prompt 1024, 32 decode tokens
+#             ($OUT/bench-model-kimi-linear-48b-full-prompt1024.json), sampling the process's host
+#             RSS and the GPU's memory (the host never holds the model: peak RSS a few GB); load
+#             time and the table last.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -84,7 +92,7 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
-filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*'
+filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
   timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
@@ -280,6 +288,30 @@ for r in rows:
 print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(30): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
+fi
+if [[ "$what" == full48 ]]; then
+  timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/RandomWeightsLoadOnDevice.*cuda*' \
+    >"$out/gtest-random-load.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' "$out/gtest-random-load.txt" | head -10
+  json="$out/bench-model-kimi-linear-48b-full-prompt1024.json"
+  timeout 450 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+    --config "$root/shared/configs/kimi-linear-48b-a3b.json" --random-weights --batch-sizes 1,8,32,64 \
+    --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 --json "$json" >"$out/bench-model-48b-full.txt" 2>&1 &
+  bench=$!
+  # Peaks, once a second: the host RSS of the bench (timeout's child) and the GPU's memory in use.
+  rss=0; gpu=0
+  while kill -0 $bench 2>/dev/null; do
+    pid=$(pgrep -P $bench | head -1)
+    r=$( [[ -n "$pid" ]] && ps -o rss= -p "$pid" 2>/dev/null | tr -d ' ')
+    g=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')
+    (( ${r:-0} > rss )) && rss=${r:-0}
+    (( ${g:-0} > gpu )) && gpu=${g:-0}
+    sleep 1
+  done
+  wait $bench || status=1
+  echo "--- full Kimi-Linear-48B-A3B, random weights made at load: peak host RSS $((rss / 1024)) MiB, peak GPU memory $gpu MiB"
+  grep -E '^weight bytes|^load:' "$out/bench-model-48b-full.txt"
+  tail -5 "$out/bench-model-48b-full.txt"
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the

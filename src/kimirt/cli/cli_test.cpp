@@ -15,6 +15,7 @@
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
+#include "kimirt/tools/builtin_model.h"
 
 namespace {
 
@@ -171,6 +172,13 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
     EXPECT_NE(c.output.find(needle), std::string::npos) << "wanted \"" << needle << "\" in:\n" << c.output;
   };
   refused("serve --device tpu --port 0", "--device: expected cpu or cuda");
+  // Random weights: a config needs them asked for, and names one model only.
+  const std::string cfg = Shared("fixtures/tiny-a/config.json");
+  refused("serve --config " + cfg + " --port 0", "add --random-weights (or --load-format dummy)");
+  refused("serve --config " + cfg + " --model " + dir_ + " --random-weights --port 0", "not both");
+  refused("serve --load-format pickle --port 0", "--load-format: expected auto, safetensors or dummy");
+  refused("serve --random-weights --port 0", "--random-weights needs --config FILE");
+  refused("bench model --config " + cfg, "--config needs --random-weights");
   refused("serve --device cuda --gpu-memory-utilization 1.5 --port 0", "--gpu-memory-utilization must be in (0, 1]");
   refused("generate --device cuda --tp 2 --model " + dir_ + " --ids 1,2", "--device cuda runs one GPU so far");
   const std::string no_gpu = "needs CUDA device " + std::to_string(kimirt::VisibleCudaDevices()) + " (its local rank)";
@@ -358,53 +366,102 @@ TEST(CliTokenizer, ChatRequestsRenderWithTheK3Markers) {
 
 namespace {
 
+// A `kimirt serve ARGS --port 0` run: its log, and the body of a greedy /v1/completions of
+// `prompt` (4 tokens). The server is stopped with SIGTERM and must say it stopped.
+struct ServeRun {
+  std::string log;
+  std::string body;
+};
+ServeRun ServeAndComplete(const std::string& args, const std::string& prompt) {
+  ServeRun run;
+  const std::string log = ::testing::TempDir() + "kimirt_serve_" + std::to_string(::getpid()) + ".log";
+  const std::string cmd = "XDG_CACHE_HOME=" + ::testing::TempDir() + "kimirt_cli_cache timeout 120 " +
+                          std::string(KIMIRT_BINARY) + " serve " + args + " --port 0 > " + log + " 2>&1 & echo $!";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (p == nullptr) return run;
+  char pid_text[32] = {0};
+  const bool started = fgets(pid_text, sizeof(pid_text), p) != nullptr;
+  pclose(p);
+  EXPECT_TRUE(started);
+  if (!started) return run;
+  auto read_log = [&] {
+    std::ifstream in(log);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    run.log = read_log();
+    const size_t at = run.log.find("listening on http://127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(run.log.c_str() + at + 30);
+  }
+  EXPECT_GT(port, 0) << run.log;
+  if (port > 0) {
+    // Python's urllib is the HTTP client every CI machine of ours has (curl may be missing).
+    const std::string request =
+        "python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:" +
+        std::to_string(port) + "/v1/completions', data=b'{\\\"prompt\\\": \\\"" + prompt +
+        "\\\", \\\"max_tokens\\\": 4, \\\"temperature\\\": 0}', headers={'Content-Type': 'application/json'}), "
+        "timeout=60).read().decode())\"";
+    const kimirt::testing::CommandResult reply = kimirt::testing::RunCommand(request);
+    EXPECT_EQ(reply.exit_code, 0) << reply.output;  // not ASSERT: the server below must be stopped
+    run.body = reply.output;
+  }
+  (void)std::system(("kill -TERM " + std::string(pid_text)).c_str());
+  // Running until its /proc entry is gone or a zombie (nothing may reap it where PID 1 does not).
+  const std::string stat = "/proc/" + std::to_string(std::atoi(pid_text)) + "/stat";
+  auto running = [&] {
+    std::ifstream in(stat);
+    std::string pid, comm, state;
+    return static_cast<bool>(in >> pid >> comm >> state) && state != "Z";
+  };
+  for (int i = 0; i < 300 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  run.log = read_log();
+  EXPECT_NE(run.log.find("kimirt serve: stopped"), std::string::npos) << run.log;
+  fs::remove(log);
+  return run;
+}
+
+// The "text" of a completion body.
+std::string CompletionText(const std::string& body) {
+  const size_t at = body.find("\"text\":");
+  return at == std::string::npos ? std::string() : body.substr(at, body.find("\"logprobs\"", at) - at);
+}
+
 // The seed's ATOM command line, program name aside, must be accepted as written (issue
 // "Engine and OpenAI-compatible server" item 5). The built-in model has 8 heads and a 32K context,
 // so it really runs: 8 tensor-parallel CPU ranks, FP8 latent cache, 16K max model length.
 TEST(CliServe, TheSeedsCommandLineServesAsWritten) {
-  const std::string log = ::testing::TempDir() + "kimirt_seed_serve_" + std::to_string(::getpid()) + ".log";
-  const std::string cmd =
-      "XDG_CACHE_HOME=" + ::testing::TempDir() + "kimirt_cli_cache timeout 120 " + std::string(KIMIRT_BINARY) +
-      " serve --kv_cache_dtype fp8 -tp 8 --trust-remote-code --max-model-len 16384 --max-num-seqs 64"
-      " --max-num-batched-tokens 10240 --gpu-memory-utilization 0.93 --block-size 128"
-      " --no-enable_prefix_caching --port 0 > " + log + " 2>&1 & echo $!";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char pid_text[32] = {0};
-  ASSERT_NE(fgets(pid_text, sizeof(pid_text), p), nullptr);
-  pclose(p);
-  std::string out;
-  int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream in(log);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    out = ss.str();
-    const size_t at = out.find("listening on http://127.0.0.1:");
-    if (at != std::string::npos) port = std::atoi(out.c_str() + at + 30);
-  }
-  ASSERT_GT(port, 0) << out;
-  EXPECT_NE(out.find("on 8 CPU ranks"), std::string::npos) << out;
-  EXPECT_NE(out.find("(fp8)"), std::string::npos) << out;
-  // Python's urllib is the HTTP client every CI machine of ours has (curl may be missing).
-  const std::string request =
-      "python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:" + std::to_string(port) +
-      "/v1/completions', data=b'{\\\"prompt\\\": \\\"Natalia sold clips\\\", \\\"max_tokens\\\": 4, "
-      "\\\"temperature\\\": 0}', headers={'Content-Type': 'application/json'}), timeout=60).read().decode())\"";
-  const CmdResult reply = kimirt::testing::RunCommand(request);
-  EXPECT_EQ(reply.exit_code, 0) << reply.output;  // not ASSERT: the server below must be stopped
-  const std::string& body = reply.output;
-  EXPECT_NE(body.find("\"completion_tokens\":4"), std::string::npos) << body;
-  (void)std::system(("kill -TERM " + std::string(pid_text)).c_str());
-  for (int i = 0; i < 300 && std::system(("kill -0 " + std::string(pid_text) + " 2>/dev/null").c_str()) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  std::ifstream in(log);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  EXPECT_NE(ss.str().find("kimirt serve: stopped"), std::string::npos) << ss.str();
-  fs::remove(log);
+  const ServeRun run = ServeAndComplete(
+      "--kv_cache_dtype fp8 -tp 8 --trust-remote-code --max-model-len 16384 --max-num-seqs 64"
+      " --max-num-batched-tokens 10240 --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching",
+      "Natalia sold clips");
+  EXPECT_NE(run.log.find("on 8 CPU ranks"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("(fp8)"), std::string::npos) << run.log;
+  EXPECT_NE(run.body.find("\"completion_tokens\":4"), std::string::npos) << run.body;
+}
+
+// `serve --config FILE --load-format dummy --seed N` (random weights made at load, the built-in
+// tokenizer) on two process ranks answers exactly as the built-in model, whose checkpoint on disk
+// make-checkpoint --random wrote from the same config and seed (builtin_model.cpp: 20261130).
+TEST(CliServe, RandomWeightsFromAConfigAnswerAsTheirCheckpoint) {
+  const ServeRun disk = ServeAndComplete("--cpu-memory-gib 0.2", "Natalia sold clips");
+  // The directory serve used (the same cache).
+  const kimirt::Result<std::string> dir = kimirt::EnsureBuiltinModel(::testing::TempDir() + "kimirt_cli_cache/kimirt");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const std::string seed = std::to_string(kimirt::kBuiltinWeightsSeed);
+  const ServeRun made = ServeAndComplete("--config " + *dir + "/config.json --load-format dummy --seed " + seed +
+                                             " -tp 2 --distributed-executor-backend mp --cpu-memory-gib 0.2",
+                                         "Natalia sold clips");
+  EXPECT_NE(made.log.find("(random weights, seed " + seed + ") loaded"), std::string::npos) << made.log;
+  // Served under the config's directory name.
+  const std::string name = fs::path(*dir).filename().string();
+  EXPECT_NE(made.body.find("\"model\":\"" + name + "\""), std::string::npos) << made.body;
+  ASSERT_FALSE(CompletionText(disk.body).empty()) << disk.body;
+  EXPECT_EQ(CompletionText(made.body), CompletionText(disk.body)) << made.body << "\n" << disk.body;
 }
 
 }  // namespace

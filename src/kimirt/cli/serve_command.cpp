@@ -2,7 +2,10 @@
 // (program name aside): --model DIR --kv_cache_dtype fp8 -tp 8 --trust-remote-code
 // --max-model-len 16384 --max-num-seqs 64 --max-num-batched-tokens 10240
 // --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching.
-// Without --model it serves the built-in demo model (tools/builtin_model.h). Prefix caching is
+// Without --model it serves the built-in demo model (tools/builtin_model.h). --config FILE
+// --random-weights (or vLLM's --load-format dummy) serves a config with random weights made at
+// load, no checkpoint (model/random_weights.h; --seed picks them), tokenized by the built-in
+// tokenizer unless --tokenizer DIR names another. Prefix caching is
 // on by default; --no-enable_prefix_caching (the seed's spelling) or --no-enable-prefix-caching
 // turns it off (docs/prefix-caching.md).
 //
@@ -86,6 +89,18 @@ Result<std::vector<std::string>> ParseOrigins(const std::string& text) {
   return out;
 }
 
+// What names a config served with random weights: its file without ".json"
+// ("bench/configs/kimi-linear-48b.json" -> "bench/configs/kimi-linear-48b"), or the directory of
+// a config.json (DefaultServedModelName keeps the last part).
+std::string ConfigName(std::string path) {
+  const size_t slash = path.rfind('/');
+  if (path.compare(slash == std::string::npos ? 0 : slash + 1, std::string::npos, "config.json") == 0) {
+    return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+  }
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) path.resize(path.size() - 5);
+  return path;
+}
+
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
@@ -104,6 +119,16 @@ int RunServeCommand(int argc, char** argv) {
             "OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
             "/metrics). Without --model it serves the built-in demo model.");
   f.String("model", &model_dir, "model directory (config.json, safetensors, tiktoken.model)");
+  std::string config_path, load_format = "auto", tokenizer_dir;
+  bool random_weights = false;
+  f.String("config", &config_path, "config.json of a model to serve with --random-weights (no checkpoint)");
+  f.Bool("random-weights", &random_weights,
+         "random weights made at load (each rank its own slices) for --config FILE, or for --model DIR's "
+         "config.json; --seed picks them (default 0)");
+  f.String("load-format", &load_format, "auto or safetensors: the checkpoint; dummy: --random-weights (vLLM's name)");
+  f.String("tokenizer", &tokenizer_dir,
+           "directory with tiktoken.model (+ tokenizer_config.json); default: the model directory's, or with "
+           "--config the built-in tokenizer");
   f.String("served-model-name", &served_name, "the model name clients use (default: the directory name)");
   f.String("host", &host, "address to bind");
   f.Int("port", &port, "port to bind (0: any free port; the bound one is printed)");
@@ -146,7 +171,9 @@ int RunServeCommand(int argc, char** argv) {
   int64_t seed = 0;
   bool no_request_log = false, no_stats_log = false, auto_tool_choice = false;
   f.String("api-key", &api_key, "require `Authorization: Bearer KEY` on /v1/* (default: $KIMIRT_API_KEY, $VLLM_API_KEY)");
-  f.Int("seed", &seed, "base of the seeds of requests that set none (reproducible runs); default: random");
+  f.Int("seed", &seed,
+        "base of the seeds of requests that set none (reproducible runs; default: random); with random weights also "
+        "their seed (as vLLM's --seed)");
   f.Bool("disable-log-requests", &no_request_log, "no log line per request");
   f.Bool("disable-log-stats", &no_stats_log, "no periodic throughput / queue / cache line");
   f.Bool("enable-auto-tool-choice", &auto_tool_choice,
@@ -194,15 +221,44 @@ int RunServeCommand(int argc, char** argv) {
   }
   SetCpuBackendThreads(threads);
 
-  if (model_dir.empty()) {
+  if (load_format == "dummy") {
+    random_weights = true;
+  } else if (load_format != "auto" && load_format != "safetensors") {
+    return Fail(InvalidArgument("--load-format: expected auto, safetensors or dummy, got \"" + load_format + "\""), 2);
+  }
+  if (!config_path.empty() && !model_dir.empty()) {
+    return Fail(InvalidArgument("give --model DIR or --config FILE, not both"), 2);
+  }
+  if (!config_path.empty() && !random_weights) {
+    return Fail(InvalidArgument("--config FILE has no weights: add --random-weights (or --load-format dummy)"), 2);
+  }
+  if (random_weights && config_path.empty() && model_dir.empty()) {
+    return Fail(InvalidArgument("--random-weights needs --config FILE (or --model DIR, for its config.json)"), 2);
+  }
+  if (model_dir.empty() && config_path.empty()) {
     Result<std::string> dir = EnsureBuiltinModel();
     if (!dir.ok()) return Fail(dir.status());
     model_dir = *dir;
     if (served_name.empty()) served_name = kBuiltinModelName;
   }
-  if (served_name.empty()) served_name = DefaultServedModelName(model_dir);
+  const bool builtin_tokenizer = tokenizer_dir.empty() && model_dir.empty();
+  if (tokenizer_dir.empty()) {
+    // A config alone has no tokenizer: the built-in one (its ids are a prefix of any Kimi
+    // vocabulary's range; ids it does not know decode to nothing).
+    if (builtin_tokenizer) {
+      Result<std::string> dir = EnsureBuiltinModel();
+      if (!dir.ok()) return Fail(dir.status());
+      tokenizer_dir = *dir;
+    } else {
+      tokenizer_dir = model_dir;
+    }
+  }
+  const ModelSource source = random_weights ? ModelSource::RandomWeights(config_path.empty() ? model_dir : config_path,
+                                                                         static_cast<uint64_t>(seed))
+                                            : ModelSource::Directory(model_dir);
+  if (served_name.empty()) served_name = DefaultServedModelName(model_dir.empty() ? ConfigName(config_path) : model_dir);
 
-  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(tokenizer_dir);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   Result<DType> matrix_dtype = ParseDtypeFlag(dtype, device);
   if (!matrix_dtype.ok()) return Fail(matrix_dtype.status(), 2);
@@ -260,8 +316,8 @@ int RunServeCommand(int argc, char** argv) {
                                 "-tp 2 or more with --distributed-executor-backend mp, or --device cuda"), 2);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  LoadProgress progress(model_dir);
-  Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(model_dir, ro);
+  LoadProgress progress(source.dir);  // nothing to show while random weights are made
+  Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(source, ro);
   progress.Finish();
   if (!runner.ok()) return Fail(runner.status());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -286,7 +342,7 @@ int RunServeCommand(int argc, char** argv) {
   std::fprintf(stderr,
                "kimirt serve: %s loaded in %.1f s on %d %s rank%s; latent cache: %lld blocks × %d tokens = %lld "
                "tokens (%s), %.1f requests of max_model_len %lld at once; %d state slots\n",
-               model_dir.c_str(), load_s, tp, device == "cuda" ? "CUDA" : "CPU", tp > 1 ? "s" : "",
+               source.ToString().c_str(), load_s, tp, device == "cuda" ? "CUDA" : "CPU", tp > 1 ? "s" : "",
                static_cast<long long>((*runner)->kv_blocks_total()),
                block_size, static_cast<long long>(tokens), std::string(KvCacheDTypeName(kv)).c_str(),
                static_cast<double>(tokens) / static_cast<double>(used.max_model_len),
@@ -304,8 +360,11 @@ int RunServeCommand(int argc, char** argv) {
   so.log_requests = !no_request_log;
   if (no_stats_log) so.stats_interval = std::chrono::milliseconds(0);
   so.default_chat_template_kwargs = chat_kwargs;
-  const ChatFormat format =
-      (*runner)->config().family == ModelFamily::kKimiK3 ? ChatFormat::kK3 : ChatFormat::kKimiLinear;
+  // The built-in tokenizer knows K3's chat markers only: with it, chat is K3-formatted whatever
+  // the (random-weight) model's family, so /v1/chat/completions works for any config.
+  const ChatFormat format = (*runner)->config().family == ModelFamily::kKimiK3 || builtin_tokenizer
+                                ? ChatFormat::kK3
+                                : ChatFormat::kKimiLinear;
   Result<std::unique_ptr<Server>> server = Server::Create(so, **engine, **tokenizer, format);
   if (!server.ok()) return Fail(server.status());
   std::signal(SIGINT, OnSignal);

@@ -103,7 +103,7 @@ class ThreadRanksRunner final : public ModelRunner {
     for (std::thread& t : threads_) t.join();
   }
 
-  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& dir, RunnerOptions o) {
+  static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, RunnerOptions o) {
     auto r = std::unique_ptr<ThreadRanksRunner>(new ThreadRanksRunner());
     r->tp_ = o.tp;
     r->ranks_.resize(static_cast<size_t>(o.tp));
@@ -126,7 +126,7 @@ class ThreadRanksRunner final : public ModelRunner {
     sync->load.resize(static_cast<size_t>(o.tp));
     // The rank threads live as long as the runner: each runs its load, then its serve loop,
     // inside one RunOnThreadRanks group (which owns the communicators).
-    r->threads_.emplace_back([sync, dir, o, raw = r.get()] {
+    r->threads_.emplace_back([sync, source, o, raw = r.get()] {
       RunOnThreadRanks(o.tp, [&](Communicator& comm) {
         const size_t k = static_cast<size_t>(comm.rank());
         Status st = [&]() -> Status {
@@ -134,7 +134,7 @@ class ThreadRanksRunner final : public ModelRunner {
           LoadOptions lo;
           lo.matrix_dtype = o.matrix_dtype;
           lo.ep = o.ep;
-          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(dir, *raw->backends_[k], comm, lo));
+          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(source, *raw->backends_[k], comm, lo));
           KIMIRT_ASSIGN_OR_RETURN(CacheSizes sizes, SizeCaches(*raw->models_[k], o));
           if (k == 0) raw->sizes_ = sizes;
           raw->ranks_[k].model = raw->models_[k].get();
@@ -308,7 +308,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerO
   return SingleRankRunner::Create(model, o, {});
 }
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir, RunnerOptions o) {
+Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelSource& source, RunnerOptions o) {
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
@@ -323,15 +323,15 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const std::string& dir,
     owned.comm = MakeSingleRankCommunicator();
     LoadOptions lo;
     lo.matrix_dtype = o.matrix_dtype;
-    KIMIRT_ASSIGN_OR_RETURN(owned.model, Model::Load(dir, *owned.backend, *owned.comm, lo));
+    KIMIRT_ASSIGN_OR_RETURN(owned.model, Model::Load(source, *owned.backend, *owned.comm, lo));
     owned.model->set_decode_graphs(!o.enforce_eager);
     KIMIRT_RETURN_IF_ERROR(runner::SizeFromGpuMemory(*owned.backend, &o).status());
     Model& model = *owned.model;
     return SingleRankRunner::Create(model, o, std::move(owned));
   }
   // GPUs: one process per GPU always (each rank its own CUDA context, talking over NCCL).
-  if (o.process_ranks || o.device != "cpu") return CreateProcessRanksRunner(dir, o);
-  return ThreadRanksRunner::Create(dir, o);
+  if (o.process_ranks || o.device != "cpu") return CreateProcessRanksRunner(source, o);
+  return ThreadRanksRunner::Create(source, o);
 }
 
 }  // namespace kimirt

@@ -17,6 +17,7 @@
 #include "kimirt/core/status.h"
 #include "kimirt/model/config.h"
 #include "kimirt/model/latent_kv_cache.h"
+#include "kimirt/model/model_source.h"
 
 namespace kimirt {
 
@@ -69,9 +70,14 @@ class ModelRunner {
   using Handle = int64_t;
   virtual ~ModelRunner() = default;
 
-  // Loads DIR on `options.tp` ranks of `options.device`. CUDA with tp > 1: one process per GPU
-  // (process_ranks_runner.h); fewer visible GPUs than ranks is an error naming the rank.
-  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& model_dir, RunnerOptions options);
+  // Loads `source` (a model directory, or a config with random weights) on `options.tp` ranks of
+  // `options.device`; every rank reads or makes only its own slices. CUDA with tp > 1: one
+  // process per GPU (process_ranks_runner.h); fewer visible GPUs than ranks is an error naming
+  // the rank.
+  static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, RunnerOptions options);
+  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& model_dir, RunnerOptions options) {
+    return Create(ModelSource::Directory(model_dir), std::move(options));
+  }
   // Drives an already loaded single-rank model (tests, tools). The model must outlive the runner.
   static Result<std::unique_ptr<ModelRunner>> ForModel(Model& model, RunnerOptions options);
 

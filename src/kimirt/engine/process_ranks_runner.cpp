@@ -111,9 +111,10 @@ Result<Message> RecvPayload(int fd, const FrameHeader& h, Deadline d) {
   return Decode(payload);
 }
 
-// The options a follower needs to load its shard exactly as rank 0 loads its own, and (CUDA) the
-// port of rank 0's rendezvous store.
-Message OptionsMessage(const std::string& dir, const RunnerOptions& o, int store_port) {
+// What a follower needs to load its shard exactly as rank 0 loads its own — the model source
+// (a directory, or a config and the seed of its random weights: each rank makes its own slices),
+// the options — and (CUDA) the port of rank 0's rendezvous store.
+Message OptionsMessage(const ModelSource& source, const RunnerOptions& o, int store_port) {
   Message m;
   m.a = {o.tp,
          o.num_kv_blocks,
@@ -128,20 +129,22 @@ Message OptionsMessage(const std::string& dir, const RunnerOptions& o, int store
          o.follower_cpu_threads,
          std::bit_cast<int64_t>(o.gpu_memory_utilization),
          store_port,
-         o.ep};
-  m.text = dir + '\n' + o.device;
+         o.ep,
+         std::bit_cast<int64_t>(source.seed)};
+  m.text = source.dir + '\n' + o.device + '\n' + source.config_path;
   return m;
 }
 
 struct FollowerOptions {
-  std::string dir;
+  ModelSource source;
   RunnerOptions o;
   int store_port = 0;
 };
 
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
-  if (m.a.size() != 14 || nl == std::string::npos) return Corrupt("rank options: malformed message");
+  const size_t nl2 = nl == std::string::npos ? nl : m.text.find('\n', nl + 1);
+  if (m.a.size() != 15 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -156,8 +159,9 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.follower_cpu_threads = static_cast<int>(m.a[10]);
   o.gpu_memory_utilization = std::bit_cast<double>(m.a[11]);
   o.ep = static_cast<int>(m.a[13]);
-  o.device = m.text.substr(nl + 1);
-  return FollowerOptions{m.text.substr(0, nl), o, static_cast<int>(m.a[12])};
+  o.device = m.text.substr(nl + 1, nl2 - nl - 1);
+  const ModelSource source{m.text.substr(0, nl), m.text.substr(nl2 + 1), std::bit_cast<uint64_t>(m.a[14])};
+  return FollowerOptions{source, o, static_cast<int>(m.a[12])};
 }
 
 // One rank's backend, communicator, model and state — the same on rank 0 and on every follower.
@@ -214,11 +218,11 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
 
 // Loads the rank's shard (rank out->comm->rank()) and sizes its caches. Collective: loading and
 // sizing from GPU memory run collectives.
-Status LoadRank(const std::string& dir, RunnerOptions o, LoadedRank* out) {
+Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   LoadOptions lo;
   lo.matrix_dtype = o.matrix_dtype;
   lo.ep = o.ep;
-  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(dir, *out->backend, *out->comm, lo));
+  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo));
   out->model->set_decode_graphs(!o.enforce_eager);
   if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
     // Each GPU's free memory may differ; the ranks take the smallest budget so their block
@@ -341,7 +345,7 @@ class ProcessRanksRunner final : public ModelRunner {
     if (supervisor_.joinable()) supervisor_.join();
   }
 
-  static Result<std::unique_ptr<ModelRunner>> Create(const std::string& dir, const RunnerOptions& o) {
+  static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, const RunnerOptions& o) {
     auto r = std::unique_ptr<ProcessRanksRunner>(new ProcessRanksRunner());
     r->links_.rank = 0;
     r->links_.size = o.tp;
@@ -371,7 +375,7 @@ class ProcessRanksRunner final : public ModelRunner {
     if (OnGpus(o)) {
       KIMIRT_ASSIGN_OR_RETURN(store_port, PickFreePort());
     }
-    KIMIRT_RETURN_IF_ERROR(r->AcceptFollowers(listener, dir, o, store_port));
+    KIMIRT_RETURN_IF_ERROR(r->AcceptFollowers(listener, source, o, store_port));
     // Rank 0 sets up and loads while the followers do (loading runs collectives).
     Status loaded = r->Local([&]() -> Status {
       KIMIRT_RETURN_IF_ERROR(MakeRankBackend(o, 0, 0, &r->self_));
@@ -383,7 +387,7 @@ class ProcessRanksRunner final : public ModelRunner {
       } else {
         r->self_.comm = MakeTcpCommunicator(r->links_);
       }
-      return LoadRank(dir, o, &r->self_);
+      return LoadRank(source, o, &r->self_);
     });
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
@@ -477,7 +481,7 @@ class ProcessRanksRunner final : public ModelRunner {
     return Status::Ok();
   }
 
-  Status AcceptFollowers(const Socket& listener, const std::string& dir, const RunnerOptions& o, int store_port) {
+  Status AcceptFollowers(const Socket& listener, const ModelSource& source, const RunnerOptions& o, int store_port) {
     const Deadline end = links_.deadline();
     for (int accepted = 0; accepted < o.tp - 1;) {
       KIMIRT_RETURN_IF_ERROR(health());  // a follower that could not start
@@ -510,7 +514,7 @@ class ProcessRanksRunner final : public ModelRunner {
       links_.peers[static_cast<size_t>(k)] = std::move(*s);
       ++accepted;
     }
-    const Message opts = OptionsMessage(dir, o, store_port);
+    const Message opts = OptionsMessage(source, o, store_port);
     for (int k = 1; k < o.tp; ++k) {
       Status s = SendMessage(links_.peers[static_cast<size_t>(k)].fd(), kOptions, 0, opts, end);
       if (!s.ok()) return Fail(Internal("process ranks: sending rank " + std::to_string(k) + " its options: " + s.message()));
@@ -617,7 +621,7 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
     KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, 0, &self));
     self.comm = MakeTcpCommunicator(links);
   }
-  KIMIRT_RETURN_IF_ERROR(LoadRank(fo.dir, fo.o, &self));
+  KIMIRT_RETURN_IF_ERROR(LoadRank(fo.source, fo.o, &self));
   KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kReady, me, 0}, nullptr, 0, links.deadline()));
   for (;;) {
     // A server may idle for days between commands; rank 0's death closes the link at once.
@@ -631,7 +635,7 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
 
 }  // namespace
 
-Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string& dir, const RunnerOptions& o) {
+Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const ModelSource& source, const RunnerOptions& o) {
   if (o.tp < 2) return InvalidArgument("process ranks need -tp 2 or more");
   if (o.device == "cuda") {
     // Everything a rank would find missing is checked here, before any process starts.
@@ -649,11 +653,17 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string&
   } else if (o.device != "cpu") {
     return MakeBackend(o.device).status();  // an unknown device, named
   }
-  // The followers load the directory rank 0 names, from their own working directory (another
-  // node's, across nodes): an absolute path.
-  std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
-  return ProcessRanksRunner::Create(ec ? dir : abs.string(), o);
+  // The followers load the directory (or config) rank 0 names, from their own working directory
+  // (another node's, across nodes): an absolute path.
+  auto absolute = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+    return ec || path.empty() ? path : abs.string();
+  };
+  ModelSource abs = source;
+  abs.dir = absolute(source.dir);
+  abs.config_path = absolute(source.config_path);
+  return ProcessRanksRunner::Create(abs, o);
 }
 
 int RunProcessRankWorker(const FollowerStart& start) {

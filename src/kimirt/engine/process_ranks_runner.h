@@ -22,7 +22,9 @@
 
 namespace kimirt {
 
-Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const std::string& model_dir, const RunnerOptions& options);
+// Loads `source` on options.tp process ranks; each follower is sent the source (a directory, or a
+// config and seed: it makes its own random slices) with the options.
+Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const ModelSource& source, const RunnerOptions& options);
 
 // One follower rank: connects to rank 0 at master_addr:master_port (retrying until
 // connect_timeout_ms), then loads its shard and follows rank 0's commands until told to quit.

@@ -24,27 +24,9 @@ using testing::Trace;
 
 std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
 
-RunnerOptions Options(bool processes, int tp = 2, bool ep = false) {
-  RunnerOptions o;
-  o.tp = tp;
-  o.ep = ep ? tp : 1;
-  o.block_size = 8;
-  o.num_kv_blocks = 64;
-  o.max_kda_snapshots = 4;
-  o.process_ranks = processes;
-  o.rank_worker_binary = KIMIRT_BINARY;
-  o.rank_timeout_ms = 20000;
-  return o;
-}
+using testing::ExpectSameBits;
 
-// Every call's logits, bit for bit.
-void ExpectSameBits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
-    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
-  }
-}
+RunnerOptions Options(bool processes, int tp = 2, bool ep = false) { return testing::TraceRunnerOptions(processes, tp, ep); }
 
 // A fixture and a TP degree. With 4 ranks the rank order of the sums matters (with 2, x0 + x1
 // equals x1 + x0 in IEEE arithmetic).

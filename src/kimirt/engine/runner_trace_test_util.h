@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,23 @@
 #include "kimirt/testing/run_command.h"
 
 namespace kimirt::testing {
+
+// The runner options of the trace tests: `tp` ranks (threads, or processes of KIMIRT_BINARY), a
+// small cache with room for a few KDA snapshots; on CUDA, BF16 matrices.
+inline RunnerOptions TraceRunnerOptions(bool processes, int tp = 2, bool ep = false, const std::string& device = "cpu") {
+  RunnerOptions o;
+  o.device = device;
+  o.matrix_dtype = device == "cpu" ? DType::kF32 : DType::kBF16;
+  o.tp = tp;
+  o.ep = ep ? tp : 1;
+  o.block_size = 8;
+  o.num_kv_blocks = 64;
+  o.max_kda_snapshots = 4;
+  o.process_ranks = processes;
+  o.rank_worker_binary = KIMIRT_BINARY;
+  o.rank_timeout_ms = 20000;
+  return o;
+}
 
 inline std::vector<float> Host(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
 
@@ -60,6 +78,16 @@ inline std::vector<std::vector<float>> Trace(ModelRunner& r) {
   r.Release(b);
   EXPECT_EQ(r.kv_blocks_free(), r.kv_blocks_total());
   return out;
+}
+
+// Every call's logits, bit for bit.
+inline void ExpectSameBits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)), 0) << "call " << i;
+  }
 }
 
 // The pids of this test process's `kimirt rank-worker` children.

@@ -74,13 +74,20 @@ std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_
                                          c.kv_lora_rank, c.qk_rope_head_dim, dtype, growable);
 }
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, Backend& backend, Communicator& comm,
+Result<std::unique_ptr<Model>> Model::Load(const ModelSource& source, Backend& backend, Communicator& comm,
                                            const LoadOptions& options) {
-  KIMIRT_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  KIMIRT_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(source.random() ? source.config_path : source.dir));
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(config));
-  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<WeightSource> weights_source;
+  if (source.random()) {
+    weights_source = RandomWeightSource(layout.config(), source.seed);
+  } else {
+    KIMIRT_ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(source.dir));
+    weights_source = CheckpointWeightSource(*ckpt);
+  }
   KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
-                          LoadModelWeights(layout, *ckpt, comm.size(), comm.rank(), backend, options));
+                          LoadModelWeights(layout, *weights_source, comm.size(), comm.rank(), backend, options));
   // BF16-held weights mean BF16 tensor-core prefill; F32 ones the exact F32 mode (issue 14).
   backend.set_bf16_prefill(options.matrix_dtype == DType::kBF16);
   return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));

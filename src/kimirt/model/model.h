@@ -19,6 +19,7 @@
 #include "kimirt/model/config.h"
 #include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/model/layout.h"
+#include "kimirt/model/model_source.h"
 #include "kimirt/model/module_context.h"
 #include "kimirt/model/sequence_state.h"
 #include "kimirt/model/weights.h"
@@ -57,9 +58,15 @@ struct ForwardOptions {
 
 class Model {
  public:
-  // Loads DIR (config.json + checkpoint) as rank comm.rank() of comm.size().
-  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
+  // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
+  // comm.size(); a random source makes only this rank's slices.
+  static Result<std::unique_ptr<Model>> Load(const ModelSource& source, Backend& backend, Communicator& comm,
                                               const LoadOptions& options = {});
+  // Loads DIR (config.json + checkpoint).
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
+                                              const LoadOptions& options = {}) {
+    return Load(ModelSource::Directory(dir), backend, comm, options);
+  }
 
   Model(const Model&) = delete;  // not movable either: ctx_ refers to layout_'s config
   Model& operator=(const Model&) = delete;

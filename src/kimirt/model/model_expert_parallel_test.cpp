@@ -277,7 +277,7 @@ class ExpertStandInTest : public ::testing::TestWithParam<std::tuple<std::string
   ModelWeights Load(int ep, int rank) {
     LoadOptions lo = options_;
     lo.ep = ep;
-    auto w = LoadModelWeights(*layout_, *ckpt_, ep, rank, *backend_, lo);
+    auto w = LoadModelWeights(*layout_, *CheckpointWeightSource(*ckpt_), ep, rank, *backend_, lo);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     return w.ok() ? std::move(w).value() : ModelWeights{};
   }

@@ -1,9 +1,10 @@
-// Loads one rank's weights: walk the tensor table, read each tensor's stored bytes, widen to F32
-// (BF16/F32 as stored), cut the rank's slice by the table's placement (spec §11), upload into the
-// field its role binds to (weight_binding.cpp). MXFP4 experts (spec §2.9): on CUDA their codes and
+// Loads one rank's weights: walk the tensor table, read the rank's slice of each tensor (by the
+// table's placement, spec §11) from the weight source, widen it to F32 (BF16/F32 as stored; a
+// BF16 GEMM weight held BF16 goes up as stored), upload it into the field its role binds to
+// (weight_binding.cpp). One tensor at a time is in host memory. MXFP4 experts (spec §2.9): on CUDA their codes and
 // scales are kept as stored, each sliced as `kimirt plan` places it (a slice never cuts a scale
 // group: Layout::CheckParallelism); on the CPU (the F32 reference) the pair is dequantized exactly
-// and sliced after widening. Under expert parallelism a rank reads only its own routed experts,
+// and sliced after widening (only the scale groups the slice touches are read). Under expert parallelism a rank reads only its own routed experts,
 // whole, and the others' entries become zero stand-ins (AddExpertStandIns).
 #include "kimirt/model/weights.h"
 
@@ -51,11 +52,36 @@ Tensor ToBf16(const Tensor& f32) {
   return t;
 }
 
+// A fresh host F32 copy of stored F32 or BF16 values, or an error naming `name`. Always a copy:
+// the CPU backend keeps what it is given, and the stored values may be a checkpoint's mapping.
+Result<Tensor> ToF32(const Tensor& stored, const std::string& name) {
+  Tensor t = Tensor::Host(stored.shape());
+  const size_t n = static_cast<size_t>(t.numel());
+  switch (stored.dtype()) {
+    case DType::kF32:
+      std::memcpy(t.f32(), stored.raw(), n * sizeof(float));
+      return t;
+    case DType::kBF16:
+      Bf16ToF32(static_cast<const uint16_t*>(stored.raw()), t.f32(), n);
+      return t;
+    default:
+      return Unsupported(name + ": stored as " + std::string(DTypeName(stored.dtype())) +
+                         ", which the CPU loader does not widen");
+  }
+}
+
+// One rank's part of a tensor along `dim`, in stored indices: [begin, begin + length) read,
+// zero-padded to `allocated` (dim -1: the whole tensor).
+struct Cut {
+  int dim = -1;
+  int64_t begin = 0, length = 0, allocated = 0;
+};
+
 class Loader {
  public:
-  Loader(const Layout& layout, const Checkpoint& ckpt, int tp, int rank, Backend& backend, const LoadOptions& o,
+  Loader(const Layout& layout, const WeightSource& source, int tp, int rank, Backend& backend, const LoadOptions& o,
          bool mxfp4_as_stored)
-      : layout_(layout), ckpt_(ckpt), rank_(rank), backend_(backend), options_(o) {
+      : layout_(layout), source_(source), rank_(rank), backend_(backend), options_(o) {
     par_.tp = tp;
     par_.ep = o.ep;
     par_.experts_dequantized = !mxfp4_as_stored;
@@ -68,96 +94,107 @@ class Loader {
 
   // The rank's slice of `spec` as a device tensor, held as `held`.
   Result<Tensor> Load(const TensorSpec& spec, HeldAs held) {
-    KIMIRT_ASSIGN_OR_RETURN(Tensor full, ReadF32(spec));
-    const Checkpoint::Entry* e = ckpt_.Find(spec.name);
-    return Place(spec, std::move(full), held, e != nullptr && e->info->dtype == DType::kBF16);
+    const Cut c = CutOf(spec);
+    KIMIRT_ASSIGN_OR_RETURN(Tensor part, Read(spec, c));
+    return Hold(spec, std::move(part), held, source_.StoredDType(spec) == DType::kBF16);
   }
 
   // The rank's slice of one MXFP4 matrix, widened from its codes and scales (spec §2.9); every
-  // MXFP4 value (E2M1 × 2^k) is a BF16 value, so it may be held as BF16.
+  // MXFP4 value (E2M1 × 2^k) is a BF16 value, so it may be held as BF16. Only the scale groups
+  // the slice touches are read: along the input dim (w2) a slice may cut a group (the CPU
+  // widens, so TP need not keep groups whole), and is cut from its groups once widened.
   Result<Tensor> LoadMxfp4(const TensorSpec& codes, const TensorSpec& scales, HeldAs held) {
-    KIMIRT_ASSIGN_OR_RETURN(std::span<const uint8_t> packed, ckpt_.Data(codes.name));
-    KIMIRT_ASSIGN_OR_RETURN(std::span<const uint8_t> scale, ckpt_.Data(scales.name));
+    const Placement& p = codes.placement;
     const int64_t rows = codes.shape[0], cols = codes.shape[1] * 2;
-    Tensor t = Tensor::Host({rows, cols});
-    for (int64_t r = 0; r < rows; ++r) {
-      DequantizeMxfp4Row(packed.data() + r * cols / 2, scale.data() + r * cols / 32, cols, t.f32() + r * cols);
+    // Logical intermediate elements [begin, begin + length) along p.dim (experts under TP).
+    const bool sliced = par_.ep == 1 && par_.tp > 1;
+    const int64_t length = sliced ? p.units / par_.tp : (p.dim == 0 ? rows : cols);
+    const int64_t begin = sliced ? rank_ * length : 0;
+    Tensor packed, scale;
+    int64_t out_rows = rows, group0 = 0, groups = cols / kMxfp4GroupSize;
+    if (p.dim == 0) {
+      out_rows = length;
+      KIMIRT_ASSIGN_OR_RETURN(packed, source_.Read(codes, 0, begin, length));
+      KIMIRT_ASSIGN_OR_RETURN(scale, source_.Read(scales, 0, begin, length));
+    } else {
+      group0 = begin / kMxfp4GroupSize;
+      groups = (begin + length + kMxfp4GroupSize - 1) / kMxfp4GroupSize - group0;
+      KIMIRT_ASSIGN_OR_RETURN(packed, source_.Read(codes, 1, group0 * kMxfp4GroupSize / 2, groups * kMxfp4GroupSize / 2));
+      KIMIRT_ASSIGN_OR_RETURN(scale, source_.Read(scales, 1, group0, groups));
     }
-    return Place(codes, std::move(t), held, /*exact_bf16=*/true);
+    const int64_t width = groups * kMxfp4GroupSize;
+    Tensor t = Tensor::Host({out_rows, width});
+    const uint8_t* pc = static_cast<const uint8_t*>(packed.raw());
+    const uint8_t* ps = static_cast<const uint8_t*>(scale.raw());
+    for (int64_t r = 0; r < out_rows; ++r) {
+      DequantizeMxfp4Row(pc + r * width / 2, ps + r * groups, width, t.f32() + r * width);
+    }
+    if (p.dim == 1 && (group0 * kMxfp4GroupSize != begin || width != length)) {
+      t = SliceAlong(t, 1, begin - group0 * kMxfp4GroupSize, length, length);
+    }
+    return Hold(codes, std::move(t), held, /*exact_bf16=*/true);
   }
 
   // The rank's slice of MXFP4 codes or scales, bytes as stored (U8), placed as SliceFor places
   // them with the experts packed: a slice is whole scale groups, padding is code 0 / scale 0
-  // (value 0). At TP 1 the stored bytes are uploaded straight from the mapped file.
+  // (value 0). At TP 1 a checkpoint's bytes are uploaded straight from the mapped file.
   Result<Tensor> LoadStored(const TensorSpec& spec) {
-    KIMIRT_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, ckpt_.Data(spec.name));
-    if (bytes.size() != spec.nbytes() || spec.dtype != DType::kU8) {
-      return Corrupt(spec.name + ": " + std::to_string(bytes.size()) + " bytes, expected " +
-                     std::to_string(spec.nbytes()) + " of U8 MXFP4 codes or scales");
+    if (spec.dtype != DType::kU8 || source_.StoredDType(spec) != DType::kU8) {
+      return Corrupt(spec.name + ": stored as " + std::string(DTypeName(source_.StoredDType(spec))) +
+                     ", expected U8 MXFP4 codes or scales");
     }
-    const Tensor stored(nullptr, const_cast<uint8_t*>(bytes.data()), spec.shape, DType::kU8, Device::kCpu);
     const TensorSlice s = layout_.SliceFor(spec, par_, rank_);
-    if (s.dim < 0) return backend_.Upload(stored);
-    return backend_.Upload(SliceAlong(stored, s.dim, s.begin, s.length, s.allocated));
+    KIMIRT_ASSIGN_OR_RETURN(Tensor part, Read(spec, Cut{s.dim, s.begin, s.length, s.allocated}));
+    return backend_.Upload(part);
   }
 
   int64_t vocab_begin() const { return vocab_begin_; }
 
  private:
-  // Cuts the rank's slice of `full` (the whole tensor, logical shape, F32 host), shapes it as
-  // `held` and uploads it.
-  Result<Tensor> Place(const TensorSpec& spec, Tensor full, HeldAs held, bool exact_bf16) {
-    Tensor part = full;
+  // Where the rank's part of `spec` lies, in stored indices.
+  Cut CutOf(const TensorSpec& spec) {
     const Placement& p = spec.placement;
     if ((p.kind == PlacementKind::kExpertShard && par_.ep == 1) || p.kind == PlacementKind::kHeadVector) {
-      // Experts under TP: logical intermediate elements per rank (EP: whole, SliceFor below).
-      // Head vectors: also at TP 1, to strip the stored padding (K3 stores 128 per-head
-      // log-rates for 96 heads, spec §2.4).
+      // Experts under TP: logical intermediate elements per rank (EP: whole, SliceFor below;
+      // BF16 experts store one element per index). Head vectors: also at TP 1, to strip the
+      // stored padding (K3 stores 128 per-head log-rates for 96 heads, spec §2.4).
       const int64_t per = p.units / par_.tp;
-      part = SliceAlong(full, p.dim, rank_ * per, per, per);
-    } else {
-      const TensorSlice s = layout_.SliceFor(spec, par_, rank_);
-      if (s.dim >= 0) part = SliceAlong(full, s.dim, s.begin, s.length, s.allocated);
-      if (p.kind == PlacementKind::kVocab) vocab_begin_ = s.dim >= 0 ? s.begin : 0;
+      return Cut{p.dim, rank_ * per, per, per};
     }
+    const TensorSlice s = layout_.SliceFor(spec, par_, rank_);
+    if (p.kind == PlacementKind::kVocab) vocab_begin_ = s.dim >= 0 ? s.begin : 0;
+    return Cut{s.dim, s.begin, s.length, s.allocated};
+  }
+
+  // The stored values of cut `c` of `spec`, zero-padded to c.allocated.
+  Result<Tensor> Read(const TensorSpec& spec, const Cut& c) {
+    KIMIRT_ASSIGN_OR_RETURN(Tensor part, source_.Read(spec, c.dim, c.begin, c.length));
+    if (c.dim >= 0 && c.allocated > c.length) part = SliceAlong(part, c.dim, 0, c.length, c.allocated);
+    return part;
+  }
+
+  // Shapes `part` (the rank's stored values, padded) as `held` and uploads it. A GEMM weight
+  // stored BF16 and held BF16 goes up as stored; everything else is widened to F32 first.
+  Result<Tensor> Hold(const TensorSpec& spec, Tensor part, HeldAs held, bool exact_bf16) {
     switch (held) {
       case HeldAs::kF32Vector: part = part.Reshape({part.numel()}); break;
       case HeldAs::kF32Taps: part = part.Reshape({part.dim(0), part.dim(2)}); break;
       case HeldAs::kMatrix:
-        if (options_.matrix_dtype == DType::kBF16 && exact_bf16) return backend_.Upload(ToBf16(part));
+        if (options_.matrix_dtype == DType::kBF16 && exact_bf16) {
+          if (part.dtype() == DType::kBF16) return backend_.Upload(part);
+          KIMIRT_ASSIGN_OR_RETURN(Tensor f32, ToF32(part, spec.name));
+          return backend_.Upload(ToBf16(f32));
+        }
         break;
       case HeldAs::kF32:
       case HeldAs::kMxfp4: break;  // MXFP4 widened on the CPU: F32
     }
-    return backend_.Upload(part);
-  }
-
-  // The whole tensor in its logical shape as F32 host data.
-  Result<Tensor> ReadF32(const TensorSpec& spec) {
-    const Checkpoint::Entry* e = ckpt_.Find(spec.name);
-    if (e == nullptr) return NotFound(spec.name + ": not in the checkpoint");
-    KIMIRT_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, ckpt_.Data(spec.name));
-    Tensor t = Tensor::Host(e->info->shape);
-    const size_t n = static_cast<size_t>(t.numel());
-    switch (e->info->dtype) {
-      case DType::kF32:
-        std::memcpy(t.f32(), bytes.data(), n * sizeof(float));
-        break;
-      case DType::kBF16: {
-        std::vector<uint16_t> h(n);
-        std::memcpy(h.data(), bytes.data(), n * sizeof(uint16_t));
-        Bf16ToF32(h.data(), t.f32(), n);
-        break;
-      }
-      default:
-        return Unsupported(spec.name + ": stored as " + std::string(DTypeName(e->info->dtype)) +
-                           ", which the CPU loader does not widen");
-    }
-    return t;
+    KIMIRT_ASSIGN_OR_RETURN(Tensor f32, ToF32(part, spec.name));
+    return backend_.Upload(f32);
   }
 
   const Layout& layout_;
-  const Checkpoint& ckpt_;
+  const WeightSource& source_;
   int rank_;
   Backend& backend_;
   LoadOptions options_;
@@ -294,9 +331,9 @@ uint64_t HeldBytes(const ModelWeights& w) {
   return total;
 }
 
-Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
-                                      int rank, Backend& backend, const LoadOptions& options) {
-  KIMIRT_RETURN_IF_ERROR(CheckCheckpoint(layout, checkpoint).ToStatus(checkpoint.dir()));
+Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& source, int tp, int rank,
+                                      Backend& backend, const LoadOptions& options) {
+  KIMIRT_RETURN_IF_ERROR(source.Check(layout));
   if (options.matrix_dtype != DType::kF32 &&
       (options.matrix_dtype != DType::kBF16 || backend.device() == Device::kCpu)) {
     return Unsupported(std::string(backend.name()) + " backend: weights held as " +
@@ -305,7 +342,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& ch
   }
   // The CPU is the F32 reference: it widens MXFP4 experts at load. CUDA holds them as stored.
   const bool mxfp4_as_stored = backend.device() != Device::kCpu;
-  Loader ld(layout, checkpoint, tp, rank, backend, options, mxfp4_as_stored);
+  Loader ld(layout, source, tp, rank, backend, options, mxfp4_as_stored);
   KIMIRT_RETURN_IF_ERROR(ld.Check());
   ModelWeights w = EmptyModelWeights(layout.config());
   const TensorSpec* codes = nullptr;  // MXFP4 codes whose scales come next in the table

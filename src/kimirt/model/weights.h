@@ -1,13 +1,13 @@
 // ModelWeights: one rank's slices of every text tensor, on the backend's device, in the shapes
-// the modules use (spec §2, placement spec §11). Loading checks the checkpoint against the
+// the modules use (spec §2, placement spec §11). Loading checks the weight source against the
 // Layout first, so a checkpoint that does not match its config fails with the tensor named.
 #pragma once
 
 #include <vector>
 
 #include "kimirt/backend/backend.h"
-#include "kimirt/io/safetensors.h"
 #include "kimirt/model/layout.h"
+#include "kimirt/model/weight_source.h"
 
 namespace kimirt {
 
@@ -91,12 +91,12 @@ struct LoadOptions {
   int ep = 1;
 };
 
-// Loads rank `rank` of `tp` from `checkpoint` onto `backend`. MXFP4 routed experts are held as
+// Loads rank `rank` of `tp` from `source` (a checkpoint, or random weights: weight_source.h) onto
+// `backend`, reading only the rank's slice of each tensor. MXFP4 routed experts are held as
 // stored (codes + scales, ExpertWeights) on CUDA and widened to F32 on the CPU (the reference).
 // With options.ep > 1 (== tp) the other ranks' routed experts are not read at all.
-Result<ModelWeights> LoadModelWeights(const Layout& layout, const Checkpoint& checkpoint, int tp,
-                                      int rank, Backend& backend,
-                                      const LoadOptions& options = {});
+Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& source, int tp, int rank,
+                                      Backend& backend, const LoadOptions& options = {});
 
 // Bytes of the tensors `w` holds, each counted once (a tied embedding is one tensor; the expert
 // stand-ins once, as the buffers they view): what the backend allocated for the weights, to set

@@ -67,7 +67,7 @@ class Mxfp4LoadTest : public ::testing::Test {
     KIMIRT_RETURN_IF_ERROR(w.Write(dir_ + "/model.safetensors"));
     KIMIRT_RETURN_IF_ERROR(WriteSafetensorsIndex(dir_, map, total));
     KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir_));
-    return LoadModelWeights(*layout_, *ckpt, 1, 0, *cpu_);
+    return LoadModelWeights(*layout_, *CheckpointWeightSource(*ckpt), 1, 0, *cpu_);
   }
 
   // The load fails and its message names `name`.

@@ -1,15 +1,11 @@
 #include "kimirt/tools/bench_model.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -21,32 +17,36 @@
 #include "kimirt/model/model.h"
 #include "kimirt/model/weights.h"
 #include "kimirt/parallel/communicator.h"
-#include "kimirt/tools/checkpoint_writer.h"
 
 namespace kimirt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A config's random weights as a temporary checkpoint (the loader is the same as for real ones).
-Result<std::string> RandomCheckpoint(const std::string& config_path, uint64_t seed, const std::string& device) {
-  KIMIRT_ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(config_path));
-  KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
-  if (device == "cpu" && layout.total_bytes() > (uint64_t{16} << 30)) {
-    return Unsupported(config_path + ": " + std::to_string(layout.total_bytes() >> 30) +
-                       " GiB of random weights is beyond a CPU benchmark; use a smaller config or a GPU");
+// The largest |logit| of one prompt of min(prompt_len, 64) tokens, or an error when any logit is
+// not finite: a model whose activations blow up (say, random weights drawn at the wrong scale)
+// fails here, not as plausible-looking timings.
+Result<float> ProbeLogits(ModelRunner& runner, int64_t prompt_len) {
+  const int64_t V = runner.config().vocab_size;
+  std::vector<int32_t> ids;
+  for (int64_t k = 0; k < std::min<int64_t>(prompt_len, 64); ++k) ids.push_back(static_cast<int32_t>((k * 131 + 7) % V));
+  const ModelRunner::Handle h = runner.NewSequence();
+  Status reserved = runner.Reserve(h, static_cast<int64_t>(ids.size()));
+  Result<Tensor> logits = reserved.ok() ? runner.Forward(h, ids, /*last_only=*/true) : Result<Tensor>(reserved);
+  runner.Release(h);
+  if (!logits.ok()) return logits.status();
+  float max_abs = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < logits->numel(); ++i) {
+    const float v = logits->f32()[i];
+    if (!std::isfinite(v)) ++bad;
+    else max_abs = std::max(max_abs, std::fabs(v));
   }
-  const std::string dir = (std::filesystem::temp_directory_path() / ("kimirt-bench-" + std::to_string(::getpid()))).string();
-  std::ifstream in(config_path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  CheckpointWriteOptions o;
-  o.fill = CheckpointFill::kRandom;
-  o.seed = seed;
-  o.shards = 1;
-  o.config_json = text.str();
-  KIMIRT_RETURN_IF_ERROR(WriteCheckpoint(layout, dir, o).status());
-  return dir;
+  if (bad > 0) {
+    return Internal("the model's logits are not finite: " + std::to_string(bad) + " of " +
+                    std::to_string(logits->numel()) + " after a " + std::to_string(ids.size()) + "-token prompt");
+  }
+  return max_abs;
 }
 
 }  // namespace
@@ -102,19 +102,18 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   }
   if (opt.prompt_len < 1 || opt.decode_tokens < 1) return InvalidArgument("--prompt-len and decode tokens must be >= 1");
   if (opt.prefill_chunk < 1) return InvalidArgument("--prefill-chunk must be >= 1");
-  std::string dir = opt.model_dir;
-  std::string temp;
-  if (dir.empty()) {
-    KIMIRT_ASSIGN_OR_RETURN(temp, RandomCheckpoint(opt.config_path, opt.seed, opt.device));
-    dir = temp;
-  }
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!path.empty()) std::filesystem::remove_all(path, ec);
+  ModelSource source = ModelSource::Directory(opt.model_dir);
+  if (!opt.config_path.empty()) {
+    // Random weights, made at load by each rank for its own slices (no checkpoint on disk).
+    source = ModelSource::RandomWeights(opt.config_path, opt.seed);
+    KIMIRT_ASSIGN_OR_RETURN(ModelConfig rc, LoadModelConfig(opt.config_path));
+    KIMIRT_ASSIGN_OR_RETURN(Layout rl, Layout::Build(rc));
+    if (opt.device == "cpu" && rl.total_bytes() > (uint64_t{16} << 30)) {
+      return Unsupported(opt.config_path + ": " + std::to_string(rl.total_bytes() >> 30) +
+                         " GiB of random weights (twice that as the CPU's F32) is beyond a CPU benchmark; use a "
+                         "smaller config or a GPU");
     }
-  } cleanup{temp};
+  }
 
   int max_batch = 1;
   for (int b : opt.batch_sizes) {
@@ -138,20 +137,24 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   std::unique_ptr<Model> model;
   std::unique_ptr<ModelRunner> runner;
   uint64_t held_bytes = 0;
+  const Clock::time_point load_start = Clock::now();
   if (opt.tp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
     KIMIRT_ASSIGN_OR_RETURN(backend, MakeBackend(opt.device));
     comm = MakeSingleRankCommunicator();
     LoadOptions lo;
     lo.matrix_dtype = opt.matrix_dtype;
-    KIMIRT_ASSIGN_OR_RETURN(model, Model::Load(dir, *backend, *comm, lo));
+    KIMIRT_ASSIGN_OR_RETURN(model, Model::Load(source, *backend, *comm, lo));
     model->set_decode_graphs(!opt.enforce_eager);
     held_bytes = HeldBytes(model->weights());
     KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::ForModel(*model, ro));
   } else {
-    KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::Create(dir, ro));
+    KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::Create(source, ro));
   }
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - load_start).count();
   const ModelConfig& c = runner->config();
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(c));
+  // Numerical sanity first (random weights above all): one prompt's last logits must be finite.
+  KIMIRT_ASSIGN_OR_RETURN(const float max_logit, ProbeLogits(*runner, opt.prompt_len));
   EngineOptions eo;
   eo.max_num_seqs = max_batch;
   eo.prefill_chunk = opt.prefill_chunk;
@@ -163,7 +166,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*runner, nullptr, eo));
 
   BenchModelReport report;
-  report.model = opt.model_dir.empty() ? opt.config_path + " (random weights)" : opt.model_dir;
+  report.model = source.ToString();
   report.device = opt.device;
   report.matrix_dtype = opt.matrix_dtype;
   report.kv_cache_dtype = opt.kv_cache_dtype;
@@ -172,6 +175,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
   report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep);
   report.weight_bytes_on_device = held_bytes;
+  report.load_seconds = load_seconds;
+  report.max_abs_logit = max_logit;
   report.tp = opt.tp;
   report.ep = ro.ep;
   report.prompt_len = opt.prompt_len;
@@ -281,6 +286,9 @@ std::string BenchModelReport::ToText() const {
     s += held;
   }
   char line[160];
+  std::snprintf(line, sizeof(line), "load: %.1f s (backends, weights, caches); logits finite, max |logit| %.2f\n",
+                load_seconds, max_abs_logit);
+  s += line;
   std::snprintf(line, sizeof(line), "%8s %16s %16s %12s %16s %14s %12s\n", "batch", "prefill tok/s", "decode ms/step",
                 "median ms", "decode tok/s", "MB/step", "GB/s");
   s += line;
@@ -307,6 +315,8 @@ std::string BenchModelReport::ToJson() const {
   j["kv_cache_dtype"] = KvCacheDTypeName(kv_cache_dtype);
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
+  j["load_seconds"] = load_seconds;
+  j["max_abs_logit"] = max_abs_logit;
   j["tp"] = tp;
   j["ep"] = ep;
   j["prompt_len"] = prompt_len;

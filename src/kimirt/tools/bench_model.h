@@ -34,7 +34,7 @@ uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
-  std::string config_path;     // with random weights
+  std::string config_path;     // with random weights, made at load (ModelSource::RandomWeights)
   uint64_t seed = 0;
   std::string device = "cpu";  // or "cuda"
   DType matrix_dtype = DType::kF32;
@@ -67,6 +67,8 @@ struct BenchModelReport {
   std::string weights;                 // how the weights are held: "MXFP4 experts + BF16", "F32", ...
   uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
+  double load_seconds = 0;             // making the runner: backends, weights (read or made), caches
+  float max_abs_logit = 0;             // of a probe prompt's last logits (all finite, or the bench fails)
   int tp = 1;
   int ep = 1;
   int64_t prompt_len = 0, decode_tokens = 0;

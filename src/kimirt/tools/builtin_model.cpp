@@ -95,7 +95,7 @@ Result<std::string> EnsureBuiltinModel(const std::string& cache_dir) {
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(mc));
   CheckpointWriteOptions o;
   o.fill = CheckpointFill::kRandom;
-  o.seed = 20261130;
+  o.seed = kBuiltinWeightsSeed;
   o.shards = 1;
   KIMIRT_RETURN_IF_ERROR(WriteCheckpoint(layout, tmp, o).status());
   KIMIRT_RETURN_IF_ERROR(WriteText(tmp + "/.complete", kVersion));

@@ -5,6 +5,7 @@
 // it exercises the engine, not language.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "kimirt/core/status.h"
@@ -15,6 +16,10 @@ namespace kimirt {
 // tokenizer_config.json), written under `cache_dir` (default: $XDG_CACHE_HOME or ~/.cache, then
 // /tmp, + "/kimirt/builtin-<version>") on first use and reused afterwards.
 Result<std::string> EnsureBuiltinModel(const std::string& cache_dir = "");
+
+// The seed of the built-in model's random weights (make-checkpoint --random --seed): `serve
+// --config <its config.json> --random-weights --seed kBuiltinWeightsSeed` serves the same model.
+inline constexpr uint64_t kBuiltinWeightsSeed = 20261130;
 
 // The served name of the built-in model.
 inline constexpr const char* kBuiltinModelName = "kimirt-builtin";

@@ -1,8 +1,11 @@
 // Writes the Layout of a config as a real sharded safetensors checkpoint (+ index and
 // config.json): the engine behind `kimirt make-checkpoint`. Sparse mode leaves every payload as
 // a file hole, so the whole 1.56 TB Kimi-K3 checkpoint exists on a small disk for header-level
-// tests; random mode fills small configs with deterministic weights drawn like the reference
-// fixtures (linear N(0, 1/fan_in), norm gains 1 + 0.1·N, MXFP4 experts quantized from Gaussians).
+// tests; random mode fills configs up to 64 GiB with the counter-based random weights of
+// model/random_weights.h (drawn like the reference fixtures: linear N(0, 1/fan_in), norm gains
+// 1 + 0.1·N, MXFP4 experts as random codes + scales), made on the ParallelFor pool — the same bits
+// `bench model` / `serve` --random-weights make at load, so a checkpoint written here and weights
+// made there load to identical models.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +37,8 @@ struct CheckpointWriteSummary {
 Result<CheckpointWriteSummary> WriteCheckpoint(const Layout& layout, const std::string& out_dir,
                                                const CheckpointWriteOptions& options);
 
-// The deterministic values a --random checkpoint stores for tensor `t` (raw bytes in t.dtype).
-// Exposed so tests can check what was written.
+// The deterministic values a --random checkpoint stores for tensor `t` (raw bytes in t.dtype;
+// RandomTensorSlice of the whole tensor). Exposed so tests can check what was written.
 std::vector<uint8_t> RandomTensorBytes(const Layout& layout, const TensorSpec& t, uint64_t seed);
 
 }  // namespace kimirt
