@@ -1,7 +1,8 @@
 // The model on each backend against the reference implementations' FP32 goldens
-// (tests/fixtures/*/README.md; kimi-linear-realheads' from tools/reference): logits of every position of every prompt, per-layer
-// sub-layer outputs, and the greedy continuation. The CPU backend always runs; the CUDA one
-// where the build has it and a GPU is visible (else those cases skip, saying why).
+// (tests/fixtures/*/README.md; the realheads fixtures' from tools/reference): logits of every
+// position of every prompt, per-layer sub-layer outputs, and the greedy continuation. The CPU
+// backend always runs; the CUDA one where the build has it and a GPU is visible (else those cases
+// skip, saying why).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -129,8 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
 // than this mode): for every prompt, the distance of our logits to `logits_fp32` may not exceed
 // the distance of the goldens' `logits_bf16` to them (docs/numerics.md says why 1x). Only the
 // realheads fixtures reach those kernels (KDA head dim 128, MLA 128/64/128 heads, prompts of 70
-// and 200 tokens), and their prompts keep routing away from ties, so the spread is rounding. The CPU case runs the exact mode against the same bar, which it meets with
-// room: it shows the test compares real tensors wherever the suite runs.
+// and 200 tokens), and their prompts keep routing away from ties, so the spread is rounding. The
+// CPU case runs the exact mode against the same bar, which it meets with room: it shows the test
+// compares real tensors wherever the suite runs.
 class Bf16SpreadTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(Bf16SpreadTest, LogitsOfEveryPromptWithinTheReferencesBf16Spread) {
