@@ -1,7 +1,8 @@
 // Kernel bench of the chunked KDA prefill (cuda::KdaChunked, kernels.h; issue 14 item 2): ms per
 // call and TFLOP/s at T = 8192 with H = 96 and 32 (K = V = 128, one sequence) and varlen batches
 // (8 × 1024 and 4 × 2048 at H = 96, and mixed lengths), in both operand modes: "f32" (three BF16
-// parts per operand, the F32 mode) and "bf16" (two parts, the BF16 prefill mode).
+// parts per operand, the F32 mode's fused kernel) and "bf16" (the BF16 prefill mode's
+// chunk-parallel kernels, one BF16 part per operand).
 // scripts/gpu_check.sh kdachunk runs it beside FLA's chunk_kda (bench/kda_chunk_fla.py), which
 // adds fla_ms and speedup_vs_fla to this program's JSON.
 //
@@ -14,8 +15,7 @@
 // FLOPs per token and head (the chunked form's matmuls at chunk C = 64, K = V = 128, counting
 // the full C × C score blocks): 2·K·V each for (K̂⊙e^Γ)S, (Q̂⊙e^Γ)S and the state update, 2·C·V
 // each for T·Y and Aqk·V', 2·C·K each for the two score matrices: 6KV + 4CV + 4CK = 163,840.
-// The tensor cores run 3× (bf16: 3 MMAs per product) or 6× (f32) that; TFLOP/s counts the
-// algorithm's FLOPs only.
+// The tensor cores run 1× (bf16) or 6× (f32) that; TFLOP/s counts the algorithm's FLOPs only.
 //
 // Usage: kda_chunk_bench [--json PATH] [--reps N]
 #include <cuda_runtime.h>
@@ -85,7 +85,8 @@ std::vector<Point> Run(const Case& c, int reps) {
   BENCH_CUDA_OK(cudaDeviceSynchronize());
   a.q = q, a.k = k, a.v = v, a.beta_logits = beta, a.alpha = alpha;
   a.cu_seqlens = meta, a.slots = meta + cu.size(), a.state = pool, a.o = o;
-  a.batch = B, a.heads = H, a.head_dim = kK;
+  a.batch = B, a.heads = H, a.head_dim = kK, a.tokens = T;
+  BENCH_CUDA_OK(cudaMalloc(&a.scratch, kimirt::cuda::KdaChunkScratchBytes(T, B, H)));  // the BF16 mode's
 
   cudaStream_t s;
   BENCH_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -102,12 +103,13 @@ std::vector<Point> Run(const Case& c, int reps) {
         std::exit(1);
       }
     }
-    out.push_back({c, bf16 ? "bf16" : "f32", T, kimirt::cuda::KdaChunkValueBlock(B, H), med,
+    out.push_back({c, bf16 ? "bf16" : "f32", T, kimirt::cuda::KdaChunkValueBlock(B, H, bf16), med,
                    kFlopsPerTokenHead * static_cast<double>(T * H) / (med * 1e9)});
   }
   BENCH_CUDA_OK(cudaStreamDestroy(s));
   for (float* p : {q, k, v, beta, f, a_log, dt_bias, alpha, pool, o}) BENCH_CUDA_OK(cudaFree(p));
   BENCH_CUDA_OK(cudaFree(meta));
+  BENCH_CUDA_OK(cudaFree(a.scratch));
   return out;
 }
 

@@ -23,7 +23,8 @@
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
-#   kdaprof   Nsight Compute sections of one chunked-KDA launch ($OUT/ncu-kda-chunk.txt).
+#   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
+#             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -55,6 +56,9 @@
 #             the same greedy tokens, a killed follower named), RankDevice*, `bench model` on the
 #             built-in model at TP 1 and TP 2 ($OUT/bench-model-builtin-cuda-tp{1,2}.json), and
 #             `serve -tp 2 --device cuda` answering `bench serve` (its table last).
+#   k3tp8     issue 17 on nvidia-h200-x8: K3 cut to 36 layers served with the seed's command line at
+#             TP8 (weights made at load), GPU memory vs `kimirt plan`, bench serve at 1/8/64, then the
+#             2-layer K3's bench model at TP8 and scripts/tp_compare.py (TP1 vs TP8, batch invariance).
 #   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
 #   mnode     (also in nccl) multi-node on one host (docs/distributed.md "Multi-node"): two
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
@@ -67,7 +71,15 @@
 #             ($OUT/bench-model-kimi-linear-48b-full-prompt1024.json), sampling the process's host
 #             RSS and the GPU's memory (the host never holds the model: peak RSS a few GB); load
 #             time and the table last.
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48]
+#   pp2       pipeline parallelism on two GPUs (nvidia-h200-x2; docs/distributed.md "Pipeline
+#             parallelism"): the ProcessRanksCudaPipeline* tests (PP 2 logits = one GPU's within
+#             1e-5 × max|logit|, 0 expected and printed, on tiny-a, kimi-linear-tiny and random
+#             2-layer K3 and Kimi-Linear-48B weights; greedy tokens equal), `bench model -pp 1`
+#             and `-pp 2 --device cuda` on the built-in model ($OUT/bench-model-builtin-cuda-pp{1,2}.json),
+#             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
+#             and token logprobs must be the same ("same" expected), and `bench serve` against
+#             -pp 2 (its table last).
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -92,6 +104,23 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
+# Kernel GPU times from an `ncu --csv --metrics gpu__time_duration.sum` log, grouped by kernel name:
+# the $2 largest, with call counts.
+kernel_times() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[ival].replace(",", ""))
+    name = r[iname].split("(")[0][:70]
+    tot[name] += v; cnt[name] += 1
+print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
+for k, v in tot.most_common(int(sys.argv[2])): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
+PY
+}
 filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
@@ -181,13 +210,14 @@ if [[ "$what" == moeprof ]]; then
   done
 fi
 if [[ "$what" == kdaprof ]]; then
-  # Nsight Compute on one launch of the chunked KDA kernel (kda_chunk_bench's first case).
+  # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call
+  # (T = 8192, H = 96; the map kernel is a few microseconds).
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 200 "$ncu" --clock-control none -k regex:KdaChunk -c 1 --section SpeedOfLight \
+  timeout 200 "$ncu" --clock-control none -k regex:'KdaChunkPrep|KdaState' -c 2 --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
     >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
-  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -90
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -170
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
@@ -275,19 +305,37 @@ if [[ "$what" == prefprof ]]; then
     "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights --batch-sizes 1 \
     --prompt-len 8192 --decode-tokens 1 --prefill-chunk 2048 > "$out/ncu-prefill.csv" 2>"$out/ncu-prefill.err"
   echo "ncu prefill exit $?"; tail -2 "$out/ncu-prefill.err"
-  python3 - "$out/ncu-prefill.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; rows = rows[1:]
-iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
-tot = collections.Counter(); cnt = collections.Counter()
-for r in rows:
-    v = float(r[ival].replace(",", ""))
-    name = r[iname].split("(")[0][:70]
-    tot[name] += v; cnt[name] += 1
-print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
-for k, v in tot.most_common(30): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
-PY
+  kernel_times "$out/ncu-prefill.csv" 30
+fi
+if [[ "$what" == k3tp8 ]]; then
+  # Issue 17 on nvidia-h200-x8 (8 GPUs): K3 cut to the 36 layers that fit 8 x H200 at TP8
+  # (bench/configs/kimi-k3-h200x8-tp8.json), weights made at load on each rank, served with the
+  # seed's command line; per-GPU memory against `kimirt plan`; bench serve at concurrency 1, 8, 64;
+  # then the 2-layer K3: bench model at TP8 and TP 1 vs 8 greedy completions + batch invariance.
+  ngpu=$(nvidia-smi -L | wc -l)
+  [[ $ngpu -ge 8 ]] || { echo "k3tp8 needs 8 GPUs, this machine has $ngpu"; exit 1; }
+  cfg="$root/shared/bench/configs/kimi-k3-h200x8-tp8.json"
+  seedflags=(--kv_cache_dtype fp8 -tp 8 --max-model-len 131072 --max-num-seqs 64 --max-num-batched-tokens 10240
+             --gpu-memory-utilization 0.93 --block-size 128 --no-enable_prefix_caching --trust-remote-code)
+  "$root/kimirt" plan --config "$cfg" --gpu h200 -tp 8 --kv-cache-dtype fp8 --max-model-len 131072 --max-num-seqs 64 \
+    --gpu-memory-utilization 0.93 --no-enable-prefix-caching >"$out/plan-k3-tp8.txt" 2>&1 || status=1
+  start=$(date +%s)
+  "$root/kimirt" serve --config "$cfg" --random-weights --device cuda --port 8140 "${seedflags[@]}" \
+    >"$out/serve-k3-tp8.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 1800); do curl -sf --max-time 2 http://127.0.0.1:8140/health >/dev/null && break; sleep 1; done
+  echo "--- serve K3-36 -tp 8: healthy after $(( $(date +%s) - start )) s"
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | tee "$out/k3-tp8-gpu-memory.txt"
+  echo "--- kimirt plan (the same flags): per GPU"; grep -iE "total|weights|budget|fits" "$out/plan-k3-tp8.txt" | head -12
+  timeout 1200 "$root/kimirt" bench serve --url http://127.0.0.1:8140 --input-len 1024 --output-len 128 \
+    --num-prompts 128 --sweep-concurrency 1,8,64 --ignore-eos --json "$out/bench-serve-k3-36-tp8.json" 2>&1 | tail -12
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  kill -TERM $server; wait $server
+  k2="$root/shared/bench/configs/kimi-k3-2layer.json"
+  timeout 900 "$root/kimirt" bench model -tp 8 --device cuda --config "$k2" --random-weights --batch-sizes 1,8,32,64 \
+    --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 --json "$out/bench-model-k3-2layer-tp8.json" 2>&1 | tail -6
+  timeout 1800 python3 scripts/tp_compare.py --kimirt "$root/kimirt" --config "$k2" --tp 1 8 \
+    --out "$out/tp-compare-k3-2layer.json" -- --device cuda --gpu-memory-utilization 0.5 2>&1 | tail -1 || status=1
 fi
 if [[ "$what" == full48 ]]; then
   timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/RandomWeightsLoadOnDevice.*cuda*' \
@@ -324,19 +372,7 @@ if [[ "$what" == prof48 ]]; then
       "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
       --prompt-len 16 --decode-tokens 8 > "$out/ncu-b$b.csv" 2>"$out/ncu-b$b.err"
     echo "ncu b$b exit $?"; tail -2 "$out/ncu-b$b.err"
-    python3 - "$out/ncu-b$b.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; rows = rows[1:]
-iname = hdr.index("Kernel Name"); ival = hdr.index("Metric Value")
-tot = collections.Counter(); cnt = collections.Counter()
-for r in rows:
-    v = float(r[ival].replace(",", ""))
-    name = r[iname].split("(")[0][:70]
-    tot[name] += v; cnt[name] += 1
-print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
-for k, v in tot.most_common(25): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
-PY
+    kernel_times "$out/ncu-b$b.csv" 25
   done
 fi
 if [[ "$what" == pgemm ]]; then
@@ -388,7 +424,7 @@ if [[ "$what" == nccl ]]; then
 fi
 if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
-  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda*:ProcessRanksCuda*:RankDevice*' \
+  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaFailure*:RankDevice*' \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
   echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, a killed follower"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
@@ -457,5 +493,45 @@ if [[ "$what" == nccl || "$what" == mnode ]]; then
     echo "--- mnode ($how): two processes, one GPU each: $verdict as -tp 2; node 0 exit $rc0, node 1 exit $rc1 (0 0 expected)"
     [[ $verdict == same ]] || { echo "got $got"; tail -5 "$out/mnode-$how-node0.log" "$out/mnode-$how-node1.log"; }
   done
+fi
+if [[ "$what" == pp2 ]]; then
+  timeout 560 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCudaPipeline*:ProcessRanksCudaPipeline*' \
+    --gtest_output="json:$out/gtest-cudapp.json" >"$out/gtest-cudapp.txt" 2>&1 || status=1
+  echo "--- ProcessRanksCudaPipeline (2 GPUs): PP 2 logits vs one GPU (largest difference printed), greedy tokens"
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|PP 2 vs one GPU|GPUs' "$out/gtest-cudapp.txt" | head -40
+  for pp in 1 2; do
+    timeout 240 "$root/kimirt" bench model -pp $pp --device cuda --batch-sizes 1,8 --prompt-len 256 \
+      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-pp$pp.json" >"$out/bench-model-pp$pp.txt" 2>&1 ||
+      status=1
+    echo "--- bench model -pp $pp --device cuda (built-in model)"; tail -5 "$out/bench-model-pp$pp.txt"
+  done
+  req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
+  complete() {
+    curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+      python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
+  }
+  "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
+  ref=$!
+  for _ in $(seq 1 600); do grep -q "listening on" "$out/serve-cuda-pp1.log" && break; sleep 0.1; done
+  want=$(complete 8127)
+  kill -TERM $ref; wait $ref
+  log="$out/serve-cuda-pp2.log"
+  "$root/kimirt" serve -pp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  grep -E "loaded in|listening|rank" "$log" | head -8
+  got=$(complete 8124)
+  verdict=DIFFER; [[ -n "$want" && "$got" == "$want" ]] && verdict=same
+  [[ $verdict == same ]] || status=1
+  echo "--- serve -pp 2 --device cuda vs serve --device cuda, one greedy completion (text, logprobs): $verdict"
+  [[ $verdict == same ]] || echo "one GPU: $want"$'\n'"pp 2:    $got"
+  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8124 --input-len 256 --output-len 64 \
+    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-pp2.json" \
+    >"$out/bench-serve-pp2.txt" 2>&1 || status=1
+  kill -TERM $server
+  for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $server 2>/dev/null; then echo "serve -pp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
+  wait $server; echo "serve -pp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
+  echo "--- serve -pp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-pp2.txt"
 fi
 exit $status

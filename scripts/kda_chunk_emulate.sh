@@ -21,6 +21,15 @@ def cut(s, start, end_marker, repl):
 src = cut(src, "__device__ __forceinline__ void Mma(", "\n}\n",
           "__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) "
           "{ EmuMma(c, a, b); }\n")
+# cp.async as plain copies (the data is there at once: stronger than the device's ordering, so
+# this checks what is copied where, not the wait_group placement).
+src = cut(src, "__device__ __forceinline__ void CpAsync16(", "\n}\n",
+          "inline void CpAsync16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }\n")
+src = cut(src, "__device__ __forceinline__ void PrefetchL2Bulk(", "\n}\n",
+          "inline void PrefetchL2Bulk(const void*, uint32_t) {}\n")
+src = cut(src, "__device__ __forceinline__ void CpAsyncCommit(", "\n}\n", "inline void CpAsyncCommit() {}\n")
+src = cut(src, "template <int N>\n__device__ __forceinline__ void CpAsyncWait(", "\n}\n",
+          "template <int N>\ninline void CpAsyncWait() {}\n")
 src = src[:src.index("template <int P, int VB>\nvoid Launch(")] + "}  // namespace\n}  // namespace kimirt::cuda\n"
 prefetch = 'asm volatile("prefetch.global.L2 [%0];" ::"l"(p));'
 assert prefetch in src and "extern __shared__ float4 smem_f4[];" in src

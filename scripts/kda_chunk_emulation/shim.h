@@ -8,6 +8,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -24,6 +25,8 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 template <typename T>
 T __ldg(const T* p) { return *p; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+[[noreturn]] inline void __trap() { std::abort(); }
 #include <math.h>
 struct BlockCtx {
   std::barrier<> block{256};

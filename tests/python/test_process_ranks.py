@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import ServerProcess
+from conftest import ServerProcess, kimirt_binary
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "1 2 3 4 5 6 7"]
 
@@ -71,6 +71,33 @@ def test_process_ranks_answer_as_thread_ranks_do():
     finally:
         assert procs.stop() == 0, "".join(procs.stderr_lines)
     assert followers(procs.proc.pid) == []
+
+
+def test_pipeline_stages_answer_as_one_rank_does():
+    """serve -pp 2 (thread ranks), -pp 2 and -tp 2 -pp 2 as processes: the texts of -tp 1 (the
+    stages change no sum; docs/distributed.md "Pipeline parallelism")."""
+    one = ServerProcess([])
+    try:
+        want = completions(one)
+    finally:
+        assert one.stop() == 0
+    for args, ranks in ((["-pp", "2"], 1), (["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"], 2),
+                        (["-tp", "2", "-pp", "2", "--distributed-executor-backend", "mp"], 4)):
+        s = ServerProcess(args)
+        try:
+            assert len(followers(s.proc.pid)) == ranks - 1, args
+            assert completions(s) == want, args
+        finally:
+            assert s.stop() == 0, "".join(s.stderr_lines)
+
+
+def test_bad_pipeline_degrees_are_refused_naming_them():
+    for args, want in ((["-pp", "0"], "-tp and -pp must be >= 1"),
+                       (["-pp", "99"], "-pp 99: must be between 1 and the")):
+        r = subprocess.run([str(kimirt_binary()), "serve", "--port", "0"] + args,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0, args
+        assert want in r.stderr, r.stderr
 
 
 def test_a_killed_follower_makes_health_503_requests_fail_and_the_server_exit():

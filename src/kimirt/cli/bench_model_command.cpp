@@ -27,6 +27,8 @@ int RunBenchModelCommand(int argc, char** argv) {
   std::string dtype = "auto";
   f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
   f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU: threads; CUDA: one process per GPU)");
+  f.Int("pp,pipeline-parallel-size", &o.pp,
+        "pipeline stages, each -tp ranks holding its share of the layers (docs/distributed.md); tp × pp ranks");
   f.Bool("enable-expert-parallel", &o.expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");

@@ -184,6 +184,20 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   const std::string no_gpu = "needs CUDA device " + std::to_string(kimirt::VisibleCudaDevices()) + " (its local rank)";
   refused("bench model --device cuda -tp 64 --model " + dir_,
           kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
+  // Pipeline stages: more than the layers, none, and more CUDA ranks (tp × pp) than GPUs.
+  const std::string tiny = Shared("fixtures/tiny-a");
+  refused("bench model -pp 7 --model " + tiny, "-pp 7: must be between 1 and the 6 layers");
+  refused("serve -pp 0 --port 0", "-tp and -pp must be >= 1");
+  refused("bench model --device cuda -tp 2 -pp 32 --model " + tiny,
+          kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
+}
+
+// bench model -pp 3 on thread ranks: three stages of tiny-a run the engine end to end.
+TEST(CliModel, BenchModelRunsPipelineStages) {
+  const CmdResult r = Kimirt("bench model -pp 3 --model " + Shared("fixtures/tiny-a") +
+                             " --batch-sizes 1,2 --prompt-len 9 --decode-tokens 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TP1 PP3"), std::string::npos) << r.output;
 }
 
 TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {

@@ -134,6 +134,10 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("port", &port, "port to bind (0: any free port; the bound one is printed)");
   f.String("device", &device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp N takes GPUs 0..N-1)");
   f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU: threads or processes; CUDA: one process per GPU)");
+  int pp = 1;
+  f.Int("pp,pipeline-parallel-size", &pp,
+        "pipeline stages, each -tp ranks holding its share of the layers (docs/distributed.md \"Pipeline "
+        "parallelism\"); tp × pp ranks, CUDA: tp × pp GPUs");
   bool expert_parallel = false;
   f.Bool("enable-expert-parallel", &expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
@@ -266,6 +270,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.device = device;
   ro.matrix_dtype = *matrix_dtype;
   ro.tp = tp;
+  ro.pp = pp;
   ro.ep = expert_parallel ? tp : 1;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
@@ -278,14 +283,16 @@ int RunServeCommand(int argc, char** argv) {
   if (executor != "threads" && executor != "mp") {
     return Fail(InvalidArgument("--distributed-executor-backend must be threads or mp, not \"" + executor + "\""), 2);
   }
-  ro.process_ranks = executor == "mp" && tp > 1;
+  if (tp < 1 || pp < 1) return Fail(InvalidArgument("-tp and -pp must be >= 1"), 2);
+  const int world = tp * pp;
+  ro.process_ranks = executor == "mp" && world > 1;
   ro.follower_cpu_threads = threads;
   if (!(rank_timeout_s > 0 && rank_timeout_s < 2e6)) return Fail(InvalidArgument("--rank-timeout-s must be in (0, 2e6)"), 2);
   ro.rank_timeout_ms = static_cast<int>(rank_timeout_s * 1000);
-  if (ro.process_ranks || (tp > 1 && device == "cuda")) {
+  if (ro.process_ranks || (world > 1 && device == "cuda")) {
     // One process per rank: this process may be rank 0 (it serves), another node's launcher, or
     // one follower rank started by torchrun / srun / mpirun (dist/serve_ranks.h).
-    Result<LaunchEnv> env = ResolveLaunchEnv(tp, lf, ProcessEnv());
+    Result<LaunchEnv> env = ResolveLaunchEnv(world, lf, ProcessEnv());
     if (!env.ok()) return Fail(env.status(), 2);
     const ServeRanks plan = PlanServeRanks(*env);
     if (plan.role == ServeRole::kFollower) {
@@ -342,7 +349,7 @@ int RunServeCommand(int argc, char** argv) {
   std::fprintf(stderr,
                "kimirt serve: %s loaded in %.1f s on %d %s rank%s; latent cache: %lld blocks × %d tokens = %lld "
                "tokens (%s), %.1f requests of max_model_len %lld at once; %d state slots\n",
-               source.ToString().c_str(), load_s, tp, device == "cuda" ? "CUDA" : "CPU", tp > 1 ? "s" : "",
+               source.ToString().c_str(), load_s, world, device == "cuda" ? "CUDA" : "CPU", world > 1 ? "s" : "",
                static_cast<long long>((*runner)->kv_blocks_total()),
                block_size, static_cast<long long>(tokens), std::string(KvCacheDTypeName(kv)).c_str(),
                static_cast<double>(tokens) / static_cast<double>(used.max_model_len),

@@ -18,6 +18,7 @@
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/engine_test_util.h"
 #include "kimirt/model/model.h"
+#include "kimirt/model/pipeline_stages.h"
 #include "kimirt/testing/devices.h"
 #include "kimirt/testing/test_data.h"
 
@@ -370,6 +371,17 @@ std::vector<int32_t> TestPrompt(int len, int salt) {
   return p;
 }
 
+// A request to follow, and 15 others around it (it is the 9th, index 8).
+GreedyRequest Probe() { return {"probe", TestPrompt(37, 3), 14}; }
+std::vector<GreedyRequest> CrowdAround(const GreedyRequest& probe) {
+  std::vector<GreedyRequest> crowd;
+  for (int i = 0; i < 15; ++i) {
+    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
+    if (i == 7) crowd.push_back(probe);
+  }
+  return crowd;
+}
+
 // `requests` through an engine on a runner of tiny-a made with `ro` (block size 8); each
 // request's result, in order. With `logprobs`, each token's logprob comes back too.
 std::vector<Collector::Result> RunGreedy(RunnerOptions ro, const std::vector<GreedyRequest>& requests,
@@ -426,12 +438,8 @@ TEST(EngineTensorParallel, TwoThreadRanksGenerateWhatOneRankDoes) {
 // order, whatever else runs).
 TEST(EngineExpertParallel, TwoRanksGenerateWhatOneRankDoesAloneOrAmongOthers) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
-  const GreedyRequest probe{"probe", TestPrompt(37, 3), 14};
-  std::vector<GreedyRequest> crowd;
-  for (int i = 0; i < 15; ++i) {
-    crowd.push_back({"o" + std::to_string(i), TestPrompt(1 + (i * 13) % 40, 7 * i + 10), 3 + i % 9});
-    if (i == 7) crowd.push_back(probe);
-  }
+  const GreedyRequest probe = Probe();
+  const std::vector<GreedyRequest> crowd = CrowdAround(probe);
   RunnerOptions ro;
   ro.num_kv_blocks = 512;
   const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);
@@ -472,6 +480,96 @@ TEST(EngineTensorParallel, ADegreeThatDoesNotSplitTheHeadsFailsCleanly) {
   auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
   ASSERT_FALSE(runner.ok());
   EXPECT_NE(runner.status().message().find("do not split over TP 3"), std::string::npos) << runner.status().message();
+}
+
+// Pipeline parallelism through the engine (docs/distributed.md "Pipeline parallelism"): PP 2 and
+// TP 2 × PP 2 on thread ranks generate what one rank does, token and logprob bits alike, and a
+// request's tokens and logprobs are bit-identical alone or among 15 others at PP 2 (a stage's
+// numerics are one rank's, and on the CPU each sequence forwards alone).
+TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  const GreedyRequest probe = Probe();
+  const std::vector<GreedyRequest> crowd = CrowdAround(probe);
+  RunnerOptions ro;
+  ro.num_kv_blocks = 512;
+  const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);
+  ASSERT_EQ(one.tokens.size(), 14u);
+  auto same = [&](const Collector::Result& got) {
+    EXPECT_EQ(got.tokens, one.tokens);
+    ASSERT_EQ(got.logprobs.size(), one.logprobs.size());
+    EXPECT_EQ(0, std::memcmp(got.logprobs.data(), one.logprobs.data(), one.logprobs.size() * sizeof(float)))
+        << "logprobs differ in their bits";
+  };
+  ro.pp = 2;
+  {
+    SCOPED_TRACE("PP2 alone");
+    same(RunGreedy(ro, {probe}, true).at(0));
+  }
+  {
+    SCOPED_TRACE("PP2 among 15");
+    same(RunGreedy(ro, crowd, true).at(8));
+  }
+  ro.pp = 3;
+  {
+    SCOPED_TRACE("PP3 alone");
+    same(RunGreedy(ro, {probe}, true).at(0));
+  }
+  // TP 2 × PP 2 against TP 2 (4 thread ranks; TP sums differ from one rank's in rounding).
+  RunnerOptions tp2;
+  tp2.num_kv_blocks = 512;
+  tp2.tp = 2;
+  const Collector::Result two = RunGreedy(tp2, {probe}, true).at(0);
+  tp2.pp = 2;
+  const Collector::Result grid = RunGreedy(tp2, {probe}, true).at(0);
+  EXPECT_EQ(grid.tokens, two.tokens);
+  ASSERT_EQ(grid.logprobs.size(), two.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(grid.logprobs.data(), two.logprobs.data(), two.logprobs.size() * sizeof(float)));
+}
+
+// Stages hold different layers, so a cache budget in bytes gives each its own block count: every
+// rank takes the smallest (the stage with the most MLA layers), so their allocators stay in step.
+// tiny-a's MLA layers are 3, 4 and 5: at PP 3 the stages hold 0, 1 and 2 of them (a stage without
+// MLA layers keeps the block accounting only).
+TEST(EnginePipelineParallel, TheCacheIsTheSmallestStagesBudget) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions ro;
+  ro.block_size = 8;
+  ro.kv_cache_bytes = 1 << 20;
+  ro.pp = 3;
+  auto three = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  // The stage holding the most MLA layers sets the count: the budget over its block's bytes.
+  auto config = LoadModelConfig(Fixture("tiny-a"));
+  ASSERT_TRUE(config.ok());
+  const auto stages = PipelineStages(config->num_hidden_layers, 3);
+  int64_t most = 0;
+  for (const PipelineStage& s : stages) {
+    int64_t mla = 0;
+    for (int64_t i = s.first_layer; i < s.end_layer; ++i) mla += config->IsKdaLayer(i) ? 0 : 1;
+    most = std::max(most, mla);
+  }
+  ASSERT_GT(most, 0);
+  ASSERT_LT(most, config->NumMlaLayers()) << "tiny-a's MLA layers must span both stages for this test";
+  auto backend = MakeBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  LatentKvCache heaviest(**backend, static_cast<int>(most), 0, 8, config->kv_lora_rank, config->qk_rope_head_dim,
+                         KvCacheDType::kF32, false);
+  EXPECT_EQ((*three)->kv_blocks_total(), static_cast<int64_t>(ro.kv_cache_bytes / heaviest.block_bytes()));
+}
+
+TEST(EnginePipelineParallel, BadDegreesAreRefusedNamingThem) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions ro;
+  ro.num_kv_blocks = 16;
+  ro.pp = 7;  // tiny-a has 6 layers
+  auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("-pp 7: must be between 1 and the 6 layers"), std::string::npos)
+      << runner.status().message();
+  ro.pp = 0;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("-pp must be >= 1"), std::string::npos) << runner.status().message();
 }
 
 }  // namespace

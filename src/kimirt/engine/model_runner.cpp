@@ -1,5 +1,6 @@
 #include "kimirt/engine/model_runner.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <limits>
@@ -93,6 +94,18 @@ class SingleRankRunner final : public ModelRunner {
   SnapshotId next_snapshot_ = 0;
 };
 
+// The smallest block and snapshot counts of the ranks (the largest snapshot): what every rank of
+// a group allocates, so their allocators stay in lockstep.
+CacheSizes LeastOf(const std::vector<CacheSizes>& sizes) {
+  CacheSizes least = sizes[0];
+  for (const CacheSizes& s : sizes) {
+    least.blocks = std::min(least.blocks, s.blocks);
+    least.snapshots = std::min(least.snapshots, s.snapshots);
+    least.snapshot_bytes = std::max(least.snapshot_bytes, s.snapshot_bytes);
+  }
+  return least;
+}
+
 // N ranks on N threads. Every call is broadcast: each rank thread runs the same closure on its
 // own Rank; the caller waits for all (the model's collectives already keep them in step).
 class ThreadRanksRunner final : public ModelRunner {
@@ -105,16 +118,19 @@ class ThreadRanksRunner final : public ModelRunner {
 
   static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, RunnerOptions o) {
     auto r = std::unique_ptr<ThreadRanksRunner>(new ThreadRanksRunner());
-    r->tp_ = o.tp;
-    r->ranks_.resize(static_cast<size_t>(o.tp));
-    r->models_.resize(static_cast<size_t>(o.tp));
-    r->backends_.resize(static_cast<size_t>(o.tp));
+    const int world = o.tp * o.pp;
+    r->world_ = world;
+    r->ranks_.resize(static_cast<size_t>(world));
+    r->models_.resize(static_cast<size_t>(world));
+    r->backends_.resize(static_cast<size_t>(world));
     // Start-up handshake, shared with the rank threads (which outlive this function).
     struct Sync {
       std::mutex mu;
       std::condition_variable cv;
-      int ready = 0;
+      int ready = 0;  // ranks that loaded (or failed to)
+      int made = 0;   // ranks that made their caches
       std::vector<Status> load;
+      std::vector<CacheSizes> sizes;
       bool all_ok() const {
         for (const Status& s : load) {
           if (!s.ok()) return false;
@@ -123,23 +139,21 @@ class ThreadRanksRunner final : public ModelRunner {
       }
     };
     auto sync = std::make_shared<Sync>();
-    sync->load.resize(static_cast<size_t>(o.tp));
+    sync->load.resize(static_cast<size_t>(world));
+    sync->sizes.resize(static_cast<size_t>(world));
     // The rank threads live as long as the runner: each runs its load, then its serve loop,
-    // inside one RunOnThreadRanks group (which owns the communicators).
-    r->threads_.emplace_back([sync, source, o, raw = r.get()] {
-      RunOnThreadRanks(o.tp, [&](Communicator& comm) {
-        const size_t k = static_cast<size_t>(comm.rank());
+    // inside one RunOnThreadGrid (which owns the communicators: a TP group per stage, a pipeline
+    // group per tp rank; world rank = stage · tp + tp rank).
+    r->threads_.emplace_back([sync, source, o, world, raw = r.get()] {
+      RunOnThreadGrid(o.tp, o.pp, [&](Communicator& comm, Communicator& pipeline) {
+        const size_t k = static_cast<size_t>(pipeline.rank() * o.tp + comm.rank());
         Status st = [&]() -> Status {
           KIMIRT_ASSIGN_OR_RETURN(raw->backends_[k], MakeBackend(o.device));
           LoadOptions lo;
           lo.matrix_dtype = o.matrix_dtype;
           lo.ep = o.ep;
-          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(source, *raw->backends_[k], comm, lo));
-          KIMIRT_ASSIGN_OR_RETURN(CacheSizes sizes, SizeCaches(*raw->models_[k], o));
-          if (k == 0) raw->sizes_ = sizes;
-          raw->ranks_[k].model = raw->models_[k].get();
-          raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
-          raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
+          KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(source, *raw->backends_[k], comm, lo, &pipeline));
+          KIMIRT_ASSIGN_OR_RETURN(sync->sizes[k], SizeCaches(*raw->models_[k], o));
           return Status::Ok();
         }();
         bool serve = false;
@@ -148,17 +162,30 @@ class ThreadRanksRunner final : public ModelRunner {
           sync->load[k] = std::move(st);
           ++sync->ready;
           sync->cv.notify_all();
-          sync->cv.wait(lock, [&] { return sync->ready == o.tp; });
+          sync->cv.wait(lock, [&] { return sync->ready == world; });
           serve = sync->all_ok();  // serve only if every rank loaded
         }
-        if (serve) raw->Serve(static_cast<int>(k));
+        if (!serve) return;
+        // Pipeline stages hold different layers, so a byte budget gives them different block and
+        // snapshot counts: every rank takes the smallest, and the allocators stay in lockstep.
+        const CacheSizes sizes = LeastOf(sync->sizes);
+        if (k == 0) raw->sizes_ = sizes;
+        raw->ranks_[k].model = raw->models_[k].get();
+        raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
+        raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
+        {
+          std::lock_guard<std::mutex> lock(sync->mu);
+          ++sync->made;
+          sync->cv.notify_all();
+        }
+        raw->Serve(static_cast<int>(k));
       });
     });
     bool ok = false;
     Status first_error;
     {
       std::unique_lock<std::mutex> lock(sync->mu);
-      sync->cv.wait(lock, [&] { return sync->ready == o.tp; });
+      sync->cv.wait(lock, [&] { return sync->ready == world; });
       ok = sync->all_ok();
       for (const Status& s : sync->load) {
         if (!s.ok()) {
@@ -171,6 +198,10 @@ class ThreadRanksRunner final : public ModelRunner {
       r->threads_[0].join();  // no rank serves: the group ends by itself
       r->threads_.clear();
       return first_error;
+    }
+    {
+      std::unique_lock<std::mutex> lock(sync->mu);
+      sync->cv.wait(lock, [&] { return sync->made == world; });
     }
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
@@ -250,10 +281,10 @@ class ThreadRanksRunner final : public ModelRunner {
     job_ = std::move(job);
     quit_ = quit;
     done_ = 0;
-    statuses_.assign(static_cast<size_t>(tp_), Status::Ok());
+    statuses_.assign(static_cast<size_t>(world_), Status::Ok());
     ++generation_;
     cv_.notify_all();
-    cv_done_.wait(lock, [&] { return done_ == tp_; });
+    cv_done_.wait(lock, [&] { return done_ == world_; });
     return statuses_[0];
   }
 
@@ -274,7 +305,7 @@ class ThreadRanksRunner final : public ModelRunner {
       {
         std::lock_guard<std::mutex> lock(mu_);
         statuses_[static_cast<size_t>(rank)] = std::move(s);
-        if (++done_ == tp_) cv_done_.notify_one();
+        if (++done_ == world_) cv_done_.notify_one();
       }
       if (quit) return;
     }
@@ -284,7 +315,7 @@ class ThreadRanksRunner final : public ModelRunner {
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<Rank> ranks_;
   std::vector<std::thread> threads_;
-  int tp_ = 0;
+  int world_ = 0;  // ranks: tp × pp
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
   CacheSizes sizes_;
@@ -310,6 +341,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerO
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelSource& source, RunnerOptions o) {
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
+  if (o.pp < 1) return InvalidArgument("-pp must be >= 1");
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
   }
@@ -317,7 +349,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelSource& sour
     return InvalidArgument("expert parallelism spans the TP group: ep must be 1 or -tp " + std::to_string(o.tp) +
                            ", got " + std::to_string(o.ep));
   }
-  if (o.tp == 1) {
+  if (o.tp == 1 && o.pp == 1) {
     LoadedModel owned;
     KIMIRT_ASSIGN_OR_RETURN(owned.backend, MakeBackend(o.device));
     owned.comm = MakeSingleRankCommunicator();

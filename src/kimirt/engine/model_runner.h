@@ -1,5 +1,5 @@
 // ModelRunner: one model replica as the engine drives it — on one rank, or on N tensor-parallel
-// ranks (DESIGN.md "Multi-GPU and multi-node": the scheduler runs once and broadcasts; every
+// ranks (times M pipeline stages) (DESIGN.md "Multi-GPU and multi-node": the scheduler runs once and broadcasts; every
 // rank runs the same forward on its shard). Sequences are handles; each rank keeps its own
 // SequenceState and latent cache for a handle. Ranks receive the same calls in the same order,
 // so their block allocators stay in lockstep and a reservation fails on all or none.
@@ -28,6 +28,10 @@ struct RunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (backend_factory.h)
   DType matrix_dtype = DType::kF32;  // GEMM weights as held on the device (weights.h LoadOptions)
   int tp = 1;                // ranks (CPU: threads, or processes; CUDA: one process per GPU)
+  // Pipeline stages (-pp; docs/distributed.md "Pipeline parallelism"): tp × pp ranks, numbered
+  // stage-major (rank = stage · tp + tp rank), each stage's tp ranks a TP group holding its
+  // layers (model/pipeline_stages.h). Rank 0 (stage 0) schedules and gets the logits.
+  int pp = 1;
   // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
   // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
   int ep = 1;

@@ -7,6 +7,15 @@
 //     with the same greedy token at every decode step;
 //   - an engine's greedy generation of four requests is token for token TP 1's;
 //   - a follower killed mid-run is an error naming its rank, within the collective timeout.
+// And -pp 2 --device cuda (ProcessRanksCudaPipeline*, `scripts/gpu_check.sh pp2`): two pipeline
+// stages, the residual stream's state and the logits crossing by ncclSend/ncclRecv
+// (docs/distributed.md "Pipeline parallelism"):
+//   - every logits tensor of the trace at PP 2 equals one GPU's within the same tolerance, with
+//     the same greedy token, on the fixtures and on two real-width models (random weights at the
+//     published widths: the 2-layer K3, whose stages cut through an AttnRes block, and the 2-layer
+//     Kimi-Linear-48B, one KDA and one MLA layer). A stage computes what one GPU computes with the
+//     same kernels, so the difference is expected to be exactly 0; the tests print it;
+//   - an engine's greedy generation of four requests is token for token one GPU's.
 #if KIMIRT_TEST_CUDA
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -15,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -38,11 +48,12 @@ std::string KimirtBinary() {
   return !ec && std::filesystem::exists(beside) ? beside.string() : std::string(KIMIRT_BINARY);
 }
 
-RunnerOptions CudaOptions(int tp) {
+RunnerOptions CudaOptions(int tp, int pp = 1) {
   RunnerOptions o;
   o.device = "cuda";
   o.matrix_dtype = DType::kF32;  // F32 GEMMs: TP 1 and TP 2 differ only by the sums' order
   o.tp = tp;
+  o.pp = pp;
   o.block_size = 8;
   o.num_kv_blocks = 256;
   o.max_kda_snapshots = 4;
@@ -55,51 +66,107 @@ RunnerOptions CudaOptions(int tp) {
   ASSERT_GE(VisibleCudaDevices(), 2) << "-tp 2 --device cuda needs two GPUs; " << VisibleCudaDevices() \
                                      << " visible (run on nvidia-h200-x2: scripts/gpu_check.sh nccl)"
 
+// The trace of `source` on one GPU (`one`'s options) and on two ranks (`two`'s): call by call
+// within the CPU TP tests' tolerance, 1e-5 × max|logit|, and the greedy token of each call's last
+// row (the next token of a decode) the same. Returns the largest difference.
+float ExpectTwoRanksMatchOneGpu(const ModelSource& source, const RunnerOptions& one_o, const RunnerOptions& two_o) {
+  auto one = ModelRunner::Create(source, one_o);
+  EXPECT_TRUE(one.ok()) << one.status().ToString();
+  if (!one.ok()) return -1;
+  const auto want = testing::Trace(**one);
+  one->reset();
+  auto two = ModelRunner::Create(source, two_o);
+  EXPECT_TRUE(two.ok()) << two.status().ToString();
+  if (!two.ok()) return -1;
+  const auto got = testing::Trace(**two);
+  EXPECT_EQ(got.size(), want.size());
+  const int64_t V = (*two)->config().vocab_size;
+  float worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    EXPECT_EQ(got[i].size(), want[i].size()) << "call " << i;
+    if (got[i].size() != want[i].size()) continue;
+    float max_abs = 0, max_diff = 0;
+    for (size_t j = 0; j < want[i].size(); ++j) {
+      EXPECT_TRUE(std::isfinite(got[i][j])) << "call " << i << " logit " << j;
+      max_abs = std::max(max_abs, std::fabs(want[i][j]));
+      max_diff = std::max(max_diff, std::fabs(got[i][j] - want[i][j]));
+    }
+    worst = std::max(worst, max_diff);
+    EXPECT_LE(max_diff, 1e-5f * std::max(1.0f, max_abs)) << "call " << i << " (max |logit| " << max_abs << ")";
+    const std::vector<float> g(got[i].end() - V, got[i].end()), w(want[i].end() - V, want[i].end());
+    EXPECT_EQ(testing::Argmax(g), testing::Argmax(w)) << "call " << i;
+  }
+  EXPECT_TRUE((*two)->health().ok()) << (*two)->health().ToString();
+  return worst;
+}
+
+// An engine's greedy generation of four requests on two ranks is one GPU's, token for token.
+void ExpectSameGreedyGeneration(const std::string& source, const RunnerOptions& one_o, const RunnerOptions& two_o) {
+  auto one = ModelRunner::Create(source, one_o);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  const auto want = testing::GreedyTokens(**one);
+  one->reset();
+  ASSERT_EQ(want.size(), 4u);
+  auto two = ModelRunner::Create(source, two_o);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(testing::GreedyTokens(**two), want);
+}
+
 class ProcessRanksCuda : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ProcessRanksCuda, Tp2LogitsMatchTp1) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
-  auto one = ModelRunner::Create(Fixture(GetParam()), CudaOptions(1));
-  ASSERT_TRUE(one.ok()) << one.status().ToString();
-  const auto want = testing::Trace(**one);
-  one->reset();
-  auto two = ModelRunner::Create(Fixture(GetParam()), CudaOptions(2));
-  ASSERT_TRUE(two.ok()) << two.status().ToString();
-  const auto got = testing::Trace(**two);
-  ASSERT_EQ(got.size(), want.size());
-  const int64_t V = (*two)->config().vocab_size;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << "call " << i;
-    float max_abs = 0, max_diff = 0;
-    for (size_t j = 0; j < want[i].size(); ++j) {
-      ASSERT_TRUE(std::isfinite(got[i][j])) << "call " << i << " logit " << j;
-      max_abs = std::max(max_abs, std::fabs(want[i][j]));
-      max_diff = std::max(max_diff, std::fabs(got[i][j] - want[i][j]));
-    }
-    EXPECT_LE(max_diff, 1e-5f * std::max(1.0f, max_abs)) << "call " << i << " (max |logit| " << max_abs << ")";
-    // The greedy token of each call's last row (the next token of a decode) is TP 1's.
-    const std::vector<float> g(got[i].end() - V, got[i].end()), w(want[i].end() - V, want[i].end());
-    EXPECT_EQ(testing::Argmax(g), testing::Argmax(w)) << "call " << i;
-  }
-  EXPECT_TRUE((*two)->health().ok()) << (*two)->health().ToString();
+  ExpectTwoRanksMatchOneGpu(ModelSource::Directory(Fixture(GetParam())), CudaOptions(1), CudaOptions(2));
 }
 
 TEST_P(ProcessRanksCuda, Tp2GreedyGenerationIsTp1s) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
-  auto one = ModelRunner::Create(Fixture(GetParam()), CudaOptions(1));
-  ASSERT_TRUE(one.ok()) << one.status().ToString();
-  const auto want = testing::GreedyTokens(**one);
-  one->reset();
-  ASSERT_EQ(want.size(), 4u);
-  auto two = ModelRunner::Create(Fixture(GetParam()), CudaOptions(2));
-  ASSERT_TRUE(two.ok()) << two.status().ToString();
-  EXPECT_EQ(testing::GreedyTokens(**two), want);
+  ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), CudaOptions(2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCuda, ::testing::Values("tiny-a", "kimi-linear-tiny"),
                          [](const auto& info) { return info.param == "tiny-a" ? "TinyA" : "KimiLinearTiny"; });
+
+class ProcessRanksCudaPipeline : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProcessRanksCudaPipeline, Pp2LogitsMatchOneGpu) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  const float worst =
+      ExpectTwoRanksMatchOneGpu(ModelSource::Directory(Fixture(GetParam())), CudaOptions(1), CudaOptions(1, 2));
+  std::printf("PP 2 vs one GPU, %s: largest |logit difference| %g\n", GetParam().c_str(), worst);
+}
+
+TEST_P(ProcessRanksCudaPipeline, Pp2GreedyGenerationIsOneGpus) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), CudaOptions(1, 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCudaPipeline, ::testing::Values("tiny-a", "kimi-linear-tiny"),
+                         [](const auto& info) { return info.param == "tiny-a" ? "TinyA" : "KimiLinearTiny"; });
+
+// Real widths: random weights made at load (ModelSource::RandomWeights) at the 2-layer bench
+// configs' widths (bench/configs); weights held as BF16 (exact for BF16 and MXFP4 values), the
+// latent cache BF16, as serve holds them.
+TEST(ProcessRanksCudaPipelineRealWidth, Pp2LogitsMatchOneGpu) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  for (const char* name : {"kimi-k3-2layer", "kimi-linear-48b-2layer"}) {
+    SCOPED_TRACE(name);
+    const std::string config = testing::TestDataPath(std::string("bench/configs/") + name + ".json");
+    KIMIRT_REQUIRE_FILE(config);
+    RunnerOptions one = CudaOptions(1), two = CudaOptions(1, 2);
+    for (RunnerOptions* o : {&one, &two}) {
+      o->matrix_dtype = DType::kBF16;
+      o->kv_cache_dtype = KvCacheDType::kBF16;
+      o->rank_timeout_ms = 300000;  // making GBs of weights takes longer than a fixture's 10 s
+    }
+    const float worst = ExpectTwoRanksMatchOneGpu(ModelSource::RandomWeights(config, 7), one, two);
+    std::printf("PP 2 vs one GPU, %s (random weights): largest |logit difference| %g\n", name, worst);
+  }
+}
 
 // Rank 1 dies between steps: the supervisor names it within moments (health()), and the next
 // Forward fails with that error at once instead of waiting in an NCCL collective for rank 1.

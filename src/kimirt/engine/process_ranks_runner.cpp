@@ -9,6 +9,7 @@
 // exits 1).
 #include "kimirt/engine/process_ranks_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <condition_variable>
@@ -19,8 +20,12 @@
 #include <filesystem>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/backend/cpu/cpu_backend.h"
@@ -54,6 +59,7 @@ enum Cmd : uint32_t {
   kRestoreKda,
   kDropKdaSnapshot,
   kBackendReady,
+  kGroupHello,  // pipeline parallelism on CPUs: aux the sender's world rank, n its group (0 TP, 1 pipeline)
 };
 
 struct Message {
@@ -130,7 +136,8 @@ Message OptionsMessage(const ModelSource& source, const RunnerOptions& o, int st
          std::bit_cast<int64_t>(o.gpu_memory_utilization),
          store_port,
          o.ep,
-         std::bit_cast<int64_t>(source.seed)};
+         std::bit_cast<int64_t>(source.seed),
+         o.pp};
   m.text = source.dir + '\n' + o.device + '\n' + source.config_path;
   return m;
 }
@@ -144,7 +151,7 @@ struct FollowerOptions {
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
   const size_t nl2 = nl == std::string::npos ? nl : m.text.find('\n', nl + 1);
-  if (m.a.size() != 15 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 16 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -159,6 +166,7 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.follower_cpu_threads = static_cast<int>(m.a[10]);
   o.gpu_memory_utilization = std::bit_cast<double>(m.a[11]);
   o.ep = static_cast<int>(m.a[13]);
+  o.pp = static_cast<int>(m.a[15]);
   o.device = m.text.substr(nl + 1, nl2 - nl - 1);
   const ModelSource source{m.text.substr(0, nl), m.text.substr(nl2 + 1), std::bit_cast<uint64_t>(m.a[14])};
   return FollowerOptions{source, o, static_cast<int>(m.a[12])};
@@ -170,8 +178,10 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
 // the backend's stream).
 struct LoadedRank {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<RendezvousStore> store;  // CUDA: NCCL's unique id came through it
-  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<RendezvousStore> store;  // CUDA: NCCL's unique id came through it; CPU pipelines: the links'
+  StarLinks tp_links, pp_links;            // CPU pipelines: the rank's stage's TP group, its pipeline group
+  std::unique_ptr<Communicator> comm;      // the TP group (the stage's, under pipeline parallelism)
+  std::unique_ptr<Communicator> pipeline;  // the pipeline group (pp > 1)
   std::unique_ptr<Model> model;
   Rank rank;
   CacheSizes sizes;
@@ -180,13 +190,22 @@ struct LoadedRank {
   void Release() {
     { Rank gone = std::move(rank); }  // in its own order: the sequences before the caches
     model.reset();
+    pipeline.reset();
     comm.reset();
+    tp_links.peers.clear();
+    pp_links.peers.clear();
     store.reset();
     backend.reset();
   }
 };
 
 bool OnGpus(const RunnerOptions& o) { return o.device != "cpu"; }
+
+// Ranks of the run: tp × pp, numbered stage-major (rank = stage · tp + tp rank).
+int World(const RunnerOptions& o) { return o.tp * o.pp; }
+// Whether the ranks meet in rank 0's rendezvous store: NCCL's ids come through it, and on CPUs
+// the pipeline's links find each other there.
+bool UsesStore(const RunnerOptions& o) { return OnGpus(o) || o.pp > 1; }
 
 // The rank's backend: on GPUs, device `device` (its local rank).
 Status MakeRankBackend(const RunnerOptions& o, int rank, int device, LoadedRank* out) {
@@ -198,22 +217,129 @@ Status MakeRankBackend(const RunnerOptions& o, int rank, int device, LoadedRank*
 
 // GPUs: joins rank 0's rendezvous store and builds the NCCL communicator on the backend's stream.
 // Collective over the ranks.
-Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, int device,
-                LoadedRank* out) {
+// Joins rank 0's rendezvous store (every rank of the run).
+Status JoinStore(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, LoadedRank* out) {
   RendezvousOptions ro;
   ro.master_addr = master_addr;
   ro.master_port = store_port;
   ro.rank = rank;
-  ro.world_size = o.tp;
+  ro.world_size = World(o);
   ro.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
   KIMIRT_ASSIGN_OR_RETURN(out->store, RendezvousStore::Join(ro));
+  return Status::Ok();
+}
+
+Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port, int device,
+                LoadedRank* out) {
+  KIMIRT_RETURN_IF_ERROR(JoinStore(o, rank, master_addr, store_port, out));
   NcclOptions no;
   no.device = device;
   no.stream = BackendStream(*out->backend);
-  no.timeout = ro.timeout;  // above the longest legitimate step, as the TCP links' deadline
+  no.timeout = std::chrono::milliseconds(o.rank_timeout_ms);  // above the longest legitimate step, as the TCP links' deadline
   no.tag = "tp";
+  if (o.pp == 1) {
+    KIMIRT_ASSIGN_OR_RETURN(out->comm, MakeNcclCommunicator(*out->store, no));
+    return Status::Ok();
+  }
+  // Pipeline parallelism: a communicator per stage's TP group and one per tp rank's pipeline
+  // (each made by all of its members; the groups of one kind are disjoint, so no rank waits on
+  // a group whose members are busy with another).
+  const int stage = rank / o.tp, t = rank % o.tp;
+  no.tag = "tp/" + std::to_string(stage);
+  no.group_rank = t;
+  no.group_size = o.tp;
   KIMIRT_ASSIGN_OR_RETURN(out->comm, MakeNcclCommunicator(*out->store, no));
+  no.tag = "pp/" + std::to_string(t);
+  no.group_rank = stage;
+  no.group_size = o.pp;
+  KIMIRT_ASSIGN_OR_RETURN(out->pipeline, MakeNcclCommunicator(*out->store, no));
   return Status::Ok();
+}
+
+// CPUs with pipeline stages (docs/distributed.md "Pipeline parallelism"): the ranks' group links,
+// besides the command links to rank 0. Each rank listens on a free port and publishes
+// "host:port" in rank 0's store (rank 0 an empty host: the others reach it at master_addr);
+// then a rank connects to its stage's tp rank 0 (a star: the TP collectives) and to the same tp
+// rank of every earlier stage (a mesh: Send/Recv between any two stages), says who it is, and
+// accepts the connections of the others. Connects complete in the kernel's backlog before the
+// peer accepts, so the order of the ranks does not matter.
+Status JoinGroupLinks(const RunnerOptions& o, int rank, const std::string& master_addr, int store_port,
+                      const std::string& my_host, LoadedRank* out) {
+  KIMIRT_RETURN_IF_ERROR(JoinStore(o, rank, master_addr, store_port, out));
+  const std::chrono::milliseconds timeout(o.rank_timeout_ms);
+  KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(0));
+  KIMIRT_ASSIGN_OR_RETURN(const int port, LocalPort(listener));
+  KIMIRT_RETURN_IF_ERROR(out->store->Set("links/" + std::to_string(rank), my_host + ":" + std::to_string(port)));
+  const int stage = rank / o.tp, t = rank % o.tp;
+  const Deadline d = Clock::now() + timeout;
+  for (auto [links, me, n] : {std::tuple{&out->tp_links, t, o.tp}, std::tuple{&out->pp_links, stage, o.pp}}) {
+    links->rank = me;
+    links->size = n;
+    links->peers.resize(static_cast<size_t>(n));
+    links->timeout = timeout;
+  }
+  auto connect = [&](int peer, Socket* slot, uint64_t group) -> Status {
+    KIMIRT_ASSIGN_OR_RETURN(const std::string addr, out->store->Get("links/" + std::to_string(peer)));
+    const size_t colon = addr.rfind(':');
+    if (colon == std::string::npos) return Corrupt("rank " + std::to_string(peer) + " published \"" + addr + "\"");
+    const std::string host = colon == 0 ? master_addr : addr.substr(0, colon);
+    Result<Socket> sock = ConnectTcp(host, std::atoi(addr.c_str() + colon + 1), d);
+    if (!sock.ok()) return sock.status().WithContext("rank " + std::to_string(rank) + " linking to rank " + std::to_string(peer));
+    KIMIRT_RETURN_IF_ERROR(SendFrame(sock->fd(), FrameHeader{kGroupHello, static_cast<uint32_t>(rank), group}, nullptr, 0, d));
+    *slot = std::move(*sock);
+    return Status::Ok();
+  };
+  if (t > 0) KIMIRT_RETURN_IF_ERROR(connect(stage * o.tp, &out->tp_links.peers[0], 0));
+  for (int i = 0; i < stage; ++i) KIMIRT_RETURN_IF_ERROR(connect(i * o.tp + t, &out->pp_links.peers[static_cast<size_t>(i)], 1));
+  const int expect = (t == 0 ? o.tp - 1 : 0) + (o.pp - 1 - stage);
+  for (int k = 0; k < expect; ++k) {
+    Result<Socket> sock = AcceptTcp(listener, d);
+    if (!sock.ok()) return sock.status().WithContext("rank " + std::to_string(rank) + " waiting for its group links");
+    KIMIRT_ASSIGN_OR_RETURN(const FrameHeader h, RecvHeader(sock->fd(), -1, "a group link's hello", d));
+    const int from = static_cast<int>(h.aux);
+    const bool tp_link = h.n == 0 && t == 0 && from / o.tp == stage && from % o.tp > 0;
+    const bool pp_link = h.n == 1 && from % o.tp == t && from / o.tp > stage && from / o.tp < o.pp;
+    Socket* slot = tp_link   ? &out->tp_links.peers[static_cast<size_t>(from % o.tp)]
+                   : pp_link ? &out->pp_links.peers[static_cast<size_t>(from / o.tp)]
+                             : nullptr;
+    if (h.op != kGroupHello || slot == nullptr || slot->valid()) {
+      return Internal("rank " + std::to_string(rank) + ": an unexpected group link from rank " + std::to_string(from));
+    }
+    *slot = std::move(*sock);
+  }
+  out->comm = MakeTcpCommunicator(out->tp_links);
+  out->pipeline = MakeTcpCommunicator(out->pp_links);
+  return Status::Ok();
+}
+
+// The host other ranks reach this one at: the local end of its link to rank 0.
+std::string LocalHost(const Socket& link) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  char buf[INET_ADDRSTRLEN] = {0};
+  if (getsockname(link.fd(), reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf)) == nullptr) {
+    return "127.0.0.1";
+  }
+  return buf;
+}
+
+// Every rank's count replaced by the smallest over the run's ranks (the stage's TP group, then
+// the pipeline group: together every rank). Counts above 2^24 (a stage with no MLA layer: its
+// own budget is unbounded) are taken as 2^24, where floats are still exact.
+int64_t LeastOverRanks(LoadedRank& r, int64_t count) {
+  float v = static_cast<float>(std::min<int64_t>(count, int64_t{1} << 24));
+  for (Communicator* c : {r.comm.get(), r.pipeline.get()}) {
+    if (c == nullptr || c->size() == 1) continue;
+    Tensor mine = Tensor::Host({1});
+    mine.f32()[0] = v;
+    const Tensor send = r.backend->Upload(mine);
+    Tensor all = r.backend->Empty({c->size()});
+    c->AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
+    const Tensor got = r.backend->Download(all);
+    v = *std::min_element(got.f32(), got.f32() + c->size());
+  }
+  return static_cast<int64_t>(v);
 }
 
 // Loads the rank's shard (rank out->comm->rank()) and sizes its caches. Collective: loading and
@@ -222,19 +348,26 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   LoadOptions lo;
   lo.matrix_dtype = o.matrix_dtype;
   lo.ep = o.ep;
-  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo));
+  KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo, out->pipeline.get()));
   out->model->set_decode_graphs(!o.enforce_eager);
   if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
     // Each GPU's free memory may differ; the ranks take the smallest budget so their block
     // allocators stay in lockstep. A rank without room takes part too (with 0), so none waits.
     RunnerOptions mine = o;
     const Result<bool> sized = runner::SizeFromGpuMemory(*out->backend, &mine);
-    const uint64_t least = runner::MinOverRanks(*out->comm, *out->backend, sized.ok() ? mine.kv_cache_bytes : 0);
+    uint64_t least = runner::MinOverRanks(*out->comm, *out->backend, sized.ok() ? mine.kv_cache_bytes : 0);
+    if (out->pipeline != nullptr) least = runner::MinOverRanks(*out->pipeline, *out->backend, least);
     if (!sized.ok()) return sized.status().WithContext("rank " + std::to_string(out->comm->rank()));
     if (least == 0) return ResourceExhausted("another rank's GPU has no room for the latent cache (--gpu-memory-utilization)");
     o.kv_cache_bytes = least;
   }
   KIMIRT_ASSIGN_OR_RETURN(out->sizes, runner::SizeCaches(*out->model, o));
+  if (out->pipeline != nullptr) {
+    // The stages hold different layers: each rank takes the smallest counts, so the block
+    // allocators stay in lockstep (the thread runner's LeastOf).
+    out->sizes.blocks = LeastOverRanks(*out, out->sizes.blocks);
+    out->sizes.snapshots = LeastOverRanks(*out, out->sizes.snapshots);
+  }
   out->rank.model = out->model.get();
   out->rank.kv = out->model->MakeKvCache(out->sizes.blocks, o.block_size, o.kv_cache_dtype, false);
   out->rank.kda = out->model->MakeKdaStates(runner::kInitialKdaSlots);
@@ -348,16 +481,17 @@ class ProcessRanksRunner final : public ModelRunner {
   static Result<std::unique_ptr<ModelRunner>> Create(const ModelSource& source, const RunnerOptions& o) {
     auto r = std::unique_ptr<ProcessRanksRunner>(new ProcessRanksRunner());
     r->links_.rank = 0;
-    r->links_.size = o.tp;
-    r->links_.peers.resize(static_cast<size_t>(o.tp));
+    const int world = World(o);
+    r->links_.size = world;
+    r->links_.peers.resize(static_cast<size_t>(world));
     r->links_.timeout = std::chrono::milliseconds(o.rank_timeout_ms);
     // Multi-node: the master port, on every interface, where the other nodes' followers come.
     KIMIRT_ASSIGN_OR_RETURN(Socket listener, ListenTcp(o.master_port));
     KIMIRT_ASSIGN_OR_RETURN(const int port, LocalPort(listener));
-    r->local_followers_ = o.local_followers < 0 ? o.tp - 1 : std::min(o.local_followers, o.tp - 1);
+    r->local_followers_ = o.local_followers < 0 ? world - 1 : std::min(o.local_followers, world - 1);
     if (r->local_followers_ > 0) {
       // This process is local rank 0: rank r of this node takes GPU r.
-      SpawnOptions so = FollowerSpawn(o.rank_worker_binary, 1, r->local_followers_, 1, o.tp, "127.0.0.1", port);
+      SpawnOptions so = FollowerSpawn(o.rank_worker_binary, 1, r->local_followers_, 1, world, "127.0.0.1", port);
       so.stop = &r->stop_;
       // The supervisor thread lives as long as the followers: PR_SET_PDEATHSIG follows the
       // thread that forked, so they die with it, and with this process.
@@ -372,7 +506,7 @@ class ProcessRanksRunner final : public ModelRunner {
       r->supervisor_done_ = true;
     }
     int store_port = 0;
-    if (OnGpus(o)) {
+    if (UsesStore(o)) {
       KIMIRT_ASSIGN_OR_RETURN(store_port, PickFreePort());
     }
     KIMIRT_RETURN_IF_ERROR(r->AcceptFollowers(listener, source, o, store_port));
@@ -384,6 +518,8 @@ class ProcessRanksRunner final : public ModelRunner {
         // follower that cannot start says why on its link.
         KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kBackendReady, "making its backend"));
         KIMIRT_RETURN_IF_ERROR(JoinNccl(o, 0, "127.0.0.1", store_port, 0, &r->self_));
+      } else if (o.pp > 1) {
+        KIMIRT_RETURN_IF_ERROR(JoinGroupLinks(o, 0, "127.0.0.1", store_port, "", &r->self_));
       } else {
         r->self_.comm = MakeTcpCommunicator(r->links_);
       }
@@ -391,7 +527,7 @@ class ProcessRanksRunner final : public ModelRunner {
     });
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
-    if (r->local_followers_ < o.tp - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
+    if (r->local_followers_ < world - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
@@ -483,16 +619,17 @@ class ProcessRanksRunner final : public ModelRunner {
 
   Status AcceptFollowers(const Socket& listener, const ModelSource& source, const RunnerOptions& o, int store_port) {
     const Deadline end = links_.deadline();
-    for (int accepted = 0; accepted < o.tp - 1;) {
+    const int world = World(o);
+    for (int accepted = 0; accepted < world - 1;) {
       KIMIRT_RETURN_IF_ERROR(health());  // a follower that could not start
       if (Clock::now() >= end) {
         const Result<int> port = LocalPort(listener);
         std::vector<int> missing;
-        for (int k = 1; k < o.tp; ++k) {
+        for (int k = 1; k < world; ++k) {
           if (!links_.peers[static_cast<size_t>(k)].valid()) missing.push_back(k);
         }
         return Fail(IoError("process ranks: rank" + std::string(missing.size() > 1 ? "s " : " ") + RankList(missing) +
-                            " of " + std::to_string(o.tp) + " did not connect to rank 0 (port " +
+                            " of " + std::to_string(world) + " did not connect to rank 0 (port " +
                             std::to_string(port.ok() ? *port : 0) + ") within " +
                             std::to_string(o.rank_timeout_ms) + " ms"));
       }
@@ -502,20 +639,21 @@ class ProcessRanksRunner final : public ModelRunner {
       if (!h.ok()) return Fail(h.status());
       const int k = static_cast<int>(h->aux);
       Result<Message> hello = h->op == kHello ? RecvPayload(s->fd(), *h, end) : Result<Message>(Corrupt("not a hello"));
-      if (!hello.ok() || hello->a.size() != 1 || k < 1 || links_.peers[static_cast<size_t>(std::min(k, o.tp - 1))].valid()) {
+      if (!hello.ok() || hello->a.size() != 1 || k < 1 || links_.peers[static_cast<size_t>(std::min(k, world - 1))].valid()) {
         return Fail(Internal("process ranks: a bad hello (op " + std::to_string(h->op) + ", rank " + std::to_string(k) + ")"));
       }
       // Each node's command line says the world: one that disagrees would deadlock later.
-      if (hello->a[0] != o.tp || k >= o.tp) {
+      if (hello->a[0] != world || k >= world) {
         return Fail(InvalidArgument("process ranks: rank " + std::to_string(k) + " was started in a run of " +
                                     std::to_string(hello->a[0]) + " ranks, but rank 0 serves -tp " +
-                                    std::to_string(o.tp) + " (every node must be given the same -tp)"));
+                                    std::to_string(o.tp) + (o.pp > 1 ? " -pp " + std::to_string(o.pp) : "") +
+                                    " (every node must be given the same -tp and -pp)"));
       }
       links_.peers[static_cast<size_t>(k)] = std::move(*s);
       ++accepted;
     }
     const Message opts = OptionsMessage(source, o, store_port);
-    for (int k = 1; k < o.tp; ++k) {
+    for (int k = 1; k < world; ++k) {
       Status s = SendMessage(links_.peers[static_cast<size_t>(k)].fd(), kOptions, 0, opts, end);
       if (!s.ok()) return Fail(Internal("process ranks: sending rank " + std::to_string(k) + " its options: " + s.message()));
     }
@@ -619,7 +757,11 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
   } else {
     SetCpuBackendThreads(fo.o.follower_cpu_threads);
     KIMIRT_RETURN_IF_ERROR(MakeRankBackend(fo.o, links.rank, 0, &self));
-    self.comm = MakeTcpCommunicator(links);
+    if (fo.o.pp > 1) {
+      KIMIRT_RETURN_IF_ERROR(JoinGroupLinks(fo.o, links.rank, master_addr, fo.store_port, LocalHost(links.to_root()), &self));
+    } else {
+      self.comm = MakeTcpCommunicator(links);
+    }
   }
   KIMIRT_RETURN_IF_ERROR(LoadRank(fo.source, fo.o, &self));
   KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kReady, me, 0}, nullptr, 0, links.deadline()));
@@ -636,16 +778,17 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
 }  // namespace
 
 Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const ModelSource& source, const RunnerOptions& o) {
-  if (o.tp < 2) return InvalidArgument("process ranks need -tp 2 or more");
+  if (World(o) < 2) return InvalidArgument("process ranks need 2 or more ranks (-tp × -pp)");
   if (o.device == "cuda") {
     // Everything a rank would find missing is checked here, before any process starts.
     if (!CudaBackendBuilt()) return MakeBackend(o.device).status();  // says it is not built
     if (!NcclCommunicatorBuilt()) {
-      return Unsupported("-tp " + std::to_string(o.tp) + " --device cuda needs NCCL, which this kimirt was built "
+      return Unsupported("-tp " + std::to_string(o.tp) + (o.pp > 1 ? " -pp " + std::to_string(o.pp) : "") +
+                         " --device cuda needs NCCL, which this kimirt was built "
                          "without (configure with -DKIMIRT_CUDA=ON where nccl.h and libnccl are found)");
     }
     // This host's ranks only: across nodes, the others check their own GPUs.
-    KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.local_followers < 0 ? o.tp : 1 + o.local_followers, VisibleCudaDevices()));
+    KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.local_followers < 0 ? World(o) : 1 + o.local_followers, VisibleCudaDevices()));
     // NVLink multicast stays off in every process of the group (issue 15 item 5): the followers
     // get it from the spawner; rank 0 is this process, before its NCCL init. Forced, not
     // defaulted, so that all ranks agree.

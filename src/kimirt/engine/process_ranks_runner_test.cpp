@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -71,6 +72,57 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
                            return std::string(info.param.first == "tiny-a" ? "TinyA" : "KimiLinearTiny") + "Tp" +
                                   std::to_string(info.param.second);
                          });
+
+// Pipeline stages as processes (docs/distributed.md "Pipeline parallelism"): each rank one
+// process, its stage's TP group and its pipeline linked by TCP through rank 0's rendezvous store.
+// The runner trace (prefills, decode steps, a KDA snapshot restored into a sequence sharing the
+// prompt's blocks) equals the thread ranks' at the same degrees and the TP-only run's (one stage:
+// pipelining changes no sum), bit for bit.
+TEST(ProcessRanksPipeline, LogitsEqualThreadRanksAndOneStageBitForBit) {
+  for (const auto& [fixture, tp, pp] : {std::tuple{"tiny-a", 1, 2}, std::tuple{"tiny-a", 1, 3},
+                                        std::tuple{"tiny-a", 2, 2}, std::tuple{"kimi-linear-tiny", 2, 2}}) {
+    SCOPED_TRACE(std::string(fixture) + " tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+    KIMIRT_REQUIRE_FILE(Fixture(std::string(fixture) + "/config.json"));
+    auto one_stage = ModelRunner::Create(Fixture(fixture), Options(false, tp));
+    ASSERT_TRUE(one_stage.ok()) << one_stage.status().ToString();
+    RunnerOptions o = Options(false, tp);
+    o.pp = pp;
+    auto threads = ModelRunner::Create(Fixture(fixture), o);
+    ASSERT_TRUE(threads.ok()) << threads.status().ToString();
+    o.process_ranks = true;
+    auto procs = ModelRunner::Create(Fixture(fixture), o);
+    ASSERT_TRUE(procs.ok()) << procs.status().ToString();
+    EXPECT_EQ(testing::FollowerPids().size(), static_cast<size_t>(tp * pp - 1));
+    const auto want = Trace(**one_stage);
+    ASSERT_NO_FATAL_FAILURE(ExpectSameBits(Trace(**threads), want));
+    ASSERT_NO_FATAL_FAILURE(ExpectSameBits(Trace(**procs), want));
+    EXPECT_TRUE((*procs)->health().ok());
+  }
+}
+
+// A stage's follower killed: the next Forward fails naming it (the pipeline's Recv on rank 0
+// reads a closed socket, or a command to it fails), and the runner stays failed.
+TEST(ProcessRanksPipeline, AKilledStageIsAnErrorNamingItsRank) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true, 1);
+  o.pp = 3;
+  auto r = ModelRunner::Create(Fixture("tiny-a"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelRunner::Handle h = (*r)->NewSequence();
+  ASSERT_TRUE((*r)->Reserve(h, 16).ok());
+  ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
+  const std::vector<int> pids = testing::FollowerPids();
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);  // rank 2, the last stage
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("rank 2"), std::string::npos) << l.status().message();
+  EXPECT_FALSE((*r)->health().ok());
+  r->reset();
+  EXPECT_TRUE(testing::FollowerPids().empty());
+}
 
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));

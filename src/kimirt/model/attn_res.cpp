@@ -1,12 +1,30 @@
 // Block AttnRes bookkeeping (attn_res.h; spec §4.1, §8).
 #include "kimirt/model/attn_res.h"
 
+#include "kimirt/core/check.h"
+
 namespace kimirt {
 
 BlockAttnRes::BlockAttnRes(Backend& be, Tensor embedding, int64_t block_size, float eps, const Tensor& out_proj,
                            const Tensor& out_norm)
     : be_(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm),
       prefix_(std::move(embedding)) {}
+
+BlockAttnRes::BlockAttnRes(Backend& be, std::vector<Tensor> state, int64_t block_size, float eps,
+                           const Tensor& out_proj, const Tensor& out_norm)
+    : be_(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm) {
+  KIMIRT_CHECK(!state.empty());
+  prefix_ = std::move(state.back());
+  state.pop_back();
+  bank_ = std::move(state);
+}
+
+std::vector<Tensor> BlockAttnRes::State() const {
+  KIMIRT_CHECK(has_prefix_);
+  std::vector<Tensor> s = bank_;
+  s.push_back(prefix_);
+  return s;
+}
 
 Tensor BlockAttnRes::Mix(const Tensor& proj, const Tensor& norm) {
   std::vector<const Tensor*> cands;

@@ -18,6 +18,15 @@ class BlockAttnRes final : public ResidualStream {
   // key-norm gain (spec §4 step 4).
   BlockAttnRes(Backend& be, Tensor embedding, int64_t block_size, float eps, const Tensor& out_proj,
                const Tensor& out_norm);
+  // A stream continuing from `state` (State() of a stream after layer `layer` - 1): the closed
+  // blocks, then the open block's sum.
+  BlockAttnRes(Backend& be, std::vector<Tensor> state, int64_t block_size, float eps, const Tensor& out_proj,
+               const Tensor& out_norm);
+  // How many tensors State() holds before layer `layer` runs: the blocks closed by then (one at
+  // each layer < `layer` that is a multiple of block_size, spec §4.1 step 2) and the prefix.
+  static int64_t StateSizeBefore(int64_t layer, int64_t block_size) {
+    return (layer + block_size - 1) / block_size + 1;
+  }
 
   // Spec §4.1 steps 1-2: mix at the attention site, then close a block at a boundary layer.
   Tensor AttentionInput(int64_t layer, const LayerWeights& lw) override;
@@ -27,6 +36,9 @@ class BlockAttnRes final : public ResidualStream {
   void Add(const Tensor& out) override;
   // Spec §4 step 4: the output site's mix (the prefix itself if the bank is empty).
   Tensor Output() override;
+  // The closed blocks, oldest first, then the prefix. Between layers the prefix is always there
+  // (a layer's FFN output was the last Add), so the bank and prefix are the whole state.
+  std::vector<Tensor> State() const override;
 
  private:
   // AttnResMix([bank..., prefix]; proj, norm) (spec §8.2).

@@ -37,25 +37,31 @@ void RecordLayer(Backend& be, const Tensor& attn_in, const Tensor& attn_out, con
 
 }  // namespace
 
-Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm)
+Model::Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm, Communicator* pipeline,
+             PipelineStage stage)
     : layout_(std::move(layout)),
       w_(std::move(weights)),
       be_(backend),
       comm_(comm),
+      pipeline_(pipeline),
+      stage_(stage),
       ctx_{layout_.config(), be_, comm_, FfnActivation(layout_.config())} {
   const ModelConfig& c = config();
+  // KDA state and latent cache hold the stage's own layers only (issue 15 item 4).
   int kda = 0, mla = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const bool is_kda = c.IsKdaLayer(i);
-    kda_slot_.push_back(is_kda ? kda++ : -1);
-    mla_slot_.push_back(is_kda ? -1 : mla++);
+    const bool is_kda = c.IsKdaLayer(i), mine = stage_.holds_layer(i);
+    kda_slot_.push_back(is_kda && mine ? kda++ : -1);
+    mla_slot_.push_back(!is_kda && mine ? mla++ : -1);
   }
+  stage_kda_layers_ = kda;
+  stage_mla_layers_ = mla;
   private_kv_ = MakeKvCache(0, 16, KvCacheDType::kF32, /*growable=*/true);
   private_kda_ = MakeKdaStates(1);
 }
 
 std::unique_ptr<KdaStateSlots> Model::MakeKdaStates(int64_t slots) const {
-  const int64_t layers = config().NumKdaLayers();
+  const int64_t layers = stage_kda_layers_;
   const ModuleContext& ctx = ctx_;
   return std::make_unique<KdaStateSlots>(
       be_,
@@ -70,14 +76,19 @@ std::unique_ptr<KdaStateSlots> Model::MakeKdaStates(int64_t slots) const {
 std::unique_ptr<LatentKvCache> Model::MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
                                                   bool growable) const {
   const ModelConfig& c = config();
-  return std::make_unique<LatentKvCache>(be_, static_cast<int>(c.NumMlaLayers()), num_blocks, block_size,
+  return std::make_unique<LatentKvCache>(be_, static_cast<int>(stage_mla_layers_), num_blocks, block_size,
                                          c.kv_lora_rank, c.qk_rope_head_dim, dtype, growable);
 }
 
 Result<std::unique_ptr<Model>> Model::Load(const ModelSource& source, Backend& backend, Communicator& comm,
-                                           const LoadOptions& options) {
+                                           const LoadOptions& options, Communicator* pipeline) {
   KIMIRT_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(source.random() ? source.config_path : source.dir));
   KIMIRT_ASSIGN_OR_RETURN(Layout layout, Layout::Build(config));
+  LoadOptions lo = options;
+  lo.pp = pipeline != nullptr ? pipeline->size() : 1;
+  lo.stage = pipeline != nullptr ? pipeline->rank() : 0;
+  KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(config.num_hidden_layers, lo.pp));
+  const PipelineStage stage = PipelineStages(config.num_hidden_layers, lo.pp)[static_cast<size_t>(lo.stage)];
   std::unique_ptr<Checkpoint> ckpt;
   std::unique_ptr<WeightSource> weights_source;
   if (source.random()) {
@@ -87,10 +98,11 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelSource& source, Backend& b
     weights_source = CheckpointWeightSource(*ckpt);
   }
   KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
-                          LoadModelWeights(layout, *weights_source, comm.size(), comm.rank(), backend, options));
+                          LoadModelWeights(layout, *weights_source, comm.size(), comm.rank(), backend, lo));
   // BF16-held weights mean BF16 tensor-core prefill; F32 ones the exact F32 mode (issue 14).
   backend.set_bf16_prefill(options.matrix_dtype == DType::kBF16);
-  return std::unique_ptr<Model>(new Model(std::move(layout), std::move(weights), backend, comm));
+  return std::unique_ptr<Model>(
+      new Model(std::move(layout), std::move(weights), backend, comm, lo.pp > 1 ? pipeline : nullptr, stage));
 }
 
 SequenceState Model::NewSequence(LatentKvCache* kv, KdaStateSlots* kda) {
@@ -140,8 +152,8 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     }
   }
   for (SequenceState* st : rows.seqs) {
-    if (st->kda == nullptr || st->kda->num_layers() != c.NumKdaLayers() || st->kda_slot < 0 || st->kv == nullptr ||
-        st->kv->num_layers() != c.NumMlaLayers()) {
+    if (st->kda == nullptr || st->kda->num_layers() != stage_kda_layers_ || st->kda_slot < 0 || st->kv == nullptr ||
+        st->kv->num_layers() != stage_mla_layers_) {
       return InvalidArgument("sequence state was not made by this model");
     }
     if (st->kda != rows.seqs[0]->kda) return InvalidArgument("sequences of one call must share their KDA slots");
@@ -155,7 +167,7 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
   // A decode step (one new token per sequence, absorbed form, one cache): its metadata goes to
   // the cache's storage once here, and every MLA layer attends through the block tables.
   const bool paged_decode = PagedDecode(rows, o.mla_form);
-  if (paged_decode && c.NumMlaLayers() > 0) {
+  if (paged_decode && stage_mla_layers_ > 0) {
     PagedDecodeStep step;
     for (SequenceState* st : rows.seqs) step.Add(st->blocks, st->length + 1);
     rows.seqs[0]->kv->SetDecodeStep(step);
@@ -192,15 +204,18 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     local = RunLayers(rows, ids, o, paged_decode);
   }
   for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
-  return GatherLogits(local, o.argmax);
+  return GatherLogits(local, o.all_logits ? T : 1, o.argmax);
 }
 
 std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const {
-  if (!decode_graphs_ || !paged_decode || !be_.SupportsGraphs() || o.trace != nullptr || comm_.size() != 1) return {};
+  if (!decode_graphs_ || !paged_decode || !be_.SupportsGraphs() || o.trace != nullptr || comm_.size() != 1 ||
+      pipelined()) {
+    return {};
+  }
   // What the launches bake in: the row count, the latent cache's buffers and step layout, and
   // the KDA pools' addresses (they move when the slots grow).
   std::string key = "B" + std::to_string(rows.seqs.size()) + (o.all_logits ? ":all" : ":last");
-  if (config().NumMlaLayers() > 0) {
+  if (stage_mla_layers_ > 0) {
     const std::string kv = rows.seqs[0]->kv->GraphKey();
     if (kv.empty()) return {};
     key += ":" + kv;
@@ -224,18 +239,26 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   // Spec §4 step 1: embedding (vocab-parallel: each rank fills its rows, the sum is the row).
-  Tensor h = be_.Empty({T, c.hidden_size});
-  be_.Embedding(ids, w_.embed, w_.embed_row_begin, &h);
-  ctx_.AllReduce(&h);
+  // Pipeline stages after the first take the stream where the stage before left it instead.
+  std::vector<Tensor> state;
+  if (stage_.is_first()) {
+    Tensor h = be_.Empty({T, c.hidden_size});
+    be_.Embedding(ids, w_.embed, w_.embed_row_begin, &h);
+    ctx_.AllReduce(&h);
+    state.push_back(h);
+  } else {
+    state = ReceiveState(T);
+  }
 
-  // Spec §4 steps 2-4 (§4.1 per layer).
+  // Spec §4 steps 2-4 (§4.1 per layer), over this stage's layers.
   std::unique_ptr<ResidualStream> stream;
   if (c.UsesAttnRes()) {
-    stream = std::make_unique<BlockAttnRes>(be_, h, *c.attn_res_block_size, eps, w_.out_res_proj, w_.out_res_norm);
+    stream = std::make_unique<BlockAttnRes>(be_, std::move(state), *c.attn_res_block_size, eps, w_.out_res_proj,
+                                            w_.out_res_norm);
   } else {
-    stream = std::make_unique<PreNormResidual>(be_, h);
+    stream = std::make_unique<PreNormResidual>(be_, state[0]);
   }
-  for (size_t i = 0; i < w_.layers.size(); ++i) {
+  for (size_t i = static_cast<size_t>(stage_.first_layer); i < static_cast<size_t>(stage_.end_layer); ++i) {
     const LayerWeights& lw = w_.layers[i];
     Tensor x = ctx_.Norm(stream->AttentionInput(static_cast<int64_t>(i), lw), lw.input_norm, eps);
     Tensor attn = lw.is_kda ? RunKda(ctx_, lw.kda, x, kda_slot_[i], rows, o.kda_form)
@@ -248,10 +271,36 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
   }
 
+  if (!stage_.is_last()) {
+    SendState(stream->State());
+    return Tensor();
+  }
   // Spec §4 steps 5-6: final norm and the vocab-parallel head.
   Tensor hn = ctx_.Norm(stream->Output(), w_.norm, eps);
   if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
   return HeadLogits(o.all_logits ? hn : hn.Rows(T - 1, 1));
+}
+
+// What crosses a stage boundary: the residual stream's whole state after the stage's last layer
+// (attn_res.h: the closed AttnRes blocks and the open block's sum; residual.h: h), [T, D] F32
+// each, in the backend's memory. The receiver knows how many from the layer it starts at.
+std::vector<Tensor> Model::ReceiveState(int64_t T) {
+  const ModelConfig& c = config();
+  const int64_t n = c.UsesAttnRes() ? BlockAttnRes::StateSizeBefore(stage_.first_layer, *c.attn_res_block_size) : 1;
+  std::vector<Tensor> state;
+  for (int64_t k = 0; k < n; ++k) {
+    Tensor t = be_.Empty({T, c.hidden_size});
+    pipeline_->Recv(static_cast<float*>(t.raw()), static_cast<size_t>(t.numel()), stage_.stage - 1);
+    state.push_back(std::move(t));
+  }
+  return state;
+}
+
+void Model::SendState(const std::vector<Tensor>& state) {
+  for (const Tensor& t : state) {
+    KIMIRT_CHECK(t.dtype() == DType::kF32);
+    pipeline_->Send(static_cast<const float*>(t.raw()), static_cast<size_t>(t.numel()), stage_.stage + 1);
+  }
 }
 
 Tensor Model::HeadLogits(const Tensor& head_in) {
@@ -272,8 +321,9 @@ Tensor Model::HeadLogits(const Tensor& head_in) {
   return local;
 }
 
-Tensor Model::GatherLogits(const Tensor& local, ArgmaxRequest* argmax) {
-  const int64_t R = local.dim(0), Vl = local.dim(1), V = config().vocab_size;
+Tensor Model::GatherLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax) {
+  if (pipelined()) return PipelineLogits(local, R, argmax);
+  const int64_t Vl = local.dim(1), V = config().vocab_size;
   if (argmax != nullptr) {
     argmax->taken = false;
     const std::vector<uint8_t>& only = argmax->only;
@@ -301,16 +351,25 @@ Tensor Model::GatherLogits(const Tensor& local, ArgmaxRequest* argmax) {
       return rows;
     }
   }
+  return AssembleLogits(GatherRanks(local), R);
+}
+
+Tensor Model::GatherRanks(const Tensor& local) {
   const int tp = comm_.size();
-  if (tp == 1 && Vl == V) return HostCopy(be_, local);  // already [R, V] (a decode batch: no 2nd copy)
+  if (tp == 1) return local;
   // The ranks' slices are gathered where they lie (the communicator takes the backend's memory:
   // device pointers under NCCL), then cross to the host once, as [tp, R, Vl].
-  Tensor all_ranks = local;
-  if (tp > 1) {
-    all_ranks = be_.Empty({tp * R, Vl});
-    comm_.AllGather(static_cast<const float*>(local.raw()), static_cast<size_t>(R * Vl),
-                    static_cast<float*>(all_ranks.raw()));
-  }
+  const int64_t R = local.dim(0), Vl = local.dim(1);
+  Tensor all_ranks = be_.Empty({tp * R, Vl});
+  comm_.AllGather(static_cast<const float*>(local.raw()), static_cast<size_t>(R * Vl),
+                  static_cast<float*>(all_ranks.raw()));
+  return all_ranks;
+}
+
+Tensor Model::AssembleLogits(const Tensor& all_ranks, int64_t R) {
+  const int tp = comm_.size();
+  const int64_t Vl = all_ranks.dim(1), V = config().vocab_size;
+  if (tp == 1 && Vl == V) return HostCopy(be_, all_ranks);  // already [R, V] (a decode batch: no 2nd copy)
   const Tensor host = be_.Download(all_ranks);  // read only: may be all_ranks itself on the CPU
   const float* all = host.f32();
   Tensor logits = Tensor::Host({R, V});
@@ -324,6 +383,24 @@ Tensor Model::GatherLogits(const Tensor& local, ArgmaxRequest* argmax) {
     }
   }
   return logits;
+}
+
+// Pipeline stages: the last stage's TP ranks gather their vocabulary slices as without
+// pipelining and each sends the [tp, R, Vl] block to its tp rank of the first stage, whose ranks
+// assemble the logits rank 0 samples from. The argmax shortcut stays with one-stage models (the
+// request is rank 0's, the logits the last stage's).
+Tensor Model::PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax) {
+  if (argmax != nullptr) argmax->taken = false;
+  if (stage_.is_last()) {
+    const Tensor all_ranks = GatherRanks(local);
+    pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
+    return Tensor();
+  }
+  if (!stage_.is_first()) return Tensor();
+  // The head's vocabulary slice is the embedding's (both vocab-parallel, ceil(V/tp) rows).
+  Tensor all_ranks = be_.Empty({comm_.size() * R, w_.embed.dim(0)});
+  pipeline_->Recv(static_cast<float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), stage_.pp - 1);
+  return AssembleLogits(all_ranks, R);
 }
 
 }  // namespace kimirt

@@ -21,6 +21,7 @@
 #include "kimirt/model/layout.h"
 #include "kimirt/model/model_source.h"
 #include "kimirt/model/module_context.h"
+#include "kimirt/model/pipeline_stages.h"
 #include "kimirt/model/sequence_state.h"
 #include "kimirt/model/weights.h"
 #include "kimirt/parallel/communicator.h"
@@ -59,13 +60,17 @@ struct ForwardOptions {
 class Model {
  public:
   // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
-  // comm.size(); a random source makes only this rank's slices.
+  // comm.size(); a random source makes only this rank's slices. With a `pipeline` group of more
+  // than one rank (pipeline parallelism; docs/distributed.md "Pipeline parallelism"), as stage
+  // pipeline->rank() of pipeline->size() (model/pipeline_stages.h): `comm` is then the stage's TP
+  // group, and the rank holds and runs only its stage's layers. options.pp and options.stage are
+  // set from `pipeline`.
   static Result<std::unique_ptr<Model>> Load(const ModelSource& source, Backend& backend, Communicator& comm,
-                                              const LoadOptions& options = {});
+                                              const LoadOptions& options = {}, Communicator* pipeline = nullptr);
   // Loads DIR (config.json + checkpoint).
   static Result<std::unique_ptr<Model>> Load(const std::string& dir, Backend& backend, Communicator& comm,
-                                              const LoadOptions& options = {}) {
-    return Load(ModelSource::Directory(dir), backend, comm, options);
+                                              const LoadOptions& options = {}, Communicator* pipeline = nullptr) {
+    return Load(ModelSource::Directory(dir), backend, comm, options, pipeline);
   }
 
   Model(const Model&) = delete;  // not movable either: ctx_ refers to layout_'s config
@@ -81,13 +86,20 @@ class Model {
   // (defaults: a growable F32 cache and slots of the model's own, for tools and tests; the
   // engine passes its paged pool and its slots). Sequences decoded together must share both.
   SequenceState NewSequence(LatentKvCache* kv = nullptr, KdaStateSlots* kda = nullptr);
-  // KDA state slots shaped for this model (every KDA layer), `slots` to begin with (they grow).
+  // This rank's pipeline stage (stage 0 of 1, every layer, without pipeline parallelism).
+  const PipelineStage& stage() const { return stage_; }
+
+  // KDA state slots shaped for this model (every KDA layer of its stage), `slots` to begin with
+  // (they grow).
   std::unique_ptr<KdaStateSlots> MakeKdaStates(int64_t slots) const;
-  // A latent cache shaped for this model (all its MLA layers).
+  // A latent cache shaped for this model (the MLA layers of its stage; none: block accounting
+  // only, which every stage keeps in lockstep).
   std::unique_ptr<LatentKvCache> MakeKvCache(int64_t num_blocks, int block_size, KvCacheDType dtype,
                                              bool growable) const;
   // Runs `ids` as the next tokens of `state`. Returns F32 host logits [T, vocab] (or [1, vocab]
-  // with all_logits = false). ids outside the vocabulary are an InvalidArgument.
+  // with all_logits = false). ids outside the vocabulary are an InvalidArgument. Pipeline
+  // stages: every stage's ranks call it alike; the first stage's ranks get the logits (the last
+  // stage sends them back), the others an undefined tensor.
   Result<Tensor> Forward(SequenceState* state, std::span<const int32_t> ids,
                          const ForwardOptions& options = {});
   // One decode step of several sequences at once: ids[b] is the next token of states[b]; returns
@@ -107,7 +119,9 @@ class Model {
   int64_t graph_replays() const { return graph_replays_; }
 
  private:
-  Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm);
+  Model(Layout layout, ModelWeights weights, Backend& backend, Communicator& comm, Communicator* pipeline,
+        PipelineStage stage);
+  bool pipelined() const { return stage_.pp > 1; }
 
   Result<Tensor> Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
   // The layers, final norm and head of a step on the device: this rank's logits [R, V_local].
@@ -115,8 +129,18 @@ class Model {
   // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).
   Tensor HeadLogits(const Tensor& head_in);
   // F32 host logits [R, vocab] from every rank's [R, V_local] (or, when `argmax` is taken, the
-  // argmaxes and the other rows only).
-  Tensor GatherLogits(const Tensor& local, ArgmaxRequest* argmax);
+  // argmaxes and the other rows only). Pipeline stages: `local` is the last stage's; the first
+  // stage receives them (rows R) and returns them, the others return an undefined tensor.
+  Tensor GatherLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax);
+  // Every TP rank's [R, V_local] as [tp·R, V_local] in the backend's memory (`local` at TP 1).
+  Tensor GatherRanks(const Tensor& local);
+  // Host [R, vocab] from GatherRanks's block.
+  Tensor AssembleLogits(const Tensor& all_ranks, int64_t R);
+  Tensor PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax);
+  // Pipeline stages: the residual stream's state before this stage's first layer, from the
+  // stage before (T rows), and after its last layer, to the stage after.
+  std::vector<Tensor> ReceiveState(int64_t T);
+  void SendState(const std::vector<Tensor>& state);
   // The graph key of a decode step of `rows`, or empty when the step runs op by op.
   std::string DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const;
 
@@ -124,9 +148,12 @@ class Model {
   ModelWeights w_;
   Backend& be_;
   Communicator& comm_;
+  Communicator* pipeline_;  // the pipeline group (rank = stage), or null
+  PipelineStage stage_;
   ModuleContext ctx_;  // what the sub-layer modules (kda.h, mla.h, moe.h) run with
-  std::vector<int> kda_slot_;  // layer -> KDA layer index in KdaStateSlots (or -1)
-  std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1)
+  std::vector<int> kda_slot_;  // layer -> KDA layer index in KdaStateSlots (or -1; the stage's layers only)
+  std::vector<int> mla_slot_;  // layer -> MLA layer index in the latent cache (or -1; the stage's layers only)
+  int64_t stage_kda_layers_ = 0, stage_mla_layers_ = 0;
   std::unique_ptr<LatentKvCache> private_kv_;
   std::unique_ptr<KdaStateSlots> private_kda_;
   bool decode_graphs_ = true;

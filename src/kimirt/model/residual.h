@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kimirt/backend/backend.h"
 #include "kimirt/model/weights.h"
@@ -25,18 +26,23 @@ class ResidualStream {
   virtual void Add(const Tensor& out) = 0;
   // What the final norm reads.
   virtual Tensor Output() = 0;
+  // The whole state between two layers, as tensors [T, D] (pipeline parallelism: what one stage
+  // hands the next; docs/distributed.md "Pipeline parallelism"). A stream made from them
+  // continues exactly as this one would.
+  virtual std::vector<Tensor> State() const = 0;
 };
 
 // The plain pre-norm residual stream h ← h + sublayer(norm(h)) (Kimi-Linear, spec §1.3): every
 // norm reads h.
 class PreNormResidual final : public ResidualStream {
  public:
-  // `embedding` [T, D] is the stream's start.
+  // `embedding` [T, D] is the stream's start (or h, from State()).
   PreNormResidual(Backend& be, Tensor embedding) : be_(be), h_(std::move(embedding)) {}
   Tensor AttentionInput(int64_t /*layer*/, const LayerWeights& /*lw*/) override { return h_; }
   Tensor FfnInput(const LayerWeights& /*lw*/) override { return h_; }
   void Add(const Tensor& out) override;
   Tensor Output() override { return h_; }
+  std::vector<Tensor> State() const override { return {h_}; }
 
  private:
   Backend& be_;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kimirt/core/dtype_convert.h"
+#include "kimirt/model/pipeline_stages.h"
 #include "kimirt/model/weight_binding.h"
 
 namespace kimirt {
@@ -344,12 +345,20 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& 
   const bool mxfp4_as_stored = backend.device() != Device::kCpu;
   Loader ld(layout, source, tp, rank, backend, options, mxfp4_as_stored);
   KIMIRT_RETURN_IF_ERROR(ld.Check());
-  ModelWeights w = EmptyModelWeights(layout.config());
+  const ModelConfig& c = layout.config();
+  KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, options.pp));
+  if (options.stage < 0 || options.stage >= options.pp) {
+    return InvalidArgument("pipeline stage " + std::to_string(options.stage) + " of " + std::to_string(options.pp));
+  }
+  const std::vector<PipelineStage> stages = PipelineStages(c.num_hidden_layers, options.pp);
+  const PipelineStage& stage = stages[static_cast<size_t>(options.stage)];
+  ModelWeights w = EmptyModelWeights(c);
   const TensorSpec* codes = nullptr;  // MXFP4 codes whose scales come next in the table
   for (const TensorSpec& t : layout.tensors()) {
     const WeightBinding b = BindWeight(w, t);
     if (b.field == nullptr) continue;  // the vision tower: not part of the text model
     if (!ld.Holds(t)) continue;        // another rank's routed expert (expert parallelism)
+    if (!StageLoads(stage, t, stages, c.tie_word_embeddings)) continue;  // another pipeline stage's
     if (b.held == HeldAs::kMxfp4 && mxfp4_as_stored) {
       KIMIRT_ASSIGN_OR_RETURN(*b.field, ld.LoadStored(t));
     } else if (IsMxfp4Codes(t.role)) {

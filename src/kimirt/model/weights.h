@@ -89,12 +89,18 @@ struct LoadOptions {
   // parallelism"): 1, or the TP degree — each rank then holds E / tp routed experts whole
   // (Layout::ExpertsOf) instead of every expert's slice of the intermediate width.
   int ep = 1;
+  // Pipeline parallelism (model/pipeline_stages.h): the rank loads only the tensors of stage
+  // `stage` of `pp` — its layers, and the embedding on the first, the final norm, output
+  // AttnRes and head on the last. The other layers' entries stay empty.
+  int pp = 1;
+  int stage = 0;
 };
 
 // Loads rank `rank` of `tp` from `source` (a checkpoint, or random weights: weight_source.h) onto
 // `backend`, reading only the rank's slice of each tensor. MXFP4 routed experts are held as
 // stored (codes + scales, ExpertWeights) on CUDA and widened to F32 on the CPU (the reference).
-// With options.ep > 1 (== tp) the other ranks' routed experts are not read at all.
+// With options.ep > 1 (== tp) the other ranks' routed experts are not read at all; with
+// options.pp > 1 the other stages' tensors are not read at all.
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& source, int tp, int rank,
                                       Backend& backend, const LoadOptions& options = {});
 

@@ -18,6 +18,15 @@
 // every peer has arrived at B and so has finished reading: one pair of barriers suffices. Waiting
 // is on a condition_variable (no spinning); the barrier is reusable (a generation counter).
 //
+// Point to point: Send copies the message into the (sender, receiver) mailbox of the group and
+// returns; Recv waits for the oldest message of that mailbox. Buffered sends never block, so a
+// pipeline's stages cannot deadlock on each other whatever order they send in.
+//
+// A tp × pp grid (RunOnThreadGrid) is one ThreadWorld — the mutex and condition variable every
+// wait uses, and who failed or returned — with tp + pp groups over it (the stages' TP groups and
+// the tp ranks' pipeline groups). A failure anywhere ends every group; a rank returning ends the
+// collectives of its own groups only (its peers in other groups may still be working).
+//
 // Misuse and failures end in an exception from RunOnThreadRanks instead of a silent deadlock:
 // every arrival records (op, count); the last arrival checks they all agree, else all ranks throw
 // std::logic_error. A rank whose fn returns while peers wait in a collective makes them throw
@@ -25,9 +34,11 @@
 // RunOnThreadRanks joins all threads, then rethrows the lowest rank's original exception.
 #include "kimirt/parallel/communicator.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -52,6 +63,13 @@ class SingleRankCommunicator final : public Communicator {
     if (n != 0 && send != recv) std::memmove(recv, send, n * sizeof(float));
   }
   void Barrier() override {}
+  void Send(const float*, size_t, int peer) override { NoPeer(peer); }
+  void Recv(float*, size_t, int peer) override { NoPeer(peer); }
+
+ private:
+  [[noreturn]] static void NoPeer(int peer) {
+    throw std::logic_error("a communicator of one rank has no peer " + std::to_string(peer) + " to send to or receive from");
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -87,57 +105,146 @@ const char* OpName(Op op) {
   return "?";
 }
 
+// What every group of one run shares (see the top comment). Guarded by mu.
+struct ThreadWorld {
+  explicit ThreadWorld(int size)
+      : exited(static_cast<size_t>(size), 0), waits_on(static_cast<size_t>(size)), where(static_cast<size_t>(size)) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  int failed_rank = -1;        // first world rank whose fn threw
+  std::vector<uint8_t> exited;  // per world rank: its fn returned
+  std::string misuse;           // set when a group's last arrival found mismatched tags
+  // Per world rank: what it is blocked on (a group's barrier, a mailbox), null while it runs.
+  std::vector<const void*> waits_on;
+  std::vector<std::string> where;
+  std::string deadlock;  // set when every rank still running is blocked
+
+  // Called once per rank when its fn ends: `failed` when it threw.
+  void Exit(int world_rank, bool failed) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failed) {
+      failed_rank = failed_rank < 0 ? world_rank : failed_rank;
+    } else {
+      exited[static_cast<size_t>(world_rank)] = 1;
+    }
+    CheckDeadlock();
+    cv.notify_all();
+  }
+
+  // Rank w blocks on `what` (`why` describes it). When every rank that has not returned is
+  // blocked, none can wake another: a deadlock (a Recv without its Send, stages waiting on each
+  // other), which ends every wait in std::logic_error instead of a hang.
+  void Block(int w, const void* what, std::string why) {
+    waits_on[static_cast<size_t>(w)] = what;
+    where[static_cast<size_t>(w)] = std::move(why);
+    CheckDeadlock();
+  }
+  // Every rank blocked on `what` may run again (its barrier completed, its mailbox got mail).
+  void Wake(const void* what) {
+    for (const void*& p : waits_on) {
+      if (p == what) p = nullptr;
+    }
+  }
+  void Unblock(int w) { waits_on[static_cast<size_t>(w)] = nullptr; }
+
+ private:
+  void CheckDeadlock() {
+    std::string who;
+    for (size_t r = 0; r < exited.size(); ++r) {
+      if (exited[r] != 0) continue;
+      if (waits_on[r] == nullptr) return;
+      who += (who.empty() ? "" : ", ") + where[r];
+    }
+    if (who.empty() || !deadlock.empty()) return;
+    deadlock = "thread ranks deadlocked: every rank still running waits (" + who + ")";
+    cv.notify_all();
+  }
+};
+
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int size)
-      : size_(size), ptrs_(static_cast<size_t>(size)), tags_(static_cast<size_t>(size)) {}
+  // `members[r]` is the world rank of group rank r.
+  ThreadGroup(ThreadWorld& world, std::vector<int> members)
+      : world_(world),
+        members_(std::move(members)),
+        ptrs_(members_.size()),
+        tags_(members_.size()),
+        mail_(members_.size() * members_.size()) {}
 
-  int size() const { return size_; }
+  int size() const { return static_cast<int>(members_.size()); }
 
   // Records `rank`'s arrival (and, at a collective's first barrier, its buffer) and blocks until all ranks have arrived at this generation.
   // Throws instead of blocking forever when that can no longer happen (see the top comment).
   void ArriveAndWait(int rank, Op op, size_t count, const void* ptr) {
-    std::unique_lock<std::mutex> lock(mu_);
-    ThrowIfBroken(rank, op);
+    std::unique_lock<std::mutex> lock(world_.mu);
+    ThrowIfBroken(rank, OpName(op));
     // Only the first barrier of a collective publishes: peers read the pointers between the two
     // barriers, so the second must leave them alone.
     if (op == Op::kAllReduceA || op == Op::kAllGatherA) ptrs_[rank] = ptr;
     tags_[rank] = Tag{op, count};
-    if (++arrived_ == size_) {
-      for (int r = 0; r < size_; ++r) {
+    if (++arrived_ == size()) {
+      for (int r = 0; r < size(); ++r) {
         if (tags_[r].op != tags_[0].op || tags_[r].count != tags_[0].count) {
-          misuse_ = "thread ranks called different collectives: rank 0 called " +
-                    Describe(tags_[0]) + ", rank " + std::to_string(r) + " called " +
-                    Describe(tags_[r]) + " (every rank must call the same collectives in the " +
-                    "same order with the same sizes)";
-          cv_.notify_all();
-          throw std::logic_error(misuse_);
+          world_.misuse = "thread ranks called different collectives: rank 0 called " +
+                          Describe(tags_[0]) + ", rank " + std::to_string(r) + " called " +
+                          Describe(tags_[r]) + " (every rank must call the same collectives in the " +
+                          "same order with the same sizes)";
+          world_.cv.notify_all();
+          throw std::logic_error(world_.misuse);
         }
       }
       arrived_ = 0;
       ++generation_;
-      cv_.notify_all();
+      world_.Wake(this);
+      world_.cv.notify_all();
       return;
     }
     const uint64_t gen = generation_;
-    cv_.wait(lock, [&] { return generation_ != gen || Broken(); });
+    const int w = members_[static_cast<size_t>(rank)];
+    world_.Block(w, this, "rank " + std::to_string(w) + " in " + OpName(op));
+    world_.cv.wait(lock, [&] { return generation_ != gen || Broken(); });
+    world_.Unblock(w);
     // Woken by a completed generation, or by a break (then the group is dead: every later
     // arrival throws at entry, so arrived_ need not be restored).
-    if (generation_ == gen) ThrowIfBroken(rank, op);
+    if (generation_ == gen) ThrowIfBroken(rank, OpName(op));
   }
 
   // Rank r's pointer published at the barrier just passed; valid until the next barrier.
   const void* Published(int rank) const { return ptrs_[rank]; }
 
-  // Called once per rank when its fn ends: `failed` when it threw.
-  void Exit(int rank, bool failed) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed) {
-      failed_rank_ = failed_rank_ < 0 ? rank : failed_rank_;
-    } else if (exited_rank_ < 0) {
-      exited_rank_ = rank;
+  void Send(int from, int to, const float* data, size_t n) {
+    CheckPeer(from, to);
+    std::lock_guard<std::mutex> lock(world_.mu);
+    if (world_.failed_rank >= 0 || !world_.misuse.empty()) ThrowIfBroken(from, "Send");
+    Mailbox(from, to).emplace_back(data, data + n);
+    world_.Wake(&Mailbox(from, to));
+    world_.cv.notify_all();
+  }
+
+  void Recv(int to, int from, float* data, size_t n) {
+    CheckPeer(to, from);
+    std::unique_lock<std::mutex> lock(world_.mu);
+    std::deque<std::vector<float>>& box = Mailbox(from, to);
+    const int w = members_[static_cast<size_t>(to)], peer = members_[static_cast<size_t>(from)];
+    if (box.empty() && world_.exited[static_cast<size_t>(peer)] == 0) world_.Block(w, &box, "rank " + std::to_string(w) + " in Recv from rank " + std::to_string(peer));
+    world_.cv.wait(lock, [&] {
+      return !box.empty() || world_.failed_rank >= 0 || !world_.misuse.empty() || !world_.deadlock.empty() ||
+             world_.exited[static_cast<size_t>(peer)] != 0;
+    });
+    world_.Unblock(w);
+    if (box.empty()) {
+      if (world_.failed_rank >= 0 || !world_.misuse.empty()) ThrowIfBroken(to, "Recv");
+      if (world_.exited[static_cast<size_t>(peer)] == 0) throw std::logic_error(world_.deadlock);
+      throw std::logic_error("thread rank " + std::to_string(from) + " returned while rank " + std::to_string(to) +
+                             " waits in Recv from it (every Recv needs its Send)");
     }
-    cv_.notify_all();
+    if (box.front().size() != n) {
+      throw std::logic_error("thread rank " + std::to_string(to) + " receives " + std::to_string(n) +
+                             " floats from rank " + std::to_string(from) + ", which sent " +
+                             std::to_string(box.front().size()));
+    }
+    std::copy(box.front().begin(), box.front().end(), data);
+    box.pop_front();
   }
 
  private:
@@ -150,36 +257,56 @@ class ThreadGroup {
     return std::string(OpName(t.op)) + "(n=" + std::to_string(t.count) + ")";
   }
 
-  // A barrier of the current generation can no longer complete. (A rank that has exited cannot
-  // be among its arrivals: had it arrived, it would still be waiting in it, or it would have
-  // been the last arrival and the generation would have advanced.)
-  bool Broken() const { return failed_rank_ >= 0 || !misuse_.empty() || exited_rank_ >= 0; }
-
-  void ThrowIfBroken(int rank, Op op) const {
-    if (failed_rank_ >= 0) {
-      throw ThreadGroupAborted("thread rank " + std::to_string(failed_rank_) +
-                               " failed; rank " + std::to_string(rank) + " abandons " +
-                               OpName(op));
-    }
-    if (!misuse_.empty()) throw std::logic_error(misuse_);
-    if (exited_rank_ >= 0) {
-      throw std::logic_error("thread rank " + std::to_string(exited_rank_) +
-                             " returned while rank " + std::to_string(rank) + " waits in " +
-                             OpName(op) + " (every rank must call the same collectives)");
+  void CheckPeer(int self, int peer) const {
+    if (peer < 0 || peer >= size() || peer == self) {
+      throw std::logic_error("thread rank " + std::to_string(self) + " of " + std::to_string(size()) +
+                             ": no peer rank " + std::to_string(peer));
     }
   }
 
-  const int size_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  // Guarded by mu_ (ptrs_ is also read after a barrier, which the mutex orders after the writes).
+  std::deque<std::vector<float>>& Mailbox(int from, int to) {
+    // (World ranks of other groups never wait on this group's mailboxes: pointers are unique.)
+    return mail_[static_cast<size_t>(from) * members_.size() + static_cast<size_t>(to)];
+  }
+
+  // The first member whose fn returned, or -1.
+  int ExitedMember() const {
+    for (size_t r = 0; r < members_.size(); ++r) {
+      if (world_.exited[static_cast<size_t>(members_[r])] != 0) return static_cast<int>(r);
+    }
+    return -1;
+  }
+
+  // A barrier of the current generation can no longer complete. (A rank that has exited cannot
+  // be among its arrivals: had it arrived, it would still be waiting in it, or it would have
+  // been the last arrival and the generation would have advanced.)
+  bool Broken() const {
+    return world_.failed_rank >= 0 || !world_.misuse.empty() || !world_.deadlock.empty() || ExitedMember() >= 0;
+  }
+
+  void ThrowIfBroken(int rank, const char* what) const {
+    if (world_.failed_rank >= 0) {
+      throw ThreadGroupAborted("thread rank " + std::to_string(world_.failed_rank) + " failed; rank " +
+                               std::to_string(rank) + " abandons " + what);
+    }
+    if (!world_.misuse.empty()) throw std::logic_error(world_.misuse);
+    if (!world_.deadlock.empty()) throw std::logic_error(world_.deadlock);
+    if (const int exited = ExitedMember(); exited >= 0) {
+      throw std::logic_error("thread rank " + std::to_string(exited) + " returned while rank " +
+                             std::to_string(rank) + " waits in " + what +
+                             " (every rank must call the same collectives)");
+    }
+  }
+
+  ThreadWorld& world_;
+  const std::vector<int> members_;
+  // Guarded by world_.mu (ptrs_ is also read after a barrier, which the mutex orders after the
+  // writes).
   int arrived_ = 0;
   uint64_t generation_ = 0;
   std::vector<const void*> ptrs_;
   std::vector<Tag> tags_;
-  int failed_rank_ = -1;  // first rank whose fn threw
-  int exited_rank_ = -1;  // first rank whose fn returned
-  std::string misuse_;    // set when the last arrival found mismatched tags
+  std::vector<std::deque<std::vector<float>>> mail_;  // [from * size + to]: messages in flight
 };
 
 class ThreadCommunicator final : public Communicator {
@@ -221,6 +348,9 @@ class ThreadCommunicator final : public Communicator {
 
   void Barrier() override { group_.ArriveAndWait(rank_, Op::kBarrier, 0, nullptr); }
 
+  void Send(const float* data, size_t n, int peer) override { group_.Send(rank_, peer, data, n); }
+  void Recv(float* data, size_t n, int peer) override { group_.Recv(rank_, peer, data, n); }
+
  private:
   ThreadGroup& group_;
   const int rank_;
@@ -233,9 +363,22 @@ std::unique_ptr<Communicator> MakeSingleRankCommunicator() {
   return std::make_unique<SingleRankCommunicator>();
 }
 
-void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn) {
-  KIMIRT_CHECK_MSG(ranks >= 1, "RunOnThreadRanks needs at least one rank");
-  ThreadGroup group(ranks);
+void RunOnThreadGrid(int tp, int pp, const std::function<void(Communicator&, Communicator&)>& fn) {
+  KIMIRT_CHECK_MSG(tp >= 1 && pp >= 1, "RunOnThreadGrid needs at least one rank");
+  const int ranks = tp * pp;
+  ThreadWorld world(ranks);
+  // World rank w = stage * tp + tp rank (stage-major).
+  std::vector<std::unique_ptr<ThreadGroup>> stages, pipes;
+  for (int s = 0; s < pp; ++s) {
+    std::vector<int> m;
+    for (int t = 0; t < tp; ++t) m.push_back(s * tp + t);
+    stages.push_back(std::make_unique<ThreadGroup>(world, std::move(m)));
+  }
+  for (int t = 0; t < tp; ++t) {
+    std::vector<int> m;
+    for (int s = 0; s < pp; ++s) m.push_back(s * tp + t);
+    pipes.push_back(std::make_unique<ThreadGroup>(world, std::move(m)));
+  }
   std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
   // 1 where the rank's exception is a ThreadGroupAborted echo (a byte each: threads write their
   // own entries concurrently, which std::vector<bool>'s packed bits would make a data race).
@@ -244,10 +387,11 @@ void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn) {
   threads.reserve(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      ThreadCommunicator comm(group, r);
+      ThreadCommunicator tp_comm(*stages[static_cast<size_t>(r / tp)], r % tp);
+      ThreadCommunicator pp_comm(*pipes[static_cast<size_t>(r % tp)], r / tp);
       bool failed = false;
       try {
-        fn(comm);
+        fn(tp_comm, pp_comm);
       } catch (const ThreadGroupAborted&) {
         errors[r] = std::current_exception();
         secondary[r] = 1;
@@ -256,7 +400,7 @@ void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn) {
         errors[r] = std::current_exception();
         failed = true;
       }
-      group.Exit(r, failed);
+      world.Exit(r, failed);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -267,6 +411,11 @@ void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn) {
   for (int r = 0; r < ranks; ++r) {
     if (errors[r]) std::rethrow_exception(errors[r]);
   }
+}
+
+void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn) {
+  KIMIRT_CHECK_MSG(ranks >= 1, "RunOnThreadRanks needs at least one rank");
+  RunOnThreadGrid(ranks, 1, [&](Communicator& comm, Communicator&) { fn(comm); });
 }
 
 }  // namespace kimirt

@@ -1,11 +1,17 @@
 // Communicator: the collectives tensor parallelism needs (DESIGN.md principle 4). Model code
 // sees its local shard and calls all_reduce / all_gather where the math needs them.
 // Implementations: one rank (no-ops), in-process threads (one thread per rank; CI proves
-// TP=2/4/8 equals TP=1 on CPU with it), and NCCL (later).
+// TP=2/4/8 equals TP=1 on CPU with it), processes over TCP (tcp_communicator.h) and NCCL
+// (nccl_communicator.h).
 //
 // Contract: every rank calls the same collectives in the same order with the same sizes.
 // Results are bitwise identical on every rank, and deterministic: sums add the ranks'
 // contributions in rank order 0, 1, ..., n-1.
+//
+// Point to point (pipeline parallelism, docs/distributed.md "Pipeline parallelism"): Send and
+// Recv pair up between two ranks only; a rank's messages to one peer arrive in the order sent,
+// and the receiver names the sender and the size it expects (a different size is an error, not
+// a truncation). Send may return before the peer receives; the buffer may be reused at once.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +32,10 @@ class Communicator {
   // recv[r*n .. (r+1)*n) := rank r's send[0..n); recv holds size()*n floats.
   virtual void AllGather(const float* send, size_t n, float* recv) = 0;
   virtual void Barrier() = 0;
+  // data[0..n) to rank `peer` (!= rank()), which takes it with Recv(.., n, rank()).
+  virtual void Send(const float* data, size_t n, int peer) = 0;
+  // data[0..n) := the next message rank `peer` sent to this rank.
+  virtual void Recv(float* data, size_t n, int peer) = 0;
 };
 
 // A communicator of one rank: all collectives are copies or no-ops.
@@ -38,5 +48,12 @@ std::unique_ptr<Communicator> MakeSingleRankCommunicator();
 // exception; ranks calling different collectives (op or size), or a rank returning while its
 // peers wait in a collective, make RunOnThreadRanks throw std::logic_error.
 void RunOnThreadRanks(int ranks, const std::function<void(Communicator&)>& fn);
+
+// tp × pp thread ranks, numbered stage-major (world rank = stage · tp + tp rank; docs/
+// distributed.md "Pipeline parallelism"): fn(tp_comm, pp_comm) runs on each, where tp_comm is
+// the rank's stage's group (size tp, rank = its tp rank) and pp_comm the group of the ranks of
+// its tp rank across the stages (size pp, rank = its stage). Failures end every group as
+// RunOnThreadRanks's do; a Recv whose sender returned without sending throws std::logic_error.
+void RunOnThreadGrid(int tp, int pp, const std::function<void(Communicator& tp_comm, Communicator& pp_comm)>& fn);
 
 }  // namespace kimirt

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -234,6 +235,135 @@ TEST(ThreadRanks, MismatchedCollectivesThrow) {
                                   }
                                 }),
                std::logic_error);
+}
+
+// A tp × pp grid: world rank = stage · tp + tp rank; each rank's TP group is its stage's ranks,
+// its pipeline group the ranks of its tp rank, and the groups' collectives stay apart (each
+// stage's all-reduce sums its own members only).
+TEST(ThreadGrid, GroupsAreStagesAndPipelinesNumberedStageMajor) {
+  for (auto [tp, pp] : {std::pair{2, 2}, std::pair{1, 3}, std::pair{3, 2}, std::pair{2, 1}}) {
+    const int n = tp * pp;
+    std::vector<int> tp_rank(n, -1), tp_size(n, -1), pp_rank(n, -1), pp_size(n, -1);
+    std::vector<float> stage_sum(n, 0), pipe_sum(n, 0);
+    std::atomic<int> next{0};
+    std::vector<int> world_of_thread(n, -1);
+    RunOnThreadGrid(tp, pp, [&](Communicator& t, Communicator& p) {
+      const int w = p.rank() * tp + t.rank();  // what the numbering promises
+      tp_rank[w] = t.rank();
+      tp_size[w] = t.size();
+      pp_rank[w] = p.rank();
+      pp_size[w] = p.size();
+      float x = static_cast<float>(w + 1);
+      t.AllReduceSum(&x, 1);
+      stage_sum[w] = x;
+      float y = static_cast<float>(w + 1);
+      p.AllReduceSum(&y, 1);
+      pipe_sum[w] = y;
+      world_of_thread[next++] = w;
+    });
+    std::vector<int> seen = world_of_thread;
+    std::sort(seen.begin(), seen.end());
+    for (int w = 0; w < n; ++w) {
+      EXPECT_EQ(seen[w], w) << "each world rank once";
+      EXPECT_EQ(tp_rank[w], w % tp);
+      EXPECT_EQ(tp_size[w], tp);
+      EXPECT_EQ(pp_rank[w], w / tp);
+      EXPECT_EQ(pp_size[w], pp);
+      const int s = w / tp, k = w % tp;
+      float want_stage = 0, want_pipe = 0;
+      for (int j = 0; j < tp; ++j) want_stage += static_cast<float>(s * tp + j + 1);
+      for (int j = 0; j < pp; ++j) want_pipe += static_cast<float>(j * tp + k + 1);
+      EXPECT_EQ(stage_sum[w], want_stage) << "tp " << tp << " pp " << pp << " rank " << w;
+      EXPECT_EQ(pipe_sum[w], want_pipe) << "tp " << tp << " pp " << pp << " rank " << w;
+    }
+  }
+}
+
+// Point to point round a pipeline ring (stage s to s+1, the last back to 0), several messages
+// in flight per pair: each arrives whole, in the order sent, bit for bit.
+TEST(ThreadGrid, SendRecvRoundTheRingInOrder) {
+  for (auto [tp, pp] : {std::pair{1, 2}, std::pair{1, 3}, std::pair{2, 3}}) {
+    const int n = tp * pp;
+    std::vector<std::vector<float>> got(n);
+    RunOnThreadGrid(tp, pp, [&](Communicator& t, Communicator& p) {
+      const int w = p.rank() * tp + t.rank();
+      const int next = (p.rank() + 1) % pp, prev = (p.rank() + pp - 1) % pp;
+      for (int m = 0; m < 3; ++m) {  // three messages before any is received
+        std::vector<float> msg(5 + m);
+        for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<float>(w * 100 + m * 10) + 0.1f * i;
+        p.Send(msg.data(), msg.size(), next);
+      }
+      for (int m = 0; m < 3; ++m) {
+        std::vector<float> in(5 + m, -1.0f);
+        p.Recv(in.data(), in.size(), prev);
+        got[w].insert(got[w].end(), in.begin(), in.end());
+      }
+    });
+    for (int w = 0; w < n; ++w) {
+      const int s = w / tp, k = w % tp, from = ((s + pp - 1) % pp) * tp + k;
+      std::vector<float> want;
+      for (int m = 0; m < 3; ++m) {
+        for (int i = 0; i < 5 + m; ++i) want.push_back(static_cast<float>(from * 100 + m * 10) + 0.1f * i);
+      }
+      EXPECT_EQ(got[w], want) << "tp " << tp << " pp " << pp << " rank " << w;
+    }
+  }
+}
+
+TEST(ThreadGrid, PointToPointMisuseThrowsInsteadOfHanging) {
+  // A size other than the one sent.
+  try {
+    RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
+      std::vector<float> x(4, 1.0f);
+      if (p.rank() == 0) p.Send(x.data(), 4, 1);
+      if (p.rank() == 1) p.Recv(x.data(), 3, 0);
+    });
+    FAIL() << "expected an exception";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("receives 3 floats from rank 0, which sent 4"), std::string::npos) << e.what();
+  }
+  // A sender that returns without sending.
+  try {
+    RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
+      float x = 0;
+      if (p.rank() == 1) p.Recv(&x, 1, 0);
+    });
+    FAIL() << "expected an exception";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 returned while rank 1 waits in Recv"), std::string::npos) << e.what();
+  }
+  // Stages waiting on each other (each Recv before its Send): a deadlock, named, not a hang.
+  try {
+    RunOnThreadGrid(1, 3, [](Communicator&, Communicator& p) {
+      float x = 0;
+      p.Recv(&x, 1, (p.rank() + 2) % 3);
+      p.Send(&x, 1, (p.rank() + 1) % 3);
+    });
+    FAIL() << "expected an exception";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("thread ranks deadlocked"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in Recv from rank"), std::string::npos) << e.what();
+  }
+  // A peer that is not there, or oneself.
+  EXPECT_THROW(RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
+                 float x = 0;
+                 p.Send(&x, 1, p.rank());
+               }),
+               std::logic_error);
+  EXPECT_THROW(MakeSingleRankCommunicator()->Send(nullptr, 0, 1), std::logic_error);
+  // A failing rank ends the waits of its stage's TP peer in a collective and of stage 0 in Recv
+  // (across groups: the failure ends every group), and is the error reported.
+  try {
+    RunOnThreadGrid(2, 2, [](Communicator& t, Communicator& p) {
+      if (p.rank() == 1 && t.rank() == 1) throw std::runtime_error("boom on stage 1");
+      float x = 0;
+      if (p.rank() == 1) t.Barrier();
+      if (p.rank() == 0) p.Recv(&x, 1, 1);
+    });
+    FAIL() << "expected an exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom on stage 1");
+  }
 }
 
 }  // namespace

@@ -41,12 +41,16 @@ struct NcclOptions {
   // Names this communicator's unique id in the store ("nccl/unique-id/<tag>"): each
   // communicator of one store (a TP group, a PP pair, a bench's second one) needs its own.
   std::string tag = "world";
+  // A group of some of the store's ranks (a pipeline stage's TP group, a pipeline): this rank's
+  // place in it and its size; -1: the store's rank and world size. Group rank 0 publishes the id.
+  int group_rank = -1;
+  int group_size = -1;
 };
 
 // Whether this build has the NCCL communicator (else the functions below answer Unsupported).
 bool NcclCommunicatorBuilt();
 
-// Collective over the ranks of `store`: rank 0 creates the NCCL unique id and publishes it
+// Collective over the ranks of `store` (or of the group options names): rank 0 creates the NCCL unique id and publishes it
 // through the store ("nccl/unique-id/<tag>"), every rank initialises its NCCL communicator on
 // options.device. Errors name the rank, and NCCL's own message.
 // The communicator's collectives throw std::runtime_error on an NCCL or CUDA error (the

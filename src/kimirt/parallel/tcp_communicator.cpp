@@ -21,6 +21,8 @@ const char* OpName(uint32_t op) {
       return "Barrier";
     case kFrameError:
       return "error";
+    case kFramePointToPoint:
+      return "Send/Recv";
     default:
       return "a runner command";
   }
@@ -79,6 +81,26 @@ class TcpCommunicator final : public Communicator {
     SendToFollowers(kFrameBarrier, nullptr, 0, d);
   }
 
+  // Straight on the link to `peer`: rank 0 and a follower always have one; two followers only
+  // where the links are a mesh (StarLinks).
+  void Send(const float* data, size_t n, int peer) override {
+    const int fd = LinkTo(peer, "Send");
+    FrameHeader h{kFramePointToPoint, static_cast<uint32_t>(rank()), n};
+    Check(SendFrame(fd, h, data, n * sizeof(float), links_.deadline()), peer, kFramePointToPoint);
+  }
+
+  void Recv(float* data, size_t n, int peer) override {
+    const int fd = LinkTo(peer, "Recv");
+    const Deadline d = links_.deadline();
+    Result<FrameHeader> h = RecvHeader(fd, peer, "Recv", d);
+    Check(h.status(), peer, kFramePointToPoint);
+    if (h->op != kFramePointToPoint || h->n != n) {
+      Fail("receives " + std::to_string(n) + " floats from rank " + std::to_string(peer) + ", which sent " +
+           OpName(h->op) + "(n=" + std::to_string(h->n) + ")");
+    }
+    if (n != 0) Check(RecvAll(fd, data, n * sizeof(float), d), peer, kFramePointToPoint);
+  }
+
  private:
   [[noreturn]] void Fail(const std::string& message) const {
     throw CommunicatorError("process rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ": " + message);
@@ -98,6 +120,18 @@ class TcpCommunicator final : public Communicator {
            OpName(op) + " (every rank must call the same collectives in the same order)");
     }
     if (recv_n != 0) Check(RecvAll(fd, recv, recv_n * sizeof(float), d), 0, op);
+  }
+
+  int LinkTo(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank()) {
+      Fail(std::string(what) + ": no peer rank " + std::to_string(peer));
+    }
+    const size_t k = static_cast<size_t>(peer);
+    if (k >= links_.peers.size() || !links_.peers[k].valid()) {
+      Fail(std::string(what) + ": no link to rank " + std::to_string(peer) +
+           " (a star around rank 0 links each follower to rank 0 only)");
+    }
+    return links_.peers[k].fd();
   }
 
   void RecvFromFollower(int r, uint32_t op, size_t n, float* dst, Deadline d) {

@@ -46,13 +46,18 @@ enum FrameOp : uint32_t {
   kFrameAllGather = 2,
   kFrameBarrier = 3,
   kFrameError = 4,  // payload: n bytes of text, the sender's failure
+  kFramePointToPoint = 5,  // Send/Recv: aux the sender, n floats
   kFrameUserBase = 100,
 };
 
+// The links of one rank of a group. Collectives use those to and from rank 0 (a star); Send and
+// Recv use peers[peer], so a pipeline group links every pair (a mesh; the command links of the
+// process-ranks runner are a star).
 struct StarLinks {
   int rank = 0;
   int size = 1;
-  // Rank 0: peers[r] is the link to rank r (peers[0] unused). A follower: peers[0] is rank 0.
+  // Rank 0: peers[r] is the link to rank r (peers[0] unused). A follower: peers[0] is rank 0;
+  // in a mesh, peers[r] the link to rank r too (peers[rank] unused).
   std::vector<Socket> peers;
   std::chrono::milliseconds timeout{300000};
 

@@ -131,5 +131,72 @@ TEST(TcpCommunicator, APeerThatLeavesEndsTheCollectiveAtOnceNamingIt) {
   EXPECT_NE(errors[0].find("with rank 2: rank 2 failed or died"), std::string::npos) << errors[0];
 }
 
+// Point to point: rank 0 with a follower on the star; every pair on a mesh (a pipeline group's
+// links), messages in the order sent; a follower-to-follower Send on the star and a size other
+// than the one sent are errors naming the ranks.
+TEST(TcpCommunicator, SendRecvOnTheStarAndOnAMesh) {
+  auto star = Star(3);
+  std::vector<float> got0(2, -1), got2(3, -1);
+  std::string no_link;
+  auto errors = RunRanks(star, [&](Communicator& c) {
+    const float a[2] = {1.5f, -2.0f}, b[3] = {3, 4, 5};
+    if (c.rank() == 1) {
+      c.Send(a, 2, 0);
+      try {
+        c.Send(b, 3, 2);
+      } catch (const CommunicatorError& e) {
+        no_link = e.what();
+      }
+    }
+    if (c.rank() == 0) {
+      c.Recv(got0.data(), 2, 1);
+      c.Send(b, 3, 2);
+    }
+    if (c.rank() == 2) c.Recv(got2.data(), 3, 0);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(got0, (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(got2, (std::vector<float>{3, 4, 5}));
+  EXPECT_NE(no_link.find("process rank 1 of 3: Send: no link to rank 2"), std::string::npos) << no_link;
+
+  // A mesh of three: round the ring twice, each rank sending both messages first.
+  std::vector<StarLinks> mesh(3);
+  for (int r = 0; r < 3; ++r) {
+    mesh[r].rank = r;
+    mesh[r].size = 3;
+    mesh[r].peers.resize(3);
+    mesh[r].timeout = std::chrono::milliseconds(3000);
+  }
+  for (int i = 0; i < 3; ++i) {
+    for (int j = i + 1; j < 3; ++j) {
+      int fds[2];
+      ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
+      mesh[i].peers[static_cast<size_t>(j)] = Socket(fds[0]);
+      mesh[j].peers[static_cast<size_t>(i)] = Socket(fds[1]);
+    }
+  }
+  std::vector<std::vector<float>> ring(3);
+  errors = RunRanks(mesh, [&](Communicator& c) {
+    for (int m = 0; m < 2; ++m) {
+      const float x[2] = {Value(c.rank(), static_cast<size_t>(m)), static_cast<float>(m)};
+      c.Send(x, 2, (c.rank() + 1) % 3);
+    }
+    for (int m = 0; m < 2; ++m) {
+      float y[2];
+      c.Recv(y, 2, (c.rank() + 2) % 3);
+      ring[static_cast<size_t>(c.rank())].insert(ring[static_cast<size_t>(c.rank())].end(), y, y + 2);
+    }
+    float z = 0;
+    if (c.rank() == 1) c.Send(&z, 1, 2);
+    if (c.rank() == 2) c.Recv(&z, 2, 1);  // two floats expected, one sent
+  });
+  for (int r = 0; r < 3; ++r) {
+    const int from = (r + 2) % 3;
+    EXPECT_EQ(ring[r], (std::vector<float>{Value(from, 0), 0, Value(from, 1), 1})) << "rank " << r;
+  }
+  EXPECT_NE(errors[2].find("receives 2 floats from rank 1, which sent Send/Recv(n=1)"), std::string::npos)
+      << errors[2];
+}
+
 }  // namespace
 }  // namespace kimirt

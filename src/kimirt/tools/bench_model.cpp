@@ -12,6 +12,7 @@
 #include "kimirt/engine/engine.h"
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/model/pipeline_stages.h"
 #include "kimirt/model/config.h"
 #include "kimirt/model/layout.h"
 #include "kimirt/model/model.h"
@@ -84,16 +85,17 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   return static_cast<uint64_t>(shared + touched * experts + latent + kda);
 }
 
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep) {
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep, int pp) {
   Parallelism par;
   par.tp = tp;  // experts as stored, vision not loaded: as `kimirt plan` places them
   par.ep = ep;
-  uint64_t total = 0;
+  const std::vector<PipelineStage> stages = PipelineStages(layout.config().num_hidden_layers, pp);
+  std::vector<uint64_t> per_stage(stages.size(), 0);
   for (const TensorSpec& t : layout.tensors()) {
     const TensorSlice s = layout.SliceFor(t, par, 0);
-    if (s.loaded) total += s.allocated_bytes;
+    if (s.loaded) per_stage[static_cast<size_t>(StageOfTensor(t, stages))] += s.allocated_bytes;
   }
-  return total;
+  return *std::max_element(per_stage.begin(), per_stage.end());
 }
 
 Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
@@ -124,6 +126,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.device = opt.device;
   ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
+  ro.pp = opt.pp;
   ro.ep = opt.expert_parallel ? opt.tp : 1;
   ro.block_size = 64;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
@@ -138,7 +141,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   std::unique_ptr<ModelRunner> runner;
   uint64_t held_bytes = 0;
   const Clock::time_point load_start = Clock::now();
-  if (opt.tp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
+  if (opt.tp == 1 && opt.pp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
     KIMIRT_ASSIGN_OR_RETURN(backend, MakeBackend(opt.device));
     comm = MakeSingleRankCommunicator();
     LoadOptions lo;
@@ -173,12 +176,14 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   // CUDA holds MXFP4 experts as stored (weights.h); the CPU widens every weight to F32.
   const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
-  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep);
+  KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, opt.pp));
+  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep, opt.pp);
   report.weight_bytes_on_device = held_bytes;
   report.load_seconds = load_seconds;
   report.max_abs_logit = max_logit;
   report.tp = opt.tp;
   report.ep = ro.ep;
+  report.pp = opt.pp;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.prefill_chunk = opt.prefill_chunk;
@@ -274,6 +279,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + (ep > 1 ? " EP" + std::to_string(ep) : "") +
+                  (pp > 1 ? " PP" + std::to_string(pp) : "") +
                   ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
   if (weight_bytes_planned > 0) {
@@ -318,6 +324,7 @@ std::string BenchModelReport::ToJson() const {
   j["load_seconds"] = load_seconds;
   j["max_abs_logit"] = max_abs_logit;
   j["tp"] = tp;
+  j["pp"] = pp;
   j["ep"] = ep;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

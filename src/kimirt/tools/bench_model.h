@@ -29,8 +29,9 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
                          int weight_bytes, bool mxfp4_as_stored = false);
 
 // Rank 0's weight bytes as `kimirt plan` counts them per GPU (tools/plan.h: the slices as placed,
-// padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep.
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1);
+// padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep; with
+// `pp` stages, the heaviest stage's rank (plan's -pp).
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1, int pp = 1);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
@@ -39,6 +40,7 @@ struct BenchModelOptions {
   std::string device = "cpu";  // or "cuda"
   DType matrix_dtype = DType::kF32;
   int tp = 1;
+  int pp = 1;  // pipeline stages (RunnerOptions::pp)
   bool expert_parallel = false;  // routed experts split by id over the tp ranks (ep = tp)
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
@@ -71,6 +73,7 @@ struct BenchModelReport {
   float max_abs_logit = 0;             // of a probe prompt's last logits (all finite, or the bench fails)
   int tp = 1;
   int ep = 1;
+  int pp = 1;
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;

@@ -1,7 +1,9 @@
 // bench model's planned weight bytes are `kimirt plan`'s per-GPU weights, for the K3 2-layer
-// bench config and the full K3 at TP 1 and 8, and at TP 8 with EP 8 (the figure the device's held
+// bench config and the full K3 at TP 1 and 8, at TP 8 with EP 8 and at TP 2 × PP 2 (the figure the device's held
 // bytes are set against).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "kimirt/model/config.h"
 #include "kimirt/testing/test_data.h"
@@ -35,6 +37,18 @@ TEST(BenchModel, PlannedWeightBytesArePlansPerGpuWeights) {
     auto plan = PlanFromLayout(*layout, po, "--config");
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     EXPECT_EQ(PlannedWeightBytes(*layout, 8, 8), plan->heaviest().weights);
+    // Pipeline stages (bench model -pp): the most weights of plan -tp 2 -pp 2's stages (plan's
+    // heaviest stage counts the runtime state too).
+    po = PlanOptions();
+    po.par.tp = 2;
+    po.pp = 2;
+    po.suggest = false;
+    plan = PlanFromLayout(*layout, po, "--config");
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    uint64_t most = 0;
+    for (const StagePlan& sp : plan->stages) most = std::max(most, sp.weights);
+    EXPECT_EQ(PlannedWeightBytes(*layout, 2, 1, 2), most);
+    EXPECT_LT(PlannedWeightBytes(*layout, 2, 1, 2), PlannedWeightBytes(*layout, 2));
   }
 }
 

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kimirt/model/pipeline_stages.h"
+
 namespace kimirt {
 namespace {
 
@@ -43,29 +45,6 @@ std::string PadLeft(std::string s, size_t w) {
   for (unsigned char ch : s) cps += (ch & 0xC0) != 0x80;
   if (cps < w) s.insert(0, w - cps, ' ');
   return s;
-}
-
-// vLLM's get_pp_indices: equal shares, the remainder going to the stages before the last,
-// counting backwards (the first and last stages also hold the embedding and the head).
-std::vector<std::pair<int64_t, int64_t>> PipelineStages(int64_t layers, int pp) {
-  std::vector<int64_t> n(static_cast<size_t>(pp), layers / pp);
-  const int64_t rem = layers % pp;
-  for (int64_t i = 2; i < rem + 2; ++i) n[static_cast<size_t>(pp - i)] += 1;
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t start = 0;
-  for (int64_t k : n) {
-    out.emplace_back(start, start + k - 1);
-    start += k;
-  }
-  return out;
-}
-
-// Which pipeline stage holds a tensor: its layer's stage; the embedding (and vision) on the
-// first, the final norm, output AttnRes and the head on the last.
-int StageOf(const TensorSpec& t, const std::vector<int>& stage_of_layer, int pp) {
-  if (t.layer >= 0) return stage_of_layer[static_cast<size_t>(t.layer)];
-  if (t.component == Component::kVision || t.role == TensorRole::kEmbed) return 0;
-  return pp - 1;
 }
 
 int64_t KdaLayersIn(const ModelConfig& c, int64_t first, int64_t last) {
@@ -145,20 +124,19 @@ Tally TallyWeights(const Layout& layout, const std::vector<const TensorSpec*>& t
                    const Parallelism& par, int pp) {
   const ModelConfig& c = layout.config();
   Tally tally;
-  const auto ranges = PipelineStages(c.num_hidden_layers, pp);
-  std::vector<int> stage_of_layer(static_cast<size_t>(c.num_hidden_layers));
-  for (int s = 0; s < pp; ++s) {
+  // The stages as the loader places them (model/pipeline_stages.h: one rule for both).
+  const std::vector<PipelineStage> ranges = PipelineStages(c.num_hidden_layers, pp);
+  for (const PipelineStage& r : ranges) {
     StagePlan sp;
-    sp.stage = s;
-    sp.first_layer = ranges[static_cast<size_t>(s)].first;
-    sp.last_layer = ranges[static_cast<size_t>(s)].second;
-    for (int64_t i = sp.first_layer; i <= sp.last_layer; ++i) stage_of_layer[static_cast<size_t>(i)] = s;
+    sp.stage = r.stage;
+    sp.first_layer = r.first_layer;
+    sp.last_layer = r.end_layer - 1;
     tally.stages.push_back(std::move(sp));
   }
   for (const TensorSpec* t : tensors) {
     const TensorSlice slice = layout.SliceFor(*t, par, /*rank=*/0);
     if (!slice.loaded) continue;
-    StagePlan& sp = tally.stages[static_cast<size_t>(StageOf(*t, stage_of_layer, pp))];
+    StagePlan& sp = tally.stages[static_cast<size_t>(StageOfTensor(*t, ranges))];
     sp.weight_bytes[static_cast<size_t>(t->category)] += slice.allocated_bytes;
     sp.weights += slice.allocated_bytes;
     sp.loaded_weights += slice.loaded_bytes;
@@ -255,10 +233,7 @@ Result<PlanReport> PlanTensors(const Layout& layout, const std::vector<const Ten
                                const PlanOptions& options, std::string source) {
   const ModelConfig& c = layout.config();
   PlanOptions o = options;
-  if (o.pp < 1 || o.pp > c.num_hidden_layers) {
-    return InvalidArgument("-pp " + std::to_string(o.pp) + ": must be between 1 and the " +
-                           std::to_string(c.num_hidden_layers) + " layers");
-  }
+  KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, o.pp));
   if (o.num_seqs < 1) return InvalidArgument("--num-seqs must be >= 1");
   if (o.context_tokens < 0) return InvalidArgument("--context must be >= 0");
   if (o.attn_res_chunk_tokens < 1) return InvalidArgument("--attn-res-chunk must be >= 1");

@@ -346,8 +346,10 @@ class CudaBackend final : public Backend {
                int64_t heads, KdaForm form, Tensor* state, Tensor* o) override {
     // Both forms compute the same function (spec §5.5). The chunked one runs on tensor cores
     // (kda_chunk_kernels.cu) at head dim 128 (rows 16-byte aligned, as every row view of a
-    // pooled tensor is): F32 math in F32 mode, two-part BF16 operands in the BF16 prefill mode
-    // (docs/cuda.md "Chunked KDA prefill"); otherwise recurrently.
+    // pooled tensor is): F32 math in F32 mode; in the BF16 prefill mode the chunk-parallel
+    // kernels, BF16 operands, their per-chunk records in scratch (72.5 KB per 64 tokens and
+    // head: 36 MB for a 256-token prefill chunk at 96 heads, 235 MB at 2048 tokens;
+    // docs/cuda.md "Chunked KDA prefill"); otherwise recurrently.
     const int64_t T = Rows(q);
     auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
     if (form == KdaForm::kChunked && T > 0 && heads > 0 && Cols(q) == heads * cuda::kKdaChunkHeadDim &&
@@ -356,6 +358,11 @@ class CudaBackend final : public Backend {
       a.q = F(q), a.k = F(k), a.v = F(v), a.beta_logits = F(beta_logits), a.alpha = F(alpha);
       a.state = F(*state), a.o = F(*o);
       a.batch = 1, a.tokens = T, a.heads = heads, a.head_dim = cuda::kKdaChunkHeadDim;
+      Tensor scratch;
+      if (bf16_prefill()) {
+        scratch = Scratch(cuda::KdaChunkScratchBytes(T, 1, heads));
+        a.scratch = scratch.raw();
+      }
       cuda::KdaChunked(a, stream_, bf16_prefill());
       return;
     }

@@ -1,7 +1,8 @@
 // Chunked KDA prefill on tensor cores (kernels.h KdaChunked; spec §5.5, numerics in docs/cuda.md
-// "Chunked KDA prefill").
+// "Chunked KDA prefill"). Two forms: the fused kernel below (the F32 mode), then the BF16 prefill
+// mode's chunk-parallel kernels (map, prep, state; their own comment further down).
 //
-// One thread block per (sequence, head, block of VB value columns), walking the sequence's chunks
+// The fused kernel: one thread block per (sequence, head, block of VB value columns), walking the sequence's chunks
 // of 64 tokens in order with its [K, VB] slice of the state in shared memory (F32 throughout).
 // Value columns never mix in the delta rule (every product contracts over key channels or
 // tokens), so the VB-column slices of one head are independent; only the per-chunk work on q, k
@@ -30,11 +31,11 @@
 // gate can) runs token by token instead (the recurrent kernel's loop on the state in shared
 // memory): exact, slower, and decided by the chunk's own α alone.
 //
-// Precision: every MMA operand is split into P BF16 parts (hi, mid, lo: all of F32 for P = 3; hi,
-// lo for P = 2) and the cross products of total order < P run as separate MMAs (6 for P = 3, 3
-// for P = 2), smallest first; for P = 3 into a zeroed accumulator then added to the running F32
-// sum (the tensor cores truncate; docs/cuda.md "Precision" of the decode GEMM). So P = 3 is F32
-// math up to summation order; P = 2 is good to ~2⁻¹⁷ per product.
+// Precision: every MMA operand is split into P = 3 BF16 parts (hi, mid, lo: all of F32) and the
+// cross products of total order < 3 run as 6 separate MMAs, smallest first, into a zeroed
+// accumulator then added to the running F32 sum (the tensor cores truncate; docs/cuda.md
+// "Precision" of the decode GEMM): F32 math up to summation order. (The prep kernel below uses
+// the same helpers with P = 1: one BF16 part.)
 //
 // Batch invariance: a block's results depend on its own sequence, head and state slot only; the
 // arithmetic of every output element is the same for VB = 32, 64 and 128 (same k order, same MMA
@@ -154,9 +155,8 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const
 }
 
 // acc += A·B over one k16 step, as the cross products of the parts of total order < P, smallest
-// first. For P = 3 into a zeroed accumulator added once (see the top of the file); for P = 2
-// straight into acc (the ≤ 24 truncating accumulations of a chain bias it by ≲ 1e-6, under the
-// split's own 2⁻¹⁷).
+// first: for P = 3 into a zeroed accumulator added once (see the top of the file); for P = 1 one
+// MMA straight into acc.
 template <int P>
 __device__ __forceinline__ void MmaSplit(float (&acc)[4], const uint32_t (&a)[P][4], const uint32_t (&b)[P][2]) {
   if constexpr (P == 3) {
@@ -170,9 +170,7 @@ __device__ __forceinline__ void MmaSplit(float (&acc)[4], const uint32_t (&a)[P]
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] += c[i];
   } else {
-    static_assert(P == 2, "two or three parts");
-    Mma(acc, a[1], b[0]);
-    Mma(acc, a[0], b[1]);
+    static_assert(P == 1, "one or three parts");
     Mma(acc, a[0], b[0]);
   }
 }
@@ -233,6 +231,103 @@ __device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t
     PrefetchL2(p);
   }
   if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
+}
+
+// Chunk-level decay factors per channel d = tid < 128 from the row blocks' partial sums Pre, Post
+// (Σ α over rows 16i .. m_i and m_i+1 .. 16i+15): P_i = e^{Γ_{m_i}}, F_j = e^{Γ_63 − Γ_{m_j}},
+// D_ij = e^{Γ_{m_i} − Γ_{m_j}} (i > j) and e^{Γ_63}, each the exp of one sum of α of one sign.
+__device__ __forceinline__ void ChunkFactors(const float* Pre, const float* Post, float* Pf, float* Ff, float* Df,
+                                             float* Gl) {
+  const int tid = threadIdx.x;
+  if (tid < kDim) {
+    const int d = tid;
+    float blk[kBlocks];
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) blk[i] = Pre[i * kDim + d] + Post[i * kDim + d];
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) {
+      Pf[i * kDim + d] = expf(acc + Pre[i * kDim + d]);
+      acc += blk[i];
+    }
+    Gl[d] = expf(acc);
+    float suf = 0.0f;
+#pragma unroll
+    for (int j = kBlocks - 1; j >= 0; --j) {
+      Ff[j * kDim + d] = expf(Post[j * kDim + d] + suf);
+      suf += blk[j];
+    }
+#pragma unroll
+    for (int i = 1; i < kBlocks; ++i) {
+#pragma unroll
+      for (int j = 0; j < i; ++j) {
+        float s = Post[j * kDim + d];
+        for (int b = j + 1; b < i; ++b) s += blk[b];
+        Df[PairIndex(i, j) * kDim + d] = expf(s + Pre[i * kDim + d]);
+      }
+    }
+  }
+}
+
+// T = (I − A)^{-1} diag(β) in place of A ([64][kTs], strictly lower triangular, zero above), by
+// 16-row blocks on the CUDA cores in F32. N = (I − A)^{-1} = I + A N, unit lower triangular:
+// first the diagonal blocks N_ii by forward substitution, one thread per column, then block rows
+// i = 1..3: N_ij = N_ii Σ_{m=j}^{i-1} A_im N_mj. Starts and ends with every thread in step.
+__device__ __forceinline__ void InvertUnitLower(float* Am, float* Tmp, const float* Beta) {
+  const int tid = threadIdx.x;
+  {
+    float n[kBlockRows] = {};
+    const int i = (tid >> 4) & (kBlocks - 1), c = tid & 15;  // meaningful for tid < 64
+    float* const Mi = Am + 16 * i * kTs + 16 * i;
+    if (tid < 16 * kBlocks) {
+#pragma unroll
+      for (int rr = 0; rr < kBlockRows; ++rr) {
+        float s = 0.0f;
+#pragma unroll
+        for (int m = 0; m < rr; ++m) s += Mi[rr * kTs + m] * n[m];  // n[m] = 0 for m < c
+        n[rr] = rr < c ? 0.0f : (rr == c ? 1.0f : s);
+      }
+    }
+    __syncthreads();  // every column read A_ii before any is overwritten
+    if (tid < 16 * kBlocks) {
+#pragma unroll
+      for (int rr = 0; rr < kBlockRows; ++rr) Mi[rr * kTs + c] = n[rr];
+    }
+    __syncthreads();
+  }
+  // Four columns per thread (float4 rows of N and of the scratch): i·64 threads per block row.
+  for (int i = 1; i < kBlocks; ++i) {
+    for (int e = tid; e < i * 64; e += kThreads) {
+      const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
+      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int m = j; m < i; ++m) {
+        const float* const arow = Am + (16 * i + rr) * kTs + 16 * m;
+        const float* const nblk = Am + 16 * m * kTs + 16 * j + c0;
+#pragma unroll
+        for (int x = 0; x < kBlockRows; ++x) {
+          const float av = arow[x];
+          const float4 n4 = *reinterpret_cast<const float4*>(nblk + x * kTs);
+          s.x += av * n4.x, s.y += av * n4.y, s.z += av * n4.z, s.w += av * n4.w;
+        }
+      }
+      *reinterpret_cast<float4*>(Tmp + (j * 16 + rr) * 16 + c0) = s;
+    }
+    __syncthreads();
+    for (int e = tid; e < i * 64; e += kThreads) {
+      const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
+      const float* const nrow = Am + (16 * i + rr) * kTs + 16 * i;
+      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int x = 0; x <= rr; ++x) {
+        const float nv = nrow[x];
+        const float4 t4 = *reinterpret_cast<const float4*>(Tmp + (j * 16 + x) * 16 + c0);
+        s.x += nv * t4.x, s.y += nv * t4.y, s.z += nv * t4.z, s.w += nv * t4.w;
+      }
+      *reinterpret_cast<float4*>(Am + (16 * i + rr) * kTs + 16 * j + c0) = s;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) Am[(e >> 6) * kTs + (e & 63)] *= Beta[e & 63];
+  __syncthreads();
 }
 
 template <int P, int VB>
@@ -404,34 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     }
 
     // Chunk-level factors per channel, from the blocks' sums (all sums of α of one sign).
-    if (tid < kDim) {
-      const int d = tid;
-      float blk[kBlocks];
-#pragma unroll
-      for (int i = 0; i < kBlocks; ++i) blk[i] = Pre[i * kDim + d] + Post[i * kDim + d];
-      float acc = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kBlocks; ++i) {
-        Pf[i * kDim + d] = expf(acc + Pre[i * kDim + d]);
-        acc += blk[i];
-      }
-      Gl[d] = expf(acc);
-      float suf = 0.0f;
-#pragma unroll
-      for (int j = kBlocks - 1; j >= 0; --j) {
-        Ff[j * kDim + d] = expf(Post[j * kDim + d] + suf);
-        suf += blk[j];
-      }
-#pragma unroll
-      for (int i = 1; i < kBlocks; ++i) {
-#pragma unroll
-        for (int j = 0; j < i; ++j) {
-          float s = Post[j * kDim + d];
-          for (int b = j + 1; b < i; ++b) s += blk[b];
-          Df[PairIndex(i, j) * kDim + d] = expf(s + Pre[i * kDim + d]);
-        }
-      }
-    }
+    ChunkFactors(Pre, Post, Pf, Ff, Df, Gl);
     __syncthreads();
 
     // 2b. Score blocks: the 10 block pairs j ≤ i × {A, Aqk}, 20 MMA tiles over the 8 warps;
@@ -467,62 +535,8 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     }
     __syncthreads();
 
-    // 3. T = (I − A)^{-1} diag(β) in place of A. N = (I − A)^{-1} = I + A N, unit lower
-    //    triangular: first the diagonal blocks N_ii by forward substitution, one thread per
-    //    column, then block rows i = 1..3: N_ij = N_ii Σ_{m=j}^{i-1} A_im N_mj.
-    {
-      float n[kBlockRows] = {};
-      const int i = (tid >> 4) & (kBlocks - 1), c = tid & 15;  // meaningful for tid < 64
-      float* const Mi = Am + 16 * i * kTs + 16 * i;
-      if (tid < 16 * kBlocks) {
-#pragma unroll
-        for (int rr = 0; rr < kBlockRows; ++rr) {
-          float s = 0.0f;
-#pragma unroll
-          for (int m = 0; m < rr; ++m) s += Mi[rr * kTs + m] * n[m];  // n[m] = 0 for m < c
-          n[rr] = rr < c ? 0.0f : (rr == c ? 1.0f : s);
-        }
-      }
-      __syncthreads();  // every column read A_ii before any is overwritten
-      if (tid < 16 * kBlocks) {
-#pragma unroll
-        for (int rr = 0; rr < kBlockRows; ++rr) Mi[rr * kTs + c] = n[rr];
-      }
-      __syncthreads();
-    }
-    // Four columns per thread (float4 rows of N and of the scratch): i·64 threads per block row.
-    for (int i = 1; i < kBlocks; ++i) {
-      for (int e = tid; e < i * 64; e += kThreads) {
-        const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
-        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int m = j; m < i; ++m) {
-          const float* const arow = Am + (16 * i + rr) * kTs + 16 * m;
-          const float* const nblk = Am + 16 * m * kTs + 16 * j + c0;
-#pragma unroll
-          for (int x = 0; x < kBlockRows; ++x) {
-            const float av = arow[x];
-            const float4 n4 = *reinterpret_cast<const float4*>(nblk + x * kTs);
-            s.x += av * n4.x, s.y += av * n4.y, s.z += av * n4.z, s.w += av * n4.w;
-          }
-        }
-        *reinterpret_cast<float4*>(Tmp + (j * 16 + rr) * 16 + c0) = s;
-      }
-      __syncthreads();
-      for (int e = tid; e < i * 64; e += kThreads) {
-        const int j = e >> 6, rr = (e >> 2) & 15, c0 = (e & 3) * 4;
-        const float* const nrow = Am + (16 * i + rr) * kTs + 16 * i;
-        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int x = 0; x <= rr; ++x) {
-          const float nv = nrow[x];
-          const float4 t4 = *reinterpret_cast<const float4*>(Tmp + (j * 16 + x) * 16 + c0);
-          s.x += nv * t4.x, s.y += nv * t4.y, s.z += nv * t4.z, s.w += nv * t4.w;
-        }
-        *reinterpret_cast<float4*>(Am + (16 * i + rr) * kTs + 16 * j + c0) = s;
-      }
-      __syncthreads();
-    }
-    for (int e = tid; e < kChunk * kChunk; e += kThreads) Am[(e >> 6) * kTs + (e & 63)] *= Beta[e & 63];
-    __syncthreads();
+    // 3. T = (I − A)^{-1} diag(β) in place of A.
+    InvertUnitLower(Am, Tmp, Beta);
 
     // 4. Warp (row block rb, column half ch): Y = V − (K̂⊙e^Γ) S and O = (Q̂⊙e^Γ) S for its
     //    16 rows × VB/2 columns, S's fragments shared by the two.
@@ -617,6 +631,665 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
   for (int i = tid; i < kDim * VB; i += kThreads) state[(i / VB) * kDim + i % VB] = S[(i / VB) * kVs + i % VB];
 }
 
+// ---------------------------------------------------------------------------------------------
+// BF16 prefill mode: the chunk-parallel form (docs/cuda.md "Chunked KDA prefill"). Three kernels:
+//   KdaChunkMapKernel   one block: global chunk index → (sequence, chunk within it), and each
+//                       sequence's first global chunk (the chunk split is per sequence, from
+//                       its own start, as above);
+//   KdaChunkPrepKernel  one block per (chunk, head), all in parallel: everything that does not
+//                       depend on the state, stored per chunk as BF16 (a "record", below);
+//   KdaStateKernel      one block per (sequence, head, VB value columns) walking its chunks in
+//                       order with its [K, VB] state slice in registers (F32):
+//                         V' = U − W S,  O = Q̃ S + Aqk V',  S ← e^{Γ_63} ⊙_rows S + K̃ᵀ V',
+//                       the next chunk's record streaming into shared memory (cp.async) while
+//                       the tensor cores work on this one.
+// With W = T (K̂ ⊙ e^Γ), U = T V, Q̃ = Q̂ ⊙ e^Γ, K̃ = K̂ ⊙ e^{Γ_63 − Γ}: V' is the spec's U − W S,
+// the same function as the fused kernel above (spec §5.5).
+//
+// Precision: every MMA operand is one BF16 part (F32 accumulation), as FLA's chunk_kda; the
+// decays, norms and the triangular solve in F32 on the CUDA cores, the state in F32 registers
+// between chunks (only its operand copy is BF16). The BF16 prefill mode's inputs come from GEMMs
+// on BF16-rounded activations, so this adds errors of the size its inputs already carry.
+//
+// Decays: a chunk the factored form can take (above) scales its operands as the fused kernel
+// does; a chunk where some 8 consecutive α of a channel sum below −60 computes its scores and
+// operands directly from the chunk's cumulative sums G_r = Σ_{r' ≤ r} α (every factor
+// e^{G_r − G_c}, r ≥ c, and e^{G_r}, e^{G_63 − G_r} is ≤ 1: no overflow however fast the decay)
+// on the CUDA cores: slower, as safe, decided by the chunk's own α alone.
+//
+// Batch invariance: a record depends on its own chunk's rows only; a state block's arithmetic
+// per output element (k order, MMA terms) is the same for VB = 32, 64, 128; the map only moves
+// where records live.
+
+using Bf16Bits = uint16_t;  // raw BF16 in shared memory and in the records
+
+// A record (per chunk and head), in BF16 elements: W [64][128], Q̃ [64][128], U [64][128],
+// K̃ᵀ [128][64], Aqk [64][64] (zero above the diagonal), then e^{Γ_63} [128] as F32.
+constexpr int kRecW = 0;
+constexpr int kRecQ = kRecW + kChunk * kDim;
+constexpr int kRecU = kRecQ + kChunk * kDim;
+constexpr int kRecKt = kRecU + kChunk * kDim;
+constexpr int kRecAqk = kRecKt + kDim * kChunk;
+constexpr int kRecGl = kRecAqk + kChunk * kChunk;
+constexpr size_t kRecBytes = sizeof(Bf16Bits) * kRecGl + sizeof(float) * kDim;  // 74,240
+static_assert(kRecBytes % 16 == 0, "records stay 16-byte aligned for cp.async");
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ Bf16Bits ToBf16(float x) { return static_cast<Bf16Bits>(PackBf16x2(x, 0.0f) & 0xffffu); }
+__device__ __forceinline__ float FromBf16(Bf16Bits b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ float2 FromBf16x2(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// Element (row, col) of a BF16 [rows][L] array in shared memory whose 16-byte pieces are
+// swizzled: piece p of row r sits at p ^ (r & 7). The fragment loads below (8 rows × 4
+// consecutive words) then hit 32 distinct banks, with no padding.
+template <int L>
+__device__ __forceinline__ int Swz(int row, int col) {
+  static_assert(L == 64 || L == 128, "eight or sixteen pieces a row");
+  return row * L + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+template <int L>
+__device__ __forceinline__ uint32_t Ld32(const Bf16Bits* x, int row, int col) {
+  return *reinterpret_cast<const uint32_t*>(x + Swz<L>(row, col));
+}
+// m16n8k16 fragments from swizzled BF16 arrays: A = X[r0 .., k0 ..] (row-major), and B[k][n] =
+// Xt[n][k] (B stored transposed, so a fragment's pairs along k are adjacent).
+template <int L>
+__device__ __forceinline__ void FragA(const Bf16Bits* x, int r0, int k0, uint32_t (&a)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  a[0] = Ld32<L>(x, r0 + g, k0 + 2 * t);
+  a[1] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t);
+  a[2] = Ld32<L>(x, r0 + g, k0 + 2 * t + 8);
+  a[3] = Ld32<L>(x, r0 + g + 8, k0 + 2 * t + 8);
+}
+template <int L>
+__device__ __forceinline__ void FragB(const Bf16Bits* xt, int n0, int k0, uint32_t (&b)[2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  b[0] = Ld32<L>(xt, n0 + g, k0 + 2 * t);
+  b[1] = Ld32<L>(xt, n0 + g, k0 + 2 * t + 8);
+}
+
+// 16 bytes global → shared without a register (cp.async.cg: L2 only), and its group fences.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
+}
+// Asks L2 for `bytes` (a multiple of 16) from p on (sm_90 bulk prefetch; no register, no wait).
+__device__ __forceinline__ void PrefetchL2Bulk(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ int64_t SeqBegin(const KdaChunkArgs& a, int64_t b) {
+  return a.cu_seqlens != nullptr ? a.cu_seqlens[b] : 0;
+}
+__device__ __forceinline__ int64_t SeqLen(const KdaChunkArgs& a, int64_t b) {
+  return a.cu_seqlens != nullptr ? a.cu_seqlens[b + 1] - a.cu_seqlens[b] : a.tokens;
+}
+
+// The map, for `capacity` global chunks (KdaChunked's bound from the call's rows and batch):
+// chunk_seq[g] = the sequence of chunk g (−1 past the call's chunks), chunk_idx[g] = its chunk
+// within the sequence, chunk_first[b] = sequence b's first global chunk. One block; a block-wide
+// inclusive scan of the sequences' chunk counts, kThreads sequences at a time.
+__global__ void __launch_bounds__(kThreads, 1) KdaChunkMapKernel(KdaChunkArgs a, int capacity, int32_t* chunk_seq,
+                                                              int32_t* chunk_idx, int32_t* chunk_first) {
+  extern __shared__ float4 smem_f4[];
+  int* const scan = reinterpret_cast<int*>(smem_f4);
+  const int tid = threadIdx.x;
+  int running = 0;
+  for (int64_t b0 = 0; b0 < a.batch; b0 += kThreads) {
+    const int64_t b = b0 + tid;
+    const int n = b < a.batch ? static_cast<int>((SeqLen(a, b) + kChunk - 1) / kChunk) : 0;
+    scan[tid] = n;
+    __syncthreads();
+    for (int off = 1; off < kThreads; off <<= 1) {
+      const int x = tid >= off ? scan[tid - off] : 0;
+      __syncthreads();
+      scan[tid] += x;
+      __syncthreads();
+    }
+    const int first = running + scan[tid] - n;
+    if (b < a.batch) {
+      chunk_first[b] = first;
+      for (int c = 0; c < n && first + c < capacity; ++c) {
+        chunk_seq[first + c] = static_cast<int32_t>(b);
+        chunk_idx[first + c] = c;
+      }
+    }
+    running += scan[kThreads - 1];
+    __syncthreads();  // scan is rewritten next round
+  }
+  if (running > capacity) __trap();  // a.tokens below the rows cu_seqlens names: KdaChunked's contract
+  for (int g = running + tid; g < capacity; g += kThreads) chunk_seq[g] = -1;
+}
+
+// Shared memory of the prep kernel, in bytes. KM, QM, KR: BF16 [64][kXs] (row stride 272 bytes
+// ≡ 4 words mod 32: fragment loads conflict-free); from the outputs on, QM and KR's space holds
+// V transposed ([128][kTs] BF16).
+struct PrepSmem {
+  static constexpr int kKm = 0;
+  static constexpr int kQm = kKm + 2 * kChunk * kXs;
+  static constexpr int kKr = kQm + 2 * kChunk * kXs;
+  static constexpr int kVt = kQm;
+  static constexpr int kA = kKr + 2 * kChunk * kXs;  // A, then T: F32 [64][kTs]
+  static constexpr int kTmp = kA + 4 * kChunk * kTs;
+  static constexpr int kP = kTmp + 4 * kSolveTmp;
+  static constexpr int kF = kP + 4 * kBlocks * kDim;
+  static constexpr int kD = kF + 4 * kBlocks * kDim;
+  static constexpr int kGl = kD + 4 * 6 * kDim;
+  static constexpr int kPre = kGl + 4 * kDim;
+  static constexpr int kPost = kPre + 4 * kBlocks * kDim;
+  static constexpr int kBeta = kPost + 4 * kBlocks * kDim;
+  static constexpr int kRq = kBeta + 4 * kChunk;
+  static constexpr int kRk = kRq + 4 * kChunk;
+  static constexpr size_t kBytes = kRk + 4 * kChunk;
+  static_assert(2 * kDim * kTs <= kA - kQm, "V transposed fits in QM and KR's space");
+  // The direct path's F32 scratch (cumulative sums G [64][128], one 16-channel slice of q̂, k̂
+  // [64][16] each) in KM, QM and KR's space.
+  static_assert(4 * (kChunk * kDim + 2 * kChunk * 16) <= kA, "the direct path's scratch fits");
+};
+
+__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, const int32_t* chunk_seq,
+                                                                  const int32_t* chunk_idx, uint8_t* records) {
+  using L = PrepSmem;
+  extern __shared__ float4 smem_f4[];
+  uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
+  Bf16Bits* const KM = reinterpret_cast<Bf16Bits*>(sm + L::kKm);
+  Bf16Bits* const QM = reinterpret_cast<Bf16Bits*>(sm + L::kQm);
+  Bf16Bits* const KR = reinterpret_cast<Bf16Bits*>(sm + L::kKr);
+  Bf16Bits* const VT = reinterpret_cast<Bf16Bits*>(sm + L::kVt);
+  float* const Am = reinterpret_cast<float*>(sm + L::kA);
+  float* const Tmp = reinterpret_cast<float*>(sm + L::kTmp);
+  float* const Pf = reinterpret_cast<float*>(sm + L::kP);
+  float* const Ff = reinterpret_cast<float*>(sm + L::kF);
+  float* const Df = reinterpret_cast<float*>(sm + L::kD);
+  float* const Gl = reinterpret_cast<float*>(sm + L::kGl);
+  float* const Pre = reinterpret_cast<float*>(sm + L::kPre);
+  float* const Post = reinterpret_cast<float*>(sm + L::kPost);
+  float* const Beta = reinterpret_cast<float*>(sm + L::kBeta);
+  float* const Rq = reinterpret_cast<float*>(sm + L::kRq);
+  float* const Rk = reinterpret_cast<float*>(sm + L::kRk);
+
+  const int64_t H = a.heads;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) / H;
+  const int h = static_cast<int>(static_cast<int64_t>(blockIdx.x) % H);
+  const int32_t seq = chunk_seq[g];
+  if (seq < 0) return;
+  const int64_t t0 = int64_t{chunk_idx[g]} * kChunk;
+  const int64_t T = SeqLen(a, seq);
+  const int len = static_cast<int>(T - t0 < kChunk ? T - t0 : kChunk);
+  const int64_t row0 = SeqBegin(a, seq) + t0;
+  auto base = [&](int r) { return ((row0 + r) * H + h) * kDim; };  // element (r, head h, channel 0)
+  Bf16Bits* const rec = reinterpret_cast<Bf16Bits*>(records + (g * H + h) * static_cast<int64_t>(kRecBytes));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));
+
+  // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β, one
+  //    warp per row; the values themselves are read again in step 2 (from L1/L2).
+  {
+    constexpr int kRowsPerWarp = kChunk / kWarps;
+    float4 qv[kRowsPerWarp], kv[kRowsPerWarp];
+    float bl[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      qv[i] = kv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      bl[i] = 0.0f;
+      if (r < len) {
+        qv[i] = __ldg(reinterpret_cast<const float4*>(a.q + base(r)) + lane);
+        kv[i] = __ldg(reinterpret_cast<const float4*>(a.k + base(r)) + lane);
+        bl[i] = __ldg(a.beta_logits + (row0 + r) * H + h);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      float sq = qv[i].x * qv[i].x + qv[i].y * qv[i].y + qv[i].z * qv[i].z + qv[i].w * qv[i].w;
+      float sk = kv[i].x * kv[i].x + kv[i].y * kv[i].y + kv[i].z * kv[i].z + kv[i].w * kv[i].w;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+      }
+      if (lane == 0) {
+        Beta[r] = r < len ? KdaSigmoid(bl[i]) : 0.0f;
+        Rq[r] = q_scale / sqrtf(sq + 1e-6f);
+        Rk[r] = 1.0f / sqrtf(sk + 1e-6f);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. Decays within each row block as in the fused kernel (x_r = Γ_r − Γ_{m_i}, a direct sum
+  //    outward from the reference row), two threads per channel; the operands QM, KM, KR are
+  //    written as BF16 (each is rounded to BF16 as an MMA operand anyway).
+  bool unsafe = false;
+  {
+    const int d = tid & (kDim - 1), half = tid / kDim;
+#pragma unroll 1
+    for (int bi = 0; bi < 2; ++bi) {
+      const int i = 2 * half + bi, r0 = kBlockRows * i;
+      float al[kBlockRows], qd[kBlockRows], kd[kBlockRows];
+#pragma unroll
+      for (int rr = 0; rr < kBlockRows; ++rr) {
+        const bool in = r0 + rr < len;
+        al[rr] = in ? __ldg(a.alpha + base(r0 + rr) + d) : 0.0f;
+        qd[rr] = in ? __ldg(a.q + base(r0 + rr) + d) : 0.0f;
+        kd[rr] = in ? __ldg(a.k + base(r0 + rr) + d) : 0.0f;
+      }
+      float x[kBlockRows];
+      x[kRef] = 0.0f;
+#pragma unroll
+      for (int rr = kRef + 1; rr < kBlockRows; ++rr) x[rr] = x[rr - 1] + al[rr];
+#pragma unroll
+      for (int rr = kRef - 1; rr >= 0; --rr) x[rr] = x[rr + 1] - al[rr + 1];
+      float pre = 0.0f, post = 0.0f;
+#pragma unroll
+      for (int rr = 0; rr <= kRef; ++rr) pre += al[rr];
+#pragma unroll
+      for (int rr = kRef + 1; rr < kBlockRows; ++rr) post += al[rr];
+#pragma unroll
+      for (int rr = 0; rr < kBlockRows; ++rr) {
+        unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
+        const float e = expf(x[rr]), ei = __frcp_rn(e);  // |x| ≤ 60 where used: e and 1/e normal
+        const int r = r0 + rr, at = r * kXs + d;
+        const float kn = kd[rr] * Rk[r];
+        QM[at] = ToBf16(qd[rr] * Rq[r] * e);
+        KM[at] = ToBf16(kn * e);
+        KR[at] = ToBf16(kn * ei);
+      }
+      Pre[i * kDim + d] = pre;
+      Post[i * kDim + d] = post;
+    }
+  }
+  Bf16Bits* const rec_aqk = rec + kRecAqk;
+  if (!__syncthreads_or(unsafe)) {
+    ChunkFactors(Pre, Post, Pf, Ff, Df, Gl);
+    __syncthreads();
+    // Score blocks: the 10 block pairs j ≤ i × {A, Aqk}, 20 MMA tiles over the 8 warps (the
+    // fused kernel's step 2b with one BF16 part); A into shared memory for the solve, Aqk
+    // straight into the record. The blocks above the diagonal are zero.
+    for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+      const int r = e / kChunk, c = e % kChunk;
+      if (c / kBlockRows > r / kBlockRows) Am[r * kTs + c] = 0.0f, rec_aqk[e] = 0;
+    }
+    for (int u = warp; u < kBlocks * (kBlocks + 1); u += kWarps) {
+      const bool is_qk = u & 1;
+      int i = 0, j = u >> 1;  // pair index → (i, j), j ≤ i, row by row
+      while (j > i) j -= ++i;
+      const Bf16Bits* const X = (is_qk ? QM : KM) + 16 * i * kXs;
+      const Bf16Bits* const Kc = KR + 16 * j * kXs;
+      const float* const scale = Df + (i > j ? PairIndex(i, j) : 0) * kDim;
+      const bool scaled = i > j;
+      float acc[2][4] = {};
+      auto fa = [&](int row, int k) {
+        const float2 x = FromBf16x2(*reinterpret_cast<const uint32_t*>(X + row * kXs + k));
+        return scaled ? Mul2(x, Ld2(scale + k)) : x;
+      };
+      auto fb = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(Kc + n * kXs + k)); };
+      WarpGemm<1, 2>(acc, kDim / 16, fa, fb, 0);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = 16 * i + AccRow(e), c = 16 * j + AccCol(nt, e);  // c even: c, c + 1
+          if (is_qk) {
+            *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
+                PackBf16x2(r >= c ? acc[nt][e] : 0.0f, r >= c + 1 ? acc[nt][e + 1] : 0.0f);
+          } else {
+            Am[r * kTs + c] = r > c ? -Beta[r] * acc[nt][e] : 0.0f;
+            Am[r * kTs + c + 1] = r > c + 1 ? -Beta[r] * acc[nt][e + 1] : 0.0f;
+          }
+        }
+      }
+    }
+  } else {
+    // Direct path (a channel decays too fast for the factored form): scores from the
+    // cumulative sums on the CUDA cores, thread tid owning entries (r, c) = (tid / 64 + 4m,
+    // tid % 64), m < 16; then the operands with factors 1 (P = F = 1, e^{Γ_63} from G).
+    float* const G = reinterpret_cast<float*>(sm + L::kKm);  // [64][128]
+    float* const qs = G + kChunk * kDim;                     // q̂, k̂ of 16 channels [64][16]
+    float* const ks = qs + kChunk * 16;
+    if (tid < kDim) {
+      float acc = 0.0f;
+      for (int r = 0; r < kChunk; ++r) {
+        acc += r < len ? a.alpha[base(r) + tid] : 0.0f;
+        G[r * kDim + tid] = acc;
+      }
+    }
+    float sa[16] = {}, sq[16] = {};
+    const int c = tid & 63;
+    for (int d0 = 0; d0 < kDim; d0 += 16) {
+      __syncthreads();  // G written; the previous slice read
+      for (int e = tid; e < kChunk * 16; e += kThreads) {
+        const int r = e >> 4, dd = e & 15;
+        qs[e] = r < len ? a.q[base(r) + d0 + dd] * Rq[r] : 0.0f;
+        ks[e] = r < len ? a.k[base(r) + d0 + dd] * Rk[r] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        const int r = (tid >> 6) + 4 * m;
+        if (c > r) continue;
+        for (int dd = 0; dd < 16; ++dd) {
+          const float f = expf(G[r * kDim + d0 + dd] - G[c * kDim + d0 + dd]);  // ≤ 1
+          const float kc = ks[c * 16 + dd] * f;
+          sq[m] += qs[r * 16 + dd] * kc;
+          sa[m] += ks[r * 16 + dd] * kc;
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+      const int r = (tid >> 6) + 4 * m;
+      Am[r * kTs + c] = r > c ? -Beta[r] * sa[m] : 0.0f;
+      rec_aqk[r * kChunk + c] = ToBf16(r >= c ? sq[m] : 0.0f);
+    }
+    const float g63 = tid < kDim ? G[(kChunk - 1) * kDim + tid] : 0.0f;
+    __syncthreads();  // G read: KM, QM, KR's space becomes the operands again
+    if (tid < kDim) {
+      const int d = tid;
+      float acc = 0.0f;  // G again, the same additions in the same order
+      for (int r = 0; r < kChunk; ++r) {
+        const bool in = r < len;
+        acc += in ? a.alpha[base(r) + d] : 0.0f;
+        const float kn = in ? a.k[base(r) + d] * Rk[r] : 0.0f, qn = in ? a.q[base(r) + d] * Rq[r] : 0.0f;
+        const float e = expf(acc);
+        QM[r * kXs + d] = ToBf16(qn * e);
+        KM[r * kXs + d] = ToBf16(kn * e);
+        KR[r * kXs + d] = ToBf16(kn * expf(g63 - acc));
+      }
+      for (int i = 0; i < kBlocks; ++i) Pf[i * kDim + d] = Ff[i * kDim + d] = 1.0f;
+      Gl[d] = expf(g63);
+    }
+  }
+  __syncthreads();
+
+  // 3. T = (I − A)^{-1} diag(β) in place of A (F32).
+  InvertUnitLower(Am, Tmp, Beta);
+
+  // 4. The record's Q̃ = QM·P (pairs of channels), K̃ᵀ = (KR·F)ᵀ (pairs of rows), e^{Γ_63}.
+  for (int e = tid; e < kChunk * kDim / 2; e += kThreads) {
+    const int r = e / (kDim / 2), d = 2 * (e % (kDim / 2));
+    const float2 x = Mul2(FromBf16x2(*reinterpret_cast<const uint32_t*>(QM + r * kXs + d)),
+                          Ld2(Pf + (r / kBlockRows) * kDim + d));
+    *reinterpret_cast<uint32_t*>(rec + kRecQ + r * kDim + d) = PackBf16x2(x.x, x.y);
+  }
+  for (int e = tid; e < kDim * kChunk / 2; e += kThreads) {
+    const int d = e / (kChunk / 2), r = 2 * (e % (kChunk / 2));  // r, r + 1 in one row block
+    const float f = Ff[(r / kBlockRows) * kDim + d];
+    *reinterpret_cast<uint32_t*>(rec + kRecKt + d * kChunk + r) =
+        PackBf16x2(FromBf16(KR[r * kXs + d]) * f, FromBf16(KR[(r + 1) * kXs + d]) * f);
+  }
+  if (tid < kDim) reinterpret_cast<float*>(rec + kRecGl)[tid] = Gl[tid];
+  __syncthreads();  // QM, KR read: their space becomes V transposed
+
+  // 5. V transposed (VT[n][r], rows past the end zero), then W = T·(KM·P) and U = T·V: warp
+  //    (row block rb, column half) over 16 rows × 64 columns; T is lower triangular, so the
+  //    k-steps past the row block are zero.
+  for (int e = tid; e < kChunk / 2 * kDim; e += kThreads) {
+    const int r = 2 * (e / kDim), n = e % kDim;
+    const float v0 = r < len ? __ldg(a.v + base(r) + n) : 0.0f, v1 = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
+    *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v0, v1);
+  }
+  __syncthreads();
+  {
+    const int rb = warp >> 1, n0 = (warp & 1) * (kDim / 2);
+    const float* const Tr = Am + 16 * rb * kTs;
+    auto ft = [&](int row, int k) { return Ld2(Tr + row * kTs + k); };
+    auto fkg = [&](int k, int n) {  // (K̂ ⊙ e^Γ)[k][n]: k, k + 1 in one row block
+      const float p = Pf[(k / kBlockRows) * kDim + n];
+      return make_float2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
+    };
+    auto fv = [&](int k, int n) { return FromBf16x2(*reinterpret_cast<const uint32_t*>(VT + n * kTs + k)); };
+    constexpr int NT = kDim / 16;
+    auto store = [&](const float (&acc)[NT][4], Bf16Bits* out) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = 16 * rb + AccRow(e), c = n0 + AccCol(nt, e);
+          *reinterpret_cast<uint32_t*>(out + r * kDim + c) = PackBf16x2(acc[nt][e], acc[nt][e + 1]);
+        }
+      }
+    };
+    {
+      float w[NT][4] = {};
+      WarpGemm<1, NT>(w, rb + 1, ft, fkg, n0);
+      store(w, rec + kRecW);
+    }
+    {
+      float u[NT][4] = {};
+      WarpGemm<1, NT>(u, rb + 1, ft, fv, n0);
+      store(u, rec + kRecU);
+    }
+  }
+}
+
+// Shared memory of the state kernel, in bytes; BF16 arrays swizzled (Swz), unpadded except U.
+// Set A (W, Q̃, U's VB columns) is read by the first products of a chunk (V' = U − W S, Q̃ S),
+// set B (K̃ᵀ, Aqk, e^{Γ_63}) by the last ones: each streams in while the other is in use.
+template <int VB>
+struct StateSmem {
+  static constexpr int kUs = VB + 8;  // U's row stride: 16-byte rows, fragment rows on distinct banks
+  static constexpr int kW = 0;
+  static constexpr int kQ = kW + 2 * kChunk * kDim;
+  static constexpr int kU = kQ + 2 * kChunk * kDim;
+  static constexpr int kKt = kU + 2 * kChunk * kUs;
+  static constexpr int kAqk = kKt + 2 * kDim * kChunk;
+  static constexpr int kGl = kAqk + 2 * kChunk * kChunk;
+  static constexpr int kSt = kGl + 4 * kDim;  // S transposed, BF16 [VB][128]
+  static constexpr int kVt = kSt + 2 * VB * kDim;  // V' transposed, BF16 [VB][64]
+  static constexpr size_t kBytes = kVt + 2 * VB * kChunk;
+  static_assert(kU % 16 == 0 && kKt % 16 == 0 && kGl % 16 == 0 && kSt % 16 == 0, "16-byte pieces");
+};
+
+template <int VB>
+__global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
+    KdaStateKernel(KdaChunkArgs a, const int32_t* chunk_first, const uint8_t* records) {
+  using L = StateSmem<VB>;
+  constexpr int kNvb = kDim / VB;
+  constexpr int NT = VB / 16;  // n-tiles of a warp's half of the columns (W S, Q̃ S, Aqk V')
+  constexpr int NS = VB / 8;   // n-tiles of a warp's state rows (all VB columns)
+  extern __shared__ float4 smem_f4[];
+  uint8_t* const sm = reinterpret_cast<uint8_t*>(smem_f4);
+  Bf16Bits* const Ws = reinterpret_cast<Bf16Bits*>(sm + L::kW);
+  Bf16Bits* const Qs = reinterpret_cast<Bf16Bits*>(sm + L::kQ);
+  Bf16Bits* const Us = reinterpret_cast<Bf16Bits*>(sm + L::kU);
+  Bf16Bits* const Kts = reinterpret_cast<Bf16Bits*>(sm + L::kKt);
+  Bf16Bits* const Aqs = reinterpret_cast<Bf16Bits*>(sm + L::kAqk);
+  float* const Gls = reinterpret_cast<float*>(sm + L::kGl);
+  Bf16Bits* const St = reinterpret_cast<Bf16Bits*>(sm + L::kSt);
+  Bf16Bits* const Vt = reinterpret_cast<Bf16Bits*>(sm + L::kVt);
+
+  const int64_t H = a.heads;
+  const int h = static_cast<int>(blockIdx.x) / kNvb, vb = static_cast<int>(blockIdx.x) % kNvb;
+  const int64_t seq = blockIdx.y;
+  const int64_t T = SeqLen(a, seq);
+  if (T <= 0) return;  // the state keeps its bits
+  const int64_t bos = SeqBegin(a, seq);
+  const int64_t slot = a.slots != nullptr ? a.slots[seq] : 0;
+  const int col0 = vb * VB;
+  float* const state = a.state + (slot * H + h) * kDim * kDim + col0;
+  const int nch = static_cast<int>((T + kChunk - 1) / kChunk);
+  const int64_t first = chunk_first[seq];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  auto record = [&](int c) {
+    return reinterpret_cast<const Bf16Bits*>(records + ((first + c) * H + h) * static_cast<int64_t>(kRecBytes));
+  };
+  // Piece p of row r goes to its swizzled place; a thread's rows step by a multiple of 8, so
+  // r & 7 and with it the swizzle stay fixed and every address is a constant offset from the
+  // first (few registers).
+  constexpr int kUPieces = VB / 8;  // 16-byte pieces of a row of U's VB columns
+  auto load_a = [&](const Bf16Bits* rec) {  // W, Q̃ (16 pieces a row), U's columns
+    const int r = tid / 16, p = tid % 16;
+#pragma unroll
+    for (int j = 0; j < kChunk / 16; ++j) {
+      CpAsync16(Ws + Swz<kDim>(r, 8 * p) + 16 * j * kDim, rec + kRecW + (r + 16 * j) * kDim + 8 * p);
+      CpAsync16(Qs + Swz<kDim>(r, 8 * p) + 16 * j * kDim, rec + kRecQ + (r + 16 * j) * kDim + 8 * p);
+    }
+    const int ru = tid / kUPieces, pu = tid % kUPieces;
+#pragma unroll
+    for (int j = 0; j < kChunk * kUPieces / kThreads; ++j) {
+      const int row = ru + j * (kThreads / kUPieces);
+      CpAsync16(Us + row * L::kUs + 8 * pu, rec + kRecU + row * kDim + col0 + 8 * pu);
+    }
+  };
+  auto load_b = [&](const Bf16Bits* rec) {  // K̃ᵀ, Aqk (8 pieces a row); e^{Γ_63}
+    const int r8 = tid / 8, p8 = tid % 8;
+#pragma unroll
+    for (int j = 0; j < kDim / 32; ++j) {
+      CpAsync16(Kts + Swz<kChunk>(r8, 8 * p8) + 32 * j * kChunk, rec + kRecKt + (r8 + 32 * j) * kChunk + 8 * p8);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk / 32; ++j) {
+      CpAsync16(Aqs + Swz<kChunk>(r8, 8 * p8) + 32 * j * kChunk, rec + kRecAqk + (r8 + 32 * j) * kChunk + 8 * p8);
+    }
+    if (tid < kDim / 4) CpAsync16(Gls + 4 * tid, rec + kRecGl + 8 * tid);
+  };
+  // Records come from HBM (the prep kernel's output is far larger than L2): one bulk prefetch
+  // into L2 two chunks ahead hides that latency behind this chunk's work.
+  auto prefetch = [&](int c) {
+    if (tid == 0 && c < nch) PrefetchL2Bulk(record(c), static_cast<uint32_t>(kRecBytes));
+  };
+  static_assert(kThreads % kUPieces == 0 && (kChunk * kUPieces) % kThreads == 0, "U's pieces split evenly");
+
+  // The state slice: warp w holds key rows 16w .. 16w + 15, all VB columns, as MMA accumulators;
+  // St is its BF16 copy, transposed (the B operand of W S and Q̃ S).
+  // Column AccCol(nt, e) ≡ AccCol(0, e) (mod 8), so the swizzle of element (nt, e) of a
+  // transposed store is element (0, e)'s plus 8·nt rows: four offsets a thread keeps.
+  float s[NS][4];
+  auto store_st = [&] {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      Bf16Bits* const at = St + Swz<kDim>(AccCol(0, e), 16 * warp + AccRow(e));
+#pragma unroll
+      for (int nt = 0; nt < NS; ++nt) at[8 * nt * kDim] = ToBf16(s[nt][e]);
+    }
+  };
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = state[(16 * warp + AccRow(e)) * kDim + AccCol(nt, e)];
+  }
+  store_st();
+  load_a(record(0));
+  CpAsyncCommit();
+  prefetch(1);
+
+  const int rb = warp >> 1, n0 = (warp & 1) * (VB / 2);
+  for (int c = 0; c < nch; ++c) {
+    CpAsyncWait<0>();
+    __syncthreads();  // set A of chunk c and St in place; every warp is past chunk c − 1's set B
+    load_b(record(c));
+    CpAsyncCommit();
+    prefetch(c + 2);
+
+    // V' = U − W S for 16 rows × VB/2 columns.
+    float y[NT][4] = {};
+#pragma unroll 1
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      uint32_t aw[4];
+      FragA<kDim>(Ws, 16 * rb, 16 * ks, aw);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t b[2];
+        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
+        Mma(y[nt], aw, b);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * rb + AccRow(e), col = n0 + AccCol(0, e);
+      const int vt_at = Swz<kChunk>(col, r), u_at = r * L::kUs + col;  // n0 ≡ 0 (mod 8)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        Vt[vt_at + 8 * nt * kChunk] = ToBf16(FromBf16(Us[u_at + 8 * nt]) - y[nt][e]);
+      }
+    }
+    // O = Q̃ S, the same rows and columns (after W S rather than beside it: y and o are not
+    // live together, so 80 registers hold 3 blocks an SM without spilling).
+    float o[NT][4] = {};
+#pragma unroll 1
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      uint32_t aq[4];
+      FragA<kDim>(Qs, 16 * rb, 16 * ks, aq);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t b[2];
+        FragB<kDim>(St, n0 + 8 * nt, 16 * ks, b);
+        Mma(o[nt], aq, b);
+      }
+    }
+    __syncthreads();  // V' in place; every warp is done with set A and St
+    if (c + 1 < nch) load_a(record(c + 1));
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();  // set B of chunk c in place
+
+    // O += Aqk V' (lower triangular: k-steps up to the row block), stored for the real rows.
+    {
+      const int64_t t0 = int64_t{c} * kChunk;
+      const int len = static_cast<int>(T - t0 < kChunk ? T - t0 : kChunk);
+      for (int ks = 0; ks <= rb; ++ks) {
+        uint32_t aa[4];
+        FragA<kChunk>(Aqs, 16 * rb, 16 * ks, aa);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t b[2];
+          FragB<kChunk>(Vt, n0 + 8 * nt, 16 * ks, b);
+          Mma(o[nt], aa, b);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = 16 * rb + AccRow(e);
+          if (r < len) {
+            *reinterpret_cast<float2*>(a.o + ((bos + t0 + r) * H + h) * kDim + col0 + n0 + AccCol(nt, e)) =
+                make_float2(o[nt][e], o[nt][e + 1]);
+          }
+        }
+      }
+    }
+    // S ← e^{Γ_63} ⊙_rows S + K̃ᵀ V' (warp: its 16 key rows, all VB columns), then its BF16 copy
+    // (St was last read before the barrier above).
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= Gls[16 * warp + AccRow(e)];
+    }
+#pragma unroll
+    for (int ks = 0; ks < kChunk / 16; ++ks) {
+      uint32_t ak[4];
+      FragA<kChunk>(Kts, 16 * warp, 16 * ks, ak);
+#pragma unroll
+      for (int nt = 0; nt < NS; ++nt) {
+        uint32_t b[2];
+        FragB<kChunk>(Vt, 8 * nt, 16 * ks, b);
+        Mma(s[nt], ak, b);
+      }
+    }
+    store_st();
+  }
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) state[(16 * warp + AccRow(e)) * kDim + AccCol(nt, e)] = s[nt][e];
+  }
+}
+
 template <int P, int VB>
 void Launch(const KdaChunkArgs& a, cudaStream_t s) {
   using L = Smem<VB>;
@@ -645,15 +1318,79 @@ int SmCount() {
   return count;
 }
 
+// Σ_b ceil(T_b / 64) ≤ tokens / 64 + batch: the chunks a call can have (the map's capacity).
+int64_t ChunkCapacity(int64_t tokens, int64_t batch) { return tokens / kChunk + batch; }
+
+template <class Kernel>
+void AllowSmem(Kernel kernel, size_t bytes) {
+  // Every call (a microsecond next to a prefill's milliseconds), so it holds on whichever device
+  // is current. The carveout asks for all of the unified L1/shared memory as shared memory, so
+  // the state kernel's 3 (VB = 32) or 2 (64) blocks fit on an SM.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "kimirt: KdaChunked: %zu bytes of shared memory refused: %s\n", bytes, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+// The BF16 mode's three launches (map, prep, state) on a.scratch.
+void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb) {
+  const int64_t capacity = ChunkCapacity(a.tokens, a.batch);
+  if (a.scratch == nullptr || a.tokens < 0 || capacity * a.heads > 0x7fffffff) {
+    std::fprintf(stderr, "kimirt: KdaChunked: the BF16 mode needs scratch (KdaChunkScratchBytes) and the call's "
+                 "rows in tokens (%lld rows, %lld heads)\n", static_cast<long long>(a.tokens),
+                 static_cast<long long>(a.heads));
+    std::abort();
+  }
+  uint8_t* const records = static_cast<uint8_t*>(a.scratch);
+  int32_t* const chunk_seq = reinterpret_cast<int32_t*>(records + static_cast<size_t>(capacity * a.heads) * kRecBytes);
+  int32_t* const chunk_idx = chunk_seq + capacity;
+  int32_t* const chunk_first = chunk_idx + capacity;
+  KdaChunkMapKernel<<<1, kThreads, sizeof(int) * kThreads, s>>>(a, static_cast<int>(capacity), chunk_seq, chunk_idx,
+                                                                 chunk_first);
+  CheckLaunch("KdaChunked map");
+  if (capacity == 0) return;
+  AllowSmem(KdaChunkPrepKernel, PrepSmem::kBytes);
+  KdaChunkPrepKernel<<<static_cast<unsigned>(capacity * a.heads), kThreads, PrepSmem::kBytes, s>>>(a, chunk_seq,
+                                                                                                   chunk_idx, records);
+  CheckLaunch("KdaChunked prep");
+  auto state = [&](auto kernel, size_t bytes) {
+    AllowSmem(kernel, bytes);
+    const dim3 grid(static_cast<unsigned>(a.heads * (kDim / vb)), static_cast<unsigned>(a.batch));
+    kernel<<<grid, kThreads, bytes, s>>>(a, chunk_first, records);
+    CheckLaunch("KdaChunked state");
+  };
+  if (vb == 32) {
+    state(KdaStateKernel<32>, StateSmem<32>::kBytes);
+  } else if (vb == 64) {
+    state(KdaStateKernel<64>, StateSmem<64>::kBytes);
+  } else {
+    state(KdaStateKernel<128>, StateSmem<128>::kBytes);
+  }
+}
+
 }  // namespace
 
-int KdaChunkValueBlock(int64_t batch, int64_t heads) {
+int KdaChunkValueBlock(int64_t batch, int64_t heads, bool bf16_operands) {
+  if (bf16_operands) {
+    // The state kernel: 32 columns (3 blocks per SM) while all blocks fit in one wave, else 64
+    // (2 per SM; each block then loads a head's records for twice the columns).
+    return 4 * batch * heads <= 3 * SmCount() ? 32 : 64;
+  }
   // The narrowest blocks (most parallelism, each repeating the per-chunk work on q, k and the
   // decays) whose count still fits in one wave; past one wave, the widest.
   for (int vb : {32, 64}) {
     if (batch * heads * (kDim / vb) <= SmCount()) return vb;
   }
   return 128;
+}
+
+size_t KdaChunkScratchBytes(int64_t tokens, int64_t batch, int64_t heads) {
+  const int64_t capacity = ChunkCapacity(tokens, batch);
+  return static_cast<size_t>(capacity * heads) * kRecBytes + sizeof(int32_t) * static_cast<size_t>(2 * capacity + batch);
 }
 
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block) {
@@ -674,9 +1411,9 @@ void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int v
     }
   }
   if (a.batch == 0) return;
-  const int vb = value_block != 0 ? value_block : KdaChunkValueBlock(a.batch, a.heads);
+  const int vb = value_block != 0 ? value_block : KdaChunkValueBlock(a.batch, a.heads, bf16_operands);
   if (bf16_operands) {
-    vb == 32 ? Launch<2, 32>(a, s) : vb == 64 ? Launch<2, 64>(a, s) : Launch<2, 128>(a, s);
+    LaunchChunkParallel(a, s, vb);
   } else {
     vb == 32 ? Launch<3, 32>(a, s) : vb == 64 ? Launch<3, 64>(a, s) : Launch<3, 128>(a, s);
   }

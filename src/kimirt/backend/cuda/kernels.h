@@ -106,10 +106,14 @@ void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
 // state[slots[b]] of a pool [slot_count, H, K, K] (row = key channel) in place. Device pointers
 // (cu_seqlens and slots too, int32); slots distinct within a call (not checked on the device);
 // q, k, v, alpha, o 16-byte aligned. Needs head_dim == kKdaChunkHeadDim; aborts otherwise.
-// Matmuls on tensor cores with F32 operands split into BF16 parts: three (F32 math up to
-// summation order), or two with bf16_operands (~2⁻¹⁷ per product; the BF16 prefill mode). A
-// sequence's bits depend on its own rows and state only (batch invariance), for any
-// value_block (0 = KdaChunkValueBlock's choice; 32, 64 or 128 value columns per thread block).
+// F32 mode (bf16_operands false): one fused kernel, matmuls on tensor cores with F32 operands
+// split into three BF16 parts (F32 math up to summation order). BF16 prefill mode: the
+// chunk-parallel form (per-chunk intermediates in `scratch`, then a sequential pass over the
+// state), every MMA operand one BF16 part with F32 accumulation, F32 state; needs scratch of
+// KdaChunkScratchBytes(tokens, batch, heads) bytes (16-byte aligned) and tokens = all rows of the
+// call (cu_seqlens[batch]; aborts without scratch). A sequence's bits depend on its own rows and
+// state only (batch invariance), for any value_block (0 = KdaChunkValueBlock's choice; 32, 64 or
+// 128 value columns per thread block).
 constexpr int kKdaChunkHeadDim = 128;
 struct KdaChunkArgs {
   const float* q = nullptr;
@@ -121,14 +125,19 @@ struct KdaChunkArgs {
   // null too; nothing to upload, so a launch inside a graph capture bakes in no host data).
   const int32_t* cu_seqlens = nullptr;
   const int32_t* slots = nullptr;  // [batch]
-  int64_t tokens = 0;
-  float* state = nullptr;  // [slot_count, H, K, K]
+  int64_t tokens = 0;              // rows of the call (needed by the BF16 mode with cu_seqlens too)
+  float* state = nullptr;          // [slot_count, H, K, K]
   float* o = nullptr;
+  void* scratch = nullptr;  // BF16 mode: KdaChunkScratchBytes(tokens, batch, heads) bytes
   int64_t batch = 0, heads = 0, head_dim = 0;
 };
-// The value columns per thread block KdaChunked picks: the fewest (32, then 64) whose blocks
-// still fit in one wave over the GPU's multiprocessors, else 128.
-int KdaChunkValueBlock(int64_t batch, int64_t heads);
+// The value columns per thread block KdaChunked picks. F32 mode: the fewest (32, then 64) whose
+// blocks still fit in one wave over the GPU's multiprocessors, else 128. BF16 mode (the state
+// kernel): 32 while 3 blocks per multiprocessor hold them all, else 64.
+int KdaChunkValueBlock(int64_t batch, int64_t heads, bool bf16_operands);
+// Device scratch the BF16 mode needs: 74,240 bytes per chunk and head for at most
+// tokens / 64 + batch chunks, and the chunk map (12 bytes per chunk and sequence).
+size_t KdaChunkScratchBytes(int64_t tokens, int64_t batch, int64_t heads);
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block = 0);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---

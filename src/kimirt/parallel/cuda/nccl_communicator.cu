@@ -98,6 +98,31 @@ class NcclCommunicator final : public Communicator {
     Enqueue("ncclAllGather", [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
   }
 
+  // Point to point on the stream, each call a group of its own (a non-blocking communicator
+  // may answer ncclGroupEnd with ncclInProgress: Check waits). Stream-ordered like the
+  // collectives: the host does not wait for the peer, the stream does.
+  void Send(const float* data, size_t n, int peer) override {
+    CheckPeer(peer, "ncclSend");
+    if (n == 0) return;
+    Enqueue("ncclSend", [&] {
+      ncclGroupStart();
+      const ncclResult_t r = ncclSend(data, n, ncclFloat32, peer, comm_, stream_);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
+  void Recv(float* data, size_t n, int peer) override {
+    CheckPeer(peer, "ncclRecv");
+    if (n == 0) return;
+    Enqueue("ncclRecv", [&] {
+      ncclGroupStart();
+      const ncclResult_t r = ncclRecv(data, n, ncclFloat32, peer, comm_, stream_);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
   // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
   // arrives into an abort, seen here.
   void Barrier() override {
@@ -216,6 +241,10 @@ class NcclCommunicator final : public Communicator {
     Fail(what, NcclMessage(r, comm_));
   }
 
+  void CheckPeer(int peer, const char* what) {
+    if (peer < 0 || peer >= size_ || peer == rank_) Fail(what, "no peer rank " + std::to_string(peer));
+  }
+
   void CheckCuda(cudaError_t e, const char* what) {
     if (e != cudaSuccess) Fail(what, cudaGetErrorString(e));
   }
@@ -262,8 +291,8 @@ class NcclCommunicator final : public Communicator {
 bool NcclCommunicatorBuilt() { return true; }
 
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& o) {
-  const int rank = store.rank();
-  const int size = store.world_size();
+  const int rank = o.group_rank >= 0 ? o.group_rank : store.rank();
+  const int size = o.group_size >= 0 ? o.group_size : store.world_size();
   const std::string who = "NCCL init (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
                           std::to_string(o.device) + ")";
   if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
