@@ -196,22 +196,27 @@ class Model:
         v = v.reshape(T, H, K)
         qh = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + 1e-6) / np.sqrt(K)  # §3.4
         kh = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + 1e-6)
-        # §5.4 recurrence, per head; S[d, j]: key channel d, value channel j.
-        S = np.zeros((H, K, K))
-        o = np.empty((T, H, K))
-        for t in range(T):
-            S *= np.exp(alpha[t])[:, :, None]
-            pred = np.einsum("hd,hdj->hj", kh[t], S)
-            delta = beta[t][:, None] * (v[t] - pred)
-            S += kh[t][:, :, None] * delta[:, None, :]
-            o[t] = np.einsum("hd,hdj->hj", qh[t], S)
-        o = self.r(o)
+        o = self.r(self.kda_core(qh, kh, v, alpha, beta))
         if c.full_rank_gate:  # §5.1 g_proj; §1.4 low-rank g_a/g_b for the 48B
             g = self.linear(x, w(p + "g_proj.weight"))
         else:
             g = self.linear(self.linear(x, w(p + "g_a_proj.weight")), w(p + "g_b_proj.weight"))
         on = self.gated_rmsnorm(o, g.reshape(T, H, K), w(p + "o_norm.weight"), c.eps)  # §5.6
         return self.linear(on.reshape(T, H * K), w(p + "o_proj.weight"))
+
+    def kda_core(self, qh, kh, v, alpha, beta):
+        """§5.4 recurrence, per head, token by token; S[d, j]: key channel d, value channel j.
+        qh, kh, v, alpha: [T, H, K]; beta: [T, H]. Returns o [T, H, K]."""
+        T, H, K = qh.shape
+        S = np.zeros((H, K, v.shape[-1]))
+        o = np.empty((T, H, v.shape[-1]))
+        for t in range(T):
+            S *= np.exp(alpha[t])[:, :, None]
+            pred = np.einsum("hd,hdj->hj", kh[t], S)
+            delta = beta[t][:, None] * (v[t] - pred)
+            S += kh[t][:, :, None] * delta[:, None, :]
+            o[t] = np.einsum("hd,hdj->hj", qh[t], S)
+        return o
 
     # -- MLA (§6) -----------------------------------------------------------------------------------
     def mla(self, i, x):
