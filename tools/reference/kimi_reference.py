@@ -1,5 +1,5 @@
 """An independent float64 forward pass of Kimi-K3 and Kimi-Linear-48B, written from the model
-specification (/work/shared/docs/k3-model-spec.md; section numbers below are that file's), not
+specification (../shared/docs/k3-model-spec.md; section numbers below are that file's), not
 from kimirt's C++. Two numeric modes:
 
 - "f64": every operation in float64 on the checkpoint's stored values (the math the FP32 goldens
