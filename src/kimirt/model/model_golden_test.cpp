@@ -1,9 +1,11 @@
-// The model on each backend against the upstream reference implementations' FP32 goldens
-// (../shared/fixtures/*/README.md): logits of every position of every prompt, per-layer
-// sub-layer outputs, and the greedy continuation. The CPU backend always runs; the CUDA one
-// where the build has it and a GPU is visible (else those cases skip, saying why).
+// The model on each backend against the reference implementations' FP32 goldens
+// (tests/fixtures/*/README.md; the realheads fixtures' from tools/reference): logits of every
+// position of every prompt, per-layer sub-layer outputs, and the greedy continuation. The CPU
+// backend always runs; the CUDA one where the build has it and a GPU is visible (else those cases
+// skip, saying why).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <tuple>
 
 #include "kimirt/backend/backend_factory.h"
@@ -118,8 +120,57 @@ TEST(ModelLoad, TheCpuBackendRefusesBf16HeldWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
-                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
+                         ::testing::Combine(::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny",
+                                                              "kimi-linear-realheads", "k3-realheads"),
                                             ::testing::ValuesIn(testing::BuiltDevices({"cuda", "cuda-bf16"}))),
+                         testing::FixtureDeviceName);
+
+// The BF16 mode as served: BF16-held weights with Model::Load's BF16 tensor-core prefill left on
+// (issue 14 item 4). Its bar is the reference's own BF16 policy (spec §6.4, which rounds more
+// than this mode): for every prompt, the distance of our logits to `logits_fp32` may not exceed
+// the distance of the goldens' `logits_bf16` to them (docs/numerics.md says why 1x). Only the
+// realheads fixtures reach those kernels (KDA head dim 128, MLA 128/64/128 heads, prompts of 70
+// and 200 tokens), and their prompts keep routing away from ties, so the spread is rounding. The
+// CPU case runs the exact mode against the same bar, which it meets with room: it shows the test
+// compares real tensors wherever the suite runs.
+class Bf16SpreadTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Bf16SpreadTest, LogitsOfEveryPromptWithinTheReferencesBf16Spread) {
+  const std::string fixture = std::get<0>(GetParam()), device = std::get<1>(GetParam());
+  KIMIRT_REQUIRE_FIXTURE(fixture);
+  auto be = MakeBackend(device == "cuda-bf16" ? "cuda" : device);
+  ASSERT_TRUE(be.ok()) << be.status().ToString();
+  std::unique_ptr<Backend> backend = std::move(be).value();
+  auto comm = MakeSingleRankCommunicator();
+  LoadOptions lo;
+  if (device == "cuda-bf16") lo.matrix_dtype = DType::kBF16;
+  auto m = Model::Load(FixtureDir(fixture), *backend, *comm, lo);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(backend->bf16_prefill(), device == "cuda-bf16");
+  const Goldens goldens(FixtureDir(fixture) + "/goldens.safetensors");
+  int prefill_prompts = 0;
+  for (int p = 0; goldens.Has("prompt" + std::to_string(p) + ".ids"); ++p) {
+    SCOPED_TRACE("prompt" + std::to_string(p));
+    const std::string pre = "prompt" + std::to_string(p) + ".";
+    const std::vector<int32_t> ids = goldens.Ids(pre + "ids");
+    const Tensor fp32 = goldens.Get(pre + "logits_fp32"), bf16 = goldens.Get(pre + "logits_bf16");
+    SequenceState st = (*m)->NewSequence();
+    auto got = (*m)->Forward(&st, ids);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->numel(), fp32.numel());
+    const double spread = testing::RelL2(bf16, fp32), ours = testing::RelL2(*got, fp32);
+    ASSERT_GT(spread, 0.0);  // the goldens hold two different modes
+    EXPECT_LE(ours, spread) << "ours vs logits_fp32 rel-L2 " << ours << ", the reference's bf16 spread " << spread;
+    std::printf("[ spread   ] %s %s prompt%d T=%zu: ours vs fp32 rel-L2 %.3g, reference bf16 vs fp32 %.3g\n",
+                fixture.c_str(), device.c_str(), p, ids.size(), ours, spread);
+    if (static_cast<int64_t>(ids.size()) > backend->RowInvariantRows()) ++prefill_prompts;
+  }
+  EXPECT_GE(prefill_prompts, 2) << "the fixture must carry prompts longer than the decode kernels' rows";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16SpreadTest,
+                         ::testing::Combine(::testing::Values("kimi-linear-realheads", "k3-realheads"),
+                                            ::testing::ValuesIn(testing::BuiltDevices({"cuda-bf16"}))),
                          testing::FixtureDeviceName);
 
 }  // namespace
