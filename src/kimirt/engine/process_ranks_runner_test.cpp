@@ -100,55 +100,45 @@ TEST(ProcessRanksPipeline, LogitsEqualThreadRanksAndOneStageBitForBit) {
   }
 }
 
-// A stage's follower killed: the next Forward fails naming it (the pipeline's Recv on rank 0
-// reads a closed socket, or a command to it fails), and the runner stays failed.
-TEST(ProcessRanksPipeline, AKilledStageIsAnErrorNamingItsRank) {
-  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
-  RunnerOptions o = Options(true, 1);
-  o.pp = 3;
+// Runs tiny-a under `o` (`followers` processes), forwards a prompt, SIGKILLs follower `victim`,
+// and checks the next Forward fails within 5 s naming `rank`, and health() turns bad. Later calls
+// must fail at once (failed for good); resetting the runner stops every other follower.
+void ExpectKilledFollowerNamed(const RunnerOptions& o, size_t followers, size_t victim, const std::string& rank) {
   auto r = ModelRunner::Create(Fixture("tiny-a"), o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const ModelRunner::Handle h = (*r)->NewSequence();
   ASSERT_TRUE((*r)->Reserve(h, 16).ok());
   ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
   const std::vector<int> pids = testing::FollowerPids();
-  ASSERT_EQ(pids.size(), 2u);
-  ASSERT_EQ(kill(pids[1], SIGKILL), 0);  // rank 2, the last stage
+  ASSERT_EQ(pids.size(), followers);
+  ASSERT_EQ(kill(pids[victim], SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
+  // The next Forward's collectives (or the pipeline's Recv) read the dead rank's closed socket.
   Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok());
-  EXPECT_NE(l.status().message().find("rank 2"), std::string::npos) << l.status().message();
+  EXPECT_LT(s, 5.0);
+  EXPECT_NE(l.status().message().find(rank), std::string::npos) << l.status().message();
   EXPECT_FALSE((*r)->health().ok());
+  EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
+  EXPECT_FALSE((*r)->Reserve(h, 17).ok());
   r->reset();
-  EXPECT_TRUE(testing::FollowerPids().empty());
+  EXPECT_TRUE(testing::FollowerPids().empty());  // the supervisor stopped the others
+}
+
+// A stage's follower killed: rank 2, the last of three stages.
+TEST(ProcessRanksPipeline, AKilledStageIsAnErrorNamingItsRank) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true, 1);
+  o.pp = 3;
+  ExpectKilledFollowerNamed(o, 2, 1, "rank 2");
 }
 
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions o = Options(true);
   o.tp = 4;  // tiny-a has 4 heads: ranks 1..3 are processes
-  auto r = ModelRunner::Create(Fixture("tiny-a"), o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  const ModelRunner::Handle h = (*r)->NewSequence();
-  ASSERT_TRUE((*r)->Reserve(h, 16).ok());
-  ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
-  const std::vector<int> pids = testing::FollowerPids();
-  ASSERT_EQ(pids.size(), 3u);
-  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  // The next Forward's collectives read rank 2's closed socket.
-  Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_FALSE(l.ok());
-  EXPECT_LT(s, 5.0);
-  EXPECT_NE(l.status().message().find("rank 2"), std::string::npos) << l.status().message();
-  EXPECT_FALSE((*r)->health().ok());
-  // Failed for good: every later call says so at once.
-  EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
-  EXPECT_FALSE((*r)->Reserve(h, 17).ok());
-  r->reset();
-  EXPECT_TRUE(testing::FollowerPids().empty());  // the supervisor stopped the others
+  ExpectKilledFollowerNamed(o, 3, 1, "rank 2");
 }
 
 TEST(ProcessRanksFailure, AFollowerThatCannotStartFailsCreate) {
