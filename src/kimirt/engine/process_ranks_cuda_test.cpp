@@ -120,6 +120,14 @@ TEST_P(ProcessRanksCuda, Tp2LogitsMatchTp1) {
   ExpectTwoRanksMatchOneGpu(ModelSource::Directory(Fixture(GetParam())), CudaOptions(1), CudaOptions(2));
 }
 
+// Batched decode at TP 2 on two GPUs (the engine batches up to RowInvariantRows there): each
+// row is its sequence decoded alone, bit for bit (the all-reduce sums in rank order at any size).
+TEST_P(ProcessRanksCuda, Tp2BatchedDecodeRowsAreEachSequenceAlone) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  testing::ExpectBatchedDecodeIsEachAlone(Fixture(GetParam()), CudaOptions(2));
+}
+
 TEST_P(ProcessRanksCuda, Tp2GreedyGenerationIsTp1s) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));

@@ -559,6 +559,10 @@ class ProcessRanksRunner final : public ModelRunner {
     }));
     return out;
   }
+  // Batched decode where the backend keeps rows invariant (CUDA: up to 64 rows; the CPU: 1). Every
+  // rank runs the same rows, and the all-reduces sum in rank order whatever their size
+  // (NcclCommunicator's default), so a row's bits do not depend on the batch at TP > 1 either.
+  int64_t decode_batch_limit() const override { return self_.rank.model->backend().RowInvariantRows(); }
   Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
                                ArgmaxRequest* argmax) override {
     KIMIRT_RETURN_IF_ERROR(Mirror(kForwardDecode, {{hs.begin(), hs.end()}, {ids.begin(), ids.end()}, {}}));

@@ -100,6 +100,12 @@ TEST(ProcessRanksPipeline, LogitsEqualThreadRanksAndOneStageBitForBit) {
   }
 }
 
+// Batched decode through process ranks (runner_trace_test_util.h ExpectBatchedDecodeIsEachAlone).
+TEST(ProcessRanksDecode, BatchedRowsEqualEachSequenceDecodedAlone) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  testing::ExpectBatchedDecodeIsEachAlone(Fixture("tiny-a"), Options(true));
+}
+
 // Runs tiny-a under `o` (`followers` processes), forwards a prompt, SIGKILLs follower `victim`,
 // and checks the next Forward fails within 5 s naming `rank`, and health() turns bad. Later calls
 // must fail at once (failed for good); resetting the runner stops every other follower.

@@ -36,6 +36,45 @@ inline RunnerOptions TraceRunnerOptions(bool processes, int tp = 2, bool ep = fa
   return o;
 }
 
+// Batched decode through a runner (ForwardDecode: the step's handles and tokens go to every
+// rank, which runs the same batched step in lockstep): three sequences of different lengths,
+// each row bit for bit its sequence decoded alone (Forward on a second runner, same history).
+inline void ExpectBatchedDecodeIsEachAlone(const std::string& dir, const RunnerOptions& o) {
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7, 8, 9, 10, 11}, {4}};
+  const std::vector<int32_t> next = {5, 12, 6};
+  std::vector<Tensor> alone;
+  {
+    auto r = ModelRunner::Create(dir, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const ModelRunner::Handle h = (*r)->NewSequence();
+      ASSERT_TRUE((*r)->Reserve(h, 16).ok());
+      ASSERT_TRUE((*r)->Forward(h, prompts[i], true).ok());
+      auto l = (*r)->Forward(h, std::vector<int32_t>{next[i]}, true);
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      alone.push_back(*std::move(l));
+    }
+  }
+  auto r = ModelRunner::Create(dir, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<ModelRunner::Handle> hs;
+  for (const auto& p : prompts) {
+    hs.push_back((*r)->NewSequence());
+    ASSERT_TRUE((*r)->Reserve(hs.back(), 16).ok());
+    ASSERT_TRUE((*r)->Forward(hs.back(), p, true).ok());
+  }
+  auto batch = (*r)->ForwardDecode(hs, next);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->dim(0), static_cast<int64_t>(prompts.size()));
+  const int64_t V = batch->dim(1);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(alone[i].numel(), V);
+    EXPECT_EQ(0, std::memcmp(batch->f32() + i * V, alone[i].f32(), static_cast<size_t>(V) * sizeof(float)))
+        << "row " << i;
+  }
+  EXPECT_TRUE((*r)->health().ok());
+}
+
 inline std::vector<float> Host(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
 
 inline int32_t Argmax(const std::vector<float>& row) {
