@@ -42,6 +42,8 @@
 // terms, same fallback loop), so the VB picked from the batch's size does not change a bit.
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+#include "kimirt/backend/cuda/mma_bf16.cuh"
 
 #include <cuda_bf16.h>
 
@@ -721,11 +723,7 @@ constexpr int kRecGl = kRecAqk + kChunk * kChunk;
 constexpr size_t kRecBytes = sizeof(Bf16Bits) * kRecGl + sizeof(float) * kDim;  // 74,240
 static_assert(kRecBytes % 16 == 0, "records stay 16-byte aligned for cp.async");
 
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ Bf16Bits ToBf16(float x) { return static_cast<Bf16Bits>(PackBf16x2(x, 0.0f) & 0xffffu); }
+__device__ __forceinline__ Bf16Bits ToBf16(float x) { return static_cast<Bf16Bits>(PackBf16(x, 0.0f) & 0xffffu); }
 __device__ __forceinline__ float FromBf16(Bf16Bits b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 __device__ __forceinline__ float2 FromBf16x2(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
@@ -809,10 +807,6 @@ __device__ __forceinline__ void WarpMmaBf16x2(float (&acc1)[N][4], float (&acc2)
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
-}
-// Asks L2 for `bytes` (a multiple of 16) from p on (sm_90 bulk prefetch; no register, no wait).
-__device__ __forceinline__ void PrefetchL2Bulk(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1009,7 +1003,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
         const uint32_t x = *reinterpret_cast<const uint32_t*>(X + row * kXs + k);
         if (!scaled) return x;
         const float2 y = Mul2(FromBf16x2(x), Ld2(scale + k));
-        return PackBf16x2(y.x, y.y);
+        return PackBf16(y.x, y.y);
       };
       auto fb = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(Kc + n * kXs + k); };
       WarpGemmPacked<2>(acc, kDim / 16, fa, fb, 0);
@@ -1020,7 +1014,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
           const int r = 16 * i + AccRow(e), c = 16 * j + AccCol(nt, e);  // c even: c, c + 1
           if (is_qk) {
             *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
-                PackBf16x2(r >= c ? acc[nt][e] : 0.0f, r >= c + 1 ? acc[nt][e + 1] : 0.0f);
+                PackBf16(r >= c ? acc[nt][e] : 0.0f, r >= c + 1 ? acc[nt][e + 1] : 0.0f);
           } else {
             Am[r * kTs + c] = r > c ? -Beta[r] * acc[nt][e] : 0.0f;
             Am[r * kTs + c + 1] = r > c + 1 ? -Beta[r] * acc[nt][e + 1] : 0.0f;
@@ -1098,13 +1092,13 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
     const int r = e / (kDim / 2), d = 2 * (e % (kDim / 2));
     const float2 x = Mul2(FromBf16x2(*reinterpret_cast<const uint32_t*>(QM + r * kXs + d)),
                           Ld2(Pf + (r / kBlockRows) * kDim + d));
-    *reinterpret_cast<uint32_t*>(rec + kRecQ + r * kDim + d) = PackBf16x2(x.x, x.y);
+    *reinterpret_cast<uint32_t*>(rec + kRecQ + r * kDim + d) = PackBf16(x.x, x.y);
   }
   for (int e = tid; e < kDim * kChunk / 2; e += kThreads) {
     const int d = e / (kChunk / 2), r = 2 * (e % (kChunk / 2));  // r, r + 1 in one row block
     const float f = Ff[(r / kBlockRows) * kDim + d];
     *reinterpret_cast<uint32_t*>(rec + kRecKt + d * kChunk + r) =
-        PackBf16x2(FromBf16(KR[r * kXs + d]) * f, FromBf16(KR[(r + 1) * kXs + d]) * f);
+        PackBf16(FromBf16(KR[r * kXs + d]) * f, FromBf16(KR[(r + 1) * kXs + d]) * f);
   }
   if (tid < kDim) reinterpret_cast<float*>(rec + kRecGl)[tid] = Gl[tid];
   __syncthreads();  // QM, KR read: their space becomes V transposed
@@ -1127,7 +1121,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
 #pragma unroll
     for (int m = 0; m < kPairs; ++m) {
       const int r = 2 * (tid / kDim + 2 * m);
-      *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16x2(v[m][0], v[m][1]);
+      *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16(v[m][0], v[m][1]);
     }
   }
   __syncthreads();
@@ -1136,11 +1130,11 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
     const float* const Tr = Am + 16 * rb * kTs;
     auto ft = [&](int row, int k) {
       const float2 x = Ld2(Tr + row * kTs + k);
-      return PackBf16x2(x.x, x.y);
+      return PackBf16(x.x, x.y);
     };
     auto fkg = [&](int k, int n) {  // (K̂ ⊙ e^Γ)[k][n]: k, k + 1 in one row block
       const float p = Pf[(k / kBlockRows) * kDim + n];
-      return PackBf16x2(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
+      return PackBf16(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
     };
     auto fv = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(VT + n * kTs + k); };
     constexpr int NT = kDim / 16;
@@ -1150,7 +1144,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = 16 * rb + AccRow(e), c = n0 + AccCol(nt, e);
-          *reinterpret_cast<uint32_t*>(out + r * kDim + c) = PackBf16x2(acc[nt][e], acc[nt][e + 1]);
+          *reinterpret_cast<uint32_t*>(out + r * kDim + c) = PackBf16(acc[nt][e], acc[nt][e + 1]);
         }
       }
     };
@@ -1283,7 +1277,7 @@ __global__ void __launch_bounds__(kThreads, VB == 32 ? 3 : VB == 64 ? 2 : 1)
   // Records come from HBM (the prep kernel's output is far larger than L2): one bulk prefetch
   // into L2 two chunks ahead hides that latency behind this chunk's work.
   auto prefetch = [&](int c) {
-    if (tid == 0 && c < nch) PrefetchL2Bulk(record(c), static_cast<uint32_t>(kRecBytes));
+    if (tid == 0 && c < nch) mma::PrefetchL2(record(c), static_cast<uint32_t>(kRecBytes));
   };
   static_assert(kThreads % kUPieces == 0 && (kChunk * kUPieces) % kThreads == 0, "U's pieces split evenly");
 
