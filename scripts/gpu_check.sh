@@ -104,6 +104,38 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
+# Servers started by the multi-GPU modes (tp2, pp2, mnode).
+# Text and token logprobs of one greedy completion from the server on port $1.
+complete() {
+  local req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
+  curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+    python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
+}
+await_listening() { for _ in $(seq 1 900); do grep -q "listening on" "$1" && return 0; sleep 0.1; done; return 1; }
+stop_server() {  # SIGTERM, then SIGKILL after 30 s; its exit status in $rc
+  kill -TERM "$1" 2>/dev/null
+  for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
+}
+# `bench model` on the built-in model at `-$1 1` and `-$1 2` on CUDA (tp or pp).
+bench_model_one_and_two() {
+  for d in 1 2; do
+    timeout 240 "$root/kimirt" bench model -$1 $d --device cuda --batch-sizes 1,8 --prompt-len 256 \
+      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-$1$d.json" >"$out/bench-model-$1$d.txt" 2>&1 ||
+      status=1
+    echo "--- bench model -$1 $d --device cuda (built-in model)"; tail -5 "$out/bench-model-$1$d.txt"
+  done
+}
+# bench serve against the server on port $1 (flag $2: "tp2" / "pp2"), then stops it ($3: its pid).
+bench_serve_and_stop() {
+  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:$1 --input-len 256 --output-len 64 \
+    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-$2.json" \
+    >"$out/bench-serve-$2.txt" 2>&1 || status=1
+  stop_server "$3"
+  [[ $rc != 137 ]] || { echo "serve -${2:0:2} 2 did not stop within 30 s of SIGTERM"; status=1; }
+  echo "serve -${2:0:2} 2 exit $rc; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
+  echo "--- serve -${2:0:2} 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-$2.txt"
+}
 # Kernel GPU times from an `ncu --csv --metrics gpu__time_duration.sum` log, grouped by kernel name:
 # the $2 largest, with call counts.
 kernel_times() {
@@ -428,39 +460,15 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
   echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, a killed follower"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
-  for tp in 1 2; do
-    timeout 240 "$root/kimirt" bench model -tp $tp --device cuda --batch-sizes 1,8 --prompt-len 256 \
-      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-tp$tp.json" >"$out/bench-model-tp$tp.txt" 2>&1 ||
-      status=1
-    echo "--- bench model -tp $tp --device cuda (built-in model)"; tail -5 "$out/bench-model-tp$tp.txt"
-  done
+  bench_model_one_and_two tp
   log="$out/serve-cuda-tp2.log"
   "$root/kimirt" serve -tp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
   server=$!
-  for _ in $(seq 1 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  await_listening "$log" || status=1
   grep -E "loaded in|listening|rank" "$log" | head -8
-  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8124 --input-len 256 --output-len 64 \
-    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-tp2.json" \
-    >"$out/bench-serve-tp2.txt" 2>&1 || status=1
-  kill -TERM $server
-  for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $server 2>/dev/null; then echo "serve -tp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
-  wait $server; echo "serve -tp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
-  echo "--- serve -tp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-tp2.txt"
+  bench_serve_and_stop 8124 tp2 $server
 fi
 if [[ "$what" == nccl || "$what" == mnode ]]; then
-  req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
-  # Text and token logprobs of one greedy completion from the server on port $1.
-  complete() {
-    curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
-      python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
-  }
-  await_listening() { for _ in $(seq 1 900); do grep -q "listening on" "$1" && return 0; sleep 0.1; done; return 1; }
-  stop_server() {  # SIGTERM, then SIGKILL after 30 s; its exit status in $rc
-    kill -TERM "$1" 2>/dev/null
-    for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
-  }
   "$root/kimirt" serve -tp 2 --device cuda --port 8125 --gpu-memory-utilization 0.5 >"$out/mnode-ref.log" 2>&1 &
   ref=$!
   await_listening "$out/mnode-ref.log" || status=1
@@ -499,39 +507,22 @@ if [[ "$what" == pp2 ]]; then
     --gtest_output="json:$out/gtest-cudapp.json" >"$out/gtest-cudapp.txt" 2>&1 || status=1
   echo "--- ProcessRanksCudaPipeline (2 GPUs): PP 2 logits vs one GPU (largest difference printed), greedy tokens"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|PP 2 vs one GPU|GPUs' "$out/gtest-cudapp.txt" | head -40
-  for pp in 1 2; do
-    timeout 240 "$root/kimirt" bench model -pp $pp --device cuda --batch-sizes 1,8 --prompt-len 256 \
-      --decode-tokens 32 --json "$out/bench-model-builtin-cuda-pp$pp.json" >"$out/bench-model-pp$pp.txt" 2>&1 ||
-      status=1
-    echo "--- bench model -pp $pp --device cuda (built-in model)"; tail -5 "$out/bench-model-pp$pp.txt"
-  done
-  req='{"prompt":"The quick brown fox jumps over","max_tokens":16,"temperature":0,"ignore_eos":true,"logprobs":1}'
-  complete() {
-    curl -s --max-time 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d "$req" |
-      python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
-  }
+  bench_model_one_and_two pp
   "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
   ref=$!
-  for _ in $(seq 1 600); do grep -q "listening on" "$out/serve-cuda-pp1.log" && break; sleep 0.1; done
+  await_listening "$out/serve-cuda-pp1.log" || status=1
   want=$(complete 8127)
-  kill -TERM $ref; wait $ref
+  stop_server $ref
   log="$out/serve-cuda-pp2.log"
   "$root/kimirt" serve -pp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
   server=$!
-  for _ in $(seq 1 600); do grep -q "listening on" "$log" && break; sleep 0.1; done
+  await_listening "$log" || status=1
   grep -E "loaded in|listening|rank" "$log" | head -8
   got=$(complete 8124)
   verdict=DIFFER; [[ -n "$want" && "$got" == "$want" ]] && verdict=same
   [[ $verdict == same ]] || status=1
   echo "--- serve -pp 2 --device cuda vs serve --device cuda, one greedy completion (text, logprobs): $verdict"
   [[ $verdict == same ]] || echo "one GPU: $want"$'\n'"pp 2:    $got"
-  timeout 120 "$root/kimirt" bench serve --url http://127.0.0.1:8124 --input-len 256 --output-len 64 \
-    --num-prompts 32 --sweep-concurrency 1,8 --ignore-eos --json "$out/bench-serve-builtin-cuda-pp2.json" \
-    >"$out/bench-serve-pp2.txt" 2>&1 || status=1
-  kill -TERM $server
-  for _ in $(seq 1 300); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $server 2>/dev/null; then echo "serve -pp 2 did not stop within 30 s"; kill -9 $server; status=1; fi
-  wait $server; echo "serve -pp 2 exit $?; kimirt processes left (rank 1 must be gone): $(pgrep -c -x kimirt || true)"
-  echo "--- serve -pp 2 --device cuda: bench serve"; tail -12 "$out/bench-serve-pp2.txt"
+  bench_serve_and_stop 8124 pp2 $server
 fi
 exit $status
