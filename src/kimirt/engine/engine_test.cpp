@@ -29,6 +29,13 @@ using testing::Collector;
 
 std::string Fixture(const std::string& n) { return testing::TestDataPath("fixtures/" + n); }
 
+// The same tokens and the same logprobs, bit for bit.
+void ExpectSameBits(const Collector::Result& got, const Collector::Result& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  EXPECT_EQ(0, std::memcmp(got.logprobs.data(), want.logprobs.data(), want.logprobs.size() * sizeof(float)))
+      << "logprobs differ in their bits";
+}
 
 // Stats are published after each step, so the last request's release shows one step after its
 // final event: wait (bounded) for the engine to go idle.
@@ -145,10 +152,7 @@ TEST_P(EngineTest, TokensAreBitIdenticalAloneOrAmong32Requests) {
   ids.push_back("probe");
   ASSERT_TRUE(crowd.Wait(ids));
   const Collector::Result a = alone.Get("probe"), b = crowd.Get("probe");
-  EXPECT_EQ(a.tokens, b.tokens);
-  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)))
-      << "logprobs differ in their bits";
+  ExpectSameBits(b, a);
   EngineStats s = WaitIdle(*engine);
   EXPECT_EQ(s.kv_blocks_used, 0);
   EXPECT_EQ(s.state_slots_used, 0);
@@ -223,9 +227,7 @@ TEST_P(EngineTest, PromptLogprobsMatchTheModelAndLeaveTheTokensAlone) {
     EXPECT_GE(s.top[1].logprob, s.top[2].logprob);
   }
   // Asking for them reads the same last-position logits: same tokens, same bits.
-  EXPECT_EQ(a.tokens, b.tokens);
-  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)));
+  ExpectSameBits(b, a);
 
   // Preempted mid-prefill and recomputed: still one list, and the same bits.
   Collector squeezed;
@@ -448,10 +450,7 @@ TEST(EngineExpertParallel, TwoRanksGenerateWhatOneRankDoesAloneOrAmongOthers) {
   const Collector::Result among = RunGreedy(ro, crowd, true).at(8);
   ASSERT_EQ(one.tokens.size(), 14u);
   EXPECT_EQ(alone.tokens, one.tokens);
-  EXPECT_EQ(among.tokens, alone.tokens);
-  ASSERT_EQ(among.logprobs.size(), alone.logprobs.size());
-  EXPECT_EQ(0, std::memcmp(among.logprobs.data(), alone.logprobs.data(), alone.logprobs.size() * sizeof(float)))
-      << "logprobs differ in their bits";
+  ExpectSameBits(among, alone);
 }
 
 TEST(EngineExpertParallel, DegreesItCannotRunAreRefused) {
@@ -494,12 +493,7 @@ TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
   ro.num_kv_blocks = 512;
   const Collector::Result one = RunGreedy(ro, {probe}, true).at(0);
   ASSERT_EQ(one.tokens.size(), 14u);
-  auto same = [&](const Collector::Result& got) {
-    EXPECT_EQ(got.tokens, one.tokens);
-    ASSERT_EQ(got.logprobs.size(), one.logprobs.size());
-    EXPECT_EQ(0, std::memcmp(got.logprobs.data(), one.logprobs.data(), one.logprobs.size() * sizeof(float)))
-        << "logprobs differ in their bits";
-  };
+  auto same = [&](const Collector::Result& got) { ExpectSameBits(got, one); };
   ro.pp = 2;
   {
     SCOPED_TRACE("PP2 alone");
@@ -521,9 +515,7 @@ TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
   const Collector::Result two = RunGreedy(tp2, {probe}, true).at(0);
   tp2.pp = 2;
   const Collector::Result grid = RunGreedy(tp2, {probe}, true).at(0);
-  EXPECT_EQ(grid.tokens, two.tokens);
-  ASSERT_EQ(grid.logprobs.size(), two.logprobs.size());
-  EXPECT_EQ(0, std::memcmp(grid.logprobs.data(), two.logprobs.data(), two.logprobs.size() * sizeof(float)));
+  ExpectSameBits(grid, two);
 }
 
 // Stages hold different layers, so a cache budget in bytes gives each its own block count: every
