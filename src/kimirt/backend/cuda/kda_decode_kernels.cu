@@ -21,6 +21,7 @@
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +71,7 @@ __device__ float ConvStep(const ConvChannel& c, int W, float* win, int64_t P) {
 
 template <int K, int kMinBlocksPerSm>
 __global__ void __launch_bounds__(K, kMinBlocksPerSm) KdaDecodeKernel(KdaDecodeArgs a) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float qn[K], kn[K], decay[K];
   __shared__ float scratch[33];
   const int64_t h = blockIdx.x, b = blockIdx.y;

@@ -11,6 +11,7 @@
 //             and the output expanded afterwards (AbsorbOutput).
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -147,6 +148,7 @@ __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
 __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
     AbsorbOutputKernel(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
                        const void* w_kvb, bool bf16, float* o) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float ob[kAbsorbRows][kAbsorbMaxLatent];
   const int64_t h = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -320,6 +322,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 constexpr int kCombineDims = 128;
 __global__ void __launch_bounds__(kCombineDims)
     MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml, float* o_bar) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float e[kMaxSplits];
   __shared__ float inv_sum;
   const int64_t b = blockIdx.x / a.H, h = blockIdx.x % a.H;

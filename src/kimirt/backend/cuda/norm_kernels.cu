@@ -3,6 +3,7 @@
 // through the deterministic block reduction.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@ __device__ float InverseRms(const float* row, int64_t n, float eps, float* scrat
 }
 
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t n, float* y) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float scratch[33];
   const float* r = x + blockIdx.x * n;
   const float inv = InverseRms(r, n, eps, scratch);
@@ -31,6 +33,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 }
 
 __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* w, float eps, int64_t K, float* y) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float scratch[33];
   const float* xr = x + blockIdx.x * K;
   const float* gr = g + blockIdx.x * K;
@@ -42,6 +45,7 @@ __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* 
 
 __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   __shared__ float scratch[33];
   __shared__ float score[kAttnResMaxCandidates];
   const int64_t t = blockIdx.x;
