@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace kimirt::cuda {
 namespace {
@@ -246,7 +247,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
   // of the decay; v, the gate and the RMSNorm weight of the block's own channel rank·NC + u.
   // 1 group: all four; 2: q + decay, k + v; 4: one each.
   const int g = t / K, u = t % K;
-  const bool do_q = g == 0, do_k = kGroups == 1 || g == 1, do_decay = kGroups == 4 ? g == 3 : g == 0;
+  const bool do_q = kGroups == 1 || g == 0, do_k = kGroups == 1 || g == 1;
+  const bool do_decay = kGroups == 1 || (kGroups == 4 ? g == 3 : g == 0);
   const bool do_v = u < NC && (kGroups == 1 ? true : kGroups == 2 ? g == 1 : g == 2);
   const int w = static_cast<int>(W);
   const int64_t win = slot * (W - 1) * P, c = h * K + u, cv = h * K + rank * NC + u;
@@ -254,18 +256,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
   // Own channels' windows are written now where no other block reads them (v always; q and k
   // without a cluster); a cluster's blocks all read every q, k window, so those wait in shared
   // memory for the cluster barrier below.
-  auto conv = [&](const float* x, const float* taps, float* window, int64_t ch, float* held) {
+  // held: the shared-memory slot of a q or k channel's new window in a cluster, else the
+  // channel's window is written back now (which the compiler cannot move the next loads above).
+  auto conv = [&](const float* x, const float* taps, float* window, int64_t ch, auto held) {
     const ConvChannel cc = LoadConv(x + b * P + ch, taps + ch * W, w, window + win + ch, P);
-    if (held == nullptr) {
-      WriteWindow(cc, w, window + win + ch, P);
-    } else {
+    if constexpr (std::is_same_v<decltype(held), float*>) {
 #pragma unroll
       for (int i = 0; i < kHist; ++i) held[i * K] = i + 1 < w - 1 ? cc.win[i + 1] : cc.x;
+    } else {
+      WriteWindow(cc, w, window + win + ch, P);
     }
     return ConvSilu(cc, w);
   };
-  if (do_q) qc = conv(a.q, a.conv_q, a.window_q, c, kCluster > 1 ? new_win + u : nullptr);
-  if (do_k) kc = conv(a.k, a.conv_k, a.window_k, c, kCluster > 1 ? new_win + kHist * K + u : nullptr);
+  if constexpr (kCluster > 1) {
+    if (do_q) qc = conv(a.q, a.conv_q, a.window_q, c, new_win + u);
+    if (do_k) kc = conv(a.k, a.conv_k, a.window_k, c, new_win + kHist * K + u);
+  } else {
+    if (do_q) qc = conv(a.q, a.conv_q, a.window_q, c, nullptr);
+    if (do_k) kc = conv(a.k, a.conv_k, a.window_k, c, nullptr);
+  }
   if (do_v) {
     vs[u] = conv(a.v, a.conv_v, a.window_v, cv, nullptr);
     gs[u] = KdaSigmoid(a.gate[b * P + cv]);
