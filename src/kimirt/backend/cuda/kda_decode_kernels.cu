@@ -196,6 +196,19 @@ __device__ inline void StoreState(float* p, float4 v) {
   }
 }
 
+// One channel's conv inputs staged in shared memory.
+struct ConvStage {
+  float x, tap[kDecodeMaxConvTaps], win[kDecodeMaxConvTaps - 1];
+};
+
+// A 4-byte global -> shared copy that holds no register while in flight; `valid` false writes
+// 0 and reads nothing.
+__device__ inline void CpAsync4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 __device__ inline void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ inline void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
@@ -223,7 +236,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
   constexpr int kOwnerWarps = (NC + 31) / 32, kGroups = kThreads / K, kHist = kDecodeMaxConvTaps - 1;
   static_assert(K % 32 == 0 && NC % 4 == 0 && G <= 32 && kThreads % K == 0 && kGroups <= 4);
   static_assert(kThreads % G == 0 && K % R == 0 && RPT >= 1, "rows must split evenly over the row slices");
-  __shared__ __align__(16) float qn[K], kn[K], decay[K], delta[NC], vs[NC], gs[NC], ws[NC];
+  __shared__ __align__(16) float qn[K], kn[K], decay[K], delta[NC], vs[NC], gate_in[NC], ws[NC], f_in[K], dt_in[K];
+  __shared__ float a_log_in[K], beta_in;
+  __shared__ ConvStage v_in[NC];
   __shared__ __align__(16) float part[kWarps * NC];  // per-warp partial sums over d, [warp][column]
   __shared__ float new_win[kCluster > 1 ? 2 * kHist * K : 1];  // q, k windows held for the barrier
   __shared__ float2 qk_part[kWarps];
@@ -252,6 +267,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
   const bool do_v = u < NC && (kGroups == 1 ? true : kGroups == 2 ? g == 1 : g == 2);
   const int w = static_cast<int>(W);
   const int64_t win = slot * (W - 1) * P, c = h * K + u, cv = h * K + rank * NC + u;
+  // v's conv inputs and the small per-channel inputs (decay, gate, RMSNorm weight) go to shared
+  // memory by cp.async before the q, k convs: they then hold no registers while in flight and do
+  // not wait behind the q, k window writes (which the compiler cannot move loads above).
+  if (do_v) {
+    CpAsync4(&v_in[u].x, a.v + b * P + cv, true);
+#pragma unroll
+    for (int i = 0; i < kDecodeMaxConvTaps; ++i) CpAsync4(&v_in[u].tap[i], a.conv_v + cv * W + i, i < w);
+#pragma unroll
+    for (int i = 0; i < kHist; ++i) CpAsync4(&v_in[u].win[i], a.window_v + win + i * P + cv, i < w - 1);
+    CpAsync4(&gate_in[u], a.gate + b * P + cv, true);
+    CpAsync4(&ws[u], a.o_norm + rank * NC + u, true);
+  }
+  if (do_decay) {
+    CpAsync4(&f_in[u], a.f + b * P + c, true);
+    CpAsync4(&dt_in[u], a.dt_bias + c, true);
+    CpAsync4(&a_log_in[u], a.a_log + h, true);  // a copy per thread: each reads its own
+  }
+  if (t == 0) CpAsync4(&beta_in, a.beta_logits + b * H + h, true);  // read after a barrier
   float qc = 0.0f, kc = 0.0f;
   // Own channels' windows are written now where no other block reads them (v always; q and k
   // without a cluster); a cluster's blocks all read every q, k window, so those wait in shared
@@ -275,17 +308,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
     if (do_q) qc = conv(a.q, a.conv_q, a.window_q, c, nullptr);
     if (do_k) kc = conv(a.k, a.conv_k, a.window_k, c, nullptr);
   }
+  CpAsyncWaitAll();  // each thread reads only what it staged itself
   if (do_v) {
-    vs[u] = conv(a.v, a.conv_v, a.window_v, cv, nullptr);
-    gs[u] = KdaSigmoid(a.gate[b * P + cv]);
-    ws[u] = a.o_norm[rank * NC + u];
+    ConvChannel cc;
+    cc.x = v_in[u].x;
+#pragma unroll
+    for (int i = 0; i < kDecodeMaxConvTaps; ++i) {
+      cc.tap[i] = v_in[u].tap[i];
+      cc.win[i] = i < kHist ? v_in[u].win[i] : 0.0f;
+    }
+    vs[u] = ConvSilu(cc, w);
+    WriteWindow(cc, w, a.window_v + win + cv, P);
   }
   if (do_decay) {
     // Spec §5.3: the per-channel log-decay; the lower bound is reached through the sigmoid.
-    const float ea = expf(a.a_log[h]), xf = a.f[b * P + c] + a.dt_bias[c];
+    const float ea = expf(a_log_in[u]), xf = f_in[u] + dt_in[u];
     decay[u] = expf(a.has_lower_bound ? a.lower_bound * KdaSigmoid(ea * xf) : -ea * KdaSoftplus(xf));
   }
-  const float beta = KdaSigmoid(a.beta_logits[b * H + h]);
   // Spec §3.4: the l2norms' sums of squares over the K channels, both in one pass (warps
   // without the role add zeros, exactly).
   const float2 sq_w = make_float2(LaneSum(qc * qc, 1), LaneSum(kc * kc, 1));
@@ -323,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
   };
   // Step 3: δ = β (v − p), for every thread holding column j.
   const float pj = column_sum(p);
-  if (owner) delta[t] = beta * (vs[t] - pj);
+  if (owner) delta[t] = KdaSigmoid(beta_in) * (vs[t] - pj);
   __syncthreads();
   const float4 dl = reinterpret_cast<const float4*>(delta)[cg];
   // Steps 4-5: rank-1 write, then o = q̂ᵀS from the updated state.
@@ -367,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKerne
     }
   }
   const float rstd = 1.0f / sqrtf(ss / static_cast<float>(K) + a.norm_eps);
-  if (owner) a.out[b * P + cv] = oj * rstd * ws[t] * gs[t];
+  if (owner) a.out[b * P + cv] = oj * rstd * ws[t] * KdaSigmoid(gate_in[t]);
   if constexpr (kCluster > 1) ClusterWait();
 }
 
