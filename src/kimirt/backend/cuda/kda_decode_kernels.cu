@@ -2,22 +2,29 @@
 // × H heads, one token each, from the step's projections to the gated-RMSNorm output.
 //
 // Shape of the work: decode is memory bound on the FP32 state, K·K·4 = 64 KB per head at K = 128,
-// read once and written once; everything else per row is a few KB. One block per (head, row),
-// one thread per value column j: thread j holds S[:, j] (K floats) in registers, so the state is
-// read once and written once, and the decay, p = k̂ᵀS, rank-1 update and o = q̂ᵀS run on registers
-// with no synchronization; the sums over d run in ascending d as the CPU reference does. Thread j
-// also owns channel c = h·K + j of the prologue (conv + SiLU of q, k, v and their windows, the
-// decay gate) and of the gated RMSNorm, so the whole head stays in one block and the RMSNorm
-// needs no second pass.
+// read once and written once; everything else per row is a few KB. Two kernels, in variants
+// (kernels.h KdaDecodeVariant) that the bench times side by side:
 //
+// The column kernel (column2, column3): one block per (head, row), one thread per value column
+// j: thread j holds S[:, j] (K floats) in registers, so the state is read once and written once,
+// and the decay, p = k̂ᵀS, rank-1 update and o = q̂ᵀS run on registers with no synchronization;
+// the sums over d run in ascending d as the CPU reference does. Thread j also owns channel
+// c = h·K + j of the prologue (conv + SiLU of q, k, v and their windows, the decay gate) and of
+// the gated RMSNorm, so the whole head stays in one block and the RMSNorm needs no second pass.
 // The state loads are issued first, before the prologue, so their latency (the bulk of a block's
 // time) overlaps the prologue's loads and reductions. Register budget (ptxas, sm_90): 199
-// registers and no spill uncapped, which leaves 2 blocks (8 warps, 128 KB of state loads in
-// flight) per SM, several times what an SM's share of HBM bandwidth needs; the 3-block variant
-// (cap 168, ~140 bytes spilled) is there for the bench to compare.
+// registers and no spill uncapped, which leaves 2 blocks (8 warps) per SM; column3 is capped at
+// 168 for 3 blocks (~100 bytes spilled).
 //
-// Rows are independent by construction: block (h, b) reads row b's inputs and slot slots[b]'s
-// state and writes nothing another block reads, so a row's bits never depend on the batch.
+// The split kernel (split*, cluster*; below): a head over 256-512 threads, or over a cluster of
+// 2-8 blocks, each thread 4 columns × 4-16 rows as float4, the sums over d short (per thread,
+// then a butterfly, then the warps through shared memory), the RMSNorm across a cluster through
+// distributed shared memory. More warps and more blocks for the same state (at batch 1, a head
+// spread over 2-8 SMs), shorter dependency chains, 16-byte state accesses with streaming hints.
+//
+// Rows are independent by construction: block (h, b) (or cluster) reads row b's inputs and slot
+// slots[b]'s state and writes nothing another row's blocks read, so a row's bits never depend on
+// the batch.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
