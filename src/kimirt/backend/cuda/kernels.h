@@ -91,7 +91,8 @@ void KdaRecurrent(const float* q, const float* k, const float* v, const float* b
 // then the gated RMSNorm with the output gate (spec §5.6) into a.out [B, P]; o_proj stays
 // outside. Every pointer is device memory (slots too); slots must be distinct within a call and
 // in range (not checked on the device). Equal to cpu::KdaDecode up to FP32 rounding; each row's
-// bits are independent of the other rows (one block per (head, row), nothing shared).
+// bits are independent of the other rows (one block or cluster per (head, row), nothing shared
+// between rows).
 // Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 4, rows <= 65535; aborts otherwise.
 // variant picks how the work is split (all the same math; kda_decode_kernels.cu says more; the
 // bench, bench/kda_decode_bench.cu, times each). column2/column3 give the same bits; each split
