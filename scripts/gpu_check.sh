@@ -8,7 +8,8 @@
 # Not in `all` (kernel benches, each printing a table last and writing JSON to $OUT):
 #   gemm      the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
 #             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
-#   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
+#   kdabench  the fused KDA decode kernel's tests (every variant), its bench (bench/kda_decode_bench.cu,
+#             every variant) and FLA's fused_recurrent_kda
 #             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
 #             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
 #   kdachunk  the chunked KDA prefill kernel (bench/kda_chunk_bench.cu) and FLA's chunk_kda
@@ -276,8 +277,15 @@ if [[ "$what" == gemm ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == kdabench ]]; then
-  # Few files under $OUT (8 come back): ours alone, FLA's log, and the merged JSON.
-  timeout 180 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" || status=1
+  # Few files under $OUT (8 come back): the variants' tests, ours alone, FLA's log, the merged JSON.
+  # The kernel variants against the CPU reference and batch invariance first: a failing variant's
+  # timings mean nothing.
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendKdaDecodeTest.*:CudaBackendTest.KdaDecode*' \
+    >"$out/gtest-kdadecode.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' "$out/gtest-kdadecode.txt" | head -20
+  # Every variant at every shape (the production one starred), then FLA's table.
+  timeout 240 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" | tail -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
