@@ -241,6 +241,7 @@ __device__ inline float LaneSum(float v, int from) {
 
 template <int K, int kCluster, int kThreads, int kMinBlocksPerSm, bool kStreamHints>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKernel(KdaDecodeArgs a) {
+  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
   constexpr int NC = K / kCluster, G = NC / 4, R = kThreads / G, RPT = K / R, kWarps = kThreads / 32;
   constexpr int kOwnerWarps = (NC + 31) / 32, kGroups = kThreads / K, kHist = kDecodeMaxConvTaps - 1;
   static_assert(K % 32 == 0 && NC % 4 == 0 && G <= 32 && kThreads % K == 0 && kGroups <= 4);

@@ -117,7 +117,7 @@ inline constexpr KdaDecodeVariant kKdaDecodeVariants[] = {
 // The variant the CUDA backend's decode step runs (and the default below). One variant for every
 // batch size: switching by batch would change a row's bits with the batch (batch invariance).
 // Flip it after `bash scripts/gpu_check.sh kdabench` shows a faster one.
-inline constexpr KdaDecodeVariant kKdaDecodeProduction = KdaDecodeVariant::kCluster4x128;
+inline constexpr KdaDecodeVariant kKdaDecodeProduction = KdaDecodeVariant::kSplit512Plain;
 const char* KdaDecodeVariantName(KdaDecodeVariant v);
 void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, KdaDecodeVariant variant = kKdaDecodeProduction);
 
