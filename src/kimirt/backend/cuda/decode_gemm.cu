@@ -99,7 +99,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
 // bytes. For 4 and 8 tiles; up to 2 the GEMM splits x itself (LoadX + SplitX8).
 __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
                              uint16_t* mid, uint16_t* lo) {
-  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t total = tiles * 8 * k_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
@@ -335,7 +335,7 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
     hi = static_cast<uint16_t*>(scratch);
     mid = hi + p.m_pad * p.k_pad;
     lo = mid + p.m_pad * p.k_pad;
-    SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad, hi, mid, lo);
+    LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.m_pad * p.k_pad)), dim3(256), 0, s, x, m, k, p.tiles, p.k_pad, hi, mid, lo);
     CheckLaunch("DecodeGemm split x");
   }
   const auto* w = static_cast<const uint16_t*>(w_bf16);

@@ -90,7 +90,7 @@ __device__ float ConvStep(const ConvChannel& c, int W, float* win, int64_t P) {
 
 template <int K, int kMinBlocksPerSm>
 __global__ void __launch_bounds__(K, kMinBlocksPerSm) KdaDecodeKernel(KdaDecodeArgs a) {
-  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float qn[K], kn[K], decay[K];
   __shared__ float scratch[33];
   const int64_t h = blockIdx.x, b = blockIdx.y;
@@ -241,7 +241,7 @@ __device__ inline float LaneSum(float v, int from) {
 
 template <int K, int kCluster, int kThreads, int kMinBlocksPerSm, bool kStreamHints>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) KdaDecodeSplitKernel(KdaDecodeArgs a) {
-  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   constexpr int NC = K / kCluster, G = NC / 4, R = kThreads / G, RPT = K / R, kWarps = kThreads / 32;
   constexpr int kOwnerWarps = (NC + 31) / 32, kGroups = kThreads / K, kHist = kDecodeMaxConvTaps - 1;
   static_assert(K % 32 == 0 && NC % 4 == 0 && G <= 32 && kThreads % K == 0 && kGroups <= 4);
@@ -430,7 +430,7 @@ void LaunchSplit(const KdaDecodeArgs& a, cudaStream_t s) {
   auto* kernel = KdaDecodeSplitKernel<kKdaDecodeHeadDim, kCluster, kThreads, kMinBlocksPerSm, kStreamHints>;
   const dim3 grid(static_cast<unsigned>(a.heads * kCluster), static_cast<unsigned>(a.rows));
   if constexpr (kCluster == 1) {
-    kernel<<<grid, kThreads, 0, s>>>(a);
+    LaunchPdl("KdaDecode", kernel, grid, dim3(kThreads), 0, s, a);
   } else {
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;

@@ -23,6 +23,7 @@
 // is a function of the sequence's own context (MlaDecodeSplitLen), so a sequence's bits do not
 // depend on the batch.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
@@ -167,6 +168,7 @@ struct Tile {
 template <int kKind>
 __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
                                                               float* part_ml) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<kKind>& sm = *reinterpret_cast<Smem<kKind>*>(smem_raw);
   const int64_t work = blockIdx.x;
@@ -391,7 +393,7 @@ void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* par
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  MlaDecodeTcKernel<kKind><<<grid, kThreads, sizeof(Smem<kKind>), s>>>(a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeTc", MlaDecodeTcKernel<kKind>, grid, dim3(kThreads), sizeof(Smem<kKind>), s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeTc");
 }
 

@@ -102,6 +102,7 @@ constexpr int kAbsorbMaxLatent = static_cast<int>(kMlaDecodeMaxLatent);
 __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
     AbsorbQueryKernel(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
                       const void* w_kvb, bool bf16, float* qc) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float part[kAbsorbSplit][kAbsorbRows][kAbsorbCols];
   const int64_t h = blockIdx.x;
   const int c = threadIdx.x % kAbsorbCols, g = threadIdx.x / kAbsorbCols;
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
 __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
     AbsorbOutputKernel(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
                        const void* w_kvb, bool bf16, float* o) {
-  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float ob[kAbsorbRows][kAbsorbMaxLatent];
   const int64_t h = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -222,6 +223,7 @@ __device__ __forceinline__ float LatentAt(const PagedDecodeArgs& a, int64_t row,
 // with lane owning dims lane + 32k. Writes the split's unnormalized ō and its (max, sum).
 __global__ void __launch_bounds__(kDecodeThreads)
     MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float tile[kDecodeTile][kDecodeMaxRow];
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 constexpr int kCombineDims = 128;
 __global__ void __launch_bounds__(kCombineDims)
     MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml, float* o_bar) {
-  PdlTrigger();  // the next kernel may launch and prefetch its weights (pdl.cuh)
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float e[kMaxSplits];
   __shared__ float inv_sum;
   const int64_t b = blockIdx.x / a.H, h = blockIdx.x % a.H;
@@ -370,11 +372,11 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
     MlaPagedDecodeSplitTc(a, qc, part_o, part_ml, s);
   } else {
     const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kDecodeHeads - 1) / kDecodeHeads));
-    MlaPagedDecodeSplitKernel<<<grid, kDecodeThreads, 0, s>>>(a, qc, part_o, part_ml);
+    LaunchPdl("MlaPagedDecodeSplit", MlaPagedDecodeSplitKernel, grid, dim3(kDecodeThreads), 0, s, a, qc, part_o, part_ml);
     CheckLaunch("MlaPagedDecodeSplit");
   }
   const dim3 combine(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.r + kCombineDims - 1) / kCombineDims));
-  MlaPagedDecodeCombineKernel<<<combine, kCombineDims, 0, s>>>(a, part_o, part_ml, o_bar);
+  LaunchPdl("MlaPagedDecodeCombine", MlaPagedDecodeCombineKernel, combine, dim3(kCombineDims), 0, s, a, static_cast<const float*>(part_o), static_cast<const float*>(part_ml), o_bar);
   CheckLaunch("MlaPagedDecodeCombine");
 }
 
@@ -395,7 +397,7 @@ void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, i
                  const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
   const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAbsorbCols - 1) / kAbsorbCols));
-  AbsorbQueryKernel<<<grid, kAbsorbCols * kAbsorbSplit, 0, s>>>(q, T, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
+  LaunchPdl("AbsorbQuery", AbsorbQueryKernel, grid, dim3(kAbsorbCols * kAbsorbSplit), 0, s, q, T, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
   CheckLaunch("AbsorbQuery");
 }
 
@@ -408,7 +410,7 @@ void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t 
     std::abort();
   }
   const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((dv + kAbsorbOutWarps - 1) / kAbsorbOutWarps));
-  AbsorbOutputKernel<<<grid, kAbsorbOutWarps * 32, 0, s>>>(o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);
+  LaunchPdl("AbsorbOutput", AbsorbOutputKernel, grid, dim3(kAbsorbOutWarps * 32), 0, s, o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);
   CheckLaunch("AbsorbOutput");
 }
 

@@ -8,7 +8,8 @@
 //
 // Why (issue 12): a decode step is ~25 small kernels a layer; each weight GEMM of 5-20 MB paid a
 // ~7 µs floor (launch, the first loads' latency, the tail) beside ~3 µs of HBM time. Started
-// early, a GEMM streams its weights into L2 while the norm or sum before it finishes.
+// early, a GEMM streams its weights into L2 while the norm or sum before it finishes; every
+// other kernel of the decode step at least has its launch done when its predecessor ends.
 //
 // Every kernel launched with LaunchPdl must call PdlWait() before it reads its inputs and before
 // it writes anything: then a third kernel that waits on it has also waited on the first.
@@ -25,6 +26,11 @@ namespace kimirt::cuda {
 
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlTrigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// The first statement of a kernel launched with LaunchPdl that prefetches nothing.
+__device__ __forceinline__ void PdlEnter() {
+  PdlWait();
+  PdlTrigger();
+}
 
 inline bool PdlEnabled() {
   static const bool on = [] {
