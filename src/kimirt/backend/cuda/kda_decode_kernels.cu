@@ -27,6 +27,7 @@
 // the batch.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
 
@@ -210,13 +211,6 @@ struct ConvStage {
   float x, tap[kDecodeMaxConvTaps], win[kDecodeMaxConvTaps - 1];
 };
 
-// A 4-byte global -> shared copy that holds no register while in flight; `valid` false writes
-// 0 and reads nothing.
-__device__ inline void CpAsync4(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ inline void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ inline void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ inline void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }

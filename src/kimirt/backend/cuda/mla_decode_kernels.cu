@@ -24,6 +24,7 @@
 // depend on the batch.
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
@@ -87,19 +88,6 @@ __device__ __forceinline__ unsigned Fp8x2ToBf16x2(unsigned short codes) {
   return PackBf16(f.x, f.y);
 }
 
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(dst)), "l"(src), "r"(valid ? 8 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // One tile's rows: kind 1 (BF16) 72 chunks of 16 bytes a row, kind 2 (FP8) 36. Eight threads a
 // row (tid / 8; 32 rows × 8 = 256 threads), thread tid % 8 taking chunks tid % 8 + 8i: the row's

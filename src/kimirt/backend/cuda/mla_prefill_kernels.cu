@@ -21,6 +21,7 @@
 // alone. So a row's bits depend on its query and its sequence's keys and values only, not on how
 // the new tokens are cut into calls, nor on the other sequences of a call.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 
 #include <cuda_bf16.h>
@@ -61,17 +62,6 @@ struct PrefillTile {
   static_assert(STAGES == 1 || STAGES == 2, "one or two key tiles in flight");
 };
 
-// 16 bytes global → shared, asynchronously; `valid` false writes 16 zero bytes (src-size 0: no
-// global read), so keys past the sequence's end are zeros, never garbage.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 
 template <int DN, int DR, int DV, int M, int STAGES>
