@@ -948,27 +948,28 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
 
   // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β: warp w
   //    sums rows w + 8i (i < 8), four at a time (registers), and lane i < 8 finishes row w + 8i;
-  //    the values themselves are read again in step 2 (from L2). α's and V's rows are asked into
-  //    L2 now for steps 2 and 5, so all of the chunk's HBM reads are in flight at once.
-  if (tid < 4 * len) {
-    PrefetchL2(alg + (tid >> 2) * rs + 32 * (tid & 3));
-    PrefetchL2(vg + (tid >> 2) * rs + 32 * (tid & 3));
-  }
+  //    the values themselves are read again in step 2 (from L2). α's rows (four 128-byte lines
+  //    each) are asked into L2 now for step 2, so its HBM reads overlap q's and k's.
+  if (tid < 4 * len) PrefetchL2(alg + (tid >> 2) * rs + 32 * (tid & 3));
   {
     const int my_row = warp + kWarps * lane;  // lanes < 8
     const float bl = lane < WarpRows::kRows && my_row < len ? __ldg(a.beta_logits + (row0 + my_row) * a.heads + h) : 0.0f;
     float sq[WarpRows::kRows], sk[WarpRows::kRows];
+    // Row pointers stepped by 8 rows (a 64-bit add each, not an address from r·rs).
+    const float4* qp = reinterpret_cast<const float4*>(qg + warp * rs) + lane;
+    const float4* kp = reinterpret_cast<const float4*>(kg + warp * rs) + lane;
 #pragma unroll
     for (int i0 = 0; i0 < WarpRows::kRows; i0 += 4) {
       float4 qv[4], kv[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int r = warp + kWarps * (i0 + j);
         qv[j] = kv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < len) {
-          qv[j] = __ldg(reinterpret_cast<const float4*>(qg + r * rs) + lane);
-          kv[j] = __ldg(reinterpret_cast<const float4*>(kg + r * rs) + lane);
+        if (warp + kWarps * (i0 + j) < len) {
+          qv[j] = __ldg(qp);
+          kv[j] = __ldg(kp);
         }
+        qp += 2 * rs;  // 8 rows of rs floats, in float4s
+        kp += 2 * rs;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1007,10 +1008,11 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
     float x0[kBlockRows], x1[kBlockRows];
     {
       float al0[kBlockRows], al1[kBlockRows], pre0, post0, pre1, post1;
+      const float2* ap = reinterpret_cast<const float2*>(alg + r0 * rs + c2);
 #pragma unroll
-      for (int rr = 0; rr < kBlockRows; ++rr) {
+      for (int rr = 0; rr < kBlockRows; ++rr, ap += rs / 2) {
         float2 al = make_float2(0.0f, 0.0f);
-        if (r0 + rr < len) al = __ldg(reinterpret_cast<const float2*>(alg + (r0 + rr) * rs + c2));
+        if (r0 + rr < len) al = __ldg(ap);
         al0[rr] = al.x;
         al1[rr] = al.y;
       }
@@ -1019,13 +1021,15 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
       *reinterpret_cast<float2*>(Pre + i * kDim + c2) = make_float2(pre0, pre1);
       *reinterpret_cast<float2*>(Post + i * kDim + c2) = make_float2(post0, post1);
     }
+    const float2* qp = reinterpret_cast<const float2*>(qg + r0 * rs + c2);
+    const float2* kp = reinterpret_cast<const float2*>(kg + r0 * rs + c2);
 #pragma unroll
-    for (int rr = 0; rr < kBlockRows; ++rr) {
+    for (int rr = 0; rr < kBlockRows; ++rr, qp += rs / 2, kp += rs / 2) {
       const int r = r0 + rr;
       float2 qd = make_float2(0.0f, 0.0f), kd = qd;
       if (r < len) {
-        qd = __ldg(reinterpret_cast<const float2*>(qg + r * rs + c2));
-        kd = __ldg(reinterpret_cast<const float2*>(kg + r * rs + c2));
+        qd = __ldg(qp);
+        kd = __ldg(kp);
       }
       unsafe |= !(fabsf(x0[rr]) <= kMaxLocalExponent) || !(fabsf(x1[rr]) <= kMaxLocalExponent);
       // The fast exponential (relative error ~1e-6 at |x| ≤ 60) for operands rounded to BF16.
@@ -1042,56 +1046,62 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
   if (!__syncthreads_or(unsafe)) {
     ChunkFactors(Pre, Post, Pf, Ff, Df, rec_gl);
     __syncthreads();
-    // Score blocks: the 10 block pairs j ≤ i × {A, Aqk}, 20 MMA tiles over the 8 warps (the
-    // fused kernel's step 2b with one BF16 part, fragments by ldmatrix); A into shared memory for
-    // the solve, Aqk straight into the record. Aqk's six blocks above the diagonal are zero
+    // Score blocks: the 10 block pairs j ≤ i × {A, Aqk} (the fused kernel's step 2b with one
+    // BF16 part, fragments by ldmatrix); A into shared memory for the solve, Aqk straight into
+    // the record. Aqk's six blocks above the diagonal are zero
     // (16-byte stores: block b's 16 rows × 2 pieces); A's are never read.
     if (tid < 6 * 32) {
       const int b = tid >> 5, i = b < 3 ? 0 : b < 5 ? 1 : 2, j = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
       *reinterpret_cast<uint4*>(rec_aqk + (16 * i + ((tid & 31) >> 1)) * kChunk + 16 * j + 8 * (tid & 1)) =
           make_uint4(0u, 0u, 0u, 0u);
     }
+    // Warp w < 6 takes the block pair (i, j), i > j, of PairIndex w; warps 6 and 7 two diagonal
+    // blocks each (a quarter of the work: no scaling). A pair's A and Aqk share the B operand
+    // KR_j, scaled by D_ij (per channel k) once for both.
     const int t = lane & 3;
-    for (int u = warp; u < kBlocks * (kBlocks + 1); u += kWarps) {
-      const bool is_qk = u & 1;
-      int i = 0, j = u >> 1;  // pair index → (i, j), j ≤ i, row by row
-      while (j > i) j -= ++i;
-      const Bf16Bits* const X = is_qk ? QM : KM;
-      const float* const scale = Df + (i > j ? PairIndex(i, j) : 0) * kDim;
+    const int pairs = warp < 6 ? 1 : 2;
+    for (int pr = 0; pr < pairs; ++pr) {
+      int i = 2 * (warp - 6) + pr, j = i;
+      if (warp < 6) {
+        i = warp < 1 ? 1 : warp < 3 ? 2 : 3;
+        j = warp - PairIndex(i, 0);
+      }
       const bool scaled = i > j;
+      const float* const scale = Df + (scaled ? PairIndex(i, j) : 0) * kDim;
       // ldmatrix rows: A's matrix m = lane / 8 is rows 16i + 8(m & 1) .., columns 8(m >> 1) ..;
       // B's (KR's rows are B's columns) rows 16j + 8(m >> 1) .., columns 8(m & 1) ...
       const int ra = 16 * i + (lane & 7) + 8 * ((lane >> 3) & 1), ca = 8 * (lane >> 4);
       const int rb = 16 * j + (lane & 7) + 8 * (lane >> 4), cb = 8 * ((lane >> 3) & 1);
-      float acc[2][4] = {};
-#pragma unroll 4
+      float acc_k[2][4] = {}, acc_q[2][4] = {};
+#pragma unroll 2
       for (int ks = 0; ks < kDim / 16; ++ks) {
-        uint32_t fa[4], fb[4];
-        LdMatrixX4(fa, X + Swz<kDim>(ra, 16 * ks + ca));
+        uint32_t fk[4], fq[4], fb[4];
         LdMatrixX4(fb, KR + Swz<kDim>(rb, 16 * ks + cb));
-        if (scaled) {  // register m: columns 16ks + 8(m >> 1) + 2t, + 1
+        LdMatrixX4(fk, KM + Swz<kDim>(ra, 16 * ks + ca));
+        LdMatrixX4(fq, QM + Swz<kDim>(ra, 16 * ks + ca));
+        if (scaled) {  // register m: columns (k) 16ks + 8(m & 1) + 2t, + 1
+          const float2 s0 = Ld2(scale + 16 * ks + 2 * t), s1 = Ld2(scale + 16 * ks + 8 + 2 * t);
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
-            const float2 y = Mul2(FromBf16x2(fa[m]), Ld2(scale + 16 * ks + 8 * (m >> 1) + 2 * t));
-            fa[m] = PackBf16(y.x, y.y);
+            const float2 y = Mul2(FromBf16x2(fb[m]), m & 1 ? s1 : s0);
+            fb[m] = PackBf16(y.x, y.y);
           }
         }
         const uint32_t b0[2] = {fb[0], fb[1]}, b1[2] = {fb[2], fb[3]};
-        Mma(acc[0], fa, b0);
-        Mma(acc[1], fa, b1);
+        Mma(acc_k[0], fk, b0);
+        Mma(acc_k[1], fk, b1);
+        Mma(acc_q[0], fq, b0);
+        Mma(acc_q[1], fq, b1);
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = 16 * i + AccRow(e), c = 16 * j + AccCol(nt, e);  // c even: c, c + 1
-          if (is_qk) {
-            *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
-                PackBf16(r >= c ? acc[nt][e] : 0.0f, r >= c + 1 ? acc[nt][e + 1] : 0.0f);
-          } else {
-            *reinterpret_cast<float2*>(Am + r * kTs + c) = make_float2(
-                r > c ? -Beta[r] * acc[nt][e] : 0.0f, r > c + 1 ? -Beta[r] * acc[nt][e + 1] : 0.0f);
-          }
+          *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
+              PackBf16(r >= c ? acc_q[nt][e] : 0.0f, r >= c + 1 ? acc_q[nt][e + 1] : 0.0f);
+          *reinterpret_cast<float2*>(Am + r * kTs + c) = make_float2(
+              r > c ? -Beta[r] * acc_k[nt][e] : 0.0f, r > c + 1 ? -Beta[r] * acc_k[nt][e + 1] : 0.0f);
         }
       }
     }
@@ -1187,16 +1197,17 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
       }
     }
   };
+  if (tid < 4 * len) PrefetchL2(vg + (tid >> 2) * rs + 32 * (tid & 3));  // V's rows, for step 4
   InvertUnitLower(Am, Tmp, Beta, write_q_kt);
 
   // 4. V (rows past the end zero) as BF16 into QM's space, row-major: warp w rows w + 8i, a
-  //    lane's 4 channels (L2 hits: step 1 asked for these rows).
+  //    lane's 4 channels (asked into L2 before the solve).
   {
     float4 v[WarpRows::kRows];
+    const float4* vp = reinterpret_cast<const float4*>(vg + warp * rs) + lane;
 #pragma unroll
-    for (int i = 0; i < WarpRows::kRows; ++i) {
-      const int r = warp + kWarps * i;
-      v[i] = r < len ? __ldg(reinterpret_cast<const float4*>(vg + r * rs) + lane) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < WarpRows::kRows; ++i, vp += 2 * rs) {
+      v[i] = warp + kWarps * i < len ? __ldg(vp) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int i = 0; i < WarpRows::kRows; ++i) {
@@ -1259,36 +1270,22 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
   }
 }
 
-// Asks L2 for work item (g, h)'s rows of q, k and α (64 rows × 4 lines each: one prefetch a
-// thread and tensor), if it is one.
-__device__ __forceinline__ void PrefetchPrepItem(const KdaChunkArgs& a, int g, int h, const int32_t* chunk_seq,
-                                                 const int32_t* chunk_idx) {
-  const int32_t seq = chunk_seq[g];
-  if (seq < 0) return;
-  const int64_t t0 = int64_t{chunk_idx[g]} * kChunk, T = SeqLen(a, seq);
-  const int r = threadIdx.x / 4, line = threadIdx.x % 4;  // 64 rows × 4 lines
-  if (t0 + r >= T) return;
-  const int64_t at = ((SeqBegin(a, seq) + t0 + r) * a.heads + h) * kDim + 32 * line;
-  PrefetchL2(a.q + at);
-  PrefetchL2(a.k + at);
-  PrefetchL2(a.alpha + at);
-}
-
 // Persistent over the work items (chunk, head), item = g·H + h < 2^31 (LaunchChunkParallel's
 // check): block b takes b, b + gridDim.x, ... (an item's arithmetic is the same whichever block
-// takes it), and first asks L2 for its next item's rows, so one item's HBM reads overlap the
-// previous item's compute. kMinBlocks = 3 (80 registers, the default) or 2 (128 registers, the
-// A/B build KdaChunkPrepOnly offers).
+// takes it). kMinBlocks = 3 (80 registers, the default) or 2 (128 registers, the A/B build
+// KdaChunkPrepOnly offers). No L2 prefetch of the next item's rows: at 3 blocks an SM the other
+// blocks cover an item's first loads, and 396 items' rows in flight (128 KB each) already fill
+// most of the 50 MB L2 the records also stream through.
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     KdaChunkPrepKernel(KdaChunkArgs a, int64_t items, const int32_t* chunk_seq, const int32_t* chunk_idx,
                        uint8_t* records) {
   const int H = static_cast<int>(a.heads);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t next = item + gridDim.x;
-    if (next < items) PrefetchPrepItem(a, static_cast<int>(next) / H, static_cast<int>(next) % H, chunk_seq, chunk_idx);
+    // No barrier between items: the next item's first phase writes only β, 1/‖q‖ and 1/‖k‖,
+    // which this item's last phase (W, U) does not read, and its first barrier waits for every
+    // warp; so a warp done with W and U starts the next item's loads at once.
     PrepChunk(a, static_cast<int>(item) / H, static_cast<int>(item) % H, chunk_seq, chunk_idx, records);
-    __syncthreads();  // the next item rewrites shared memory this one's last phase read
   }
 }
 
