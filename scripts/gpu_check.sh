@@ -313,9 +313,9 @@ if [[ "$what" == kdachunk ]]; then
   fi
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_chunk_fla.py --ours "$out/kda-chunk-ours.json" \
     --out "$out/kda-chunk-bench.json" >"$out/kda-chunk-fla.txt" 2>&1 || status=1
-  echo "--- ours alone (kda_chunk_bench)"; tail -28 "$out/kda-chunk-ours.txt"
-  # The table (ours vs FLA, ms, speedup, TFLOP/s) last.
-  echo "--- vs FLA chunk_kda"; grep -v Warning "$out/kda-chunk-fla.txt" | tail -30
+  echo "--- ours alone (kda_chunk_bench)"; tail -31 "$out/kda-chunk-ours.txt"
+  # The table (ours vs FLA, ms, speedup, TFLOP/s) last: 5 cases x 6 modes and two header lines.
+  echo "--- vs FLA chunk_kda"; grep -v Warning "$out/kda-chunk-fla.txt" | tail -32
 fi
 if [[ "$what" == moe ]]; then
   timeout 400 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 --iters 50 \
