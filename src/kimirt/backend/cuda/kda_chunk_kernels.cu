@@ -252,10 +252,22 @@ __device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t
   if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
 }
 
-// Step 1's loads, shared by the fused and the prep kernel: rows r = warp + 8i (i < 8) of a chunk
-// (global row row0 + r, head h; zero past len): q and k as one float4 a lane, their squared
-// norms summed over the warp (the lanes' xor-butterfly sums are identical: a + b == b + a) and
-// β's logit. All loads are issued before any use, so their latencies overlap.
+// The squared norms of a row of q and of k held as one float4 a lane, summed over the warp (the
+// lanes' xor-butterfly sums are identical: a + b == b + a).
+__device__ __forceinline__ void WarpSumSquares(float4 q, float4 k, float& sq, float& sk) {
+  sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+  sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+  }
+}
+
+// The fused kernel's step 1 loads: rows r = warp + 8i (i < 8) of a chunk (global row row0 + r,
+// head h; zero past len): q and k as one float4 a lane, their squared norms summed over the warp
+// and β's logit. All loads are issued before any use, so their latencies overlap. (The prep
+// kernel, at 80 registers, loads four rows at a time itself.)
 struct WarpRows {
   static constexpr int kRows = kChunk / kWarps;
   float4 q[kRows], k[kRows];
@@ -276,18 +288,7 @@ __device__ __forceinline__ void LoadWarpRows(const KdaChunkArgs& a, int len, int
     }
   }
 #pragma unroll
-  for (int i = 0; i < WarpRows::kRows; ++i) {
-    const float4 q = w.q[i], k = w.k[i];
-    float sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-    float sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      sk += __shfl_xor_sync(0xffffffffu, sk, o);
-    }
-    w.sq[i] = sq;
-    w.sk[i] = sk;
-  }
+  for (int i = 0; i < WarpRows::kRows; ++i) WarpSumSquares(w.q[i], w.k[i], w.sq[i], w.sk[i]);
 }
 
 // A row block's decays for one channel from its 16 α: x_r = Γ_r − Γ_{m} (m = the block's
@@ -972,18 +973,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, c
         kp += 2 * rs;
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 q = qv[j], k = kv[j];
-        float nq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-        float nk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          nq += __shfl_xor_sync(0xffffffffu, nq, o);
-          nk += __shfl_xor_sync(0xffffffffu, nk, o);
-        }
-        sq[i0 + j] = nq;
-        sk[i0 + j] = nk;
-      }
+      for (int j = 0; j < 4; ++j) WarpSumSquares(qv[j], kv[j], sq[i0 + j], sk[i0 + j]);
     }
     float my_sq = sq[0], my_sk = sk[0];
 #pragma unroll
