@@ -4,7 +4,9 @@
 // parts per operand, the F32 mode's fused kernel) and "bf16" (the BF16 prefill mode's
 // chunk-parallel kernels, one BF16 part per operand), each at its automatic value-block width,
 // the BF16 mode at its other widths ("bf16_vb64" etc.), and "bf16_prep": the BF16 mode's
-// chunk-parallel kernels alone (KdaChunkPrepOnly; the rest of "bf16" is the state kernel).
+// chunk-parallel kernels alone (KdaChunkPrepOnly; the rest of "bf16" is the state kernel), and
+// "bf16_prep_2sm" the same with the prep kernel's 128-register build (2 blocks per SM instead of
+// 3, same records): which of the two the prep should be.
 // scripts/gpu_check.sh kdachunk runs it beside FLA's chunk_kda (bench/kda_chunk_fla.py), which
 // adds fla_ms and speedup_vs_fla to this program's JSON.
 //
@@ -98,7 +100,8 @@ std::vector<Point> Run(const Case& c, int reps) {
   struct Mode {
     std::string name;
     bool bf16;
-    int value_block;
+    int value_block;     // -1: KdaChunkPrepOnly
+    int prep_per_sm = 0;  // KdaChunkPrepOnly's build
   };
   const int auto_vb = kimirt::cuda::KdaChunkValueBlock(B, H, true);
   std::vector<Mode> modes = {{"bf16", true, 0}, {"f32", false, 0}};
@@ -106,11 +109,12 @@ std::vector<Point> Run(const Case& c, int reps) {
     if (vb != auto_vb) modes.push_back({"bf16_vb" + std::to_string(vb), true, vb});
   }
   modes.push_back({"bf16_prep", true, -1});  // the BF16 mode's map + prep kernels alone
+  modes.push_back({"bf16_prep_2sm", true, -1, 2});
   for (const Mode& m : modes) {
     const bool bf16 = m.bf16;
     const double med = kimirt::bench::TimeMs(s, 3, reps, [&](int) {
       if (m.value_block < 0) {
-        kimirt::cuda::KdaChunkPrepOnly(a, s);
+        kimirt::cuda::KdaChunkPrepOnly(a, s, m.prep_per_sm);
       } else {
         kimirt::cuda::KdaChunked(a, s, bf16, m.value_block);
       }

@@ -25,7 +25,8 @@
 #             `kimirt bench model`.
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
-#             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt).
+#             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
+#             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
@@ -254,6 +255,12 @@ if [[ "$what" == kdaprof ]]; then
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$root/kda_chunk_bench" --reps 1 \
     >"$out/ncu-kda-chunk.txt" 2>&1 || status=1
   grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-kda-chunk.txt" | grep -E '[0-9]' | tail -170
+  # The prep kernel's warp stalls by reason (cycles per issued instruction), which the sections
+  # above only summarize; informational, so a metric-name mismatch does not fail the mode.
+  timeout 120 "$ncu" --clock-control none -k regex:'KdaChunkPrep' -c 1 \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' "$root/kda_chunk_bench" --reps 1 \
+    >"$out/ncu-kda-prep-stalls.txt" 2>&1 || true
+  grep -E 'stalled' "$out/ncu-kda-prep-stalls.txt" | sort -k3 -g -r | head -12
 fi
 if [[ "$what" == prefill48 ]]; then
   # Issue 14: prefill at the 2-layer Kimi-Linear-48B widths, BF16, 2048-token chunks, prompt 8192
@@ -306,9 +313,9 @@ if [[ "$what" == kdachunk ]]; then
   fi
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/kda_chunk_fla.py --ours "$out/kda-chunk-ours.json" \
     --out "$out/kda-chunk-bench.json" >"$out/kda-chunk-fla.txt" 2>&1 || status=1
-  echo "--- ours alone (kda_chunk_bench)"; tail -28 "$out/kda-chunk-ours.txt"
-  # The table (ours vs FLA, ms, speedup, TFLOP/s) last.
-  echo "--- vs FLA chunk_kda"; grep -v Warning "$out/kda-chunk-fla.txt" | tail -30
+  echo "--- ours alone (kda_chunk_bench)"; tail -31 "$out/kda-chunk-ours.txt"
+  # The table (ours vs FLA, ms, speedup, TFLOP/s) last: 5 cases x 6 modes and two header lines.
+  echo "--- vs FLA chunk_kda"; grep -v Warning "$out/kda-chunk-fla.txt" | tail -32
 fi
 if [[ "$what" == moe ]]; then
   timeout 400 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 --iters 50 \

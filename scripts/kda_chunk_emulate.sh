@@ -27,8 +27,19 @@ src = cut(src, "__device__ __forceinline__ void CpAsync16(", "\n}\n",
           "inline void CpAsync16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }\n")
 src = cut(src, "__device__ __forceinline__ void LdMatrixX4(", "\n}\n",
           "inline void LdMatrixX4(uint32_t (&d)[4], const Bf16Bits* p) { EmuLdMatrixX4(d, p); }\n")
-src = cut(src, "__device__ __forceinline__ void PrefetchL2Bulk(", "\n}\n",
-          "inline void PrefetchL2Bulk(const void*, uint32_t) {}\n")
+# The state kernel's bulk L2 prefetch (mma_bf16.cuh, whose other device code the host cannot
+# compile) as nothing; ldmatrix .trans (ldmatrix_mma.cuh) and the MUFU's 2^x emulated.
+assert "mma::PrefetchL2(" in src and "Ldmatrix4Trans(" in src
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', "")
+# ldmatrix_mma.cuh inlined without its PTX (ldmatrix .trans emulated below).
+header = open(sys.argv[1].replace("kda_chunk_kernels.cu", "ldmatrix_mma.cuh")).read()
+for fn in ("Mma(", "Ldmatrix4(", "Ldmatrix4Trans("):
+    header = cut(header, "__device__ __forceinline__ void " + fn, "\n}\n", "")
+src = src.replace('#include "kimirt/backend/cuda/ldmatrix_mma.cuh"\n', header.replace("#pragma once\n", ""))
+src = src.replace("mma::PrefetchL2(", "EmuPrefetchL2Bulk(")
+src = src.replace("Ldmatrix4Trans(", "EmuLdMatrixX4Trans(")
+src = cut(src, "__device__ __forceinline__ float ExpFtz(", "\n}\n",
+          "inline float ExpFtz(float x) { return std::exp(x); }\n")
 src = cut(src, "__device__ __forceinline__ void CpAsyncCommit(", "\n}\n", "inline void CpAsyncCommit() {}\n")
 src = cut(src, "template <int N>\n__device__ __forceinline__ void CpAsyncWait(", "\n}\n",
           "template <int N>\ninline void CpAsyncWait() {}\n")

@@ -58,7 +58,7 @@ void RunKernel(KdaChunkArgs a) {
     // Fewer prep blocks than items (the device runs 2 per SM): each block takes several.
     const int64_t items = capacity * a.heads;
     RunGrid(static_cast<unsigned>(std::min<int64_t>(items, 5)), 1, kc::PrepSmem::kBytes,
-            [&] { kc::KdaChunkPrepKernel(a, items, seq, idx, records); });
+            [&] { kc::KdaChunkPrepKernel<3>(a, items, seq, idx, records); });
     RunGrid(a.heads * (128 / VB), a.batch, kc::StateSmem<VB>::kBytes, [&] { kc::KdaStateKernel<VB>(a, first, records); });
   }
 }

@@ -86,3 +86,25 @@ inline void EmuLdMatrixX4(uint32_t (&d)[4], const void* p) {
   g_ctx->warp[w]->arrive_and_wait();
   for (int j = 0; j < 4; ++j) std::memcpy(&d[j], static_cast<const char*>(g_ctx->ptr[w][8 * j + g]) + 4 * t, 4);
 }
+// cp.async.bulk.prefetch.L2 (the state kernel's record prefetch): a hint, nothing to emulate.
+inline void EmuPrefetchL2Bulk(const void*, uint32_t) {}
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+// ldmatrix .x4 .trans: lane g·4 + t receives rows 2t, 2t + 1 of column g of each matrix.
+template <class T>
+inline void EmuLdMatrixX4Trans(T (&d)[4], const void* p) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  g_ctx->warp[w]->arrive_and_wait();
+  g_ctx->ptr[w][l] = p;
+  g_ctx->warp[w]->arrive_and_wait();
+  for (int j = 0; j < 4; ++j) {
+    uint16_t lo, hi;
+    std::memcpy(&lo, static_cast<const char*>(g_ctx->ptr[w][8 * j + 2 * t]) + 2 * g, 2);
+    std::memcpy(&hi, static_cast<const char*>(g_ctx->ptr[w][8 * j + 2 * t + 1]) + 2 * g, 2);
+    d[j] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+}

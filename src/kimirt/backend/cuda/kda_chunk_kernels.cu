@@ -252,10 +252,22 @@ __device__ __forceinline__ void PrefetchNextChunk(const KdaChunkArgs& a, int64_t
   if (threadIdx.x < rows) PrefetchL2(a.beta_logits + (first + threadIdx.x) * H + h);
 }
 
-// Step 1's loads, shared by the fused and the prep kernel: rows r = warp + 8i (i < 8) of a chunk
-// (global row row0 + r, head h; zero past len): q and k as one float4 a lane, their squared
-// norms summed over the warp (the lanes' xor-butterfly sums are identical: a + b == b + a) and
-// β's logit. All loads are issued before any use, so their latencies overlap.
+// The squared norms of a row of q and of k held as one float4 a lane, summed over the warp (the
+// lanes' xor-butterfly sums are identical: a + b == b + a).
+__device__ __forceinline__ void WarpSumSquares(float4 q, float4 k, float& sq, float& sk) {
+  sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+  sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+  }
+}
+
+// The fused kernel's step 1 loads: rows r = warp + 8i (i < 8) of a chunk (global row row0 + r,
+// head h; zero past len): q and k as one float4 a lane, their squared norms summed over the warp
+// and β's logit. All loads are issued before any use, so their latencies overlap. (The prep
+// kernel, at 80 registers, loads four rows at a time itself.)
 struct WarpRows {
   static constexpr int kRows = kChunk / kWarps;
   float4 q[kRows], k[kRows];
@@ -276,18 +288,7 @@ __device__ __forceinline__ void LoadWarpRows(const KdaChunkArgs& a, int len, int
     }
   }
 #pragma unroll
-  for (int i = 0; i < WarpRows::kRows; ++i) {
-    const float4 q = w.q[i], k = w.k[i];
-    float sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-    float sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      sk += __shfl_xor_sync(0xffffffffu, sk, o);
-    }
-    w.sq[i] = sq;
-    w.sk[i] = sk;
-  }
+  for (int i = 0; i < WarpRows::kRows; ++i) WarpSumSquares(w.q[i], w.k[i], w.sq[i], w.sk[i]);
 }
 
 // A row block's decays for one channel from its 16 α: x_r = Γ_r − Γ_{m} (m = the block's
@@ -311,34 +312,40 @@ __device__ __forceinline__ void BlockDecays(const float (&al)[kBlockRows], float
 // Chunk-level decay factors per channel d = tid < 128 from the row blocks' partial sums Pre, Post
 // (Σ α over rows 16i .. m_i and m_i+1 .. 16i+15): P_i = e^{Γ_{m_i}}, F_j = e^{Γ_63 − Γ_{m_j}},
 // D_ij = e^{Γ_{m_i} − Γ_{m_j}} (i > j) and e^{Γ_63}, each the exp of one sum of α of one sign.
+// A channel's sums are read before any of its factors is written, so Pf and Ff may be Pre and
+// Post (the prep kernel's layout); Gl may be global memory (the prep's record).
 __device__ __forceinline__ void ChunkFactors(const float* Pre, const float* Post, float* Pf, float* Ff, float* Df,
                                              float* Gl) {
   const int tid = threadIdx.x;
   if (tid < kDim) {
     const int d = tid;
-    float blk[kBlocks];
+    float pre[kBlocks], post[kBlocks], blk[kBlocks];
 #pragma unroll
-    for (int i = 0; i < kBlocks; ++i) blk[i] = Pre[i * kDim + d] + Post[i * kDim + d];
+    for (int i = 0; i < kBlocks; ++i) {
+      pre[i] = Pre[i * kDim + d];
+      post[i] = Post[i * kDim + d];
+      blk[i] = pre[i] + post[i];
+    }
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < kBlocks; ++i) {
-      Pf[i * kDim + d] = expf(acc + Pre[i * kDim + d]);
+      Pf[i * kDim + d] = expf(acc + pre[i]);
       acc += blk[i];
     }
     Gl[d] = expf(acc);
     float suf = 0.0f;
 #pragma unroll
     for (int j = kBlocks - 1; j >= 0; --j) {
-      Ff[j * kDim + d] = expf(Post[j * kDim + d] + suf);
+      Ff[j * kDim + d] = expf(post[j] + suf);
       suf += blk[j];
     }
 #pragma unroll
     for (int i = 1; i < kBlocks; ++i) {
 #pragma unroll
       for (int j = 0; j < i; ++j) {
-        float s = Post[j * kDim + d];
+        float s = post[j];
         for (int b = j + 1; b < i; ++b) s += blk[b];
-        Df[PairIndex(i, j) * kDim + d] = expf(s + Pre[i * kDim + d]);
+        Df[PairIndex(i, j) * kDim + d] = expf(s + pre[i]);
       }
     }
   }
@@ -348,7 +355,10 @@ __device__ __forceinline__ void ChunkFactors(const float* Pre, const float* Post
 // 16-row blocks on the CUDA cores in F32. N = (I − A)^{-1} = I + A N, unit lower triangular:
 // first the diagonal blocks N_ii by forward substitution, one thread per column, then block rows
 // i = 1..3: N_ij = N_ii Σ_{m=j}^{i-1} A_im N_mj. Starts and ends with every thread in step.
-__device__ __forceinline__ void InvertUnitLower(float* Am, float* Tmp, const float* Beta) {
+// Threads 64 .. 255, idle while the diagonal blocks are solved, run side(i, n) meanwhile (i =
+// tid − 64 of n = 192); side must not touch Am, Tmp or Beta.
+template <class Side>
+__device__ __forceinline__ void InvertUnitLower(float* Am, float* Tmp, const float* Beta, const Side& side) {
   const int tid = threadIdx.x;
   {
     float n[kBlockRows] = {};
@@ -362,6 +372,8 @@ __device__ __forceinline__ void InvertUnitLower(float* Am, float* Tmp, const flo
         for (int m = 0; m < rr; ++m) s += Mi[rr * kTs + m] * n[m];  // n[m] = 0 for m < c
         n[rr] = rr < c ? 0.0f : (rr == c ? 1.0f : s);
       }
+    } else {
+      side(tid - 16 * kBlocks, kThreads - 16 * kBlocks);
     }
     __syncthreads();  // every column read A_ii before any is overwritten
     if (tid < 16 * kBlocks) {
@@ -585,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkKernel(KdaChunkArgs a) {
     __syncthreads();
 
     // 3. T = (I − A)^{-1} diag(β) in place of A.
-    InvertUnitLower(Am, Tmp, Beta);
+    InvertUnitLower(Am, Tmp, Beta, [](int, int) {});
 
     // 4. Warp (row block rb, column half ch): Y = V − (K̂⊙e^Γ) S and O = (Q̂⊙e^Γ) S for its
     //    16 rows × VB/2 columns, S's fragments shared by the two.
@@ -859,35 +871,45 @@ __global__ void __launch_bounds__(kThreads, 1) KdaChunkMapKernel(KdaChunkArgs a,
   for (int g = running + tid; g < capacity; g += kThreads) chunk_seq[g] = -1;
 }
 
-// Shared memory of the prep kernel, in bytes. KM, QM, KR: BF16 [64][kXs] (row stride 272 bytes
-// ≡ 4 words mod 32: fragment loads conflict-free); from the outputs on, QM and KR's space holds
-// V transposed ([128][kTs] BF16).
+// 2^{x log2 e} on the MUFU with subnormal results flushed (ex2.approx.ftz: no range fix-up, as
+// __expf is without -ftz). The prep's factored path uses it at |x| ≤ 60 only, where e^x is normal.
+__device__ __forceinline__ float ExpFtz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
+  return y;
+}
+
+// Shared memory of the prep kernel, in bytes: 75,008, so three blocks fit on an SM (228 KB).
+// KM, QM, KR: BF16 [64][128], unpadded and swizzled (Swz<128>: the 8 rows of an ldmatrix phase,
+// or of a fragment's 4-byte loads, hit 32 distinct banks); from the W and U products on, QM's
+// space holds V (BF16 [64][128], swizzled). Am: A, then T, F32 [64][kTs]. The small arrays
+// share space by phase: 1/‖q‖, 1/‖k‖ (steps 1-2), then D (the score blocks), then the solve's
+// scratch; Pre, Post (step 2) become P, F in place (ChunkFactors); e^{Γ_63} goes straight to
+// the record.
 struct PrepSmem {
   static constexpr int kKm = 0;
-  static constexpr int kQm = kKm + 2 * kChunk * kXs;
-  static constexpr int kKr = kQm + 2 * kChunk * kXs;
-  static constexpr int kVt = kQm;
-  static constexpr int kA = kKr + 2 * kChunk * kXs;  // A, then T: F32 [64][kTs]
-  static constexpr int kTmp = kA + 4 * kChunk * kTs;
-  static constexpr int kP = kTmp + 4 * kSolveTmp;
-  static constexpr int kF = kP + 4 * kBlocks * kDim;
-  static constexpr int kD = kF + 4 * kBlocks * kDim;
-  static constexpr int kGl = kD + 4 * 6 * kDim;
-  static constexpr int kPre = kGl + 4 * kDim;
-  static constexpr int kPost = kPre + 4 * kBlocks * kDim;
-  static constexpr int kBeta = kPost + 4 * kBlocks * kDim;
-  static constexpr int kRq = kBeta + 4 * kChunk;
+  static constexpr int kQm = kKm + 2 * kChunk * kDim;
+  static constexpr int kKr = kQm + 2 * kChunk * kDim;
+  static constexpr int kV = kQm;
+  static constexpr int kA = kKr + 2 * kChunk * kDim;  // A, then T: F32 [64][kTs]
+  static constexpr int kD = kA + 4 * kChunk * kTs;    // D [6][128]; before it Rq, Rk; after it Tmp
+  static constexpr int kRq = kD;
   static constexpr int kRk = kRq + 4 * kChunk;
-  static constexpr size_t kBytes = kRk + 4 * kChunk;
-  static_assert(2 * kDim * kTs <= kA - kQm, "V transposed fits in QM and KR's space");
+  static constexpr int kTmp = kD;
+  static constexpr int kP = kD + 4 * 6 * kDim;        // Pre, then P [4][128]
+  static constexpr int kF = kP + 4 * kBlocks * kDim;  // Post, then F [4][128]
+  static constexpr int kBeta = kF + 4 * kBlocks * kDim;
+  static constexpr size_t kBytes = kBeta + 4 * kChunk;
+  static_assert(4 * kSolveTmp <= kP - kD && kRk + 4 * kChunk <= kP, "Rq, Rk and the solve's scratch fit in D's space");
+  static_assert(3 * (kBytes + 1024) <= 228 * 1024, "three blocks an SM (1 KB of each is the driver's)");
   // The direct path's F32 scratch (cumulative sums G [64][128], one 16-channel slice of q̂, k̂
   // [64][16] each) in KM, QM and KR's space.
   static_assert(4 * (kChunk * kDim + 2 * kChunk * 16) <= kA, "the direct path's scratch fits");
 };
 
-// One work item of the prep kernel: item = g·H + h (global chunk g, head h); returns at once for
-// a g past the call's chunks.
-__device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, const int32_t* chunk_seq,
+// One work item of the prep kernel: global chunk g, head h (nothing for a g past the call's
+// chunks). Eight warps; every phase spreads its work over all of them.
+__device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int g, int h, const int32_t* chunk_seq,
                                           const int32_t* chunk_idx, uint8_t* records) {
   using L = PrepSmem;
   extern __shared__ float4 smem_f4[];
@@ -895,130 +917,181 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
   Bf16Bits* const KM = reinterpret_cast<Bf16Bits*>(sm + L::kKm);
   Bf16Bits* const QM = reinterpret_cast<Bf16Bits*>(sm + L::kQm);
   Bf16Bits* const KR = reinterpret_cast<Bf16Bits*>(sm + L::kKr);
-  Bf16Bits* const VT = reinterpret_cast<Bf16Bits*>(sm + L::kVt);
+  Bf16Bits* const VS = reinterpret_cast<Bf16Bits*>(sm + L::kV);
   float* const Am = reinterpret_cast<float*>(sm + L::kA);
   float* const Tmp = reinterpret_cast<float*>(sm + L::kTmp);
-  float* const Pf = reinterpret_cast<float*>(sm + L::kP);
-  float* const Ff = reinterpret_cast<float*>(sm + L::kF);
   float* const Df = reinterpret_cast<float*>(sm + L::kD);
-  float* const Gl = reinterpret_cast<float*>(sm + L::kGl);
-  float* const Pre = reinterpret_cast<float*>(sm + L::kPre);
-  float* const Post = reinterpret_cast<float*>(sm + L::kPost);
-  float* const Beta = reinterpret_cast<float*>(sm + L::kBeta);
   float* const Rq = reinterpret_cast<float*>(sm + L::kRq);
   float* const Rk = reinterpret_cast<float*>(sm + L::kRk);
+  float* const Pre = reinterpret_cast<float*>(sm + L::kP);
+  float* const Post = reinterpret_cast<float*>(sm + L::kF);
+  float* const Pf = Pre;
+  float* const Ff = Post;
+  float* const Beta = reinterpret_cast<float*>(sm + L::kBeta);
 
-  const int64_t H = a.heads;
-  const int64_t g = item / H;
-  const int h = static_cast<int>(item % H);
   const int32_t seq = chunk_seq[g];
   if (seq < 0) return;
   const int64_t t0 = int64_t{chunk_idx[g]} * kChunk;
   const int64_t T = SeqLen(a, seq);
   const int len = static_cast<int>(T - t0 < kChunk ? T - t0 : kChunk);
   const int64_t row0 = SeqBegin(a, seq) + t0;
-  auto base = [&](int r) { return ((row0 + r) * H + h) * kDim; };  // element (r, head h, channel 0)
-  Bf16Bits* const rec = reinterpret_cast<Bf16Bits*>(records + (g * H + h) * static_cast<int64_t>(kRecBytes));
+  // Row r of the chunk (head h) is r·rs past row 0: 32-bit offsets (r·rs < 64 · 65535 · 128).
+  const int rs = static_cast<int>(a.heads) * kDim;
+  const int64_t at0 = (row0 * a.heads + h) * kDim;
+  const float* const qg = a.q + at0;
+  const float* const kg = a.k + at0;
+  const float* const vg = a.v + at0;
+  const float* const alg = a.alpha + at0;
+  Bf16Bits* const rec = reinterpret_cast<Bf16Bits*>(records + (int64_t{g} * a.heads + h) * static_cast<int64_t>(kRecBytes));
+  float* const rec_gl = reinterpret_cast<float*>(rec + kRecGl);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDim));
 
-  // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β, one
-  //    warp per row; the values themselves are read again in step 2 (from L1/L2). α's and V's
-  //    rows (four 128-byte lines each) are asked into L2 now for steps 2 and 5, so all of the
-  //    chunk's HBM reads are in flight at once.
-  if (tid < 4 * len) {
-    PrefetchL2(a.alpha + base(tid / 4) + 32 * (tid % 4));
-    PrefetchL2(a.v + base(tid / 4) + 32 * (tid % 4));
-  }
+  // 1. The rows' 1/‖q‖ (times 1/sqrt(K)), 1/‖k‖ (spec §3.4, eps inside the sqrt) and β: warp w
+  //    sums rows w + 8i (i < 8), four at a time (registers), and lane i < 8 finishes row w + 8i;
+  //    the values themselves are read again in step 2 (from L2). α's rows (four 128-byte lines
+  //    each) are asked into L2 now for step 2, so its HBM reads overlap q's and k's.
+  if (tid < 4 * len) PrefetchL2(alg + (tid >> 2) * rs + 32 * (tid & 3));
   {
-    WarpRows w;
-    LoadWarpRows(a, len, row0, h, w);
+    const int my_row = warp + kWarps * lane;  // lanes < 8
+    const float bl = lane < WarpRows::kRows && my_row < len ? __ldg(a.beta_logits + (row0 + my_row) * a.heads + h) : 0.0f;
+    float sq[WarpRows::kRows], sk[WarpRows::kRows];
+    // Row pointers stepped by 8 rows (a 64-bit add each, not an address from r·rs).
+    const float4* qp = reinterpret_cast<const float4*>(qg + warp * rs) + lane;
+    const float4* kp = reinterpret_cast<const float4*>(kg + warp * rs) + lane;
 #pragma unroll
-    for (int i = 0; i < WarpRows::kRows; ++i) {
-      const int r = warp + kWarps * i;
-      if (lane == 0) {
-        Beta[r] = r < len ? KdaSigmoid(w.bl[i]) : 0.0f;
-        Rq[r] = q_scale / sqrtf(w.sq[i] + 1e-6f);
-        Rk[r] = 1.0f / sqrtf(w.sk[i] + 1e-6f);
+    for (int i0 = 0; i0 < WarpRows::kRows; i0 += 4) {
+      float4 qv[4], kv[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        qv[j] = kv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (warp + kWarps * (i0 + j) < len) {
+          qv[j] = __ldg(qp);
+          kv[j] = __ldg(kp);
+        }
+        qp += 2 * rs;  // 8 rows of rs floats, in float4s
+        kp += 2 * rs;
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) WarpSumSquares(qv[j], kv[j], sq[i0 + j], sk[i0 + j]);
+    }
+    float my_sq = sq[0], my_sk = sk[0];
+#pragma unroll
+    for (int i = 1; i < WarpRows::kRows; ++i) {
+      if (lane == i) my_sq = sq[i], my_sk = sk[i];
+    }
+    if (lane < WarpRows::kRows) {
+      Beta[my_row] = my_row < len ? KdaSigmoid(bl) : 0.0f;
+      Rq[my_row] = q_scale * rsqrtf(my_sq + 1e-6f);
+      Rk[my_row] = rsqrtf(my_sk + 1e-6f);
     }
   }
   __syncthreads();
 
   // 2. Decays within each row block as in the fused kernel (x_r = Γ_r − Γ_{m_i}, a direct sum
-  //    outward from the reference row), two threads per channel; the operands QM, KM, KR are
-  //    written as BF16 (each is rounded to BF16 as an MMA operand anyway).
+  //    outward from the reference row): thread (channels 2p, 2p + 1; row block i) with p = tid %
+  //    64, i = tid / 64. The operands QM, KM, KR are written as BF16 pairs (each is rounded to
+  //    BF16 as an MMA operand anyway).
   bool unsafe = false;
   {
-    const int d = tid & (kDim - 1), half = tid / kDim;
-#pragma unroll 1
-    for (int bi = 0; bi < 2; ++bi) {
-      const int i = 2 * half + bi, r0 = kBlockRows * i;
-      float al[kBlockRows], qd[kBlockRows], kd[kBlockRows];
+    const int c2 = 2 * (tid & 63), i = tid >> 6, r0 = kBlockRows * i;
+    float x0[kBlockRows], x1[kBlockRows];
+    {
+      float al0[kBlockRows], al1[kBlockRows], pre0, post0, pre1, post1;
+      const float2* ap = reinterpret_cast<const float2*>(alg + r0 * rs + c2);
 #pragma unroll
-      for (int rr = 0; rr < kBlockRows; ++rr) {
-        const bool in = r0 + rr < len;
-        al[rr] = in ? __ldg(a.alpha + base(r0 + rr) + d) : 0.0f;
-        qd[rr] = in ? __ldg(a.q + base(r0 + rr) + d) : 0.0f;
-        kd[rr] = in ? __ldg(a.k + base(r0 + rr) + d) : 0.0f;
+      for (int rr = 0; rr < kBlockRows; ++rr, ap += rs / 2) {
+        float2 al = make_float2(0.0f, 0.0f);
+        if (r0 + rr < len) al = __ldg(ap);
+        al0[rr] = al.x;
+        al1[rr] = al.y;
       }
-      float x[kBlockRows], pre, post;
-      BlockDecays(al, x, pre, post);
+      BlockDecays(al0, x0, pre0, post0);
+      BlockDecays(al1, x1, pre1, post1);
+      *reinterpret_cast<float2*>(Pre + i * kDim + c2) = make_float2(pre0, pre1);
+      *reinterpret_cast<float2*>(Post + i * kDim + c2) = make_float2(post0, post1);
+    }
+    const float2* qp = reinterpret_cast<const float2*>(qg + r0 * rs + c2);
+    const float2* kp = reinterpret_cast<const float2*>(kg + r0 * rs + c2);
 #pragma unroll
-      for (int rr = 0; rr < kBlockRows; ++rr) {
-        unsafe |= !(fabsf(x[rr]) <= kMaxLocalExponent);
-        // The fast exponential (relative error ~1e-6 at |x| ≤ 60) for operands rounded to BF16.
-        const float e = __expf(x[rr]), ei = __expf(-x[rr]);
-        const int r = r0 + rr, at = r * kXs + d;
-        const float kn = kd[rr] * Rk[r];
-        QM[at] = ToBf16(qd[rr] * Rq[r] * e);
-        KM[at] = ToBf16(kn * e);
-        KR[at] = ToBf16(kn * ei);
+    for (int rr = 0; rr < kBlockRows; ++rr, qp += rs / 2, kp += rs / 2) {
+      const int r = r0 + rr;
+      float2 qd = make_float2(0.0f, 0.0f), kd = qd;
+      if (r < len) {
+        qd = __ldg(qp);
+        kd = __ldg(kp);
       }
-      Pre[i * kDim + d] = pre;
-      Post[i * kDim + d] = post;
+      unsafe |= !(fabsf(x0[rr]) <= kMaxLocalExponent) || !(fabsf(x1[rr]) <= kMaxLocalExponent);
+      // The fast exponential (relative error ~1e-6 at |x| ≤ 60) for operands rounded to BF16.
+      const float e0 = ExpFtz(x0[rr]), e1 = ExpFtz(x1[rr]), ei0 = ExpFtz(-x0[rr]), ei1 = ExpFtz(-x1[rr]);
+      const float rq = Rq[r], rk = Rk[r];
+      const float k0 = kd.x * rk, k1 = kd.y * rk;
+      const int at = Swz<kDim>(r, c2);
+      *reinterpret_cast<uint32_t*>(QM + at) = PackBf16(qd.x * rq * e0, qd.y * rq * e1);
+      *reinterpret_cast<uint32_t*>(KM + at) = PackBf16(k0 * e0, k1 * e1);
+      *reinterpret_cast<uint32_t*>(KR + at) = PackBf16(k0 * ei0, k1 * ei1);
     }
   }
   Bf16Bits* const rec_aqk = rec + kRecAqk;
   if (!__syncthreads_or(unsafe)) {
-    ChunkFactors(Pre, Post, Pf, Ff, Df, Gl);
+    ChunkFactors(Pre, Post, Pf, Ff, Df, rec_gl);
     __syncthreads();
-    // Score blocks: the 10 block pairs j ≤ i × {A, Aqk}, 20 MMA tiles over the 8 warps (the
-    // fused kernel's step 2b with one BF16 part); A into shared memory for the solve, Aqk
-    // straight into the record. The blocks above the diagonal are zero.
-    for (int e = tid; e < kChunk * kChunk; e += kThreads) {
-      const int r = e / kChunk, c = e % kChunk;
-      if (c / kBlockRows > r / kBlockRows) Am[r * kTs + c] = 0.0f, rec_aqk[e] = 0;
+    // Score blocks: the 10 block pairs j ≤ i × {A, Aqk} (the fused kernel's step 2b with one
+    // BF16 part, fragments by ldmatrix); A into shared memory for the solve, Aqk straight into
+    // the record. Aqk's six blocks above the diagonal are zero
+    // (16-byte stores: block b's 16 rows × 2 pieces); A's are never read.
+    if (tid < 6 * 32) {
+      const int b = tid >> 5, i = b < 3 ? 0 : b < 5 ? 1 : 2, j = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
+      *reinterpret_cast<uint4*>(rec_aqk + (16 * i + ((tid & 31) >> 1)) * kChunk + 16 * j + 8 * (tid & 1)) =
+          make_uint4(0u, 0u, 0u, 0u);
     }
-    for (int u = warp; u < kBlocks * (kBlocks + 1); u += kWarps) {
-      const bool is_qk = u & 1;
-      int i = 0, j = u >> 1;  // pair index → (i, j), j ≤ i, row by row
-      while (j > i) j -= ++i;
-      const Bf16Bits* const X = (is_qk ? QM : KM) + 16 * i * kXs;
-      const Bf16Bits* const Kc = KR + 16 * j * kXs;
-      const float* const scale = Df + (i > j ? PairIndex(i, j) : 0) * kDim;
+    // Warp w < 6 takes the block pair (i, j), i > j, of PairIndex w; warps 6 and 7 two diagonal
+    // blocks each (a quarter of the work: no scaling). A pair's A and Aqk share the B operand
+    // KR_j, scaled by D_ij (per channel k) once for both.
+    const int t = lane & 3;
+    const int pairs = warp < 6 ? 1 : 2;
+    for (int pr = 0; pr < pairs; ++pr) {
+      int i = 2 * (warp - 6) + pr, j = i;
+      if (warp < 6) {
+        i = warp < 1 ? 1 : warp < 3 ? 2 : 3;
+        j = warp - PairIndex(i, 0);
+      }
       const bool scaled = i > j;
-      float acc[2][4] = {};
-      auto fa = [&](int row, int k) {
-        const uint32_t x = *reinterpret_cast<const uint32_t*>(X + row * kXs + k);
-        if (!scaled) return x;
-        const float2 y = Mul2(FromBf16x2(x), Ld2(scale + k));
-        return PackBf16(y.x, y.y);
-      };
-      auto fb = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(Kc + n * kXs + k); };
-      WarpGemmPacked<2>(acc, kDim / 16, fa, fb, 0);
+      const float* const scale = Df + (scaled ? PairIndex(i, j) : 0) * kDim;
+      // ldmatrix rows: A's matrix m = lane / 8 is rows 16i + 8(m & 1) .., columns 8(m >> 1) ..;
+      // B's (KR's rows are B's columns) rows 16j + 8(m >> 1) .., columns 8(m & 1) ...
+      const int ra = 16 * i + (lane & 7) + 8 * ((lane >> 3) & 1), ca = 8 * (lane >> 4);
+      const int rb = 16 * j + (lane & 7) + 8 * (lane >> 4), cb = 8 * ((lane >> 3) & 1);
+      float acc_k[2][4] = {}, acc_q[2][4] = {};
+#pragma unroll 2
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        uint32_t fk[4], fq[4], fb[4];
+        LdMatrixX4(fb, KR + Swz<kDim>(rb, 16 * ks + cb));
+        LdMatrixX4(fk, KM + Swz<kDim>(ra, 16 * ks + ca));
+        LdMatrixX4(fq, QM + Swz<kDim>(ra, 16 * ks + ca));
+        if (scaled) {  // register m: columns (k) 16ks + 8(m & 1) + 2t, + 1
+          const float2 s0 = Ld2(scale + 16 * ks + 2 * t), s1 = Ld2(scale + 16 * ks + 8 + 2 * t);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const float2 y = Mul2(FromBf16x2(fb[m]), m & 1 ? s1 : s0);
+            fb[m] = PackBf16(y.x, y.y);
+          }
+        }
+        const uint32_t b0[2] = {fb[0], fb[1]}, b1[2] = {fb[2], fb[3]};
+        Mma(acc_k[0], fk, b0);
+        Mma(acc_k[1], fk, b1);
+        Mma(acc_q[0], fq, b0);
+        Mma(acc_q[1], fq, b1);
+      }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int r = 16 * i + AccRow(e), c = 16 * j + AccCol(nt, e);  // c even: c, c + 1
-          if (is_qk) {
-            *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
-                PackBf16(r >= c ? acc[nt][e] : 0.0f, r >= c + 1 ? acc[nt][e + 1] : 0.0f);
-          } else {
-            Am[r * kTs + c] = r > c ? -Beta[r] * acc[nt][e] : 0.0f;
-            Am[r * kTs + c + 1] = r > c + 1 ? -Beta[r] * acc[nt][e + 1] : 0.0f;
-          }
+          *reinterpret_cast<uint32_t*>(rec_aqk + r * kChunk + c) =
+              PackBf16(r >= c ? acc_q[nt][e] : 0.0f, r >= c + 1 ? acc_q[nt][e + 1] : 0.0f);
+          *reinterpret_cast<float2*>(Am + r * kTs + c) = make_float2(
+              r > c ? -Beta[r] * acc_k[nt][e] : 0.0f, r > c + 1 ? -Beta[r] * acc_k[nt][e + 1] : 0.0f);
         }
       }
     }
@@ -1032,7 +1105,7 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
     if (tid < kDim) {
       float acc = 0.0f;
       for (int r = 0; r < kChunk; ++r) {
-        acc += r < len ? a.alpha[base(r) + tid] : 0.0f;
+        acc += r < len ? alg[r * rs + tid] : 0.0f;
         G[r * kDim + tid] = acc;
       }
     }
@@ -1042,8 +1115,8 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
       __syncthreads();  // G written; the previous slice read
       for (int e = tid; e < kChunk * 16; e += kThreads) {
         const int r = e >> 4, dd = e & 15;
-        qs[e] = r < len ? a.q[base(r) + d0 + dd] * Rq[r] : 0.0f;
-        ks[e] = r < len ? a.k[base(r) + d0 + dd] * Rk[r] : 0.0f;
+        qs[e] = r < len ? qg[r * rs + d0 + dd] * Rq[r] : 0.0f;
+        ks[e] = r < len ? kg[r * rs + d0 + dd] * Rk[r] : 0.0f;
       }
       __syncthreads();
 #pragma unroll
@@ -1071,123 +1144,138 @@ __device__ __forceinline__ void PrepChunk(const KdaChunkArgs& a, int64_t item, c
       float acc = 0.0f;  // G again, the same additions in the same order
       for (int r = 0; r < kChunk; ++r) {
         const bool in = r < len;
-        acc += in ? a.alpha[base(r) + d] : 0.0f;
-        const float kn = in ? a.k[base(r) + d] * Rk[r] : 0.0f, qn = in ? a.q[base(r) + d] * Rq[r] : 0.0f;
+        acc += in ? alg[r * rs + d] : 0.0f;
+        const float kn = in ? kg[r * rs + d] * Rk[r] : 0.0f, qn = in ? qg[r * rs + d] * Rq[r] : 0.0f;
         const float e = expf(acc);
-        QM[r * kXs + d] = ToBf16(qn * e);
-        KM[r * kXs + d] = ToBf16(kn * e);
-        KR[r * kXs + d] = ToBf16(kn * expf(g63 - acc));
+        const int at = Swz<kDim>(r, d);
+        QM[at] = ToBf16(qn * e);
+        KM[at] = ToBf16(kn * e);
+        KR[at] = ToBf16(kn * expf(g63 - acc));
       }
       for (int i = 0; i < kBlocks; ++i) Pf[i * kDim + d] = Ff[i * kDim + d] = 1.0f;
-      Gl[d] = expf(g63);
+      rec_gl[d] = expf(g63);
     }
   }
   __syncthreads();
 
-  // 3. T = (I − A)^{-1} diag(β) in place of A (F32).
-  InvertUnitLower(Am, Tmp, Beta);
-
-  // 4. The record's Q̃ = QM·P (pairs of channels), K̃ᵀ = (KR·F)ᵀ (pairs of rows), e^{Γ_63}.
-  for (int e = tid; e < kChunk * kDim / 2; e += kThreads) {
-    const int r = e / (kDim / 2), d = 2 * (e % (kDim / 2));
-    const float2 x = Mul2(FromBf16x2(*reinterpret_cast<const uint32_t*>(QM + r * kXs + d)),
-                          Ld2(Pf + (r / kBlockRows) * kDim + d));
-    *reinterpret_cast<uint32_t*>(rec + kRecQ + r * kDim + d) = PackBf16(x.x, x.y);
-  }
-  for (int e = tid; e < kDim * kChunk / 2; e += kThreads) {
-    const int d = e / (kChunk / 2), r = 2 * (e % (kChunk / 2));  // r, r + 1 in one row block
-    const float f = Ff[(r / kBlockRows) * kDim + d];
-    *reinterpret_cast<uint32_t*>(rec + kRecKt + d * kChunk + r) =
-        PackBf16(FromBf16(KR[r * kXs + d]) * f, FromBf16(KR[(r + 1) * kXs + d]) * f);
-  }
-  if (tid < kDim) reinterpret_cast<float*>(rec + kRecGl)[tid] = Gl[tid];
-  __syncthreads();  // QM, KR read: their space becomes V transposed
-
-  // 5. V transposed (VT[n][r], rows past the end zero), then W = T·(KM·P) and U = T·V: warp
-  //    (row block rb, column half) over 16 rows × 64 columns; T is lower triangular, so the
-  //    k-steps past the row block are zero.
-  //    Thread: column n = tid % 128, rows 2·(tid / 128 + 2m) and the next, m < 16; all 32 loads
-  //    before the first store (L2 hits: step 1 asked for these rows).
-  {
-    constexpr int kPairs = kChunk / 2 / (kThreads / kDim);  // 16 row pairs a thread
-    const int n = tid % kDim;
-    float v[kPairs][2];
+  // 3. T = (I − A)^{-1} diag(β) in place of A (F32). Meanwhile the threads the diagonal blocks
+  //    leave idle write the record's Q̃ = QM·P and K̃ᵀ = (KR·F)ᵀ, a 16-byte piece at a time:
+  //    pieces 0 .. 1023 are Q̃'s (row r, channels 8p ..), 1024 .. 2047 K̃ᵀ's (channel d, rows 8p
+  //    .., one row block: one F).
+  auto write_q_kt = [&](int first, int step) {
+    for (int e = first; e < 2 * kChunk * kDim / 8; e += step) {
+      uint32_t w[4];
+      if (e < kChunk * kDim / 8) {
+        const int r = e >> 4, c = 8 * (e & 15);
+        const uint4 x = *reinterpret_cast<const uint4*>(QM + Swz<kDim>(r, c));
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+        const float* const p = Pf + (r / kBlockRows) * kDim + c;
 #pragma unroll
-    for (int m = 0; m < kPairs; ++m) {
-      const int r = 2 * (tid / kDim + 2 * m);
-      v[m][0] = r < len ? __ldg(a.v + base(r) + n) : 0.0f;
-      v[m][1] = r + 1 < len ? __ldg(a.v + base(r + 1) + n) : 0.0f;
+        for (int m = 0; m < 4; ++m) {
+          const float2 y = Mul2(FromBf16x2(xs[m]), Ld2(p + 2 * m));
+          w[m] = PackBf16(y.x, y.y);
+        }
+        *reinterpret_cast<uint4*>(rec + kRecQ + r * kDim + c) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        const int d = (e - kChunk * kDim / 8) & (kDim - 1), r = 8 * ((e - kChunk * kDim / 8) >> 7);
+        const float f = Ff[(r / kBlockRows) * kDim + d];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          w[m] = PackBf16(FromBf16(KR[Swz<kDim>(r + 2 * m, d)]) * f, FromBf16(KR[Swz<kDim>(r + 2 * m + 1, d)]) * f);
+        }
+        *reinterpret_cast<uint4*>(rec + kRecKt + d * kChunk + r) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  };
+  if (tid < 4 * len) PrefetchL2(vg + (tid >> 2) * rs + 32 * (tid & 3));  // V's rows, for step 4
+  InvertUnitLower(Am, Tmp, Beta, write_q_kt);
+
+  // 4. V (rows past the end zero) as BF16 into QM's space, row-major: warp w rows w + 8i, a
+  //    lane's 4 channels (asked into L2 before the solve).
+  {
+    float4 v[WarpRows::kRows];
+    const float4* vp = reinterpret_cast<const float4*>(vg + warp * rs) + lane;
+#pragma unroll
+    for (int i = 0; i < WarpRows::kRows; ++i, vp += 2 * rs) {
+      v[i] = warp + kWarps * i < len ? __ldg(vp) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int m = 0; m < kPairs; ++m) {
-      const int r = 2 * (tid / kDim + 2 * m);
-      *reinterpret_cast<uint32_t*>(VT + n * kTs + r) = PackBf16(v[m][0], v[m][1]);
+    for (int i = 0; i < WarpRows::kRows; ++i) {
+      *reinterpret_cast<uint2*>(VS + Swz<kDim>(warp + kWarps * i, 4 * lane)) =
+          make_uint2(PackBf16(v[i].x, v[i].y), PackBf16(v[i].z, v[i].w));
     }
   }
   __syncthreads();
+
+  // 5. W = T (K̂ ⊙ e^Γ) and U = T V: warp w owns columns 16w .. 16w + 15 of both for all four
+  //    row blocks (T is lower triangular: k-steps up to the row block; 10 a warp). B fragments
+  //    by ldmatrix .trans from the row-major KM and V. e^{Γ_k} = e^{x_k} P_{blk(k)}: KM holds
+  //    k̂ e^{x}, so each k-step's product (one row block of k) is scaled by its P per column
+  //    after the MMA, in F32.
   {
-    const int rb = warp >> 1, n0 = (warp & 1) * (kDim / 2);
-    const float* const Tr = Am + 16 * rb * kTs;
-    auto ft = [&](int row, int k) {
-      const float2 x = Ld2(Tr + row * kTs + k);
-      return PackBf16(x.x, x.y);
-    };
-    auto fkg = [&](int k, int n) {  // (K̂ ⊙ e^Γ)[k][n]: k, k + 1 in one row block
-      const float p = Pf[(k / kBlockRows) * kDim + n];
-      return PackBf16(FromBf16(KM[k * kXs + n]) * p, FromBf16(KM[(k + 1) * kXs + n]) * p);
-    };
-    auto fv = [&](int k, int n) { return *reinterpret_cast<const uint32_t*>(VT + n * kTs + k); };
-    constexpr int NT = kDim / 16;
-    auto store = [&](const float (&acc)[NT][4], Bf16Bits* out) {
+    const int n0 = 16 * warp, gq = lane >> 2, t = lane & 3;
+    // ldmatrix .trans rows: matrix m = lane / 8 is rows (k) 8(m & 1) .., columns n0 + 8(m >> 1) ..
+    const int rk = (lane & 7) + 8 * ((lane >> 3) & 1), ck = n0 + 8 * (lane >> 4);
+    auto store = [&](const float (&acc)[2][4], Bf16Bits* out, int rb) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-          const int r = 16 * rb + AccRow(e), c = n0 + AccCol(nt, e);
-          *reinterpret_cast<uint32_t*>(out + r * kDim + c) = PackBf16(acc[nt][e], acc[nt][e + 1]);
+          *reinterpret_cast<uint32_t*>(out + (16 * rb + AccRow(e)) * kDim + n0 + AccCol(nt, e)) =
+              PackBf16(acc[nt][e], acc[nt][e + 1]);
         }
       }
     };
-    {
-      float w[NT][4] = {};
-      WarpGemmPacked<NT>(w, rb + 1, ft, fkg, n0);
-      store(w, rec + kRecW);
-    }
-    {
-      float u[NT][4] = {};
-      WarpGemmPacked<NT>(u, rb + 1, ft, fv, n0);
-      store(u, rec + kRecU);
+#pragma unroll 1
+    for (int rb = 0; rb < kBlocks; ++rb) {
+      float w[2][4] = {}, u[2][4] = {};
+      const float* const Tr = Am + (16 * rb + gq) * kTs + 2 * t;
+      for (int ks = 0; ks <= rb; ++ks) {
+        uint32_t fa[4], fk[4], fv[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {  // rows gq + 8(m & 1), columns 16ks + 2t + 8(m >> 1)
+          const float2 x = Ld2(Tr + 8 * (m & 1) * kTs + 16 * ks + 8 * (m >> 1));
+          fa[m] = PackBf16(x.x, x.y);
+        }
+        Ldmatrix4Trans(fk, KM + Swz<kDim>(16 * ks + rk, ck));
+        Ldmatrix4Trans(fv, VS + Swz<kDim>(16 * ks + rk, ck));
+        float p[2][4] = {};
+        const uint32_t k0[2] = {fk[0], fk[1]}, k1[2] = {fk[2], fk[3]}, v0[2] = {fv[0], fv[1]}, v1[2] = {fv[2], fv[3]};
+        Mma(p[0], fa, k0);
+        Mma(p[1], fa, k1);
+        Mma(u[0], fa, v0);
+        Mma(u[1], fa, v1);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float2 pk = Ld2(Pf + ks * kDim + n0 + 8 * nt + 2 * t);
+          w[nt][0] += p[nt][0] * pk.x;
+          w[nt][1] += p[nt][1] * pk.y;
+          w[nt][2] += p[nt][2] * pk.x;
+          w[nt][3] += p[nt][3] * pk.y;
+        }
+      }
+      store(w, rec + kRecW, rb);
+      store(u, rec + kRecU, rb);
     }
   }
 }
 
-// Asks L2 for work item `item`'s rows of q, k and α (64 rows × 4 lines each: one prefetch a
-// thread and tensor), if it is one.
-__device__ __forceinline__ void PrefetchPrepItem(const KdaChunkArgs& a, int64_t item, int64_t items,
-                                                 const int32_t* chunk_seq, const int32_t* chunk_idx) {
-  if (item >= items) return;
-  const int64_t g = item / a.heads;
-  const int32_t seq = chunk_seq[g];
-  if (seq < 0) return;
-  const int64_t t0 = int64_t{chunk_idx[g]} * kChunk, T = SeqLen(a, seq);
-  const int r = threadIdx.x / 4, line = threadIdx.x % 4;  // 64 rows × 4 lines
-  if (t0 + r >= T) return;
-  const int64_t at = ((SeqBegin(a, seq) + t0 + r) * a.heads + item % a.heads) * kDim + 32 * line;
-  PrefetchL2(a.q + at);
-  PrefetchL2(a.k + at);
-  PrefetchL2(a.alpha + at);
-}
-
-// Persistent over the work items (chunk, head): block b takes b, b + gridDim.x, ... (an item's
-// arithmetic is the same whichever block takes it), and first asks L2 for its next item's rows,
-// so one item's HBM reads overlap the previous item's compute.
-__global__ void __launch_bounds__(kThreads, 2) KdaChunkPrepKernel(KdaChunkArgs a, int64_t items,
-                                                                  const int32_t* chunk_seq, const int32_t* chunk_idx,
-                                                                  uint8_t* records) {
+// Persistent over the work items (chunk, head), item = g·H + h < 2^31 (LaunchChunkParallel's
+// check): block b takes b, b + gridDim.x, ... (an item's arithmetic is the same whichever block
+// takes it). kMinBlocks = 3 (80 registers, the default) or 2 (128 registers, the A/B build
+// KdaChunkPrepOnly offers). No L2 prefetch of the next item's rows: at 3 blocks an SM the other
+// blocks cover an item's first loads, and 396 items' rows in flight (128 KB each) already fill
+// most of the 50 MB L2 the records also stream through.
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    KdaChunkPrepKernel(KdaChunkArgs a, int64_t items, const int32_t* chunk_seq, const int32_t* chunk_idx,
+                       uint8_t* records) {
+  const int H = static_cast<int>(a.heads);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    PrefetchPrepItem(a, item + gridDim.x, items, chunk_seq, chunk_idx);
-    PrepChunk(a, item, chunk_seq, chunk_idx, records);
-    __syncthreads();  // the next item rewrites shared memory this one's last phase read
+    // No barrier between items: the next item's first phase writes only β, 1/‖q‖ and 1/‖k‖,
+    // which this item's last phase (W, U) does not read, and its first barrier waits for every
+    // warp; so a warp done with W and U starts the next item's loads at once.
+    PrepChunk(a, static_cast<int>(item) / H, static_cast<int>(item) % H, chunk_seq, chunk_idx, records);
   }
 }
 
@@ -1417,9 +1505,28 @@ void AllowSmem(Kernel kernel, size_t bytes) {
   }
 }
 
+// The prep kernel's launch: as many persistent blocks as are resident at once (kMinBlocks per SM
+// by design; asked, so that a device fitting fewer does not run a second wave of whole persistent
+// blocks).
+template <int kMinBlocks>
+void LaunchPrep(const KdaChunkArgs& a, cudaStream_t s, int64_t items, const int32_t* chunk_seq,
+                const int32_t* chunk_idx, uint8_t* records) {
+  auto* const kernel = KdaChunkPrepKernel<kMinBlocks>;
+  AllowSmem(kernel, PrepSmem::kBytes);
+  static const int per_sm = [kernel] {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, PrepSmem::kBytes);
+    return err == cudaSuccess && n > 0 ? n : 1;
+  }();
+  const int64_t resident = int64_t{per_sm} * SmCount();
+  const unsigned blocks = static_cast<unsigned>(items < resident ? items : resident);
+  kernel<<<blocks, kThreads, PrepSmem::kBytes, s>>>(a, items, chunk_seq, chunk_idx, records);
+}
+
 // The BF16 mode's three launches (map, prep, state) on a.scratch; without `state` only the first
-// two (KdaChunkPrepOnly).
-void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool state = true) {
+// two (KdaChunkPrepOnly). prep_per_sm picks the prep kernel's build: 3 (80 registers, the
+// default) or 2 (128 registers).
+void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool state = true, int prep_per_sm = 3) {
   const int64_t capacity = ChunkCapacity(a.tokens, a.batch);
   if (a.scratch == nullptr || a.tokens < 0 || capacity * a.heads > 0x7fffffff) {
     std::fprintf(stderr, "kimirt: KdaChunked: the BF16 mode needs scratch (KdaChunkScratchBytes) and the call's "
@@ -1435,18 +1542,12 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool sta
                                                                  chunk_first);
   CheckLaunch("KdaChunked map");
   if (capacity == 0) return;
-  AllowSmem(KdaChunkPrepKernel, PrepSmem::kBytes);
-  // As many persistent blocks as are resident at once (2 per SM by design; asked, so that a
-  // device fitting fewer does not run a second wave of whole persistent blocks).
-  static const int prep_per_sm = [] {
-    int n = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KdaChunkPrepKernel, kThreads,
-                                                                          PrepSmem::kBytes);
-    return err == cudaSuccess && n > 0 ? n : 1;
-  }();
-  const int64_t items = capacity * a.heads, resident = int64_t{prep_per_sm} * SmCount();
-  const unsigned prep_blocks = static_cast<unsigned>(items < resident ? items : resident);
-  KdaChunkPrepKernel<<<prep_blocks, kThreads, PrepSmem::kBytes, s>>>(a, items, chunk_seq, chunk_idx, records);
+  const int64_t items = capacity * a.heads;
+  if (prep_per_sm == 2) {
+    LaunchPrep<2>(a, s, items, chunk_seq, chunk_idx, records);
+  } else {
+    LaunchPrep<3>(a, s, items, chunk_seq, chunk_idx, records);
+  }
   CheckLaunch("KdaChunked prep");
   if (!state) return;
   auto run_state = [&](auto kernel, size_t bytes) {
@@ -1511,13 +1612,15 @@ void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int v
   }
 }
 
-void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s) {
-  if (a.head_dim != kKdaChunkHeadDim || a.batch < 1 || a.batch > 65535 || a.heads < 1 || a.heads > 65535) {
-    std::fprintf(stderr, "kimirt: KdaChunkPrepOnly: head dim %lld, batch %lld, heads %lld\n",
-                 static_cast<long long>(a.head_dim), static_cast<long long>(a.batch), static_cast<long long>(a.heads));
+void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s, int prep_blocks_per_sm) {
+  if (a.head_dim != kKdaChunkHeadDim || a.batch < 1 || a.batch > 65535 || a.heads < 1 || a.heads > 65535 ||
+      (prep_blocks_per_sm != 0 && prep_blocks_per_sm != 2 && prep_blocks_per_sm != 3)) {
+    std::fprintf(stderr, "kimirt: KdaChunkPrepOnly: head dim %lld, batch %lld, heads %lld, prep blocks per SM %d "
+                 "(0, 2 or 3)\n", static_cast<long long>(a.head_dim), static_cast<long long>(a.batch),
+                 static_cast<long long>(a.heads), prep_blocks_per_sm);
     std::abort();
   }
-  LaunchChunkParallel(a, s, 0, false);
+  LaunchChunkParallel(a, s, 0, false, prep_blocks_per_sm == 2 ? 2 : 3);
 }
 
 }  // namespace kimirt::cuda

@@ -164,8 +164,10 @@ size_t KdaChunkScratchBytes(int64_t tokens, int64_t batch, int64_t heads);
 void KdaChunked(const KdaChunkArgs& a, cudaStream_t s, bool bf16_operands, int value_block = 0);
 // The BF16 mode's chunk-parallel part alone (its map and prep kernels: records written to
 // a.scratch, state and o untouched), so kda_chunk_bench can split the mode's time between the
-// parallel and the sequential kernel.
-void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s);
+// parallel and the sequential kernel. prep_blocks_per_sm picks the prep kernel's build: 0 or 3
+// the one KdaChunked runs (3 blocks per multiprocessor, 80 registers), 2 the 128-register build
+// (same arithmetic, same records: an A/B of occupancy against registers); aborts otherwise.
+void KdaChunkPrepOnly(const KdaChunkArgs& a, cudaStream_t s, int prep_blocks_per_sm = 0);
 
 // --- mla_kernels.cu (spec §6.4, §6.6) ---
 // Causal softmax attention of query (t, h) over positions 0 .. start+t, with a key made of two
