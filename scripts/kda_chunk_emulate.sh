@@ -23,8 +23,11 @@ src = cut(src, "__device__ __forceinline__ void Mma(", "\n}\n",
           "{ EmuMma(c, a, b); }\n")
 # cp.async as plain copies (the data is there at once: stronger than the device's ordering, so
 # this checks what is copied where, not the wait_group placement).
-src = cut(src, "__device__ __forceinline__ void CpAsync16(", "\n}\n",
-          "inline void CpAsync16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }\n")
+assert '#include "kimirt/backend/cuda/cp_async.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', "")
+cp_async = ("inline void CpAsync16(void* smem, const void* gmem, bool valid = true) "
+            "{ if (valid) std::memcpy(smem, gmem, 16); else std::memset(smem, 0, 16); }\n"
+            "inline void CpAsyncCommit() {}\ntemplate <int N>\ninline void CpAsyncWait() {}\n")
 src = cut(src, "__device__ __forceinline__ void LdMatrixX4(", "\n}\n",
           "inline void LdMatrixX4(uint32_t (&d)[4], const Bf16Bits* p) { EmuLdMatrixX4(d, p); }\n")
 # The state kernel's bulk L2 prefetch (mma_bf16.cuh, whose other device code the host cannot
@@ -40,16 +43,14 @@ src = src.replace("mma::PrefetchL2(", "EmuPrefetchL2Bulk(")
 src = src.replace("Ldmatrix4Trans(", "EmuLdMatrixX4Trans(")
 src = cut(src, "__device__ __forceinline__ float ExpFtz(", "\n}\n",
           "inline float ExpFtz(float x) { return std::exp(x); }\n")
-src = cut(src, "__device__ __forceinline__ void CpAsyncCommit(", "\n}\n", "inline void CpAsyncCommit() {}\n")
-src = cut(src, "template <int N>\n__device__ __forceinline__ void CpAsyncWait(", "\n}\n",
-          "template <int N>\ninline void CpAsyncWait() {}\n")
 src = src[:src.index("template <int P, int VB>\nvoid Launch(")] + "}  // namespace\n}  // namespace kimirt::cuda\n"
 prefetch = 'asm volatile("prefetch.global.L2 [%0];" ::"l"(p));'
 assert prefetch in src and "extern __shared__ float4 smem_f4[];" in src
 src = src.replace(prefetch, "(void)p;")
 src = src.replace("extern __shared__ float4 smem_f4[];", "float4* smem_f4 = g_smem;")
 src = src.replace('#include "kimirt/backend/cuda/kda_activations.cuh"',
-                  '#include "shim.h"\ninline thread_local float4* g_smem;\n#include "kimirt/backend/cuda/kda_activations.cuh"')
+                  '#include "shim.h"\ninline thread_local float4* g_smem;\n' + cp_async +
+                  '#include "kimirt/backend/cuda/kda_activations.cuh"')
 open(sys.argv[2], "w").write(src)
 PY
 g++ -std=c++20 -O2 -pthread -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" \

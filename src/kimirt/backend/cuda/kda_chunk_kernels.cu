@@ -40,6 +40,7 @@
 // Batch invariance: a block's results depend on its own sequence, head and state slot only; the
 // arithmetic of every output element is the same for VB = 32, 64 and 128 (same k order, same MMA
 // terms, same fallback loop), so the VB picked from the batch's size does not change a bit.
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
@@ -813,19 +814,6 @@ __device__ __forceinline__ void WarpMmaBf16x2(float (&acc1)[N][4], float (&acc2)
       Mma(acc2[2 * np + 1], a2, b1);
     }
   }
-}
-
-// 16 bytes global → shared without a register (cp.async.cg: L2 only), and its group fences.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ int64_t SeqBegin(const KdaChunkArgs& a, int64_t b) {
