@@ -29,6 +29,9 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU: threads; CUDA: one process per GPU)");
   f.Int("pp,pipeline-parallel-size", &o.pp,
         "pipeline stages, each -tp ranks holding its share of the layers (docs/distributed.md); tp × pp ranks");
+  f.Int("pp-micro-batches", &o.pp_micro_batches,
+        "with -pp: micro-batches a decode step splits into, in flight through the stages (0: one per stage; "
+        "more where the backend's row invariance needs them, on the CPU one per sequence)");
   f.Bool("enable-expert-parallel", &o.expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
