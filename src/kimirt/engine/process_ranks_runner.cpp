@@ -681,12 +681,18 @@ class ProcessRanksRunner final : public ModelRunner {
   }
 
   // Runs rank 0's part; a collective that fails (a follower died or failed) throws, which fails
-  // the runner.
+  // the runner. The link that failed may be a rank that another's death ended (a pipeline stage
+  // exits when the stage before it dies, and rank 0 hears from it first): the supervisor, told
+  // within its 20 ms poll, names the rank that died, so its word is awaited briefly and comes first.
   template <typename F>
   Status Local(F&& f) {
     try {
       return f();
     } catch (const std::exception& e) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !failed_.ok() || supervisor_done_; });
+      }
       return Fail(Internal(e.what()));
     }
   }
