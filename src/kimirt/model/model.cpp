@@ -128,13 +128,13 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
                            std::to_string(ids.size()) + " tokens");
   }
   if (states.empty()) return InvalidArgument("forward of zero tokens");
-  if (pipelined()) return RunMicroBatches(states, ids, o);
-  if (states.size() == 1) return Forward(states[0], ids, o);
   for (size_t i = 0; i < states.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
     }
   }
+  if (pipelined()) return RunMicroBatches(states, ids, o);
+  if (states.size() == 1) return Forward(states[0], ids, o);
   SequenceRows rows;
   rows.seqs = states;
   rows.T = static_cast<int64_t>(ids.size());
@@ -160,11 +160,6 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
 // order, and the logits cross only once every stage is past its last send.
 Result<Tensor> Model::RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                       const ForwardOptions& o) {
-  for (size_t i = 0; i < states.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
-    }
-  }
   const int64_t B = static_cast<int64_t>(states.size());
   const std::vector<int64_t> sizes = MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches());
   std::vector<SequenceRows> mbs;
