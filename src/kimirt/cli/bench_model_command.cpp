@@ -3,6 +3,7 @@
 #include <sstream>
 #include <string>
 
+#include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/flags.h"
@@ -39,6 +40,9 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
   f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (default 256)");
   f.String("json", &json_path, "also write the results as JSON to this file");
+  int threads = 0;
+  f.Int("threads", &threads,
+        "CPU threads for GEMMs and per-head loops, shared by every thread rank (0: all cores), as serve's");
   f.Double("peak-gbps", &o.peak_gb_per_s, "memory bandwidth (GB/s) to report decode traffic against");
   std::string kv_dtype = "auto";
   f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype, as serve's: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
@@ -88,6 +92,7 @@ int RunBenchModelCommand(int argc, char** argv) {
     }
     o.batch_sizes.push_back(static_cast<int>(b));
   }
+  SetCpuBackendThreads(threads);
   Result<BenchModelReport> r = RunBenchModel(o);
   if (!r.ok()) {
     std::fprintf(stderr, "kimirt bench model: %s\n", r.status().message().c_str());
