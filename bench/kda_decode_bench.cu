@@ -3,9 +3,14 @@
 // bound). scripts/gpu_check.sh kdabench runs it beside FLA's fused_recurrent_kda
 // (bench/kda_decode_fla.py), which adds speedup_vs_fla to this program's JSON.
 //
+// Every kernel variant (cuda::KdaDecodeVariant, kernels.h) is timed at every shape in the same
+// process; the production one (cuda::kKdaDecodeProduction, what the CUDA backend runs) gives the
+// point's top-level JSON fields (us_graph, state_tbps_graph, ...), each variant its entry in
+// "variants".
+//
 // Timing (CUDA events, median of many reps): "eager" brackets each single launch with events;
 // "graph" captures G launches, over distinct layers, in one CUDA graph and divides a replay's
-// time by G (also for the kernel built for 3 blocks per SM instead of 2, kernels.h), which leaves out launch gaps (the number that matters for batch-1 decode, where a
+// time by G, which leaves out launch gaps (the number that matters for batch-1 decode, where a
 // real step launches every layer back to back from a graph). Each layer has its own state pool,
 // and there are enough layers that their states are >= 3x the L2 cache, so every launch reads
 // its state from HBM as a real decode step does.
@@ -65,9 +70,20 @@ double Median(std::vector<float> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+using kimirt::cuda::KdaDecodeVariant;
+
+struct VariantTime {
+  KdaDecodeVariant variant;
+  double us_eager, us_graph;
+};
+
 struct Point {
   int64_t B, H, K, W, layers, graph_launches;
-  double us_eager, us_graph, us_graph_3blocks, state_bytes, total_bytes;
+  std::vector<VariantTime> times;  // in kKdaDecodeVariants' order
+  double state_bytes, total_bytes;
+  const VariantTime& Of(KdaDecodeVariant v) const {
+    return *std::find_if(times.begin(), times.end(), [v](const VariantTime& t) { return t.variant == v; });
+  }
 };
 
 Point Run(int64_t B, int64_t H, int reps, size_t l2_bytes) {
@@ -113,29 +129,13 @@ Point Run(int64_t B, int64_t H, int reps, size_t l2_bytes) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
-  for (int64_t i = 0; i < 2 * layers; ++i) kimirt::cuda::KdaDecode(layer[static_cast<size_t>(i % layers)], s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-
-  std::vector<float> ms;
-  for (int r = 0; r < reps; ++r) {
-    CUDA_CHECK(cudaEventRecord(e0, s));
-    kimirt::cuda::KdaDecode(layer[static_cast<size_t>(r % layers)], s);
-    CUDA_CHECK(cudaEventRecord(e1, s));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  const double us_eager = 1e3 * Median(ms);
-
-  // Per-layer time of G launches captured in one graph, for the kernel built for `bps` blocks
-  // per SM.
-  auto graph_us = [&](int bps) {
+  // Per-layer time of G launches captured in one graph.
+  auto graph_us = [&](KdaDecodeVariant v) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int64_t i = 0; i < graph_launches; ++i) {
-      kimirt::cuda::KdaDecode(layer[static_cast<size_t>(i % layers)], s, bps);
+      kimirt::cuda::KdaDecode(layer[static_cast<size_t>(i % layers)], s, v);
     }
     CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -155,18 +155,33 @@ Point Run(int64_t B, int64_t H, int reps, size_t l2_bytes) {
     CUDA_CHECK(cudaGraphDestroy(graph));
     return 1e3 * Median(times) / static_cast<double>(graph_launches);
   };
-  const double us_graph_3 = graph_us(3);
-  const double us_graph = graph_us(2);  // the default last, so `out` below is its output
-
-  // The output must be written and finite after all those steps (a NaN here means the kernel is
-  // broken, and its timings mean nothing).
+  std::vector<VariantTime> times;
   std::vector<float> host(static_cast<size_t>(B * P));
-  CUDA_CHECK(cudaMemcpy(host.data(), out, sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
-  for (float x : host) {
-    if (!std::isfinite(x)) {
-      std::fprintf(stderr, "kda_decode_bench: non-finite output at B=%lld H=%lld\n", static_cast<long long>(B),
-                   static_cast<long long>(H));
-      std::exit(1);
+  for (KdaDecodeVariant v : kimirt::cuda::kKdaDecodeVariants) {
+    for (int64_t i = 0; i < 2 * layers; ++i) kimirt::cuda::KdaDecode(layer[static_cast<size_t>(i % layers)], s, v);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      CUDA_CHECK(cudaEventRecord(e0, s));
+      kimirt::cuda::KdaDecode(layer[static_cast<size_t>(r % layers)], s, v);
+      CUDA_CHECK(cudaEventRecord(e1, s));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    const double us_eager = 1e3 * Median(ms);
+    // Poisoned, then rewritten by the graph's launches: it must be written and finite after all
+    // those steps (a NaN here means the variant is broken, and its timings mean nothing).
+    CUDA_CHECK(cudaMemsetAsync(out, 0xff, sizeof(float) * host.size(), s));
+    times.push_back({v, us_eager, graph_us(v)});
+    CUDA_CHECK(cudaMemcpy(host.data(), out, sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
+    for (float x : host) {
+      if (!std::isfinite(x)) {
+        std::fprintf(stderr, "kda_decode_bench: non-finite output of %s at B=%lld H=%lld\n",
+                     kimirt::cuda::KdaDecodeVariantName(v), static_cast<long long>(B), static_cast<long long>(H));
+        std::exit(1);
+      }
     }
   }
 
@@ -188,8 +203,7 @@ Point Run(int64_t B, int64_t H, int reps, size_t l2_bytes) {
   const double state_bytes = 2.0 * state_layer;
   const double row_bytes = 4.0 * static_cast<double>(B * (5 * P + H + P + 6 * (W - 1) * P) + B);
   const double weight_bytes = 4.0 * static_cast<double>(3 * P * W + P + H + K);
-  return {B, H, K, W, layers, graph_launches, us_eager, us_graph, us_graph_3, state_bytes,
-          state_bytes + row_bytes + weight_bytes};
+  return {B, H, K, W, layers, graph_launches, times, state_bytes, state_bytes + row_bytes + weight_bytes};
 }
 
 }  // namespace
@@ -218,42 +232,59 @@ int main(int argc, char** argv) {
     for (int64_t H : {32, 96}) points.push_back(Run(B, H, B == 1 ? reps : std::max(20, reps / 4),
                                                     static_cast<size_t>(prop.l2CacheSize)));
   }
-  std::printf("%-22s %7s %10s %10s %10s %10s %8s\n", "shape", "layers", "eager_us", "graph_us", "graph3_us",
-              "graph_TB/s", "of_peak");
-  for (const Point& p : points) {
-    const double tbps = p.total_bytes / (p.us_graph * 1e6);
-    char shape[64];
-    std::snprintf(shape, sizeof(shape), "B=%lld H=%lld K=%lld", static_cast<long long>(p.B),
-                  static_cast<long long>(p.H), static_cast<long long>(p.K));
-    std::printf("%-22s %7lld %10.2f %10.2f %10.2f %10.3f %8.3f\n", shape, static_cast<long long>(p.layers),
-                p.us_eager, p.us_graph, p.us_graph_3blocks, tbps, tbps / peak_tbps);
-  }
+  const KdaDecodeVariant prod = kimirt::cuda::kKdaDecodeProduction;
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "kda_decode_bench: cannot write %s\n", json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\n  \"bench\": \"kda_decode\",\n  \"device\": \"%s\",\n  \"peak_tbps\": %g,\n  \"points\": [\n",
-                 prop.name, peak_tbps);
+    std::fprintf(f,
+                 "{\n  \"bench\": \"kda_decode\",\n  \"device\": \"%s\",\n  \"peak_tbps\": %g,\n"
+                 "  \"production\": \"%s\",\n  \"points\": [\n",
+                 prop.name, peak_tbps, kimirt::cuda::KdaDecodeVariantName(prod));
     for (size_t i = 0; i < points.size(); ++i) {
       const Point& p = points[i];
-      const double eager_tbps = p.total_bytes / (p.us_eager * 1e6), graph_tbps = p.total_bytes / (p.us_graph * 1e6);
+      const VariantTime& t = p.Of(prod);
+      const double eager_tbps = p.total_bytes / (t.us_eager * 1e6), graph_tbps = p.total_bytes / (t.us_graph * 1e6);
       std::fprintf(f,
                    "    {\"batch\": %lld, \"heads\": %lld, \"head_dim\": %lld, \"conv_taps\": %lld, "
-                   "\"layers\": %lld, \"graph_launches\": %lld, \"us_eager\": %.3f, \"us_graph\": %.3f, "
-                   "\"us_graph_3blocks_per_sm\": %.3f, "
+                   "\"layers\": %lld, \"graph_launches\": %lld, \"variant\": \"%s\", \"us_eager\": %.3f, "
+                   "\"us_graph\": %.3f, \"us_graph_3blocks_per_sm\": %.3f, "
                    "\"state_bytes\": %.0f, \"total_bytes\": %.0f, \"tbps_eager\": %.4f, \"tbps_graph\": %.4f, "
-                   "\"state_tbps_graph\": %.4f, \"frac_peak_graph\": %.4f}%s\n",
+                   "\"state_tbps_graph\": %.4f, \"frac_peak_graph\": %.4f,\n     \"variants\": [",
                    static_cast<long long>(p.B), static_cast<long long>(p.H), static_cast<long long>(p.K),
                    static_cast<long long>(p.W), static_cast<long long>(p.layers),
-                   static_cast<long long>(p.graph_launches), p.us_eager, p.us_graph, p.us_graph_3blocks, p.state_bytes,
-                   p.total_bytes,
-                   eager_tbps, graph_tbps, p.state_bytes / (p.us_graph * 1e6), graph_tbps / peak_tbps,
-                   i + 1 < points.size() ? "," : "");
+                   static_cast<long long>(p.graph_launches), kimirt::cuda::KdaDecodeVariantName(prod), t.us_eager,
+                   t.us_graph, p.Of(KdaDecodeVariant::kColumn3).us_graph, p.state_bytes, p.total_bytes, eager_tbps,
+                   graph_tbps, p.state_bytes / (t.us_graph * 1e6), graph_tbps / peak_tbps);
+      for (size_t j = 0; j < p.times.size(); ++j) {
+        const VariantTime& v = p.times[j];
+        std::fprintf(f,
+                     "%s\n       {\"name\": \"%s\", \"us_eager\": %.3f, \"us_graph\": %.3f, "
+                     "\"tbps_graph\": %.4f, \"state_tbps_graph\": %.4f}",
+                     j == 0 ? "" : ",", kimirt::cuda::KdaDecodeVariantName(v.variant), v.us_eager, v.us_graph,
+                     p.total_bytes / (v.us_graph * 1e6), p.state_bytes / (v.us_graph * 1e6));
+      }
+      std::fprintf(f, "]}%s\n", i + 1 < points.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);
+  }
+  // The table last: every variant at every shape, the production one starred.
+  std::printf("%-20s %-15s %7s %10s %10s %10s %12s %8s\n", "shape", "variant", "layers", "eager_us", "graph_us",
+              "graph_TB/s", "state_TB/s", "of_peak");
+  for (const Point& p : points) {
+    char shape[64];
+    std::snprintf(shape, sizeof(shape), "B=%lld H=%lld K=%lld", static_cast<long long>(p.B),
+                  static_cast<long long>(p.H), static_cast<long long>(p.K));
+    for (const VariantTime& v : p.times) {
+      const double tbps = p.total_bytes / (v.us_graph * 1e6);
+      std::printf("%-20s %-14s%s %7lld %10.2f %10.2f %10.3f %12.3f %8.3f\n", shape,
+                  kimirt::cuda::KdaDecodeVariantName(v.variant), v.variant == prod ? "*" : " ",
+                  static_cast<long long>(p.layers), v.us_eager, v.us_graph, tbps, p.state_bytes / (v.us_graph * 1e6),
+                  tbps / peak_tbps);
+    }
   }
   return 0;
 }

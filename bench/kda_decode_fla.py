@@ -104,6 +104,8 @@ def main():
         p["fla_us_graph"] = round(fla_graph, 3)
         p["speedup_vs_fla"] = round(fla_graph / p["us_graph"], 3)
         p["speedup_vs_fla_eager"] = round(fla_eager / p["us_eager"], 3)
+        for v in p.get("variants", []):
+            v["speedup_vs_fla"] = round(fla_graph / v["us_graph"], 3)
         rows.append(p)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
@@ -115,6 +117,12 @@ def main():
         shape = f"B={p['batch']} H={p['heads']} K={p['head_dim']}"
         print(f"{shape:<20} {p['us_graph']:>8.2f} {p['fla_us_graph']:>8.2f} {p['speedup_vs_fla']:>8.2f} "
               f"{p['us_eager']:>10.2f} {p['fla_us_eager']:>10.2f} {p['tbps_graph']:>7.3f} {p['frac_peak_graph']:>7.3f}")
+    print(f"production variant: {report.get('production', '?')}; fastest variant in a graph per shape:")
+    for p in rows:
+        if p.get("variants"):
+            best = min(p["variants"], key=lambda v: v["us_graph"])
+            print(f"  B={p['batch']} H={p['heads']}: {best['name']} {best['us_graph']:.2f} us, "
+                  f"{best['state_tbps_graph']:.3f} TB/s state, {best['speedup_vs_fla']:.2f}x FLA")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 # Not in `all` (kernel benches, each printing a table last and writing JSON to $OUT):
 #   gemm      the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
 #             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
-#   kdabench  the fused KDA decode kernel (bench/kda_decode_bench.cu) and FLA's fused_recurrent_kda
+#   kdabench  the fused KDA decode kernel's tests (every variant), its bench (bench/kda_decode_bench.cu,
+#             every variant) and FLA's fused_recurrent_kda
 #             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
 #             triton on the machine and FLA as wheels in .whl (carried; installed if `import fla` fails).
 #   kdachunk  the chunked KDA prefill kernel (bench/kda_chunk_bench.cu) and FLA's chunk_kda
@@ -82,7 +83,10 @@
 #             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
 #             and token logprobs must be the same ("same" expected), and `bench serve` against
 #             -pp 2 (its table last).
-# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2]
+#   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
+#             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
+#             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
+# Usage: bash scripts/gpu_check.sh [tests|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -276,8 +280,15 @@ if [[ "$what" == gemm ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == kdabench ]]; then
-  # Few files under $OUT (8 come back): ours alone, FLA's log, and the merged JSON.
-  timeout 180 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" || status=1
+  # Few files under $OUT (8 come back): the variants' tests, ours alone, FLA's log, the merged JSON.
+  # The kernel variants against the CPU reference and batch invariance first: a failing variant's
+  # timings mean nothing.
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendKdaDecodeTest.*:CudaBackendTest.KdaDecode*' \
+    >"$out/gtest-kdadecode.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' "$out/gtest-kdadecode.txt" | head -20
+  # Every variant at every shape (the production one starred), then FLA's table.
+  timeout 240 "$root/kda_decode_bench" --json "$out/kda-decode-ours.json" | tail -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   if ! python3 -c 'import fla' 2>/dev/null && compgen -G '.whl/*.whl' >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
@@ -345,7 +356,8 @@ fi
 if [[ "$what" == k3tp8 ]]; then
   # Issue 17 on nvidia-h200-x8 (8 GPUs): K3 cut to the 36 layers that fit 8 x H200 at TP8
   # (bench/configs/kimi-k3-h200x8-tp8.json), weights made at load on each rank, served with the
-  # seed's command line; per-GPU memory against `kimirt plan`; bench serve at concurrency 1, 8, 64;
+  # seed's command line; per-GPU memory against `kimirt plan`; bench serve at concurrency 1, 8, 64
+  # (temperature 1, as in chunksweep);
   # then the 2-layer K3: bench model at TP8 and TP 1 vs 8 greedy completions + batch invariance.
   ngpu=$(nvidia-smi -L | wc -l)
   [[ $ngpu -ge 8 ]] || { echo "k3tp8 needs 8 GPUs, this machine has $ngpu"; exit 1; }
@@ -363,7 +375,7 @@ if [[ "$what" == k3tp8 ]]; then
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | tee "$out/k3-tp8-gpu-memory.txt"
   echo "--- kimirt plan (the same flags): per GPU"; grep -iE "total|weights|budget|fits" "$out/plan-k3-tp8.txt" | head -12
   timeout 1200 "$root/kimirt" bench serve --url http://127.0.0.1:8140 --input-len 1024 --output-len 128 \
-    --num-prompts 128 --sweep-concurrency 1,8,64 --ignore-eos --json "$out/bench-serve-k3-36-tp8.json" 2>&1 | tail -12
+    --num-prompts 128 --sweep-concurrency 1,8,64 --ignore-eos --temperature 1 --json "$out/bench-serve-k3-36-tp8.json" 2>&1 | tail -12
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   k2="$root/shared/bench/configs/kimi-k3-2layer.json"
@@ -395,6 +407,26 @@ if [[ "$what" == full48 ]]; then
   echo "--- full Kimi-Linear-48B-A3B, random weights made at load: peak host RSS $((rss / 1024)) MiB, peak GPU memory $gpu MiB"
   grep -E '^weight bytes|^load:' "$out/bench-model-48b-full.txt"
   tail -5 "$out/bench-model-48b-full.txt"
+fi
+if [[ "$what" == chunksweep ]]; then
+  for chunk in 256 1024 2048; do
+    timeout 200 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+      --config "$root/shared/configs/kimi-linear-48b-a3b.json" --random-weights --batch-sizes 1,8 \
+      --prompt-len 2048 --decode-tokens 16 --prefill-chunk "$chunk" --peak-gbps 4800 \
+      --json "$out/bench-model-48b-full-prompt2048-chunk$chunk.json" >"$out/bench-model-chunk$chunk.txt" 2>&1 || status=1
+  done
+  python3 - "$out" <<'PY' || true
+import json, sys
+print(f"{'chunk':>6} {'batch':>6} {'prefill tok/s':>14} {'TTFT ms':>8} {'decode ms':>10}")
+for chunk in (256, 1024, 2048):
+    try:
+        d = json.load(open(f"{sys.argv[1]}/bench-model-48b-full-prompt2048-chunk{chunk}.json"))
+    except Exception as e:
+        print(f"{chunk:>6} no result ({e})"); continue
+    for p in d["points"]:
+        print(f"{chunk:>6} {p['batch']:>6} {p['prefill_tokens_per_s']:>14,.0f} {p['batch'] * 2048 / p['prefill_tokens_per_s'] * 1e3:>8.1f} "
+              f"{p['decode_step_ms']:>10.2f}")
+PY
 fi
 if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the

@@ -6,6 +6,7 @@
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/dtype_flag.h"
+#include "kimirt/cli/prefill_chunk_flag.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/tools/bench_model.h"
 #include "kimirt/tools/builtin_model.h"
@@ -14,6 +15,7 @@ namespace kimirt {
 
 int RunBenchModelCommand(int argc, char** argv) {
   BenchModelOptions o;
+  o.prefill_chunk = 0;  // the device's default unless --prefill-chunk (prefill_chunk_flag.h)
   std::string batch_sizes = "1,8", json_path;
   bool random_weights = false;
   int64_t seed = 0;
@@ -38,7 +40,7 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
-  f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (default 256)");
+  f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (0: the device's, cuda 1024, cpu 256)");
   f.String("json", &json_path, "also write the results as JSON to this file");
   int threads = 0;
   f.Int("threads", &threads,
@@ -78,6 +80,12 @@ int RunBenchModelCommand(int argc, char** argv) {
     std::fprintf(stderr, "kimirt bench model: %s\n", matrix_dtype.status().message().c_str());
     return 2;
   }
+  const Result<int> chunk = ResolvePrefillChunk(o.prefill_chunk, o.device);
+  if (!chunk.ok()) {
+    std::fprintf(stderr, "kimirt bench model: %s\n", chunk.status().message().c_str());
+    return 2;
+  }
+  o.prefill_chunk = chunk.value();
   o.matrix_dtype = *matrix_dtype;
   o.seed = static_cast<uint64_t>(seed);
   o.batch_sizes.clear();

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/cli/prefill_chunk_flag.h"
 #include "kimirt/testing/run_command.h"
 #include "kimirt/testing/test_data.h"
 #include "kimirt/tools/builtin_model.h"
@@ -188,8 +189,27 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   const std::string tiny = Shared("fixtures/tiny-a");
   refused("bench model -pp 7 --model " + tiny, "-pp 7: must be between 1 and the 6 layers");
   refused("serve -pp 0 --port 0", "-tp and -pp must be >= 1");
+  refused("serve --prefill-chunk -5 --port 0", "--prefill-chunk: expected a positive token count");
+  refused("bench model --prefill-chunk -1 --model " + tiny, "--prefill-chunk: expected a positive token count");
   refused("bench model --device cuda -tp 2 -pp 32 --model " + tiny,
           kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
+}
+
+// --prefill-chunk 0 (the default) is the device's chunk; a given one is kept.
+TEST(CliFlags, PrefillChunkDefaultsByDevice) {
+  EXPECT_EQ(kimirt::ResolvePrefillChunk(0, "cpu").value(), 256);
+  EXPECT_EQ(kimirt::ResolvePrefillChunk(0, "cuda").value(), 1024);
+  EXPECT_EQ(kimirt::ResolvePrefillChunk(64, "cuda").value(), 64);
+  EXPECT_FALSE(kimirt::ResolvePrefillChunk(-1, "cpu").ok());
+  // What bench model ran with is in its JSON.
+  const std::string json = testing::TempDir() + "/bench-model-chunk.json";
+  const CmdResult r = Kimirt("bench model --model " + Shared("fixtures/tiny-a") +
+                             " --batch-sizes 1 --prompt-len 9 --decode-tokens 2 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("\"prefill_chunk\": 256"), std::string::npos) << text.str();
 }
 
 // bench model -pp 3 on thread ranks: three stages of tiny-a run the engine end to end.

@@ -28,6 +28,7 @@
 #include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/dtype_flag.h"
+#include "kimirt/cli/prefill_chunk_flag.h"
 #include "kimirt/cli/flags.h"
 #include "kimirt/cli/load_progress.h"
 #include "kimirt/dist/launch_env.h"
@@ -111,7 +112,7 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 int RunServeCommand(int argc, char** argv) {
   std::string model_dir, host = "127.0.0.1", served_name, device = "cpu", kv_dtype = "auto";
   int tp = 1, port = 8000, block_size = 128, threads = 0, max_num_seqs = 64, max_batched = 10240;
-  int prefill_chunk = 256, max_waiting = 1024;
+  int prefill_chunk = 0, max_waiting = 1024;
   int64_t max_model_len = 0;
   double gpu_util = 0.9, cpu_mem_gib = 2.0;
   bool prefix_caching = true;
@@ -152,7 +153,8 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("max-num-seqs", &max_num_seqs, "sequences running at once");
   f.Int("max-num-batched-tokens", &max_batched, "tokens forwarded per engine step");
   f.Int("block-size", &block_size, "latent cache block size in tokens");
-  f.Int("prefill-chunk", &prefill_chunk, "fixed prefill chunk (keeps outputs independent of the load)");
+  f.Int("prefill-chunk", &prefill_chunk,
+        "fixed prefill chunk (keeps outputs independent of the load); 0: the device's (cuda 1024, cpu 256)");
   f.Int("max-waiting", &max_waiting, "queued requests before new ones get 429");
   f.Double("gpu-memory-utilization", &gpu_util, "fraction of GPU memory to use (--device cuda)");
   f.Double("cpu-memory-gib", &cpu_mem_gib, "memory for the latent cache on --device cpu");
@@ -270,6 +272,8 @@ int RunServeCommand(int argc, char** argv) {
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   Result<DType> matrix_dtype = ParseDtypeFlag(dtype, device);
   if (!matrix_dtype.ok()) return Fail(matrix_dtype.status(), 2);
+  const Result<int> chunk = ResolvePrefillChunk(prefill_chunk, device);
+  if (!chunk.ok()) return Fail(chunk.status(), 2);
   RunnerOptions ro;
   ro.device = device;
   ro.matrix_dtype = *matrix_dtype;
@@ -337,7 +341,7 @@ int RunServeCommand(int argc, char** argv) {
   eo.max_num_seqs = max_num_seqs;
   eo.max_num_batched_tokens = max_batched;
   eo.max_model_len = max_model_len;
-  eo.prefill_chunk = std::min(prefill_chunk, max_batched);
+  eo.prefill_chunk = std::min(chunk.value(), max_batched);
   eo.max_waiting = max_waiting;
   eo.enable_prefix_caching = prefix_caching;
   EngineTestHooks hooks;

@@ -3,6 +3,7 @@
 // -inf or NaN — so the token equals what the sampler picks from the downloaded row. Comparisons
 // only (no arithmetic): the result is exact, whatever the order of the reduction.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <climits>
 #include <cstdio>
@@ -33,6 +34,7 @@ __device__ inline Best WarpBest(Best x) {
 
 // Block (split s, row r) over columns [s·chunk, (s+1)·chunk): its best into part[r·kSplits + s].
 __global__ void ArgmaxPartKernel(const float* x, int64_t V, int64_t chunk, Best* part) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t r = blockIdx.y, begin = blockIdx.x * chunk, end = min(V, begin + chunk);
   const float* row = x + r * V;
   Best b{-INFINITY, INT_MAX};
@@ -55,6 +57,7 @@ __global__ void ArgmaxPartKernel(const float* x, int64_t V, int64_t chunk, Best*
 
 // One warp per row over its kSplits parts.
 __global__ void ArgmaxFinishKernel(const Best* part, int64_t R, int32_t* ids) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t r = blockIdx.x;
   Best b = threadIdx.x < kSplits ? part[r * kSplits + threadIdx.x] : Best{-INFINITY, INT_MAX};
   b = WarpBest(b);
@@ -74,9 +77,9 @@ void ArgmaxRows(const float* x, int64_t R, int64_t V, void* scratch, int32_t* id
   }
   const int64_t chunk = (V + kSplits - 1) / kSplits;
   Best* part = static_cast<Best*>(scratch);
-  ArgmaxPartKernel<<<dim3(kSplits, static_cast<unsigned>(R)), kThreads, 0, s>>>(x, V, chunk, part);
+  LaunchPdl("ArgmaxPart", ArgmaxPartKernel, dim3(kSplits, static_cast<unsigned>(R)), dim3(kThreads), 0, s, x, V, chunk, part);
   CheckLaunch("ArgmaxPart");
-  ArgmaxFinishKernel<<<static_cast<unsigned>(R), 32, 0, s>>>(part, R, ids);
+  LaunchPdl("ArgmaxFinish", ArgmaxFinishKernel, dim3(static_cast<unsigned>(R)), dim3(32), 0, s, part, R, ids);
   CheckLaunch("ArgmaxFinish");
 }
 

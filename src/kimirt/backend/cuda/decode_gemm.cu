@@ -31,6 +31,7 @@
 
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 namespace kimirt::cuda {
 namespace {
@@ -98,6 +99,7 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
 // bytes. For 4 and 8 tiles; up to 2 the GEMM splits x itself (LoadX + SplitX8).
 __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
                              uint16_t* mid, uint16_t* lo) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t total = tiles * 8 * k_pad;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
@@ -176,6 +178,23 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   const int64_t k_end = k_begin + slice < k_pad ? k_begin + slice : k_pad;
   out += int64_t{blockIdx.y} * m * n;
 
+  // Before the kernel this one may overlap (pdl.cuh) is done: the first two rounds of this
+  // block's weight into L2 (the weight is no kernel's output). Then wait for x.
+  const int64_t k_real_end = k_end < k ? k_end : k;
+  if constexpr (kVec) {
+    const int64_t col = col0 + lane;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t kb = k_begin + r * kSliceQuantum;
+      if (kb < k_real_end && col < n) {
+        const int64_t len = k_real_end - kb < kSliceQuantum ? k_real_end - kb : kSliceQuantum;
+        PrefetchL2(w + col * k + kb, static_cast<uint32_t>(len * sizeof(uint16_t)));
+      }
+    }
+  }
+  PdlWait();
+  PdlTrigger();
+
   float acc[kColTiles][kTiles][4];
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
@@ -186,15 +205,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     }
   }
 
-  const int64_t k_real_end = k_end < k ? k_end : k;
   for (int64_t kb = k_begin; kb < k_end; kb += kSliceQuantum) {
-    // The next round's weight into L2 now (lane i: the warp's column col0 + i, 256 bytes): while
-    // this round waits on HBM, the next one is already on its way, so its loads wait on L2 only.
+    // The round after next into L2 now (lane i: the warp's column col0 + i, 256 bytes): while
+    // this round waits on HBM, the next ones are already on their way, so their loads wait on L2.
     // Without it a warp has one round (8 KB) in flight and 16 warps per multiprocessor are not
     // enough for 4.8 TB/s at loaded latency (run 1: 0.54–0.67 at m = 1). Aligned rows only (the
     // prefetch wants 16-byte addresses and sizes).
     if constexpr (kVec) {
-      const int64_t next = kb + kSliceQuantum, col = col0 + lane;
+      const int64_t next = kb + 2 * kSliceQuantum, col = col0 + lane;  // rounds 0, 1: above
       if (next < k_real_end && col < n) {
         const int64_t len = k_real_end - next < kSliceQuantum ? k_real_end - next : kSliceQuantum;
         PrefetchL2(w + col * k + next, static_cast<uint32_t>(len * sizeof(uint16_t)));
@@ -265,6 +283,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
 // one L2 latency per slice).
 constexpr int64_t kSumBatch = 8;
 __global__ void SumSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t mn, float* __restrict__ y) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < mn; i += int64_t{gridDim.x} * blockDim.x) {
     float s = part[i];
     for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
@@ -284,13 +304,8 @@ template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
             const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
             cudaStream_t s) {
-  if (vec) {
-    DecodeGemmKernel<kTiles, true>
-        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
-  } else {
-    DecodeGemmKernel<kTiles, false>
-        <<<grid, kWarps * 32, 0, s>>>(w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
-  }
+  LaunchPdl("DecodeGemm", vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>, grid,
+            dim3(kWarps * 32), 0, s, w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
 }
 
 unsigned GridFor(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, 256), 65536)); }
@@ -320,7 +335,7 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
     hi = static_cast<uint16_t*>(scratch);
     mid = hi + p.m_pad * p.k_pad;
     lo = mid + p.m_pad * p.k_pad;
-    SplitXKernel<<<GridFor(p.m_pad * p.k_pad), 256, 0, s>>>(x, m, k, p.tiles, p.k_pad, hi, mid, lo);
+    LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.m_pad * p.k_pad)), dim3(256), 0, s, x, m, k, p.tiles, p.k_pad, hi, mid, lo);
     CheckLaunch("DecodeGemm split x");
   }
   const auto* w = static_cast<const uint16_t*>(w_bf16);
@@ -336,8 +351,8 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   }
   CheckLaunch("DecodeGemm");
   if (p.splits > 1) {
-    SumSplitsKernel<<<GridFor(m * n), 256, 0, s>>>(out, p.splits, m * n, y);
-    CheckLaunch("DecodeGemm sum splits");
+    LaunchPdl("DecodeGemm sum splits", SumSplitsKernel, dim3(GridFor(m * n)), dim3(256), 0, s,
+              static_cast<const float*>(out), p.splits, m * n, y);
   }
 }
 

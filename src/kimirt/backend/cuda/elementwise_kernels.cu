@@ -2,6 +2,7 @@
 // Same formulas as the CPU reference (cpu_backend.cpp; the GLU in cpu/moe_kernels.cpp), spec
 // sections cited there.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,12 +20,14 @@ int Blocks(int64_t n) {
 __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = a[i] + b[i];
   }
 }
 
 __global__ void SigmoidMulKernel(const float* x, const float* g, float* y, int64_t n) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = x[i] * Sigmoid(g[i]);
   }
@@ -32,6 +35,7 @@ __global__ void SigmoidMulKernel(const float* x, const float* g, float* y, int64
 
 __global__ void GluKernel(const float* gate, const float* up, float* y, int64_t n, int kind, float b1,
                           bool has_b2, float b2) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float a = gate[i], u = up[i];
     if (kind == 0) {
@@ -47,6 +51,7 @@ __global__ void GluKernel(const float* gate, const float* up, float* y, int64_t 
 
 __global__ void EmbeddingKernel(const int32_t* ids, int64_t T, const void* table, bool bf16, int64_t V, int64_t D,
                                 int64_t row_begin, float* y) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = blockIdx.x;
   const int64_t r = ids[t] - row_begin;
   float* dst = y + t * D;
@@ -65,27 +70,27 @@ void CheckLaunch(const char* what) {
 
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  AddKernel<<<Blocks(n), kThreads, 0, s>>>(a, b, y, n);
+  LaunchPdl("Add", AddKernel, dim3(Blocks(n)), dim3(kThreads), 0, s, a, b, y, n);
   CheckLaunch("Add");
 }
 
 void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  SigmoidMulKernel<<<Blocks(n), kThreads, 0, s>>>(x, g, y, n);
+  LaunchPdl("SigmoidMul", SigmoidMulKernel, dim3(Blocks(n)), dim3(kThreads), 0, s, x, g, y, n);
   CheckLaunch("SigmoidMul");
 }
 
 void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, float beta, bool has_linear_beta,
          float linear_beta, cudaStream_t s) {
   if (n == 0) return;
-  GluKernel<<<Blocks(n), kThreads, 0, s>>>(gate, up, y, n, kind, beta, has_linear_beta, linear_beta);
+  LaunchPdl("Glu", GluKernel, dim3(Blocks(n)), dim3(kThreads), 0, s, gate, up, y, n, kind, beta, has_linear_beta, linear_beta);
   CheckLaunch("Glu");
 }
 
 void Embedding(const int32_t* ids, int64_t T, const void* table, bool table_bf16, int64_t V, int64_t D,
                int64_t row_begin, float* y, cudaStream_t s) {
   if (T == 0) return;
-  EmbeddingKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(ids, T, table, table_bf16, V, D, row_begin, y);
+  LaunchPdl("Embedding", EmbeddingKernel, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s, ids, T, table, table_bf16, V, D, row_begin, y);
   CheckLaunch("Embedding");
 }
 

@@ -5,8 +5,10 @@
 // poisoned with NaN first. Checked: the output and the updated recurrent states (relative L2
 // 2e-5, the CUDA backend's bar for the KDA core: both FP32, they differ in the l2norm's summation
 // order and FMA contraction), the updated windows exactly (they are copies), the untouched slots bit for bit,
-// and batch invariance: every row of a batch bit-identical to the same row computed alone (and
-// to the kernel built for the other occupancy).
+// and batch invariance: every row of a batch bit-identical to the same row computed alone. Every
+// kernel variant (cuda::KdaDecodeVariant) is checked; the two column variants (one code, two
+// register budgets) and split512 / split512plain (one code, with and without cache hints) must
+// give each other's bits.
 //
 // Named CudaBackend* so scripts/gpu_check.sh's filter runs it; built only with -DKIMIRT_CUDA=ON.
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kimirt/backend/cpu/kda_kernels.h"
@@ -151,7 +154,7 @@ class CudaBackendKdaDecodeTest : public ::testing::Test {
     return out;
   }
   // The fused kernel on device copies of l's pools: updates l's pools, returns the output.
-  static std::vector<float> RunGpu(Layer& l, const Step& s, int blocks_per_sm = 2) {
+  static std::vector<float> RunGpu(Layer& l, const Step& s, cuda::KdaDecodeVariant variant) {
     const int64_t B = static_cast<int64_t>(s.slots.size());
     std::vector<float> poison(static_cast<size_t>(B * l.H * l.K), std::nanf(""));
     DeviceArray<float> q(s.q), k(s.k), v(s.v), beta(s.beta), f(s.f), gate(s.gate), out(poison);
@@ -165,7 +168,7 @@ class CudaBackendKdaDecodeTest : public ::testing::Test {
     a.slots = slots.get();
     a.recurrent = rec.get(), a.window_q = wq.get(), a.window_k = wk.get(), a.window_v = wv.get();
     a.out = out.get();
-    cuda::KdaDecode(a, nullptr, blocks_per_sm);
+    cuda::KdaDecode(a, nullptr, variant);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     l.recurrent = rec.Download();
     l.window_q = wq.Download(), l.window_k = wk.Download(), l.window_v = wv.Download();
@@ -180,28 +183,31 @@ TEST_F(CudaBackendKdaDecodeTest, MatchesCpuReferenceWithStatesBySlot) {
     SCOPED_TRACE(lb ? "K3 (gate lower bound)" : "Kimi-Linear (softplus gate)");
     const int64_t H = 4, slots = 11;
     Layer cpu_l = NewLayer(H, slots, lb);
-    Layer gpu_l = cpu_l;
     // Successive decode steps over one pool: each continues from the states the last one left.
     for (int64_t B : {1, 3, 8, 11}) {
       SCOPED_TRACE("B=" + std::to_string(B));
       const Step s = NewStep(cpu_l, B);
-      const std::vector<float> before = cpu_l.recurrent;
+      const Layer before = cpu_l;
       const std::vector<float> want = RunCpu(cpu_l, s);
-      const std::vector<float> got = RunGpu(gpu_l, s);
-      EXPECT_LE(RelL2(got, want), 2e-5);
-      EXPECT_LE(RelL2(gpu_l.recurrent, cpu_l.recurrent), 2e-5);
-      EXPECT_EQ(FirstDiff(gpu_l.window_q, cpu_l.window_q), -1);
-      EXPECT_EQ(FirstDiff(gpu_l.window_k, cpu_l.window_k), -1);
-      EXPECT_EQ(FirstDiff(gpu_l.window_v, cpu_l.window_v), -1);
-      // The state really moved on the slots used, and only there.
-      const size_t per_slot = static_cast<size_t>(H * cpu_l.K * cpu_l.K);
-      for (int32_t slot = 0; slot < slots; ++slot) {
-        const bool used = std::find(s.slots.begin(), s.slots.end(), slot) != s.slots.end();
-        const size_t at = static_cast<size_t>(slot) * per_slot;
-        EXPECT_EQ(SameBits(&gpu_l.recurrent[at], &before[at], per_slot), !used) << "slot " << slot;
+      for (cuda::KdaDecodeVariant v : cuda::kKdaDecodeVariants) {
+        SCOPED_TRACE(cuda::KdaDecodeVariantName(v));
+        // Every variant from the state the CPU started this step from, so rounding differences
+        // do not compound.
+        Layer gpu_l = before;
+        const std::vector<float> got = RunGpu(gpu_l, s, v);
+        EXPECT_LE(RelL2(got, want), 2e-5);
+        EXPECT_LE(RelL2(gpu_l.recurrent, cpu_l.recurrent), 2e-5);
+        EXPECT_EQ(FirstDiff(gpu_l.window_q, cpu_l.window_q), -1);
+        EXPECT_EQ(FirstDiff(gpu_l.window_k, cpu_l.window_k), -1);
+        EXPECT_EQ(FirstDiff(gpu_l.window_v, cpu_l.window_v), -1);
+        // The state really moved on the slots used, and only there.
+        const size_t per_slot = static_cast<size_t>(H * cpu_l.K * cpu_l.K);
+        for (int32_t slot = 0; slot < slots; ++slot) {
+          const bool used = std::find(s.slots.begin(), s.slots.end(), slot) != s.slots.end();
+          const size_t at = static_cast<size_t>(slot) * per_slot;
+          EXPECT_EQ(SameBits(&gpu_l.recurrent[at], &before.recurrent[at], per_slot), !used) << "slot " << slot;
+        }
       }
-      // Keep the GPU and CPU pools in step, so rounding differences do not compound.
-      gpu_l.recurrent = cpu_l.recurrent;
     }
   }
 }
@@ -211,31 +217,44 @@ TEST_F(CudaBackendKdaDecodeTest, EachRowBitIdenticalAloneOrInABatch) {
     SCOPED_TRACE(lb ? "K3" : "Kimi-Linear");
     const int64_t H = 3, slots = 19, K = cuda::kKdaDecodeHeadDim, P = H * K;
     const Layer start = NewLayer(H, slots, lb);
-    // The kernel's shape does not depend on B (one block per (head, row)), so a few sizes,
-    // up to the whole pool, cover it.
+    // No variant's shape depends on B (blocks or clusters per (head, row)), so a few sizes, up
+    // to the whole pool, cover it.
     for (int64_t B : {2, 7, 19}) {
       SCOPED_TRACE("B=" + std::to_string(B));
       const Step s = NewStep(start, B);
-      Layer batched = start;
-      const std::vector<float> out = RunGpu(batched, s);
-      // The kernel built for 3 blocks per SM (another register budget) gives the same bits.
-      Layer batched3 = start;
-      EXPECT_EQ(FirstDiff(RunGpu(batched3, s, 3), out), -1);
-      EXPECT_EQ(FirstDiff(batched3.recurrent, batched.recurrent), -1);
-      for (int64_t b = 0; b < B; ++b) {
-        Step one;
-        auto row = [&](const std::vector<float>& x, int64_t n) {
-          return std::vector<float>(x.begin() + b * n, x.begin() + (b + 1) * n);
-        };
-        one.q = row(s.q, P), one.k = row(s.k, P), one.v = row(s.v, P), one.beta = row(s.beta, H);
-        one.f = row(s.f, P), one.gate = row(s.gate, P);
-        one.slots = {s.slots[static_cast<size_t>(b)]};
-        Layer alone = start;
-        const std::vector<float> got = RunGpu(alone, one);
-        ASSERT_TRUE(SameBits(got.data(), &out[static_cast<size_t>(b * P)], static_cast<size_t>(P))) << "row " << b;
-        const size_t per_slot = static_cast<size_t>(H * K * K);
-        const size_t at = static_cast<size_t>(one.slots[0]) * per_slot;
-        ASSERT_TRUE(SameBits(&alone.recurrent[at], &batched.recurrent[at], per_slot)) << "state of row " << b;
+      std::vector<std::vector<float>> outs, states;
+      for (cuda::KdaDecodeVariant v : cuda::kKdaDecodeVariants) {
+        SCOPED_TRACE(cuda::KdaDecodeVariantName(v));
+        Layer batched = start;
+        const std::vector<float> out = RunGpu(batched, s, v);
+        for (int64_t b = 0; b < B; ++b) {
+          Step one;
+          auto row = [&](const std::vector<float>& x, int64_t n) {
+            return std::vector<float>(x.begin() + b * n, x.begin() + (b + 1) * n);
+          };
+          one.q = row(s.q, P), one.k = row(s.k, P), one.v = row(s.v, P), one.beta = row(s.beta, H);
+          one.f = row(s.f, P), one.gate = row(s.gate, P);
+          one.slots = {s.slots[static_cast<size_t>(b)]};
+          Layer alone = start;
+          const std::vector<float> got = RunGpu(alone, one, v);
+          ASSERT_TRUE(SameBits(got.data(), &out[static_cast<size_t>(b * P)], static_cast<size_t>(P))) << "row " << b;
+          const size_t per_slot = static_cast<size_t>(H * K * K);
+          const size_t at = static_cast<size_t>(one.slots[0]) * per_slot;
+          ASSERT_TRUE(SameBits(&alone.recurrent[at], &batched.recurrent[at], per_slot)) << "state of row " << b;
+        }
+        outs.push_back(out);
+        states.push_back(batched.recurrent);
+      }
+      // Same code under another register budget, or without the cache hints: the same bits.
+      auto index = [](cuda::KdaDecodeVariant v) {
+        const auto* all = std::begin(cuda::kKdaDecodeVariants);
+        return static_cast<size_t>(std::find(all, std::end(cuda::kKdaDecodeVariants), v) - all);
+      };
+      for (auto [x, y] : {std::pair{cuda::KdaDecodeVariant::kColumn2, cuda::KdaDecodeVariant::kColumn3},
+                          std::pair{cuda::KdaDecodeVariant::kSplit512, cuda::KdaDecodeVariant::kSplit512Plain}}) {
+        SCOPED_TRACE(std::string(cuda::KdaDecodeVariantName(x)) + " vs " + cuda::KdaDecodeVariantName(y));
+        EXPECT_EQ(FirstDiff(outs[index(x)], outs[index(y)]), -1);
+        EXPECT_EQ(FirstDiff(states[index(x)], states[index(y)]), -1);
       }
     }
   }

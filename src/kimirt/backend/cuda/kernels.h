@@ -91,12 +91,35 @@ void KdaRecurrent(const float* q, const float* k, const float* v, const float* b
 // then the gated RMSNorm with the output gate (spec §5.6) into a.out [B, P]; o_proj stays
 // outside. Every pointer is device memory (slots too); slots must be distinct within a call and
 // in range (not checked on the device). Equal to cpu::KdaDecode up to FP32 rounding; each row's
-// bits are independent of the other rows (one block per (head, row), nothing shared).
+// bits are independent of the other rows (one block or cluster per (head, row), nothing shared
+// between rows).
 // Needs head_dim == kKdaDecodeHeadDim, 1 <= conv_taps <= 4, rows <= 65535; aborts otherwise.
-// blocks_per_sm (2 or 3) picks the register budget (occupancy) the kernel is compiled for: same
-// results bit for bit, different speed; 2, the default, spills nothing.
+// variant picks how the work is split (all the same math; kda_decode_kernels.cu says more; the
+// bench, bench/kda_decode_bench.cu, times each). column2/column3 give the same bits; each split
+// variant sums over d in its own fixed order, so its bits differ from the others' by rounding,
+// never between batches.
 constexpr int kKdaDecodeHeadDim = 128;
-void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, int blocks_per_sm = 2);
+enum class KdaDecodeVariant : int {
+  kColumn2,        // a block of K threads per (head, row), thread j holds S[:, j]; 2 blocks/SM
+  kColumn3,        // the same, capped for 3 blocks/SM (spills a little)
+  kSplit256,       // a block of 256 threads per (head, row), a thread holds 4 columns × 16 rows
+  kSplit512,       // 512 threads, 4 columns × 8 rows
+  kSplit512Plain,  // split512 without the streaming cache hints on the state
+  kCluster2x128,   // a cluster of 2 blocks per (head, row), 64 columns each; 128 threads, 4 × 16
+  kCluster2x256,   // the same with 256 threads, 4 × 8
+  kCluster4x128,   // 4 blocks of 32 columns; 128 threads, 4 × 8
+  kCluster8x128,   // 8 blocks of 16 columns; 128 threads, 4 × 4
+};
+inline constexpr KdaDecodeVariant kKdaDecodeVariants[] = {
+    KdaDecodeVariant::kColumn2,      KdaDecodeVariant::kColumn3,      KdaDecodeVariant::kSplit256,
+    KdaDecodeVariant::kSplit512,     KdaDecodeVariant::kSplit512Plain, KdaDecodeVariant::kCluster2x128,
+    KdaDecodeVariant::kCluster2x256, KdaDecodeVariant::kCluster4x128, KdaDecodeVariant::kCluster8x128};
+// The variant the CUDA backend's decode step runs (and the default below). One variant for every
+// batch size: switching by batch would change a row's bits with the batch (batch invariance).
+// Flip it after `bash scripts/gpu_check.sh kdabench` shows a faster one.
+inline constexpr KdaDecodeVariant kKdaDecodeProduction = KdaDecodeVariant::kSplit512Plain;
+const char* KdaDecodeVariantName(KdaDecodeVariant v);
+void KdaDecode(const KdaDecodeArgs& a, cudaStream_t s, KdaDecodeVariant variant = kKdaDecodeProduction);
 
 // --- kda_chunk_kernels.cu: chunked KDA prefill on tensor cores (spec §5.5, docs/cuda.md) ---
 // The KDA core (q̂ = l2norm(q)/sqrt(K), k̂ = l2norm(k), β = sigmoid(logit), per-channel

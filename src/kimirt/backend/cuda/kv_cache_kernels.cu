@@ -3,6 +3,7 @@
 // saturation after dividing by the token's per-part scale amax / 448.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -67,6 +68,7 @@ __global__ void KvWriteKernel(const float* c, const float* ks, int64_t r, int64_
 __global__ void KvWriteDecodeKernel(const float* c, const float* ks, int64_t r, int64_t dr, const int32_t* context,
                                     const int32_t* table_begin, const int32_t* tables, int layers, int layer,
                                     int block_size, int kind, void* values, float* scales) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t b = blockIdx.x;
   const int64_t off = RowOffset(tables + table_begin[b], layers, layer, block_size, context[b] - 1, r + dr);
   WriteRow(c + b * r, ks + b * dr, r, dr, off, kind, values, scales);
@@ -109,8 +111,8 @@ void KvWriteDecode(const float* c, const float* ks, int64_t B, int64_t r, int64_
                    const int32_t* table_begin, const int32_t* tables, int layers, int layer, int block_size, int kind,
                    void* values, float* scales, cudaStream_t s) {
   if (B == 0) return;
-  KvWriteDecodeKernel<<<static_cast<unsigned>(B), 128, 0, s>>>(c, ks, r, dr, context, table_begin, tables, layers,
-                                                                layer, block_size, kind, values, scales);
+  LaunchPdl("KvWriteDecode", KvWriteDecodeKernel, dim3(static_cast<unsigned>(B)), dim3(128), 0, s, c, ks, r, dr, context,
+            table_begin, tables, layers, layer, block_size, kind, values, scales);
   CheckLaunch("KvWriteDecode");
 }
 

@@ -23,6 +23,7 @@
 // is a function of the sequence's own context (MlaDecodeSplitLen), so a sequence's bits do not
 // depend on the batch.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
@@ -47,17 +48,29 @@ constexpr int kPStride = kTile + 8;                        // P rows: 80 bytes, 
 constexpr int kSStride = kTile + 1;
 static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt evenly");
 
+// Tiles in flight: the rows of kStages - 1 tiles stream in by cp.async (no registers) while the
+// block works on one. One block an SM (registers), so Little's law asks the SM alone for its
+// share of HBM: ~36 GB/s × ~2 µs of loaded latency ≈ 72 KB, three BF16 tiles. (With the next
+// tile alone in registers the split ran at ~3 µs a tile, ~0.2 of HBM: one tile's latency.)
+constexpr int kStages = 4;
+
+template <int kKind>
 struct Smem {
-  // The tile's rows as BF16 [position][latent ‖ rope]; before the first tile, q̄'s hi and lo
-  // parts [2][kHeads][kRowStride] (the same size), read once into registers.
-  __nv_bfloat16 rows[kTile][kRowStride];
+  // A stage holds one tile as it lies in the cache: BF16 rows already in the padded layout the
+  // MMAs read (kind 1), or FP8 codes [kTile][kW] and the rows' two scales (kind 2), widened to
+  // BF16 into `rows` before use. Kind 1 stages q̄'s hi and lo parts [2][kHeads][kRowStride] in
+  // the last stage before the first tile (the same size); kind 2 in `rows`.
+  static constexpr int kCodeBytes = kTile * kW;
+  static constexpr int kStageBytes = kKind == 1 ? kTile * kRowStride * 2 : kCodeBytes + kTile * 2 * 4;
+  static_assert(kKind != 1 || kStageBytes == 2 * kHeads * kRowStride * 2, "q̄ staging fits a stage");
+  alignas(16) unsigned char ring[kStages][kStageBytes];
+  __nv_bfloat16 rows[kKind == 2 ? kTile : 1][kRowStride];
   float s_lat[kWarps][kHeads][kSStride];     // each warp's partial scores, latent k-steps
   float s_rope[kRopeSteps][kHeads][kSStride];  // and rope k-steps (warps 0..3)
   __nv_bfloat16 p[2][kHeads][kPStride];     // P's hi and lo parts (the latent scale folded in)
   float scale_lat[kTile], scale_rope[kTile];
   float corr[kHeads];
 };
-
 
 // v = hi + lo + (|rest| ≤ 2⁻¹⁷|v|), both BF16; a non-finite hi gets lo = 0.
 __device__ __forceinline__ void Split2(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
@@ -74,60 +87,78 @@ __device__ __forceinline__ unsigned Fp8x2ToBf16x2(unsigned short codes) {
   return PackBf16(f.x, f.y);
 }
 
-// One tile's rows in flight in registers: kind 1 (BF16) 72 chunks of 16 bytes a row, kind 2
-// (FP8) 36. Eight threads a row (tid / 8; 32 rows × 8 = 256 threads), thread tid % 8 taking
-// chunks tid % 8 + 8i: the row's place in the pool is worked out once a tile, in 32-bit math.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(dst)), "l"(src), "r"(valid ? 8 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// One tile's rows: kind 1 (BF16) 72 chunks of 16 bytes a row, kind 2 (FP8) 36. Eight threads a
+// row (tid / 8; 32 rows × 8 = 256 threads), thread tid % 8 taking chunks tid % 8 + 8i: the row's
+// place in the pool is worked out once a tile, in 32-bit math. Rows past the split's end are
+// zero-filled (cp.async with source size 0), so P = 0 meets finite codes.
 template <int kKind>
-struct TileRegs {
+struct Tile {
   static constexpr int kRowBytes = kKind == 1 ? kW * 2 : kW;
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kPerThread = (kChunksPerRow + 7) / 8;
   static_assert(kTile * 8 == kThreads, "eight threads a row");
-  uint4 v[kPerThread];
-  float sl = 1.0f, sr = 1.0f;  // the row's scales (FP8)
 
-  __device__ void Load(const PagedDecodeArgs& a, const int32_t* table, int64_t t0, int64_t s1) {
+  // This thread's row of the tile at t0: its block-table entry (−1 past the split's end s1).
+  // Read a tile ahead of its Issue, so the table load's latency hides behind a tile's math.
+  static __device__ int32_t BlockOf(const PagedDecodeArgs& a, const int32_t* table, int64_t t0, int64_t s1) {
+    const int j = threadIdx.x / 8;
+    return t0 + j < s1 ? table[(static_cast<int>(t0) + j) / a.block_size] : -1;  // positions fit int32
+  }
+
+  // Starts the copy of the tile at t0 (the rows of `block` = BlockOf(t0)) into `stage`.
+  static __device__ void Issue(const PagedDecodeArgs& a, int32_t block, int64_t t0, unsigned char* stage) {
     const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
-    const bool valid = t0 + j < s1;
-    int64_t row = 0;
-    if (valid) {
-      const int p = static_cast<int>(t0) + j, bs = a.block_size;  // positions fit int32 (SetDecodeStep)
-      row = (int64_t{table[p / bs]} * a.layers + a.layer) * bs + p % bs;
-    }
+    const bool valid = block >= 0;
+    const int bs = a.block_size;
+    const int64_t row = valid ? (int64_t{block} * a.layers + a.layer) * bs + (static_cast<int>(t0) + j) % bs : 0;
     const unsigned char* src = static_cast<const unsigned char*>(a.values) + row * kRowBytes;
+    unsigned char* dst = stage + j * (kKind == 1 ? kRowStride * 2 : kW);
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int e = sub + 8 * i;
-      v[i] = valid && e < kChunksPerRow ? mma::LoadStreaming(src + e * 16) : make_uint4(0, 0, 0, 0);
+      if (e < kChunksPerRow) CpAsync16(dst + e * 16, valid ? src + e * 16 : a.values, valid);
     }
     if (kKind == 2 && sub == 0) {
-      sl = valid ? a.scales[row * 2] : 0.0f;
-      sr = valid ? a.scales[row * 2 + 1] : 0.0f;
+      float* sc = reinterpret_cast<float*>(stage + Smem<kKind>::kCodeBytes) + 2 * j;
+      CpAsync8(sc, valid ? a.scales + row * 2 : a.scales, valid);
     }
   }
 
-  __device__ void Store(Smem& sm) const {
+  // Kind 2: the stage's FP8 codes as BF16 rows and its scales, for the MMAs.
+  static __device__ void Widen(const unsigned char* stage, Smem<kKind>& sm) {
     const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int e = sub + 8 * i;
       if (e >= kChunksPerRow) continue;
-      if (kKind == 1) {
-        *reinterpret_cast<uint4*>(&sm.rows[j][e * 8]) = v[i];
-      } else {
-        const unsigned w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-        uint4 lo, hi;
-        lo.x = Fp8x2ToBf16x2(w[0] & 0xffff), lo.y = Fp8x2ToBf16x2(w[0] >> 16);
-        lo.z = Fp8x2ToBf16x2(w[1] & 0xffff), lo.w = Fp8x2ToBf16x2(w[1] >> 16);
-        hi.x = Fp8x2ToBf16x2(w[2] & 0xffff), hi.y = Fp8x2ToBf16x2(w[2] >> 16);
-        hi.z = Fp8x2ToBf16x2(w[3] & 0xffff), hi.w = Fp8x2ToBf16x2(w[3] >> 16);
-        *reinterpret_cast<uint4*>(&sm.rows[j][e * 16]) = lo;
-        *reinterpret_cast<uint4*>(&sm.rows[j][e * 16 + 8]) = hi;
-      }
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + j * kW + e * 16);
+      const unsigned w[4] = {v.x, v.y, v.z, v.w};
+      uint4 lo, hi;
+      lo.x = Fp8x2ToBf16x2(w[0] & 0xffff), lo.y = Fp8x2ToBf16x2(w[0] >> 16);
+      lo.z = Fp8x2ToBf16x2(w[1] & 0xffff), lo.w = Fp8x2ToBf16x2(w[1] >> 16);
+      hi.x = Fp8x2ToBf16x2(w[2] & 0xffff), hi.y = Fp8x2ToBf16x2(w[2] >> 16);
+      hi.z = Fp8x2ToBf16x2(w[3] & 0xffff), hi.w = Fp8x2ToBf16x2(w[3] >> 16);
+      *reinterpret_cast<uint4*>(&sm.rows[j][e * 16]) = lo;
+      *reinterpret_cast<uint4*>(&sm.rows[j][e * 16 + 8]) = hi;
     }
     if (sub == 0) {
-      sm.scale_lat[j] = sl;
-      sm.scale_rope[j] = sr;
+      const float* sc = reinterpret_cast<const float*>(stage + Smem<kKind>::kCodeBytes) + 2 * j;
+      sm.scale_lat[j] = sc[0];
+      sm.scale_rope[j] = sc[1];
     }
   }
 };
@@ -137,8 +168,9 @@ struct TileRegs {
 template <int kKind>
 __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
                                                               float* part_ml) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<kKind>& sm = *reinterpret_cast<Smem<kKind>*>(smem_raw);
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
@@ -146,25 +178,43 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int32_t* table = a.tables + a.table_begin[b];
 
-  // The first tile's loads go out before the query is staged.
-  TileRegs<kKind> regs;
-  regs.Load(a, table, s0, s1);
+  // The first kStages - 1 tiles' copies go out before the query is staged (one commit group a
+  // tile, empty ones past the end, so the wait count below is the same every tile).
+  const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    const int64_t t = s0 + int64_t{i} * kTile;
+    if (i < ntiles) Tile<kKind>::Issue(a, Tile<kKind>::BlockOf(a, table, t, s1), t, sm.ring[i]);
+    CpAsyncCommit();
+  }
+  int32_t block_ahead = Tile<kKind>::BlockOf(a, table, s0 + int64_t{kStages - 1} * kTile, s1);
+  if (kKind == 1 && tid < kTile) sm.scale_lat[tid] = sm.scale_rope[tid] = 1.0f;  // BF16 rows have none
+  void* const q_stage = kKind == 1 ? static_cast<void*>(sm.ring[kStages - 1]) : static_cast<void*>(&sm.rows[0][0]);
 
-  // q̄ hi / lo into the rows buffer, then this warp's k-steps' A fragments into registers:
+  // q̄ hi / lo into the staging buffer, then this warp's k-steps' A fragments into registers:
   // latent k-steps warp·4 .. warp·4 + 3, and rope k-step warp for warps 0..3.
   {
-    __nv_bfloat16(*q)[kHeads][kRowStride] = reinterpret_cast<__nv_bfloat16(*)[kHeads][kRowStride]>(&sm.rows[0][0]);
-    for (int i = tid; i < kHeads * kW; i += kThreads) {
-      const int hh = i / kW, e = i % kW;
-      const float v = h0 + hh < a.H ? qc[((b * a.H) + h0 + hh) * kW + e] : 0.0f;
-      Split2(v, q[0][hh][e], q[1][hh][e]);
+    __nv_bfloat16(*q)[kHeads][kRowStride] = reinterpret_cast<__nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
+    // All of a thread's loads first, then the conversions (one round trip, not 36).
+    constexpr int kPer = kHeads * kW / kThreads;
+    static_assert(kHeads * kW % kThreads == 0, "q̄ dealt evenly");
+    float v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = tid + k * kThreads, hh = i / kW, e = i % kW;
+      v[k] = h0 + hh < a.H ? qc[((b * a.H) + h0 + hh) * kW + e] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = tid + k * kThreads, hh = i / kW, e = i % kW;
+      Split2(v[k], q[0][hh][e], q[1][hh][e]);
     }
   }
   __syncthreads();
   unsigned qa[2][kLatPerWarp + 1][4];  // [hi/lo][k-step][fragment]
   {
     const __nv_bfloat16(*q)[kHeads][kRowStride] =
-        reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(&sm.rows[0][0]);
+        reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
     const int r = lane % 16, c8 = (lane / 16) * 8;
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
@@ -173,9 +223,7 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
       if (warp < kRopeSteps) Ldmatrix4(qa[part][kLatPerWarp], &q[part][r][kR + warp * 16 + c8]);
     }
   }
-  __syncthreads();  // the query is in registers; the buffer takes rows from here on
-  regs.Store(sm);
-  __syncthreads();
+  // (The barrier at the top of the first tile also frees the staging buffer.)
 
   // Softmax state of head hs = tid / 16 (its 16 threads hold the same values).
   const int hs = tid / 16, js = (tid % 16) * 2;
@@ -184,9 +232,23 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
 #pragma unroll
   for (int n = 0; n < kDimsPerWarp / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-  for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
-    const bool more = t0 + kTile < s1;
-    if (more) regs.Load(a, table, t0 + kTile, s1);  // in flight during this tile's math
+  for (int it = 0; it < ntiles; ++it) {
+    const int64_t t0 = s0 + int64_t{it} * kTile;
+    CpAsyncWait<kStages - 2>();  // this tile's copies (this thread's) have landed ...
+    __syncthreads();             // ... everyone's; and every warp is done with the last tile
+    {
+      const int next = it + kStages - 1;  // into the stage the last tile used
+      const int64_t t = s0 + int64_t{next} * kTile;
+      if (next < ntiles) Tile<kKind>::Issue(a, block_ahead, t, sm.ring[next % kStages]);
+      CpAsyncCommit();
+      if (next + 1 < ntiles) block_ahead = Tile<kKind>::BlockOf(a, table, t + kTile, s1);
+    }
+    if (kKind == 2) {
+      Tile<kKind>::Widen(sm.ring[it % kStages], sm);
+      __syncthreads();
+    }
+    const __nv_bfloat16(*rows)[kRowStride] =
+        kKind == 1 ? reinterpret_cast<const __nv_bfloat16(*)[kRowStride]>(sm.ring[it % kStages]) : sm.rows;
 
     // 1. Partial scores over this warp's k-steps, all 32 positions (4 n-tiles of 8).
     {
@@ -204,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
 #pragma unroll
         for (int np = 0; np < 2; ++np) {  // n-tiles 2np, 2np + 1 in one ldmatrix
           unsigned bfr[4];
-          Ldmatrix4(bfr, &sm.rows[(2 * np + mi / 2) * 8 + r8][col + (mi % 2) * 8]);
+          Ldmatrix4(bfr, &rows[(2 * np + mi / 2) * 8 + r8][col + (mi % 2) * 8]);
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -280,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
         for (int k = 0; k < 2; ++k) {
           unsigned bfr[4];
           // Matrices: positions k·16 + 0..7 / 8..15 at dims n0, then at n0 + 8 (transposed).
-          Ldmatrix4Trans(bfr, &sm.rows[k * 16 + (lane % 8) + ((lane / 8) % 2) * 8]
+          Ldmatrix4Trans(bfr, &rows[k * 16 + (lane % 8) + ((lane / 8) % 2) * 8]
                                       [warp * kDimsPerWarp + np * 16 + (lane / 16) * 8]);
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
@@ -296,12 +358,8 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
         }
       }
     }
-    __syncthreads();  // every warp is done with this tile's rows and P
-    if (more) {
-      regs.Store(sm);
-      __syncthreads();
-    }
   }
+  CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 
   // The split's unnormalized ō and (max, sum) per head.
 #pragma unroll
@@ -327,7 +385,7 @@ void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* par
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
     const cudaError_t e = cudaFuncSetAttribute(MlaDecodeTcKernel<kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(sizeof(Smem)));
+                                               static_cast<int>(sizeof(Smem<kKind>)));
     if (e != cudaSuccess) {
       std::fprintf(stderr, "kimirt: MLA decode kernel: %s\n", cudaGetErrorString(e));
       std::abort();
@@ -335,7 +393,7 @@ void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* par
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  MlaDecodeTcKernel<kKind><<<grid, kThreads, sizeof(Smem), s>>>(a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeTc", MlaDecodeTcKernel<kKind>, grid, dim3(kThreads), sizeof(Smem<kKind>), s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeTc");
 }
 

@@ -11,6 +11,7 @@
 //             and the output expanded afterwards (AbsorbOutput).
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -27,6 +28,10 @@ constexpr int kTile = 128;  // = threads per block
 // Butterfly sum: every lane ends with the same bits (each step adds the same two values).
 __device__ __forceinline__ float WarpSumAll(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ float WarpMaxAll(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
 constexpr int kValuesPerThread = static_cast<int>(kAttentionMaxValueDim / kTile);
@@ -97,6 +102,7 @@ constexpr int kAbsorbMaxLatent = static_cast<int>(kMlaDecodeMaxLatent);
 __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
     AbsorbQueryKernel(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t r,
                       const void* w_kvb, bool bf16, float* qc) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float part[kAbsorbSplit][kAbsorbRows][kAbsorbCols];
   const int64_t h = blockIdx.x;
   const int c = threadIdx.x % kAbsorbCols, g = threadIdx.x / kAbsorbCols;
@@ -143,6 +149,7 @@ __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
 __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
     AbsorbOutputKernel(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
                        const void* w_kvb, bool bf16, float* o) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float ob[kAbsorbRows][kAbsorbMaxLatent];
   const int64_t h = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,7 +193,17 @@ constexpr int kRowPerLane = kDecodeMaxRow / 32;
 constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / kDecodeThreads;
 // Splits: at least kMinSplit positions (two tensor-core tiles: a short context still spreads over
 // a few blocks), at most kMaxSplits per sequence (bounds the scratch).
-constexpr int64_t kMinSplit = 64, kMaxSplits = 64;
+constexpr int64_t kMinSplit = 64, kMaxSplits = 256;
+// The splits a sequence takes at most: 64, or KIMIRT_MLA_DECODE_SPLITS (1..256) for trials; read
+// once a process, so every step of a run uses the same schedule (batch invariance).
+int64_t MaxSplits() {
+  static const int64_t n = [] {
+    const char* env = std::getenv("KIMIRT_MLA_DECODE_SPLITS");
+    const int64_t v = env != nullptr ? std::atoll(env) : 64;
+    return v >= 1 && v <= kMaxSplits ? v : int64_t{64};
+  }();
+  return n;
+}
 
 // Element e of stored row `row` (row index over [blocks, layers, block_size]), widened to F32 as
 // KvGather does.
@@ -206,6 +223,7 @@ __device__ __forceinline__ float LatentAt(const PagedDecodeArgs& a, int64_t row,
 // with lane owning dims lane + 32k. Writes the split's unnormalized ō and its (max, sum).
 __global__ void __launch_bounds__(kDecodeThreads)
     MlaPagedDecodeSplitKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float tile[kDecodeTile][kDecodeMaxRow];
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
@@ -297,28 +315,47 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-// One block per (sequence, head): ō = Σ_j e^{m_j − M} ō_j / Σ_j e^{m_j − M} l_j over the
-// sequence's splits j in order.
-__global__ void MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml,
-                                            float* o_bar) {
+// ō = Σ_j e^{m_j − M} ō_j / Σ_j e^{m_j − M} l_j over the sequence's splits j in order. Block
+// (sequence · head, 128 latent dims): the split weights e^{m_j − M} go to shared memory once, the
+// denominator is one thread's ascending sum, and each thread sums its dim over the splits with
+// the loads unrolled so they are in flight together. (One block per (sequence, head) walking the
+// splits one dependent load at a time took ~40 µs at 64 splits whatever the context: half of a
+// 32K call.) The arithmetic per element is the same fixed, ascending order as before.
+constexpr int kCombineDims = 128;
+__global__ void __launch_bounds__(kCombineDims)
+    MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml, float* o_bar) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  __shared__ float e[kMaxSplits];
+  __shared__ float inv_sum;
   const int64_t b = blockIdx.x / a.H, h = blockIdx.x % a.H;
-  const int64_t j0 = a.split_begin[b], j1 = a.split_begin[b + 1];
-  float mx = -INFINITY;
-  for (int64_t j = j0; j < j1; ++j) mx = fmaxf(mx, part_ml[(j * a.H + h) * 2]);
-  float sum = 0.0f;
-  for (int64_t j = j0; j < j1; ++j) sum += expf(part_ml[(j * a.H + h) * 2] - mx) * part_ml[(j * a.H + h) * 2 + 1];
-  const float inv = 1.0f / sum;
-  for (int64_t dim = threadIdx.x; dim < a.r; dim += blockDim.x) {
-    float v = 0.0f;
-    for (int64_t j = j0; j < j1; ++j) v += expf(part_ml[(j * a.H + h) * 2] - mx) * part_o[(j * a.H + h) * a.r + dim];
-    o_bar[(b * a.H + h) * a.r + dim] = v * inv;
+  const int64_t j0 = a.split_begin[b], n = a.split_begin[b + 1] - j0;  // n <= kMaxSplits (MlaDecodeSplitLen)
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n; j += 32) mx = fmaxf(mx, part_ml[((j0 + j) * a.H + h) * 2]);
+    mx = WarpMaxAll(mx);
+    for (int64_t j = threadIdx.x; j < n; j += 32) e[j] = expf(part_ml[((j0 + j) * a.H + h) * 2] - mx);
+    __syncwarp();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) sum += e[j] * part_ml[((j0 + j) * a.H + h) * 2 + 1];
+      inv_sum = 1.0f / sum;
+    }
   }
+  __syncthreads();
+  const int64_t dim = int64_t{blockIdx.y} * kCombineDims + threadIdx.x;
+  if (dim >= a.r) return;
+  const float* po = part_o + (j0 * a.H + h) * a.r + dim;
+  const int64_t stride = a.H * a.r;
+  float v = 0.0f;
+#pragma unroll 16
+  for (int64_t j = 0; j < n; ++j) v += e[j] * po[j * stride];
+  o_bar[(b * a.H + h) * a.r + dim] = v * inv_sum;
 }
 
 }  // namespace
 
 int64_t MlaDecodeSplitLen(int64_t context) {
-  const int64_t per_split = (context + kMaxSplits - 1) / kMaxSplits;
+  const int64_t per_split = (context + MaxSplits() - 1) / MaxSplits();
   return std::max(kMinSplit, (per_split + 63) / 64 * 64);
 }
 
@@ -335,10 +372,11 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
     MlaPagedDecodeSplitTc(a, qc, part_o, part_ml, s);
   } else {
     const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kDecodeHeads - 1) / kDecodeHeads));
-    MlaPagedDecodeSplitKernel<<<grid, kDecodeThreads, 0, s>>>(a, qc, part_o, part_ml);
+    LaunchPdl("MlaPagedDecodeSplit", MlaPagedDecodeSplitKernel, grid, dim3(kDecodeThreads), 0, s, a, qc, part_o, part_ml);
     CheckLaunch("MlaPagedDecodeSplit");
   }
-  MlaPagedDecodeCombineKernel<<<static_cast<unsigned>(a.B * a.H), 128, 0, s>>>(a, part_o, part_ml, o_bar);
+  const dim3 combine(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.r + kCombineDims - 1) / kCombineDims));
+  LaunchPdl("MlaPagedDecodeCombine", MlaPagedDecodeCombineKernel, combine, dim3(kCombineDims), 0, s, a, static_cast<const float*>(part_o), static_cast<const float*>(part_ml), o_bar);
   CheckLaunch("MlaPagedDecodeCombine");
 }
 
@@ -359,7 +397,7 @@ void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, i
                  const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
   const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAbsorbCols - 1) / kAbsorbCols));
-  AbsorbQueryKernel<<<grid, kAbsorbCols * kAbsorbSplit, 0, s>>>(q, T, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
+  LaunchPdl("AbsorbQuery", AbsorbQueryKernel, grid, dim3(kAbsorbCols * kAbsorbSplit), 0, s, q, T, H, dn, dr, dv, r, w_kvb, w_bf16, qc);
   CheckLaunch("AbsorbQuery");
 }
 
@@ -372,7 +410,7 @@ void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t 
     std::abort();
   }
   const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((dv + kAbsorbOutWarps - 1) / kAbsorbOutWarps));
-  AbsorbOutputKernel<<<grid, kAbsorbOutWarps * 32, 0, s>>>(o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);
+  LaunchPdl("AbsorbOutput", AbsorbOutputKernel, grid, dim3(kAbsorbOutWarps * 32), 0, s, o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);
   CheckLaunch("AbsorbOutput");
 }
 

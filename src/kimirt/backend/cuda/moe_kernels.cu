@@ -5,6 +5,7 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
 #include <algorithm>
@@ -22,6 +23,7 @@ __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 // reference order; MoeRouteWarpKernel below gives its bits fast, for E ≤ kRouteMaxE).
 __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                                float scaling, bool combine_biased, int32_t* idx, float* weights) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (t >= T) return;
   const float* row = logits + t * E;
@@ -66,6 +68,7 @@ constexpr int64_t kRouteMaxE = 32 * kRoutePerLane;
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                        float scaling, bool combine_biased, int32_t* idx, float* weights) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = int64_t{blockIdx.x} * kRouteWarps + threadIdx.x / 32;
   if (t >= T) return;  // whole warps
   const int lane = threadIdx.x & 31;
@@ -144,6 +147,7 @@ constexpr int kSortThreads = 1024;
 
 __global__ void GroupByExpertKernel(const int32_t* idx, int64_t n, int64_t E, int32_t* order, int32_t* pos,
                                     int32_t* active, int32_t* begin, int32_t* num_active) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ int32_t sh[];
   int32_t* count = sh;              // [E]
   int32_t* cursor = sh + E;         // [E]
@@ -516,6 +520,7 @@ __device__ __forceinline__ void StoreSplit(float v, int64_t row, int64_t i, int6
 }
 
 __global__ void SplitRowsKernel(const float* x, int64_t rows, int64_t K, uint16_t* parts) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t total = rows * K;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     StoreSplit(x[i], i / K, i % K, rows, K, parts);
@@ -525,6 +530,7 @@ __global__ void SplitRowsKernel(const float* x, int64_t rows, int64_t K, uint16_
 // h[g] = GLU(Σ_s gate part, Σ_s up part) (slices in order), split for the down MMAs.
 __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int64_t I, int kind, float b1,
                                bool has_b2, float b2, uint16_t* h_parts) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t total = n * I;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
@@ -550,6 +556,7 @@ constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineSplitsKernel(const float* part, int64_t splits, int64_t n, const int32_t* pos, const float* weights,
                            int64_t k, int64_t D, float* out) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = blockIdx.x, d = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
   if (d >= D) return;
   float acc = 0.0f;
@@ -664,6 +671,7 @@ struct MmaArgs {
 
 template <int kFmt, bool kGateUp, int kTT>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
   const int64_t x_rows = args.x_rows, N = args.N, K = args.K, slice = args.slice, n = args.n;
   const GroupArgs& ga = args.ga;
@@ -910,9 +918,9 @@ unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_
 template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
   switch (tt) {
-    case 1: ExpertMmaKernel<kFmt, kGateUp, 1><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
-    case 2: ExpertMmaKernel<kFmt, kGateUp, 2><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
-    default: ExpertMmaKernel<kFmt, kGateUp, 4><<<grid, kMmaWarps * 32, 0, s>>>(a); break;
+    case 1: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
+    case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
+    default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
   }
 }
 
@@ -928,8 +936,8 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                                      p.gate_up.slice, p.n, gu_part},
                              s);
   CheckLaunch("ExpertMma gate/up");
-  GluSplitKernel<<<GridFor(p.n * I), 256, 0, s>>>(gu_part, p.gate_up.splits, p.n, I, kind, beta, has_linear_beta,
-                                                  linear_beta, h_parts);
+  LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
+            p.gate_up.splits, p.n, I, kind, beta, has_linear_beta, linear_beta, h_parts);
   CheckLaunch("GluSplit");
   const dim3 dn_grid(static_cast<unsigned>((De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>),
                      static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
@@ -950,7 +958,8 @@ void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGrou
                  static_cast<long long>(E), 48 * 1024 / 8 - kSortThreads);
     std::abort();
   }
-  GroupByExpertKernel<<<1, kSortThreads, shared, s>>>(idx, n, E, g.order, g.pos, g.active, g.begin, g.num_active);
+  LaunchPdl("GroupByExpert", GroupByExpertKernel, dim3(1), dim3(kSortThreads), shared, s, idx, n, E, g.order, g.pos,
+            g.active, g.begin, g.num_active);
   CheckLaunch("GroupByExpert");
 }
 
@@ -1004,7 +1013,7 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   auto* gu_part = reinterpret_cast<float*>(base + p.z_bytes);
   auto* h_parts = reinterpret_cast<uint16_t*>(base + p.z_bytes + p.gu_bytes);
   auto* dn_part = reinterpret_cast<float*>(base + p.z_bytes + p.gu_bytes + p.h_bytes);
-  SplitRowsKernel<<<GridFor(T * De), 256, 0, s>>>(z, T, De, z_parts);
+  LaunchPdl("MoE split z", SplitRowsKernel, dim3(GridFor(T * De)), dim3(256), 0, s, z, T, De, z_parts);
   CheckLaunch("MoE split z");
   // Token tiles of 8 per pass: an expert has at most T tokens (a token chooses distinct experts),
   // so up to 32 tokens one pass covers any expert of the step; at 33..64 an expert chosen by more
@@ -1021,8 +1030,8 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   }
   const dim3 combine_grid(static_cast<unsigned>(T),
                           static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
-  MoeCombineSplitsKernel<<<combine_grid, kCombineThreads, 0, s>>>(dn_part, p.down.splits, p.n, g.pos, weights, k, De,
-                                                                  out);
+  LaunchPdl("MoeCombine", MoeCombineSplitsKernel, combine_grid, dim3(kCombineThreads), 0, s,
+            static_cast<const float*>(dn_part), p.down.splits, p.n, g.pos, weights, k, De, out);
   CheckLaunch("MoeCombine");
 }
 
@@ -1041,8 +1050,9 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
   }
   if (T == 0) return;
   if (E <= kRouteMaxE) {
-    MoeRouteWarpKernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, 0, s>>>(
-        logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+    LaunchPdl("MoeRoute", MoeRouteWarpKernel, dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)),
+              dim3(kRouteWarps * 32), 0, s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling,
+              combine_biased, idx, weights);
     CheckLaunch("MoeRoute");
     return;
   }
@@ -1054,8 +1064,8 @@ void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E
   if (k < 1 || k > kMaxTopK || k > E) std::abort();
   if (T == 0) return;
   const int threads = 64;
-  MoeRouteKernel<<<static_cast<unsigned>((T + threads - 1) / threads), threads, 0, s>>>(
-      logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+  LaunchPdl("MoeRouteSerial", MoeRouteKernel, dim3(static_cast<unsigned>((T + threads - 1) / threads)), dim3(threads),
+            0, s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
   CheckLaunch("MoeRouteSerial");
 }
 
@@ -1063,7 +1073,8 @@ void MoeCombine(const float* grouped, const int32_t* pos, const float* weights, 
                 float* out, cudaStream_t s) {
   if (T == 0 || D == 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((D + kCombineThreads - 1) / kCombineThreads));
-  MoeCombineSplitsKernel<<<grid, kCombineThreads, 0, s>>>(grouped, 1, 0, pos, weights, k, D, out);
+  LaunchPdl("MoeCombine", MoeCombineSplitsKernel, grid, dim3(kCombineThreads), 0, s, grouped, int64_t{1}, int64_t{0},
+            pos, weights, k, D, out);
   CheckLaunch("MoeCombine");
 }
 

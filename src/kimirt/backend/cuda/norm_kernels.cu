@@ -3,6 +3,7 @@
 // through the deterministic block reduction.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@ __device__ float InverseRms(const float* row, int64_t n, float eps, float* scrat
 }
 
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t n, float* y) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float scratch[33];
   const float* r = x + blockIdx.x * n;
   const float inv = InverseRms(r, n, eps, scratch);
@@ -31,6 +33,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 }
 
 __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* w, float eps, int64_t K, float* y) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float scratch[33];
   const float* xr = x + blockIdx.x * K;
   const float* gr = g + blockIdx.x * K;
@@ -42,6 +45,7 @@ __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* 
 
 __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   __shared__ float scratch[33];
   __shared__ float score[kAttnResMaxCandidates];
   const int64_t t = blockIdx.x;
@@ -78,7 +82,7 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
 
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s) {
   if (rows == 0) return;
-  RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, eps, n, y);
+  LaunchPdl("RmsNorm", RmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, w, eps, n, y);
   CheckLaunch("RmsNorm");
 }
 
@@ -86,7 +90,7 @@ void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int
                   cudaStream_t s) {
   if (rows == 0) return;
   const int threads = K >= 256 ? 256 : (K >= 128 ? 128 : 64);
-  GatedRmsNormKernel<<<static_cast<unsigned>(rows), threads, 0, s>>>(x, g, w, eps, K, y);
+  LaunchPdl("GatedRmsNorm", GatedRmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, s, x, g, w, eps, K, y);
   CheckLaunch("GatedRmsNorm");
 }
 
@@ -97,7 +101,7 @@ void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* 
     std::fprintf(stderr, "kimirt: AttnResMix of %d candidates (1..%d supported)\n", cands.n, kAttnResMaxCandidates);
     std::abort();
   }
-  AttnResMixKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(cands, proj, norm_w, eps, D, y);
+  LaunchPdl("AttnResMix", AttnResMixKernel, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s, cands, proj, norm_w, eps, D, y);
   CheckLaunch("AttnResMix");
 }
 

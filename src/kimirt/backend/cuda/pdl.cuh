@@ -1,0 +1,65 @@
+// Programmatic dependent launch (CUDA Programming Guide, "Programmatic Dependent Launch and
+// Synchronization"; PTX griddepcontrol, sm_90). A kernel launched with LaunchPdl may start while
+// the kernel before it in the stream is still running: the part before PdlWait() must touch
+// nothing the earlier kernel writes or reads-then-overwrites (weights, its own constants); after
+// PdlWait() the earlier kernel has completed and its writes are visible, as with a plain launch.
+// PdlTrigger() in the earlier kernel lets the next one launch once every block of the earlier
+// one has passed it (it is a no-op when nothing PDL-launched follows).
+//
+// Why (issue 12): a decode step is ~25 small kernels a layer; each weight GEMM of 5-20 MB paid a
+// ~7 µs floor (launch, the first loads' latency, the tail) beside ~3 µs of HBM time. Started
+// early, a GEMM streams its weights into L2 while the norm or sum before it finishes; every
+// other kernel of the decode step at least has its launch done when its predecessor ends.
+//
+// Every kernel launched with LaunchPdl must call PdlWait() before it reads its inputs and before
+// it writes anything: then a third kernel that waits on it has also waited on the first.
+// KIMIRT_PDL=0 launches plainly (the same kernels; PdlWait is then a no-op), for A/B runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace kimirt::cuda {
+
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void PdlTrigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// The first statement of a kernel launched with LaunchPdl that prefetches nothing.
+__device__ __forceinline__ void PdlEnter() {
+  PdlWait();
+  PdlTrigger();
+}
+
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KIMIRT_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the stream's previous kernel; a
+// launch error aborts naming `what`, as CheckLaunch does.
+template <typename... Params, typename... Args>
+void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+               Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PdlEnabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "kimirt: CUDA kernel %s failed to launch: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+}  // namespace kimirt::cuda
