@@ -76,8 +76,11 @@
 #   pp2       pipeline parallelism on two GPUs (nvidia-h200-x2; docs/distributed.md "Pipeline
 #             parallelism"): the ProcessRanksCudaPipeline* tests (PP 2 logits = one GPU's within
 #             1e-5 × max|logit|, 0 expected and printed, on tiny-a, kimi-linear-tiny and random
-#             2-layer K3 and Kimi-Linear-48B weights; greedy tokens equal), `bench model -pp 1`
-#             and `-pp 2 --device cuda` on the built-in model ($OUT/bench-model-builtin-cuda-pp{1,2}.json),
+#             2-layer K3 and Kimi-Linear-48B weights; greedy tokens equal; a decode step of 5 and
+#             64 sequences as micro-batches in flight: each row its sequence alone on one GPU, bit
+#             for bit), `bench model -pp 1` and `-pp 2 --device cuda` on the built-in model
+#             ($OUT/bench-model-builtin-cuda-pp{1,2}.json), `-pp 2` at batches 8, 32, 64 with
+#             `--pp-micro-batches 1` (none) and 0 (one per stage: 2) (…-pp2-mb{1,0}.json),
 #             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
 #             and token logprobs must be the same ("same" expected), and `bench serve` against
 #             -pp 2 (its table last).
@@ -547,6 +550,14 @@ if [[ "$what" == pp2 ]]; then
   echo "--- ProcessRanksCudaPipeline (2 GPUs): PP 2 logits vs one GPU (largest difference printed), greedy tokens"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|PP 2 vs one GPU|GPUs' "$out/gtest-cudapp.txt" | head -40
   bench_model_one_and_two pp
+  # Micro-batches in flight at decode (docs/distributed.md "Micro-batches in flight"): one per
+  # stage (the default) against none (1: the step's batch whole, stage after stage).
+  for mb in 1 0; do
+    timeout 240 "$root/kimirt" bench model -pp 2 --pp-micro-batches $mb --device cuda --batch-sizes 8,32,64 \
+      --prompt-len 256 --decode-tokens 32 --json "$out/bench-model-builtin-cuda-pp2-mb$mb.json" \
+      >"$out/bench-model-pp2-mb$mb.txt" 2>&1 || status=1
+    echo "--- bench model -pp 2 --pp-micro-batches $mb --device cuda (0: one per stage)"; tail -4 "$out/bench-model-pp2-mb$mb.txt"
+  done
   "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
   ref=$!
   await_listening "$out/serve-cuda-pp1.log" || status=1

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <string>
 
+#include "kimirt/backend/cpu/cpu_backend.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/dtype_flag.h"
 #include "kimirt/cli/prefill_chunk_flag.h"
@@ -31,6 +32,9 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("tp,tensor-parallel-size", &o.tp, "tensor-parallel ranks (CPU: threads; CUDA: one process per GPU)");
   f.Int("pp,pipeline-parallel-size", &o.pp,
         "pipeline stages, each -tp ranks holding its share of the layers (docs/distributed.md); tp × pp ranks");
+  f.Int("pp-micro-batches", &o.pp_micro_batches,
+        "with -pp: micro-batches a decode step splits into, in flight through the stages (0: one per stage; "
+        "more where the backend's row invariance needs them, on the CPU one per sequence)");
   f.Bool("enable-expert-parallel", &o.expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
@@ -38,6 +42,9 @@ int RunBenchModelCommand(int argc, char** argv) {
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");
   f.Int("prefill-chunk", &o.prefill_chunk, "fixed prefill chunk in tokens, as serve's (0: the device's, cuda 1024, cpu 256)");
   f.String("json", &json_path, "also write the results as JSON to this file");
+  int threads = 0;
+  f.Int("threads", &threads,
+        "CPU threads for GEMMs and per-head loops, shared by every thread rank (0: all cores), as serve's");
   f.Double("peak-gbps", &o.peak_gb_per_s, "memory bandwidth (GB/s) to report decode traffic against");
   std::string kv_dtype = "auto";
   f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype, as serve's: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
@@ -93,6 +100,7 @@ int RunBenchModelCommand(int argc, char** argv) {
     }
     o.batch_sizes.push_back(static_cast<int>(b));
   }
+  SetCpuBackendThreads(threads);
   Result<BenchModelReport> r = RunBenchModel(o);
   if (!r.ok()) {
     std::fprintf(stderr, "kimirt bench model: %s\n", r.status().message().c_str());

@@ -139,6 +139,10 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("pp,pipeline-parallel-size", &pp,
         "pipeline stages, each -tp ranks holding its share of the layers (docs/distributed.md \"Pipeline "
         "parallelism\"); tp × pp ranks, CUDA: tp × pp GPUs");
+  int pp_micro_batches = 0;
+  f.Int("pp-micro-batches", &pp_micro_batches,
+        "with -pp: micro-batches a decode step splits into, in flight through the stages (0: one per stage; "
+        "more where the backend's row invariance needs them, on the CPU one per sequence)");
   bool expert_parallel = false;
   f.Bool("enable-expert-parallel", &expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
@@ -275,6 +279,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.matrix_dtype = *matrix_dtype;
   ro.tp = tp;
   ro.pp = pp;
+  ro.pp_micro_batches = pp_micro_batches;
   ro.ep = expert_parallel ? tp : 1;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;

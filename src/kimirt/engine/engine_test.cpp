@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/engine_test_util.h"
@@ -385,9 +386,11 @@ std::vector<GreedyRequest> CrowdAround(const GreedyRequest& probe) {
 }
 
 // `requests` through an engine on a runner of tiny-a made with `ro` (block size 8); each
-// request's result, in order. With `logprobs`, each token's logprob comes back too.
+// request's result, in order. With `logprobs`, each token's logprob comes back too. Requests from
+// index `later` on are submitted only once the first has two tokens out (they join a running
+// batch).
 std::vector<Collector::Result> RunGreedy(RunnerOptions ro, const std::vector<GreedyRequest>& requests,
-                                         bool logprobs = false) {
+                                         bool logprobs = false, size_t later = SIZE_MAX) {
   ro.block_size = 8;
   auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
   EXPECT_TRUE(runner.ok()) << runner.status().ToString();
@@ -399,7 +402,14 @@ std::vector<Collector::Result> RunGreedy(RunnerOptions ro, const std::vector<Gre
   EXPECT_TRUE(engine.ok());
   Collector c;
   std::vector<std::string> ids;
-  for (const GreedyRequest& g : requests) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GreedyRequest& g = requests[i];
+    if (i == later) {
+      for (int k = 0; k < 10000 && c.Get(requests[0].id).tokens.size() < 2; ++k) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_GE(c.Get(requests[0].id).tokens.size(), 2u);
+    }
     EngineRequest r;
     r.id = g.id;
     r.prompt = g.prompt;
@@ -518,6 +528,44 @@ TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
   ExpectSameBits(grid, two);
 }
 
+// Micro-batches in flight through the engine: the runner takes a step's decodes in one call
+// (decode_batch_limit) and the stages split it into micro-batches, one sequence each on the CPU
+// (RowInvariantRows 1). Sixteen requests of different prompt and output lengths (joining the
+// batch as their prefills finish, leaving it as they end; half submitted only once the first is
+// decoding) give one rank's tokens and logprobs, every request bit for bit, at PP 2, 3 and 4, and
+// TP 2 × PP 2 gives TP 2's.
+TEST(EnginePipelineParallel, MicroBatchedStepsGiveOneRanksBitsAsRequestsComeAndGo) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  const std::vector<GreedyRequest> crowd = CrowdAround(Probe());
+  const size_t later = crowd.size() / 2;
+  auto expect_same = [&](const std::vector<Collector::Result>& got, const std::vector<Collector::Result>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("request " + crowd[i].id);
+      ASSERT_EQ(want[i].tokens.size(), static_cast<size_t>(crowd[i].max_tokens));
+      ExpectSameBits(got[i], want[i]);
+    }
+  };
+  for (int tp : {1, 2}) {
+    RunnerOptions ro;
+    ro.num_kv_blocks = 512;
+    ro.tp = tp;
+    const std::vector<Collector::Result> one = RunGreedy(ro, crowd, true, later);
+    for (int pp : tp == 1 ? std::vector<int>{2, 3, 4} : std::vector<int>{2}) {
+      SCOPED_TRACE("TP" + std::to_string(tp) + " x PP" + std::to_string(pp));
+      ro.pp = pp;
+      auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+      EXPECT_GE((*runner)->decode_batch_limit(), 64) << "a PP runner takes the step's decodes in one call";
+      runner->reset();
+      expect_same(RunGreedy(ro, crowd, true, later), one);
+      ro.pp_micro_batches = 2;  // asks for fewer than the CPU needs: still one per sequence
+      expect_same(RunGreedy(ro, crowd, true), one);
+      ro.pp_micro_batches = 0;
+    }
+  }
+}
+
 // Stages hold different layers, so a cache budget in bytes gives each its own block count: every
 // rank takes the smallest (the stage with the most MLA layers), so their allocators stay in step.
 // tiny-a's MLA layers are 3, 4 and 5: at PP 3 the stages hold 0, 1 and 2 of them (a stage without
@@ -562,6 +610,12 @@ TEST(EnginePipelineParallel, BadDegreesAreRefusedNamingThem) {
   runner = ModelRunner::Create(Fixture("tiny-a"), ro);
   ASSERT_FALSE(runner.ok());
   EXPECT_NE(runner.status().message().find("-pp must be >= 1"), std::string::npos) << runner.status().message();
+  ro.pp = 2;
+  ro.pp_micro_batches = -1;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("--pp-micro-batches must be >= 0"), std::string::npos)
+      << runner.status().message();
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ class SingleRankRunner final : public ModelRunner {
   Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
     return rank_.Forward(h, ids, last_only, argmax);
   }
-  int64_t decode_batch_limit() const override { return rank_.model->backend().RowInvariantRows(); }
+  int64_t decode_batch_limit() const override { return runner::DecodeBatchLimit(*rank_.model); }
   Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
                                ArgmaxRequest* argmax) override {
     return rank_.ForwardDecode(hs, ids, argmax);
@@ -153,6 +153,7 @@ class ThreadRanksRunner final : public ModelRunner {
           lo.matrix_dtype = o.matrix_dtype;
           lo.ep = o.ep;
           KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(source, *raw->backends_[k], comm, lo, &pipeline));
+          raw->models_[k]->set_pipeline_micro_batches(o.pp_micro_batches);
           KIMIRT_ASSIGN_OR_RETURN(sync->sizes[k], SizeCaches(*raw->models_[k], o));
           return Status::Ok();
         }();
@@ -223,14 +224,15 @@ class ThreadRanksRunner final : public ModelRunner {
     return Broadcast([h, tokens](Rank& r, int) { return r.Reserve(h, tokens); });
   }
   Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
-    Tensor out;
-    Status s = Broadcast([&](Rank& r, int rank) -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r.Forward(h, ids, last_only, rank == 0 ? argmax : nullptr));
-      if (rank == 0) out = std::move(logits);
-      return Status::Ok();
-    });
-    if (!s.ok()) return s;
-    return out;
+    return RankZeroLogits(
+        [&](Rank& r, ArgmaxRequest* a) { return r.Forward(h, ids, last_only, a); }, argmax);
+  }
+  // Pipeline stages: each stage's thread runs its part of every micro-batch and goes on to the
+  // next as soon as it has sent one on, so the stages' threads overlap (Model::ForwardDecode).
+  int64_t decode_batch_limit() const override { return runner::DecodeBatchLimit(*models_[0]); }
+  Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
+                               ArgmaxRequest* argmax) override {
+    return RankZeroLogits([&](Rank& r, ArgmaxRequest* a) { return r.ForwardDecode(hs, ids, a); }, argmax);
   }
   void Release(Handle h) override {
     OnEveryRank([h](Rank& r) { r.seqs.erase(h); });
@@ -274,6 +276,19 @@ class ThreadRanksRunner final : public ModelRunner {
     });
   }
   using Job = std::function<Status(Rank&, int)>;
+
+  // Runs `forward` on every rank (rank 0 with `argmax`); rank 0's logits.
+  Result<Tensor> RankZeroLogits(const std::function<Result<Tensor>(Rank&, ArgmaxRequest*)>& forward,
+                                ArgmaxRequest* argmax) {
+    Tensor out;
+    Status s = Broadcast([&](Rank& r, int rank) -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, forward(r, rank == 0 ? argmax : nullptr));
+      if (rank == 0) out = std::move(logits);
+      return Status::Ok();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
 
   // Runs `job` on every rank; returns rank 0's status (ranks agree: same inputs, same order).
   Status Broadcast(Job job, bool quit = false) {
@@ -342,6 +357,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerO
 Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelSource& source, RunnerOptions o) {
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
   if (o.pp < 1) return InvalidArgument("-pp must be >= 1");
+  if (o.pp_micro_batches < 0) return InvalidArgument("--pp-micro-batches must be >= 0 (0: one per stage)");
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
   }

@@ -32,6 +32,10 @@ struct RunnerOptions {
   // stage-major (rank = stage · tp + tp rank), each stage's tp ranks a TP group holding its
   // layers (model/pipeline_stages.h). Rank 0 (stage 0) schedules and gets the logits.
   int pp = 1;
+  // Pipeline stages: micro-batches a decode step asks for (Model::set_pipeline_micro_batches;
+  // 0: one per stage). More where the backend's RowInvariantRows needs them (the CPU: one per
+  // sequence).
+  int pp_micro_batches = 0;
   // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
   // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
   int ep = 1;
@@ -133,7 +137,8 @@ class ModelRunner {
 
   // How many sequences one ForwardDecode may take: more than 1 only where the backend computes
   // each row of a batch exactly as alone (Backend::RowInvariantRows), so batching keeps batch
-  // invariance. 1: the engine forwards each sequence alone.
+  // invariance. 1: the engine forwards each sequence alone. Pipeline stages take the whole
+  // step: the model splits it into micro-batches of row-invariant size (Model::ForwardDecode).
   virtual int64_t decode_batch_limit() const { return 1; }
   // One next token for each of `hs` (distinct, reserved); rank 0's logits [B, vocab], row b for hs[b].
   virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,

@@ -15,7 +15,8 @@
 //     published widths: the 2-layer K3, whose stages cut through an AttnRes block, and the 2-layer
 //     Kimi-Linear-48B, one KDA and one MLA layer). A stage computes what one GPU computes with the
 //     same kernels, so the difference is expected to be exactly 0; the tests print it;
-//   - an engine's greedy generation of four requests is token for token one GPU's.
+//   - an engine's greedy generation of four requests is token for token one GPU's;
+//   - a decode step's micro-batches in flight: each row bit for bit its sequence alone on one GPU.
 #if KIMIRT_TEST_CUDA
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -151,6 +152,23 @@ TEST_P(ProcessRanksCudaPipeline, Pp2GreedyGenerationIsOneGpus) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
   ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), CudaOptions(1, 2));
+}
+
+// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"): a decode step of 5 and
+// of 64 sequences at PP 2 splits into micro-batches (2 by default: 3 + 2 and 32 + 32 rows; 4 asked:
+// 16 rows each) that overlap the two GPUs; the kernels are row-invariant up to 64 rows, so each
+// row must be, bit for bit, its sequence decoded alone on one GPU.
+TEST_P(ProcessRanksCudaPipeline, Pp2MicroBatchedDecodeRowsAreEachSequenceAloneOnOneGpu) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  for (int micro_batches : {0, 4}) {
+    for (int batch : {5, 64}) {
+      SCOPED_TRACE(std::to_string(batch) + " sequences, --pp-micro-batches " + std::to_string(micro_batches));
+      RunnerOptions o = CudaOptions(1, 2);
+      o.pp_micro_batches = micro_batches;
+      ASSERT_NO_FATAL_FAILURE(testing::ExpectBatchedDecodeIsEachAlone(Fixture(GetParam()), o, batch, CudaOptions(1)));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCudaPipeline, ::testing::Values("tiny-a", "kimi-linear-tiny"),

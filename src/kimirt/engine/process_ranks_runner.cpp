@@ -137,7 +137,8 @@ Message OptionsMessage(const ModelSource& source, const RunnerOptions& o, int st
          store_port,
          o.ep,
          std::bit_cast<int64_t>(source.seed),
-         o.pp};
+         o.pp,
+         o.pp_micro_batches};
   m.text = source.dir + '\n' + o.device + '\n' + source.config_path;
   return m;
 }
@@ -151,7 +152,7 @@ struct FollowerOptions {
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
   const size_t nl2 = nl == std::string::npos ? nl : m.text.find('\n', nl + 1);
-  if (m.a.size() != 16 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 17 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -167,6 +168,7 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.gpu_memory_utilization = std::bit_cast<double>(m.a[11]);
   o.ep = static_cast<int>(m.a[13]);
   o.pp = static_cast<int>(m.a[15]);
+  o.pp_micro_batches = static_cast<int>(m.a[16]);
   o.device = m.text.substr(nl + 1, nl2 - nl - 1);
   const ModelSource source{m.text.substr(0, nl), m.text.substr(nl2 + 1), std::bit_cast<uint64_t>(m.a[14])};
   return FollowerOptions{source, o, static_cast<int>(m.a[12])};
@@ -350,6 +352,7 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   lo.ep = o.ep;
   KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo, out->pipeline.get()));
   out->model->set_decode_graphs(!o.enforce_eager);
+  out->model->set_pipeline_micro_batches(o.pp_micro_batches);
   if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
     // Each GPU's free memory may differ; the ranks take the smallest budget so their block
     // allocators stay in lockstep. A rank without room takes part too (with 0), so none waits.
@@ -562,7 +565,8 @@ class ProcessRanksRunner final : public ModelRunner {
   // Batched decode where the backend keeps rows invariant (CUDA: up to 64 rows; the CPU: 1). Every
   // rank runs the same rows, and the all-reduces sum in rank order whatever their size
   // (NcclCommunicator's default), so a row's bits do not depend on the batch at TP > 1 either.
-  int64_t decode_batch_limit() const override { return self_.rank.model->backend().RowInvariantRows(); }
+  // Pipeline stages take the whole step as micro-batches in flight (Model::ForwardDecode).
+  int64_t decode_batch_limit() const override { return runner::DecodeBatchLimit(*self_.rank.model); }
   Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
                                ArgmaxRequest* argmax) override {
     KIMIRT_RETURN_IF_ERROR(Mirror(kForwardDecode, {{hs.begin(), hs.end()}, {ids.begin(), ids.end()}, {}}));
@@ -677,12 +681,18 @@ class ProcessRanksRunner final : public ModelRunner {
   }
 
   // Runs rank 0's part; a collective that fails (a follower died or failed) throws, which fails
-  // the runner.
+  // the runner. The link that failed may be a rank that another's death ended (a pipeline stage
+  // exits when the stage before it dies, and rank 0 hears from it first): the supervisor, told
+  // within its 20 ms poll, names the rank that died, so its word is awaited briefly and comes first.
   template <typename F>
   Status Local(F&& f) {
     try {
       return f();
     } catch (const std::exception& e) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !failed_.ok() || supervisor_done_; });
+      }
       return Fail(Internal(e.what()));
     }
   }

@@ -106,21 +106,47 @@ TEST(ProcessRanksDecode, BatchedRowsEqualEachSequenceDecodedAlone) {
   testing::ExpectBatchedDecodeIsEachAlone(Fixture("tiny-a"), Options(true));
 }
 
+// Micro-batches in flight on process ranks (docs/distributed.md "Micro-batches in flight"): a
+// decode step of 1, 3, 5 and 64 sequences through PP 2, PP 3 and TP 2 × PP 2 (each stage a
+// process, one sequence per micro-batch on the CPU) gives each row its sequence's bits decoded
+// alone on one stage (TP 2's at TP 2); and so do the thread ranks.
+TEST(ProcessRanksPipeline, MicroBatchedDecodeRowsAreEachSequenceAloneOnOneStage) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  for (const auto& [tp, pp] : {std::pair{1, 2}, std::pair{1, 3}, std::pair{2, 2}}) {
+    for (bool processes : {true, false}) {
+      for (int batch : {1, 3, 5, 64}) {
+        SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + (processes ? " processes" : " threads") +
+                     ", " + std::to_string(batch) + " sequences");
+        RunnerOptions o = Options(processes, tp);
+        o.pp = pp;
+        ASSERT_NO_FATAL_FAILURE(testing::ExpectBatchedDecodeIsEachAlone(Fixture("tiny-a"), o, batch, Options(false, tp)));
+      }
+    }
+  }
+}
+
 // Runs tiny-a under `o` (`followers` processes), forwards a prompt, SIGKILLs follower `victim`,
-// and checks the next Forward fails within 5 s naming `rank`, and health() turns bad. Later calls
-// must fail at once (failed for good); resetting the runner stops every other follower.
-void ExpectKilledFollowerNamed(const RunnerOptions& o, size_t followers, size_t victim, const std::string& rank) {
+// and checks the next Forward (with `decode_step`, a decode step of three sequences: micro-batches
+// in flight under -pp) fails within 5 s naming `rank`, and health() turns bad. Later calls must
+// fail at once (failed for good); resetting the runner stops every other follower.
+void ExpectKilledFollowerNamed(const RunnerOptions& o, size_t followers, size_t victim, const std::string& rank,
+                               bool decode_step = false) {
   auto r = ModelRunner::Create(Fixture("tiny-a"), o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  const ModelRunner::Handle h = (*r)->NewSequence();
-  ASSERT_TRUE((*r)->Reserve(h, 16).ok());
-  ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());
+  std::vector<ModelRunner::Handle> hs;
+  for (int i = 0; i < (decode_step ? 3 : 1); ++i) {
+    hs.push_back((*r)->NewSequence());
+    ASSERT_TRUE((*r)->Reserve(hs.back(), 16).ok());
+    ASSERT_TRUE((*r)->Forward(hs.back(), std::vector<int32_t>{1, 2, static_cast<int32_t>(3 + i)}, true).ok());
+  }
+  const ModelRunner::Handle h = hs[0];
   const std::vector<int> pids = testing::FollowerPids();
   ASSERT_EQ(pids.size(), followers);
   ASSERT_EQ(kill(pids[victim], SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
   // The next Forward's collectives (or the pipeline's Recv) read the dead rank's closed socket.
-  Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);
+  Result<Tensor> l = decode_step ? (*r)->ForwardDecode(hs, std::vector<int32_t>{4, 5, 6})
+                                 : (*r)->Forward(h, std::vector<int32_t>{4}, true);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok());
   EXPECT_LT(s, 5.0);
@@ -138,6 +164,24 @@ TEST(ProcessRanksPipeline, AKilledStageIsAnErrorNamingItsRank) {
   RunnerOptions o = Options(true, 1);
   o.pp = 3;
   ExpectKilledFollowerNamed(o, 2, 1, "rank 2");
+}
+
+// ... and in a decode step's micro-batches: the last stage (rank 2), or the middle one (rank 1,
+// which stage 0 sends the micro-batches to and the last stage receives them from).
+TEST(ProcessRanksPipeline, AKilledStageInAMicroBatchedStepIsAnErrorNamingItsRank) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true, 1);
+  o.pp = 3;
+  {
+    SCOPED_TRACE("the last stage");
+    ExpectKilledFollowerNamed(o, 2, 1, "rank 2", /*decode_step=*/true);
+  }
+  {
+    SCOPED_TRACE("the middle stage");
+    // Rank 2 then exits too, and rank 0 hears of it first; the supervisor's word names the
+    // rank that was killed.
+    ExpectKilledFollowerNamed(o, 2, 0, "rank 1 (local rank 1, pid", /*decode_step=*/true);
+  }
 }
 
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -56,6 +57,13 @@ struct Rank {
     return model->ForwardDecode(states, ids, o);
   }
 };
+
+// ModelRunner::decode_batch_limit of a runner driving `m` on each of its ranks: the rows the
+// backend keeps invariant; with pipeline stages, every decode of a step in one call (the model
+// splits it into micro-batches that overlap the stages, each row its own bits).
+inline int64_t DecodeBatchLimit(const Model& m) {
+  return m.stage().pp > 1 ? std::numeric_limits<int32_t>::max() : m.backend().RowInvariantRows();
+}
 
 // How the cache budget splits: latent blocks, and KDA snapshots for the prefix cache (one
 // snapshot is every KDA layer's state of one sequence on this rank).

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,14 +38,25 @@ inline RunnerOptions TraceRunnerOptions(bool processes, int tp = 2, bool ep = fa
 }
 
 // Batched decode through a runner (ForwardDecode: the step's handles and tokens go to every
-// rank, which runs the same batched step in lockstep): three sequences of different lengths,
-// each row bit for bit its sequence decoded alone (Forward on a second runner, same history).
-inline void ExpectBatchedDecodeIsEachAlone(const std::string& dir, const RunnerOptions& o) {
-  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7, 8, 9, 10, 11}, {4}};
-  const std::vector<int32_t> next = {5, 12, 6};
-  std::vector<Tensor> alone;
+// rank, which runs the same batched step in lockstep; pipeline stages run it as micro-batches in
+// flight): `batch` sequences of different lengths (prompts of 1 to 7 tokens), each row bit for bit
+// its sequence decoded alone (Forward on a runner made with `alone`, by default `o`; same history).
+// The cache gets room for every sequence.
+inline void ExpectBatchedDecodeIsEachAlone(const std::string& dir, RunnerOptions o, int batch = 3,
+                                           std::optional<RunnerOptions> alone = std::nullopt) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> next;
+  for (int i = 0; i < batch; ++i) {
+    prompts.emplace_back();
+    for (int k = 0; k < 1 + (i * 5) % 7; ++k) prompts.back().push_back((i * 7 + k * 13 + 1) % 500);
+    next.push_back((i * 11 + 5) % 500);
+  }
+  o.num_kv_blocks = std::max<int64_t>(o.num_kv_blocks, 2 * (16 / o.block_size + 1) * batch);
+  RunnerOptions ref = alone.value_or(o);
+  ref.num_kv_blocks = o.num_kv_blocks;
+  std::vector<Tensor> rows;
   {
-    auto r = ModelRunner::Create(dir, o);
+    auto r = ModelRunner::Create(dir, ref);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     for (size_t i = 0; i < prompts.size(); ++i) {
       const ModelRunner::Handle h = (*r)->NewSequence();
@@ -52,7 +64,7 @@ inline void ExpectBatchedDecodeIsEachAlone(const std::string& dir, const RunnerO
       ASSERT_TRUE((*r)->Forward(h, prompts[i], true).ok());
       auto l = (*r)->Forward(h, std::vector<int32_t>{next[i]}, true);
       ASSERT_TRUE(l.ok()) << l.status().ToString();
-      alone.push_back(*std::move(l));
+      rows.push_back(*std::move(l));
     }
   }
   auto r = ModelRunner::Create(dir, o);
@@ -63,14 +75,14 @@ inline void ExpectBatchedDecodeIsEachAlone(const std::string& dir, const RunnerO
     ASSERT_TRUE((*r)->Reserve(hs.back(), 16).ok());
     ASSERT_TRUE((*r)->Forward(hs.back(), p, true).ok());
   }
-  auto batch = (*r)->ForwardDecode(hs, next);
-  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
-  ASSERT_EQ(batch->dim(0), static_cast<int64_t>(prompts.size()));
-  const int64_t V = batch->dim(1);
+  auto step = (*r)->ForwardDecode(hs, next);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  ASSERT_EQ(step->dim(0), static_cast<int64_t>(prompts.size()));
+  const int64_t V = step->dim(1);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(alone[i].numel(), V);
-    EXPECT_EQ(0, std::memcmp(batch->f32() + i * V, alone[i].f32(), static_cast<size_t>(V) * sizeof(float)))
-        << "row " << i;
+    ASSERT_EQ(rows[i].numel(), V);
+    EXPECT_EQ(0, std::memcmp(step->f32() + i * V, rows[i].f32(), static_cast<size_t>(V) * sizeof(float)))
+        << "row " << i << " of " << batch;
   }
   EXPECT_TRUE((*r)->health().ok());
 }

@@ -127,12 +127,14 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
     return InvalidArgument("decode batch of " + std::to_string(states.size()) + " sequences and " +
                            std::to_string(ids.size()) + " tokens");
   }
-  if (states.size() == 1) return Forward(states[0], ids, o);
+  if (states.empty()) return InvalidArgument("forward of zero tokens");
   for (size_t i = 0; i < states.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
     }
   }
+  if (pipelined()) return RunMicroBatches(states, ids, o);
+  if (states.size() == 1) return Forward(states[0], ids, o);
   SequenceRows rows;
   rows.seqs = states;
   rows.T = static_cast<int64_t>(ids.size());
@@ -142,9 +144,65 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
 }
 
 Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
+  KIMIRT_RETURN_IF_ERROR(Prepare(rows, ids));
+  const Tensor local = Launch(rows, ids, o);
+  return GatherLogits(local, o.all_logits ? rows.T : 1, o.argmax);
+}
+
+// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the
+// micro-batches in order, each exactly as a ForwardDecode of its rows alone: receive the state
+// from the stage before, run the stage's layers, send it on, and go straight on to the next —
+// so while stage s + 1 runs micro-batch i, stage s already runs i + 1. The last stage keeps each
+// micro-batch's logits and sends them to the first once all have run; the first stage receives
+// them after it has sent its last micro-batch. No rank ever waits on a message that is sent only
+// after something it has still to send is received, so the order holds even where a Send waits
+// for its Recv (NCCL's point to point): stage 0's sends are taken by stage 1's receives in
+// order, and the logits cross only once every stage is past its last send.
+Result<Tensor> Model::RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
+                                      const ForwardOptions& o) {
+  const int64_t B = static_cast<int64_t>(states.size());
+  const std::vector<int64_t> sizes = MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches());
+  std::vector<SequenceRows> mbs;
+  for (int64_t at = 0; const int64_t n : sizes) {
+    SequenceRows rows;
+    rows.seqs = states.subspan(static_cast<size_t>(at), static_cast<size_t>(n));
+    rows.T = n;
+    mbs.push_back(rows);
+    at += n;
+  }
+  auto mb_ids = [&](size_t i) {
+    return ids.subspan(static_cast<size_t>(mbs[i].seqs.data() - states.data()), mbs[i].seqs.size());
+  };
+  // All or nothing: every micro-batch's checks and blocks before the first runs.
+  for (size_t i = 0; i < mbs.size(); ++i) KIMIRT_RETURN_IF_ERROR(Prepare(mbs[i], mb_ids(i)));
+  ForwardOptions each;
+  each.kda_form = o.kda_form;
+  each.mla_form = o.mla_form;
+  if (o.argmax != nullptr) o.argmax->taken = false;  // the argmax shortcut stays with one stage (PipelineLogits)
+  std::vector<Tensor> last_stage_logits;
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    const Tensor local = Launch(mbs[i], mb_ids(i), each);
+    if (stage_.is_last()) last_stage_logits.push_back(GatherRanks(local));
+  }
+  if (stage_.is_last()) {
+    for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
+    return Tensor();
+  }
+  if (!stage_.is_first()) return Tensor();
+  const int64_t V = config().vocab_size;
+  Tensor logits = Tensor::Host({B, V});
+  int64_t row = 0;
+  for (const SequenceRows& mb : mbs) {
+    const Tensor part = ReceiveLogits(mb.T);
+    std::copy_n(part.f32(), part.numel(), logits.f32() + row * V);
+    row += mb.T;
+  }
+  return logits;
+}
+
+Status Model::Prepare(const SequenceRows& rows, std::span<const int32_t> ids) {
   const ModelConfig& c = config();
-  const int64_t T = rows.T;
-  if (T == 0) return InvalidArgument("forward of zero tokens");
+  if (rows.T == 0) return InvalidArgument("forward of zero tokens");
   for (int32_t id : ids) {
     if (id < 0 || id >= c.vocab_size) {
       return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -158,14 +216,18 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     }
     if (st->kda != rows.seqs[0]->kda) return InvalidArgument("sequences of one call must share their KDA slots");
   }
-  // Every latent block this call writes must exist before any layer runs, so a full pool fails
-  // the call cleanly instead of half-way through the layers.
   for (size_t b = 0; b < rows.seqs.size(); ++b) {
     SequenceState* st = rows.seqs[b];
     KIMIRT_RETURN_IF_ERROR(st->kv->Reserve(&st->blocks, st->length + rows.count(b)));
   }
+  return Status::Ok();
+}
+
+Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
   // A decode step (one new token per sequence, absorbed form, one cache): its metadata goes to
-  // the cache's storage once here, and every MLA layer attends through the block tables.
+  // the cache's storage once here, and every MLA layer attends through the block tables. (On a
+  // device the copies are queued on the backend's stream, so a micro-batch's metadata replaces
+  // the one before only after that one's kernels have read it.)
   const bool paged_decode = PagedDecode(rows, o.mla_form);
   if (paged_decode && stage_mla_layers_ > 0) {
     PagedDecodeStep step;
@@ -204,7 +266,7 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
     local = RunLayers(rows, ids, o, paged_decode);
   }
   for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
-  return GatherLogits(local, o.all_logits ? T : 1, o.argmax);
+  return local;
 }
 
 std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const {
@@ -392,11 +454,17 @@ Tensor Model::AssembleLogits(const Tensor& all_ranks, int64_t R) {
 Tensor Model::PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax) {
   if (argmax != nullptr) argmax->taken = false;
   if (stage_.is_last()) {
-    const Tensor all_ranks = GatherRanks(local);
-    pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
+    SendLogits(GatherRanks(local));
     return Tensor();
   }
-  if (!stage_.is_first()) return Tensor();
+  return stage_.is_first() ? ReceiveLogits(R) : Tensor();
+}
+
+void Model::SendLogits(const Tensor& all_ranks) {
+  pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
+}
+
+Tensor Model::ReceiveLogits(int64_t R) {
   // The head's vocabulary slice is the embedding's (both vocab-parallel, ceil(V/tp) rows).
   Tensor all_ranks = be_.Empty({comm_.size() * R, w_.embed.dim(0)});
   pipeline_->Recv(static_cast<float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), stage_.pp - 1);

@@ -107,8 +107,19 @@ class Model {
   // head); KDA and MLA run as batched ops over their slots and block tables. On a backend whose ops are row-invariant up
   // to B rows (Backend::RowInvariantRows) each row's logits equal, bit for bit, a Forward of that
   // sequence alone. States must be distinct.
+  // Pipeline stages: any B. The step splits into micro-batches (MicroBatchRows: none larger
+  // than RowInvariantRows, so each row is still its sequence's Forward alone, bit for bit) that
+  // flow through the stages in flight — a stage goes on to the next micro-batch as soon as it
+  // has sent one on, so stage s runs micro-batch i while stage s + 1 runs i − 1 (docs/
+  // distributed.md "Micro-batches in flight").
   Result<Tensor> ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                const ForwardOptions& options = {});
+
+  // Pipeline stages: how many micro-batches a decode step asks for (MicroBatchRows' `wanted`;
+  // more where RowInvariantRows needs them). 0, the default: one per stage. Every rank of a run
+  // must be given the same.
+  void set_pipeline_micro_batches(int n) { micro_batches_ = n; }
+  int pipeline_micro_batches() const { return micro_batches_ > 0 ? micro_batches_ : stage_.pp; }
 
   // Decode steps as graphs (on by default where the backend has them: Backend::SupportsGraphs;
   // docs/cuda.md "Decode graphs"): a step shape seen once is captured the second time and
@@ -124,6 +135,15 @@ class Model {
   bool pipelined() const { return stage_.pp > 1; }
 
   Result<Tensor> Run(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
+  // Run's parts. Prepare checks a call and reserves every latent block it writes (before any
+  // layer runs, so a full pool fails the call cleanly); Launch runs it on the device (a decode
+  // graph where there is one) and advances the sequences: this rank's logits [R, V_local] on the
+  // last stage, an undefined tensor on the others.
+  Status Prepare(const SequenceRows& rows, std::span<const int32_t> ids);
+  Tensor Launch(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
+  // ForwardDecode on pipeline stages: the step's micro-batches in flight.
+  Result<Tensor> RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
+                                 const ForwardOptions& o);
   // The layers, final norm and head of a step on the device: this rank's logits [R, V_local].
   Tensor RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o, bool paged_decode);
   // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).
@@ -137,6 +157,10 @@ class Model {
   // Host [R, vocab] from GatherRanks's block.
   Tensor AssembleLogits(const Tensor& all_ranks, int64_t R);
   Tensor PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax);
+  // PipelineLogits' halves: the last stage sends its TP ranks' [tp·R, V_local] block to the first
+  // stage, whose ranks receive it (R rows) and assemble the host logits.
+  void SendLogits(const Tensor& all_ranks);
+  Tensor ReceiveLogits(int64_t R);
   // Pipeline stages: the residual stream's state before this stage's first layer, from the
   // stage before (T rows), and after its last layer, to the stage after.
   std::vector<Tensor> ReceiveState(int64_t T);
@@ -157,6 +181,7 @@ class Model {
   std::unique_ptr<LatentKvCache> private_kv_;
   std::unique_ptr<KdaStateSlots> private_kda_;
   bool decode_graphs_ = true;
+  int micro_batches_ = 0;  // set_pipeline_micro_batches
   int64_t graph_replays_ = 0;
   std::set<std::string> graph_seen_;  // keys run once eagerly; the next step captures
 };

@@ -12,7 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,16 +34,46 @@ constexpr int kDecodeSteps = 8;
 
 // What a rank of the first stage produced: every prompt position's logits (prefilled in chunks of
 // 33, so the 70-token prompt crosses the 64-token KDA chunk), the argmax of each of 8 decode
-// steps, and one batched decode step of three sequences (ForwardDecode). Other stages return no
-// logits. Every stage is fed the same tokens (decode steps take fixed tokens, since only the first
-// stage has the logits a greedy choice would come from; the runners send rank 0's choice).
+// steps, and one decode step of each of kBatches' sizes (ForwardDecode: on pipeline stages the
+// step's micro-batches in flight; on one stage, the reference, each sequence's Forward alone,
+// which batch invariance says each row must equal). Other stages return no logits. Every stage is
+// fed the same tokens (decode steps take fixed tokens, since only the first stage has the logits
+// a greedy choice would come from; the runners send rank 0's choice).
+constexpr int64_t kBatches[] = {1, 3, 5, 64};
 struct StageOutput {
   std::string error;
   Tensor logits;
   std::vector<int32_t> step_argmax;
-  Tensor batch;
+  std::vector<Tensor> batches;  // per kBatches entry, [B, vocab]
   bool got_logits = false;
 };
+
+// One decode step of `B` sequences after prompts of different lengths (1 to 19 tokens), as
+// ForwardDecode on pipeline stages, each sequence alone on one stage.
+Result<Tensor> DecodeBatch(Model& m, const std::vector<int32_t>& ids, int64_t B) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<SequenceState> seqs;
+  for (int64_t b = 0; b < B; ++b) seqs.push_back(m.NewSequence());
+  std::vector<SequenceState*> ptrs;
+  std::vector<int32_t> next;
+  ForwardOptions o;
+  o.all_logits = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t len = static_cast<size_t>(1 + (b * 7) % 19);
+    KIMIRT_RETURN_IF_ERROR(m.Forward(&seqs[static_cast<size_t>(b)],
+                                     std::span<const int32_t>(ids).subspan(static_cast<size_t>(b % 4), len), o)
+                               .status());
+    ptrs.push_back(&seqs[static_cast<size_t>(b)]);
+    next.push_back(ids[static_cast<size_t>(b % 50)]);
+  }
+  if (m.stage().pp > 1) return m.ForwardDecode(ptrs, next);
+  Tensor out = Tensor::Host({B, V});
+  for (int64_t b = 0; b < B; ++b) {
+    KIMIRT_ASSIGN_OR_RETURN(Tensor row, m.Forward(ptrs[static_cast<size_t>(b)], std::span<const int32_t>(&next[static_cast<size_t>(b)], 1), o));
+    std::copy_n(row.f32(), V, out.f32() + b * V);
+  }
+  return out;
+}
 
 Status RunStage(Model& m, const std::vector<int32_t>& ids, StageOutput* out) {
   const int64_t V = m.config().vocab_size;
@@ -60,16 +93,11 @@ Status RunStage(Model& m, const std::vector<int32_t>& ids, StageOutput* out) {
     KIMIRT_ASSIGN_OR_RETURN(Tensor step, m.Forward(&st, std::vector<int32_t>{t}, o));
     if (first) out->step_argmax.push_back(testing::ArgMax(step.f32(), V));
   }
-  // One decode step of three sequences at once, after prompts of different lengths.
-  std::vector<SequenceState> seqs;
-  for (int b = 0; b < 3; ++b) seqs.push_back(m.NewSequence());
-  for (int b = 0; b < 3; ++b) {
-    KIMIRT_RETURN_IF_ERROR(
-        m.Forward(&seqs[static_cast<size_t>(b)], std::span<const int32_t>(ids).subspan(0, 5 + 9 * b), o).status());
+  for (int64_t B : kBatches) {
+    KIMIRT_ASSIGN_OR_RETURN(Tensor batch, DecodeBatch(m, ids, B));
+    if (batch.defined() != first) return Internal("a decode step's logits on a stage other than the first");
+    if (first) out->batches.push_back(batch);
   }
-  std::vector<SequenceState*> ptrs = {&seqs[0], &seqs[1], &seqs[2]};
-  KIMIRT_ASSIGN_OR_RETURN(Tensor batch, m.ForwardDecode(ptrs, std::vector<int32_t>{ids[1], ids[2], ids[3]}));
-  if (first) out->batch = batch;
   out->got_logits = first;
   return Status::Ok();
 }
@@ -117,7 +145,12 @@ class PipelineParallelTest : public ::testing::TestWithParam<std::string> {
       if (!first_stage) continue;
       const StageOutput& want = ref[w];
       EXPECT_TRUE(SameBits(got[w].logits, want.logits)) << "max |diff| " << testing::MaxAbsDiff(got[w].logits, want.logits);
-      EXPECT_TRUE(SameBits(got[w].batch, want.batch)) << "max |diff| " << testing::MaxAbsDiff(got[w].batch, want.batch);
+      ASSERT_EQ(got[w].batches.size(), want.batches.size());
+      for (size_t i = 0; i < want.batches.size(); ++i) {
+        EXPECT_TRUE(SameBits(got[w].batches[i], want.batches[i]))
+            << "a decode step of " << kBatches[i] << ": max |diff| "
+            << testing::MaxAbsDiff(got[w].batches[i], want.batches[i]);
+      }
       EXPECT_EQ(got[w].step_argmax, want.step_argmax);
     }
   }
@@ -209,6 +242,150 @@ std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, PipelineParallelTest, ::testing::Values("tiny-a", "tiny-b", "kimi-linear-tiny"),
                          FixtureName);
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorPipelineTest, ::testing::Values("tiny-a", "kimi-linear-tiny"), FixtureName);
+
+// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"). The pipeline group as
+// the model sees it, with every stage's Send and Recv counted and one gate: stage `gated`'s first
+// Send (the end of its work on micro-batch 0: it has received that micro-batch's whole state and
+// runs its layers before sending it on) waits until stage 0 has sent twice what `gated` had
+// received by then — until stage 0 has run micro-batch 1 too. Run one step at a time (stage 0
+// waiting for a micro-batch's logits before it starts the next) that never happens: the gate
+// times out and says so. In flight, stage 0 runs micro-batch 1 while `gated` sits in micro-batch 0.
+struct PipelineLog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> sends, recvs;      // per stage: Send calls made, Recv calls returned
+  std::vector<size_t> message_floats;     // every Send's size
+  int gated = -1;
+  bool gate_timed_out = false;
+  int64_t stage0_sends_at_release = -1;   // stage 0's Send count when the gate opened
+  int64_t gated_recvs_at_gate = -1;
+};
+
+class LoggedPipeline final : public Communicator {
+ public:
+  LoggedPipeline(Communicator& inner, PipelineLog& log) : inner_(inner), log_(log) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void AllReduceSum(float* data, size_t n) override { inner_.AllReduceSum(data, n); }
+  void AllGather(const float* send, size_t n, float* recv) override { inner_.AllGather(send, n, recv); }
+  void Barrier() override { inner_.Barrier(); }
+  void Send(const float* data, size_t n, int peer) override {
+    std::unique_lock<std::mutex> lock(log_.mu);
+    const size_t s = static_cast<size_t>(rank());
+    if (rank() == log_.gated && log_.sends[s] == 0) {
+      const int64_t received = log_.recvs[s];
+      log_.gated_recvs_at_gate = received;
+      const bool ok = log_.cv.wait_for(lock, std::chrono::seconds(10), [&] { return log_.sends[0] >= 2 * received; });
+      log_.gate_timed_out = !ok;
+      log_.stage0_sends_at_release = log_.sends[0];
+    }
+    if (peer == rank() + 1) log_.message_floats.push_back(n);  // the residual state, not the logits
+    log_.sends[s] += 1;
+    log_.cv.notify_all();
+    lock.unlock();
+    inner_.Send(data, n, peer);
+  }
+  void Recv(float* data, size_t n, int peer) override {
+    inner_.Recv(data, n, peer);
+    std::lock_guard<std::mutex> lock(log_.mu);
+    log_.recvs[static_cast<size_t>(rank())] += 1;
+    log_.cv.notify_all();
+  }
+
+ private:
+  Communicator& inner_;
+  PipelineLog& log_;
+};
+
+TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  constexpr int64_t kRows = 4;
+  PipelineLog log;
+  log.sends.assign(kPp, 0);
+  log.recvs.assign(kPp, 0);
+  log.gated = 1;
+  std::vector<std::string> errors(kPp);
+  int64_t hidden = 0;
+  Tensor got, want;
+  RunOnThreadGrid(1, kPp, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    LoggedPipeline logged(pp_comm, log);
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &logged);
+    std::string& e = errors[static_cast<size_t>(pp_comm.rank())];
+    if (!m.ok()) {
+      e = m.status().ToString();
+      return;
+    }
+    hidden = (*m)->config().hidden_size;
+    // A decode step of fresh sequences: the step is the first thing the pipeline carries.
+    std::vector<SequenceState> seqs;
+    std::vector<SequenceState*> ptrs;
+    for (int64_t b = 0; b < kRows; ++b) seqs.push_back((*m)->NewSequence());
+    for (SequenceState& st : seqs) ptrs.push_back(&st);
+    const std::vector<int32_t> next = {5, 6, 7, 8};
+    Result<Tensor> step = (*m)->ForwardDecode(ptrs, next);
+    if (!step.ok()) {
+      e = step.status().ToString();
+      return;
+    }
+    if (pp_comm.rank() == 0) got = *step;
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run micro-batch 1 while stage 1 held micro-batch 0 (stage 0 "
+                                      "had sent " << log.stage0_sends_at_release << " messages)";
+  EXPECT_GT(log.gated_recvs_at_gate, 0);
+  EXPECT_GE(log.stage0_sends_at_release, 2 * log.gated_recvs_at_gate);
+  // On the CPU (RowInvariantRows 1) every sequence is its own micro-batch: each state message is
+  // one row, and each stage boundary carries the same count of them.
+  ASSERT_FALSE(log.message_floats.empty());
+  for (size_t n : log.message_floats) EXPECT_EQ(n, static_cast<size_t>(hidden));
+  EXPECT_EQ(log.sends[0] % kRows, 0);
+  EXPECT_EQ(log.sends[0], log.recvs[1]);
+  // The bits are one stage's, each sequence alone.
+  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
+    ASSERT_TRUE(m.ok());
+    want = Tensor::Host({kRows, (*m)->config().vocab_size});
+    for (int64_t b = 0; b < kRows; ++b) {
+      SequenceState st = (*m)->NewSequence();
+      auto row = (*m)->Forward(&st, std::vector<int32_t>{static_cast<int32_t>(5 + b)});
+      ASSERT_TRUE(row.ok());
+      std::copy_n(row->f32(), row->numel(), want.f32() + b * row->numel());
+    }
+  });
+  EXPECT_TRUE(SameBits(got, want)) << "max |diff| " << testing::MaxAbsDiff(got, want);
+}
+
+// How a step splits: enough micro-batches that none exceeds the row-invariant size, else the
+// count asked for (at most one per row), as equal as can be.
+TEST(PipelineStages, MicroBatchRowsSplitsEvenlyWithinTheRowInvariantSize) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(MicroBatchRows(3, 1, 2), (V{1, 1, 1}));     // the CPU: a row each
+  EXPECT_EQ(MicroBatchRows(64, 64, 2), (V{32, 32}));    // CUDA at PP 2
+  EXPECT_EQ(MicroBatchRows(5, 64, 2), (V{3, 2}));
+  EXPECT_EQ(MicroBatchRows(1, 64, 4), (V{1}));          // never more than one per row
+  EXPECT_EQ(MicroBatchRows(3, 64, 4), (V{1, 1, 1}));
+  EXPECT_EQ(MicroBatchRows(130, 64, 1), (V{44, 43, 43}));  // 1 asked, 3 needed
+  EXPECT_EQ(MicroBatchRows(64, 64, 1), (V{64}));
+  EXPECT_EQ(MicroBatchRows(7, 64, 0), (V{7}));          // 0 counts as 1
+  for (int64_t rows : {1, 2, 7, 63, 64, 65, 200}) {
+    for (int64_t r : {1, 8, 64}) {
+      for (int64_t want : {1, 2, 4, 9}) {
+        const V s = MicroBatchRows(rows, r, want);
+        int64_t sum = 0;
+        for (int64_t n : s) {
+          EXPECT_GE(n, 1);
+          EXPECT_LE(n, r);
+          EXPECT_LE(s.front() - n, 1);
+          sum += n;
+        }
+        EXPECT_EQ(sum, rows);
+      }
+    }
+  }
+}
 
 // The rule itself (vLLM's get_pp_indices), which `kimirt plan` prints from too.
 TEST(PipelineStages, SplitLikeVllmAndCoverEveryLayerOnce) {

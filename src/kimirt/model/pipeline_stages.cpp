@@ -1,7 +1,10 @@
 // Pipeline stages (pipeline_stages.h).
 #include "kimirt/model/pipeline_stages.h"
 
+#include <algorithm>
 #include <string>
+
+#include "kimirt/core/check.h"
 
 namespace kimirt {
 
@@ -40,6 +43,14 @@ bool StageLoads(const PipelineStage& stage, const TensorSpec& t, const std::vect
                 bool tie_word_embeddings) {
   if (StageOfTensor(t, stages) == stage.stage) return true;
   return tie_word_embeddings && t.role == TensorRole::kEmbed && stage.is_last();
+}
+
+std::vector<int64_t> MicroBatchRows(int64_t rows, int64_t row_invariant_rows, int64_t wanted) {
+  KIMIRT_CHECK(rows >= 1 && row_invariant_rows >= 1);
+  const int64_t n = std::max((rows + row_invariant_rows - 1) / row_invariant_rows, std::clamp<int64_t>(wanted, 1, rows));
+  std::vector<int64_t> sizes(static_cast<size_t>(n), rows / n);
+  for (int64_t i = 0; i < rows % n; ++i) sizes[static_cast<size_t>(i)] += 1;
+  return sizes;
 }
 
 }  // namespace kimirt

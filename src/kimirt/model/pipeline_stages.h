@@ -41,4 +41,12 @@ int StageOfTensor(const TensorSpec& t, const std::vector<PipelineStage>& stages)
 bool StageLoads(const PipelineStage& stage, const TensorSpec& t, const std::vector<PipelineStage>& stages,
                 bool tie_word_embeddings);
 
+// How a decode step of `rows` sequences splits into micro-batches that flow through the stages
+// one after another (docs/distributed.md "Micro-batches in flight"): the row counts, in order.
+// `wanted` micro-batches (at most one per row), and always enough that none has more than
+// `row_invariant_rows` rows (Backend::RowInvariantRows: a row's bits are then its own whichever
+// micro-batch it lands in); as equal as they can be, the larger first. A function of the three
+// counts alone, so every rank splits a step alike.
+std::vector<int64_t> MicroBatchRows(int64_t rows, int64_t row_invariant_rows, int64_t wanted);
+
 }  // namespace kimirt

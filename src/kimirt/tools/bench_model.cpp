@@ -127,6 +127,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.matrix_dtype = opt.matrix_dtype;
   ro.tp = opt.tp;
   ro.pp = opt.pp;
+  ro.pp_micro_batches = opt.pp_micro_batches;
   ro.ep = opt.expert_parallel ? opt.tp : 1;
   ro.block_size = 64;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
@@ -184,6 +185,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.tp = opt.tp;
   report.ep = ro.ep;
   report.pp = opt.pp;
+  report.pp_micro_batches = opt.pp_micro_batches;
   report.prompt_len = opt.prompt_len;
   report.decode_tokens = opt.decode_tokens;
   report.prefill_chunk = opt.prefill_chunk;
@@ -280,6 +282,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
 std::string BenchModelReport::ToText() const {
   std::string s = "bench model: " + model + ", TP" + std::to_string(tp) + (ep > 1 ? " EP" + std::to_string(ep) : "") +
                   (pp > 1 ? " PP" + std::to_string(pp) : "") +
+                  (pp > 1 && pp_micro_batches > 0 ? " (" + std::to_string(pp_micro_batches) + " micro-batches)" : "") +
                   ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
   if (weight_bytes_planned > 0) {
@@ -325,6 +328,7 @@ std::string BenchModelReport::ToJson() const {
   j["max_abs_logit"] = max_abs_logit;
   j["tp"] = tp;
   j["pp"] = pp;
+  j["pp_micro_batches"] = pp_micro_batches;
   j["ep"] = ep;
   j["prompt_len"] = prompt_len;
   j["decode_tokens"] = decode_tokens;

@@ -41,6 +41,7 @@ struct BenchModelOptions {
   DType matrix_dtype = DType::kF32;
   int tp = 1;
   int pp = 1;  // pipeline stages (RunnerOptions::pp)
+  int pp_micro_batches = 0;  // micro-batches a decode step asks for (RunnerOptions::pp_micro_batches)
   bool expert_parallel = false;  // routed experts split by id over the tp ranks (ep = tp)
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
@@ -74,6 +75,7 @@ struct BenchModelReport {
   int tp = 1;
   int ep = 1;
   int pp = 1;
+  int pp_micro_batches = 0;
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;
