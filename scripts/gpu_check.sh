@@ -364,7 +364,8 @@ if [[ "$what" == k3tp8 ]]; then
   # Issue 17 on nvidia-h200-x8 (8 GPUs): K3 cut to the 36 layers that fit 8 x H200 at TP8
   # (bench/configs/kimi-k3-h200x8-tp8.json), weights made at load on each rank, served with the
   # seed's command line; per-GPU memory against `kimirt plan`; bench serve at concurrency 1, 8, 64
-  # (temperature 1, as in chunksweep);
+  # (tokens timed by the usage count: random weights served with the built-in tokenizer emit ids
+  # it does not cover, which decode to no text; --continuous-usage-stats);
   # then the 2-layer K3: bench model at TP8 and TP 1 vs 8 greedy completions + batch invariance.
   ngpu=$(nvidia-smi -L | wc -l)
   [[ $ngpu -ge 8 ]] || { echo "k3tp8 needs 8 GPUs, this machine has $ngpu"; exit 1; }
@@ -382,7 +383,7 @@ if [[ "$what" == k3tp8 ]]; then
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | tee "$out/k3-tp8-gpu-memory.txt"
   echo "--- kimirt plan (the same flags): per GPU"; grep -iE "total|weights|budget|fits" "$out/plan-k3-tp8.txt" | head -12
   timeout 1200 "$root/kimirt" bench serve --url http://127.0.0.1:8140 --input-len 1024 --output-len 128 \
-    --num-prompts 128 --sweep-concurrency 1,8,64 --ignore-eos --temperature 1 --json "$out/bench-serve-k3-36-tp8.json" 2>&1 | tail -12
+    --num-prompts 128 --sweep-concurrency 1,8,64 --ignore-eos --continuous-usage-stats --json "$out/bench-serve-k3-36-tp8.json" 2>&1 | tail -12
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   kill -TERM $server; wait $server
   k2="$root/shared/bench/configs/kimi-k3-2layer.json"

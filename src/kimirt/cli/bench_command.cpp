@@ -73,6 +73,9 @@ int RunBenchServeCommand(int argc, char** argv) {
   flags.Int("max-concurrency", &o.max_concurrency, "requests in flight at most (0: no limit)");
   flags.String("sweep-concurrency", &sweep, "one run per concurrency, e.g. 1,2,4,8,16 (overrides --max-concurrency)");
   flags.Int("seed", &seed, "seed of the prompt lengths and the arrival times (vLLM's default: 0)");
+  flags.Bool("continuous-usage-stats", &o.continuous_usage_stats,
+             "ask for stream_options.continuous_usage_stats and time tokens by the usage count (for models whose "
+             "tokens may decode to no text, e.g. random weights)");
   flags.Bool("ignore-eos", &o.ignore_eos, "send ignore_eos so each request generates its full length (default: on for random, off for gsm8k)");
   flags.Double("temperature", &o.temperature, "temperature to send (default: not sent, the server decides)");
   flags.Bool("calibrate", &o.calibrate, "random: fit prompt words to the server's token counts (--no-calibrate: one word per token)");

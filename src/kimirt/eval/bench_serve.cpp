@@ -232,6 +232,7 @@ Json BenchRequestBody(const BenchServeOptions& o, const BenchPrompt& p) {
   if (o.ignore_eos) body["ignore_eos"] = true;
   if (!p.stop.empty()) body["stop"] = p.stop;
   if (o.temperature >= 0) body["temperature"] = o.temperature;
+  if (o.continuous_usage_stats) body["stream_options"] = {{"continuous_usage_stats", true}};
   return body;
 }
 

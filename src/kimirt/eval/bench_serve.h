@@ -39,6 +39,10 @@ struct BenchServeOptions {
   std::vector<int> sweep_concurrency;     // non-empty: one run per value (overrides max_concurrency)
   uint32_t seed = 0;                      // vLLM's default --seed
   bool ignore_eos = true;
+  // Ask for vLLM's stream_options.continuous_usage_stats and time a token by the usage count
+  // rising rather than by text arriving: for servers whose tokenizer leaves tokens textless
+  // (random weights served with a small built-in tokenizer).
+  bool continuous_usage_stats = false;
   double temperature = -1;                // < 0: not sent (the server's default, as vLLM does)
   bool calibrate = true;                  // random: fit prompt words to the server's token counts
   bool server_metrics = true;             // read GET /metrics around each run

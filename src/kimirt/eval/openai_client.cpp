@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 
@@ -107,7 +108,12 @@ Status ApplyStreamEvent(std::string_view data, bool chat, double now_s, Streamed
   Json j = Json::parse(data, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Corrupt("a stream event is not JSON: " + Shorten(data));
   if (auto e = j.find("error"); e != j.end()) return Internal("the server reported an error mid-stream: " + ErrorBodyMessage(data));
-  if (auto u = j.find("usage"); u != j.end() && u->is_object()) out->usage = ReadUsage(*u);
+  const int64_t tokens_before = out->usage.completion_tokens;
+  bool counted = false;  // the chunk says how many tokens exist so far (continuous usage stats)
+  if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
+    out->usage = ReadUsage(*u);
+    counted = out->usage.completion_tokens >= 0;
+  }
   auto choices = j.find("choices");
   if (choices == j.end() || !choices->is_array() || choices->empty()) return Status::Ok();  // e.g. the usage chunk
   const Json& c = (*choices)[0];
@@ -124,11 +130,12 @@ Status ApplyStreamEvent(std::string_view data, bool chat, double now_s, Streamed
     piece = t->get<std::string>();
   }
   // Only chunks carrying text count as token arrivals: a server may send a role-only chunk
-  // before any token exists, which would make TTFT look instant.
-  if (!piece.empty()) {
+  // before any token exists, which would make TTFT look instant. A chunk with the usage so far
+  // counts when that count rose, text or not.
+  if (counted ? out->usage.completion_tokens > std::max<int64_t>(tokens_before, 0) : !piece.empty()) {
     out->token_times_s.push_back(now_s);
-    out->text += piece;
   }
+  out->text += piece;
   if (auto f = c.find("finish_reason"); f != c.end() && f->is_string()) out->finish_reason = f->get<std::string>();
   return Status::Ok();
 }
@@ -168,7 +175,7 @@ Result<StreamedCompletion> OpenAiClient::Stream(std::string_view endpoint, nlohm
   const std::string where = "POST " + url_.ApiUrl(endpoint) + " (stream)";
   const bool chat = endpoint == "chat/completions";
   body["stream"] = true;
-  body["stream_options"] = {{"include_usage", true}};
+  body["stream_options"]["include_usage"] = true;  // keeping what the caller asked besides
 
   StreamedCompletion out;
   SseParser parser;

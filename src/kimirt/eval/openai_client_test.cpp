@@ -51,6 +51,24 @@ TEST(OpenAiClient, StreamEventsTimeOnlyChunksWithText) {
   EXPECT_FALSE(ApplyStreamEvent("{oops", false, 6.0, &s, &done).ok());
 }
 
+// With continuous usage stats a chunk counts when the usage count rises, text or not (tokens
+// that decode to nothing yet); the role chunk (0 tokens) and the final usage chunk do not.
+TEST(OpenAiClient, StreamEventsWithContinuousUsageTimeEveryToken) {
+  StreamedCompletion s;
+  bool done = false;
+  const char* events[] = {
+      R"({"choices":[{"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":5,"completion_tokens":0}})",
+      R"({"choices":[{"delta":{}}],"usage":{"prompt_tokens":5,"completion_tokens":1}})",
+      R"({"choices":[{"delta":{"content":"ab"}}],"usage":{"prompt_tokens":5,"completion_tokens":3}})",
+      R"({"choices":[{"delta":{},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3}})",
+      R"({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}})"};
+  double t = 1.0;
+  for (const char* e : events) ASSERT_TRUE(ApplyStreamEvent(e, true, t++, &s, &done).ok()) << e;
+  EXPECT_EQ(s.token_times_s, (std::vector<double>{2.0, 3.0}));
+  EXPECT_EQ(s.text, "ab");
+  EXPECT_EQ(s.usage.completion_tokens, 3);
+}
+
 TEST(OpenAiClient, ErrorBodies) {
   EXPECT_EQ(ErrorBodyMessage(R"({"error":{"message":"bad model","type":"invalid_request_error"}})"), "bad model");
   EXPECT_EQ(ErrorBodyMessage(R"({"detail":"x"})"), R"({"detail":"x"})");

@@ -79,6 +79,7 @@ struct Chat {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool include_usage = false;
+  bool continuous_usage = false;
   int64_t prompt_tokens = 0;
   std::vector<Choice> choices;
 
@@ -109,7 +110,11 @@ struct Chat {
     choice["finish_reason"] = finish ? Json(*finish) : Json(nullptr);
     Json chunk = Header("chat.completion.chunk");
     chunk["choices"] = Json::array({std::move(choice)});
-    if (include_usage) chunk["usage"] = nullptr;
+    if (continuous_usage) {
+      chunk["usage"] = Usage();
+    } else if (include_usage) {
+      chunk["usage"] = nullptr;
+    }
     return SseEvent(chunk.dump(-1, ' ', false, Json::error_handler_t::replace));
   }
 };
@@ -157,7 +162,10 @@ class ChatStream : public JobStream {
     if (c_.logprobs && !o.logprobs.empty()) {
       lp = {{"content", ChatLogprobsContent(*ctx_.tokenizer, o.logprobs, c_.top_logprobs)}};
     }
-    if (!delta.empty() || !lp.is_null()) *out += c_.Chunk(ev.choice, std::move(delta), std::move(lp), std::nullopt);
+    const bool new_tokens = c_.continuous_usage && !o.token_ids.empty();
+    if (!delta.empty() || !lp.is_null() || new_tokens) {
+      *out += c_.Chunk(ev.choice, std::move(delta), std::move(lp), std::nullopt);
+    }
     if (o.finish != FinishReason::kNone) {
       ch.finish = o.finish;
       *out += c_.Chunk(ev.choice, Json::object(), nullptr, c_.FinishReasonOf(ch));
@@ -291,6 +299,7 @@ HttpResponse HandleChatCompletions(const ServingContext& ctx, const HttpRequest&
   c.logprobs = req.logprobs;
   c.top_logprobs = req.top_logprobs;
   c.include_usage = req.gen.include_usage;
+  c.continuous_usage = req.gen.continuous_usage;
   c.prompt_tokens = prompt_tokens;
   // Call ids must not repeat across turns of a conversation: the K3 renderer pairs tool results
   // with their calls by id. The request id's random tail makes them unique enough.

@@ -37,6 +37,7 @@ struct Completion {
   bool echo = false;
   bool logprobs = false;
   bool include_usage = false;
+  bool continuous_usage = false;
   std::vector<Prompt> prompts;
   std::vector<Choice> choices;
 
@@ -48,7 +49,11 @@ struct Completion {
     choice["finish_reason"] = finish ? Json(OpenAiFinishReason(*finish)) : Json(nullptr);
     Json chunk = Header("text_completion");
     chunk["choices"] = Json::array({std::move(choice)});
-    if (include_usage) chunk["usage"] = nullptr;  // OpenAI: null on all but the last chunk
+    if (continuous_usage) {
+      chunk["usage"] = Usage();
+    } else if (include_usage) {
+      chunk["usage"] = nullptr;  // OpenAI: null on all but the last chunk
+    }
     return chunk;
   }
 
@@ -111,7 +116,8 @@ class CompletionStream : public JobStream {
       for (const SampleResult& s : o.logprobs) ch.logprobs->AddSampled(s);
       lp = ch.logprobs->TakeJson();
     }
-    if (o.text.empty() && lp.is_null() && o.finish == FinishReason::kNone) return;
+    const bool new_tokens = c_.continuous_usage && !o.token_ids.empty();
+    if (o.text.empty() && lp.is_null() && o.finish == FinishReason::kNone && !new_tokens) return;
     std::optional<FinishReason> finish;
     if (o.finish != FinishReason::kNone) finish = ch.finish = o.finish;
     *out += SseEvent(c_.Chunk(ev.choice, o.text, std::move(lp), finish).dump(-1, ' ', false,
@@ -172,6 +178,7 @@ HttpResponse HandleCompletions(const ServingContext& ctx, const HttpRequest& req
   c.echo = req.echo;
   c.logprobs = req.gen.sampling.logprobs >= 0;
   c.include_usage = req.gen.include_usage;
+  c.continuous_usage = req.gen.continuous_usage;
   const bool multi = req.prompts.size() > 1;
   for (size_t p = 0; p < req.prompts.size(); ++p) {
     PromptInput& in = req.prompts[p];

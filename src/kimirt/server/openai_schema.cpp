@@ -142,6 +142,8 @@ MaybeError ParseGeneration(const Json& body, const SchemaLimits& limits, bool ch
     if (!so->is_object()) return TypeError("stream_options", "an object", *so);
     if (!gen->stream) return InvalidRequest("`stream_options` is only allowed with `stream: true`", "stream_options");
     KIMIRT_RETURN_IF_API_ERROR(ReadBool(*so, "include_usage", &gen->include_usage, "stream_options."));
+    KIMIRT_RETURN_IF_API_ERROR(
+        ReadBool(*so, "continuous_usage_stats", &gen->continuous_usage, "stream_options."));
   }
   return std::nullopt;
 }

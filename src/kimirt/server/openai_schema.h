@@ -52,6 +52,10 @@ struct GenerationOptions {
   bool max_tokens_set = false;  // else completions use 16 (OpenAI), chat the rest of the context
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far, and a
+  // step whose tokens decode to no text yet still sends its (empty) chunk, so a client can time
+  // every token (bench serve on a model whose tokenizer does not cover its vocabulary).
+  bool continuous_usage = false;
   bool include_stop_str_in_output = false;  // vLLM: the matched stop string ends the text
 };
 

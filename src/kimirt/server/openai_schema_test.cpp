@@ -143,6 +143,8 @@ TEST(OpenAiSchema, WrongTypesNameTheField) {
       {R"({"prompt":"x","stop_token_ids":3})", "stop_token_ids"},
       {R"({"prompt":"x","stream":true,"stream_options":true})", "stream_options"},
       {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":"y"}})", "stream_options.include_usage"},
+      {R"({"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":1}})",
+       "stream_options.continuous_usage_stats"},
       {R"({"prompt":"x","suffix":3})", "suffix"},
       {R"({"prompt":"x","model":7})", "model"},
   };

@@ -233,6 +233,48 @@ TEST_F(ServerTest, CompletionStreaming) {
   EXPECT_EQ(finishes, 2);
 }
 
+// vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far, and tokens
+// that decode to no text still send their chunk, so each token can be timed; without it such
+// tokens send nothing until the finish.
+TEST_F(ServerTest, ContinuousUsageStreamsEveryTokenEvenWithoutText) {
+  engine_.textless = true;
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    json body = {{"max_tokens", 5}, {"stream", true},
+                 {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+    if (chat) {
+      body["messages"] = json::array({{{"role", "user"}, {"content", "hi"}}});
+    } else {
+      body["prompt"] = "hi";
+    }
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    std::vector<std::string> events = SseData(Post(path, body).body);
+    std::vector<int64_t> counts;
+    for (const std::string& e : events) {
+      if (e == "[DONE]") continue;
+      const json c = json::parse(e);
+      ASSERT_TRUE(c["usage"].is_object()) << e;
+      if (!c["choices"].empty() && c["choices"][0]["finish_reason"].is_null()) {
+        counts.push_back(c["usage"]["completion_tokens"].get<int64_t>());
+      }
+    }
+    // Chat's role chunk comes first, with no token yet.
+    std::vector<int64_t> want = {1, 2, 3, 4, 5};
+    if (chat) want.insert(want.begin(), 0);
+    EXPECT_EQ(counts, want);
+
+    body["stream_options"] = {{"include_usage", true}};
+    events = SseData(Post(path, body).body);
+    int token_chunks = 0;
+    for (const std::string& e : events) {
+      if (e == "[DONE]") continue;
+      const json c = json::parse(e);
+      token_chunks += !c["choices"].empty() && c["choices"][0]["finish_reason"].is_null();
+    }
+    EXPECT_EQ(token_chunks, chat ? 1 : 0);  // chat: the role chunk alone
+  }
+}
+
 TEST_F(ServerTest, InvalidRequests) {
   ExpectError(HttpCall(server_->port(), "POST", "/v1/completions", "{not json"), 400);
   ExpectError(HttpCall(server_->port(), "POST", "/v1/completions", "[]"), 400);

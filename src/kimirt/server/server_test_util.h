@@ -54,6 +54,7 @@ class FakeEngine : public Engine {
   Status submit_status;        // returned by Submit when not OK (e.g. the queue is full)
   bool throw_on_submit = false;
   int accept_limit = -1;       // >= 0: refuse (ResourceExhausted) once this many were accepted
+  bool textless = false;       // every token decodes to no text (ids a tokenizer does not cover)
 
   Status Submit(EngineRequest request) override {
     if (throw_on_submit) throw std::runtime_error("fake engine exploded");
@@ -137,7 +138,7 @@ class FakeEngine : public Engine {
       }
       RequestOutput step = out;
       step.token_ids = {script[i]};
-      step.text = std::string(tokenizer_.TokenBytes(script[i]));
+      step.text = textless ? std::string() : std::string(tokenizer_.TokenBytes(script[i]));
       if (p.logprobs >= 0) {
         SampleResult s;
         s.token = script[i];
