@@ -327,6 +327,7 @@ Json BenchServeReportToJson(const BenchServeReport& r) {
   c["sweep_concurrency"] = o.sweep_concurrency.empty() ? Json(nullptr) : Json(o.sweep_concurrency);
   c["seed"] = o.seed;
   c["ignore_eos"] = o.ignore_eos;
+  c["continuous_usage_stats"] = o.continuous_usage_stats;
   c["temperature"] = o.temperature >= 0 ? Json(o.temperature) : Json(nullptr);
   j["config"] = std::move(c);
   if (o.dataset == "random") {

@@ -201,6 +201,7 @@ TEST_F(EvalE2eTest, BenchServeRandomSweepMatchesTheScript) {
   for (const Json& b : server_.bodies()) {
     EXPECT_EQ(b["ignore_eos"], true);
     EXPECT_FALSE(b.contains("temperature"));
+    EXPECT_FALSE(b["stream_options"].contains("continuous_usage_stats"));  // only when asked
   }
   const Json j = BenchServeReportToJson(*r);
   testing::ExpectSchema(j, testing::BenchReportSchema());
