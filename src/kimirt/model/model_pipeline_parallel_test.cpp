@@ -358,6 +358,103 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
   EXPECT_TRUE(SameBits(got, want)) << "max |diff| " << testing::MaxAbsDiff(got, want);
 }
 
+// Prefill chunks in flight (Model::ForwardChunks; docs/distributed.md "Prefill chunks in
+// flight"): a step's chunks of three sequences, twice (the second round with the logits of every
+// position for one of them), at PP 3. The same gate as above holds stage 1's first send (the end
+// of its chunk 0) until stage 0 has sent chunk 1's state too: stage 1 works on chunk 0 while stage
+// 0 runs chunk 1. One Forward after another on the stages (the mutation tried: ForwardChunks
+// calling Forward per chunk on pipeline stages), the gate times out. Every chunk's logits are one
+// stage's bits, each sequence's chunks forwarded alone in order.
+TEST(PipelineMicroBatches, StagesRunDifferentPrefillChunksAtOnce) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  const std::vector<std::vector<size_t>> lengths = {{9, 5, 12}, {7, 3, 10}};  // per round, per sequence
+  auto ids_of = [](size_t round, size_t seq, size_t n) {
+    std::vector<int32_t> ids;
+    for (size_t k = 0; k < n; ++k) ids.push_back(static_cast<int32_t>((round * 101 + seq * 37 + k * 13 + 1) % 500));
+    return ids;
+  };
+  auto all_logits = [](size_t round, size_t seq) { return round == 1 && seq == 2; };
+  // Chunk logits per round, per sequence: through ForwardChunks (stage 0's) and one stage's Forward.
+  auto run = [&](Model& m, bool chunks, std::vector<std::vector<Tensor>>* out) -> Status {
+    std::vector<SequenceState> seqs;
+    for (size_t i = 0; i < lengths[0].size(); ++i) seqs.push_back(m.NewSequence());
+    for (size_t round = 0; round < lengths.size(); ++round) {
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<PrefillChunk> pcs;
+      for (size_t i = 0; i < seqs.size(); ++i) ids.push_back(ids_of(round, i, lengths[round][i]));
+      for (size_t i = 0; i < seqs.size(); ++i) pcs.push_back({&seqs[i], ids[i], all_logits(round, i), nullptr});
+      if (chunks) {
+        KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> logits, m.ForwardChunks(pcs));
+        out->push_back(std::move(logits));
+        continue;
+      }
+      out->emplace_back();
+      for (const PrefillChunk& c : pcs) {
+        ForwardOptions o;
+        o.all_logits = c.all_logits;
+        KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(c.state, c.ids, o));
+        out->back().push_back(std::move(logits));
+      }
+    }
+    return Status::Ok();
+  };
+  PipelineLog log;
+  log.sends.assign(kPp, 0);
+  log.recvs.assign(kPp, 0);
+  log.gated = 1;
+  std::vector<std::string> errors(kPp);
+  int64_t hidden = 0;
+  std::vector<std::vector<Tensor>> got, want;
+  RunOnThreadGrid(1, kPp, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    LoggedPipeline logged(pp_comm, log);
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &logged);
+    std::string& e = errors[static_cast<size_t>(pp_comm.rank())];
+    if (!m.ok()) {
+      e = m.status().ToString();
+      return;
+    }
+    hidden = (*m)->config().hidden_size;
+    std::vector<std::vector<Tensor>> mine;
+    if (Status s = run(**m, true, &mine); !s.ok()) e = s.ToString();
+    for (const std::vector<Tensor>& round : mine) {
+      for (const Tensor& t : round) {
+        if (t.defined() != (pp_comm.rank() == 0)) e += "logits on a stage other than the first, or none on the first; ";
+      }
+    }
+    if (pp_comm.rank() == 0) got = std::move(mine);
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run chunk 1 while stage 1 held chunk 0 (stage 0 had sent "
+                                   << log.stage0_sends_at_release << " messages)";
+  EXPECT_GT(log.gated_recvs_at_gate, 0);
+  EXPECT_GE(log.stage0_sends_at_release, 2 * log.gated_recvs_at_gate);
+  // Each chunk crosses whole (T rows of the hidden size per message), and every chunk of both
+  // rounds crossed each boundary the same number of times.
+  ASSERT_FALSE(log.message_floats.empty());
+  for (size_t n : log.message_floats) EXPECT_EQ(n % static_cast<size_t>(hidden), 0u) << n;
+  EXPECT_EQ(log.sends[0] % 6, 0);
+  EXPECT_EQ(log.sends[0], log.recvs[1]);
+  EXPECT_EQ(log.gated_recvs_at_gate * 6, log.recvs[1]) << "stage 1 had received more than chunk 0 at its first send";
+  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE(run(**m, false, &want).ok());
+  });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t round = 0; round < want.size(); ++round) {
+    ASSERT_EQ(got[round].size(), want[round].size());
+    for (size_t i = 0; i < want[round].size(); ++i) {
+      const int64_t rows = all_logits(round, i) ? static_cast<int64_t>(lengths[round][i]) : 1;
+      ASSERT_EQ(want[round][i].dim(0), rows);
+      EXPECT_TRUE(SameBits(got[round][i], want[round][i]))
+          << "round " << round << " chunk " << i << ": max |diff| " << testing::MaxAbsDiff(got[round][i], want[round][i]);
+    }
+  }
+}
+
 // How a step splits: enough micro-batches that none exceeds the row-invariant size, else the
 // count asked for (at most one per row), as equal as can be.
 TEST(PipelineStages, MicroBatchRowsSplitsEvenlyWithinTheRowInvariantSize) {
