@@ -297,18 +297,15 @@ class LoggedPipeline final : public Communicator {
   PipelineLog& log_;
 };
 
-TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
-  KIMIRT_REQUIRE_FIXTURE("tiny-a");
-  constexpr int kPp = 3;
-  constexpr int64_t kRows = 4;
-  PipelineLog log;
-  log.sends.assign(kPp, 0);
-  log.recvs.assign(kPp, 0);
+// tiny-a on `pp` thread stages, each over a LoggedPipeline into `log` with stage 1 gated, running
+// `body`; each stage's error ("" if none), and tiny-a's hidden size in `hidden`.
+std::vector<std::string> RunGatedStages(int pp, PipelineLog& log, const std::function<Status(Model&)>& body,
+                                        int64_t* hidden) {
+  log.sends.assign(static_cast<size_t>(pp), 0);
+  log.recvs.assign(static_cast<size_t>(pp), 0);
   log.gated = 1;
-  std::vector<std::string> errors(kPp);
-  int64_t hidden = 0;
-  Tensor got, want;
-  RunOnThreadGrid(1, kPp, [&](Communicator& tp_comm, Communicator& pp_comm) {
+  std::vector<std::string> errors(static_cast<size_t>(pp));
+  RunOnThreadGrid(1, pp, [&](Communicator& tp_comm, Communicator& pp_comm) {
     auto backend = MakeCpuBackend();
     LoggedPipeline logged(pp_comm, log);
     auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &logged);
@@ -317,20 +314,30 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
       e = m.status().ToString();
       return;
     }
-    hidden = (*m)->config().hidden_size;
+    *hidden = (*m)->config().hidden_size;
+    if (Status s = body(**m); !s.ok()) e = s.ToString();
+  });
+  return errors;
+}
+
+TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  constexpr int64_t kRows = 4;
+  PipelineLog log;
+  int64_t hidden = 0;
+  Tensor got, want;
+  const std::vector<std::string> errors = RunGatedStages(kPp, log, [&](Model& m) -> Status {
     // A decode step of fresh sequences: the step is the first thing the pipeline carries.
     std::vector<SequenceState> seqs;
     std::vector<SequenceState*> ptrs;
-    for (int64_t b = 0; b < kRows; ++b) seqs.push_back((*m)->NewSequence());
+    for (int64_t b = 0; b < kRows; ++b) seqs.push_back(m.NewSequence());
     for (SequenceState& st : seqs) ptrs.push_back(&st);
     const std::vector<int32_t> next = {5, 6, 7, 8};
-    Result<Tensor> step = (*m)->ForwardDecode(ptrs, next);
-    if (!step.ok()) {
-      e = step.status().ToString();
-      return;
-    }
-    if (pp_comm.rank() == 0) got = *step;
-  });
+    KIMIRT_ASSIGN_OR_RETURN(Tensor step, m.ForwardDecode(ptrs, next));
+    if (m.stage().is_first()) got = step;
+    return Status::Ok();
+  }, &hidden);
   for (const std::string& e : errors) ASSERT_EQ(e, "");
   EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run micro-batch 1 while stage 1 held micro-batch 0 (stage 0 "
                                       "had sent " << log.stage0_sends_at_release << " messages)";
@@ -400,31 +407,19 @@ TEST(PipelineMicroBatches, StagesRunDifferentPrefillChunksAtOnce) {
     return Status::Ok();
   };
   PipelineLog log;
-  log.sends.assign(kPp, 0);
-  log.recvs.assign(kPp, 0);
-  log.gated = 1;
-  std::vector<std::string> errors(kPp);
   int64_t hidden = 0;
   std::vector<std::vector<Tensor>> got, want;
-  RunOnThreadGrid(1, kPp, [&](Communicator& tp_comm, Communicator& pp_comm) {
-    auto backend = MakeCpuBackend();
-    LoggedPipeline logged(pp_comm, log);
-    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &logged);
-    std::string& e = errors[static_cast<size_t>(pp_comm.rank())];
-    if (!m.ok()) {
-      e = m.status().ToString();
-      return;
-    }
-    hidden = (*m)->config().hidden_size;
+  const std::vector<std::string> errors = RunGatedStages(kPp, log, [&](Model& m) -> Status {
     std::vector<std::vector<Tensor>> mine;
-    if (Status s = run(**m, true, &mine); !s.ok()) e = s.ToString();
+    KIMIRT_RETURN_IF_ERROR(run(m, true, &mine));
     for (const std::vector<Tensor>& round : mine) {
       for (const Tensor& t : round) {
-        if (t.defined() != (pp_comm.rank() == 0)) e += "logits on a stage other than the first, or none on the first; ";
+        if (t.defined() != m.stage().is_first()) return Internal("logits on a stage other than the first, or none on the first");
       }
     }
-    if (pp_comm.rank() == 0) got = std::move(mine);
-  });
+    if (m.stage().is_first()) got = std::move(mine);
+    return Status::Ok();
+  }, &hidden);
   for (const std::string& e : errors) ASSERT_EQ(e, "");
   EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run chunk 1 while stage 1 held chunk 0 (stage 0 had sent "
                                    << log.stage0_sends_at_release << " messages)";
