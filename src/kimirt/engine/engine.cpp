@@ -193,32 +193,67 @@ class EngineImpl final : public Engine {
     }
     for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
     // One-token forwards together where the runner can batch them without changing a bit
-    // (ModelRunner::decode_batch_limit), prefill chunks one sequence at a time.
+    // (ModelRunner::decode_batch_limit); prefill chunks one sequence at a time, or in one call
+    // where the runner overlaps them (pipeline stages: ModelRunner::chunks_in_flight).
     const size_t limit = static_cast<size_t>(std::max<int64_t>(1, runner_.decode_batch_limit()));
     for (size_t at = 0; at < plan.decodes.size(); at += limit) {
       ForwardDecodes(std::span<Sequence* const>(plan.decodes).subspan(at, std::min(limit, plan.decodes.size() - at)));
     }
-    for (const StepPlan::Chunk& c : plan.prefills) Forward(*requests_.at(c.seq->id), c.size());
+    if (plan.prefills.size() > 1 && runner_.chunks_in_flight()) {
+      ForwardChunks(plan.prefills);
+    } else {
+      for (const StepPlan::Chunk& c : plan.prefills) Forward(*requests_.at(c.seq->id), c.size());
+    }
     ++stats_steps_;
   }
 
-  void Forward(Request& r, int64_t n) {
+  // r's next forward of n tokens as a runner chunk (its argmax request in `argmax`).
+  ModelRunner::Chunk ChunkOf(const Request& r, int64_t n, ArgmaxRequest* argmax) const {
     const Sequence& s = r.seq;
-    std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(n));
     const bool last_only = !ScoresPrompt(r);
+    if (last_only) argmax->only = {ArgmaxOnly(r, n) ? uint8_t{1} : uint8_t{0}};
+    return ModelRunner::Chunk{s.handle, std::span<const int32_t>(s.tokens.data() + s.computed, static_cast<size_t>(n)),
+                              last_only, argmax};
+  }
+
+  void Forward(Request& r, int64_t n) {
     ArgmaxRequest argmax;
-    if (last_only) argmax.only = {ArgmaxOnly(r, n) ? uint8_t{1} : uint8_t{0}};
-    Result<Tensor> logits = runner_.Forward(s.handle, ids, last_only, &argmax);
+    const ModelRunner::Chunk c = ChunkOf(r, n, &argmax);
+    Result<Tensor> logits = runner_.Forward(c.h, c.ids, c.last_only, &argmax);
     if (!logits.ok()) {
       Finish(r, FinishReason::kError, logits.status());
       return;
     }
+    Forwarded(r, n, *logits, argmax);
+  }
+
+  // A step's prefill chunks in one runner call (each computes exactly as alone; the sequences
+  // are distinct, so each one's state after its chunk is the same when the others run first).
+  void ForwardChunks(std::span<const StepPlan::Chunk> plan) {
+    std::vector<Request*> reqs;
+    std::vector<ArgmaxRequest> argmax(plan.size());
+    std::vector<ModelRunner::Chunk> chunks;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      reqs.push_back(requests_.at(plan[i].seq->id).get());
+      chunks.push_back(ChunkOf(*reqs.back(), plan[i].size(), &argmax[i]));
+    }
+    Result<std::vector<Tensor>> logits = runner_.ForwardChunks(chunks);
+    if (!logits.ok()) {
+      for (Request* r : reqs) Finish(*r, FinishReason::kError, logits.status());
+      return;
+    }
+    for (size_t i = 0; i < plan.size(); ++i) Forwarded(*reqs[i], plan[i].size(), (*logits)[i], argmax[i]);
+  }
+
+  // After r's forward of n tokens: the prefix cache's entry, then the tokens' outputs.
+  void Forwarded(Request& r, int64_t n, const Tensor& logits, const ArgmaxRequest& argmax) {
+    const Sequence& s = r.seq;
     // A full chunk of the grid: its blocks and the KDA state after it are what any run of these
     // tokens computes here (prefix_cache.h).
     if (cache_ != nullptr && cache_->Qualifies(s.computed, s.computed + n)) {
       cache_->Insert(s.handle, s.tokens, s.computed + n);
     }
-    Advance(r, n, *logits, argmax.taken ? std::optional<int32_t>(argmax.argmax[0]) : std::nullopt);
+    Advance(r, n, logits, argmax.taken ? std::optional<int32_t>(argmax.argmax[0]) : std::nullopt);
   }
 
   // Whether all r needs of the last row of its next forward of n tokens is the row's argmax: no

@@ -566,6 +566,39 @@ TEST(EnginePipelineParallel, MicroBatchedStepsGiveOneRanksBitsAsRequestsComeAndG
   }
 }
 
+// Prefill chunks in flight through the engine: eight requests whose prompts (19 to 68 tokens)
+// take two to five chunks of 16, submitted at once, so the steps hold four chunks of different
+// sequences (64 batched tokens), later beside decodes; the runner takes each step's chunks in one
+// call (chunks_in_flight) and the stages overlap them. Every request's tokens and logprobs equal
+// one rank's bit for bit at PP 2 and 3, and TP 2 × PP 2's equal TP 2's.
+TEST(EnginePipelineParallel, PrefillChunksInFlightGiveOneRanksBits) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  std::vector<GreedyRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back({"p" + std::to_string(i), TestPrompt(19 + (i * 29) % 50, 5 * i + 1), 2 + i % 5});
+  for (int tp : {1, 2}) {
+    RunnerOptions ro;
+    ro.num_kv_blocks = 512;
+    ro.tp = tp;
+    const std::vector<Collector::Result> one = RunGreedy(ro, requests, true);
+    ASSERT_EQ(one.size(), requests.size());
+    for (int pp : tp == 1 ? std::vector<int>{2, 3} : std::vector<int>{2}) {
+      SCOPED_TRACE("TP" + std::to_string(tp) + " x PP" + std::to_string(pp));
+      ro.pp = pp;
+      auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+      ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+      EXPECT_TRUE((*runner)->chunks_in_flight()) << "a PP runner takes a step's prefill chunks in one call";
+      runner->reset();
+      const std::vector<Collector::Result> got = RunGreedy(ro, requests, true);
+      ASSERT_EQ(got.size(), one.size());
+      for (size_t i = 0; i < one.size(); ++i) {
+        SCOPED_TRACE("request " + requests[i].id);
+        ASSERT_EQ(one[i].tokens.size(), static_cast<size_t>(requests[i].max_tokens));
+        ExpectSameBits(got[i], one[i]);
+      }
+    }
+  }
+}
+
 // Stages hold different layers, so a cache budget in bytes gives each its own block count: every
 // rank takes the smallest (the stage with the most MLA layers), so their allocators stay in step.
 // tiny-a's MLA layers are 3, 4 and 5: at PP 3 the stages hold 0, 1 and 2 of them (a stage without

@@ -234,6 +234,18 @@ class ThreadRanksRunner final : public ModelRunner {
                                ArgmaxRequest* argmax) override {
     return RankZeroLogits([&](Rank& r, ArgmaxRequest* a) { return r.ForwardDecode(hs, ids, a); }, argmax);
   }
+  // Pipeline stages: a step's prefill chunks in flight, as the decode micro-batches.
+  bool chunks_in_flight() const override { return models_[0]->stage().pp > 1; }
+  Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks) override {
+    std::vector<Tensor> out;
+    Status s = Broadcast([&](Rank& r, int rank) -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> logits, r.ForwardChunks(chunks, rank == 0));
+      if (rank == 0) out = std::move(logits);
+      return Status::Ok();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
   void Release(Handle h) override {
     OnEveryRank([h](Rank& r) { r.seqs.erase(h); });
   }
@@ -348,6 +360,15 @@ class ThreadRanksRunner final : public ModelRunner {
 
 Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<const int32_t>, ArgmaxRequest*) {
   return Unsupported("this runner forwards each sequence alone (decode_batch_limit 1)");
+}
+
+Result<std::vector<Tensor>> ModelRunner::ForwardChunks(std::span<const Chunk> chunks) {
+  std::vector<Tensor> out;
+  for (const Chunk& c : chunks) {
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, Forward(c.h, c.ids, c.last_only, c.argmax));
+    out.push_back(std::move(logits));
+  }
+  return out;
 }
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerOptions o) {

@@ -143,6 +143,21 @@ class ModelRunner {
   // One next token for each of `hs` (distinct, reserved); rank 0's logits [B, vocab], row b for hs[b].
   virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
                                        ArgmaxRequest* argmax = nullptr);
+
+  // One prefill chunk of a step (ForwardChunks): Forward's arguments.
+  struct Chunk {
+    Handle h = 0;
+    std::span<const int32_t> ids;
+    bool last_only = true;
+    ArgmaxRequest* argmax = nullptr;
+  };
+  // Whether ForwardChunks overlaps a step's chunks (pipeline stages: each stage goes on to the
+  // next chunk as soon as it has sent one on; Model::ForwardChunks). Otherwise the engine
+  // forwards each chunk alone.
+  virtual bool chunks_in_flight() const { return false; }
+  // A step's prefill chunks of distinct, reserved sequences in one call: chunk i's logits, each
+  // exactly Forward's for it. Any chunk failing fails the call.
+  virtual Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks);
 };
 
 }  // namespace kimirt

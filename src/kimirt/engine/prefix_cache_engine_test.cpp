@@ -79,17 +79,28 @@ std::vector<std::vector<Planned>> MakeWaves(uint64_t seed) {
   return waves;
 }
 
+// (device, ranks): thread ranks on the CPU (TP 2, and PP 2: a step's prefill chunks and decodes
+// in flight through the stages, the cache's entries taken after each call); one rank on CUDA,
+// where the snapshots are device copies and decode steps batch (scripts/gpu_check.sh runs the
+// cuda cases).
+struct Placement {
+  std::string device;
+  int tp = 1;
+  int pp = 1;
+};
+
 struct RunResult {
   std::map<std::string, Collector::Result> outcomes;  // the requests not cancelled
   EngineStats stats;
 };
 
-RunResult RunWaves(const std::string& device, int tp, bool caching, const std::vector<std::vector<Planned>>& waves, int64_t blocks,
+RunResult RunWaves(const Placement& at, bool caching, const std::vector<std::vector<Planned>>& waves, int64_t blocks,
                    int32_t max_seqs) {
   RunResult out;
   RunnerOptions ro;
-  ro.device = device;
-  ro.tp = tp;
+  ro.device = at.device;
+  ro.tp = at.tp;
+  ro.pp = at.pp;
   ro.block_size = 8;
   ro.num_kv_blocks = blocks;
   ro.max_kda_snapshots = 6;    // fewer than the prefixes' chunk boundaries: evictions
@@ -131,18 +142,12 @@ RunResult RunWaves(const std::string& device, int tp, bool caching, const std::v
   return out;
 }
 
-// (device, ranks): thread ranks on the CPU; one rank on CUDA, where the snapshots are device
-// copies and decode steps batch (scripts/gpu_check.sh runs the cuda cases).
-struct Placement {
-  std::string device;
-  int tp = 1;
-};
-
 std::vector<Placement> Placements() {
   std::vector<Placement> out;
   for (const std::string& d : testing::BuiltDevices()) {
     out.push_back({d, 1});
     if (d == "cpu") out.push_back({d, 2});
+    if (d == "cpu") out.push_back({d, 1, 2});
   }
   return out;
 }
@@ -180,21 +185,22 @@ void ExpectIdle(const RunResult& run, bool caching, const std::string& what) {
 
 TEST_P(PrefixCachingEngineTest, EveryTokenAndLogprobIsBitIdenticalToNoCachingAndNoPreemption) {
   KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
-  const std::string device = GetParam().device;
-  const int tp = GetParam().tp;
+  const Placement at = GetParam();
   int64_t evicted = 0;
   for (uint64_t seed : {1u, 2u}) {
     const std::string s = " seed " + std::to_string(seed);
     const auto waves = MakeWaves(seed);
     // The reference: no caching, three sequences at a time in 66 blocks (they need at most
     // 3 x 22): never preempted.
-    const RunResult ref = RunWaves(device, tp, false, waves, /*blocks=*/66, /*max_seqs=*/3);
+    const RunResult ref = RunWaves(at, false, waves, /*blocks=*/66, /*max_seqs=*/3);
+    // Pipeline stages: the reference itself is one stage's.
+    if (at.pp > 1) ExpectSameOutputs(RunWaves({at.device, at.tp}, false, waves, 66, 3), ref, "stages" + s);
     // Caching in the same pool: hits, and the cached blocks fill the rest and are evicted.
-    const RunResult cached = RunWaves(device, tp, true, waves, /*blocks=*/66, /*max_seqs=*/3);
+    const RunResult cached = RunWaves(at, true, waves, /*blocks=*/66, /*max_seqs=*/3);
     // Ten at a time in 40 blocks (320 positions for up to ~1,700 wanted): preemptions, with
     // caching on and off; preempted sequences resume from the cache or recompute.
-    const RunResult squeezed = RunWaves(device, tp, true, waves, /*blocks=*/40, /*max_seqs=*/10);
-    const RunResult squeezed_off = RunWaves(device, tp, false, waves, /*blocks=*/40, /*max_seqs=*/10);
+    const RunResult squeezed = RunWaves(at, true, waves, /*blocks=*/40, /*max_seqs=*/10);
+    const RunResult squeezed_off = RunWaves(at, false, waves, /*blocks=*/40, /*max_seqs=*/10);
     ExpectSameOutputs(ref, cached, "cached" + s);
     ExpectSameOutputs(ref, squeezed, "cached, preempted" + s);
     ExpectSameOutputs(ref, squeezed_off, "preempted" + s);
@@ -246,8 +252,8 @@ TEST_P(PrefixCachingEngineTest, APreemptedSequenceResumesBitIdenticalToOneNeverP
   const std::vector<std::vector<Planned>> waves{wave};
   for (bool caching : {false, true}) {
     const std::string what = caching ? "caching on" : "caching off";
-    const RunResult alone = RunWaves(GetParam().device, GetParam().tp, caching, waves, /*blocks=*/64, /*max_seqs=*/2);
-    const RunResult squeezed = RunWaves(GetParam().device, GetParam().tp, caching, waves, /*blocks=*/6, /*max_seqs=*/2);
+    const RunResult alone = RunWaves(GetParam(), caching, waves, /*blocks=*/64, /*max_seqs=*/2);
+    const RunResult squeezed = RunWaves(GetParam(), caching, waves, /*blocks=*/6, /*max_seqs=*/2);
     EXPECT_EQ(alone.stats.preemptions, 0) << what;
     EXPECT_GE(squeezed.stats.preemptions, 1) << what;
     ASSERT_EQ(alone.outcomes.at("old").tokens.size(), 38u) << what;
@@ -264,7 +270,10 @@ TEST_P(PrefixCachingEngineTest, APreemptedSequenceResumesBitIdenticalToOneNeverP
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, PrefixCachingEngineTest, ::testing::ValuesIn(Placements()),
-                         [](const auto& info) { return info.param.device + "_tp" + std::to_string(info.param.tp); });
+                         [](const auto& info) {
+                           return info.param.device + "_tp" + std::to_string(info.param.tp) +
+                                  (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "");
+                         });
 
 TEST(EngineBlockPoolLimit, ARequestThatOutgrowsThePoolEndsNamingTheLimit) {
   // Review defect (a): 4 blocks of 8 hold 32 positions. It used to preempt itself forever.

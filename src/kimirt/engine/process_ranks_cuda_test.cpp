@@ -171,6 +171,19 @@ TEST_P(ProcessRanksCudaPipeline, Pp2MicroBatchedDecodeRowsAreEachSequenceAloneOn
   }
 }
 
+// Prefill chunks in flight (docs/distributed.md "Prefill chunks in flight"): steps of 3 and 6
+// sequences' chunks in one ForwardChunks call at PP 2 overlap the two GPUs; each chunk's logits
+// must be, bit for bit, what the same two stages give it forwarded alone, one chunk after another.
+TEST_P(ProcessRanksCudaPipeline, Pp2PrefillChunksInFlightAreEachChunkAlone) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  for (int seqs : {3, 6}) {
+    SCOPED_TRACE(std::to_string(seqs) + " sequences");
+    ASSERT_NO_FATAL_FAILURE(
+        testing::ExpectChunksInFlightAreEachAlone(Fixture(GetParam()), CudaOptions(1, 2), seqs, CudaOptions(1, 2)));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCudaPipeline, ::testing::Values("tiny-a", "kimi-linear-tiny"),
                          [](const auto& info) { return info.param == "tiny-a" ? "TinyA" : "KimiLinearTiny"; });
 

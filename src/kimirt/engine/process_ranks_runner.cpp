@@ -60,6 +60,7 @@ enum Cmd : uint32_t {
   kDropKdaSnapshot,
   kBackendReady,
   kGroupHello,  // pipeline parallelism on CPUs: aux the sender's world rank, n its group (0 TP, 1 pipeline)
+  kForwardChunks,  // a: (handle, last_only, token count) per chunk; ids: the chunks' tokens in order
 };
 
 struct Message {
@@ -377,6 +378,29 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   return Status::Ok();
 }
 
+// kForwardChunks' message and the chunks it names (their ids point into the message).
+Message ChunksMessage(std::span<const ModelRunner::Chunk> chunks) {
+  Message m;
+  for (const ModelRunner::Chunk& c : chunks) {
+    m.a.insert(m.a.end(), {c.h, c.last_only ? 1 : 0, static_cast<int64_t>(c.ids.size())});
+    m.ids.insert(m.ids.end(), c.ids.begin(), c.ids.end());
+  }
+  return m;
+}
+Result<std::vector<ModelRunner::Chunk>> ChunksFrom(const Message& m) {
+  if (m.a.size() % 3 != 0) return Corrupt("forward chunks: malformed message");
+  std::vector<ModelRunner::Chunk> chunks;
+  size_t at = 0;
+  for (size_t i = 0; i < m.a.size(); i += 3) {
+    const size_t n = static_cast<size_t>(m.a[i + 2]);
+    if (m.a[i + 2] < 0 || n > m.ids.size() - at) return Corrupt("forward chunks: malformed message");
+    chunks.push_back(ModelRunner::Chunk{m.a[i], std::span<const int32_t>(m.ids).subspan(at, n), m.a[i + 1] != 0});
+    at += n;
+  }
+  if (at != m.ids.size()) return Corrupt("forward chunks: malformed message");
+  return chunks;
+}
+
 // Applies one command to a rank; rank 0 and the followers both go through here, so they cannot
 // drift apart. Returns false for kQuit.
 Result<bool> Apply(Rank& r, uint32_t op, const Message& m) {
@@ -396,6 +420,11 @@ Result<bool> Apply(Rank& r, uint32_t op, const Message& m) {
     case kForwardDecode:
       KIMIRT_RETURN_IF_ERROR(r.ForwardDecode(m.a, m.ids).status());
       break;
+    case kForwardChunks: {
+      KIMIRT_ASSIGN_OR_RETURN(const std::vector<ModelRunner::Chunk> chunks, ChunksFrom(m));
+      KIMIRT_RETURN_IF_ERROR(r.ForwardChunks(chunks, false).status());
+      break;
+    }
     case kRelease:
       r.seqs.erase(arg(0));
       break;
@@ -573,6 +602,17 @@ class ProcessRanksRunner final : public ModelRunner {
     Tensor out;
     KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
       KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardDecode(hs, ids, argmax));
+      return Status::Ok();
+    }));
+    return out;
+  }
+  // Pipeline stages: a step's prefill chunks in flight, as the decode micro-batches.
+  bool chunks_in_flight() const override { return self_.rank.model->stage().pp > 1; }
+  Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks) override {
+    KIMIRT_RETURN_IF_ERROR(Mirror(kForwardChunks, ChunksMessage(chunks)));
+    std::vector<Tensor> out;
+    KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardChunks(chunks, true));
       return Status::Ok();
     }));
     return out;

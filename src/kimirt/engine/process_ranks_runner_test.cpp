@@ -125,6 +125,25 @@ TEST(ProcessRanksPipeline, MicroBatchedDecodeRowsAreEachSequenceAloneOnOneStage)
   }
 }
 
+// Prefill chunks in flight through the runners: steps of 1, 3 and 6 sequences' chunks in one
+// ForwardChunks call (the chunks and their tokens go to every rank in one message) through PP 2,
+// PP 3 and TP 2 × PP 2 on process and thread ranks give every chunk the bits it has forwarded
+// alone on one stage (TP 2's at TP 2), and the decode step after them too.
+TEST(ProcessRanksPipeline, PrefillChunksInFlightAreEachChunkAloneOnOneStage) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  for (const auto& [tp, pp] : {std::pair{1, 2}, std::pair{1, 3}, std::pair{2, 2}}) {
+    for (bool processes : {true, false}) {
+      for (int seqs : {1, 3, 6}) {
+        SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + (processes ? " processes" : " threads") +
+                     ", " + std::to_string(seqs) + " sequences");
+        RunnerOptions o = Options(processes, tp);
+        o.pp = pp;
+        ASSERT_NO_FATAL_FAILURE(testing::ExpectChunksInFlightAreEachAlone(Fixture("tiny-a"), o, seqs, Options(false, tp)));
+      }
+    }
+  }
+}
+
 // Runs tiny-a under `o` (`followers` processes), forwards a prompt, SIGKILLs follower `victim`,
 // and checks the next Forward (with `decode_step`, a decode step of three sequences: micro-batches
 // in flight under -pp) fails within 5 s naming `rank`, and health() turns bad. Later calls must

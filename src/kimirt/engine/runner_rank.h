@@ -56,6 +56,14 @@ struct Rank {
     o.argmax = argmax;
     return model->ForwardDecode(states, ids, o);
   }
+  // Model::ForwardChunks of `chunks`; their argmax requests only where `with_argmax` (rank 0).
+  Result<std::vector<Tensor>> ForwardChunks(std::span<const ModelRunner::Chunk> chunks, bool with_argmax) {
+    std::vector<PrefillChunk> pcs;
+    for (const ModelRunner::Chunk& c : chunks) {
+      pcs.push_back(PrefillChunk{&seqs.at(c.h), c.ids, !c.last_only, with_argmax ? c.argmax : nullptr});
+    }
+    return model->ForwardChunks(pcs);
+  }
 };
 
 // ModelRunner::decode_batch_limit of a runner driving `m` on each of its ranks: the rows the

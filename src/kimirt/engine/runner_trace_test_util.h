@@ -141,6 +141,66 @@ inline void ExpectSameBits(const std::vector<std::vector<float>>& got, const std
   }
 }
 
+// A step's prefill chunks in one call (ForwardChunks: on pipeline stages they flow through the
+// stages in flight): `seqs` sequences prefill prompts of 3 to 21 tokens in chunks of 8, each step
+// one chunk of every sequence with tokens left (the second of each sequence with every position's
+// logits, the others the last only), then one decode step each; every chunk's logits bit for bit
+// what the chunk gives forwarded alone (Forward), sequence after sequence, on a runner made with
+// `alone` (one stage; or the same stages, where one stage's bits are not asserted: GPUs).
+inline void ExpectChunksInFlightAreEachAlone(const std::string& dir, RunnerOptions o, int seqs,
+                                             const RunnerOptions& alone) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < seqs; ++i) {
+    prompts.emplace_back();
+    for (int k = 0; k < 3 + (i * 7) % 19; ++k) prompts.back().push_back((i * 31 + k * 17 + 2) % 500);
+  }
+  constexpr size_t kChunk = 8;
+  auto run = [&](const RunnerOptions& ro, bool in_flight) {
+    std::vector<std::vector<float>> out;  // per step, per sequence with a chunk in it
+    auto r = ModelRunner::Create(dir, ro);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return out;
+    EXPECT_EQ((*r)->chunks_in_flight(), ro.pp > 1);
+    std::vector<ModelRunner::Handle> hs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      hs.push_back((*r)->NewSequence());
+      EXPECT_TRUE((*r)->Reserve(hs.back(), 32).ok());
+    }
+    for (size_t at = 0;; at += kChunk) {
+      std::vector<ModelRunner::Chunk> chunks;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        if (at >= prompts[i].size()) continue;
+        const size_t n = std::min(kChunk, prompts[i].size() - at);
+        chunks.push_back({hs[i], std::span<const int32_t>(prompts[i]).subspan(at, n), at != kChunk, nullptr});
+      }
+      if (chunks.empty()) break;
+      std::vector<Tensor> logits;
+      if (in_flight) {
+        auto l = (*r)->ForwardChunks(chunks);
+        EXPECT_TRUE(l.ok()) << l.status().ToString();
+        if (!l.ok()) return out;
+        logits = *std::move(l);
+      } else {
+        for (const ModelRunner::Chunk& c : chunks) {
+          auto l = (*r)->Forward(c.h, c.ids, c.last_only);
+          EXPECT_TRUE(l.ok()) << l.status().ToString();
+          if (!l.ok()) return out;
+          logits.push_back(*std::move(l));
+        }
+      }
+      for (const Tensor& t : logits) out.push_back(Host(t));
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto l = (*r)->Forward(hs[i], std::vector<int32_t>{static_cast<int32_t>(i + 1)}, true);
+      EXPECT_TRUE(l.ok()) << l.status().ToString();
+      if (l.ok()) out.push_back(Host(*l));
+    }
+    EXPECT_TRUE((*r)->health().ok());
+    return out;
+  };
+  ExpectSameBits(run(o, true), run(alone, false));
+}
+
 // The pids of this test process's `kimirt rank-worker` children.
 inline std::vector<int> FollowerPids() {
   auto r = RunCommand("pgrep -P " + std::to_string(getpid()) + " -x kimirt");  // -x: not the shell running pgrep

@@ -149,55 +149,104 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
   return GatherLogits(local, o.all_logits ? rows.T : 1, o.argmax);
 }
 
-// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the
-// micro-batches in order, each exactly as a ForwardDecode of its rows alone: receive the state
-// from the stage before, run the stage's layers, send it on, and go straight on to the next —
-// so while stage s + 1 runs micro-batch i, stage s already runs i + 1. The last stage keeps each
-// micro-batch's logits and sends them to the first once all have run; the first stage receives
-// them after it has sent its last micro-batch. No rank ever waits on a message that is sent only
-// after something it has still to send is received, so the order holds even where a Send waits
-// for its Recv (NCCL's point to point): stage 0's sends are taken by stage 1's receives in
-// order, and the logits cross only once every stage is past its last send.
+// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"): the step split by
+// MicroBatchRows, each micro-batch a call of RunInFlight, the rows put back together.
 Result<Tensor> Model::RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                       const ForwardOptions& o) {
   const int64_t B = static_cast<int64_t>(states.size());
   const std::vector<int64_t> sizes = MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches());
   std::vector<SequenceRows> mbs;
+  std::vector<std::span<const int32_t>> mb_ids;
   for (int64_t at = 0; const int64_t n : sizes) {
     SequenceRows rows;
     rows.seqs = states.subspan(static_cast<size_t>(at), static_cast<size_t>(n));
     rows.T = n;
     mbs.push_back(rows);
+    mb_ids.push_back(ids.subspan(static_cast<size_t>(at), static_cast<size_t>(n)));
     at += n;
   }
-  auto mb_ids = [&](size_t i) {
-    return ids.subspan(static_cast<size_t>(mbs[i].seqs.data() - states.data()), mbs[i].seqs.size());
-  };
-  // All or nothing: every micro-batch's checks and blocks before the first runs.
-  for (size_t i = 0; i < mbs.size(); ++i) KIMIRT_RETURN_IF_ERROR(Prepare(mbs[i], mb_ids(i)));
-  ForwardOptions each;
+  ForwardOptions each;  // all_logits: each row is some sequence's last position
   each.kda_form = o.kda_form;
   each.mla_form = o.mla_form;
   if (o.argmax != nullptr) o.argmax->taken = false;  // the argmax shortcut stays with one stage (PipelineLogits)
-  std::vector<Tensor> last_stage_logits;
-  for (size_t i = 0; i < mbs.size(); ++i) {
-    const Tensor local = Launch(mbs[i], mb_ids(i), each);
-    if (stage_.is_last()) last_stage_logits.push_back(GatherRanks(local));
-  }
-  if (stage_.is_last()) {
-    for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
-    return Tensor();
-  }
+  KIMIRT_ASSIGN_OR_RETURN(const std::vector<Tensor> parts,
+                          RunInFlight(mbs, mb_ids, std::vector<ForwardOptions>(mbs.size(), each)));
   if (!stage_.is_first()) return Tensor();
   const int64_t V = config().vocab_size;
   Tensor logits = Tensor::Host({B, V});
   int64_t row = 0;
-  for (const SequenceRows& mb : mbs) {
-    const Tensor part = ReceiveLogits(mb.T);
-    std::copy_n(part.f32(), part.numel(), logits.f32() + row * V);
-    row += mb.T;
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    std::copy_n(parts[i].f32(), parts[i].numel(), logits.f32() + row * V);
+    row += mbs[i].T;
   }
   return logits;
+}
+
+Result<std::vector<Tensor>> Model::ForwardChunks(std::span<const PrefillChunk> chunks, const ForwardOptions& o) {
+  if (chunks.empty()) return InvalidArgument("forward of zero chunks");
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chunks[i].state == chunks[j].state) return InvalidArgument("a step's chunks name one sequence twice");
+    }
+  }
+  std::vector<ForwardOptions> each(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    each[i].kda_form = o.kda_form;
+    each[i].mla_form = o.mla_form;
+    each[i].all_logits = chunks[i].all_logits;
+    each[i].argmax = chunks[i].argmax;
+  }
+  std::vector<Tensor> out;
+  if (!pipelined()) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, Forward(chunks[i].state, chunks[i].ids, each[i]));
+      out.push_back(std::move(logits));
+    }
+    return out;
+  }
+  std::vector<SequenceState*> states;
+  std::vector<std::span<const int32_t>> ids;
+  for (const PrefillChunk& c : chunks) {
+    if (c.argmax != nullptr) c.argmax->taken = false;  // the argmax shortcut stays with one stage (PipelineLogits)
+    states.push_back(c.state);
+    ids.push_back(c.ids);
+  }
+  std::vector<SequenceRows> calls(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    calls[i].seqs = std::span<SequenceState* const>(&states[i], 1);
+    calls[i].T = static_cast<int64_t>(ids[i].size());
+  }
+  return RunInFlight(calls, ids, each);
+}
+
+// In flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the calls in
+// order, each exactly as Run of it alone: receive the state from the stage before, run the
+// stage's layers, send it on, and go straight on to the next — so while stage s + 1 runs call i,
+// stage s already runs i + 1. The last stage keeps each call's logits and sends them to the
+// first once all have run; the first stage receives them after it has sent its last call. No
+// rank ever waits on a message that is sent only after something it has still to send is
+// received, so the order holds even where a Send waits for its Recv (NCCL's point to point):
+// stage 0's sends are taken by stage 1's receives in order, and the logits cross only once every
+// stage is past its last send.
+Result<std::vector<Tensor>> Model::RunInFlight(std::span<const SequenceRows> calls,
+                                               std::span<const std::span<const int32_t>> ids,
+                                               std::span<const ForwardOptions> options) {
+  // All or nothing: every call's checks and blocks before the first runs.
+  for (size_t i = 0; i < calls.size(); ++i) KIMIRT_RETURN_IF_ERROR(Prepare(calls[i], ids[i]));
+  auto logit_rows = [&](size_t i) { return options[i].all_logits ? calls[i].T : 1; };
+  std::vector<Tensor> last_stage_logits;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Tensor local = Launch(calls[i], ids[i], options[i]);
+    if (stage_.is_last()) last_stage_logits.push_back(GatherRanks(local));
+  }
+  std::vector<Tensor> out(calls.size());
+  if (stage_.is_last()) {
+    for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
+    return out;
+  }
+  if (!stage_.is_first()) return out;
+  for (size_t i = 0; i < calls.size(); ++i) out[i] = ReceiveLogits(logit_rows(i));
+  return out;
 }
 
 Status Model::Prepare(const SequenceRows& rows, std::span<const int32_t> ids) {

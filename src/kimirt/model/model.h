@@ -57,6 +57,15 @@ struct ForwardOptions {
   ArgmaxRequest* argmax = nullptr;
 };
 
+// One prefill chunk of a step (Model::ForwardChunks): ids as the next tokens of state, with the
+// logits of every position or of the last only, and the argmax shortcut where one stage asks.
+struct PrefillChunk {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> ids;
+  bool all_logits = false;
+  ArgmaxRequest* argmax = nullptr;
+};
+
 class Model {
  public:
   // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
@@ -115,6 +124,15 @@ class Model {
   Result<Tensor> ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                const ForwardOptions& options = {});
 
+  // A step's prefill chunks, of distinct sequences: chunk i's logits, each exactly what
+  // Forward(chunks[i].state, chunks[i].ids) gives (a chunk keeps its bits; the prefix cache and
+  // batch invariance rely on fixed chunks). One stage: one Forward after another. Pipeline
+  // stages: the chunks flow through the stages in flight as a decode step's micro-batches do —
+  // stage s runs chunk i while stage s + 1 runs chunk i − 1 (docs/distributed.md "Prefill
+  // chunks in flight"); every chunk's blocks are checked and reserved before any runs. `options`
+  // gives the KDA / MLA forms only.
+  Result<std::vector<Tensor>> ForwardChunks(std::span<const PrefillChunk> chunks, const ForwardOptions& options = {});
+
   // Pipeline stages: how many micro-batches a decode step asks for (MicroBatchRows' `wanted`;
   // more where RowInvariantRows needs them). 0, the default: one per stage. Every rank of a run
   // must be given the same.
@@ -144,6 +162,12 @@ class Model {
   // ForwardDecode on pipeline stages: the step's micro-batches in flight.
   Result<Tensor> RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                  const ForwardOptions& o);
+  // Pipeline stages: calls[i] with ids[i] and options[i] (all_logits: R = T, else 1) in flight,
+  // each exactly as Run of it alone; the first stage gets each call's host logits [R, vocab],
+  // the others undefined tensors.
+  Result<std::vector<Tensor>> RunInFlight(std::span<const SequenceRows> calls,
+                                          std::span<const std::span<const int32_t>> ids,
+                                          std::span<const ForwardOptions> options);
   // The layers, final norm and head of a step on the device: this rank's logits [R, V_local].
   Tensor RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o, bool paged_decode);
   // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).

@@ -297,18 +297,15 @@ class LoggedPipeline final : public Communicator {
   PipelineLog& log_;
 };
 
-TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
-  KIMIRT_REQUIRE_FIXTURE("tiny-a");
-  constexpr int kPp = 3;
-  constexpr int64_t kRows = 4;
-  PipelineLog log;
-  log.sends.assign(kPp, 0);
-  log.recvs.assign(kPp, 0);
+// tiny-a on `pp` thread stages, each over a LoggedPipeline into `log` with stage 1 gated, running
+// `body`; each stage's error ("" if none), and tiny-a's hidden size in `hidden`.
+std::vector<std::string> RunGatedStages(int pp, PipelineLog& log, const std::function<Status(Model&)>& body,
+                                        int64_t* hidden) {
+  log.sends.assign(static_cast<size_t>(pp), 0);
+  log.recvs.assign(static_cast<size_t>(pp), 0);
   log.gated = 1;
-  std::vector<std::string> errors(kPp);
-  int64_t hidden = 0;
-  Tensor got, want;
-  RunOnThreadGrid(1, kPp, [&](Communicator& tp_comm, Communicator& pp_comm) {
+  std::vector<std::string> errors(static_cast<size_t>(pp));
+  RunOnThreadGrid(1, pp, [&](Communicator& tp_comm, Communicator& pp_comm) {
     auto backend = MakeCpuBackend();
     LoggedPipeline logged(pp_comm, log);
     auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &logged);
@@ -317,20 +314,30 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
       e = m.status().ToString();
       return;
     }
-    hidden = (*m)->config().hidden_size;
+    *hidden = (*m)->config().hidden_size;
+    if (Status s = body(**m); !s.ok()) e = s.ToString();
+  });
+  return errors;
+}
+
+TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  constexpr int64_t kRows = 4;
+  PipelineLog log;
+  int64_t hidden = 0;
+  Tensor got, want;
+  const std::vector<std::string> errors = RunGatedStages(kPp, log, [&](Model& m) -> Status {
     // A decode step of fresh sequences: the step is the first thing the pipeline carries.
     std::vector<SequenceState> seqs;
     std::vector<SequenceState*> ptrs;
-    for (int64_t b = 0; b < kRows; ++b) seqs.push_back((*m)->NewSequence());
+    for (int64_t b = 0; b < kRows; ++b) seqs.push_back(m.NewSequence());
     for (SequenceState& st : seqs) ptrs.push_back(&st);
     const std::vector<int32_t> next = {5, 6, 7, 8};
-    Result<Tensor> step = (*m)->ForwardDecode(ptrs, next);
-    if (!step.ok()) {
-      e = step.status().ToString();
-      return;
-    }
-    if (pp_comm.rank() == 0) got = *step;
-  });
+    KIMIRT_ASSIGN_OR_RETURN(Tensor step, m.ForwardDecode(ptrs, next));
+    if (m.stage().is_first()) got = step;
+    return Status::Ok();
+  }, &hidden);
   for (const std::string& e : errors) ASSERT_EQ(e, "");
   EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run micro-batch 1 while stage 1 held micro-batch 0 (stage 0 "
                                       "had sent " << log.stage0_sends_at_release << " messages)";
@@ -356,6 +363,91 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
     }
   });
   EXPECT_TRUE(SameBits(got, want)) << "max |diff| " << testing::MaxAbsDiff(got, want);
+}
+
+// Prefill chunks in flight (Model::ForwardChunks; docs/distributed.md "Prefill chunks in
+// flight"): a step's chunks of three sequences, twice (the second round with the logits of every
+// position for one of them), at PP 3. The same gate as above holds stage 1's first send (the end
+// of its chunk 0) until stage 0 has sent chunk 1's state too: stage 1 works on chunk 0 while stage
+// 0 runs chunk 1. One Forward after another on the stages (the mutation tried: ForwardChunks
+// calling Forward per chunk on pipeline stages), the gate times out. Every chunk's logits are one
+// stage's bits, each sequence's chunks forwarded alone in order.
+TEST(PipelineMicroBatches, StagesRunDifferentPrefillChunksAtOnce) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  const std::vector<std::vector<size_t>> lengths = {{9, 5, 12}, {7, 3, 10}};  // per round, per sequence
+  auto ids_of = [](size_t round, size_t seq, size_t n) {
+    std::vector<int32_t> ids;
+    for (size_t k = 0; k < n; ++k) ids.push_back(static_cast<int32_t>((round * 101 + seq * 37 + k * 13 + 1) % 500));
+    return ids;
+  };
+  auto all_logits = [](size_t round, size_t seq) { return round == 1 && seq == 2; };
+  // Chunk logits per round, per sequence: through ForwardChunks (stage 0's) and one stage's Forward.
+  auto run = [&](Model& m, bool chunks, std::vector<std::vector<Tensor>>* out) -> Status {
+    std::vector<SequenceState> seqs;
+    for (size_t i = 0; i < lengths[0].size(); ++i) seqs.push_back(m.NewSequence());
+    for (size_t round = 0; round < lengths.size(); ++round) {
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<PrefillChunk> pcs;
+      for (size_t i = 0; i < seqs.size(); ++i) ids.push_back(ids_of(round, i, lengths[round][i]));
+      for (size_t i = 0; i < seqs.size(); ++i) pcs.push_back({&seqs[i], ids[i], all_logits(round, i), nullptr});
+      if (chunks) {
+        KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> logits, m.ForwardChunks(pcs));
+        out->push_back(std::move(logits));
+        continue;
+      }
+      out->emplace_back();
+      for (const PrefillChunk& c : pcs) {
+        ForwardOptions o;
+        o.all_logits = c.all_logits;
+        KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(c.state, c.ids, o));
+        out->back().push_back(std::move(logits));
+      }
+    }
+    return Status::Ok();
+  };
+  PipelineLog log;
+  int64_t hidden = 0;
+  std::vector<std::vector<Tensor>> got, want;
+  const std::vector<std::string> errors = RunGatedStages(kPp, log, [&](Model& m) -> Status {
+    std::vector<std::vector<Tensor>> mine;
+    KIMIRT_RETURN_IF_ERROR(run(m, true, &mine));
+    for (const std::vector<Tensor>& round : mine) {
+      for (const Tensor& t : round) {
+        if (t.defined() != m.stage().is_first()) return Internal("logits on a stage other than the first, or none on the first");
+      }
+    }
+    if (m.stage().is_first()) got = std::move(mine);
+    return Status::Ok();
+  }, &hidden);
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not run chunk 1 while stage 1 held chunk 0 (stage 0 had sent "
+                                   << log.stage0_sends_at_release << " messages)";
+  EXPECT_GT(log.gated_recvs_at_gate, 0);
+  EXPECT_GE(log.stage0_sends_at_release, 2 * log.gated_recvs_at_gate);
+  // Each chunk crosses whole (T rows of the hidden size per message), and every chunk of both
+  // rounds crossed each boundary the same number of times.
+  ASSERT_FALSE(log.message_floats.empty());
+  for (size_t n : log.message_floats) EXPECT_EQ(n % static_cast<size_t>(hidden), 0u) << n;
+  EXPECT_EQ(log.sends[0] % 6, 0);
+  EXPECT_EQ(log.sends[0], log.recvs[1]);
+  EXPECT_EQ(log.gated_recvs_at_gate * 6, log.recvs[1]) << "stage 1 had received more than chunk 0 at its first send";
+  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
+    ASSERT_TRUE(m.ok());
+    ASSERT_TRUE(run(**m, false, &want).ok());
+  });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t round = 0; round < want.size(); ++round) {
+    ASSERT_EQ(got[round].size(), want[round].size());
+    for (size_t i = 0; i < want[round].size(); ++i) {
+      const int64_t rows = all_logits(round, i) ? static_cast<int64_t>(lengths[round][i]) : 1;
+      ASSERT_EQ(want[round][i].dim(0), rows);
+      EXPECT_TRUE(SameBits(got[round][i], want[round][i]))
+          << "round " << round << " chunk " << i << ": max |diff| " << testing::MaxAbsDiff(got[round][i], want[round][i]);
+    }
+  }
 }
 
 // How a step splits: enough micro-batches that none exceeds the row-invariant size, else the
