@@ -15,6 +15,7 @@
 #include <iterator>
 #include <memory>
 #include <stdexcept>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -310,40 +311,40 @@ TEST(ThreadGrid, SendRecvRoundTheRingInOrder) {
   }
 }
 
+// The message of the std::logic_error RunOnThreadGrid(tp, pp, body) throws; a test failure
+// (and "") if it returns.
+std::string GridLogicError(int tp, int pp, const std::function<void(Communicator&, Communicator&)>& body) {
+  try {
+    RunOnThreadGrid(tp, pp, body);
+  } catch (const std::logic_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
 TEST(ThreadGrid, PointToPointMisuseThrowsInsteadOfHanging) {
   // A size other than the one sent.
-  try {
-    RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
-      std::vector<float> x(4, 1.0f);
-      if (p.rank() == 0) p.Send(x.data(), 4, 1);
-      if (p.rank() == 1) p.Recv(x.data(), 3, 0);
-    });
-    FAIL() << "expected an exception";
-  } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("receives 3 floats from rank 0, which sent 4"), std::string::npos) << e.what();
-  }
+  std::string what = GridLogicError(1, 2, [](Communicator&, Communicator& p) {
+    std::vector<float> x(4, 1.0f);
+    if (p.rank() == 0) p.Send(x.data(), 4, 1);
+    if (p.rank() == 1) p.Recv(x.data(), 3, 0);
+  });
+  EXPECT_NE(what.find("receives 3 floats from rank 0, which sent 4"), std::string::npos) << what;
   // A sender that returns without sending.
-  try {
-    RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
-      float x = 0;
-      if (p.rank() == 1) p.Recv(&x, 1, 0);
-    });
-    FAIL() << "expected an exception";
-  } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 returned while rank 1 waits in Recv"), std::string::npos) << e.what();
-  }
+  what = GridLogicError(1, 2, [](Communicator&, Communicator& p) {
+    float x = 0;
+    if (p.rank() == 1) p.Recv(&x, 1, 0);
+  });
+  EXPECT_NE(what.find("rank 0 returned while rank 1 waits in Recv"), std::string::npos) << what;
   // Stages waiting on each other (each Recv before its Send): a deadlock, named, not a hang.
-  try {
-    RunOnThreadGrid(1, 3, [](Communicator&, Communicator& p) {
-      float x = 0;
-      p.Recv(&x, 1, (p.rank() + 2) % 3);
-      p.Send(&x, 1, (p.rank() + 1) % 3);
-    });
-    FAIL() << "expected an exception";
-  } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("thread ranks deadlocked"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("in Recv from rank"), std::string::npos) << e.what();
-  }
+  what = GridLogicError(1, 3, [](Communicator&, Communicator& p) {
+    float x = 0;
+    p.Recv(&x, 1, (p.rank() + 2) % 3);
+    p.Send(&x, 1, (p.rank() + 1) % 3);
+  });
+  EXPECT_NE(what.find("thread ranks deadlocked"), std::string::npos) << what;
+  EXPECT_NE(what.find("in Recv from rank"), std::string::npos) << what;
   // A peer that is not there, or oneself.
   EXPECT_THROW(RunOnThreadGrid(1, 2, [](Communicator&, Communicator& p) {
                  float x = 0;

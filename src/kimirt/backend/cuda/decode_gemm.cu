@@ -181,17 +181,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   // Before the kernel this one may overlap (pdl.cuh) is done: the first two rounds of this
   // block's weight into L2 (the weight is no kernel's output). Then wait for x.
   const int64_t k_real_end = k_end < k ? k_end : k;
-  if constexpr (kVec) {
+  // The round at kb of lane i's column (col0 + i, 256 bytes) into L2. Aligned rows only (the
+  // prefetch wants 16-byte addresses and sizes).
+  auto prefetch_round = [&](int64_t kb) {
     const int64_t col = col0 + lane;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t kb = k_begin + r * kSliceQuantum;
-      if (kb < k_real_end && col < n) {
-        const int64_t len = k_real_end - kb < kSliceQuantum ? k_real_end - kb : kSliceQuantum;
-        PrefetchL2(w + col * k + kb, static_cast<uint32_t>(len * sizeof(uint16_t)));
-      }
+    if (kVec && kb < k_real_end && col < n) {
+      const int64_t len = k_real_end - kb < kSliceQuantum ? k_real_end - kb : kSliceQuantum;
+      PrefetchL2(w + col * k + kb, static_cast<uint32_t>(len * sizeof(uint16_t)));
     }
-  }
+  };
+  prefetch_round(k_begin);
+  prefetch_round(k_begin + kSliceQuantum);
   PdlWait();
   PdlTrigger();
 
@@ -206,18 +206,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   }
 
   for (int64_t kb = k_begin; kb < k_end; kb += kSliceQuantum) {
-    // The round after next into L2 now (lane i: the warp's column col0 + i, 256 bytes): while
-    // this round waits on HBM, the next ones are already on their way, so their loads wait on L2.
-    // Without it a warp has one round (8 KB) in flight and 16 warps per multiprocessor are not
-    // enough for 4.8 TB/s at loaded latency (run 1: 0.54–0.67 at m = 1). Aligned rows only (the
-    // prefetch wants 16-byte addresses and sizes).
-    if constexpr (kVec) {
-      const int64_t next = kb + 2 * kSliceQuantum, col = col0 + lane;  // rounds 0, 1: above
-      if (next < k_real_end && col < n) {
-        const int64_t len = k_real_end - next < kSliceQuantum ? k_real_end - next : kSliceQuantum;
-        PrefetchL2(w + col * k + next, static_cast<uint32_t>(len * sizeof(uint16_t)));
-      }
-    }
+    // The round after next into L2 now (rounds 0 and 1: above): while this round waits on HBM,
+    // the next ones are already on their way, so their loads wait on L2. Without it a warp has
+    // one round (8 KB) in flight and 16 warps per multiprocessor are not enough for 4.8 TB/s at
+    // loaded latency (run 1: 0.54–0.67 at m = 1).
+    prefetch_round(kb + 2 * kSliceQuantum);
     // All of this round's weight loads first, so kUnroll · kColTiles · 2 are in flight per lane.
     uint4 wr[kUnroll][kColTiles][2];
 #pragma unroll

@@ -22,11 +22,10 @@
 // Batch invariance: a block's inputs are its own sequence's rows and query; the split schedule
 // is a function of the sequence's own context (MlaDecodeSplitLen), so a sequence's bits do not
 // depend on the batch.
-#include "kimirt/backend/cuda/kernels.h"
-#include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
-#include "kimirt/backend/cuda/mma_bf16.cuh"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

@@ -102,25 +102,11 @@ class NcclCommunicator final : public Communicator {
   // may answer ncclGroupEnd with ncclInProgress: Check waits). Stream-ordered like the
   // collectives: the host does not wait for the peer, the stream does.
   void Send(const float* data, size_t n, int peer) override {
-    CheckPeer(peer, "ncclSend");
-    if (n == 0) return;
-    Enqueue("ncclSend", [&] {
-      ncclGroupStart();
-      const ncclResult_t r = ncclSend(data, n, ncclFloat32, peer, comm_, stream_);
-      const ncclResult_t e = ncclGroupEnd();
-      return r != ncclSuccess ? r : e;
-    });
+    PointToPoint("ncclSend", n, peer, [&] { return ncclSend(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
   void Recv(float* data, size_t n, int peer) override {
-    CheckPeer(peer, "ncclRecv");
-    if (n == 0) return;
-    Enqueue("ncclRecv", [&] {
-      ncclGroupStart();
-      const ncclResult_t r = ncclRecv(data, n, ncclFloat32, peer, comm_, stream_);
-      const ncclResult_t e = ncclGroupEnd();
-      return r != ncclSuccess ? r : e;
-    });
+    PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
   // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
@@ -239,6 +225,20 @@ class NcclCommunicator final : public Communicator {
       Fail(what, err);
     }
     Fail(what, NcclMessage(r, comm_));
+  }
+
+  // One send or receive on the stream, a group of its own (a non-blocking communicator may
+  // answer ncclGroupEnd with ncclInProgress: Check waits).
+  template <class Call>
+  void PointToPoint(const char* what, size_t n, int peer, Call call) {
+    CheckPeer(peer, what);
+    if (n == 0) return;
+    Enqueue(what, [&] {
+      ncclGroupStart();
+      const ncclResult_t r = call();
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
   }
 
   void CheckPeer(int peer, const char* what) {
