@@ -22,6 +22,10 @@
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
 // kTiles instantiation; the split of k across blocks (`splits`) and the order the
 // splits are summed in depend on n and k only, never on m.
+//
+// Groups (DecodeGemmGroup; docs/cuda.md "Grouped decode GEMMs"): several GEMMs of one m in one
+// launch, each block running GemmBlock, this kernel's body, with its own problem's plan, and one
+// launch of SumSplit for every split problem, so each output keeps its own DecodeGemm's bits.
 #include <cuda_bf16.h>
 
 #include <algorithm>
