@@ -87,68 +87,67 @@ class CudaBackendLinearGroup : public testing::CudaCpuTest {
     }
   }
 
-  static constexpr int64_t kRows[] = {1, 2, 3, 8, 9, 16, 17, 32, 33, 64};
+  // fn(case, m, inputs) for every case and every row bucket and edge.
+  template <typename Fn>
+  void ForEachCase(Fn fn) {
+    for (const GroupCase& c : Cases()) {
+      const std::vector<Tensor> w = Weights(c);
+      for (const int64_t m : {1, 2, 3, 8, 9, 16, 17, 32, 33, 64}) {
+        SCOPED_TRACE(c.name + " m=" + std::to_string(m));
+        fn(c, m, Make(c, w, m));
+      }
+    }
+  }
 };
 
 // Eagerly, and replayed from a graph (the grouped launches as Model::Launch captures them; the
 // scratch then comes from the graph's own pool): each output has its own Linear's bits.
 TEST_F(CudaBackendLinearGroup, EachOutputHasTheBitsOfItsLinear) {
-  for (const GroupCase& c : Cases()) {
-    const std::vector<Tensor> w = Weights(c);
-    for (const int64_t m : kRows) {
-      SCOPED_TRACE(c.name + " m=" + std::to_string(m));
-      const Inputs in = Make(c, w, m);
-      std::vector<Tensor> alone = PoisonedOutputs(c, m);
-      for (size_t i = 0; i < c.problems.size(); ++i) {
-        gpu_->Linear(in.x[static_cast<size_t>(c.problems[i].x)], in.w[i], &alone[i]);
-      }
-      std::vector<Tensor> grouped = PoisonedOutputs(c, m);
-      gpu_->LinearGroup(Problems(c, in, grouped));
-      ExpectSameBits(grouped, alone, "eager");
-
-      std::vector<Tensor> replayed = PoisonedOutputs(c, m);
-      const std::string key = "linear-group-" + c.name + "-" + std::to_string(m);
-      gpu_->CaptureBegin(key);
-      gpu_->LinearGroup(Problems(c, in, replayed));
-      ASSERT_TRUE(gpu_->CaptureEnd(replayed[0]));
-      gpu_->Replay(key);
-      ExpectSameBits(replayed, alone, "graph");
+  ForEachCase([&](const GroupCase& c, int64_t m, const Inputs& in) {
+    std::vector<Tensor> alone = PoisonedOutputs(c, m);
+    for (size_t i = 0; i < c.problems.size(); ++i) {
+      gpu_->Linear(in.x[static_cast<size_t>(c.problems[i].x)], in.w[i], &alone[i]);
     }
-  }
+    std::vector<Tensor> grouped = PoisonedOutputs(c, m);
+    gpu_->LinearGroup(Problems(c, in, grouped));
+    ExpectSameBits(grouped, alone, "eager");
+
+    std::vector<Tensor> replayed = PoisonedOutputs(c, m);
+    const std::string key = "linear-group-" + c.name + "-" + std::to_string(m);
+    gpu_->CaptureBegin(key);
+    gpu_->LinearGroup(Problems(c, in, replayed));
+    ASSERT_TRUE(gpu_->CaptureEnd(replayed[0]));
+    gpu_->Replay(key);
+    ExpectSameBits(replayed, alone, "graph");
+  });
 }
 
 // cuda::DecodeGemmGroup called directly (so the grouped kernel is what runs, whatever the
 // backend routes), against cuda::DecodeGemm of each problem alone.
 TEST_F(CudaBackendLinearGroup, DecodeGemmGroupGivesEachDecodeGemmsBits) {
-  for (const GroupCase& c : Cases()) {
-    const std::vector<Tensor> w = Weights(c);
-    for (const int64_t m : kRows) {
-      SCOPED_TRACE(c.name + " m=" + std::to_string(m));
-      const Inputs in = Make(c, w, m);
-      std::vector<Tensor> alone = PoisonedOutputs(c, m), grouped = PoisonedOutputs(c, m);
-      std::vector<cuda::DecodeGemmProblem> dp;
-      for (size_t i = 0; i < c.problems.size(); ++i) {
-        const ProblemShape& p = c.problems[i];
-        dp.push_back({static_cast<const float*>(in.x[static_cast<size_t>(p.x)].raw()), in.w[i].raw(),
-                      static_cast<float*>(grouped[i].raw()), p.n, p.k});
-      }
-      const int count = static_cast<int>(dp.size());
-      Tensor scratch = gpu_->Empty({static_cast<int64_t>(cuda::DecodeGemmGroupScratchBytes(m, dp.data(), count))},
-                                   DType::kU8);
-      std::vector<Tensor> scratches;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads and poisoning (the backend's stream)
-      for (size_t i = 0; i < c.problems.size(); ++i) {
-        const ProblemShape& p = c.problems[i];
-        scratches.push_back(
-            gpu_->Empty({static_cast<int64_t>(cuda::DecodeGemmScratchBytes(m, p.n, p.k))}, DType::kU8));
-        cuda::DecodeGemm(dp[i].x, dp[i].w, static_cast<float*>(alone[i].raw()), m, p.n, p.k,
-                         scratches.back().raw(), nullptr);
-      }
-      cuda::DecodeGemmGroup(m, dp.data(), count, scratch.raw(), nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ExpectSameBits(grouped, alone, "direct");
+  ForEachCase([&](const GroupCase& c, int64_t m, const Inputs& in) {
+    std::vector<Tensor> alone = PoisonedOutputs(c, m), grouped = PoisonedOutputs(c, m);
+    std::vector<cuda::DecodeGemmProblem> dp;
+    for (size_t i = 0; i < c.problems.size(); ++i) {
+      const ProblemShape& p = c.problems[i];
+      dp.push_back({static_cast<const float*>(in.x[static_cast<size_t>(p.x)].raw()), in.w[i].raw(),
+                    static_cast<float*>(grouped[i].raw()), p.n, p.k});
     }
-  }
+    const int count = static_cast<int>(dp.size());
+    Tensor scratch =
+        gpu_->Empty({static_cast<int64_t>(cuda::DecodeGemmGroupScratchBytes(m, dp.data(), count))}, DType::kU8);
+    std::vector<Tensor> scratches;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads and poisoning (the backend's stream)
+    for (size_t i = 0; i < c.problems.size(); ++i) {
+      const ProblemShape& p = c.problems[i];
+      scratches.push_back(gpu_->Empty({static_cast<int64_t>(cuda::DecodeGemmScratchBytes(m, p.n, p.k))}, DType::kU8));
+      cuda::DecodeGemm(dp[i].x, dp[i].w, static_cast<float*>(alone[i].raw()), m, p.n, p.k, scratches.back().raw(),
+                       nullptr);
+    }
+    cuda::DecodeGemmGroup(m, dp.data(), count, scratch.raw(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ExpectSameBits(grouped, alone, "direct");
+  });
 }
 
 }  // namespace
