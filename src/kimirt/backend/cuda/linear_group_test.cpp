@@ -125,6 +125,8 @@ TEST_F(CudaBackendLinearGroup, EachOutputHasTheBitsOfItsLinear) {
 // cuda::DecodeGemmGroup called directly (so the grouped kernel is what runs, whatever the
 // backend routes), against cuda::DecodeGemm of each problem alone.
 TEST_F(CudaBackendLinearGroup, DecodeGemmGroupGivesEachDecodeGemmsBits) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ForEachCase([&](const GroupCase& c, int64_t m, const Inputs& in) {
     std::vector<Tensor> alone = PoisonedOutputs(c, m), grouped = PoisonedOutputs(c, m);
     std::vector<cuda::DecodeGemmProblem> dp;
@@ -141,13 +143,13 @@ TEST_F(CudaBackendLinearGroup, DecodeGemmGroupGivesEachDecodeGemmsBits) {
     for (size_t i = 0; i < c.problems.size(); ++i) {
       const ProblemShape& p = c.problems[i];
       scratches.push_back(gpu_->Empty({static_cast<int64_t>(cuda::DecodeGemmScratchBytes(m, p.n, p.k))}, DType::kU8));
-      cuda::DecodeGemm(dp[i].x, dp[i].w, static_cast<float*>(alone[i].raw()), m, p.n, p.k, scratches.back().raw(),
-                       nullptr);
+      cuda::DecodeGemm(dp[i].x, dp[i].w, static_cast<float*>(alone[i].raw()), m, p.n, p.k, scratches.back().raw(), s);
     }
-    cuda::DecodeGemmGroup(m, dp.data(), count, scratch.raw(), nullptr);
+    cuda::DecodeGemmGroup(m, dp.data(), count, scratch.raw(), s);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ExpectSameBits(grouped, alone, "direct");
   });
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 }  // namespace
