@@ -13,6 +13,11 @@
 // decode step captured as a graph will not pay either. Inputs are random (never zeros:
 // METHOD.md), and every CUDA call is checked.
 //
+// Grouped rows (cuda::DecodeGemmGroup, CudaBackend::LinearGroup): the projections a Kimi-Linear-48B
+// layer reads from one input — KDA q, k, v, b, f_a, g_a of x; KDA f_b, g_b; MLA q, kv_a; the shared
+// expert's gate, up — timed in a graph as one grouped call and as the same problems called one by
+// one (the path before grouping), with the ratio separate / grouped.
+//
 // Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--json PATH]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +52,23 @@ const Shape kShapes[] = {
     {"k3.lm_head", 163840, 7168},
 };
 
+// A group's problems: which x (problems of one x read the same buffer), n, k.
+struct GroupProblem {
+  int x;
+  int64_t n, k;
+};
+struct Group {
+  const char* name;
+  std::vector<GroupProblem> problems;
+};
+
+const Group kGroups[] = {
+    {"kl48.kda_x", {{0, 4096, 2304}, {0, 4096, 2304}, {0, 4096, 2304}, {0, 32, 2304}, {0, 128, 2304}, {0, 128, 2304}}},
+    {"kl48.kda_fb_gb", {{0, 4096, 128}, {1, 4096, 128}}},
+    {"kl48.mla_q_kv_a", {{0, 6144, 2304}, {0, 576, 2304}}},
+    {"kl48.shared_gate_up", {{0, 1024, 2304}, {0, 1024, 2304}}},
+};
+
 std::vector<int64_t> ParseRows(const char* s) {
   std::vector<int64_t> out;
   for (const char* p = s; *p != '\0';) {
@@ -67,6 +89,12 @@ struct Point {
   std::string name;
   int64_t m, n, k, splits;
   double ms, gbps, ms_graph, gbps_graph;
+};
+
+struct GroupPoint {
+  std::string name;
+  int64_t m, problems;
+  double weight_mb, ms_separate, ms_grouped;
 };
 
 // The median time of one call of `fn`, from replays of a graph of `calls` calls.
@@ -159,6 +187,69 @@ int main(int argc, char** argv) {
     BENCH_CUDA_OK(cudaFree(y));
   }
 
+  // The groups: per call from graph replays, each problem's DecodeGemm in turn vs one DecodeGemmGroup.
+  std::vector<GroupPoint> group_points;
+  for (const Group& g : kGroups) {
+    int xs = 0;
+    size_t w_bytes = 0;
+    for (const GroupProblem& p : g.problems) {
+      xs = std::max(xs, p.x + 1);
+      w_bytes += static_cast<size_t>(p.n * p.k) * sizeof(uint16_t);
+    }
+    const size_t rotate_bytes = std::max<size_t>(4 * static_cast<size_t>(prop.l2CacheSize), 2 * w_bytes);
+    const int copies = static_cast<int>((rotate_bytes + w_bytes - 1) / w_bytes);
+    const size_t count = g.problems.size();
+    std::vector<uint16_t*> w(static_cast<size_t>(copies) * count);  // copy c, problem i: w[c * count + i]
+    std::vector<float*> x(static_cast<size_t>(xs)), y(count);
+    for (size_t j = 0; j < w.size(); ++j) {
+      const GroupProblem& p = g.problems[j % count];
+      BENCH_CUDA_OK(cudaMalloc(&w[j], static_cast<size_t>(p.n * p.k) * sizeof(uint16_t)));
+      Fill(w[j], nullptr, p.n * p.k, 300 + static_cast<uint64_t>(j), 0.05f);
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const GroupProblem& p = g.problems[i];
+      if (x[static_cast<size_t>(p.x)] == nullptr) {
+        BENCH_CUDA_OK(cudaMalloc(&x[static_cast<size_t>(p.x)], static_cast<size_t>(max_m * p.k) * sizeof(float)));
+        Fill(nullptr, x[static_cast<size_t>(p.x)], max_m * p.k, 11 + static_cast<uint64_t>(p.x), 1.0f);
+      }
+      BENCH_CUDA_OK(cudaMalloc(&y[i], static_cast<size_t>(max_m * p.n) * sizeof(float)));
+    }
+    for (int64_t m : rows) {
+      std::vector<void*> scratch(count);
+      for (size_t i = 0; i < count; ++i) {
+        BENCH_CUDA_OK(cudaMalloc(&scratch[i], kimirt::cuda::DecodeGemmScratchBytes(m, g.problems[i].n, g.problems[i].k)));
+      }
+      std::vector<kimirt::cuda::DecodeGemmProblem> dp(count);
+      const auto problems_of = [&](int c) {
+        for (size_t i = 0; i < count; ++i) {
+          const GroupProblem& p = g.problems[i];
+          dp[i] = {x[static_cast<size_t>(p.x)], w[static_cast<size_t>(c) * count + i], y[i], p.n, p.k};
+        }
+      };
+      problems_of(0);
+      void* group_scratch = nullptr;
+      BENCH_CUDA_OK(cudaMalloc(&group_scratch, kimirt::cuda::DecodeGemmGroupScratchBytes(m, dp.data(), static_cast<int>(count))));
+      const int calls = std::max(20, copies);
+      const double ms_separate = GraphMsPerCall(s, reps, calls, [&](int c) {
+        problems_of(c % copies);
+        for (size_t i = 0; i < count; ++i) {
+          kimirt::cuda::DecodeGemm(dp[i].x, dp[i].w, dp[i].y, m, dp[i].n, dp[i].k, scratch[i], s);
+        }
+      });
+      const double ms_grouped = GraphMsPerCall(s, reps, calls, [&](int c) {
+        problems_of(c % copies);
+        kimirt::cuda::DecodeGemmGroup(m, dp.data(), static_cast<int>(count), group_scratch, s);
+      });
+      for (void* p : scratch) BENCH_CUDA_OK(cudaFree(p));
+      BENCH_CUDA_OK(cudaFree(group_scratch));
+      group_points.push_back({g.name, m, static_cast<int64_t>(count), static_cast<double>(w_bytes) / 1e6, ms_separate,
+                              ms_grouped});
+    }
+    for (uint16_t* p : w) BENCH_CUDA_OK(cudaFree(p));
+    for (float* p : x) BENCH_CUDA_OK(cudaFree(p));
+    for (float* p : y) BENCH_CUDA_OK(cudaFree(p));
+  }
+
   // Per call (events) and in a graph; fractions of 4.8 TB/s and of the copy.
   std::printf("%-17s %3s %6s %5s %3s %8s %6s %6s %6s %8s %6s %6s\n", "shape", "m", "n", "k", "spl", "ms", "GB/s",
               "of4.8T", "ofcopy", "graph_ms", "GB/s", "of4.8T");
@@ -167,6 +258,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k),
                 static_cast<long long>(p.splits), p.ms, p.gbps, p.gbps / kPeakGbps, p.gbps / copy_gbps, p.ms_graph,
                 p.gbps_graph, p.gbps_graph / kPeakGbps);
+  }
+  // The groups (graph, per call): separate calls vs one grouped call, and the weight bytes' GB/s.
+  std::printf("\n%-20s %3s %4s %8s %9s %9s %6s %6s\n", "group", "m", "gemm", "MB", "sep_us", "group_us", "ratio",
+              "GB/s");
+  for (const GroupPoint& p : group_points) {
+    std::printf("%-20s %3lld %4lld %8.2f %9.2f %9.2f %6.2f %6.0f\n", p.name.c_str(), static_cast<long long>(p.m),
+                static_cast<long long>(p.problems), p.weight_mb, p.ms_separate * 1e3, p.ms_grouped * 1e3,
+                p.ms_separate / p.ms_grouped, p.weight_mb / 1e3 / (p.ms_grouped * 1e-3));
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
@@ -185,6 +284,17 @@ int main(int argc, char** argv) {
                    i ? "," : "", p.name.c_str(), static_cast<long long>(p.m), static_cast<long long>(p.n),
                    static_cast<long long>(p.k), static_cast<long long>(p.splits), p.ms, p.gbps, p.gbps / kPeakGbps,
                    p.gbps / copy_gbps, p.ms_graph, p.gbps_graph, p.gbps_graph / kPeakGbps);
+    }
+    std::fprintf(f, "\n], \"groups\": [");
+    for (size_t i = 0; i < group_points.size(); ++i) {
+      const GroupPoint& p = group_points[i];
+      std::fprintf(f,
+                   "%s\n  {\"name\": \"%s\", \"m\": %lld, \"problems\": %lld, \"weight_mb\": %.3f, "
+                   "\"us_separate_graph\": %.3f, \"us_grouped_graph\": %.3f, \"ratio\": %.3f, "
+                   "\"gbps_grouped_graph\": %.1f}",
+                   i ? "," : "", p.name.c_str(), static_cast<long long>(p.m), static_cast<long long>(p.problems),
+                   p.weight_mb, p.ms_separate * 1e3, p.ms_grouped * 1e3, p.ms_separate / p.ms_grouped,
+                   p.weight_mb / 1e3 / (p.ms_grouped * 1e-3));
     }
     std::fprintf(f, "\n]}\n");
     std::fclose(f);

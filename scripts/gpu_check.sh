@@ -6,7 +6,9 @@
 #   3. `kimirt bench model` on the built-in model, CUDA and CPU in the same run (--json to $OUT),
 #   4. `kimirt serve --device cuda` (the GPU memory budget path) driven by `kimirt bench serve`.
 # Not in `all` (kernel benches, each printing a table last and writing JSON to $OUT):
-#   gemm      the decode GEMM's weight bandwidth at the models' shapes, m = 1, 8, 32, 64
+#   gemm      the decode GEMM's tests (CudaBackendTest.DecodeGemm*, CudaBackendLinearGroup.*: grouped
+#             calls bit-identical to single ones), then its weight bandwidth at the models' shapes,
+#             m = 1, 8, 32, 64, and the grouped calls against separate ones
 #             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
 #   kdabench  the fused KDA decode kernel's tests (every variant), its bench (bench/kda_decode_bench.cu,
 #             every variant) and FLA's fused_recurrent_kda
@@ -282,8 +284,11 @@ print(f"prefill 8K {t[8192]*1e3:.1f} ms ({8192/t[8192]:,.0f} tok/s), 32K {t[3276
 PY
 fi
 if [[ "$what" == gemm ]]; then
+  timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' \
+    --gtest_output="json:$out/gtest-gemm.json" >"$out/gtest-gemm.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|problem|kimirt:' "$out/gtest-gemm.txt" | head -40
   timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
-    tee "$out/decode-gemm.txt" | tail -70
+    tee "$out/decode-gemm.txt" | tail -90
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == kdabench ]]; then

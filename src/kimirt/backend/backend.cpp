@@ -1,5 +1,6 @@
-// Backend (backend.h): the base version of the batched KDA decode op, written once over the
-// per-op kernels so every backend has it and a fused kernel has a reference to match.
+// Backend (backend.h): the base versions of the grouped Linear and the batched KDA decode op,
+// written once over the per-op kernels so every backend has them and a fused kernel has a
+// reference to match.
 #include "kimirt/backend/backend.h"
 
 #include "kimirt/core/check.h"
@@ -11,6 +12,10 @@ void Backend::CheckDecodeSlots(std::span<const int32_t> slots, int64_t slot_coun
     KIMIRT_CHECK_MSG(slots[i] >= 0 && slots[i] < slot_count, "KDA decode: slot outside the pool");
     for (size_t j = 0; j < i; ++j) KIMIRT_CHECK_MSG(slots[i] != slots[j], "KDA decode: one slot twice");
   }
+}
+
+void Backend::LinearGroup(std::span<const LinearProblem> problems) {
+  for (const LinearProblem& p : problems) Linear(*p.x, *p.w, p.y);
 }
 
 void Backend::KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,

@@ -236,6 +236,17 @@ class Backend {
 
   // y [T, N] = x [T, K] · w [N, K]ᵀ
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor* y) = 0;
+  // Several Linears with the same row count T (x may be one tensor for all or differ; the
+  // outputs are distinct and none is an input): each y gets exactly the bits Linear would give
+  // it (issue 12: the projections a KDA layer, an MLA layer or an MLP reads from one input).
+  // The base version calls Linear in turn; CUDA runs a decode group as one grouped kernel
+  // (docs/cuda.md "Grouped decode GEMMs").
+  struct LinearProblem {
+    const Tensor* x = nullptr;
+    const Tensor* w = nullptr;
+    Tensor* y = nullptr;
+  };
+  virtual void LinearGroup(std::span<const LinearProblem> problems);
   // Row-wise RMSNorm with gain (spec §3.1): y = w * x * rsqrt(mean(x²) + eps). x, y [T, n].
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
   // y = a + b (y may be a).

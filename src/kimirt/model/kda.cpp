@@ -1,6 +1,7 @@
 // The KDA sub-layer (kda.h; spec §5).
 #include "kimirt/model/kda.h"
 
+#include <utility>
 #include <vector>
 
 namespace kimirt {
@@ -31,12 +32,22 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
   auto slot = [&](size_t b) { return rows.seqs[b]->kda_slot; };
   std::optional<float> lb;
   if (c.linear_attn.gate_lower_bound) lb = static_cast<float>(*c.linear_attn.gate_lower_bound);
-  // Spec §5.1: projections (all rows).
-  Tensor q_raw = m.Linear(x, w.q), k_raw = m.Linear(x, w.k), v_raw = m.Linear(x, w.v);
-  Tensor beta = m.Linear(x, w.b);
-  Tensor f = m.Linear(m.Linear(x, w.f_a), w.f_b);
-  // Spec §5.6's output gate (the gated RMSNorm's second input).
-  Tensor gate = c.linear_attn.use_full_rank_gate ? m.Linear(x, w.g) : m.Linear(m.Linear(x, w.g_a), w.g_b);
+  // Spec §5.1: projections (all rows), with spec §5.6's output gate (the gated RMSNorm's second
+  // input): those of x as one group, then the low-rank second halves of f and the gate as one.
+  const bool full_gate = c.linear_attn.use_full_rank_gate;
+  std::vector<Tensor> px =
+      m.LinearGroup({{x, w.q}, {x, w.k}, {x, w.v}, {x, w.b}, {x, w.f_a}, {x, full_gate ? w.g : w.g_a}});
+  Tensor q_raw = std::move(px[0]), k_raw = std::move(px[1]), v_raw = std::move(px[2]);
+  Tensor beta = std::move(px[3]);
+  Tensor f, gate;
+  if (full_gate) {
+    f = m.Linear(px[4], w.f_b);
+    gate = std::move(px[5]);
+  } else {
+    std::vector<Tensor> pb = m.LinearGroup({{px[4], w.f_b}, {px[5], w.g_b}});
+    f = std::move(pb[0]);
+    gate = std::move(pb[1]);
+  }
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor normed = be.Empty({T, Pl});
   bool decode = form.value_or(KdaForm::kRecurrent) == KdaForm::kRecurrent;

@@ -1,6 +1,9 @@
 // The gated NoPE MLA sub-layer (mla.h; spec §6).
 #include "kimirt/model/mla.h"
 
+#include <utility>
+#include <vector>
+
 namespace kimirt {
 namespace {
 
@@ -22,14 +25,20 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
   const ModelConfig& c = m.config;
   Backend& be = m.be;
   const int64_t T = x.dim(0);
+  // The projections of x as one group: the query's first (spec §6.1), the latent's (§6.2) and,
+  // in decode, the output gate's (§6.4; a prefill computes it after attention, so its [T, H·dv]
+  // is not held through it).
+  const bool gate_first = c.mla_use_output_gate && T <= be.RowInvariantRows();
+  std::vector<ModuleContext::LinearIn> of_x = {{x, c.q_lora_rank ? w.q_a : w.q}, {x, w.kv_a}};
+  if (gate_first) of_x.push_back({x, w.g});
+  std::vector<Tensor> px = m.LinearGroup(of_x);
   // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
-  Tensor q = c.q_lora_rank ? m.Linear(m.Norm(m.Linear(x, w.q_a), w.q_a_norm, kMlaLatentNormEps), w.q_b)
-                           : m.Linear(x, w.q);
+  Tensor q = c.q_lora_rank ? m.Linear(m.Norm(px[0], w.q_a_norm, kMlaLatentNormEps), w.q_b) : std::move(px[0]);
   // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache, and
   // attention reads every position back from it (so the cache dtype applies to the new tokens
   // too, as in a paged-attention kernel).
   const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  Tensor a = m.Linear(x, w.kv_a);
+  const Tensor& a = px[1];
   Tensor c_raw = be.Empty({T, r});
   Tensor ks = be.Empty({T, dr});
   be.CopyColumns(a, 0, r, &c_raw);
@@ -78,7 +87,7 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
     attend_paged();
   }
   // Spec §6.4: sigmoid output gate on the same normed input, then o_proj (row parallel).
-  if (c.mla_use_output_gate) be.SigmoidMul(attn, m.Linear(x, w.g), &attn);
+  if (c.mla_use_output_gate) be.SigmoidMul(attn, gate_first ? px[2] : m.Linear(x, w.g), &attn);
   Tensor out = m.Linear(attn, w.o);
   m.AllReduce(&out);
   return out;

@@ -9,6 +9,18 @@ Tensor ModuleContext::Linear(const Tensor& x, const Tensor& w) const {
   return y;
 }
 
+std::vector<Tensor> ModuleContext::LinearGroup(const std::vector<LinearIn>& in) const {
+  std::vector<Tensor> y;
+  y.reserve(in.size());  // the problems point into y: no reallocation
+  std::vector<Backend::LinearProblem> problems;
+  for (const LinearIn& p : in) {
+    y.push_back(be.Empty({p.x.dim(0), p.w.dim(0)}));
+    problems.push_back({&p.x, &p.w, &y.back()});
+  }
+  be.LinearGroup(problems);
+  return y;
+}
+
 Tensor ModuleContext::Norm(const Tensor& x, const Tensor& w, float eps) const {
   Tensor y = be.Empty(x.shape());
   be.RmsNorm(x, w, eps, &y);

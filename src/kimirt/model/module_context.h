@@ -3,6 +3,8 @@
 // and the few helpers they all use, so each is written once.
 #pragma once
 
+#include <vector>
+
 #include "kimirt/backend/backend.h"
 #include "kimirt/model/config.h"
 #include "kimirt/parallel/communicator.h"
@@ -17,6 +19,13 @@ struct ModuleContext {
 
   // A new y [T, N] := x [T, K] · w [N, K]ᵀ.
   Tensor Linear(const Tensor& x, const Tensor& w) const;
+  // New y_i := x_i · w_iᵀ for each pair, as one Backend::LinearGroup (the bits of Linear each):
+  // the projections that read one input (or inputs of one row count) go out together.
+  struct LinearIn {
+    const Tensor& x;
+    const Tensor& w;
+  };
+  std::vector<Tensor> LinearGroup(const std::vector<LinearIn>& in) const;
   // A new y := RMSNorm(x; w, eps) row by row (spec §3.1).
   Tensor Norm(const Tensor& x, const Tensor& w, float eps) const;
   // Sums a row-parallel output over the tensor-parallel ranks, in place (spec §11); nothing on

@@ -1,6 +1,8 @@
 // The dense MLP and the LatentMoE block (moe.h; spec §7).
 #include "kimirt/model/moe.h"
 
+#include <vector>
+
 namespace kimirt {
 
 GluParams FfnActivation(const ModelConfig& c) {
@@ -15,9 +17,9 @@ GluParams FfnActivation(const ModelConfig& c) {
 }
 
 Tensor RunMlp(const ModuleContext& m, const MlpWeights& w, const Tensor& y) {
-  Tensor g = m.Linear(y, w.gate), u = m.Linear(y, w.up);
-  Tensor h = m.be.Empty(g.shape());
-  m.be.Glu(g, u, m.glu, &h);
+  std::vector<Tensor> gu = m.LinearGroup({{y, w.gate}, {y, w.up}});
+  Tensor h = m.be.Empty(gu[0].shape());
+  m.be.Glu(gu[0], gu[1], m.glu, &h);
   Tensor out = m.Linear(h, w.down);
   m.AllReduce(&out);
   return out;

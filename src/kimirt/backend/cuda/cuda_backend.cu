@@ -295,6 +295,29 @@ class CudaBackend final : public Backend {
     GemmW(F(x), w, F(*y), T, N, K);
   }
 
+  // A decode group (every weight BF16-held, 1..kGemvMaxRows rows) in one DecodeGemmGroup: each y
+  // the bits of its own DecodeGemm; anything else as Linear in turn.
+  void LinearGroup(std::span<const LinearProblem> problems) override {
+    if (problems.empty()) return;
+    const int64_t T = Rows(*problems[0].x);
+    bool grouped = T >= 1 && T <= cuda::kGemvMaxRows && problems.size() > 1;
+    std::vector<cuda::DecodeGemmProblem> dp;
+    for (const LinearProblem& p : problems) {
+      const int64_t K = Cols(*p.x), N = Rows(*p.w);
+      KIMIRT_CHECK_MSG(Cols(*p.w) == K && Rows(*p.y) == Rows(*p.x) && Cols(*p.y) == N, "LinearGroup shapes");
+      W(*p.w);  // an F32 or BF16 device weight, or a clear error
+      grouped = grouped && Rows(*p.x) == T && K > 0 && p.w->dtype() == DType::kBF16;
+      if (grouped) dp.push_back({F(*p.x), p.w->raw(), F(*p.y), N, K});
+    }
+    if (!grouped) {
+      Backend::LinearGroup(problems);
+      return;
+    }
+    const int count = static_cast<int>(dp.size());
+    Tensor scratch = Scratch(cuda::DecodeGemmGroupScratchBytes(T, dp.data(), count));
+    cuda::DecodeGemmGroup(T, dp.data(), count, scratch.raw(), stream_);
+  }
+
   void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) override {
     KIMIRT_CHECK(w.numel() == Cols(x) && y->numel() == x.numel());
     cuda::RmsNorm(F(x), F(w), eps, Rows(x), Cols(x), F(*y), stream_);

@@ -22,12 +22,17 @@
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
 // kTiles instantiation; the split of k across blocks (`splits`) and the order the
 // splits are summed in depend on n and k only, never on m.
+//
+// Groups (DecodeGemmGroup; docs/cuda.md "Grouped decode GEMMs"): several GEMMs of one m in one
+// launch, each block running GemmBlock, this kernel's body, with its own problem's plan, and one
+// launch of SumSplit for every split problem, so each output keeps its own DecodeGemm's bits.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
@@ -157,8 +162,6 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
   return v;
 }
 
-// Block (blockIdx.x, blockIdx.y): 128 columns × k slice blockIdx.y; warp: 32 columns (two MMA
-// tiles) × all kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
 // Blocks per multiprocessor the registers must allow: 4 (≤ 128 registers) up to 16 rows, so the
 // ~4 blocks per multiprocessor of kTargetBlocks are resident at once (1 tile wants 162 unbounded,
 // for the round's x prefetch; bounded, no spills). 32 and 64 rows need ~170 (their accumulators
@@ -166,17 +169,20 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
 template <int kTiles>
 constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 
+// One block's work, the same in DecodeGemmKernel (one GEMM) and DecodeGemmGroupKernel (a group):
+// 128 columns (column block `cb`) × k slice `split`; warp: 32 columns (two MMA tiles) × all
+// kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
 template <int kTiles, bool kVec>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
-    DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
-                     const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
-                     const uint16_t* __restrict__ x_lo, float* __restrict__ out,
-                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
+__device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
+                                          const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
+                                          const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m,
+                                          int64_t n, int64_t k, int64_t k_pad, int64_t slice, int64_t cb,
+                                          int64_t split) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t col0 = int64_t{blockIdx.x} * kBlockCols + warp * (kColTiles * 16);
-  const int64_t k_begin = int64_t{blockIdx.y} * slice;
+  const int64_t col0 = cb * kBlockCols + warp * (kColTiles * 16);
+  const int64_t k_begin = split * slice;
   const int64_t k_end = k_begin + slice < k_pad ? k_begin + slice : k_pad;
-  out += int64_t{blockIdx.y} * m * n;
+  out += split * m * n;
 
   // Before the kernel this one may overlap (pdl.cuh) is done: the first two rounds of this
   // block's weight into L2 (the weight is no kernel's output). Then wait for x.
@@ -271,25 +277,95 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   }
 }
 
+// y (or the partials) of one GEMM: block (column block blockIdx.x, split blockIdx.y).
+template <int kTiles, bool kVec>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
+    DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
+                     const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
+                     const uint16_t* __restrict__ x_lo, float* __restrict__ out,
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
+  GemmBlock<kTiles, kVec>(w, x, x_vec, x_hi, x_mid, x_lo, out, m, n, k, k_pad, slice, blockIdx.x, blockIdx.y);
+}
+
+// A group of GEMMs of one row count m (DecodeGemmGroup), one launch: problem i owns the blocks
+// [begin, begin + col_blocks · splits) of the 1-D grid, in DecodeGemmKernel's order (column block
+// fastest, then split), and each block does what that GEMM's block does alone (GemmBlock with
+// the problem's own Plan), so every output has the bits of its own DecodeGemm.
+constexpr int kMaxGroup = 8;
+struct GroupGemm {
+  const uint16_t* w;
+  const float* x;
+  const uint16_t* x_hi;  // x_mid, x_lo follow at x_part elements each (SplitXKernel); ≤ 2 tiles: none
+  float* out;
+  int64_t n, k, k_pad, slice, x_part;
+  uint32_t begin, col_blocks;
+  bool x_vec;
+};
+struct GroupGemmArgs {
+  GroupGemm p[kMaxGroup];
+  int count;
+  int64_t m;
+};
+
+template <int kTiles, bool kVec>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
+    DecodeGemmGroupKernel(const __grid_constant__ GroupGemmArgs a) {
+  int i = 0;
+  for (int j = 1; j < a.count; ++j) i = blockIdx.x >= a.p[j].begin ? j : i;
+  const GroupGemm& p = a.p[i];
+  const uint32_t local = blockIdx.x - p.begin;
+  GemmBlock<kTiles, kVec>(p.w, p.x, p.x_vec, p.x_hi, p.x_hi + p.x_part, p.x_hi + 2 * p.x_part, p.out, a.m, p.n,
+                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks);
+}
+
 // y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
 // kSumBatch at a time ahead of their adds (up to 28 slices: a serial load-add chain would cost
 // one L2 latency per slice).
 constexpr int64_t kSumBatch = 8;
+__device__ __forceinline__ void SumSplit(const float* __restrict__ part, int64_t splits, int64_t mn, int64_t i,
+                                         float* __restrict__ y) {
+  float s = part[i];
+  for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
+    float v[kSumBatch];
+#pragma unroll
+    for (int64_t b = 0; b < kSumBatch; ++b) v[b] = j0 + b < splits ? part[(j0 + b) * mn + i] : 0.0f;
+#pragma unroll
+    for (int64_t b = 0; b < kSumBatch; ++b) {
+      if (j0 + b < splits) s += v[b];
+    }
+  }
+  y[i] = s;
+}
+
 __global__ void SumSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t mn, float* __restrict__ y) {
   PdlWait();
   PdlTrigger();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < mn; i += int64_t{gridDim.x} * blockDim.x) {
-    float s = part[i];
-    for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
-      float v[kSumBatch];
-#pragma unroll
-      for (int64_t b = 0; b < kSumBatch; ++b) v[b] = j0 + b < splits ? part[(j0 + b) * mn + i] : 0.0f;
-#pragma unroll
-      for (int64_t b = 0; b < kSumBatch; ++b) {
-        if (j0 + b < splits) s += v[b];
-      }
-    }
-    y[i] = s;
+    SumSplit(part, splits, mn, i, y);
+  }
+}
+
+// The split sums of a group's split problems in one launch: problem i's elements are
+// [begin, begin + mn) of the index space, each summed by SumSplit as SumSplitsKernel sums it.
+struct GroupSum {
+  const float* part;
+  float* y;
+  int64_t splits, mn, begin;
+};
+struct GroupSumArgs {
+  GroupSum p[kMaxGroup];
+  int count;
+  int64_t total;
+};
+
+__global__ void SumSplitsGroupKernel(const __grid_constant__ GroupSumArgs a) {
+  PdlWait();
+  PdlTrigger();
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < a.total; e += int64_t{gridDim.x} * blockDim.x) {
+    int i = 0;
+    for (int j = 1; j < a.count; ++j) i = e >= a.p[j].begin ? j : i;
+    const GroupSum& p = a.p[i];
+    SumSplit(p.part, p.splits, p.mn, e - p.begin, p.y);
   }
 }
 
@@ -301,7 +377,77 @@ void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, 
             dim3(kWarps * 32), 0, s, w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
 }
 
+template <int kTiles>
+void LaunchGroup(bool vec, const GroupGemmArgs& a, unsigned blocks, cudaStream_t s) {
+  LaunchPdl("DecodeGemm group", vec ? DecodeGemmGroupKernel<kTiles, true> : DecodeGemmGroupKernel<kTiles, false>,
+            dim3(blocks), dim3(kWarps * 32), 0, s, a);
+}
+
 unsigned GridFor(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, 256), 65536)); }
+
+void CheckShape(int64_t m, int64_t k) {
+  if (m > kGemvMaxRows || m < 1 || k <= 0) {
+    std::fprintf(stderr, "kimirt: DecodeGemm takes 1..%lld rows and k > 0, got m=%lld k=%lld\n",
+                 static_cast<long long>(kGemvMaxRows), static_cast<long long>(m), static_cast<long long>(k));
+    std::abort();
+  }
+}
+
+// For 4 and 8 tiles: x's three parts into `parts` (Plan::x_bytes of it), SplitXKernel's layout;
+// up to 2 tiles the GEMM splits x itself (LoadX + SplitX8) and this launches nothing.
+void SplitX(const float* x, int64_t m, int64_t k, const Plan& p, void* parts, cudaStream_t s) {
+  if (p.tiles <= kMaxTilesSplitInKernel) return;
+  uint16_t* hi = static_cast<uint16_t*>(parts);
+  LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.m_pad * p.k_pad)), dim3(256), 0, s, x, m, k, p.tiles,
+            p.k_pad, hi, hi + p.m_pad * p.k_pad, hi + 2 * p.m_pad * p.k_pad);
+  CheckLaunch("DecodeGemm split x");
+}
+
+// 16-byte loads: of the weight (kVec) and of x (x_vec) need k % 8 == 0 and an aligned base.
+bool Vec(const void* base, int64_t k) { return k % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0; }
+
+size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Where a group's problems keep their scratch: per problem in order, x's parts (4 and 8 tiles;
+// once per distinct x, which later problems of the same x share), then its partials (splits > 1),
+// each region 256-byte aligned. Problems with n = 0 take none.
+struct GroupLayout {
+  std::vector<Plan> plan;
+  std::vector<size_t> x_at, part_at;
+  std::vector<bool> splits_x;  // this problem's x is split here (its first problem)
+  size_t bytes = 0;
+};
+
+GroupLayout LayoutOf(int64_t m, const DecodeGemmProblem* problems, int count) {
+  GroupLayout l;
+  for (int i = 0; i < count; ++i) {
+    const DecodeGemmProblem& q = problems[i];
+    CheckShape(m, q.k);
+    const Plan p = MakePlan(m, q.n, q.k);
+    l.plan.push_back(p);
+    l.x_at.push_back(0);
+    l.part_at.push_back(0);
+    l.splits_x.push_back(false);
+    if (q.n == 0 || p.x_bytes == 0) continue;
+    int first = i;
+    for (int j = 0; j < i && first == i; ++j) {
+      if (problems[j].n != 0 && problems[j].x == q.x && problems[j].k == q.k) first = j;
+    }
+    if (first == i) {
+      l.x_at[i] = l.bytes;
+      l.splits_x[i] = true;
+      l.bytes += p.x_bytes;  // a multiple of 256
+    } else {
+      l.x_at[i] = l.x_at[first];
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    if (problems[i].n == 0 || l.plan[i].part_bytes == 0) continue;
+    l.part_at[i] = l.bytes;
+    l.bytes += Align256(l.plan[i].part_bytes);
+  }
+  return l;
+}
 
 }  // namespace
 
@@ -315,25 +461,14 @@ int64_t DecodeGemmSplits(int64_t n, int64_t k) { return MakePlan(1, n, k).splits
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                 cudaStream_t s) {
   if (m == 0 || n == 0) return;
-  if (m > kGemvMaxRows || k <= 0) {
-    std::fprintf(stderr, "kimirt: DecodeGemm takes 1..%lld rows and k > 0, got m=%lld k=%lld\n",
-                 static_cast<long long>(kGemvMaxRows), static_cast<long long>(m), static_cast<long long>(k));
-    std::abort();
-  }
+  CheckShape(m, k);
   const Plan p = MakePlan(m, n, k);
-  uint16_t* hi = nullptr;
-  uint16_t* mid = nullptr;
-  uint16_t* lo = nullptr;
-  if (p.tiles > kMaxTilesSplitInKernel) {  // else the GEMM splits x itself (LoadX + SplitX8)
-    hi = static_cast<uint16_t*>(scratch);
-    mid = hi + p.m_pad * p.k_pad;
-    lo = mid + p.m_pad * p.k_pad;
-    LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.m_pad * p.k_pad)), dim3(256), 0, s, x, m, k, p.tiles, p.k_pad, hi, mid, lo);
-    CheckLaunch("DecodeGemm split x");
-  }
+  SplitX(x, m, k, p, scratch, s);
+  uint16_t* hi = p.x_bytes ? static_cast<uint16_t*>(scratch) : nullptr;
+  uint16_t* mid = p.x_bytes ? hi + p.m_pad * p.k_pad : nullptr;
+  uint16_t* lo = p.x_bytes ? mid + p.m_pad * p.k_pad : nullptr;
   const auto* w = static_cast<const uint16_t*>(w_bf16);
-  const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  const bool x_vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec = Vec(w, k), x_vec = Vec(x, k);
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
   switch (p.tiles) {
@@ -347,6 +482,76 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
     LaunchPdl("DecodeGemm sum splits", SumSplitsKernel, dim3(GridFor(m * n)), dim3(256), 0, s,
               static_cast<const float*>(out), p.splits, m * n, y);
   }
+}
+
+size_t DecodeGemmGroupScratchBytes(int64_t m, const DecodeGemmProblem* problems, int count) {
+  if (m == 0) return 0;
+  return LayoutOf(m, problems, count).bytes;
+}
+
+void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s) {
+  if (m == 0) return;
+  const GroupLayout l = LayoutOf(m, problems, count);
+  char* base = static_cast<char*>(scratch);
+  for (int i = 0; i < count; ++i) {
+    if (l.splits_x[i]) SplitX(problems[i].x, m, problems[i].k, l.plan[i], base + l.x_at[i], s);
+  }
+  // The GEMMs: one launch per kMaxGroup problems of one weight alignment (kVec is the kernel's).
+  const int tiles = MakePlan(m, 1, 1).tiles;
+  for (const bool vec : {true, false}) {
+    GroupGemmArgs a = {};
+    a.m = m;
+    unsigned blocks = 0;
+    auto flush = [&] {
+      if (a.count == 0) return;
+      switch (tiles) {
+        case 1: LaunchGroup<1>(vec, a, blocks, s); break;
+        case 2: LaunchGroup<2>(vec, a, blocks, s); break;
+        case 4: LaunchGroup<4>(vec, a, blocks, s); break;
+        default: LaunchGroup<8>(vec, a, blocks, s); break;
+      }
+      CheckLaunch("DecodeGemm group");
+      a.count = 0;
+      blocks = 0;
+    };
+    for (int i = 0; i < count; ++i) {
+      const DecodeGemmProblem& q = problems[i];
+      const Plan& p = l.plan[i];
+      if (q.n == 0 || Vec(q.w, q.k) != vec) continue;
+      GroupGemm& g = a.p[a.count++];
+      g.w = static_cast<const uint16_t*>(q.w);
+      g.x = q.x;
+      g.x_vec = Vec(q.x, q.k);
+      g.x_hi = p.x_bytes ? reinterpret_cast<const uint16_t*>(base + l.x_at[i]) : nullptr;
+      g.x_part = p.x_bytes ? p.m_pad * p.k_pad : 0;
+      g.out = p.splits > 1 ? reinterpret_cast<float*>(base + l.part_at[i]) : q.y;
+      g.n = q.n;
+      g.k = q.k;
+      g.k_pad = p.k_pad;
+      g.slice = p.slice;
+      g.begin = blocks;
+      g.col_blocks = static_cast<uint32_t>(CeilDiv(q.n, kBlockCols));
+      blocks += g.col_blocks * static_cast<uint32_t>(p.splits);
+      if (a.count == kMaxGroup) flush();
+    }
+    flush();
+  }
+  // The split sums, each problem's in SumSplitsKernel's order.
+  GroupSumArgs a = {};
+  auto flush = [&] {
+    if (a.count == 0) return;
+    LaunchPdl("DecodeGemm group sum splits", SumSplitsGroupKernel, dim3(GridFor(a.total)), dim3(256), 0, s, a);
+    a.count = 0;
+    a.total = 0;
+  };
+  for (int i = 0; i < count; ++i) {
+    if (problems[i].n == 0 || l.plan[i].splits == 1) continue;
+    a.p[a.count++] = GroupSum{reinterpret_cast<const float*>(base + l.part_at[i]), problems[i].y, l.plan[i].splits,
+                              m * problems[i].n, a.total};
+    a.total += m * problems[i].n;
+    if (a.count == kMaxGroup) flush();
+  }
+  flush();
 }
 
 }  // namespace kimirt::cuda

@@ -49,6 +49,19 @@ size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k);
 int64_t DecodeGemmSplits(int64_t n, int64_t k);
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                 cudaStream_t s);
+// Several DecodeGemms of one row count m in one GEMM launch and at most one split-sum launch
+// (plus SplitXKernel once per distinct x at m > 16): problem i's y gets exactly the bits
+// DecodeGemm gives it alone (its own plan, block work and sum order; docs/cuda.md "Grouped decode
+// GEMMs"). The ys are distinct and no y is an x. `scratch`: DecodeGemmGroupScratchBytes bytes,
+// 256-byte aligned, used on `s` only.
+struct DecodeGemmProblem {
+  const float* x;  // [m, k]
+  const void* w;   // [n, k] BF16
+  float* y;        // [m, n]
+  int64_t n, k;
+};
+size_t DecodeGemmGroupScratchBytes(int64_t m, const DecodeGemmProblem* problems, int count);
+void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s);
 
 // --- prefill_gemm.cu: BF16-weight GEMM for prefill (more than kGemvMaxRows rows) on tensor cores ---
 // y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32

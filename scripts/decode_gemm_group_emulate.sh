@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Checks the grouped decode GEMM (src/kimirt/backend/cuda/decode_gemm.cu: DecodeGemmGroup) without
+# a GPU, as scripts/kda_chunk_emulate.sh does the chunked KDA kernel: the kernel file is turned into
+# host C++ (mma_bf16.cuh's inline PTX replaced by the emulated MMA of
+# scripts/kda_chunk_emulation/shim.h, its L2 prefetch by nothing, pdl.cuh's launch by one that runs
+# the blocks on the host: scripts/decode_gemm_group_emulation/decode_gemm_host.h), and driver.cpp
+# checks every group output bit-identical to its DecodeGemm alone, for every row bucket. It checks
+# the block map, scratch layout and sums, not the GPU's rounding or speed (CudaBackendLinearGroup.*
+# does). A few minutes on two cores. Usage: bash scripts/decode_gemm_group_emulate.sh [case name]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 - "$repo/src/kimirt/backend/cuda" "$work/kernel_host.cpp" <<'PY'
+import sys
+cuda_dir, out = sys.argv[1], sys.argv[2]
+def cut(s, start, repl):
+    a = s.index(start)
+    b = s.index("\n}\n", a) + len("\n}\n")
+    return s[:a] + repl + s[b:]
+mma = open(cuda_dir + "/mma_bf16.cuh").read().replace("#pragma once\n", "")
+mma = cut(mma, "__device__ __forceinline__ uint4 LoadStreaming(",
+          "inline uint4 LoadStreaming(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }\n")
+mma = cut(mma, "__device__ __forceinline__ void PrefetchL2(", "inline void PrefetchL2(const void*, uint32_t) {}\n")
+mma = cut(mma, "__device__ __forceinline__ void Mma(",
+          "inline void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) "
+          "{ const uint32_t a[4] = {a0, a1, a2, a3}; const uint32_t b[2] = {b0, b1}; EmuMma(d, a, b); }\n")
+assert "asm" not in mma
+src = open(cuda_dir + "/decode_gemm.cu").read()
+for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
+    assert inc in src
+src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma)
+assert "asm" not in src
+open(out, "w").write(src)
+PY
+g++ -std=c++20 -O2 -pthread -Wno-unknown-pragmas -I"$here/decode_gemm_group_emulation" -I"$here/kda_chunk_emulation" \
+  -I"$work" -I"$repo/src" "$here/decode_gemm_group_emulation/driver.cpp" -o "$work/decode_gemm_group_emulation"
+timeout 1200 "$work/decode_gemm_group_emulation" "$@"
