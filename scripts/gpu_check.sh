@@ -349,6 +349,12 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
     --json "$out/bench-model-kimi-linear-2layer-prompt256.json" 2>&1 | tail -6
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The grouped decode GEMMs off (KIMIRT_LINEAR_GROUP=0: each projection its own launch, the same
+  # bits): what the groups take off.
+  KIMIRT_LINEAR_GROUP=0 timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
+    --random-weights --batch-sizes 1,8,32 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
+    --json "$out/bench-model-kimi-linear-2layer-prompt256-nogroup.json" 2>&1 | tail -4
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # The same steps op by op: what the decode graphs take off.
   timeout 300 "$root/kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
     --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \

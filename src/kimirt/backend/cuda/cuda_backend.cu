@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -296,11 +297,16 @@ class CudaBackend final : public Backend {
   }
 
   // A decode group (every weight BF16-held, 1..kGemvMaxRows rows) in one DecodeGemmGroup: each y
-  // the bits of its own DecodeGemm; anything else as Linear in turn.
+  // the bits of its own DecodeGemm; anything else as Linear in turn. KIMIRT_LINEAR_GROUP=0 runs
+  // every group as Linear in turn (the same bits), for A/B runs of a whole step.
   void LinearGroup(std::span<const LinearProblem> problems) override {
     if (problems.empty()) return;
+    static const bool enabled = [] {
+      const char* v = std::getenv("KIMIRT_LINEAR_GROUP");
+      return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
     const int64_t T = Rows(*problems[0].x);
-    bool grouped = T >= 1 && T <= cuda::kGemvMaxRows && problems.size() > 1;
+    bool grouped = enabled && T >= 1 && T <= cuda::kGemvMaxRows && problems.size() > 1;
     std::vector<cuda::DecodeGemmProblem> dp;
     for (const LinearProblem& p : problems) {
       const int64_t K = Cols(*p.x), N = Rows(*p.w);
