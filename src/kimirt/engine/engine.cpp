@@ -4,7 +4,8 @@
 //
 // A step: the Scheduler plans it (admission, the work under the token budget, block
 // reservation and preemption: scheduler.h); the loop forwards the plan (one-token forwards
-// batched where the runner allows, prefill chunks one sequence at a time), scores prompt
+// batched where the runner allows, prefill chunks one sequence at a time; on pipeline stages the
+// whole step in one call, one flow through the stages), scores prompt
 // logprobs, samples where a sequence has caught up, and hands each token to the request's
 // OutputProcessor (text, stop conditions, events: output_processor.h).
 #include "kimirt/engine/engine.h"
@@ -192,16 +193,18 @@ class EngineImpl final : public Engine {
       s->use_prefix_cache = !out.wants_prompt_logprobs();
     }
     for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
-    // One-token forwards together where the runner can batch them without changing a bit
-    // (ModelRunner::decode_batch_limit); prefill chunks one sequence at a time, or in one call
-    // where the runner overlaps them (pipeline stages: ModelRunner::chunks_in_flight).
-    const size_t limit = static_cast<size_t>(std::max<int64_t>(1, runner_.decode_batch_limit()));
-    for (size_t at = 0; at < plan.decodes.size(); at += limit) {
-      ForwardDecodes(std::span<Sequence* const>(plan.decodes).subspan(at, std::min(limit, plan.decodes.size() - at)));
-    }
-    if (plan.prefills.size() > 1 && runner_.chunks_in_flight()) {
-      ForwardChunks(plan.prefills);
+    // Where the runner overlaps a step's work (pipeline stages: ModelRunner::step_in_flight), the
+    // decodes and the prefill chunks go in one call, one flow through the stages (a lone forward
+    // stays a plain one). Otherwise one-token forwards together where the runner can batch them
+    // without changing a bit (ModelRunner::decode_batch_limit), then each chunk alone.
+    const size_t calls = plan.prefills.size() + (plan.decodes.empty() ? 0 : 1);
+    if (runner_.step_in_flight() && calls > 1) {
+      ForwardStep(plan.decodes, plan.prefills);
     } else {
+      const size_t limit = static_cast<size_t>(std::max<int64_t>(1, runner_.decode_batch_limit()));
+      for (size_t at = 0; at < plan.decodes.size(); at += limit) {
+        ForwardDecodes(std::span<Sequence* const>(plan.decodes).subspan(at, std::min(limit, plan.decodes.size() - at)));
+      }
       for (const StepPlan::Chunk& c : plan.prefills) Forward(*requests_.at(c.seq->id), c.size());
     }
     ++stats_steps_;
@@ -227,9 +230,32 @@ class EngineImpl final : public Engine {
     Forwarded(r, n, *logits, argmax);
   }
 
-  // A step's prefill chunks in one runner call (each computes exactly as alone; the sequences
-  // are distinct, so each one's state after its chunk is the same when the others run first).
-  void ForwardChunks(std::span<const StepPlan::Chunk> plan) {
+  // A step's one-token forwards as one decode batch: the requests, and the runner's arguments.
+  struct DecodeBatch {
+    std::vector<Request*> reqs;
+    std::vector<ModelRunner::Handle> handles;
+    std::vector<int32_t> ids;
+    ArgmaxRequest argmax;
+  };
+  DecodeBatch DecodeBatchOf(std::span<Sequence* const> seqs) {
+    DecodeBatch d;
+    for (Sequence* s : seqs) {
+      d.reqs.push_back(requests_.at(s->id).get());
+      d.handles.push_back(s->handle);
+      d.ids.push_back(s->tokens[static_cast<size_t>(s->computed)]);
+      d.argmax.only.push_back(ArgmaxOnly(*d.reqs.back(), 1) ? 1 : 0);
+    }
+    return d;
+  }
+
+  // A step's decodes and prefill chunks in one runner call (ModelRunner::ForwardStep: on pipeline
+  // stages one flow). Each computes exactly as alone: the sequences are distinct, so each one's
+  // state after its forward is the same whatever ran beside it. The results are taken in the
+  // order separate calls gave them: the decodes' samples, then each chunk's prefix-cache entry
+  // and outputs, in plan order. A failing call ends every request it covered with its error
+  // (nothing ran: the call is all or nothing), as a failing decode batch or chunk did alone.
+  void ForwardStep(std::span<Sequence* const> decodes, std::span<const StepPlan::Chunk> plan) {
+    DecodeBatch d = DecodeBatchOf(decodes);
     std::vector<Request*> reqs;
     std::vector<ArgmaxRequest> argmax(plan.size());
     std::vector<ModelRunner::Chunk> chunks;
@@ -237,12 +263,15 @@ class EngineImpl final : public Engine {
       reqs.push_back(requests_.at(plan[i].seq->id).get());
       chunks.push_back(ChunkOf(*reqs.back(), plan[i].size(), &argmax[i]));
     }
-    Result<std::vector<Tensor>> logits = runner_.ForwardChunks(chunks);
+    Result<ModelRunner::StepLogits> logits =
+        runner_.ForwardStep(ModelRunner::Decodes{d.handles, d.ids, &d.argmax}, chunks);
     if (!logits.ok()) {
+      for (Request* r : d.reqs) Finish(*r, FinishReason::kError, logits.status());
       for (Request* r : reqs) Finish(*r, FinishReason::kError, logits.status());
       return;
     }
-    for (size_t i = 0; i < plan.size(); ++i) Forwarded(*reqs[i], plan[i].size(), (*logits)[i], argmax[i]);
+    if (!d.reqs.empty()) DecodesForwarded(d, logits->decode);
+    for (size_t i = 0; i < plan.size(); ++i) Forwarded(*reqs[i], plan[i].size(), logits->chunks[i], argmax[i]);
   }
 
   // After r's forward of n tokens: the prefix cache's entry, then the tokens' outputs.
@@ -286,27 +315,25 @@ class EngineImpl final : public Engine {
       Forward(*requests_.at(seqs[0]->id), 1);
       return;
     }
-    std::vector<Request*> reqs;
-    std::vector<ModelRunner::Handle> handles;
-    std::vector<int32_t> ids;
-    ArgmaxRequest argmax;
-    for (Sequence* s : seqs) {
-      reqs.push_back(requests_.at(s->id).get());
-      handles.push_back(s->handle);
-      ids.push_back(s->tokens[static_cast<size_t>(s->computed)]);
-      argmax.only.push_back(ArgmaxOnly(*reqs.back(), 1) ? 1 : 0);
-    }
-    Result<Tensor> logits = runner_.ForwardDecode(handles, ids, &argmax);
+    DecodeBatch d = DecodeBatchOf(seqs);
+    Result<Tensor> logits = runner_.ForwardDecode(d.handles, d.ids, &d.argmax);
     if (!logits.ok()) {
-      for (Request* r : reqs) Finish(*r, FinishReason::kError, logits.status());
+      for (Request* r : d.reqs) Finish(*r, FinishReason::kError, logits.status());
       return;
     }
-    // Row b of the returned logits (only the rows not reduced to an argmax come back), or none.
+    DecodesForwarded(d, *logits);
+  }
+
+  // After a decode batch's forward: each request's token from its row of `logits` (only the rows
+  // not reduced to an argmax come back) or its argmax.
+  void DecodesForwarded(const DecodeBatch& d, const Tensor& logits) {
+    const std::vector<Request*>& reqs = d.reqs;
+    const ArgmaxRequest& argmax = d.argmax;
     std::vector<Tensor> rows(reqs.size());
     int64_t next = 0;
     for (size_t b = 0; b < reqs.size(); ++b) {
       if (argmax.taken && argmax.only[b] != 0) continue;
-      rows[b] = logits->Rows(argmax.taken ? next++ : static_cast<int64_t>(b), 1);
+      rows[b] = logits.Rows(argmax.taken ? next++ : static_cast<int64_t>(b), 1);
     }
     // The rows' samples, on the pool's threads: each is a pass or more over the whole vocabulary
     // (softmax, top-k/top-p), and one row after another they add up beside a batched GPU step. Each sample

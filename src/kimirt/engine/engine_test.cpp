@@ -569,7 +569,7 @@ TEST(EnginePipelineParallel, MicroBatchedStepsGiveOneRanksBitsAsRequestsComeAndG
 // Prefill chunks in flight through the engine: eight requests whose prompts (19 to 68 tokens)
 // take two to five chunks of 16, submitted at once, so the steps hold four chunks of different
 // sequences (64 batched tokens), later beside decodes; the runner takes each step's chunks in one
-// call (chunks_in_flight) and the stages overlap them. Every request's tokens and logprobs equal
+// call (step_in_flight) and the stages overlap them. Every request's tokens and logprobs equal
 // one rank's bit for bit at PP 2 and 3, and TP 2 × PP 2's equal TP 2's.
 TEST(EnginePipelineParallel, PrefillChunksInFlightGiveOneRanksBits) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
@@ -586,7 +586,7 @@ TEST(EnginePipelineParallel, PrefillChunksInFlightGiveOneRanksBits) {
       ro.pp = pp;
       auto runner = ModelRunner::Create(Fixture("tiny-a"), ro);
       ASSERT_TRUE(runner.ok()) << runner.status().ToString();
-      EXPECT_TRUE((*runner)->chunks_in_flight()) << "a PP runner takes a step's prefill chunks in one call";
+      EXPECT_TRUE((*runner)->step_in_flight()) << "a PP runner takes a step's prefill chunks in one call";
       runner->reset();
       const std::vector<Collector::Result> got = RunGreedy(ro, requests, true);
       ASSERT_EQ(got.size(), one.size());

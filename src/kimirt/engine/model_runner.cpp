@@ -234,12 +234,12 @@ class ThreadRanksRunner final : public ModelRunner {
                                ArgmaxRequest* argmax) override {
     return RankZeroLogits([&](Rank& r, ArgmaxRequest* a) { return r.ForwardDecode(hs, ids, a); }, argmax);
   }
-  // Pipeline stages: a step's prefill chunks in flight, as the decode micro-batches.
-  bool chunks_in_flight() const override { return models_[0]->stage().pp > 1; }
-  Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks) override {
-    std::vector<Tensor> out;
+  // Pipeline stages: a step's decode micro-batches and prefill chunks in one flow.
+  bool step_in_flight() const override { return models_[0]->stage().pp > 1; }
+  Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    StepLogits out;
     Status s = Broadcast([&](Rank& r, int rank) -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> logits, r.ForwardChunks(chunks, rank == 0));
+      KIMIRT_ASSIGN_OR_RETURN(StepLogits logits, r.ForwardStep(decodes, chunks, rank == 0));
       if (rank == 0) out = std::move(logits);
       return Status::Ok();
     });
@@ -362,13 +362,21 @@ Result<Tensor> ModelRunner::ForwardDecode(std::span<const Handle>, std::span<con
   return Unsupported("this runner forwards each sequence alone (decode_batch_limit 1)");
 }
 
-Result<std::vector<Tensor>> ModelRunner::ForwardChunks(std::span<const Chunk> chunks) {
-  std::vector<Tensor> out;
+Result<ModelRunner::StepLogits> ModelRunner::ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) {
+  StepLogits out;
+  if (!decodes.hs.empty()) {
+    KIMIRT_ASSIGN_OR_RETURN(out.decode, ForwardDecode(decodes.hs, decodes.ids, decodes.argmax));
+  }
   for (const Chunk& c : chunks) {
     KIMIRT_ASSIGN_OR_RETURN(Tensor logits, Forward(c.h, c.ids, c.last_only, c.argmax));
-    out.push_back(std::move(logits));
+    out.chunks.push_back(std::move(logits));
   }
   return out;
+}
+
+Result<std::vector<Tensor>> ModelRunner::ForwardChunks(std::span<const Chunk> chunks) {
+  KIMIRT_ASSIGN_OR_RETURN(StepLogits step, ForwardStep(Decodes{}, chunks));
+  return std::move(step.chunks);
 }
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::ForModel(Model& model, RunnerOptions o) {

@@ -144,20 +144,37 @@ class ModelRunner {
   virtual Result<Tensor> ForwardDecode(std::span<const Handle> hs, std::span<const int32_t> ids,
                                        ArgmaxRequest* argmax = nullptr);
 
-  // One prefill chunk of a step (ForwardChunks): Forward's arguments.
+  // One prefill chunk of a step (ForwardStep): Forward's arguments.
   struct Chunk {
     Handle h = 0;
     std::span<const int32_t> ids;
     bool last_only = true;
     ArgmaxRequest* argmax = nullptr;
   };
-  // Whether ForwardChunks overlaps a step's chunks (pipeline stages: each stage goes on to the
-  // next chunk as soon as it has sent one on; Model::ForwardChunks). Otherwise the engine
-  // forwards each chunk alone.
-  virtual bool chunks_in_flight() const { return false; }
-  // A step's prefill chunks of distinct, reserved sequences in one call: chunk i's logits, each
-  // exactly Forward's for it. Any chunk failing fails the call.
-  virtual Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks);
+  // A step's decode rows (ForwardStep): ForwardDecode's arguments.
+  struct Decodes {
+    std::span<const Handle> hs;
+    std::span<const int32_t> ids;
+    ArgmaxRequest* argmax = nullptr;
+  };
+  // ForwardStep's logits: the decode rows' (ForwardDecode's; undefined without decode rows) and
+  // each chunk's (Forward's).
+  struct StepLogits {
+    Tensor decode;
+    std::vector<Tensor> chunks;
+  };
+  // Whether ForwardStep overlaps a step's work (pipeline stages: its decode micro-batches and its
+  // prefill chunks flow through the stages as one, each stage going on to the next call as soon
+  // as it has sent one on; Model::ForwardStep). Otherwise the engine forwards the decodes in
+  // batches of decode_batch_limit and each chunk alone.
+  virtual bool step_in_flight() const { return false; }
+  // A step's decode rows and prefill chunks, of distinct, reserved sequences, in one call: the
+  // decode logits exactly ForwardDecode's, chunk i's exactly Forward's for it. Any of them failing
+  // fails the call, and on pipeline stages before any runs (all or nothing). The default: the
+  // decodes' ForwardDecode, then each chunk's Forward.
+  virtual Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks);
+  // A step's prefill chunks only: ForwardStep's chunk logits.
+  Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks);
 };
 
 }  // namespace kimirt

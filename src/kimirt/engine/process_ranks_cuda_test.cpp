@@ -172,7 +172,7 @@ TEST_P(ProcessRanksCudaPipeline, Pp2MicroBatchedDecodeRowsAreEachSequenceAloneOn
 }
 
 // Prefill chunks in flight (docs/distributed.md "Prefill chunks in flight"): steps of 3 and 6
-// sequences' chunks in one ForwardChunks call at PP 2 overlap the two GPUs; each chunk's logits
+// sequences' chunks in one ForwardStep call at PP 2 overlap the two GPUs; each chunk's logits
 // must be, bit for bit, what the same two stages give it forwarded alone, one chunk after another.
 TEST_P(ProcessRanksCudaPipeline, Pp2PrefillChunksInFlightAreEachChunkAlone) {
   KIMIRT_REQUIRE_TWO_GPUS();
@@ -180,7 +180,21 @@ TEST_P(ProcessRanksCudaPipeline, Pp2PrefillChunksInFlightAreEachChunkAlone) {
   for (int seqs : {3, 6}) {
     SCOPED_TRACE(std::to_string(seqs) + " sequences");
     ASSERT_NO_FATAL_FAILURE(
-        testing::ExpectChunksInFlightAreEachAlone(Fixture(GetParam()), CudaOptions(1, 2), seqs, CudaOptions(1, 2)));
+        testing::ExpectStepsInFlightAreEachAlone(Fixture(GetParam()), CudaOptions(1, 2), seqs, CudaOptions(1, 2)));
+  }
+}
+
+// A step in one flow (docs/distributed.md "A step in one flow"): 3 and 5 decode rows (micro-batches
+// of 2 + 1 and 3 + 2 rows) followed by 3 sequences' prefill chunks, in one ForwardStep call at
+// PP 2; every decode row (the kernels are row-invariant up to 64 rows) and chunk must be, bit for
+// bit, what the same two stages give it forwarded alone.
+TEST_P(ProcessRanksCudaPipeline, Pp2DecodesAndChunksInOneFlowAreEachAlone) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  for (int decoders : {3, 5}) {
+    SCOPED_TRACE(std::to_string(decoders) + " decode rows");
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectStepsInFlightAreEachAlone(Fixture(GetParam()), CudaOptions(1, 2), 3,
+                                                                     CudaOptions(1, 2), decoders));
   }
 }
 

@@ -60,7 +60,10 @@ enum Cmd : uint32_t {
   kDropKdaSnapshot,
   kBackendReady,
   kGroupHello,  // pipeline parallelism on CPUs: aux the sender's world rank, n its group (0 TP, 1 pipeline)
-  kForwardChunks,  // a: (handle, last_only, token count) per chunk; ids: the chunks' tokens in order
+  // A step's decode rows and prefill chunks in one flow (ModelRunner::ForwardStep; also a step of
+  // chunks only): a: the decode rows' count D, their D handles, then (handle, last_only, token
+  // count) per chunk; ids: the D decode tokens, then the chunks' tokens in order.
+  kForwardStep,
 };
 
 struct Message {
@@ -378,27 +381,39 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   return Status::Ok();
 }
 
-// kForwardChunks' message and the chunks it names (their ids point into the message).
-Message ChunksMessage(std::span<const ModelRunner::Chunk> chunks) {
+// kForwardStep's message, and the step it names (its spans point into the message).
+Message StepMessage(const ModelRunner::Decodes& d, std::span<const ModelRunner::Chunk> chunks) {
   Message m;
+  m.a.push_back(static_cast<int64_t>(d.hs.size()));
+  m.a.insert(m.a.end(), d.hs.begin(), d.hs.end());
+  m.ids.assign(d.ids.begin(), d.ids.end());
   for (const ModelRunner::Chunk& c : chunks) {
     m.a.insert(m.a.end(), {c.h, c.last_only ? 1 : 0, static_cast<int64_t>(c.ids.size())});
     m.ids.insert(m.ids.end(), c.ids.begin(), c.ids.end());
   }
   return m;
 }
-Result<std::vector<ModelRunner::Chunk>> ChunksFrom(const Message& m) {
-  if (m.a.size() % 3 != 0) return Corrupt("forward chunks: malformed message");
+struct StepCall {
+  ModelRunner::Decodes decodes;
   std::vector<ModelRunner::Chunk> chunks;
-  size_t at = 0;
-  for (size_t i = 0; i < m.a.size(); i += 3) {
+};
+Result<StepCall> StepFrom(const Message& m) {
+  const Status malformed = Corrupt("forward step: malformed message");
+  if (m.a.empty() || m.a[0] < 0) return malformed;
+  const size_t D = static_cast<size_t>(m.a[0]);
+  if (D > m.a.size() - 1 || D > m.ids.size() || (m.a.size() - 1 - D) % 3 != 0) return malformed;
+  StepCall call;
+  call.decodes.hs = std::span<const int64_t>(m.a).subspan(1, D);
+  call.decodes.ids = std::span<const int32_t>(m.ids).first(D);
+  size_t at = D;
+  for (size_t i = 1 + D; i < m.a.size(); i += 3) {
     const size_t n = static_cast<size_t>(m.a[i + 2]);
-    if (m.a[i + 2] < 0 || n > m.ids.size() - at) return Corrupt("forward chunks: malformed message");
-    chunks.push_back(ModelRunner::Chunk{m.a[i], std::span<const int32_t>(m.ids).subspan(at, n), m.a[i + 1] != 0});
+    if (m.a[i + 2] < 0 || n > m.ids.size() - at) return malformed;
+    call.chunks.push_back(ModelRunner::Chunk{m.a[i], std::span<const int32_t>(m.ids).subspan(at, n), m.a[i + 1] != 0});
     at += n;
   }
-  if (at != m.ids.size()) return Corrupt("forward chunks: malformed message");
-  return chunks;
+  if (at != m.ids.size()) return malformed;
+  return call;
 }
 
 // Applies one command to a rank; rank 0 and the followers both go through here, so they cannot
@@ -420,9 +435,9 @@ Result<bool> Apply(Rank& r, uint32_t op, const Message& m) {
     case kForwardDecode:
       KIMIRT_RETURN_IF_ERROR(r.ForwardDecode(m.a, m.ids).status());
       break;
-    case kForwardChunks: {
-      KIMIRT_ASSIGN_OR_RETURN(const std::vector<ModelRunner::Chunk> chunks, ChunksFrom(m));
-      KIMIRT_RETURN_IF_ERROR(r.ForwardChunks(chunks, false).status());
+    case kForwardStep: {
+      KIMIRT_ASSIGN_OR_RETURN(const StepCall call, StepFrom(m));
+      KIMIRT_RETURN_IF_ERROR(r.ForwardStep(call.decodes, call.chunks, false).status());
       break;
     }
     case kRelease:
@@ -606,13 +621,14 @@ class ProcessRanksRunner final : public ModelRunner {
     }));
     return out;
   }
-  // Pipeline stages: a step's prefill chunks in flight, as the decode micro-batches.
-  bool chunks_in_flight() const override { return self_.rank.model->stage().pp > 1; }
-  Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks) override {
-    KIMIRT_RETURN_IF_ERROR(Mirror(kForwardChunks, ChunksMessage(chunks)));
-    std::vector<Tensor> out;
+  // Pipeline stages: a step's decode micro-batches and prefill chunks in one flow, named to every
+  // rank in one message.
+  bool step_in_flight() const override { return self_.rank.model->stage().pp > 1; }
+  Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    KIMIRT_RETURN_IF_ERROR(Mirror(kForwardStep, StepMessage(decodes, chunks)));
+    StepLogits out;
     KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
-      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardChunks(chunks, true));
+      KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardStep(decodes, chunks, true));
       return Status::Ok();
     }));
     return out;

@@ -125,20 +125,23 @@ TEST(ProcessRanksPipeline, MicroBatchedDecodeRowsAreEachSequenceAloneOnOneStage)
   }
 }
 
-// Prefill chunks in flight through the runners: steps of 1, 3 and 6 sequences' chunks in one
-// ForwardChunks call (the chunks and their tokens go to every rank in one message) through PP 2,
-// PP 3 and TP 2 × PP 2 on process and thread ranks give every chunk the bits it has forwarded
-// alone on one stage (TP 2's at TP 2), and the decode step after them too.
-TEST(ProcessRanksPipeline, PrefillChunksInFlightAreEachChunkAloneOnOneStage) {
+// A step in one flow through the runners (ForwardStep; docs/distributed.md "A step in one
+// flow"): steps of 1, 3 and 6 sequences' prefill chunks alone, and of 1 and 3 sequences' chunks
+// beside 1 and 2 decode rows, in one call (the decode rows, the chunks and their tokens go to
+// every rank in one message) through PP 2, PP 3 and TP 2 × PP 2 on process and thread ranks give
+// every decode row and chunk the bits it has forwarded alone on one stage (TP 2's at TP 2), and
+// the decode step after them too.
+TEST(ProcessRanksPipeline, StepsInFlightAreEachDecodeAndChunkAloneOnOneStage) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   for (const auto& [tp, pp] : {std::pair{1, 2}, std::pair{1, 3}, std::pair{2, 2}}) {
     for (bool processes : {true, false}) {
-      for (int seqs : {1, 3, 6}) {
+      for (const auto& [seqs, decoders] : {std::pair{1, 0}, std::pair{3, 0}, std::pair{6, 0}, std::pair{1, 1}, std::pair{3, 2}}) {
         SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + (processes ? " processes" : " threads") +
-                     ", " + std::to_string(seqs) + " sequences");
+                     ", " + std::to_string(seqs) + " sequences' chunks, " + std::to_string(decoders) + " decode rows");
         RunnerOptions o = Options(processes, tp);
         o.pp = pp;
-        ASSERT_NO_FATAL_FAILURE(testing::ExpectChunksInFlightAreEachAlone(Fixture("tiny-a"), o, seqs, Options(false, tp)));
+        ASSERT_NO_FATAL_FAILURE(
+            testing::ExpectStepsInFlightAreEachAlone(Fixture("tiny-a"), o, seqs, Options(false, tp), decoders));
       }
     }
   }

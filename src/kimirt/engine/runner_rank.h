@@ -56,13 +56,19 @@ struct Rank {
     o.argmax = argmax;
     return model->ForwardDecode(states, ids, o);
   }
-  // Model::ForwardChunks of `chunks`; their argmax requests only where `with_argmax` (rank 0).
-  Result<std::vector<Tensor>> ForwardChunks(std::span<const ModelRunner::Chunk> chunks, bool with_argmax) {
+  // Model::ForwardStep of the decodes and chunks; their argmax requests only where `with_argmax`
+  // (rank 0).
+  Result<ModelRunner::StepLogits> ForwardStep(const ModelRunner::Decodes& d, std::span<const ModelRunner::Chunk> chunks,
+                                              bool with_argmax) {
+    std::vector<SequenceState*> states;
+    for (ModelRunner::Handle h : d.hs) states.push_back(&seqs.at(h));
     std::vector<PrefillChunk> pcs;
     for (const ModelRunner::Chunk& c : chunks) {
       pcs.push_back(PrefillChunk{&seqs.at(c.h), c.ids, !c.last_only, with_argmax ? c.argmax : nullptr});
     }
-    return model->ForwardChunks(pcs);
+    KIMIRT_ASSIGN_OR_RETURN(StepLogits step,
+                            model->ForwardStep(DecodeRows{states, d.ids, with_argmax ? d.argmax : nullptr}, pcs));
+    return ModelRunner::StepLogits{std::move(step.decode), std::move(step.chunks)};
   }
 };
 

@@ -141,32 +141,43 @@ inline void ExpectSameBits(const std::vector<std::vector<float>>& got, const std
   }
 }
 
-// A step's prefill chunks in one call (ForwardChunks: on pipeline stages they flow through the
-// stages in flight): `seqs` sequences prefill prompts of 3 to 21 tokens in chunks of 8, each step
-// one chunk of every sequence with tokens left (the second of each sequence with every position's
-// logits, the others the last only), then one decode step each; every chunk's logits bit for bit
-// what the chunk gives forwarded alone (Forward), sequence after sequence, on a runner made with
+// A step's work in one call (ForwardStep: on pipeline stages its decode micro-batches and
+// prefill chunks flow through the stages as one): `seqs` sequences prefill prompts of 3 to 21
+// tokens in chunks of 8, each step one chunk of every sequence with tokens left (the second of
+// each sequence with every position's logits, the others the last only), beside a decode row of
+// each of `decoders` other sequences (prompts of 1 to 5 tokens prefilled first, then a fixed token
+// a step); then one decode step each. Every decode row's and chunk's logits bit for bit what it
+// gives forwarded alone (Forward), decodes first, sequence after sequence, on a runner made with
 // `alone` (one stage; or the same stages, where one stage's bits are not asserted: GPUs).
-inline void ExpectChunksInFlightAreEachAlone(const std::string& dir, RunnerOptions o, int seqs,
-                                             const RunnerOptions& alone) {
-  std::vector<std::vector<int32_t>> prompts;
+inline void ExpectStepsInFlightAreEachAlone(const std::string& dir, RunnerOptions o, int seqs,
+                                            const RunnerOptions& alone, int decoders = 0) {
+  std::vector<std::vector<int32_t>> prompts, decoder_prompts;
   for (int i = 0; i < seqs; ++i) {
     prompts.emplace_back();
     for (int k = 0; k < 3 + (i * 7) % 19; ++k) prompts.back().push_back((i * 31 + k * 17 + 2) % 500);
   }
+  for (int i = 0; i < decoders; ++i) {
+    decoder_prompts.emplace_back();
+    for (int k = 0; k < 1 + (i * 3) % 5; ++k) decoder_prompts.back().push_back((i * 41 + k * 23 + 9) % 500);
+  }
   constexpr size_t kChunk = 8;
   auto run = [&](const RunnerOptions& ro, bool in_flight) {
-    std::vector<std::vector<float>> out;  // per step, per sequence with a chunk in it
+    std::vector<std::vector<float>> out;  // per step: each decode row, then each chunk
     auto r = ModelRunner::Create(dir, ro);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) return out;
-    EXPECT_EQ((*r)->chunks_in_flight(), ro.pp > 1);
-    std::vector<ModelRunner::Handle> hs;
+    EXPECT_EQ((*r)->step_in_flight(), ro.pp > 1);
+    std::vector<ModelRunner::Handle> hs, decoding;
     for (size_t i = 0; i < prompts.size(); ++i) {
       hs.push_back((*r)->NewSequence());
       EXPECT_TRUE((*r)->Reserve(hs.back(), 32).ok());
     }
-    for (size_t at = 0;; at += kChunk) {
+    for (const std::vector<int32_t>& p : decoder_prompts) {
+      decoding.push_back((*r)->NewSequence());
+      EXPECT_TRUE((*r)->Reserve(decoding.back(), 16).ok());
+      EXPECT_TRUE((*r)->Forward(decoding.back(), p, true).ok());
+    }
+    for (size_t at = 0, step = 0;; at += kChunk, ++step) {
       std::vector<ModelRunner::Chunk> chunks;
       for (size_t i = 0; i < prompts.size(); ++i) {
         if (at >= prompts[i].size()) continue;
@@ -174,21 +185,32 @@ inline void ExpectChunksInFlightAreEachAlone(const std::string& dir, RunnerOptio
         chunks.push_back({hs[i], std::span<const int32_t>(prompts[i]).subspan(at, n), at != kChunk, nullptr});
       }
       if (chunks.empty()) break;
-      std::vector<Tensor> logits;
+      std::vector<int32_t> next;
+      for (size_t i = 0; i < decoding.size(); ++i) next.push_back(static_cast<int32_t>((step * 7 + i * 3 + 1) % 500));
       if (in_flight) {
-        auto l = (*r)->ForwardChunks(chunks);
+        auto l = (*r)->ForwardStep({decoding, next, nullptr}, chunks);
         EXPECT_TRUE(l.ok()) << l.status().ToString();
         if (!l.ok()) return out;
-        logits = *std::move(l);
-      } else {
-        for (const ModelRunner::Chunk& c : chunks) {
-          auto l = (*r)->Forward(c.h, c.ids, c.last_only);
-          EXPECT_TRUE(l.ok()) << l.status().ToString();
-          if (!l.ok()) return out;
-          logits.push_back(*std::move(l));
+        EXPECT_EQ(l->decode.defined(), !decoding.empty());
+        const int64_t V = (*r)->config().vocab_size;
+        for (size_t i = 0; i < decoding.size(); ++i) {
+          out.emplace_back(l->decode.f32() + i * V, l->decode.f32() + (i + 1) * V);
         }
+        for (const Tensor& t : l->chunks) out.push_back(Host(t));
+        continue;
       }
-      for (const Tensor& t : logits) out.push_back(Host(t));
+      for (size_t i = 0; i < decoding.size(); ++i) {
+        auto l = (*r)->Forward(decoding[i], std::span<const int32_t>(&next[i], 1), true);
+        EXPECT_TRUE(l.ok()) << l.status().ToString();
+        if (!l.ok()) return out;
+        out.push_back(Host(*l));
+      }
+      for (const ModelRunner::Chunk& c : chunks) {
+        auto l = (*r)->Forward(c.h, c.ids, c.last_only);
+        EXPECT_TRUE(l.ok()) << l.status().ToString();
+        if (!l.ok()) return out;
+        out.push_back(Host(*l));
+      }
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto l = (*r)->Forward(hs[i], std::vector<int32_t>{static_cast<int32_t>(i + 1)}, true);

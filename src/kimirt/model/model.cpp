@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 
 #include "kimirt/model/attn_res.h"
 #include "kimirt/model/kda.h"
@@ -121,6 +122,19 @@ Result<Tensor> Model::Forward(SequenceState* st, std::span<const int32_t> ids, c
   return Run(rows, ids, o);
 }
 
+namespace {
+
+// A step names each sequence once (the scheduler's plan does): its decode row or its chunk.
+Status DistinctSequences(std::span<SequenceState* const> decode, std::span<const PrefillChunk> chunks) {
+  std::vector<const SequenceState*> all(decode.begin(), decode.end());
+  for (const PrefillChunk& c : chunks) all.push_back(c.state);
+  std::sort(all.begin(), all.end());
+  if (std::adjacent_find(all.begin(), all.end()) != all.end()) return InvalidArgument("a step names one sequence twice");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std::span<const int32_t> ids,
                                     const ForwardOptions& o) {
   if (states.size() != ids.size()) {
@@ -128,12 +142,11 @@ Result<Tensor> Model::ForwardDecode(std::span<SequenceState* const> states, std:
                            std::to_string(ids.size()) + " tokens");
   }
   if (states.empty()) return InvalidArgument("forward of zero tokens");
-  for (size_t i = 0; i < states.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (states[i] == states[j]) return InvalidArgument("decode batch names one sequence twice");
-    }
+  KIMIRT_RETURN_IF_ERROR(DistinctSequences(states, {}));
+  if (pipelined()) {
+    KIMIRT_ASSIGN_OR_RETURN(StepLogits step, RunStepInFlight(DecodeRows{states, ids, o.argmax}, {}, o));
+    return std::move(step.decode);
   }
-  if (pipelined()) return RunMicroBatches(states, ids, o);
   if (states.size() == 1) return Forward(states[0], ids, o);
   SequenceRows rows;
   rows.seqs = states;
@@ -149,74 +162,102 @@ Result<Tensor> Model::Run(const SequenceRows& rows, std::span<const int32_t> ids
   return GatherLogits(local, o.all_logits ? rows.T : 1, o.argmax);
 }
 
-// Micro-batches in flight (docs/distributed.md "Micro-batches in flight"): the step split by
-// MicroBatchRows, each micro-batch a call of RunInFlight, the rows put back together.
-Result<Tensor> Model::RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
-                                      const ForwardOptions& o) {
-  const int64_t B = static_cast<int64_t>(states.size());
-  const std::vector<int64_t> sizes = MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches());
-  std::vector<SequenceRows> mbs;
-  std::vector<std::span<const int32_t>> mb_ids;
-  for (int64_t at = 0; const int64_t n : sizes) {
-    SequenceRows rows;
-    rows.seqs = states.subspan(static_cast<size_t>(at), static_cast<size_t>(n));
-    rows.T = n;
-    mbs.push_back(rows);
-    mb_ids.push_back(ids.subspan(static_cast<size_t>(at), static_cast<size_t>(n)));
-    at += n;
-  }
-  ForwardOptions each;  // all_logits: each row is some sequence's last position
-  each.kda_form = o.kda_form;
-  each.mla_form = o.mla_form;
-  if (o.argmax != nullptr) o.argmax->taken = false;  // the argmax shortcut stays with one stage (PipelineLogits)
-  KIMIRT_ASSIGN_OR_RETURN(const std::vector<Tensor> parts,
-                          RunInFlight(mbs, mb_ids, std::vector<ForwardOptions>(mbs.size(), each)));
-  if (!stage_.is_first()) return Tensor();
-  const int64_t V = config().vocab_size;
-  Tensor logits = Tensor::Host({B, V});
-  int64_t row = 0;
-  for (size_t i = 0; i < mbs.size(); ++i) {
-    std::copy_n(parts[i].f32(), parts[i].numel(), logits.f32() + row * V);
-    row += mbs[i].T;
-  }
-  return logits;
-}
-
 Result<std::vector<Tensor>> Model::ForwardChunks(std::span<const PrefillChunk> chunks, const ForwardOptions& o) {
   if (chunks.empty()) return InvalidArgument("forward of zero chunks");
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (chunks[i].state == chunks[j].state) return InvalidArgument("a step's chunks name one sequence twice");
-    }
+  KIMIRT_ASSIGN_OR_RETURN(StepLogits step, ForwardStep(DecodeRows{}, chunks, o));
+  return std::move(step.chunks);
+}
+
+Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                      const ForwardOptions& o) {
+  if (decode.states.size() != decode.ids.size()) {
+    return InvalidArgument("decode batch of " + std::to_string(decode.states.size()) + " sequences and " +
+                           std::to_string(decode.ids.size()) + " tokens");
   }
-  std::vector<ForwardOptions> each(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    each[i].kda_form = o.kda_form;
-    each[i].mla_form = o.mla_form;
-    each[i].all_logits = chunks[i].all_logits;
-    each[i].argmax = chunks[i].argmax;
+  if (decode.states.empty() && chunks.empty()) return InvalidArgument("a step of no decode rows and no chunks");
+  KIMIRT_RETURN_IF_ERROR(DistinctSequences(decode.states, chunks));
+  if (pipelined()) return RunStepInFlight(decode, chunks, o);
+  StepLogits out;
+  if (!decode.states.empty()) {
+    ForwardOptions d;
+    d.kda_form = o.kda_form;
+    d.mla_form = o.mla_form;
+    d.argmax = decode.argmax;
+    KIMIRT_ASSIGN_OR_RETURN(out.decode, ForwardDecode(decode.states, decode.ids, d));
   }
-  std::vector<Tensor> out;
-  if (!pipelined()) {
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      KIMIRT_ASSIGN_OR_RETURN(Tensor logits, Forward(chunks[i].state, chunks[i].ids, each[i]));
-      out.push_back(std::move(logits));
-    }
-    return out;
-  }
-  std::vector<SequenceState*> states;
-  std::vector<std::span<const int32_t>> ids;
   for (const PrefillChunk& c : chunks) {
-    if (c.argmax != nullptr) c.argmax->taken = false;  // the argmax shortcut stays with one stage (PipelineLogits)
-    states.push_back(c.state);
+    ForwardOptions each;
+    each.kda_form = o.kda_form;
+    each.mla_form = o.mla_form;
+    each.all_logits = c.all_logits;
+    each.argmax = c.argmax;
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, Forward(c.state, c.ids, each));
+    out.chunks.push_back(std::move(logits));
+  }
+  return out;
+}
+
+// A step in one flow (docs/distributed.md "A step in one flow"): the decode rows split by
+// MicroBatchRows (docs/distributed.md "Micro-batches in flight"), then each prefill chunk, as the
+// calls of one RunInFlight; each call is exactly the Run it would be alone, so no bit changes.
+//
+// Decodes first. On balanced stages the order does not change the step's time: with each call
+// taking the same time on every stage, the flow takes the sum of its calls' stage-times plus
+// (pp − 1) times the longest call's, in any order (a proportionate flow shop); one flow instead
+// of two saves one fill and drain — (pp − 1) times the shorter flow's longest call, usually a
+// decode micro-batch — and stage 0's wait for the decodes' logits between the flows. What
+// the order decides is what leaves the last stage first: the decode rows, which every running
+// request's next token (its TPOT) waits on, so their logits are gathered first, and a schedule
+// that returns them before the chunks end or starts the next step's decodes behind them
+// (docs/distributed.md "Steps in flight") finds them at the head of the flow. It is also the
+// engine's order of work in a step (the decodes' samples, then the chunks' prefix-cache entries
+// and samples), as the two flows had it.
+Result<StepLogits> Model::RunStepInFlight(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                          const ForwardOptions& o) {
+  ForwardOptions forms;  // all_logits: each decode row is some sequence's last position
+  forms.kda_form = o.kda_form;
+  forms.mla_form = o.mla_form;
+  std::vector<SequenceRows> calls;
+  std::vector<std::span<const int32_t>> ids;
+  std::vector<ForwardOptions> each;
+  const int64_t B = static_cast<int64_t>(decode.states.size());
+  if (B > 0) {
+    for (int64_t at = 0; const int64_t n : MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches())) {
+      SequenceRows rows;
+      rows.seqs = decode.states.subspan(static_cast<size_t>(at), static_cast<size_t>(n));
+      rows.T = n;
+      calls.push_back(rows);
+      ids.push_back(decode.ids.subspan(static_cast<size_t>(at), static_cast<size_t>(n)));
+      each.push_back(forms);
+      at += n;
+    }
+  }
+  const size_t decode_calls = calls.size();
+  // The argmax shortcut stays with one stage (PipelineLogits): every row comes back.
+  if (decode.argmax != nullptr) decode.argmax->taken = false;
+  for (const PrefillChunk& c : chunks) {
+    if (c.argmax != nullptr) c.argmax->taken = false;
+    SequenceRows rows;
+    rows.seqs = std::span<SequenceState* const>(&c.state, 1);
+    rows.T = static_cast<int64_t>(c.ids.size());
+    calls.push_back(rows);
     ids.push_back(c.ids);
+    each.push_back(forms);
+    each.back().all_logits = c.all_logits;
   }
-  std::vector<SequenceRows> calls(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    calls[i].seqs = std::span<SequenceState* const>(&states[i], 1);
-    calls[i].T = static_cast<int64_t>(ids[i].size());
+  KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> parts, RunInFlight(calls, ids, each));
+  StepLogits out;
+  out.chunks.assign(std::make_move_iterator(parts.begin() + static_cast<std::ptrdiff_t>(decode_calls)),
+                    std::make_move_iterator(parts.end()));
+  if (B == 0 || !stage_.is_first()) return out;
+  const int64_t V = config().vocab_size;
+  out.decode = Tensor::Host({B, V});
+  int64_t row = 0;
+  for (size_t i = 0; i < decode_calls; ++i) {
+    std::copy_n(parts[i].f32(), parts[i].numel(), out.decode.f32() + row * V);
+    row += calls[i].T;
   }
-  return RunInFlight(calls, ids, each);
+  return out;
 }
 
 // In flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the calls in

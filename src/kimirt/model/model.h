@@ -66,6 +66,21 @@ struct PrefillChunk {
   ArgmaxRequest* argmax = nullptr;
 };
 
+// A step's decode rows (Model::ForwardStep): ids[b] is the next token of states[b], as in
+// ForwardDecode, with its argmax request.
+struct DecodeRows {
+  std::span<SequenceState* const> states;
+  std::span<const int32_t> ids;
+  ArgmaxRequest* argmax = nullptr;
+};
+
+// Model::ForwardStep's logits: the decode rows' [B, vocab] (undefined without decode rows) and
+// each prefill chunk's. Pipeline stages other than the first: undefined tensors.
+struct StepLogits {
+  Tensor decode;
+  std::vector<Tensor> chunks;
+};
+
 class Model {
  public:
   // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
@@ -133,6 +148,16 @@ class Model {
   // gives the KDA / MLA forms only.
   Result<std::vector<Tensor>> ForwardChunks(std::span<const PrefillChunk> chunks, const ForwardOptions& options = {});
 
+  // A whole step — its decode rows and its prefill chunks, all of distinct sequences — in one
+  // call: the decode logits exactly ForwardDecode's, chunk i's exactly ForwardChunks' (each its
+  // Forward alone). One stage: ForwardDecode, then one Forward per chunk. Pipeline stages: one
+  // flow through the stages, the decode micro-batches first and the chunks after them, so the
+  // pipeline fills and drains once per step instead of once for the decodes and once for the
+  // chunks (docs/distributed.md "A step in one flow"); every call's checks and blocks before any
+  // runs, so an error leaves every sequence as it was. `options` gives the KDA / MLA forms only.
+  Result<StepLogits> ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                 const ForwardOptions& options = {});
+
   // Pipeline stages: how many micro-batches a decode step asks for (MicroBatchRows' `wanted`;
   // more where RowInvariantRows needs them). 0, the default: one per stage. Every rank of a run
   // must be given the same.
@@ -159,9 +184,10 @@ class Model {
   // last stage, an undefined tensor on the others.
   Status Prepare(const SequenceRows& rows, std::span<const int32_t> ids);
   Tensor Launch(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
-  // ForwardDecode on pipeline stages: the step's micro-batches in flight.
-  Result<Tensor> RunMicroBatches(std::span<SequenceState* const> states, std::span<const int32_t> ids,
-                                 const ForwardOptions& o);
+  // ForwardStep (and so ForwardDecode and ForwardChunks) on pipeline stages: the decode rows'
+  // micro-batches, then the chunks, as the calls of one RunInFlight.
+  Result<StepLogits> RunStepInFlight(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                     const ForwardOptions& o);
   // Pipeline stages: calls[i] with ids[i] and options[i] (all_logits: R = T, else 1) in flight,
   // each exactly as Run of it alone; the first stage gets each call's host logits [R, vocab],
   // the others undefined tensors.

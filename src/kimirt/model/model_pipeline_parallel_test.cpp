@@ -246,16 +246,19 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorPipelineTest, ::testing::Values("tiny-a
 // Micro-batches in flight (docs/distributed.md "Micro-batches in flight"). The pipeline group as
 // the model sees it, with every stage's Send and Recv counted and one gate: stage `gated`'s first
 // Send (the end of its work on micro-batch 0: it has received that micro-batch's whole state and
-// runs its layers before sending it on) waits until stage 0 has sent twice what `gated` had
-// received by then — until stage 0 has run micro-batch 1 too. Run one step at a time (stage 0
-// waiting for a micro-batch's logits before it starts the next) that never happens: the gate
-// times out and says so. In flight, stage 0 runs micro-batch 1 while `gated` sits in micro-batch 0.
+// runs its layers before sending it on) waits until stage 0 has sent `gate_calls` times what
+// `gated` had received by then — by default twice: until stage 0 has run micro-batch 1 too. Run
+// one step at a time (stage 0 waiting for a micro-batch's logits before it starts the next) that
+// never happens: the gate times out and says so. In flight, stage 0 runs micro-batch 1 while
+// `gated` sits in micro-batch 0.
 struct PipelineLog {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int64_t> sends, recvs;      // per stage: Send calls made, Recv calls returned
   std::vector<size_t> message_floats;     // every Send's size
+  std::vector<size_t> stage0_floats;      // stage 0's Sends' sizes, in order
   int gated = -1;
+  int64_t gate_calls = 2;
   bool gate_timed_out = false;
   int64_t stage0_sends_at_release = -1;   // stage 0's Send count when the gate opened
   int64_t gated_recvs_at_gate = -1;
@@ -275,11 +278,13 @@ class LoggedPipeline final : public Communicator {
     if (rank() == log_.gated && log_.sends[s] == 0) {
       const int64_t received = log_.recvs[s];
       log_.gated_recvs_at_gate = received;
-      const bool ok = log_.cv.wait_for(lock, std::chrono::seconds(10), [&] { return log_.sends[0] >= 2 * received; });
+      const bool ok = log_.cv.wait_for(lock, std::chrono::seconds(10),
+                                       [&] { return log_.sends[0] >= log_.gate_calls * received; });
       log_.gate_timed_out = !ok;
       log_.stage0_sends_at_release = log_.sends[0];
     }
     if (peer == rank() + 1) log_.message_floats.push_back(n);  // the residual state, not the logits
+    if (rank() == 0) log_.stage0_floats.push_back(n);
     log_.sends[s] += 1;
     log_.cv.notify_all();
     lock.unlock();
@@ -320,6 +325,16 @@ std::vector<std::string> RunGatedStages(int pp, PipelineLog& log, const std::fun
   return errors;
 }
 
+// tiny-a on one stage, running `body`: the tests' reference.
+void OnOneStage(const std::function<void(Model&)>& body) {
+  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    auto backend = MakeCpuBackend();
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    body(**m);
+  });
+}
+
 TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
   KIMIRT_REQUIRE_FIXTURE("tiny-a");
   constexpr int kPp = 3;
@@ -350,14 +365,11 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
   EXPECT_EQ(log.sends[0] % kRows, 0);
   EXPECT_EQ(log.sends[0], log.recvs[1]);
   // The bits are one stage's, each sequence alone.
-  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
-    auto backend = MakeCpuBackend();
-    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
-    ASSERT_TRUE(m.ok());
-    want = Tensor::Host({kRows, (*m)->config().vocab_size});
+  OnOneStage([&](Model& model) {
+    want = Tensor::Host({kRows, model.config().vocab_size});
     for (int64_t b = 0; b < kRows; ++b) {
-      SequenceState st = (*m)->NewSequence();
-      auto row = (*m)->Forward(&st, std::vector<int32_t>{static_cast<int32_t>(5 + b)});
+      SequenceState st = model.NewSequence();
+      auto row = model.Forward(&st, std::vector<int32_t>{static_cast<int32_t>(5 + b)});
       ASSERT_TRUE(row.ok());
       std::copy_n(row->f32(), row->numel(), want.f32() + b * row->numel());
     }
@@ -432,12 +444,7 @@ TEST(PipelineMicroBatches, StagesRunDifferentPrefillChunksAtOnce) {
   EXPECT_EQ(log.sends[0] % 6, 0);
   EXPECT_EQ(log.sends[0], log.recvs[1]);
   EXPECT_EQ(log.gated_recvs_at_gate * 6, log.recvs[1]) << "stage 1 had received more than chunk 0 at its first send";
-  RunOnThreadGrid(1, 1, [&](Communicator& tp_comm, Communicator& pp_comm) {
-    auto backend = MakeCpuBackend();
-    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
-    ASSERT_TRUE(m.ok());
-    ASSERT_TRUE(run(**m, false, &want).ok());
-  });
+  OnOneStage([&](Model& model) { ASSERT_TRUE(run(model, false, &want).ok()); });
   ASSERT_EQ(got.size(), want.size());
   for (size_t round = 0; round < want.size(); ++round) {
     ASSERT_EQ(got[round].size(), want[round].size());
@@ -447,6 +454,191 @@ TEST(PipelineMicroBatches, StagesRunDifferentPrefillChunksAtOnce) {
       EXPECT_TRUE(SameBits(got[round][i], want[round][i]))
           << "round " << round << " chunk " << i << ": max |diff| " << testing::MaxAbsDiff(got[round][i], want[round][i]);
     }
+  }
+}
+
+// A step in one flow (Model::ForwardStep; docs/distributed.md "A step in one flow"): two rounds
+// of a step of two decode rows (two micro-batches on the CPU) and two sequences' prefill chunks
+// (9 and 4 tokens, then 7 and 3, one with every position's logits) at PP 3. The gate holds stage
+// 1's first send (the end of its work on decode micro-batch 0) until stage 0 has sent three
+// calls' state — both decode micro-batches and the first chunk: stage 0 starts the chunks while
+// stage 1 is still in the decodes, so the pipeline fills once for the whole step. With the
+// decodes and the chunks in two flows (ForwardStep as ForwardDecode, then ForwardChunks: the
+// mutation tried), stage 0 waits for the decodes' logits — which need stage 1's held send —
+// before it runs a chunk: the gate times out and the test fails. Stage 0 sends the decodes first,
+// then the chunks, each whole; every decode row and chunk is one stage's bits, each forwarded
+// alone.
+TEST(PipelineMicroBatches, AStepsDecodesAndChunksFlowThroughTheStagesAsOne) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  constexpr int kPp = 3;
+  const std::vector<std::vector<size_t>> lengths = {{9, 4}, {7, 3}};  // per round, per chunk
+  auto chunk_ids = [](size_t round, size_t seq, size_t n) {
+    std::vector<int32_t> ids;
+    for (size_t k = 0; k < n; ++k) ids.push_back(static_cast<int32_t>((round * 89 + seq * 41 + k * 11 + 3) % 500));
+    return ids;
+  };
+  auto all_logits = [](size_t round, size_t seq) { return round == 1 && seq == 0; };
+  auto decode_ids = [](size_t round) { return std::vector<int32_t>{static_cast<int32_t>(5 + round), static_cast<int32_t>(17 + round)}; };
+  struct Round {
+    Tensor decode;  // [2, vocab]
+    std::vector<Tensor> chunks;
+  };
+  // Per round: through ForwardStep (stage 0's), or on one stage each decode row's and chunk's
+  // Forward alone.
+  auto run = [&](Model& m, bool one_flow, std::vector<Round>* out) -> Status {
+    std::vector<SequenceState> decoding, prefilling;
+    for (int i = 0; i < 2; ++i) decoding.push_back(m.NewSequence());
+    for (int i = 0; i < 2; ++i) prefilling.push_back(m.NewSequence());
+    std::vector<SequenceState*> rows = {&decoding[0], &decoding[1]};
+    for (size_t round = 0; round < lengths.size(); ++round) {
+      const std::vector<int32_t> next = decode_ids(round);
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<PrefillChunk> pcs;
+      for (size_t i = 0; i < prefilling.size(); ++i) ids.push_back(chunk_ids(round, i, lengths[round][i]));
+      for (size_t i = 0; i < prefilling.size(); ++i) pcs.push_back({&prefilling[i], ids[i], all_logits(round, i), nullptr});
+      Round r;
+      if (one_flow) {
+        KIMIRT_ASSIGN_OR_RETURN(StepLogits step, m.ForwardStep(DecodeRows{rows, next}, pcs));
+        if (step.decode.defined() != m.stage().is_first() || step.chunks.size() != pcs.size()) {
+          return Internal("decode logits on a stage other than the first, or none on the first");
+        }
+        r.decode = std::move(step.decode);
+        r.chunks = std::move(step.chunks);
+        out->push_back(std::move(r));
+        continue;
+      }
+      const int64_t V = m.config().vocab_size;
+      r.decode = Tensor::Host({2, V});
+      for (size_t b = 0; b < rows.size(); ++b) {
+        KIMIRT_ASSIGN_OR_RETURN(Tensor row, m.Forward(rows[b], std::span<const int32_t>(&next[b], 1)));
+        std::copy_n(row.f32(), V, r.decode.f32() + static_cast<int64_t>(b) * V);
+      }
+      for (const PrefillChunk& c : pcs) {
+        ForwardOptions o;
+        o.all_logits = c.all_logits;
+        KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(c.state, c.ids, o));
+        r.chunks.push_back(std::move(logits));
+      }
+      out->push_back(std::move(r));
+    }
+    return Status::Ok();
+  };
+  PipelineLog log;
+  log.gate_calls = 3;
+  int64_t hidden = 0;
+  std::vector<Round> got, want;
+  const std::vector<std::string> errors = RunGatedStages(kPp, log, [&](Model& m) -> Status {
+    std::vector<Round> mine;
+    KIMIRT_RETURN_IF_ERROR(run(m, true, &mine));
+    if (m.stage().is_first()) got = std::move(mine);
+    return Status::Ok();
+  }, &hidden);
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not start the chunks while stage 1 held decode micro-batch 0 (stage "
+                                      "0 had sent " << log.stage0_sends_at_release << " messages)";
+  const int64_t per_call = log.gated_recvs_at_gate;  // messages a call's state takes across a boundary
+  ASSERT_GT(per_call, 0);
+  EXPECT_GE(log.stage0_sends_at_release, 3 * per_call);
+  // Stage 0 sent, each round, decode micro-batch 0 and 1 (a row each), then each chunk whole.
+  std::vector<size_t> want_floats;
+  for (const std::vector<size_t>& round : lengths) {
+    for (size_t rows : {size_t{1}, size_t{1}, round[0], round[1]}) {
+      for (int64_t k = 0; k < per_call; ++k) want_floats.push_back(rows * static_cast<size_t>(hidden));
+    }
+  }
+  EXPECT_EQ(log.stage0_floats, want_floats);
+  EXPECT_EQ(log.sends[0], log.recvs[1]);
+  OnOneStage([&](Model& model) { ASSERT_TRUE(run(model, false, &want).ok()); });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t round = 0; round < want.size(); ++round) {
+    EXPECT_TRUE(SameBits(got[round].decode, want[round].decode))
+        << "round " << round << " decode rows: max |diff| " << testing::MaxAbsDiff(got[round].decode, want[round].decode);
+    ASSERT_EQ(got[round].chunks.size(), want[round].chunks.size());
+    for (size_t i = 0; i < want[round].chunks.size(); ++i) {
+      const int64_t rows = all_logits(round, i) ? static_cast<int64_t>(lengths[round][i]) : 1;
+      ASSERT_EQ(want[round].chunks[i].dim(0), rows);
+      EXPECT_TRUE(SameBits(got[round].chunks[i], want[round].chunks[i]))
+          << "round " << round << " chunk " << i << ": max |diff| "
+          << testing::MaxAbsDiff(got[round].chunks[i], want[round].chunks[i]);
+    }
+  }
+}
+
+// All or nothing: a step whose last chunk holds a token outside the vocabulary fails on every
+// stage at PP 2 before any of its calls runs — no decode row, no chunk advances its sequence —
+// and the same step with the token fixed then gives one stage's bits, as if the failed call had
+// never been made. A step naming a sequence twice (a decode row and a chunk) is refused alike.
+TEST(PipelineMicroBatches, AFailingCallFailsTheWholeStepBeforeAnyRuns) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  std::vector<int32_t> good = {3, 1, 4, 1, 5, 9}, bad = {3, 1, 4, 1, 5, 100000};
+  auto step = [&](Model& m, std::vector<SequenceState>& seqs, std::span<const int32_t> last) {
+    std::vector<SequenceState*> rows = {&seqs[0], &seqs[1]};
+    const std::vector<int32_t> next = {7, 8};
+    const std::vector<int32_t> first = {2, 7, 1, 8};
+    const PrefillChunk pcs[] = {{&seqs[2], first, false, nullptr}, {&seqs[3], last, true, nullptr}};
+    return m.ForwardStep(DecodeRows{rows, next}, pcs);
+  };
+  std::vector<Tensor> got, want;  // decode rows, then the two chunks
+  std::vector<std::string> errors(2), failures(2), twice(2);
+  std::vector<std::vector<int64_t>> lengths(2);
+  RunOnThreadGrid(1, 2, [&](Communicator& tp_comm, Communicator& pp_comm) {
+    const size_t s = static_cast<size_t>(pp_comm.rank());
+    auto backend = MakeCpuBackend();
+    auto m = Model::Load(FixtureDir("tiny-a"), *backend, tp_comm, {}, &pp_comm);
+    if (!m.ok()) {
+      errors[s] = m.status().ToString();
+      return;
+    }
+    std::vector<SequenceState> seqs;
+    for (int i = 0; i < 4; ++i) seqs.push_back((*m)->NewSequence());
+    // Every sequence a token in first (one stage's ones too, below), so a wrong advance shows.
+    for (SequenceState& st : seqs) {
+      if (Status f = (*m)->Forward(&st, std::vector<int32_t>{11}).status(); !f.ok()) errors[s] = f.ToString();
+    }
+    failures[s] = step(**m, seqs, bad).status().ToString();
+    std::vector<SequenceState*> rows = {&seqs[0], &seqs[1]};
+    const std::vector<int32_t> next = {7, 8}, ids = {1, 2};
+    const PrefillChunk again[] = {{&seqs[1], ids, false, nullptr}};
+    twice[s] = (*m)->ForwardStep(DecodeRows{rows, next}, again).status().ToString();
+    for (const SequenceState& st : seqs) lengths[s].push_back(st.length);
+    auto ok = step(**m, seqs, good);
+    if (!ok.ok()) {
+      errors[s] = ok.status().ToString();
+      return;
+    }
+    if (s == 0) got = {ok->decode, ok->chunks[0], ok->chunks[1]};
+  });
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(errors[static_cast<size_t>(s)], "") << "stage " << s;
+    EXPECT_NE(failures[static_cast<size_t>(s)].find("token id 100000 is outside the vocabulary"), std::string::npos)
+        << "stage " << s << ": " << failures[static_cast<size_t>(s)];
+    EXPECT_NE(twice[static_cast<size_t>(s)].find("a step names one sequence twice"), std::string::npos)
+        << "stage " << s << ": " << twice[static_cast<size_t>(s)];
+    EXPECT_EQ(lengths[static_cast<size_t>(s)], (std::vector<int64_t>{1, 1, 1, 1})) << "stage " << s;
+  }
+  OnOneStage([&](Model& model) {
+    std::vector<SequenceState> seqs;
+    for (int i = 0; i < 4; ++i) seqs.push_back(model.NewSequence());
+    for (SequenceState& st : seqs) ASSERT_TRUE(model.Forward(&st, std::vector<int32_t>{11}).ok());
+    // Each alone (one stage's ForwardDecode would batch the rows, and the CPU's rows are their
+    // own bits only alone: RowInvariantRows 1).
+    const int64_t V = model.config().vocab_size;
+    Tensor rows = Tensor::Host({2, V});
+    for (int b = 0; b < 2; ++b) {
+      auto row = model.Forward(&seqs[static_cast<size_t>(b)], std::vector<int32_t>{7 + b});
+      ASSERT_TRUE(row.ok()) << row.status().ToString();
+      std::copy_n(row->f32(), V, rows.f32() + b * V);
+    }
+    ForwardOptions last_only, every;
+    last_only.all_logits = false;
+    auto first = model.Forward(&seqs[2], std::vector<int32_t>{2, 7, 1, 8}, last_only);
+    auto last = model.Forward(&seqs[3], good, every);
+    ASSERT_TRUE(first.ok() && last.ok());
+    want = {rows, *first, *last};
+  });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(SameBits(got[i], want[i])) << "part " << i << ": max |diff| " << testing::MaxAbsDiff(got[i], want[i]);
   }
 }
 
