@@ -233,6 +233,12 @@ int main() {
       {"bf16_heads20", 1, 20, {333, 999}, work, {0, 2, 3, 4, 5}},
       {"fp8_heads12", 2, 12, {333, 999}, work, {1, 2, 3, 5, 6}},
   };
+  using kimirt::cuda::Ring2;
+  using kimirt::cuda::Ring4;
+  using kimirt::cuda::Smem;
+  std::printf("shared memory a block: ring4 BF16 %zu, FP8 %zu bytes; ring2 BF16 %zu, FP8 %zu bytes\n",
+              sizeof(Smem<1, Ring4::kStages, Ring4::kSStride>), sizeof(Smem<2, Ring4::kStages, Ring4::kSStride>),
+              sizeof(Smem<1, Ring2::kStages, Ring2::kSStride>), sizeof(Smem<2, Ring2::kStages, Ring2::kSStride>));
   int failures = 0;
   for (const Case& c : cases) failures += Check(c);
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");

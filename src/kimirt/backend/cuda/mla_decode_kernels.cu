@@ -58,7 +58,7 @@ static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt ev
 // tiles. (With the next tile alone in registers the split ran at ~3 µs a tile, ~0.2 of HBM: one
 // tile's latency.) Profiled latency-bound: 2 warps a scheduler, one issue every ~8 cycles.
 struct Ring4 {
-  static constexpr int kStages = 4, kMinBlocks = 1, kSStride = kTile + 1;
+  static constexpr int kStages = 4, kSStride = kTile + 1;
   static constexpr bool kLean = false;
 };
 // ring2: two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
