@@ -143,14 +143,14 @@ int Check(const Case& c) {
   for (int w : c.run) {
     for (unsigned by = 0; by < head_blocks; ++by) {
       if (c.kind == 1) {
-        RunBlock(kimirt::cuda::MlaDecodeTcKernel<1>, sizeof(Smem<1, Ring4::kStages, Ring4::kSStride>), a, qc.data(),
+        RunBlock(kimirt::cuda::MlaDecodeTcKernel<1>, sizeof(Smem<1, Ring4>), a, qc.data(),
                  o4.data(), ml4.data(), static_cast<unsigned>(w), by);
-        RunBlock(kimirt::cuda::MlaDecodeTcRing2Kernel<1>, sizeof(Smem<1, Ring2::kStages, Ring2::kSStride>), a,
+        RunBlock(kimirt::cuda::MlaDecodeTcRing2Kernel<1>, sizeof(Smem<1, Ring2>), a,
                  qc.data(), o2.data(), ml2.data(), static_cast<unsigned>(w), by);
       } else {
-        RunBlock(kimirt::cuda::MlaDecodeTcKernel<2>, sizeof(Smem<2, Ring4::kStages, Ring4::kSStride>), a, qc.data(),
+        RunBlock(kimirt::cuda::MlaDecodeTcKernel<2>, sizeof(Smem<2, Ring4>), a, qc.data(),
                  o4.data(), ml4.data(), static_cast<unsigned>(w), by);
-        RunBlock(kimirt::cuda::MlaDecodeTcRing2Kernel<2>, sizeof(Smem<2, Ring2::kStages, Ring2::kSStride>), a,
+        RunBlock(kimirt::cuda::MlaDecodeTcRing2Kernel<2>, sizeof(Smem<2, Ring2>), a,
                  qc.data(), o2.data(), ml2.data(), static_cast<unsigned>(w), by);
       }
     }
@@ -237,8 +237,8 @@ int main() {
   using kimirt::cuda::Ring4;
   using kimirt::cuda::Smem;
   std::printf("shared memory a block: ring4 BF16 %zu, FP8 %zu bytes; ring2 BF16 %zu, FP8 %zu bytes\n",
-              sizeof(Smem<1, Ring4::kStages, Ring4::kSStride>), sizeof(Smem<2, Ring4::kStages, Ring4::kSStride>),
-              sizeof(Smem<1, Ring2::kStages, Ring2::kSStride>), sizeof(Smem<2, Ring2::kStages, Ring2::kSStride>));
+              sizeof(Smem<1, Ring4>), sizeof(Smem<2, Ring4>),
+              sizeof(Smem<1, Ring2>), sizeof(Smem<2, Ring2>));
   int failures = 0;
   for (const Case& c : cases) failures += Check(c);
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");

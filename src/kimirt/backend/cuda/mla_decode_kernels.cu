@@ -72,8 +72,9 @@ struct Ring2 {
   static constexpr bool kLean = true;
 };
 
-template <int kKind, int kStages, int kSStride>
+template <int kKind, class V>
 struct Smem {
+  static constexpr int kStages = V::kStages, kSStride = V::kSStride;
   // A stage holds one tile as it lies in the cache: BF16 rows already in the padded layout the
   // MMAs read (kind 1), or FP8 codes [kTile][kW] and the rows' two scales (kind 2), widened to
   // BF16 into `rows` before use. Kind 1 stages q̄'s hi and lo parts [2][kHeads][kRowStride] in
@@ -83,6 +84,8 @@ struct Smem {
   static_assert(kKind != 1 || kStageBytes == 2 * kHeads * kRowStride * 2, "q̄ staging fits a stage");
   alignas(16) unsigned char ring[kStages][kStageBytes];
   __nv_bfloat16 rows[kKind == 2 ? kTile : 1][kRowStride];
+  // Ring2: q̄'s rope columns (hi, lo), read per tile by warps 0..3 instead of held (8 registers).
+  alignas(16) __nv_bfloat16 q_rope[V::kLean ? 2 : 1][V::kLean ? kHeads : 1][kDr + 8];
   alignas(16) float s_lat[kWarps][kHeads][kSStride];     // each warp's partial scores, latent k-steps
   alignas(16) float s_rope[kRopeSteps][kHeads][kSStride];  // and rope k-steps (warps 0..3)
   __nv_bfloat16 p[2][kHeads][kPStride];     // P's hi and lo parts (the latent scale folded in)
@@ -143,6 +146,44 @@ struct Tile {
     }
   }
 
+  // Ring2's copies, with fewer instructions and registers (the profile counted ~190 integer
+  // instructions a warp a tile; Issue and BlockOf above spend ~150 of them a thread on two
+  // divisions by the block size and each chunk's 64-bit address). This thread's row of the tile
+  // ahead is a (table index, offset in the block) cursor advanced 32 positions a tile without a
+  // division, read into the row's index in the pool (int32: a pool of 2³¹ rows of ≥ 584 bytes
+  // would not fit a GPU); a row's pool and stage addresses are formed once, its chunks at
+  // constant offsets from them.
+  struct Cursor {
+    int index, offset;  // position (index − first) · block_size + offset of the table at a.tables[first]
+    __device__ void Start(int first, int p, int bs) { index = first + p / bs, offset = p % bs; }
+  };
+  // The pool row of the cursor's position (−1 when not `valid`: past the split's end), then the
+  // cursor a tile on.
+  static __device__ int32_t NextRow(Cursor& c, const PagedDecodeArgs& a, bool valid) {
+    const int bs = a.block_size;
+    const int32_t row = valid ? a.tables[c.index] * (a.layers * bs) + (a.layer * bs + c.offset) : -1;
+    c.offset += kTile;
+    while (c.offset >= bs) c.offset -= bs, ++c.index;
+    return row;
+  }
+  // Starts the copy of this thread's row (pool row `row`; row < 0: zeros, read from row 0, which
+  // exists, with size 0) into `stage`.
+  static __device__ void IssueRow(const PagedDecodeArgs& a, int32_t row, unsigned char* stage) {
+    const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
+    const bool valid = row >= 0;
+    const int64_t at = valid ? row : 0;
+    const unsigned char* src = static_cast<const unsigned char*>(a.values) + at * kRowBytes + sub * 16;
+    unsigned char* dst = stage + j * (kKind == 1 ? kRowStride * 2 : kW) + sub * 16;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      if (sub + 8 * i < kChunksPerRow) CpAsync16(dst + 128 * i, src + 128 * i, valid);
+    }
+    if (kKind == 2 && sub == 0) {
+      float* sc = reinterpret_cast<float*>(stage + kTile * kW) + 2 * j;
+      CpAsync8(sc, a.scales + at * 2, valid);
+    }
+  }
+
   // Kind 2: the stage's FP8 codes as BF16 rows and its scales, for the MMAs.
   template <class Sm>
   static __device__ void Widen(const unsigned char* stage, Sm& sm) {
@@ -175,7 +216,7 @@ struct Tile {
 template <int kKind, class V>
 __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml) {
   constexpr int kStages = V::kStages;
-  using Sm = Smem<kKind, kStages, V::kSStride>;
+  using Sm = Smem<kKind, V>;
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
@@ -189,13 +230,27 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
   // The first kStages - 1 tiles' copies go out before the query is staged (one commit group a
   // tile, empty ones past the end, so the wait count below is the same every tile).
   const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
+  // Ring2: this thread's row of the tiles ahead (positions fit int32, as in BlockOf).
+  typename Tile<kKind>::Cursor cur;
+  int tile_left = static_cast<int>(s1 - s0);  // positions from this tile to the split's end
+  if constexpr (V::kLean) cur.Start(a.table_begin[b], static_cast<int>(s0) + tid / 8, a.block_size);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    const int64_t t = s0 + int64_t{i} * kTile;
-    if (i < ntiles) Tile<kKind>::Issue(a, Tile<kKind>::BlockOf(a, table, t, s1), t, sm.ring[i]);
+    if constexpr (V::kLean) {
+      const int32_t row = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - i * kTile);
+      if (i < ntiles) Tile<kKind>::IssueRow(a, row, sm.ring[i]);
+    } else {
+      const int64_t t = s0 + int64_t{i} * kTile;
+      if (i < ntiles) Tile<kKind>::Issue(a, Tile<kKind>::BlockOf(a, table, t, s1), t, sm.ring[i]);
+    }
     CpAsyncCommit();
   }
-  int32_t block_ahead = Tile<kKind>::BlockOf(a, table, s0 + int64_t{kStages - 1} * kTile, s1);
+  int32_t block_ahead;  // ring4: the block of this thread's row of the tile ahead; ring2: its pool row
+  if constexpr (V::kLean) {
+    block_ahead = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - (kStages - 1) * kTile);
+  } else {
+    block_ahead = Tile<kKind>::BlockOf(a, table, s0 + int64_t{kStages - 1} * kTile, s1);
+  }
   if (kKind == 1 && tid < kTile) sm.scale_lat[tid] = sm.scale_rope[tid] = 1.0f;  // BF16 rows have none
   void* const q_stage = kKind == 1 ? static_cast<void*>(sm.ring[kStages - 1]) : static_cast<void*>(&sm.rows[0][0]);
 
@@ -205,7 +260,7 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
     __nv_bfloat16(*q)[kHeads][kRowStride] = reinterpret_cast<__nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
     // All of a thread's loads first, then the conversions (one round trip, not 36; ring2 two
     // of 18, within its 128 registers).
-    constexpr int kPer = kHeads * kW / kThreads, kRounds = 1, kPerRound = kPer / kRounds;
+    constexpr int kPer = kHeads * kW / kThreads, kRounds = V::kLean ? 2 : 1, kPerRound = kPer / kRounds;
     static_assert(kHeads * kW % kThreads == 0 && kPer % kRounds == 0, "q̄ dealt evenly");
 #pragma unroll
     for (int round = 0; round < kRounds; ++round) {
@@ -223,7 +278,14 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
     }
   }
   __syncthreads();
-  unsigned qa[2][kLatPerWarp + 1][4];  // [hi/lo][k-step][fragment]
+  if constexpr (V::kLean) {  // ring2: the rope columns aside, 16 bytes a thread
+    static_assert(2 * kHeads * kDr * 2 == kThreads * 16, "one 16-byte word a thread");
+    const int part = tid / 128, hh = (tid / 8) % kHeads, c = (tid % 8) * 8;
+    const __nv_bfloat16(*q)[kHeads][kRowStride] =
+        reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
+    *reinterpret_cast<uint4*>(&sm.q_rope[part][hh][c]) = *reinterpret_cast<const uint4*>(&q[part][hh][kR + c]);
+  }
+  unsigned qa[2][kLatPerWarp + (V::kLean ? 0 : 1)][4];  // [hi/lo][k-step][fragment]
   {
     const __nv_bfloat16(*q)[kHeads][kRowStride] =
         reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
@@ -232,17 +294,19 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
     for (int part = 0; part < 2; ++part) {
 #pragma unroll
       for (int k = 0; k < kLatPerWarp; ++k) Ldmatrix4(qa[part][k], &q[part][r][(warp * kLatPerWarp + k) * 16 + c8]);
-      if (warp < kRopeSteps) Ldmatrix4(qa[part][kLatPerWarp], &q[part][r][kR + warp * 16 + c8]);
+      if constexpr (!V::kLean) {
+        if (warp < kRopeSteps) Ldmatrix4(qa[part][kLatPerWarp], &q[part][r][kR + warp * 16 + c8]);
+      }
     }
   }
   // (The barrier at the top of the first tile also frees the staging buffer.)
 
   // Ring2: each lane's byte offsets into a tile's rows (and P) for its ldmatrix operands, once:
-  // the score B operand (n-tile pair np, k-step k: + np·16 rows + k·32 bytes), the rope one, the
-  // ō B operand (k-step k, n-tile pair np: + k·16 rows + np·32 bytes), P's A operand.
+  // the score B operand (n-tile pair np, k-step k: + np·16 rows + k·32 bytes; the rope k-step at
+  // a constant of the warp's from it), the ō B operand (k-step k, n-tile pair np: + k·16 rows +
+  // np·32 bytes), P's A operand.
   constexpr int kRowBytes = kRowStride * 2;
   const uint32_t off_s = ((lane / 16) * 8 + lane % 8) * kRowBytes + ((lane / 8) % 2) * 16 + warp * kLatPerWarp * 32;
-  const uint32_t off_r = ((lane / 16) * 8 + lane % 8) * kRowBytes + ((lane / 8) % 2) * 16 + (kR + warp * 16) * 2;
   const uint32_t off_v = ((lane % 8) + ((lane / 8) % 2) * 8) * kRowBytes + (warp * kDimsPerWarp + (lane / 16) * 8) * 2;
   const uint32_t off_p = (lane % 16) * kPStride * 2 + (lane / 16) * 16;
 
@@ -260,9 +324,15 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
     {
       const int next = it + kStages - 1;  // into the stage the last tile used
       const int64_t t = s0 + int64_t{next} * kTile;
-      if (next < ntiles) Tile<kKind>::Issue(a, block_ahead, t, sm.ring[next % kStages]);
-      CpAsyncCommit();
-      if (next + 1 < ntiles) block_ahead = Tile<kKind>::BlockOf(a, table, t + kTile, s1);
+      if constexpr (V::kLean) {
+        if (next < ntiles) Tile<kKind>::IssueRow(a, block_ahead, sm.ring[next % kStages]);
+        CpAsyncCommit();
+        if (next + 1 < ntiles) block_ahead = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - kStages * kTile);
+      } else {
+        if (next < ntiles) Tile<kKind>::Issue(a, block_ahead, t, sm.ring[next % kStages]);
+        CpAsyncCommit();
+        if (next + 1 < ntiles) block_ahead = Tile<kKind>::BlockOf(a, table, t + kTile, s1);
+      }
     }
     if (kKind == 2) {
       Tile<kKind>::Widen(sm.ring[it % kStages], sm);
@@ -300,15 +370,18 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
         store(sm.s_lat[warp], 2 * np + 1, sl[1]);
       }
       if (warp < kRopeSteps) {
+        unsigned qr[2][4];  // the rope k-step's fragments, as ring4 holds them
+#pragma unroll
+        for (int part = 0; part < 2; ++part) Ldmatrix4(qr[part], &sm.q_rope[part][lane % 16][warp * 16 + (lane / 16) * 8]);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           unsigned bfr[4];
-          Ldmatrix4(bfr, rb + off_r + np * 16 * kRowBytes);
+          Ldmatrix4(bfr, rb + off_s + (kR - (kLatPerWarp - 1) * 16 * warp) * 2 + np * 16 * kRowBytes);  // rope k-step
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            Mma(d, qa[1][kLatPerWarp], bfr[2 * q], bfr[2 * q + 1]);
-            Mma(d, qa[0][kLatPerWarp], bfr[2 * q], bfr[2 * q + 1]);
+            Mma(d, qr[1], bfr[2 * q], bfr[2 * q + 1]);
+            Mma(d, qr[0], bfr[2 * q], bfr[2 * q + 1]);
             float sr[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) sr[i] = 0.0f + d[i];
@@ -374,7 +447,7 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int j = js + u;
-          s[u] = t0 + j < s1 ? a.scale * (sm.scale_lat[j] * lat[u] + sm.scale_rope[j] * rope[u]) : -INFINITY;
+          s[u] = j < tile_left ? a.scale * (sm.scale_lat[j] * lat[u] + sm.scale_rope[j] * rope[u]) : -INFINITY;
         }
       } else {
 #pragma unroll
@@ -453,6 +526,7 @@ __device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const floa
         }
       }
     }
+    tile_left -= kTile;
   }
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 
@@ -492,7 +566,7 @@ static_assert(128 * kThreads * Ring2::kMinBlocks <= 65536, "ring2: two blocks' r
 
 template <int kKind, class V, class Kernel>
 void Launch(Kernel kernel, const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
-  using Sm = Smem<kKind, V::kStages, V::kSStride>;
+  using Sm = Smem<kKind, V>;
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -510,8 +584,8 @@ void Launch(Kernel kernel, const PagedDecodeArgs& a, const float* qc, float* par
 
 // Ring2 fits two blocks an SM only within these (H200: 228 KB of shared memory an SM, 1 KB of it
 // reserved a block).
-static_assert(sizeof(Smem<1, Ring2::kStages, Ring2::kSStride>) <= 113 * 1024, "ring2 BF16: two blocks an SM");
-static_assert(sizeof(Smem<2, Ring2::kStages, Ring2::kSStride>) <= 113 * 1024, "ring2 FP8: two blocks an SM");
+static_assert(sizeof(Smem<1, Ring2>) <= 113 * 1024, "ring2 BF16: two blocks an SM");
+static_assert(sizeof(Smem<2, Ring2>) <= 113 * 1024, "ring2 FP8: two blocks an SM");
 
 std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment's (read once)
 
