@@ -8,7 +8,8 @@
 // The batched decode ops (issue 12): KdaDecode (the fused kernel at head dim 128) over a slot
 // pool (slots out of order, the others untouched) and the paged MLA decode (KvStorage::AttendDecode) at K3's widths over contexts
 // 1 .. 32K (one split to the most), the three cache dtypes and interleaved block tables,
-// within 2e-5; both with every row bit-identical to its sequence alone (batch invariance).
+// within 2e-5; both with every row bit-identical to its sequence alone (batch invariance). The
+// paged decode runs every variant of its tensor-core split (ring4, ring2: the same bits).
 //
 // Skipped, saying why, when the build has no CUDA backend or no GPU is visible: CI compiles it;
 // scripts/gpu_check.sh runs it on a GPU machine.
@@ -470,18 +471,70 @@ TEST_F(CudaBackendTest, SameInputsSameBits) {
   EXPECT_EQ(RelL2(Down(a), Down(b)), 0.0);
 }
 
+// Runs its scope with one variant of the tensor-core decode split (kernels.h MlaDecodeVariant),
+// then puts back the process's choice.
+class MlaDecodeVariantScope {
+ public:
+  explicit MlaDecodeVariantScope(cuda::MlaDecodeVariant v) : saved_(cuda::CurrentMlaDecodeVariant()) {
+    cuda::SetMlaDecodeVariant(v);
+  }
+  ~MlaDecodeVariantScope() { cuda::SetMlaDecodeVariant(saved_); }
+  MlaDecodeVariantScope(const MlaDecodeVariantScope&) = delete;
+  MlaDecodeVariantScope& operator=(const MlaDecodeVariantScope&) = delete;
+
+ private:
+  cuda::MlaDecodeVariant saved_;
+};
+
+// Every variant of the split (F32 latents take the CUDA-core split whatever the variant: once).
 TEST_F(CudaBackendTest, PagedDecodeMatchesCpuAtK3WidthsForEveryDtype) {
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
-    SCOPED_TRACE(std::string(DTypeName(dtype)));
-    CheckPagedDecode(testing::MakePagedDecodeCase({100, 1, 4097, 32768, 33}, /*heads=*/12, dtype,
-                                       11 + static_cast<uint64_t>(dtype)),
-          /*bf16_weights=*/false);
+  for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
+    MlaDecodeVariantScope scope(v);
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+      if (dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
+      SCOPED_TRACE(std::string(cuda::MlaDecodeVariantName(v)) + " " + std::string(DTypeName(dtype)));
+      CheckPagedDecode(testing::MakePagedDecodeCase({100, 1, 4097, 32768, 33}, /*heads=*/12, dtype,
+                                                    11 + static_cast<uint64_t>(dtype)),
+                       /*bf16_weights=*/false);
+    }
   }
 }
 
 TEST_F(CudaBackendTest, PagedDecodeKimiLinearHeadsWithBf16HeldKvB) {
-  CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257}, /*heads=*/32, DType::kBF16, 5, /*block_size=*/64),
-        /*bf16_weights=*/true);
+  for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
+    MlaDecodeVariantScope scope(v);
+    for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+      SCOPED_TRACE(std::string(cuda::MlaDecodeVariantName(v)) + " " + std::string(DTypeName(dtype)));
+      CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257, 32768}, /*heads=*/32, dtype, 5, /*block_size=*/64),
+                       /*bf16_weights=*/true);
+    }
+  }
+}
+
+// ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
+// bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
+// (one split to the most; splits of 1 .. 16 tiles, partial last tiles).
+TEST_F(CudaBackendTest, PagedDecodeRing2GivesRing4sBits) {
+  const int layer = 1;
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t heads : {12, 32}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " heads " + std::to_string(heads));
+      const testing::PagedDecodeCase c = testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, dtype,
+                                                                      70 + static_cast<uint64_t>(heads));
+      auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
+      const Tensor q = Up(c.q), w = Up(c.w_kvb);
+      const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
+      std::vector<Tensor> got;
+      for (cuda::MlaDecodeVariant v : {cuda::MlaDecodeVariant::kRing4, cuda::MlaDecodeVariant::kRing2}) {
+        MlaDecodeVariantScope scope(v);
+        Tensor o = Poisoned({static_cast<int64_t>(c.step.size()), c.mla.heads * c.mla.v_dim});
+        kv->AttendDecode(layer, q, w, c.mla, &o);
+        got.push_back(Down(o));
+      }
+      for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[0].f32()[i])) << "ring4 element " << i;
+      EXPECT_EQ(std::memcmp(got[0].f32(), got[1].f32(), static_cast<size_t>(n) * sizeof(float)), 0);
+    }
+  }
 }
 
 // A KDA layer at K3's head width (K 128; 8 heads), conv width 4, six slots of random state.
