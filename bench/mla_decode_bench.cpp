@@ -216,7 +216,8 @@ int Run(int argc, char** argv) {
     }
     for (auto& r : mine) rows.push_back(r);
   }
-  // Side by side: the graph time of every variant at each point, and each against the first.
+  // Side by side: each variant's time at each point (the graph's where the device has graphs,
+  // else the eager call's) and its fraction of peak.
   if (variants.size() > 1) {
     std::printf("\n%-5s %8s", "dtype", "context");
     for (const std::string& v : variants) std::printf(" %10s %8s", (v + " us").c_str(), "of peak");
@@ -227,7 +228,9 @@ int Run(int argc, char** argv) {
       for (const std::string& v : variants) {
         for (const auto& o : rows) {
           if (o["variant"] == v && o["dtype"] == r["dtype"] && o["context"] == r["context"]) {
-            std::printf(" %10.1f %8.3f", o["us_per_call_graph"].get<double>(), o["fraction_of_peak_graph"].get<double>());
+            const bool graph = o["us_per_call_graph"].get<double>() > 0;
+            std::printf(" %10.1f %8.3f", o[graph ? "us_per_call_graph" : "us_per_call"].get<double>(),
+                        o[graph ? "fraction_of_peak_graph" : "fraction_of_peak"].get<double>());
           }
         }
       }

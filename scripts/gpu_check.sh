@@ -20,7 +20,8 @@
 #   mla       the paged MLA decode kernel (mla_decode_bench: BF16 and FP8 latents at 4K-128K
 #             context, fraction of HBM, both variants of the split: ring4 and ring2) and `bench
 #             model` on the 2-layer Kimi-Linear-48B at prompt 1024 and 32768 (batch 1), the 32K
-#             step against the 1K step (issue 12), the 32K step again with ring2.
+#             step against the 1K step (issue 12), the 32K step again with ring2 at 64 and 128
+#             splits a sequence, and the kernel at 128 splits.
 #   moe       One MoE layer at real widths: moe_bench (routed experts and router; K3 MXFP4 896 ×
 #             3584 × 3072 top-16, its TP-8 slice (intermediate 384), Kimi-Linear-48B BF16 256 × 2304
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
@@ -211,6 +212,13 @@ if [[ "$what" == mla ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   timeout 120 "$root/mla_decode_bench" --heads 32 --dtypes f32 --contexts 1024,32768 --variants ring4 2>&1 | tail -2 |
     tee -a "$out/mla-decode-bench.txt"
+  # At batch 1 and 32 heads the 64 splits make 128 blocks, under one an SM: ring2's second block
+  # an SM needs more of them. 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS, read once a
+  # process: every step the same schedule), both variants.
+  echo "--- 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS=128) ---" | tee -a "$out/mla-decode-bench.txt"
+  KIMIRT_MLA_DECODE_SPLITS=128 timeout 300 "$root/mla_decode_bench" --heads 32 --contexts 32768,131072 \
+    --json "$out/mla-decode-bench-h32-splits128.json" 2>&1 | tail -6 | tee -a "$out/mla-decode-bench.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # The decode step of the 2-layer Kimi-Linear-48B (one MLA layer, BF16 latent cache: serve's
   # default) at prompt 1024 and 32768, batch 1 (issue 12: the 32K step <= 1.25x the 1K step).
   for len in 1024 32768; do
@@ -218,10 +226,12 @@ if [[ "$what" == mla ]]; then
       --random-weights --batch-sizes 1 --prompt-len "$len" --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 \
       --json "$out/bench-model-kimi-linear-2layer-prompt$len.json" 2>&1 | tail -2
   done
-  KIMIRT_MLA_DECODE_VARIANT=ring2 timeout 300 "$root/kimirt" bench model --device cuda \
-    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 --prompt-len 32768 \
-    --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 \
-    --json "$out/bench-model-kimi-linear-2layer-prompt32768-ring2.json" 2>&1 | tail -2
+  for splits in 64 128; do
+    KIMIRT_MLA_DECODE_VARIANT=ring2 KIMIRT_MLA_DECODE_SPLITS=$splits timeout 300 "$root/kimirt" bench model --device cuda \
+      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 --prompt-len 32768 \
+      --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 \
+      --json "$out/bench-model-kimi-linear-2layer-prompt32768-ring2-splits$splits.json" 2>&1 | tail -2
+  done
   python3 - "$out" <<'PY' || true
 import json, sys
 out = sys.argv[1]
@@ -233,11 +243,13 @@ for n in (1024, 32768):
         print(f"bench model prompt {n}: no result ({e})")
 if len(step) == 2:
     print(f"decode step (median) 1K: {step[1024]:.3f} ms, 32K: {step[32768]:.3f} ms = {step[32768] / step[1024]:.3f}x (target <= 1.25)")
-    try:
-        r2 = json.load(open(f"{out}/bench-model-kimi-linear-2layer-prompt32768-ring2.json"))["points"][0]["decode_step_ms_median"]
-        print(f"decode step (median) 32K with ring2: {r2:.3f} ms = {r2 / step[1024]:.3f}x the 1K step")
-    except Exception as e:
-        print(f"bench model prompt 32768 ring2: no result ({e})")
+    for splits in (64, 128):
+        try:
+            f = f"{out}/bench-model-kimi-linear-2layer-prompt32768-ring2-splits{splits}.json"
+            r2 = json.load(open(f))["points"][0]["decode_step_ms_median"]
+            print(f"decode step (median) 32K with ring2, {splits} splits: {r2:.3f} ms = {r2 / step[1024]:.3f}x the 1K step")
+        except Exception as e:
+            print(f"bench model prompt 32768 ring2 {splits} splits: no result ({e})")
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
@@ -246,14 +258,15 @@ if [[ "$what" == mlaprof ]]; then
   # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
   # throughput, occupancy and where the warps stall.
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  # Each variant of the split in a run of its own ($OUT/ncu-mla.txt: ring4, ncu-mla-ring2.txt).
+  # Each variant of the split in a run of its own ($OUT/ncu-mla.txt: ring4 at 64 splits a
+  # sequence; ncu-mla-ring2.txt: ring2 at 128, two blocks an SM).
   for v in ring4 ring2; do
-    f="$out/ncu-mla.txt"; [[ $v == ring4 ]] || f="$out/ncu-mla-$v.txt"
-    timeout 200 "$ncu" --clock-control none --target-processes all -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
+    f="$out/ncu-mla.txt"; splits=64; [[ $v == ring4 ]] || { f="$out/ncu-mla-$v.txt"; splits=128; }
+    KIMIRT_MLA_DECODE_SPLITS=$splits timeout 200 "$ncu" --clock-control none --target-processes all -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
       --iters 2 --variants $v >"$f" 2>&1 || status=1
-    echo "--- $v ---"
+    echo "--- $v, $splits splits ---"
     grep -vE '^==PROF==|^ *-+ *$' "$f" | grep -E '[0-9]' | tail -90
   done
 fi

@@ -22,6 +22,10 @@
 // Batch invariance: a block's inputs are its own sequence's rows and query; the split schedule
 // is a function of the sequence's own context (MlaDecodeSplitLen), so a sequence's bits do not
 // depend on the batch.
+//
+// Two variants (Ring4, Ring2 below; KIMIRT_MLA_DECODE_VARIANT) place values and form addresses
+// differently and run the same sums in the same order: the same bits
+// (CudaBackendTest.PagedDecodeRing2GivesRing4sBits; scripts/mla_decode_emulate.sh on the host).
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
@@ -62,11 +66,12 @@ struct Ring4 {
   static constexpr bool kLean = false;
 };
 // ring2: two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
-// registers (__launch_bounds__(256, 2), no spills) and ≤ 113 KB of shared memory a block (228 KB
-// an SM). A 2-stage ring (one tile in flight a block, two an SM); the score partials of one
-// n-tile pair live at a time (8 registers, not 32: the rope k-step after the latent ones); the
-// shared-memory offsets of the ldmatrix operands computed once; partial scores stored and read
-// as float2 (stride 40: conflict-free for both).
+// registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
+// ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
+// tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
+// registers, not 32: the rope k-step after the latent ones); the rows issued from a cursor
+// without divisions (Tile::NextRow); the ldmatrix operands' shared-memory offsets computed once;
+// partial scores stored and read as float2 (stride 40: conflict-free for both).
 struct Ring2 {
   static constexpr int kStages = 2, kMinBlocks = 2, kSStride = kTile + 8;
   static constexpr bool kLean = true;
