@@ -574,8 +574,11 @@ void Launch(Kernel kernel, const PagedDecodeArgs& a, const float* qc, float* par
   using Sm = Smem<kKind, V>;
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(sizeof(Sm)));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Sm)));
+    // The whole 228 KB an SM as shared memory (ring2's two blocks need 2 × (111.5 + 1) KB).
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
     if (e != cudaSuccess) {
       std::fprintf(stderr, "kimirt: MLA decode kernel: %s\n", cudaGetErrorString(e));
       std::abort();
