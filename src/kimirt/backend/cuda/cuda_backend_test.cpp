@@ -35,6 +35,21 @@
 namespace kimirt {
 namespace {
 
+// Runs its scope with one variant of the tensor-core decode split (kernels.h MlaDecodeVariant),
+// then puts back the process's choice.
+class MlaDecodeVariantScope {
+ public:
+  explicit MlaDecodeVariantScope(cuda::MlaDecodeVariant v) : saved_(cuda::CurrentMlaDecodeVariant()) {
+    cuda::SetMlaDecodeVariant(v);
+  }
+  ~MlaDecodeVariantScope() { cuda::SetMlaDecodeVariant(saved_); }
+  MlaDecodeVariantScope(const MlaDecodeVariantScope&) = delete;
+  MlaDecodeVariantScope& operator=(const MlaDecodeVariantScope&) = delete;
+
+ private:
+  cuda::MlaDecodeVariant saved_;
+};
+
 class CudaBackendTest : public testing::CudaCpuTest {
  protected:
   CudaBackendTest() : CudaCpuTest(20261130) {}
@@ -64,7 +79,8 @@ class CudaBackendTest : public testing::CudaCpuTest {
 
   // Runs `c` on both backends (kv_b held as BF16 on the GPU when `bf16_weights`; the CPU then
   // gets the rounded values) and checks the GPU against the CPU, row by row, and each row
-  // against its sequence alone.
+  // against its sequence alone, with every variant of the tensor-core split (F32 latents take
+  // the CUDA-core split whatever the variant).
   void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights) {
     const int layer = 1;
     const Tensor gpu_w = bf16_weights ? UpBf16(c.w_kvb) : Up(c.w_kvb);
@@ -86,9 +102,21 @@ class CudaBackendTest : public testing::CudaCpuTest {
     }
     Tensor want = cpu_->Empty({B, width});
     cpu_kv->AttendDecode(layer, c.q, c.w_kvb, c.mla, &want);
+    for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
+      if (c.kv.dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
+      SCOPED_TRACE(cuda::MlaDecodeVariantName(v));
+      MlaDecodeVariantScope scope(v);
+      CheckPagedDecodeGpu(c, *gpu_kv, gpu_w, want);
+    }
+  }
+  // The GPU side of CheckPagedDecode with the current variant (the step of `c` set on `gpu_kv`).
+  void CheckPagedDecodeGpu(const testing::PagedDecodeCase& c, KvStorage& gpu_kv, const Tensor& gpu_w,
+                           const Tensor& want) {
+    const int layer = 1;
+    const int64_t B = c.step.size(), width = c.mla.heads * c.mla.v_dim;
     Tensor q = gpu_->Upload(c.q);
     Tensor o = Poisoned({B, width});
-    gpu_kv->AttendDecode(layer, q, gpu_w, c.mla, &o);
+    gpu_kv.AttendDecode(layer, q, gpu_w, c.mla, &o);
     const Tensor got = gpu_->Download(o);
     for (int64_t b = 0; b < B; ++b) {
       EXPECT_LE(RelL2(got.f32() + b * width, want.f32() + b * width, width), 2e-5)
@@ -98,16 +126,16 @@ class CudaBackendTest : public testing::CudaCpuTest {
     for (int64_t b = 0; b < B; ++b) {
       PagedDecodeStep alone;
       alone.Add(c.step.table(b), c.step.context[static_cast<size_t>(b)]);
-      gpu_kv->SetDecodeStep(alone);
+      gpu_kv.SetDecodeStep(alone);
       Tensor o1 = Poisoned({1, width});
-      gpu_kv->AttendDecode(layer, q.Rows(b, 1), gpu_w, c.mla, &o1);
+      gpu_kv.AttendDecode(layer, q.Rows(b, 1), gpu_w, c.mla, &o1);
       const Tensor h1 = gpu_->Download(o1);
       EXPECT_EQ(std::memcmp(h1.f32(), got.f32() + b * width, static_cast<size_t>(width) * sizeof(float)), 0)
           << "sequence " << b << " alone differs from its row of the batch";
     }
-    gpu_kv->SetDecodeStep(c.step);
+    gpu_kv.SetDecodeStep(c.step);
     Tensor o2 = Poisoned({B, width});
-    gpu_kv->AttendDecode(layer, q, gpu_w, c.mla, &o2);
+    gpu_kv.AttendDecode(layer, q, gpu_w, c.mla, &o2);
     const Tensor again = gpu_->Download(o2);
     EXPECT_EQ(std::memcmp(again.f32(), got.f32(), static_cast<size_t>(B * width) * sizeof(float)), 0);
   }
@@ -471,43 +499,20 @@ TEST_F(CudaBackendTest, SameInputsSameBits) {
   EXPECT_EQ(RelL2(Down(a), Down(b)), 0.0);
 }
 
-// Runs its scope with one variant of the tensor-core decode split (kernels.h MlaDecodeVariant),
-// then puts back the process's choice.
-class MlaDecodeVariantScope {
- public:
-  explicit MlaDecodeVariantScope(cuda::MlaDecodeVariant v) : saved_(cuda::CurrentMlaDecodeVariant()) {
-    cuda::SetMlaDecodeVariant(v);
-  }
-  ~MlaDecodeVariantScope() { cuda::SetMlaDecodeVariant(saved_); }
-  MlaDecodeVariantScope(const MlaDecodeVariantScope&) = delete;
-  MlaDecodeVariantScope& operator=(const MlaDecodeVariantScope&) = delete;
-
- private:
-  cuda::MlaDecodeVariant saved_;
-};
-
-// Every variant of the split (F32 latents take the CUDA-core split whatever the variant: once).
 TEST_F(CudaBackendTest, PagedDecodeMatchesCpuAtK3WidthsForEveryDtype) {
-  for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
-    MlaDecodeVariantScope scope(v);
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
-      if (dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
-      SCOPED_TRACE(std::string(cuda::MlaDecodeVariantName(v)) + " " + std::string(DTypeName(dtype)));
-      CheckPagedDecode(testing::MakePagedDecodeCase({100, 1, 4097, 32768, 33}, /*heads=*/12, dtype,
-                                                    11 + static_cast<uint64_t>(dtype)),
-                       /*bf16_weights=*/false);
-    }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    CheckPagedDecode(testing::MakePagedDecodeCase({100, 1, 4097, 32768, 33}, /*heads=*/12, dtype,
+                                       11 + static_cast<uint64_t>(dtype)),
+          /*bf16_weights=*/false);
   }
 }
 
 TEST_F(CudaBackendTest, PagedDecodeKimiLinearHeadsWithBf16HeldKvB) {
-  for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
-    MlaDecodeVariantScope scope(v);
-    for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
-      SCOPED_TRACE(std::string(cuda::MlaDecodeVariantName(v)) + " " + std::string(DTypeName(dtype)));
-      CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257, 32768}, /*heads=*/32, dtype, 5, /*block_size=*/64),
-                       /*bf16_weights=*/true);
-    }
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257}, /*heads=*/32, dtype, 5, /*block_size=*/64),
+          /*bf16_weights=*/true);
   }
 }
 
