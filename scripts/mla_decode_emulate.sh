@@ -7,10 +7,11 @@
 # a block's 256 threads run as std::threads with barriers, and driver.cpp runs chosen (sequence,
 # split) blocks over random paged latents (BF16, and FP8 with per-row scales; a non-contiguous
 # block table, an odd context, splits that start mid-block and wrap the rings) against a float64
-# reference, and checks ring2's outputs bit-identical to ring4's. It checks indexing, the rings'
-# synchronization and the order of the sums (the emulated MMA rounds once, so two kernels with
-# the same sums in the same order agree), not the tensor cores' rounding or speed
-# (CudaBackendTest.PagedDecode* do). About a minute on two cores.
+# reference, and checks ring2's outputs bit-identical to ring4's. It checks indexing, which stage
+# of a ring each tile goes to, the barriers between phases (real ones between the threads) and
+# the order of the sums (the emulated MMA rounds once, so two kernels with the same sums in the
+# same order agree); not cp.async's wait counts (the copies land at once), the tensor cores'
+# rounding or speed (CudaBackendTest.PagedDecode* do). About 15 seconds on two cores.
 # Usage: bash scripts/mla_decode_emulate.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
