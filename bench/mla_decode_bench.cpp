@@ -3,6 +3,7 @@
 //
 //   mla_decode_bench [--device cuda] [--contexts 4096,8192,32768,131072] [--dtypes bf16,fp8]
 //                    [--heads 32] [--batch 1] [--iters 100] [--peak-gbps 4800] [--json OUT.json]
+//                    [--variants ring4,ring2]
 //
 // One MLA layer at K3 / Kimi-Linear widths (latent 512 + shared key 64, head dims 128), a pool
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random
@@ -14,6 +15,14 @@
 // position (values and, for FP8, the two F32 scales per row); queries, kv_b and outputs are
 // left out (they are < 1% at 4K). Uses only the Backend interface, so it builds everywhere and
 // says so when the device is missing.
+//
+// Every variant of the CUDA tensor-core split (KIMIRT_MLA_DECODE_VARIANT, read once a process:
+// kernels.h MlaDecodeVariant) is timed in the same run: the measurements of each run in a child
+// process of their own with the variable set (the device is opened in the children only), and
+// the parent prints them side by side; each JSON row names its `variant`.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,30 +54,18 @@ Tensor RandomHost(SplitMix64& rng, Shape shape, float scale) {
   return t;
 }
 
-int Run(int argc, char** argv) {
-  std::string device = "cuda", contexts = "4096,8192,32768,131072", dtypes = "bf16,fp8", json;
+struct Options {
+  std::string device = "cuda", contexts = "4096,8192,32768,131072", dtypes = "bf16,fp8", json,
+              variants = "ring4,ring2";
   int64_t heads = 32, batch = 1, iters = 100;
   double peak_gbps = 4800;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "mla_decode_bench: %s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--device") device = v;
-    else if (a == "--contexts") contexts = v;
-    else if (a == "--dtypes") dtypes = v;
-    else if (a == "--heads") heads = std::stoll(v);
-    else if (a == "--batch") batch = std::stoll(v);
-    else if (a == "--iters") iters = std::stoll(v);
-    else if (a == "--peak-gbps") peak_gbps = std::stod(v);
-    else if (a == "--json") json = v;
-    else {
-      std::fprintf(stderr, "mla_decode_bench: unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+};
+
+// The measurements of one process (one variant), printed as they come and appended to `rows`.
+int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows) {
+  const std::string &device = opt.device, &contexts = opt.contexts, &dtypes = opt.dtypes;
+  const int64_t heads = opt.heads, batch = opt.batch, iters = opt.iters;
+  const double peak_gbps = opt.peak_gbps;
   auto made = MakeBackend(device);
   if (!made.ok()) {
     std::fprintf(stderr, "mla_decode_bench: %s\n", made.status().ToString().c_str());
@@ -83,9 +80,6 @@ int Run(int argc, char** argv) {
   mla.v_dim = 128;
   mla.latent_dim = 512;
   const int block = 64;
-  nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-5s %8s %6s %6s %10s %9s %8s %10s %8s\n", "dtype", "context", "heads", "batch", "us/call", "GB/s",
-              "of peak", "graph us", "of peak");
   for (const std::string& dt : Split(dtypes)) {
     KvStorageShape ks;
     ks.layers = 1;
@@ -145,17 +139,107 @@ int Run(int argc, char** argv) {
       const double bytes = row_bytes * static_cast<double>(ctx * batch);
       const double gbps = bytes / (us * 1e-6) / 1e9;
       const double gbps_graph = us_graph > 0 ? bytes / (us_graph * 1e-6) / 1e9 : 0.0;
-      std::printf("%-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f %10.1f %8.3f\n", dt.c_str(), static_cast<long long>(ctx),
-                  static_cast<long long>(heads), static_cast<long long>(batch), us, gbps, gbps / peak_gbps, us_graph,
-                  gbps_graph / peak_gbps);
-      rows.push_back({{"dtype", dt}, {"context", ctx}, {"heads", heads}, {"batch", batch}, {"us_per_call", us},
+      std::printf("%-7s %-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f %10.1f %8.3f\n", variant.c_str(), dt.c_str(),
+                  static_cast<long long>(ctx), static_cast<long long>(heads), static_cast<long long>(batch), us, gbps,
+                  gbps / peak_gbps, us_graph, gbps_graph / peak_gbps);
+      std::fflush(stdout);
+      rows.push_back({{"variant", variant}, {"dtype", dt}, {"context", ctx}, {"heads", heads}, {"batch", batch}, {"us_per_call", us},
                       {"bytes", bytes}, {"gbps", gbps}, {"fraction_of_peak", gbps / peak_gbps},
                       {"us_per_call_graph", us_graph}, {"fraction_of_peak_graph", gbps_graph / peak_gbps}});
     }
   }
-  if (!json.empty()) {
-    std::ofstream f(json);
-    f << nlohmann::json{{"bench", "mla_decode"}, {"device", device}, {"peak_gbps", peak_gbps}, {"results", rows}}.dump(2)
+  return 0;
+}
+
+int Run(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "mla_decode_bench: %s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--device") opt.device = v;
+    else if (a == "--contexts") opt.contexts = v;
+    else if (a == "--dtypes") opt.dtypes = v;
+    else if (a == "--heads") opt.heads = std::stoll(v);
+    else if (a == "--batch") opt.batch = std::stoll(v);
+    else if (a == "--iters") opt.iters = std::stoll(v);
+    else if (a == "--peak-gbps") opt.peak_gbps = std::stod(v);
+    else if (a == "--json") opt.json = v;
+    else if (a == "--variants") opt.variants = v;
+    else {
+      std::fprintf(stderr, "mla_decode_bench: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const std::vector<std::string> variants = Split(opt.variants);
+  if (variants.empty()) {
+    std::fprintf(stderr, "mla_decode_bench: --variants names none\n");
+    return 2;
+  }
+  std::printf("%-7s %-5s %8s %6s %6s %10s %9s %8s %10s %8s\n", "variant", "dtype", "context", "heads", "batch", "us/call",
+              "GB/s", "of peak", "graph us", "of peak");
+  std::fflush(stdout);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const std::string& variant : variants) {
+    char path[] = "/tmp/mla_decode_bench.XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) {
+      std::perror("mla_decode_bench: mkstemp");
+      return 1;
+    }
+    close(fd);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("mla_decode_bench: fork");
+      return 1;
+    }
+    if (pid == 0) {  // the child: this variant alone, its rows to `path`
+      setenv("KIMIRT_MLA_DECODE_VARIANT", variant.c_str(), 1);
+      nlohmann::json mine = nlohmann::json::array();
+      const int rc = Measure(opt, variant, mine);
+      std::ofstream(path) << mine.dump() << "\n";
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    nlohmann::json mine;
+    std::ifstream in(path);
+    const bool read = static_cast<bool>(in >> mine);
+    std::remove(path);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !read) {
+      std::fprintf(stderr, "mla_decode_bench: variant %s failed (status %d)\n", variant.c_str(), status);
+      return 1;
+    }
+    for (auto& r : mine) rows.push_back(r);
+  }
+  // Side by side: each variant's time at each point (the graph's where the device has graphs,
+  // else the eager call's) and its fraction of peak.
+  if (variants.size() > 1) {
+    std::printf("\n%-5s %8s", "dtype", "context");
+    for (const std::string& v : variants) std::printf(" %10s %8s", (v + " us").c_str(), "of peak");
+    std::printf("\n");
+    for (const auto& r : rows) {
+      if (r["variant"] != variants[0]) continue;
+      std::printf("%-5s %8lld", r["dtype"].get<std::string>().c_str(), static_cast<long long>(r["context"].get<int64_t>()));
+      for (const std::string& v : variants) {
+        for (const auto& o : rows) {
+          if (o["variant"] == v && o["dtype"] == r["dtype"] && o["context"] == r["context"]) {
+            const bool graph = o["us_per_call_graph"].get<double>() > 0;
+            std::printf(" %10.1f %8.3f", o[graph ? "us_per_call_graph" : "us_per_call"].get<double>(),
+                        o[graph ? "fraction_of_peak_graph" : "fraction_of_peak"].get<double>());
+          }
+        }
+      }
+      std::printf("\n");
+    }
+  }
+  if (!opt.json.empty()) {
+    std::ofstream f(opt.json);
+    f << nlohmann::json{{"bench", "mla_decode"}, {"device", opt.device}, {"peak_gbps", opt.peak_gbps}, {"results", rows}}.dump(2)
       << "\n";
   }
   return 0;

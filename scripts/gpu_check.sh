@@ -18,8 +18,10 @@
 #             (bench/kda_chunk_fla.py) in one run ($OUT/kda-chunk-bench.json), after the kernel's
 #             tests (CudaBackendKdaChunk*); FLA as for kdabench.
 #   mla       the paged MLA decode kernel (mla_decode_bench: BF16 and FP8 latents at 4K-128K
-#             context, fraction of HBM) and `bench model` on the 2-layer Kimi-Linear-48B at prompt
-#             1024 and 32768 (batch 1), the 32K step against the 1K step (issue 12).
+#             context, fraction of HBM, both variants of the split: ring4 and ring2) and `bench
+#             model` on the 2-layer Kimi-Linear-48B at prompt 1024 and 32768 (batch 1), the 32K
+#             step against the 1K step (issue 12), the 32K step again with ring2 at 128 splits
+#             a sequence, and the kernel at 128 splits.
 #   moe       One MoE layer at real widths: moe_bench (routed experts and router; K3 MXFP4 896 ×
 #             3584 × 3072 top-16, its TP-8 slice (intermediate 384), Kimi-Linear-48B BF16 256 × 2304
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
@@ -30,7 +32,8 @@
 #             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
-#             tensor-core MLA decode split at 32 heads, BF16, 32K ($OUT/ncu-mla.txt).
+#             tensor-core MLA decode split at 32 heads, BF16, 32K, each variant
+#             ($OUT/ncu-mla.txt: ring4; ncu-mla-ring2.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
 #             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
@@ -199,13 +202,25 @@ if [[ "$what" == serve || "$what" == all ]]; then
 fi
 if [[ "$what" == mla ]]; then
   # The kernel: BF16 and FP8 latents (the serving dtypes: the tensor-core split) at Kimi-Linear's
-  # 32 heads and K3's 12 per rank at TP 8, as a fraction of HBM; F32 (the CUDA-core split) beside.
-  timeout 240 "$root/mla_decode_bench" --heads 32 --json "$out/mla-decode-bench-h32.json" 2>&1 | tee "$out/mla-decode-bench.txt"
+  # 32 heads and K3's 12 per rank at TP 8, as a fraction of HBM, every variant of the split
+  # (ring4, ring2: KIMIRT_MLA_DECODE_VARIANT) in the same run, side by side last; F32 (the
+  # CUDA-core split, which has no variants) beside.
+  timeout 400 "$root/mla_decode_bench" --heads 32 --json "$out/mla-decode-bench-h32.json" 2>&1 | tee "$out/mla-decode-bench.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  timeout 120 "$root/mla_decode_bench" --heads 12 --contexts 32768 --json "$out/mla-decode-bench-h12.json" 2>&1 |
-    tail -2 | tee -a "$out/mla-decode-bench.txt"
-  timeout 120 "$root/mla_decode_bench" --heads 32 --dtypes f32 --contexts 1024,32768 2>&1 | tail -2 |
+  echo "--- 12 heads ---" | tee -a "$out/mla-decode-bench.txt"
+  timeout 200 "$root/mla_decode_bench" --heads 12 --contexts 32768 --json "$out/mla-decode-bench-h12.json" 2>&1 |
+    tail -3 | tee -a "$out/mla-decode-bench.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  echo "--- F32 latents (the CUDA-core split) ---" | tee -a "$out/mla-decode-bench.txt"
+  timeout 120 "$root/mla_decode_bench" --heads 32 --dtypes f32 --contexts 1024,32768 --variants ring4 2>&1 | tail -2 |
     tee -a "$out/mla-decode-bench.txt"
+  # At batch 1 and 32 heads the 64 splits make 128 blocks, under one an SM: ring2's second block
+  # an SM needs more of them. 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS, read once a
+  # process: every step the same schedule), both variants.
+  echo "--- 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS=128) ---" | tee -a "$out/mla-decode-bench.txt"
+  KIMIRT_MLA_DECODE_SPLITS=128 timeout 300 "$root/mla_decode_bench" --heads 32 --contexts 32768,131072 \
+    --json "$out/mla-decode-bench-h32-splits128.json" 2>&1 | tail -5 | tee -a "$out/mla-decode-bench.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   # The decode step of the 2-layer Kimi-Linear-48B (one MLA layer, BF16 latent cache: serve's
   # default) at prompt 1024 and 32768, batch 1 (issue 12: the 32K step <= 1.25x the 1K step).
   for len in 1024 32768; do
@@ -213,6 +228,11 @@ if [[ "$what" == mla ]]; then
       --random-weights --batch-sizes 1 --prompt-len "$len" --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 \
       --json "$out/bench-model-kimi-linear-2layer-prompt$len.json" 2>&1 | tail -2
   done
+  # The 32K step with ring2 at 128 splits a sequence (at 64 its second block an SM has no work).
+  KIMIRT_MLA_DECODE_VARIANT=ring2 KIMIRT_MLA_DECODE_SPLITS=128 timeout 300 "$root/kimirt" bench model --device cuda \
+    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 --prompt-len 32768 \
+    --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 \
+    --json "$out/bench-model-kimi-linear-2layer-prompt32768-ring2-splits128.json" 2>&1 | tail -2
   python3 - "$out" <<'PY' || true
 import json, sys
 out = sys.argv[1]
@@ -224,6 +244,13 @@ for n in (1024, 32768):
         print(f"bench model prompt {n}: no result ({e})")
 if len(step) == 2:
     print(f"decode step (median) 1K: {step[1024]:.3f} ms, 32K: {step[32768]:.3f} ms = {step[32768] / step[1024]:.3f}x (target <= 1.25)")
+    for splits in (128,):
+        try:
+            f = f"{out}/bench-model-kimi-linear-2layer-prompt32768-ring2-splits{splits}.json"
+            r2 = json.load(open(f))["points"][0]["decode_step_ms_median"]
+            print(f"decode step (median) 32K with ring2, {splits} splits: {r2:.3f} ms = {r2 / step[1024]:.3f}x the 1K step")
+        except Exception as e:
+            print(f"bench model prompt 32768 ring2 {splits} splits: no result ({e})")
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
@@ -232,11 +259,17 @@ if [[ "$what" == mlaprof ]]; then
   # Nsight Compute on one launch of the tensor-core MLA decode split (BF16 latents, 32 heads, 32K):
   # throughput, occupancy and where the warps stall.
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 200 "$ncu" --clock-control none -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
-    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
-    --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
-    --iters 2 >"$out/ncu-mla.txt" 2>&1 || status=1
-  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mla.txt" | grep -E '[0-9]' | tail -90
+  # Each variant of the split in a run of its own ($OUT/ncu-mla.txt: ring4 at 64 splits a
+  # sequence; ncu-mla-ring2.txt: ring2 at 128, two blocks an SM).
+  for v in ring4 ring2; do
+    f="$out/ncu-mla.txt"; splits=64; [[ $v == ring4 ]] || { f="$out/ncu-mla-$v.txt"; splits=128; }
+    KIMIRT_MLA_DECODE_SPLITS=$splits timeout 200 "$ncu" --clock-control none --target-processes all -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
+      --iters 2 --variants $v >"$f" 2>&1 || status=1
+    echo "--- $v, $splits splits ---"
+    grep -vE '^==PROF==|^ *-+ *$' "$f" | grep -E '[0-9]' | tail -90
+  done
 fi
 if [[ "$what" == moeprof ]]; then
   # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,

@@ -8,7 +8,8 @@
 // The batched decode ops (issue 12): KdaDecode (the fused kernel at head dim 128) over a slot
 // pool (slots out of order, the others untouched) and the paged MLA decode (KvStorage::AttendDecode) at K3's widths over contexts
 // 1 .. 32K (one split to the most), the three cache dtypes and interleaved block tables,
-// within 2e-5; both with every row bit-identical to its sequence alone (batch invariance).
+// within 2e-5; both with every row bit-identical to its sequence alone (batch invariance). The
+// paged decode runs every variant of its tensor-core split (ring4, ring2: the same bits).
 //
 // Skipped, saying why, when the build has no CUDA backend or no GPU is visible: CI compiles it;
 // scripts/gpu_check.sh runs it on a GPU machine.
@@ -33,6 +34,21 @@
 
 namespace kimirt {
 namespace {
+
+// Runs its scope with one variant of the tensor-core decode split (kernels.h MlaDecodeVariant),
+// then puts back the process's choice.
+class MlaDecodeVariantScope {
+ public:
+  explicit MlaDecodeVariantScope(cuda::MlaDecodeVariant v) : saved_(cuda::CurrentMlaDecodeVariant()) {
+    cuda::SetMlaDecodeVariant(v);
+  }
+  ~MlaDecodeVariantScope() { cuda::SetMlaDecodeVariant(saved_); }
+  MlaDecodeVariantScope(const MlaDecodeVariantScope&) = delete;
+  MlaDecodeVariantScope& operator=(const MlaDecodeVariantScope&) = delete;
+
+ private:
+  cuda::MlaDecodeVariant saved_;
+};
 
 class CudaBackendTest : public testing::CudaCpuTest {
  protected:
@@ -63,7 +79,8 @@ class CudaBackendTest : public testing::CudaCpuTest {
 
   // Runs `c` on both backends (kv_b held as BF16 on the GPU when `bf16_weights`; the CPU then
   // gets the rounded values) and checks the GPU against the CPU, row by row, and each row
-  // against its sequence alone.
+  // against its sequence alone, with every variant of the tensor-core split (F32 latents take
+  // the CUDA-core split whatever the variant).
   void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights) {
     const int layer = 1;
     const Tensor gpu_w = bf16_weights ? UpBf16(c.w_kvb) : Up(c.w_kvb);
@@ -85,9 +102,21 @@ class CudaBackendTest : public testing::CudaCpuTest {
     }
     Tensor want = cpu_->Empty({B, width});
     cpu_kv->AttendDecode(layer, c.q, c.w_kvb, c.mla, &want);
+    for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
+      if (c.kv.dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
+      SCOPED_TRACE(cuda::MlaDecodeVariantName(v));
+      MlaDecodeVariantScope scope(v);
+      CheckPagedDecodeGpu(c, *gpu_kv, gpu_w, want);
+    }
+  }
+  // The GPU side of CheckPagedDecode with the current variant (the step of `c` set on `gpu_kv`).
+  void CheckPagedDecodeGpu(const testing::PagedDecodeCase& c, KvStorage& gpu_kv, const Tensor& gpu_w,
+                           const Tensor& want) {
+    const int layer = 1;
+    const int64_t B = c.step.size(), width = c.mla.heads * c.mla.v_dim;
     Tensor q = gpu_->Upload(c.q);
     Tensor o = Poisoned({B, width});
-    gpu_kv->AttendDecode(layer, q, gpu_w, c.mla, &o);
+    gpu_kv.AttendDecode(layer, q, gpu_w, c.mla, &o);
     const Tensor got = gpu_->Download(o);
     for (int64_t b = 0; b < B; ++b) {
       EXPECT_LE(RelL2(got.f32() + b * width, want.f32() + b * width, width), 2e-5)
@@ -97,16 +126,16 @@ class CudaBackendTest : public testing::CudaCpuTest {
     for (int64_t b = 0; b < B; ++b) {
       PagedDecodeStep alone;
       alone.Add(c.step.table(b), c.step.context[static_cast<size_t>(b)]);
-      gpu_kv->SetDecodeStep(alone);
+      gpu_kv.SetDecodeStep(alone);
       Tensor o1 = Poisoned({1, width});
-      gpu_kv->AttendDecode(layer, q.Rows(b, 1), gpu_w, c.mla, &o1);
+      gpu_kv.AttendDecode(layer, q.Rows(b, 1), gpu_w, c.mla, &o1);
       const Tensor h1 = gpu_->Download(o1);
       EXPECT_EQ(std::memcmp(h1.f32(), got.f32() + b * width, static_cast<size_t>(width) * sizeof(float)), 0)
           << "sequence " << b << " alone differs from its row of the batch";
     }
-    gpu_kv->SetDecodeStep(c.step);
+    gpu_kv.SetDecodeStep(c.step);
     Tensor o2 = Poisoned({B, width});
-    gpu_kv->AttendDecode(layer, q, gpu_w, c.mla, &o2);
+    gpu_kv.AttendDecode(layer, q, gpu_w, c.mla, &o2);
     const Tensor again = gpu_->Download(o2);
     EXPECT_EQ(std::memcmp(again.f32(), got.f32(), static_cast<size_t>(B * width) * sizeof(float)), 0);
   }
@@ -480,8 +509,37 @@ TEST_F(CudaBackendTest, PagedDecodeMatchesCpuAtK3WidthsForEveryDtype) {
 }
 
 TEST_F(CudaBackendTest, PagedDecodeKimiLinearHeadsWithBf16HeldKvB) {
-  CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257}, /*heads=*/32, DType::kBF16, 5, /*block_size=*/64),
-        /*bf16_weights=*/true);
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    CheckPagedDecode(testing::MakePagedDecodeCase({5000, 3, 257}, /*heads=*/32, dtype, 5, /*block_size=*/64),
+          /*bf16_weights=*/true);
+  }
+}
+
+// ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
+// bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
+// (one split to the most; splits of 1 .. 16 tiles, partial last tiles).
+TEST_F(CudaBackendTest, PagedDecodeRing2GivesRing4sBits) {
+  const int layer = 1;
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t heads : {12, 32}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " heads " + std::to_string(heads));
+      const testing::PagedDecodeCase c = testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, dtype,
+                                                                      70 + static_cast<uint64_t>(heads));
+      auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
+      const Tensor q = Up(c.q), w = Up(c.w_kvb);
+      const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
+      std::vector<Tensor> got;
+      for (cuda::MlaDecodeVariant v : {cuda::MlaDecodeVariant::kRing4, cuda::MlaDecodeVariant::kRing2}) {
+        MlaDecodeVariantScope scope(v);
+        Tensor o = Poisoned({static_cast<int64_t>(c.step.size()), c.mla.heads * c.mla.v_dim});
+        kv->AttendDecode(layer, q, w, c.mla, &o);
+        got.push_back(Down(o));
+      }
+      for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[0].f32()[i])) << "ring4 element " << i;
+      EXPECT_EQ(std::memcmp(got[0].f32(), got[1].f32(), static_cast<size_t>(n) * sizeof(float)), 0);
+    }
+  }
 }
 
 // A KDA layer at K3's head width (K 128; 8 heads), conv width 4, six slots of random state.

@@ -22,6 +22,10 @@
 // Batch invariance: a block's inputs are its own sequence's rows and query; the split schedule
 // is a function of the sequence's own context (MlaDecodeSplitLen), so a sequence's bits do not
 // depend on the batch.
+//
+// Two variants (Ring4, Ring2 below; KIMIRT_MLA_DECODE_VARIANT) place values and form addresses
+// differently and run the same sums in the same order: the same bits
+// (CudaBackendTest.PagedDecodeRing2GivesRing4sBits; scripts/mla_decode_emulate.sh on the host).
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
@@ -30,8 +34,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace kimirt::cuda {
 namespace {
@@ -45,28 +51,48 @@ constexpr int kLatSteps = kR / 16, kRopeSteps = kDr / 16;  // 32 + 4 k-steps of 
 constexpr int kLatPerWarp = kLatSteps / kWarps;            // 4; warps 0..3 also take one rope step
 constexpr int kDimsPerWarp = kR / kWarps;                  // 64 latent dims of ō a warp
 constexpr int kPStride = kTile + 8;                        // P rows: 80 bytes, conflict-free too
-constexpr int kSStride = kTile + 1;
 static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt evenly");
 
-// Tiles in flight: the rows of kStages - 1 tiles stream in by cp.async (no registers) while the
-// block works on one. One block an SM (registers), so Little's law asks the SM alone for its
-// share of HBM: ~36 GB/s × ~2 µs of loaded latency ≈ 72 KB, three BF16 tiles. (With the next
-// tile alone in registers the split ran at ~3 µs a tile, ~0.2 of HBM: one tile's latency.)
-constexpr int kStages = 4;
+// The variants (kernels.h MlaDecodeVariant): the same sums in the same order (so the same bits),
+// different residency.
+//
+// ring4 (today's): tiles in flight: the rows of kStages - 1 tiles stream in by cp.async (no
+// registers) while the block works on one. One block an SM (236 registers), so Little's law asks
+// the SM alone for its share of HBM: ~36 GB/s × ~2 µs of loaded latency ≈ 72 KB, three BF16
+// tiles. (With the next tile alone in registers the split ran at ~3 µs a tile, ~0.2 of HBM: one
+// tile's latency.) Profiled latency-bound: 2 warps a scheduler, one issue every ~8 cycles.
+struct Ring4 {
+  static constexpr int kStages = 4, kSStride = kTile + 1;
+  static constexpr bool kLean = false;
+};
+// ring2: two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
+// registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
+// ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
+// tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
+// registers, not 32: the rope k-step after the latent ones); the rows issued from a cursor
+// without divisions (Tile::NextRow); the ldmatrix operands' shared-memory offsets computed once;
+// partial scores stored and read as float2 (stride 40: conflict-free for both).
+struct Ring2 {
+  static constexpr int kStages = 2, kMinBlocks = 2, kSStride = kTile + 8;
+  static constexpr bool kLean = true;
+};
 
-template <int kKind>
+template <int kKind, class V>
 struct Smem {
+  static constexpr int kStages = V::kStages, kSStride = V::kSStride;
   // A stage holds one tile as it lies in the cache: BF16 rows already in the padded layout the
   // MMAs read (kind 1), or FP8 codes [kTile][kW] and the rows' two scales (kind 2), widened to
   // BF16 into `rows` before use. Kind 1 stages q̄'s hi and lo parts [2][kHeads][kRowStride] in
   // the last stage before the first tile (the same size); kind 2 in `rows`.
-  static constexpr int kCodeBytes = kTile * kW;
+  static constexpr int kCodeBytes = kTile * kW;  // FP8 codes, then the scales
   static constexpr int kStageBytes = kKind == 1 ? kTile * kRowStride * 2 : kCodeBytes + kTile * 2 * 4;
   static_assert(kKind != 1 || kStageBytes == 2 * kHeads * kRowStride * 2, "q̄ staging fits a stage");
   alignas(16) unsigned char ring[kStages][kStageBytes];
   __nv_bfloat16 rows[kKind == 2 ? kTile : 1][kRowStride];
-  float s_lat[kWarps][kHeads][kSStride];     // each warp's partial scores, latent k-steps
-  float s_rope[kRopeSteps][kHeads][kSStride];  // and rope k-steps (warps 0..3)
+  // Ring2: q̄'s rope columns (hi, lo), read per tile by warps 0..3 instead of held (8 registers).
+  alignas(16) __nv_bfloat16 q_rope[V::kLean ? 2 : 1][V::kLean ? kHeads : 1][kDr + 8];
+  alignas(16) float s_lat[kWarps][kHeads][kSStride];     // each warp's partial scores, latent k-steps
+  alignas(16) float s_rope[kRopeSteps][kHeads][kSStride];  // and rope k-steps (warps 0..3)
   __nv_bfloat16 p[2][kHeads][kPStride];     // P's hi and lo parts (the latent scale folded in)
   float scale_lat[kTile], scale_rope[kTile];
   float corr[kHeads];
@@ -120,13 +146,52 @@ struct Tile {
       if (e < kChunksPerRow) CpAsync16(dst + e * 16, valid ? src + e * 16 : a.values, valid);
     }
     if (kKind == 2 && sub == 0) {
-      float* sc = reinterpret_cast<float*>(stage + Smem<kKind>::kCodeBytes) + 2 * j;
+      float* sc = reinterpret_cast<float*>(stage + kTile * kW) + 2 * j;
       CpAsync8(sc, valid ? a.scales + row * 2 : a.scales, valid);
     }
   }
 
+  // Ring2's copies, with fewer instructions and registers (the profile counted ~190 integer
+  // instructions a warp a tile; Issue and BlockOf above spend ~150 of them a thread on two
+  // divisions by the block size and each chunk's 64-bit address). This thread's row of the tile
+  // ahead is a (table index, offset in the block) cursor advanced 32 positions a tile without a
+  // division, read into the row's index in the pool (int32: a pool of 2³¹ rows of ≥ 584 bytes
+  // would not fit a GPU); a row's pool and stage addresses are formed once, its chunks at
+  // constant offsets from them.
+  struct Cursor {
+    int index, offset;  // position (index − first) · block_size + offset of the table at a.tables[first]
+    __device__ void Start(int first, int p, int bs) { index = first + p / bs, offset = p % bs; }
+  };
+  // The pool row of the cursor's position (−1 when not `valid`: past the split's end), then the
+  // cursor a tile on.
+  static __device__ int32_t NextRow(Cursor& c, const PagedDecodeArgs& a, bool valid) {
+    const int bs = a.block_size;
+    const int32_t row = valid ? a.tables[c.index] * (a.layers * bs) + (a.layer * bs + c.offset) : -1;
+    c.offset += kTile;
+    while (c.offset >= bs) c.offset -= bs, ++c.index;
+    return row;
+  }
+  // Starts the copy of this thread's row (pool row `row`; row < 0: zeros, read from row 0, which
+  // exists, with size 0) into `stage`.
+  static __device__ void IssueRow(const PagedDecodeArgs& a, int32_t row, unsigned char* stage) {
+    const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
+    const bool valid = row >= 0;
+    const int64_t at = valid ? row : 0;
+    const unsigned char* src = static_cast<const unsigned char*>(a.values) + at * kRowBytes + sub * 16;
+    unsigned char* dst = stage + j * (kKind == 1 ? kRowStride * 2 : kW) + sub * 16;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      if (sub + 8 * i < kChunksPerRow) CpAsync16(dst + 128 * i, src + 128 * i, valid);
+    }
+    if (kKind == 2 && sub == 0) {
+      float* sc = reinterpret_cast<float*>(stage + kTile * kW) + 2 * j;
+      CpAsync8(sc, a.scales + at * 2, valid);
+    }
+  }
+
   // Kind 2: the stage's FP8 codes as BF16 rows and its scales, for the MMAs.
-  static __device__ void Widen(const unsigned char* stage, Smem<kKind>& sm) {
+  template <class Sm>
+  static __device__ void Widen(const unsigned char* stage, Sm& sm) {
     const int j = threadIdx.x / 8, sub = threadIdx.x % 8;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -143,7 +208,7 @@ struct Tile {
       *reinterpret_cast<uint4*>(&sm.rows[j][e * 16 + 8]) = hi;
     }
     if (sub == 0) {
-      const float* sc = reinterpret_cast<const float*>(stage + Smem<kKind>::kCodeBytes) + 2 * j;
+      const float* sc = reinterpret_cast<const float*>(stage + kTile * kW) + 2 * j;
       sm.scale_lat[j] = sc[0];
       sm.scale_rope[j] = sc[1];
     }
@@ -152,12 +217,14 @@ struct Tile {
 
 // Block (work item = split [s0, s1) of sequence b, heads h0 .. h0 + 15). Writes the split's
 // unnormalized ō [kR] and (max, sum) per head to part_o / part_ml, as the CUDA-core split does.
-template <int kKind>
-__global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
-                                                              float* part_ml) {
+// V (Ring4, Ring2) changes where values live and how addresses are formed, never a sum's order.
+template <int kKind, class V>
+__device__ __forceinline__ void DecodeSplit(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml) {
+  constexpr int kStages = V::kStages;
+  using Sm = Smem<kKind, V>;
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<kKind>& sm = *reinterpret_cast<Smem<kKind>*>(smem_raw);
+  Sm& sm = *reinterpret_cast<Sm*>(smem_raw);
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
@@ -168,13 +235,27 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
   // The first kStages - 1 tiles' copies go out before the query is staged (one commit group a
   // tile, empty ones past the end, so the wait count below is the same every tile).
   const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
+  // Ring2: this thread's row of the tiles ahead (positions fit int32, as in BlockOf).
+  typename Tile<kKind>::Cursor cur;
+  int tile_left = static_cast<int>(s1 - s0);  // positions from this tile to the split's end
+  if constexpr (V::kLean) cur.Start(a.table_begin[b], static_cast<int>(s0) + tid / 8, a.block_size);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    const int64_t t = s0 + int64_t{i} * kTile;
-    if (i < ntiles) Tile<kKind>::Issue(a, Tile<kKind>::BlockOf(a, table, t, s1), t, sm.ring[i]);
+    if constexpr (V::kLean) {
+      const int32_t row = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - i * kTile);
+      if (i < ntiles) Tile<kKind>::IssueRow(a, row, sm.ring[i]);
+    } else {
+      const int64_t t = s0 + int64_t{i} * kTile;
+      if (i < ntiles) Tile<kKind>::Issue(a, Tile<kKind>::BlockOf(a, table, t, s1), t, sm.ring[i]);
+    }
     CpAsyncCommit();
   }
-  int32_t block_ahead = Tile<kKind>::BlockOf(a, table, s0 + int64_t{kStages - 1} * kTile, s1);
+  int32_t block_ahead;  // ring4: the block of this thread's row of the tile ahead; ring2: its pool row
+  if constexpr (V::kLean) {
+    block_ahead = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - (kStages - 1) * kTile);
+  } else {
+    block_ahead = Tile<kKind>::BlockOf(a, table, s0 + int64_t{kStages - 1} * kTile, s1);
+  }
   if (kKind == 1 && tid < kTile) sm.scale_lat[tid] = sm.scale_rope[tid] = 1.0f;  // BF16 rows have none
   void* const q_stage = kKind == 1 ? static_cast<void*>(sm.ring[kStages - 1]) : static_cast<void*>(&sm.rows[0][0]);
 
@@ -182,23 +263,34 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
   // latent k-steps warp·4 .. warp·4 + 3, and rope k-step warp for warps 0..3.
   {
     __nv_bfloat16(*q)[kHeads][kRowStride] = reinterpret_cast<__nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
-    // All of a thread's loads first, then the conversions (one round trip, not 36).
-    constexpr int kPer = kHeads * kW / kThreads;
-    static_assert(kHeads * kW % kThreads == 0, "q̄ dealt evenly");
-    float v[kPer];
+    // All of a thread's loads first, then the conversions (one round trip, not 36; ring2 two
+    // of 18, within its 128 registers).
+    constexpr int kPer = kHeads * kW / kThreads, kRounds = V::kLean ? 2 : 1, kPerRound = kPer / kRounds;
+    static_assert(kHeads * kW % kThreads == 0 && kPer % kRounds == 0, "q̄ dealt evenly");
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = tid + k * kThreads, hh = i / kW, e = i % kW;
-      v[k] = h0 + hh < a.H ? qc[((b * a.H) + h0 + hh) * kW + e] : 0.0f;
-    }
+    for (int round = 0; round < kRounds; ++round) {
+      float v[kPerRound];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = tid + k * kThreads, hh = i / kW, e = i % kW;
-      Split2(v[k], q[0][hh][e], q[1][hh][e]);
+      for (int k = 0; k < kPerRound; ++k) {
+        const int i = tid + (round * kPerRound + k) * kThreads, hh = i / kW, e = i % kW;
+        v[k] = h0 + hh < a.H ? qc[((b * a.H) + h0 + hh) * kW + e] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kPerRound; ++k) {
+        const int i = tid + (round * kPerRound + k) * kThreads, hh = i / kW, e = i % kW;
+        Split2(v[k], q[0][hh][e], q[1][hh][e]);
+      }
     }
   }
   __syncthreads();
-  unsigned qa[2][kLatPerWarp + 1][4];  // [hi/lo][k-step][fragment]
+  if constexpr (V::kLean) {  // ring2: the rope columns aside, 16 bytes a thread
+    static_assert(2 * kHeads * kDr * 2 == kThreads * 16, "one 16-byte word a thread");
+    const int part = tid / 128, hh = (tid / 8) % kHeads, c = (tid % 8) * 8;
+    const __nv_bfloat16(*q)[kHeads][kRowStride] =
+        reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
+    *reinterpret_cast<uint4*>(&sm.q_rope[part][hh][c]) = *reinterpret_cast<const uint4*>(&q[part][hh][kR + c]);
+  }
+  unsigned qa[2][kLatPerWarp + (V::kLean ? 0 : 1)][4];  // [hi/lo][k-step][fragment]
   {
     const __nv_bfloat16(*q)[kHeads][kRowStride] =
         reinterpret_cast<const __nv_bfloat16(*)[kHeads][kRowStride]>(q_stage);
@@ -207,10 +299,21 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
     for (int part = 0; part < 2; ++part) {
 #pragma unroll
       for (int k = 0; k < kLatPerWarp; ++k) Ldmatrix4(qa[part][k], &q[part][r][(warp * kLatPerWarp + k) * 16 + c8]);
-      if (warp < kRopeSteps) Ldmatrix4(qa[part][kLatPerWarp], &q[part][r][kR + warp * 16 + c8]);
+      if constexpr (!V::kLean) {
+        if (warp < kRopeSteps) Ldmatrix4(qa[part][kLatPerWarp], &q[part][r][kR + warp * 16 + c8]);
+      }
     }
   }
   // (The barrier at the top of the first tile also frees the staging buffer.)
+
+  // Ring2: each lane's byte offsets into a tile's rows (and P) for its ldmatrix operands, once:
+  // the score B operand (n-tile pair np, k-step k: + np·16 rows + k·32 bytes; the rope k-step at
+  // a constant of the warp's from it), the ō B operand (k-step k, n-tile pair np: + k·16 rows +
+  // np·32 bytes), P's A operand.
+  constexpr int kRowBytes = kRowStride * 2;
+  const uint32_t off_s = ((lane / 16) * 8 + lane % 8) * kRowBytes + ((lane / 8) % 2) * 16 + warp * kLatPerWarp * 32;
+  const uint32_t off_v = ((lane % 8) + ((lane / 8) % 2) * 8) * kRowBytes + (warp * kDimsPerWarp + (lane / 16) * 8) * 2;
+  const uint32_t off_p = (lane % 16) * kPStride * 2 + (lane / 16) * 16;
 
   // Softmax state of head hs = tid / 16 (its 16 threads hold the same values).
   const int hs = tid / 16, js = (tid % 16) * 2;
@@ -226,9 +329,15 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
     {
       const int next = it + kStages - 1;  // into the stage the last tile used
       const int64_t t = s0 + int64_t{next} * kTile;
-      if (next < ntiles) Tile<kKind>::Issue(a, block_ahead, t, sm.ring[next % kStages]);
-      CpAsyncCommit();
-      if (next + 1 < ntiles) block_ahead = Tile<kKind>::BlockOf(a, table, t + kTile, s1);
+      if constexpr (V::kLean) {
+        if (next < ntiles) Tile<kKind>::IssueRow(a, block_ahead, sm.ring[next % kStages]);
+        CpAsyncCommit();
+        if (next + 1 < ntiles) block_ahead = Tile<kKind>::NextRow(cur, a, tid / 8 < tile_left - kStages * kTile);
+      } else {
+        if (next < ntiles) Tile<kKind>::Issue(a, block_ahead, t, sm.ring[next % kStages]);
+        CpAsyncCommit();
+        if (next + 1 < ntiles) block_ahead = Tile<kKind>::BlockOf(a, table, t + kTile, s1);
+      }
     }
     if (kKind == 2) {
       Tile<kKind>::Widen(sm.ring[it % kStages], sm);
@@ -236,9 +345,56 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
     }
     const __nv_bfloat16(*rows)[kRowStride] =
         kKind == 1 ? reinterpret_cast<const __nv_bfloat16(*)[kRowStride]>(sm.ring[it % kStages]) : sm.rows;
+    const unsigned char* const rb = reinterpret_cast<const unsigned char*>(rows);
 
     // 1. Partial scores over this warp's k-steps, all 32 positions (4 n-tiles of 8).
-    {
+    if constexpr (V::kLean) {
+      // n-tile n's sum is 0 + d(k-step 0) + … + d(3), as below; the rope step's 0 + d alone.
+      auto store = [&](float(*dst)[V::kSStride], int n, const float(&s)[4]) {
+        const int c = n * 8 + 2 * t4;
+        *reinterpret_cast<float2*>(&dst[g][c]) = make_float2(s[0], s[1]);
+        *reinterpret_cast<float2*>(&dst[g + 8][c]) = make_float2(s[2], s[3]);
+      };
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {  // n-tiles 2np, 2np + 1 in one ldmatrix
+        float sl[2][4] = {};
+#pragma unroll
+        for (int k = 0; k < kLatPerWarp; ++k) {
+          unsigned bfr[4];
+          Ldmatrix4(bfr, rb + off_s + np * 16 * kRowBytes + k * 32);
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            Mma(d, qa[1][k], bfr[2 * q], bfr[2 * q + 1]);
+            Mma(d, qa[0][k], bfr[2 * q], bfr[2 * q + 1]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sl[q][i] += d[i];
+          }
+        }
+        store(sm.s_lat[warp], 2 * np, sl[0]);
+        store(sm.s_lat[warp], 2 * np + 1, sl[1]);
+      }
+      if (warp < kRopeSteps) {
+        unsigned qr[2][4];  // the rope k-step's fragments, as ring4 holds them
+#pragma unroll
+        for (int part = 0; part < 2; ++part) Ldmatrix4(qr[part], &sm.q_rope[part][lane % 16][warp * 16 + (lane / 16) * 8]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          unsigned bfr[4];
+          Ldmatrix4(bfr, rb + off_s + (kR - (kLatPerWarp - 1) * 16 * warp) * 2 + np * 16 * kRowBytes);  // rope k-step
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            Mma(d, qr[1], bfr[2 * q], bfr[2 * q + 1]);
+            Mma(d, qr[0], bfr[2 * q], bfr[2 * q + 1]);
+            float sr[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sr[i] = 0.0f + d[i];
+            store(sm.s_rope[warp], 2 * np + q, sr);
+          }
+        }
+      }
+    } else {
       float sl_[4][4], sr_[4][4];
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -281,15 +437,34 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
     // 2. Online softmax: thread (hs, js) takes positions js, js + 1 of head hs.
     {
       float s[2];
+      if constexpr (V::kLean) {  // the same sums as below, two positions a load
+        float lat[2] = {0.0f, 0.0f}, rope[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int j = js + u;
-        float lat = 0.0f, rope = 0.0f;
+        for (int w = 0; w < kWarps; ++w) {
+          const float2 p = *reinterpret_cast<const float2*>(&sm.s_lat[w][hs][js]);
+          lat[0] += p.x, lat[1] += p.y;
+        }
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) lat += sm.s_lat[w][hs][j];
+        for (int w = 0; w < kRopeSteps; ++w) {
+          const float2 p = *reinterpret_cast<const float2*>(&sm.s_rope[w][hs][js]);
+          rope[0] += p.x, rope[1] += p.y;
+        }
 #pragma unroll
-        for (int w = 0; w < kRopeSteps; ++w) rope += sm.s_rope[w][hs][j];
-        s[u] = t0 + j < s1 ? a.scale * (sm.scale_lat[j] * lat + sm.scale_rope[j] * rope) : -INFINITY;
+        for (int u = 0; u < 2; ++u) {
+          const int j = js + u;
+          s[u] = j < tile_left ? a.scale * (sm.scale_lat[j] * lat[u] + sm.scale_rope[j] * rope[u]) : -INFINITY;
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int j = js + u;
+          float lat = 0.0f, rope = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) lat += sm.s_lat[w][hs][j];
+#pragma unroll
+          for (int w = 0; w < kRopeSteps; ++w) rope += sm.s_rope[w][hs][j];
+          s[u] = t0 + j < s1 ? a.scale * (sm.scale_lat[j] * lat + sm.scale_rope[j] * rope) : -INFINITY;
+        }
       }
       float tmax = fmaxf(s[0], s[1]);
 #pragma unroll
@@ -317,10 +492,17 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
       const float c0 = sm.corr[g], c1 = sm.corr[g + 8];
       unsigned pa[2][2][4];  // [hi/lo][k-step of 16 positions]
       const int r = lane % 16, c8 = (lane / 16) * 8;
+      const unsigned char* const pb = reinterpret_cast<const unsigned char*>(&sm.p[0][0][0]);
 #pragma unroll
       for (int part = 0; part < 2; ++part) {
 #pragma unroll
-        for (int k = 0; k < 2; ++k) Ldmatrix4(pa[part][k], &sm.p[part][r][k * 16 + c8]);
+        for (int k = 0; k < 2; ++k) {
+          if constexpr (V::kLean) {
+            Ldmatrix4(pa[part][k], pb + off_p + part * kHeads * kPStride * 2 + k * 32);
+          } else {
+            Ldmatrix4(pa[part][k], &sm.p[part][r][k * 16 + c8]);
+          }
+        }
       }
 #pragma unroll
       for (int np = 0; np < kDimsPerWarp / 16; ++np) {  // n-tiles 2np, 2np + 1
@@ -329,8 +511,12 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
         for (int k = 0; k < 2; ++k) {
           unsigned bfr[4];
           // Matrices: positions k·16 + 0..7 / 8..15 at dims n0, then at n0 + 8 (transposed).
-          Ldmatrix4Trans(bfr, &rows[k * 16 + (lane % 8) + ((lane / 8) % 2) * 8]
-                                      [warp * kDimsPerWarp + np * 16 + (lane / 16) * 8]);
+          if constexpr (V::kLean) {
+            Ldmatrix4Trans(bfr, rb + off_v + k * 16 * kRowBytes + np * 32);
+          } else {
+            Ldmatrix4Trans(bfr, &rows[k * 16 + (lane % 8) + ((lane / 8) % 2) * 8]
+                                     [warp * kDimsPerWarp + np * 16 + (lane / 16) * 8]);
+          }
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             Mma(d[q], pa[1][k], bfr[2 * q], bfr[2 * q + 1]);
@@ -345,6 +531,7 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
         }
       }
     }
+    tile_left -= kTile;
   }
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 
@@ -367,12 +554,31 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a,
   }
 }
 
+// ring4 as it always was; ring2 capped at 128 registers: two blocks of 256 threads an SM.
+// (`__launch_bounds__(256, 2)` gives the same cap, but ptxas then kept three values in local
+// memory, reloaded every tile; `__maxnreg__(128)` alone does not spill: cuobjdump -res-usage.)
 template <int kKind>
-void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+__global__ void __launch_bounds__(kThreads) MlaDecodeTcKernel(PagedDecodeArgs a, const float* qc, float* part_o,
+                                                              float* part_ml) {
+  DecodeSplit<kKind, Ring4>(a, qc, part_o, part_ml);
+}
+template <int kKind>
+__global__ void __maxnreg__(128) MlaDecodeTcRing2Kernel(PagedDecodeArgs a, const float* qc, float* part_o,
+                                                        float* part_ml) {
+  DecodeSplit<kKind, Ring2>(a, qc, part_o, part_ml);
+}
+static_assert(128 * kThreads * Ring2::kMinBlocks <= 65536, "ring2: two blocks' registers an SM");
+
+template <int kKind, class V, class Kernel>
+void Launch(Kernel kernel, const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+  using Sm = Smem<kKind, V>;
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(MlaDecodeTcKernel<kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(sizeof(Smem<kKind>)));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Sm)));
+    // The whole 228 KB an SM as shared memory (ring2's two blocks need 2 × (111.5 + 1) KB).
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
     if (e != cudaSuccess) {
       std::fprintf(stderr, "kimirt: MLA decode kernel: %s\n", cudaGetErrorString(e));
       std::abort();
@@ -380,11 +586,35 @@ void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* par
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeTc", MlaDecodeTcKernel<kKind>, grid, dim3(kThreads), sizeof(Smem<kKind>), s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeTc", kernel, grid, dim3(kThreads), sizeof(Sm), s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeTc");
 }
 
+// Ring2 fits two blocks an SM only within these (H200: 228 KB of shared memory an SM, 1 KB of it
+// reserved a block).
+static_assert(sizeof(Smem<1, Ring2>) <= 113 * 1024, "ring2 BF16: two blocks an SM");
+static_assert(sizeof(Smem<2, Ring2>) <= 113 * 1024, "ring2 FP8: two blocks an SM");
+
+std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment's (read once)
+
 }  // namespace
+
+MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
+  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
+  if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2)\n", name);
+  std::abort();
+}
+
+const char* MlaDecodeVariantName(MlaDecodeVariant v) { return v == MlaDecodeVariant::kRing2 ? "ring2" : "ring4"; }
+
+MlaDecodeVariant CurrentMlaDecodeVariant() {
+  static const MlaDecodeVariant from_env = ParseMlaDecodeVariant(std::getenv("KIMIRT_MLA_DECODE_VARIANT"));
+  const int v = g_variant.load();
+  return v < 0 ? from_env : static_cast<MlaDecodeVariant>(v);
+}
+
+void SetMlaDecodeVariant(MlaDecodeVariant v) { g_variant.store(static_cast<int>(v)); }
 
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a) {
   return a.r == kR && a.dr == kDr && (a.kind == 1 || a.kind == 2);
@@ -396,10 +626,13 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
+  const bool ring2 = CurrentMlaDecodeVariant() == MlaDecodeVariant::kRing2;
   if (a.kind == 1) {
-    Launch<1>(a, qc, part_o, part_ml, s);
+    ring2 ? Launch<1, Ring2>(MlaDecodeTcRing2Kernel<1>, a, qc, part_o, part_ml, s)
+          : Launch<1, Ring4>(MlaDecodeTcKernel<1>, a, qc, part_o, part_ml, s);
   } else {
-    Launch<2>(a, qc, part_o, part_ml, s);
+    ring2 ? Launch<2, Ring2>(MlaDecodeTcRing2Kernel<2>, a, qc, part_o, part_ml, s)
+          : Launch<2, Ring4>(MlaDecodeTcKernel<2>, a, qc, part_o, part_ml, s);
   }
 }
 
