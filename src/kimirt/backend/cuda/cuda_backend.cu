@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kimirt/backend/cuda/env_switch.h"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace kimirt {
@@ -301,10 +302,7 @@ class CudaBackend final : public Backend {
   // every group as Linear in turn (the same bits), for A/B runs of a whole step.
   void LinearGroup(std::span<const LinearProblem> problems) override {
     if (problems.empty()) return;
-    static const bool enabled = [] {
-      const char* v = std::getenv("KIMIRT_LINEAR_GROUP");
-      return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = cuda::EnvSwitchOn("KIMIRT_LINEAR_GROUP");
     const int64_t T = Rows(*problems[0].x);
     bool grouped = enabled && T >= 1 && T <= cuda::kGemvMaxRows && problems.size() > 1;
     std::vector<cuda::DecodeGemmProblem> dp;

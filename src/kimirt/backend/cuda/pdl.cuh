@@ -22,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kimirt/backend/cuda/env_switch.h"
+
 namespace kimirt::cuda {
 
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
@@ -33,10 +35,7 @@ __device__ __forceinline__ void PdlEnter() {
 }
 
 inline bool PdlEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KIMIRT_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("KIMIRT_PDL");
   return on;
 }
 
