@@ -61,34 +61,45 @@ __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T
 // lanes' bests with the same order, then the winner's lane takes the next of its own. The values
 // and the weight arithmetic are the one-thread kernel's above, in the same order, so the
 // indices and weights are its bits (for finite logits: a NaN choice value has no order).
+//
+// Latency, not work, is its cost at decode (one token: 13 µs measured before): so kPerLane is
+// E's (8 for Kimi-Linear's 256 experts, 32 up to 1024), not always 32, to keep the code that runs
+// once per launch small; the picked expert's sigmoid comes from its lane by a shuffle, not a
+// reload of its logit; and the picks wait in shared memory, not in global memory to be read back
+// one at a time, until the k weights are normalized and stored by k lanes at once.
 constexpr int kRouteWarps = 4;
-constexpr int kRoutePerLane = 32;
-constexpr int64_t kRouteMaxE = 32 * kRoutePerLane;
+constexpr int64_t kRouteMaxE = 32 * 32;
 
+template <int kPerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                        float scaling, bool combine_biased, int32_t* idx, float* weights) {
+  __shared__ int32_t pick_e[kRouteWarps][kMaxTopK];
+  __shared__ float pick_w[kRouteWarps][kMaxTopK];
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + threadIdx.x / 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
   if (t >= T) return;  // whole warps
   const int lane = threadIdx.x & 31;
   const float* row = logits + t * E;
-  float c[kRoutePerLane];
+  float c[kPerLane], sg[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kRoutePerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int64_t e = lane + 32 * i;
-    c[i] = e < E ? Sigmoid(row[e]) + bias[e] : 0.0f;
+    sg[i] = e < E ? Sigmoid(row[e]) : 0.0f;
+    c[i] = e < E ? sg[i] + bias[e] : 0.0f;
   }
   uint32_t taken = 0;  // bit i: expert lane + 32 i chosen
-  float best_c = 0.0f;
+  float best_c = 0.0f, best_s = 0.0f;
   int32_t best_e = -1;
   const auto lane_best = [&]() {
     best_e = -1;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int64_t e = lane + 32 * i;
       if (e < E && !((taken >> i) & 1u) && (best_e < 0 || c[i] > best_c)) {
         best_c = c[i];
+        best_s = sg[i];
         best_e = static_cast<int32_t>(e);
       }
     }
@@ -107,21 +118,24 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
         ve = oe;
       }
     }
+    // Sigmoid(row[ve]) as the serial kernel recomputes it: the same expression, held by ve's lane.
+    const float vs = __shfl_sync(0xffffffffu, best_s, ve % 32);
     if (ve % 32 == lane) {
       taken |= 1u << (ve / 32);
       lane_best();
     }
-    const float w = combine_biased ? vc : Sigmoid(row[ve]);
+    const float w = combine_biased ? vc : vs;
     if (lane == 0) {
-      idx[t * k + j] = ve;
-      weights[t * k + j] = w;
+      pick_e[warp][j] = ve;
+      pick_w[warp][j] = w;
     }
     sum += w;
   }
-  if (lane != 0) return;
-  for (int j = 0; j < k; ++j) {  // lane 0 reads back only what it wrote
-    float w = weights[t * k + j];
+  __syncwarp();
+  for (int j = lane; j < k; j += 32) {
+    float w = pick_w[warp][j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
+    idx[t * k + j] = pick_e[warp][j];
     weights[t * k + j] = w * scaling;
   }
 }
@@ -551,20 +565,37 @@ __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int
 // result bit for bit (ExpertStandInTest; a fused w·v + acc rounds once and breaks that). A thread
 // per (token, column) (grid: tokens × column blocks), so a token's k · splits loads go out
 // together (a thread looping over the columns of a token waited one L2 round trip per column:
-// tens of µs at batch 1).
+// tens of µs at batch 1). The slots go kCombineBatch at a time: their positions and weights
+// loaded together, then all their slices, then the adds in j order (a slot at a time, each
+// waiting on its position's load, cost ~6 µs at top-8 measured; the arithmetic is unchanged).
 constexpr int kCombineThreads = 128;
+constexpr int kCombineBatch = 8;
 __global__ void __launch_bounds__(kCombineThreads)
-    MoeCombineSplitsKernel(const float* part, int64_t splits, int64_t n, const int32_t* pos, const float* weights,
-                           int64_t k, int64_t D, float* out) {
+    MoeCombineSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t n, const int32_t* __restrict__ pos,
+                           const float* __restrict__ weights, int64_t k, int64_t D, float* __restrict__ out) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = blockIdx.x, d = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
   if (d >= D) return;
   float acc = 0.0f;
-  for (int64_t j = 0; j < k; ++j) {
-    const float* p = part + static_cast<int64_t>(pos[t * k + j]) * D + d;
-    float v = p[0];
-    for (int64_t s = 1; s < splits; ++s) v += p[s * n * D];
-    acc = __fadd_rn(acc, __fmul_rn(weights[t * k + j], v));
+  for (int64_t j0 = 0; j0 < k; j0 += kCombineBatch) {
+    const float* p[kCombineBatch];
+    float wt[kCombineBatch], v[kCombineBatch];
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const int64_t j = j0 + u < k ? j0 + u : k - 1;  // past k: a copy of the last slot, never added
+      p[u] = part + static_cast<int64_t>(pos[t * k + j]) * D + d;
+      wt[u] = weights[t * k + j];
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) v[u] = p[u][0];
+    for (int64_t s = 1; s < splits; ++s) {
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) v[u] += p[u][s * n * D];
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineBatch; ++u) {
+      if (j0 + u < k) acc = __fadd_rn(acc, __fmul_rn(wt[u], v[u]));
+    }
   }
   out[t * D + d] = acc;
 }
@@ -1050,9 +1081,9 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
   }
   if (T == 0) return;
   if (E <= kRouteMaxE) {
-    LaunchPdl("MoeRoute", MoeRouteWarpKernel, dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)),
-              dim3(kRouteWarps * 32), 0, s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling,
-              combine_biased, idx, weights);
+    LaunchPdl("MoeRoute", E <= 32 * 8 ? MoeRouteWarpKernel<8> : MoeRouteWarpKernel<32>,
+              dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)), dim3(kRouteWarps * 32), 0, s, logits,
+              bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
     CheckLaunch("MoeRoute");
     return;
   }
