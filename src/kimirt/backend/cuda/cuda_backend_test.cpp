@@ -142,6 +142,26 @@ class CudaBackendTest : public testing::CudaCpuTest {
 
 };
 
+// RmsNorm's two kernels (norm_kernels.cu): rows held in registers (out of place, up to 8,192
+// wide) and the loop kernel (in place, or wider) run the same sums in the same order, so the
+// same bits; both within F32 rounding of the CPU.
+TEST_F(CudaBackendTest, RmsNormHeldRowsGiveTheLoopKernelsBits) {
+  for (auto [T, K] : std::vector<std::array<int64_t, 2>>{{1, 2304}, {5, 7168}, {3, 8192}, {2, 100}, {4, 1}, {2, 8193}}) {
+    SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K));
+    const Tensor x = Random({T, K}), g = Random({K}, 0.5f, 1.0f);
+    const Tensor d_g = Up(g);
+    Tensor held = Poisoned({T, K});
+    gpu_->RmsNorm(Up(x), d_g, 1e-5f, &held);
+    Tensor in_place = Up(x);
+    gpu_->RmsNorm(in_place, d_g, 1e-5f, &in_place);
+    const Tensor a = Down(held), b = Down(in_place);
+    EXPECT_EQ(std::memcmp(a.f32(), b.f32(), static_cast<size_t>(T * K) * sizeof(float)), 0);
+    Tensor want = cpu_->Empty({T, K});
+    cpu_->RmsNorm(x, g, 1e-5f, &want);
+    EXPECT_LE(RelL2(a, want), 1e-5);
+  }
+}
+
 TEST_F(CudaBackendTest, LinearNormsAndElementwise) {
   for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{{1, 7168, 512}, {37, 256, 1000}, {256, 128, 64}}) {
     SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K) + "x" + std::to_string(N));
