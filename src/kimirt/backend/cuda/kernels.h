@@ -249,12 +249,13 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // Two shapes of that split, the same sums in the same order, so the same bits (the choice is one
 // of speed alone; mla_decode_kernels.cu says more): ring4, one block an SM with a 4-stage cp.async
-// ring (the default); ring2, two blocks an SM with a 2-stage ring (issue 12: more warps to hide
-// latency). KIMIRT_MLA_DECODE_VARIANT=ring4|ring2 picks one, read once a process (so a captured
+// ring; ring2 (the default), two blocks an SM with a 2-stage ring (issue 12: more warps to hide
+// latency; measured faster from 32K positions and at batch 8, docs/cuda.md "MLA decode on tensor
+// cores"). KIMIRT_MLA_DECODE_VARIANT=ring4|ring2 picks one, read once a process (so a captured
 // graph and the eager calls of a run use the same kernel); an unknown name aborts naming it.
 enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2};
-MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = ring4
+MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = ring2
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
 // Overrides the environment's choice for the rest of the process (tests run both variants);

@@ -56,7 +56,7 @@ static_assert(kRopeSteps <= kWarps && kLatSteps % kWarps == 0, "k-steps dealt ev
 // The variants (kernels.h MlaDecodeVariant): the same sums in the same order (so the same bits),
 // different residency.
 //
-// ring4 (today's): tiles in flight: the rows of kStages - 1 tiles stream in by cp.async (no
+// ring4 (the first shape): tiles in flight: the rows of kStages - 1 tiles stream in by cp.async (no
 // registers) while the block works on one. One block an SM (236 registers), so Little's law asks
 // the SM alone for its share of HBM: ~36 GB/s × ~2 µs of loaded latency ≈ 72 KB, three BF16
 // tiles. (With the next tile alone in registers the split ran at ~3 µs a tile, ~0.2 of HBM: one
@@ -65,7 +65,7 @@ struct Ring4 {
   static constexpr int kStages = 4, kSStride = kTile + 1;
   static constexpr bool kLean = false;
 };
-// ring2: two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
+// ring2 (the default): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
 // registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
 // ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
 // tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
@@ -600,8 +600,8 @@ std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment'
 }  // namespace
 
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
-  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
+  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
+  if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
   std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2)\n", name);
   std::abort();
 }

@@ -194,15 +194,22 @@ constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / 
 // Splits: at least kMinSplit positions (two tensor-core tiles: a short context still spreads over
 // a few blocks), at most kMaxSplits per sequence (bounds the scratch).
 constexpr int64_t kMinSplit = 64, kMaxSplits = 256;
-// The splits a sequence takes at most: 64, or KIMIRT_MLA_DECODE_SPLITS (1..256) for trials; read
-// once a process, so every step of a run uses the same schedule (batch invariance).
-int64_t MaxSplits() {
-  static const int64_t n = [] {
+// The splits a sequence of `context` positions takes at most: 64, and 128 from 32K positions on,
+// where the ring2 split (two blocks an SM) makes the extra blocks pay: measured on one H200, batch
+// 1, BF16, 32 heads (bench/results/2026-12-01-h200-mla-decode-splits{64,128}.json): 32K 66.2 µs
+// at 64 (ring4) → 63.5 at 128 (ring2), 128K 171 → 133; below 32K 128 splits were slower (8K:
+// 35.6 → 42.7). A function of the context alone (batch invariance). KIMIRT_MLA_DECODE_SPLITS
+// (1..256), for trials, sets one bound for every context; read once a process, so every step of a
+// run uses the same schedule.
+constexpr int64_t kLongContext = 32768;
+int64_t MaxSplits(int64_t context) {
+  static const int64_t from_env = [] {
     const char* env = std::getenv("KIMIRT_MLA_DECODE_SPLITS");
-    const int64_t v = env != nullptr ? std::atoll(env) : 64;
-    return v >= 1 && v <= kMaxSplits ? v : int64_t{64};
+    const int64_t v = env != nullptr ? std::atoll(env) : 0;
+    return v >= 1 && v <= kMaxSplits ? v : int64_t{0};
   }();
-  return n;
+  if (from_env > 0) return from_env;
+  return context >= kLongContext ? 128 : 64;
 }
 
 // Element e of stored row `row` (row index over [blocks, layers, block_size]), widened to F32 as
@@ -355,7 +362,8 @@ __global__ void __launch_bounds__(kCombineDims)
 }  // namespace
 
 int64_t MlaDecodeSplitLen(int64_t context) {
-  const int64_t per_split = (context + MaxSplits() - 1) / MaxSplits();
+  const int64_t splits = MaxSplits(context);
+  const int64_t per_split = (context + splits - 1) / splits;
   return std::max(kMinSplit, (per_split + 63) / 64 * 64);
 }
 
