@@ -1,6 +1,6 @@
-// Backend (backend.h): the base versions of the grouped Linear and the batched KDA decode op,
-// written once over the per-op kernels so every backend has them and a fused kernel has a
-// reference to match.
+// Backend (backend.h): the base versions of the grouped Linear, the residual add + norm and the
+// batched KDA decode op, written once over the per-op kernels so every backend has them and a
+// fused kernel has a reference to match.
 #include "kimirt/backend/backend.h"
 
 #include "kimirt/core/check.h"
@@ -16,6 +16,11 @@ void Backend::CheckDecodeSlots(std::span<const int32_t> slots, int64_t slot_coun
 
 void Backend::LinearGroup(std::span<const LinearProblem> problems) {
   for (const LinearProblem& p : problems) Linear(*p.x, *p.w, p.y);
+}
+
+void Backend::AddRmsNorm(const Tensor& a, const Tensor& b, const Tensor& w, float eps, Tensor* h, Tensor* y) {
+  Add(a, b, h);
+  RmsNorm(*h, w, eps, y);
 }
 
 void Backend::KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,

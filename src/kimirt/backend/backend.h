@@ -251,6 +251,11 @@ class Backend {
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
   // y = a + b (y may be a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;
+  // h = a + b, then y = RmsNorm(h; w, eps): a residual add and the norm that reads its sum (spec
+  // §4.1), with exactly the bits of Add then RmsNorm. h and y are new tensors (neither is a
+  // nor b). The base version calls the two; CUDA runs one kernel (one launch and one pass over
+  // the row fewer a sub-layer in a decode step).
+  virtual void AddRmsNorm(const Tensor& a, const Tensor& b, const Tensor& w, float eps, Tensor* h, Tensor* y);
   // y = x * sigmoid(g) (the MLA output gate, spec §6.4; y may be x).
   virtual void SigmoidMul(const Tensor& x, const Tensor& g, Tensor* y) = 0;
   // y [T, I] = GLU(gate [T, I], up [T, I]) (spec §3.3).

@@ -410,25 +410,38 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
   } else {
     stream = std::make_unique<PreNormResidual>(be_, state[0]);
   }
-  for (size_t i = static_cast<size_t>(stage_.first_layer); i < static_cast<size_t>(stage_.end_layer); ++i) {
+  // Each sub-layer's output is added to the stream together with the norm that reads the sum
+  // next (ResidualStream::AddThenNorm): the FFN's, the next layer's attention norm, the final norm.
+  const size_t first = static_cast<size_t>(stage_.first_layer), end = static_cast<size_t>(stage_.end_layer);
+  Tensor x, hn;  // the attention norm of layer i; the final norm
+  if (first < end) {
+    x = ctx_.Norm(stream->AttentionInput(stage_.first_layer, w_.layers[first]), w_.layers[first].input_norm, eps);
+  }
+  for (size_t i = first; i < end; ++i) {
     const LayerWeights& lw = w_.layers[i];
-    Tensor x = ctx_.Norm(stream->AttentionInput(static_cast<int64_t>(i), lw), lw.input_norm, eps);
     Tensor attn = lw.is_kda ? RunKda(ctx_, lw.kda, x, kda_slot_[i], rows, o.kda_form)
                             : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form, paged_decode);
-    stream->Add(attn);
-    Tensor y = ctx_.Norm(stream->FfnInput(lw), lw.post_norm, eps);
+    Tensor y = stream->AddThenNorm(be_, attn, lw.post_norm, eps, [&] { return stream->FfnInput(lw); });
     Tensor route;
     Tensor ffn = lw.is_moe ? RunMoe(ctx_, lw.moe, y, &route) : RunMlp(ctx_, lw.dense, y);
-    stream->Add(ffn);
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
+    if (i + 1 < end) {
+      const LayerWeights& next = w_.layers[i + 1];
+      x = stream->AddThenNorm(be_, ffn, next.input_norm, eps,
+                              [&] { return stream->AttentionInput(static_cast<int64_t>(i + 1), next); });
+    } else if (stage_.is_last()) {
+      hn = stream->AddThenNorm(be_, ffn, w_.norm, eps, [&] { return stream->Output(); });
+    } else {
+      stream->Add(ffn);
+    }
   }
 
   if (!stage_.is_last()) {
     SendState(stream->State());
     return Tensor();
   }
-  // Spec §4 steps 5-6: final norm and the vocab-parallel head.
-  Tensor hn = ctx_.Norm(stream->Output(), w_.norm, eps);
+  // Spec §4 steps 5-6: final norm (above, with the last add) and the vocab-parallel head.
+  if (!hn.defined()) hn = ctx_.Norm(stream->Output(), w_.norm, eps);
   if (trace != nullptr) trace->final_norm = HostCopy(be_, hn);
   return HeadLogits(o.all_logits ? hn : hn.Rows(T - 1, 1));
 }

@@ -1,4 +1,4 @@
-// PreNormResidual (residual.h).
+// ResidualStream::AddThenNorm and PreNormResidual (residual.h).
 #include "kimirt/model/residual.h"
 
 namespace kimirt {
@@ -10,5 +10,23 @@ Tensor Sum(Backend& be, const Tensor& a, const Tensor& b) {
 }
 
 void PreNormResidual::Add(const Tensor& out) { h_ = Sum(be_, h_, out); }
+
+Tensor ResidualStream::AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
+                                   const std::function<Tensor()>& next) {
+  Add(out);
+  const Tensor x = next();
+  Tensor y = be.Empty(x.shape());
+  be.RmsNorm(x, w, eps, &y);
+  return y;
+}
+
+// Every norm reads h: the new h and its norm in one call.
+Tensor PreNormResidual::AddThenNorm(Backend& /*be*/, const Tensor& out, const Tensor& w, float eps,
+                                    const std::function<Tensor()>& /*next*/) {
+  Tensor h = be_.Empty(h_.shape()), y = be_.Empty(h_.shape());
+  be_.AddRmsNorm(h_, out, w, eps, &h, &y);
+  h_ = h;
+  return y;
+}
 
 }  // namespace kimirt

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kimirt/backend/backend.h"
@@ -24,6 +25,11 @@ class ResidualStream {
   virtual Tensor FfnInput(const LayerWeights& lw) = 0;
   // Adds a sub-layer's output [T, D] to the stream.
   virtual void Add(const Tensor& out) = 0;
+  // Add(out), then RMSNorm(w, eps) of next() — what the next norm reads (FfnInput, the next
+  // layer's AttentionInput or Output) — as a new tensor. A stream whose norms read the sum itself
+  // (PreNormResidual) does both in one backend call (Backend::AddRmsNorm: the same bits).
+  virtual Tensor AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
+                             const std::function<Tensor()>& next);
   // What the final norm reads.
   virtual Tensor Output() = 0;
   // The whole state between two layers, as tensors [T, D] (pipeline parallelism: what one stage
@@ -41,6 +47,8 @@ class PreNormResidual final : public ResidualStream {
   Tensor AttentionInput(int64_t /*layer*/, const LayerWeights& /*lw*/) override { return h_; }
   Tensor FfnInput(const LayerWeights& /*lw*/) override { return h_; }
   void Add(const Tensor& out) override;
+  Tensor AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
+                     const std::function<Tensor()>& next) override;
   Tensor Output() override { return h_; }
   std::vector<Tensor> State() const override { return {h_}; }
 

@@ -327,6 +327,15 @@ class CudaBackend final : public Backend {
     cuda::RmsNorm(F(x), F(w), eps, Rows(x), Cols(x), F(*y), stream_);
   }
 
+  void AddRmsNorm(const Tensor& a, const Tensor& b, const Tensor& w, float eps, Tensor* h, Tensor* y) override {
+    KIMIRT_CHECK(a.numel() == b.numel() && a.numel() == h->numel() && a.numel() == y->numel() &&
+                 w.numel() == Cols(a));
+    KIMIRT_CHECK_MSG(h->raw() != a.raw() && h->raw() != b.raw() && y->raw() != a.raw() && y->raw() != b.raw() &&
+                         y->raw() != h->raw(),
+                     "AddRmsNorm: h and y must be new tensors");
+    cuda::AddRmsNorm(F(a), F(b), F(w), eps, Rows(a), Cols(a), F(*h), F(*y), stream_);
+  }
+
   void Add(const Tensor& a, const Tensor& b, Tensor* y) override {
     KIMIRT_CHECK(a.numel() == b.numel() && a.numel() == y->numel());
     cuda::Add(F(a), F(b), F(*y), a.numel(), stream_);

@@ -162,6 +162,22 @@ TEST_F(CudaBackendTest, RmsNormHeldRowsGiveTheLoopKernelsBits) {
   }
 }
 
+// AddRmsNorm (one kernel up to 8,192 wide, two above): the sum and the norm with the bits of
+// Add then RmsNorm.
+TEST_F(CudaBackendTest, AddRmsNormGivesAddThenRmsNormsBits) {
+  for (auto [T, K] : std::vector<std::array<int64_t, 2>>{{1, 2304}, {7, 7168}, {2, 100}, {2, 8193}}) {
+    SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K));
+    const Tensor a = Up(Random({T, K})), b = Up(Random({T, K})), g = Up(Random({K}, 0.5f, 1.0f));
+    Tensor h = Poisoned({T, K}), y = Poisoned({T, K}), h2 = Poisoned({T, K}), y2 = Poisoned({T, K});
+    gpu_->AddRmsNorm(a, b, g, 1e-5f, &h, &y);
+    gpu_->Add(a, b, &h2);
+    gpu_->RmsNorm(h2, g, 1e-5f, &y2);
+    const size_t bytes = static_cast<size_t>(T * K) * sizeof(float);
+    EXPECT_EQ(std::memcmp(Down(h).f32(), Down(h2).f32(), bytes), 0) << "the sum";
+    EXPECT_EQ(std::memcmp(Down(y).f32(), Down(y2).f32(), bytes), 0) << "the norm";
+  }
+}
+
 TEST_F(CudaBackendTest, LinearNormsAndElementwise) {
   for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{{1, 7168, 512}, {37, 256, 1000}, {256, 128, 64}}) {
     SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(K) + "x" + std::to_string(N));

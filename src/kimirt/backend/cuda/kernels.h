@@ -75,6 +75,10 @@ void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_
 
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
+// h = a + b (as Add), then y = RmsNorm(h) (as RmsNorm): one kernel for rows up to 8,192 wide.
+// h and y alias neither a nor b.
+void AddRmsNorm(const float* a, const float* b, const float* w, float eps, int64_t rows, int64_t n, float* h, float* y,
+                cudaStream_t s);
 // rows of K: y = x·rstd·w·sigmoid(g) (spec §3.2).
 void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int64_t rows, int64_t K, float* y,
                   cudaStream_t s);

@@ -38,10 +38,12 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 // the kernel before (they are weights, pdl.cuh). The loops above wait one L2 (or HBM) round trip
 // per element a thread owns, as the stores to y may alias x and w: ~7 µs a 2,304-wide row,
 // measured (Nsight Compute, 2-layer Kimi-Linear-48B decode), where the data is 18 KB.
+// kAdd (AddRmsNorm): the row is a + b, AddKernel's sum, stored to h before it is normalized.
 constexpr int kNormHeld = 32;  // 8,192 elements: K3's hidden 7,168, Kimi-Linear's 2,304
+template <bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormHeldKernel(const float* __restrict__ x, const float* __restrict__ w, float eps, int64_t n,
-                      float* __restrict__ y) {
+    RmsNormHeldKernel(const float* __restrict__ x, const float* __restrict__ b, const float* __restrict__ w,
+                      float eps, int64_t n, float* __restrict__ h, float* __restrict__ y) {
   __shared__ float scratch[33];
   float wv[kNormHeld], xv[kNormHeld];
 #pragma unroll
@@ -51,11 +53,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   PdlWait();
   PdlTrigger();
-  const float* r = x + blockIdx.x * n;
+  const int64_t row = blockIdx.x * n;
 #pragma unroll
   for (int j = 0; j < kNormHeld; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
-    xv[j] = i < n ? r[i] : 0.0f;
+    if constexpr (kAdd) {
+      xv[j] = i < n ? x[row + i] + b[row + i] : 0.0f;
+    } else {
+      xv[j] = i < n ? x[row + i] : 0.0f;
+    }
+  }
+  if constexpr (kAdd) {
+#pragma unroll
+    for (int j = 0; j < kNormHeld; ++j) {
+      const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+      if (i < n) h[row + i] = xv[j];
+    }
   }
   float ss = 0.0f;
 #pragma unroll
@@ -64,11 +77,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   ss = BlockSum(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  float* out = y + blockIdx.x * n;
 #pragma unroll
   for (int j = 0; j < kNormHeld; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
-    if (i < n) out[i] = wv[j] * (xv[j] * inv);
+    if (i < n) y[row + i] = wv[j] * (xv[j] * inv);
   }
 }
 
@@ -123,10 +135,26 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s) {
   if (rows == 0) return;
   // In place (y == x) or longer rows: the loop kernel.
-  const bool held = n <= int64_t{kThreads} * kNormHeld && y != x;
-  LaunchPdl("RmsNorm", held ? RmsNormHeldKernel : RmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0,
-            s, x, w, eps, n, y);
+  if (n <= int64_t{kThreads} * kNormHeld && y != x) {
+    LaunchPdl("RmsNorm", RmsNormHeldKernel<false>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x,
+              static_cast<const float*>(nullptr), w, eps, n, static_cast<float*>(nullptr), y);
+  } else {
+    LaunchPdl("RmsNorm", RmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, w, eps, n, y);
+  }
   CheckLaunch("RmsNorm");
+}
+
+void AddRmsNorm(const float* a, const float* b, const float* w, float eps, int64_t rows, int64_t n, float* h, float* y,
+                cudaStream_t s) {
+  if (rows == 0) return;
+  if (n > int64_t{kThreads} * kNormHeld) {  // longer rows: the two kernels
+    Add(a, b, h, rows * n, s);
+    RmsNorm(h, w, eps, rows, n, y, s);
+    return;
+  }
+  LaunchPdl("AddRmsNorm", RmsNormHeldKernel<true>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, a, b, w,
+            eps, n, h, y);
+  CheckLaunch("AddRmsNorm");
 }
 
 void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int64_t rows, int64_t K, float* y,
