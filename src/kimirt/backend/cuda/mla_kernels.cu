@@ -196,7 +196,8 @@ constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / 
 constexpr int64_t kMinSplit = 64, kMaxSplits = 256;
 // The splits a sequence of `context` positions takes at most: 64, and 128 from 32K positions on,
 // where the ring2 split (two blocks an SM) makes the extra blocks pay: measured on one H200, batch
-// 1, BF16, 32 heads (bench/results/2026-12-01-h200-mla-decode-splits{64,128}.json): 32K 66.2 µs
+// 1, BF16, 32 heads (docs/cuda.md "MLA decode on tensor cores",
+// bench/results/2026-12-01-h200-mla-decode-ring4-ring2-splits*.json): 32K 66.2 µs
 // at 64 (ring4) → 63.5 at 128 (ring2), 128K 171 → 133; below 32K 128 splits were slower (8K:
 // 35.6 → 42.7). A function of the context alone (batch invariance). KIMIRT_MLA_DECODE_SPLITS
 // (1..256), for trials, sets one bound for every context; read once a process, so every step of a

@@ -106,6 +106,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   };
   lane_best();
   float sum = 0.0f;
+  // Not unrolled, here and below: this code runs once a launch, so its size is fetch latency.
+#pragma unroll 1
   for (int j = 0; j < k; ++j) {
     float vc = best_c;
     int32_t ve = best_e;
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     sum += w;
   }
   __syncwarp();
+#pragma unroll 1
   for (int j = lane; j < k; j += 32) {
     float w = pick_w[warp][j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
