@@ -1,6 +1,6 @@
 // What decode_gemm.cu needs beyond ../kda_chunk_emulation/shim.h in its host emulation (see
 // ../decode_gemm_group_emulate.sh): BF16 conversions as the device does them, dim3 and blockDim,
-// cp.async (cp_async.cuh) and dynamic shared memory, the runtime's function attributes, and
+// dynamic shared memory, the runtime's function attributes, and
 // pdl.cuh's launch, which runs a kernel's blocks one after another. A block of 128 threads (the
 // GEMM's: its MMAs are warp-collective, its x staging has __syncthreads) runs as 128 std::threads
 // (shim.h's warp and block barriers); other blocks (SplitXKernel, the sums: grid-stride loops with
@@ -66,32 +66,7 @@ cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int val
 // Dynamic shared memory: the running block's buffer (the script turns the kernel's
 // `extern __shared__ uint4 x_smem[]` into this pointer), filled with 0xff bytes (BF16 NaNs) at the
 // start of each block, so a read of a chunk no copy wrote shows as NaN.
-inline thread_local uint4* g_smem;
-
-// cp.async: each thread's copies wait in its queue, in commit groups, and land only when a
-// CpAsyncWait<N> leaves at most N groups pending: the latest moment the device may land them, so
-// a read before its wait, a missing wait or a copy into the wrong buffer reads the old contents.
-// (Copies landing early, before a barrier that should have kept them back, are not modelled.)
-struct CpAsyncCopy {
-  void* dst;
-  const void* src;  // nullptr: zeros (src-size 0)
-};
-inline thread_local std::vector<CpAsyncCopy> g_cp_open;
-inline thread_local std::vector<std::vector<CpAsyncCopy>> g_cp_groups;
-inline void CpAsync16(void* dst, const void* src, bool valid = true) { g_cp_open.push_back({dst, valid ? src : nullptr}); }
-inline void CpAsyncCommit() {
-  g_cp_groups.push_back(std::move(g_cp_open));
-  g_cp_open.clear();
-}
-template <int kPending>
-void CpAsyncWait() {
-  while (g_cp_groups.size() > static_cast<size_t>(kPending)) {
-    for (const CpAsyncCopy& c : g_cp_groups.front()) {
-      if (c.src) std::memcpy(c.dst, c.src, 16); else std::memset(c.dst, 0, 16);
-    }
-    g_cp_groups.erase(g_cp_groups.begin());
-  }
-}
+inline thread_local uint4* g_dyn_smem;
 
 namespace kimirt::cuda {
 
@@ -117,10 +92,8 @@ void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 bloc
     gridDim = {grid.x, grid.y, 1};
     blockDim = {block.x, 1, 1};
     threadIdx = {tx, 0, 0};
-    g_smem = shared.data();
+    g_dyn_smem = shared.data();
     std::apply(kernel, params);
-    g_cp_open.clear();  // copies never waited for (none should be: their data is never read)
-    g_cp_groups.clear();
   };
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
