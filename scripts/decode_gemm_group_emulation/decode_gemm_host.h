@@ -1,7 +1,7 @@
 // What decode_gemm.cu needs beyond ../kda_chunk_emulation/shim.h in its host emulation (see
 // ../decode_gemm_group_emulate.sh): BF16 conversions as the device does them, dim3 and blockDim,
-// dynamic shared memory, the runtime's function attributes, and
-// pdl.cuh's launch, which runs a kernel's blocks one after another. A block of 128 threads (the
+// dynamic shared memory, the runtime's function attributes, and pdl.cuh's launch, which runs a
+// kernel's blocks one after another (cp.async: cp_async_host.h). A block of 128 threads (the
 // GEMM's: its MMAs are warp-collective, its x staging has __syncthreads) runs as 128 std::threads
 // (shim.h's warp and block barriers); other blocks (SplitXKernel, the sums: grid-stride loops with
 // no barriers) run their threads in turn on the calling thread.
@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -50,13 +49,11 @@ inline cudaError_t cudaGetDevice(int* d) {
   *d = 0;
   return cudaSuccess;
 }
-inline std::mutex g_attr_mutex;
 inline std::map<const void*, size_t> g_smem_allowed;  // kernel → its MaxDynamicSharedMemorySize
 inline int g_attr_calls = 0;                           // cudaFuncSetAttribute calls (once per kernel)
 template <typename Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
-  std::lock_guard<std::mutex> lock(g_attr_mutex);
-  ++g_attr_calls;
+  ++g_attr_calls;  // host code: one thread
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     g_smem_allowed[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
   }
