@@ -2,11 +2,14 @@
 # Checks the grouped decode GEMM (src/kimirt/backend/cuda/decode_gemm.cu: DecodeGemmGroup) without
 # a GPU, as scripts/kda_chunk_emulate.sh does the chunked KDA kernel: the kernel file is turned into
 # host C++ (mma_bf16.cuh's inline PTX replaced by the emulated MMA of
-# scripts/kda_chunk_emulation/shim.h, its L2 prefetch by nothing, pdl.cuh's launch by one that runs
-# the blocks on the host: scripts/decode_gemm_group_emulation/decode_gemm_host.h), and driver.cpp
-# checks every group output bit-identical to its DecodeGemm alone, for every row bucket. It checks
-# the block map, scratch layout and sums, not the GPU's rounding or speed (CudaBackendLinearGroup.*
-# does). A few minutes on two cores. Usage: bash scripts/decode_gemm_group_emulate.sh [case name]
+# scripts/kda_chunk_emulation/shim.h, its L2 prefetch by nothing, cp.async by copies that land at
+# their wait (cp_async_host.h), dynamic shared memory and pdl.cuh's launch by host versions that run
+# the blocks as threads: scripts/decode_gemm_group_emulation/decode_gemm_host.h), and driver.cpp
+# checks every output bit-identical to a host computation of the kernel's MMA order and every group
+# output to its DecodeGemm alone, for every row bucket. It checks the block map, the x staging through shared
+# memory (4 and 8 tiles), scratch layout and sums, not the GPU's rounding or speed
+# (CudaBackendLinearGroup.* does). A few minutes on two cores.
+# Usage: bash scripts/decode_gemm_group_emulate.sh [case name]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
@@ -28,9 +31,14 @@ mma = cut(mma, "__device__ __forceinline__ void Mma(",
           "{ const uint32_t a[4] = {a0, a1, a2, a3}; const uint32_t b[2] = {b0, b1}; EmuMma(d, a, b); }\n")
 assert "asm" not in mma
 src = open(cuda_dir + "/decode_gemm.cu").read()
-for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
+for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
+            '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
     assert inc in src
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
+src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp_async_host.h"\n')
+smem = "extern __shared__ uint4 x_smem[];"
+assert src.count(smem) == 1
+src = src.replace(smem, "uint4* const x_smem = g_dyn_smem;")
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma)
 assert "asm" not in src
 open(out, "w").write(src)

@@ -11,6 +11,9 @@
 #             calls bit-identical to single ones), then its weight bandwidth at the models' shapes,
 #             m = 1, 8, 32, 64, and the grouped calls against separate ones
 #             (bench/decode_gemm_bench.cu; $OUT/decode-gemm.json);
+#   gemmrace  the same tests under compute-sanitizer racecheck and synccheck: the 32- and 64-row
+#             kernels stage x in shared memory (cp.async, two buffers, one barrier a round), so a
+#             missing wait or barrier shows as a hazard ($OUT/racecheck-gemm.txt, synccheck-gemm.txt);
 #   kdabench  the fused KDA decode kernel's tests (every variant), its bench (bench/kda_decode_bench.cu,
 #             every variant) and FLA's fused_recurrent_kda
 #             (bench/kda_decode_fla.py) in one run ($OUT/kda-decode-bench.json); needs torch +
@@ -93,7 +96,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -328,6 +331,16 @@ if [[ "$what" == gemm ]]; then
   timeout 300 "$root/decode_gemm_bench" --rows 1,8,32,64 --json "$out/decode-gemm.json" 2>&1 |
     tee "$out/decode-gemm.txt" | tail -90
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == gemmrace ]]; then
+  for tool in racecheck synccheck; do
+    timeout 270 compute-sanitizer --tool "$tool" --error-exitcode 9 "$root/kimirt_tests" \
+      --gtest_filter='CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' >"$out/$tool-gemm.txt" 2>&1
+    rc=$?
+    echo "$tool exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-gemm.txt") tests passed"
+    grep -E 'hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-gemm.txt" | head -10
+    [[ $rc -eq 0 ]] || status=1
+  done
 fi
 if [[ "$what" == kdabench ]]; then
   # Few files under $OUT (8 come back): the variants' tests, ours alone, FLA's log, the merged JSON.

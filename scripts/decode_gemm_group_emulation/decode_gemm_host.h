@@ -1,14 +1,17 @@
 // What decode_gemm.cu needs beyond ../kda_chunk_emulation/shim.h in its host emulation (see
 // ../decode_gemm_group_emulate.sh): BF16 conversions as the device does them, dim3 and blockDim,
-// and pdl.cuh's launch, which runs a kernel's blocks one after another. A block of 128 threads
-// (the GEMM's: its MMAs are warp-collective) runs as 128 std::threads (shim.h's warp barriers);
-// other blocks (SplitXKernel, the sums: grid-stride loops with no barriers) run their threads in
-// turn on the calling thread.
+// dynamic shared memory, the runtime's function attributes, and pdl.cuh's launch, which runs a
+// kernel's blocks one after another (cp.async: cp_async_host.h). A block of 128 threads (the
+// GEMM's: its MMAs are warp-collective, its x staging has __syncthreads) runs as 128 std::threads
+// (shim.h's warp and block barriers); other blocks (SplitXKernel, the sums: grid-stride loops with
+// no barriers) run their threads in turn on the calling thread.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -35,6 +38,33 @@ struct dim3 {
 };
 inline thread_local Dim3 blockDim;
 
+// The runtime calls decode_gemm.cu makes for its shared memory: the dynamic size a kernel was
+// allowed is recorded, and the launch below refuses more than that (or than 48 KB unasked), as
+// the device does.
+enum cudaError_t { cudaSuccess = 0 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+constexpr int cudaSharedmemCarveoutMaxShared = 100;
+inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+inline std::map<const void*, size_t> g_smem_allowed;  // kernel → its MaxDynamicSharedMemorySize
+inline int g_attr_calls = 0;                           // cudaFuncSetAttribute calls (once per kernel)
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
+  ++g_attr_calls;  // host code: one thread
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    g_smem_allowed[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  }
+  return cudaSuccess;
+}
+
+// Dynamic shared memory: the running block's buffer (the script turns the kernel's
+// `extern __shared__ uint4 x_smem[]` into this pointer), filled with 0xff bytes (BF16 NaNs) at the
+// start of each block, so a read of a chunk no copy wrote shows as NaN.
+inline thread_local uint4* g_dyn_smem;
+
 namespace kimirt::cuda {
 
 inline void PdlWait() {}
@@ -44,20 +74,29 @@ inline void PdlEnter() {}
 inline int g_launches = 0;  // kernels launched (the driver counts a group's)
 
 template <typename... Params, typename... Args>
-void LaunchPdl(const char*, void (*kernel)(Params...), dim3 grid, dim3 block, size_t, void*, Args&&... args) {
+void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, void*,
+               Args&&... args) {
   ++g_launches;
+  const auto allowed = g_smem_allowed.find(reinterpret_cast<const void*>(kernel));
+  if (smem > (allowed == g_smem_allowed.end() ? size_t{48 * 1024} : allowed->second)) {
+    std::fprintf(stderr, "%s: %zu bytes of dynamic shared memory, not allowed (cudaFuncSetAttribute)\n", what, smem);
+    std::abort();
+  }
+  std::vector<uint4> shared((smem + sizeof(uint4) - 1) / sizeof(uint4));
   const std::tuple<Params...> params(static_cast<Params>(args)...);
   auto run = [&](unsigned bx, unsigned by, unsigned tx) {
     blockIdx = {bx, by, 0};
     gridDim = {grid.x, grid.y, 1};
     blockDim = {block.x, 1, 1};
     threadIdx = {tx, 0, 0};
+    g_dyn_smem = shared.data();
     std::apply(kernel, params);
   };
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
+      if (!shared.empty()) std::memset(shared.data(), 0xff, shared.size() * sizeof(uint4));
       if (block.x == 128) {
-        BlockCtx ctx;
+        BlockCtx ctx(128);
         g_ctx = &ctx;
         std::vector<std::thread> threads;
         for (unsigned tx = 0; tx < block.x; ++tx) threads.emplace_back(run, bx, by, tx);

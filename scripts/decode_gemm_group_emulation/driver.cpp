@@ -1,15 +1,20 @@
 // Host emulation of the grouped decode GEMM (see ../decode_gemm_group_emulate.sh): runs
 // decode_gemm.cu's DecodeGemmGroup and DecodeGemm on the same problems and checks that every
-// group output is bit-identical to its problem's DecodeGemm alone (outputs NaN-poisoned first),
-// within 2e-6 (relative L2) of a float64 product, and that a group takes one GEMM launch per
-// weight alignment and per 8 problems, one sum launch, and one x split per distinct x (m > 16).
-// It checks the block → (problem, column block, split) map, the scratch layout and the grouped
-// sums; the GPU's rounding is the CUDA tests' (CudaBackendLinearGroup.*).
+// DecodeGemm output is bit-identical to Reference below (the kernel's operations in the kernel's
+// order, computed here without its tiling, staging or indexing), every group output to its
+// problem's DecodeGemm alone (outputs NaN-poisoned first), both within 2e-6 (relative L2) of a
+// float64 product, and that a group takes one GEMM launch per weight alignment and per 8
+// problems, one sum launch, and one x split per distinct x (m > 16). It checks the block →
+// (problem, column block, split) map, the x staging through shared memory (m > 16: which round's
+// parts each warp reads from which buffer), the scratch layout and the grouped sums; the GPU's
+// rounding is the CUDA tests' (CudaBackendLinearGroup.*).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +55,56 @@ struct Buffer {
   Buffer& operator=(const Buffer&) = delete;
   float* f() { return static_cast<float*>(p); }
 };
+
+// y [m, n] as the kernel computes it under shim.h's MMA: for each k slice of the problem's plan
+// (MakePlan: from n and k only), for each 32-k step of it, mma::Step's six MMAs in order (x's lo,
+// mid, then hi part; of the 8 k 8t .. 8t + 7 lane t holds, the first MMA takes 8t + 0, 1 in k
+// slots 2t, 2t + 1 and 8t + 2, 3 in slots 2t + 8, 2t + 9, the second 8t + 4 .. 7 the same way),
+// each summed as EmuMma sums it (in double from the running F32 value, slots in order, rounded
+// once); the step's sum added to the slice's in F32; the slices added in ascending order
+// (SumSplit). Zeros past k. No tiling, staging or scratch: an independent account of the bits.
+std::vector<float> Reference(const float* x, const uint16_t* w, int64_t m, int64_t n, int64_t k) {
+  const auto plan = kimirt::cuda::MakePlan(m, n, k);
+  const int64_t steps = plan.k_pad / 32;
+  std::vector<float> parts(static_cast<size_t>(3 * m * plan.k_pad), 0.0f);  // [part lo/mid/hi][row][k]
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t q = 0; q < k; ++q) {
+      uint32_t hi, mid, lo;
+      kimirt::cuda::mma::SplitOne(x[r * k + q], hi, mid, lo);
+      const uint32_t bits[3] = {lo, mid, hi};
+      for (int p = 0; p < 3; ++p) parts[static_cast<size_t>((p * m + r) * plan.k_pad + q)] = BfToF(static_cast<uint16_t>(bits[p]));
+    }
+  }
+  std::vector<float> y(static_cast<size_t>(m * n));
+  std::vector<float> wf(static_cast<size_t>(plan.k_pad));
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t q = 0; q < plan.k_pad; ++q) wf[static_cast<size_t>(q)] = q < k ? BfToF(w[j * k + q]) : 0.0f;
+    for (int64_t r = 0; r < m; ++r) {
+      float sum = 0.0f;
+      for (int64_t s0 = 0; s0 < steps; s0 += plan.slice / 32) {
+        float acc = 0.0f;
+        for (int64_t step = s0; step < std::min(steps, s0 + plan.slice / 32); ++step) {
+          float d = 0.0f;
+          for (int p = 0; p < 3; ++p) {
+            const float* xp = &parts[static_cast<size_t>((p * m + r) * plan.k_pad)];
+            for (int half = 0; half < 2; ++half) {  // the step's two MMAs
+              double e = d;
+              for (int slot = 0; slot < 16; ++slot) {  // m16n8k16 k slot: lane t = slot % 8 / 2
+                const int64_t q = step * 32 + 8 * (slot % 8 / 2) + 4 * half + 2 * (slot / 8) + slot % 2;
+                e += static_cast<double>(wf[static_cast<size_t>(q)]) * xp[q];
+              }
+              d = static_cast<float>(e);
+            }
+          }
+          acc += d;
+        }
+        sum = s0 == 0 ? acc : sum + acc;
+      }
+      y[static_cast<size_t>(r * n + j)] = sum;
+    }
+  }
+  return y;
+}
 
 int Check(const Case& c, int64_t m) {
   int failures = 0;
@@ -93,6 +148,18 @@ int Check(const Case& c, int64_t m) {
   }
   for (size_t i = 0; i < c.problems.size(); ++i) {
     const ProblemShape& p = c.problems[i];
+    const std::vector<float> want =
+        Reference(x[static_cast<size_t>(p.x)]->f(), static_cast<const uint16_t*>(w[i]->p), m, p.n, p.k);
+    if (std::memcmp(want.data(), alone[i]->p, want.size() * 4) != 0) {
+      int64_t bad = 0;
+      while (std::memcmp(&want[static_cast<size_t>(bad)], alone[i]->f() + bad, 4) == 0) ++bad;
+      std::printf("FAIL %s problem %zu (n=%lld k=%lld): DecodeGemm's bits differ from the reference's, first at "
+                  "row %lld column %lld: %.9g, want %.9g\n",
+                  where.c_str(), i, static_cast<long long>(p.n), static_cast<long long>(p.k),
+                  static_cast<long long>(bad / p.n), static_cast<long long>(bad % p.n), alone[i]->f()[bad],
+                  want[static_cast<size_t>(bad)]);
+      ++failures;
+    }
     if (std::memcmp(grouped[i]->p, alone[i]->p, static_cast<size_t>(m * p.n) * 4) != 0) {
       std::printf("FAIL %s problem %zu (n=%lld k=%lld): group bits differ from DecodeGemm's\n", where.c_str(), i,
                   static_cast<long long>(p.n), static_cast<long long>(p.k));
@@ -138,6 +205,12 @@ int main(int argc, char** argv) {  // argv[1]: run only the case of that name
       failures += Check(c, m);
       ++checks;
     }
+  }
+  // The shared-memory attributes (2 a kernel: size, carveout) are set once per kernel and device,
+  // not per call: 4 and 8 tiles × aligned or not × alone or grouped.
+  if (g_attr_calls > 2 * 8) {
+    std::printf("FAIL %d cudaFuncSetAttribute calls, want at most 16 (once per kernel)\n", g_attr_calls);
+    ++failures;
   }
   std::printf("%d group calls checked, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -30,14 +30,16 @@ inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); retu
 [[noreturn]] inline void __trap() { std::abort(); }
 #include <math.h>
 struct BlockCtx {
-  std::barrier<> block{256};
+  std::barrier<> block;  // __syncthreads: the block's threads (256 unless the launcher says)
   std::vector<std::barrier<>*> warp;
   std::atomic<int> or_acc{0};
   float shfl[8][32];
   uint32_t fa[8][32][4], fb[8][32][2];
   const void* ptr[8][32];
   float fc[8][32][4];
-  BlockCtx() { for (int i = 0; i < 8; ++i) warp.push_back(new std::barrier<>(32)); }
+  explicit BlockCtx(int threads = 256) : block(threads) {
+    for (int i = 0; i < 8; ++i) warp.push_back(new std::barrier<>(32));
+  }
   ~BlockCtx() { for (auto* b : warp) delete b; }
 };
 inline BlockCtx* g_ctx;

@@ -17,6 +17,9 @@
 // MMAs' k slots by the same permutation for A and B (Step below), so they multiply matching
 // pairs. x is split once per call into scratch (SplitXKernel) for 4 and 8 tiles; for 1 and 2 the
 // GEMM splits it in registers (LoadX + SplitX8), one launch fewer, with the same SplitOne.
+// At 4 and 8 tiles a block copies each round's x parts from scratch into shared memory once
+// (StageX, cp.async, double-buffered) and its four warps read their B fragments there: read by
+// every warp from global memory, x was 4 × 24 KB of L2 traffic per 32 KB weight round at 32 rows.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
@@ -29,11 +32,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
@@ -169,6 +174,43 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
 template <int kTiles>
 constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 
+// Above kMaxTilesSplitInKernel a round's x parts go through shared memory, copied once per
+// block: kUnroll steps × kTiles tiles × kParts parts, 512 bytes (32 lanes × 16) each, in
+// SplitXKernel's order, so one round of one part is one contiguous run of scratch and a warp's
+// read of one tile-part is 512 contiguous bytes of shared memory (16 bytes a lane: no bank
+// conflict). Two buffers: the next round's copy lands while this round's MMAs run.
+template <int kTiles>
+constexpr int kXChunks = kUnroll * kTiles * 32;  // 16-byte chunks of one part in one round
+template <int kTiles>
+constexpr size_t kXSmemBytes = kTiles <= kMaxTilesSplitInKernel ? 0 : 2 * kParts * kXChunks<kTiles> * sizeof(uint4);
+static_assert(kXSmemBytes<4> == 48 * 1024 && kXSmemBytes<8> == 96 * 1024, "x buffers: 2 × 24 KB, 2 × 48 KB");
+// kMinBlocks of them an SM (an H200 SM has 228 KB of shared memory, 1 KB of it reserved a block).
+static_assert(kMinBlocks<8> * (kXSmemBytes<8> + 1024) <= 228 * 1024, "8 tiles: 2 blocks an SM");
+
+// The x parts of the round at kb (SplitXKernel's scratch) into buffer `dst` (kParts ×
+// kXChunks of it), 16 bytes a copy, thread i copying chunks i, i + 128, ..., so each j below
+// lies in one step (kTiles · 32 chunks a step, a multiple of 128) and its step is a constant.
+// Steps past the slice's end are not copied (nor read: GemmBlock skips them; past k_pad scratch
+// has none).
+template <int kTiles>
+__device__ __forceinline__ void StageX(uint4* dst, const uint16_t* x_hi, const uint16_t* x_mid, const uint16_t* x_lo,
+                                       int64_t kb, int64_t k_end) {
+  constexpr int kThreads = kWarps * 32;
+  static_assert(kTiles * 32 % kThreads == 0, "a thread's copy j lies in step j / kPerStep");
+  constexpr int kPerStep = kTiles * 32 / kThreads;
+  const int steps = k_end - kb < kSliceQuantum ? static_cast<int>((k_end - kb) / kStepK) : kUnroll;
+  const int64_t first = kb / kStepK * kTiles * 256 + threadIdx.x * 8;  // this thread's first element
+#pragma unroll
+  for (int part = 0; part < kParts; ++part) {
+    const auto* src = reinterpret_cast<const uint4*>((part == 0 ? x_hi : part == 1 ? x_mid : x_lo) + first);
+    uint4* d = dst + part * kXChunks<kTiles> + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < kXChunks<kTiles> / kThreads; ++j) {
+      if (j / kPerStep < steps) CpAsync16(d + j * kThreads, src + j * kThreads);
+    }
+  }
+}
+
 // One block's work, the same in DecodeGemmKernel (one GEMM) and DecodeGemmGroupKernel (a group):
 // 128 columns (column block `cb`) × k slice `split`; warp: 32 columns (two MMA tiles) × all
 // kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
@@ -200,6 +242,17 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   prefetch_round(k_begin + kSliceQuantum);
   PdlWait();
   PdlTrigger();
+
+  // 4 and 8 tiles: x through shared memory (kXSmemBytes), round i's parts in buffer i % 2. The
+  // first round's copy now (x is SplitXKernel's output: after PdlWait).
+  [[maybe_unused]] uint4 *xs = nullptr, *xs_next = nullptr;  // this round's buffer, the other
+  if constexpr (kTiles > kMaxTilesSplitInKernel) {
+    extern __shared__ uint4 x_smem[];
+    xs = x_smem;
+    xs_next = x_smem + kParts * kXChunks<kTiles>;
+    StageX<kTiles>(xs, x_hi, x_mid, x_lo, k_begin, k_end);
+    CpAsyncCommit();
+  }
 
   float acc[kColTiles][kTiles][4];
 #pragma unroll
@@ -238,6 +291,18 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) LoadX(x, g, kb + u * kStepK + 8 * t, m, k, x_vec, xr[u]);
     }
+    // 4 and 8 tiles, with this round's weight loads in flight: wait for this round's x (this
+    // thread's copies, then everyone's: the barrier), which also says every warp is done with
+    // the other buffer (last round's MMAs), so the next round's copy goes there now and lands
+    // while this round's MMAs run.
+    if constexpr (kTiles > kMaxTilesSplitInKernel) {
+      CpAsyncWait<0>();
+      __syncthreads();
+      if (kb + kSliceQuantum < k_end) {
+        StageX<kTiles>(xs_next, x_hi, x_mid, x_lo, kb + kSliceQuantum, k_end);
+        CpAsyncCommit();
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
@@ -252,14 +317,19 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
           LoadX(x, r * 8 + g, step * kStepK + 8 * t, m, k, x_vec, v);
           xp = SplitX8(v);
         } else {
-          const int64_t xi = ((step * kTiles + r) * 32 + lane) * 8;  // SplitXKernel's order
-          xp.hi = __ldg(reinterpret_cast<const uint4*>(x_hi + xi));
-          xp.mid = __ldg(reinterpret_cast<const uint4*>(x_mid + xi));
-          xp.lo = __ldg(reinterpret_cast<const uint4*>(x_lo + xi));
+          const int xi = (u * kTiles + r) * 32 + lane;  // StageX's order (SplitXKernel's)
+          xp.hi = xs[xi];
+          xp.mid = xs[kXChunks<kTiles> + xi];
+          xp.lo = xs[2 * kXChunks<kTiles> + xi];
         }
 #pragma unroll
         for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
       }
+    }
+    if constexpr (kTiles > kMaxTilesSplitInKernel) {
+      uint4* const done = xs;
+      xs = xs_next;
+      xs_next = done;
     }
   }
 
@@ -369,18 +439,49 @@ __global__ void SumSplitsGroupKernel(const __grid_constant__ GroupSumArgs a) {
   }
 }
 
+// Lets `kernel` take kXSmemBytes<kTiles> of dynamic shared memory (96 KB at 8 tiles: over the
+// 48 KB default) with all of the SM's L1/shared memory as shared (2 blocks × (96 + 1) KB; the
+// weight loads do not allocate in L1 and x no longer goes through it), once per device (the
+// attributes are per device; `configured`: one bit a device id, ids ≥ 64 set them every call).
+template <int kTiles, class Kernel>
+void AllowXSmem(Kernel kernel, std::atomic<uint64_t>& configured) {
+  if constexpr (kXSmemBytes<kTiles> > 0) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    const uint64_t bit = e == cudaSuccess && dev < 64 ? uint64_t{1} << dev : 0;
+    if (e == cudaSuccess && bit != 0 && (configured.load(std::memory_order_acquire) & bit) != 0) return;
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kXSmemBytes<kTiles>));
+    }
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "kimirt: DecodeGemm: %zu bytes of shared memory refused: %s\n", kXSmemBytes<kTiles>,
+                   cudaGetErrorString(e));
+      std::abort();
+    }
+    configured.fetch_or(bit, std::memory_order_acq_rel);
+  }
+}
+
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
             const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
             cudaStream_t s) {
-  LaunchPdl("DecodeGemm", vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>, grid,
-            dim3(kWarps * 32), 0, s, w, x, x_vec, hi, mid, lo, out, m, n, k, p.k_pad, p.slice);
+  static std::atomic<uint64_t> configured[2];
+  const auto kernel = vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>;
+  AllowXSmem<kTiles>(kernel, configured[vec]);
+  LaunchPdl("DecodeGemm", kernel, grid, dim3(kWarps * 32), kXSmemBytes<kTiles>, s, w, x, x_vec, hi, mid, lo, out, m,
+            n, k, p.k_pad, p.slice);
 }
 
 template <int kTiles>
 void LaunchGroup(bool vec, const GroupGemmArgs& a, unsigned blocks, cudaStream_t s) {
-  LaunchPdl("DecodeGemm group", vec ? DecodeGemmGroupKernel<kTiles, true> : DecodeGemmGroupKernel<kTiles, false>,
-            dim3(blocks), dim3(kWarps * 32), 0, s, a);
+  static std::atomic<uint64_t> configured[2];
+  const auto kernel = vec ? DecodeGemmGroupKernel<kTiles, true> : DecodeGemmGroupKernel<kTiles, false>;
+  AllowXSmem<kTiles>(kernel, configured[vec]);
+  LaunchPdl("DecodeGemm group", kernel, dim3(blocks), dim3(kWarps * 32), kXSmemBytes<kTiles>, s, a);
 }
 
 unsigned GridFor(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, 256), 65536)); }
