@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_host.cpp"
@@ -118,25 +119,47 @@ int Check(const Case& c) {
 
 }  // namespace
 
+// `plans`: how the staged kernel cuts the models' router shapes at decode batch sizes.
+void PrintPlans() {
+  std::printf("%-6s %5s %5s %3s  %-5s %5s %10s %5s %10s %6s %7s\n", "shape", "n", "k", "m", "tile", "rows",
+              "row_blocks", "cols", "col_blocks", "chunk", "smem_KB");
+  for (const auto& [name, n, k] : {std::tuple<const char*, int64_t, int64_t>{"kl48", 256, 2304}, {"k3", 896, 7168}}) {
+    for (const int64_t m : {1, 2, 4, 8, 9, 16, 32, 33, 64}) {
+      const auto p = kimirt::cuda::PlanStaged(m, n, k);
+      const auto t = kimirt::cuda::kTiles[p.tile];
+      std::printf("%-6s %5lld %5lld %3lld  %dx%-3d %5lld %10lld %5lld %10lld %6lld %7.1f\n", name,
+                  static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), t.r, t.c,
+                  static_cast<long long>(p.rows), static_cast<long long>(p.row_blocks), static_cast<long long>(p.cols),
+                  static_cast<long long>(p.col_blocks), static_cast<long long>(p.chunk), p.smem / 1024.0);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "plans") {
+    PrintPlans();
+    return 0;
+  }
+  // The staged kernel's plan for each (PlanStaged; `plans` prints them): tile, rows × row blocks.
   const std::vector<Case> cases = {
-      {"k3_m1", 1, 896, 7168},              // 7 columns a block, 128 blocks; kRows 1
-      {"k3_m9", 9, 896, 7168},              // kRows 8, two row groups, a 1-row last one
-      {"k3_m64", 64, 896, 7168},            // 16 items a block: two a warp; chunk 224
-      {"kl48_m1", 1, 256, 2304},            // 2 columns a block
-      {"kl48_m2", 2, 256, 2304},            // kRows 2
-      {"kl48_m3", 3, 256, 2304},            // kRows 4, one row clamped
-      {"kl48_m7", 7, 256, 2304},            // kRows 8, one row clamped
-      {"kl48_m33", 33, 256, 2304},          // five row groups
-      {"kl48_m64", 64, 256, 2304},
+      {"k3_m1", 1, 896, 7168},              // 1x1, 7 columns a block, 128 blocks
+      {"k3_m2", 2, 896, 7168},              // 2x2
+      {"k3_m9", 9, 896, 7168},              // 4x2, a 1-row last tile
+      {"k3_m64", 64, 896, 7168},            // 8x8, 16 rows × 4 blocks, 28 columns: a half tile
+      {"kl48_m1", 1, 256, 2304},            // 1x1, 2 columns a block
+      {"kl48_m3", 3, 256, 2304},            // 2x2, a clamped row
+      {"kl48_m16", 16, 256, 2304},          // 4x2, 8 rows × 2 blocks
+      {"kl48_m33", 33, 256, 2304},          // 8x2, 8 rows × 5 blocks, the last of 1 row
+      {"kl48_m64", 64, 256, 2304},          // 8x2, 8 rows × 8 blocks
       {"k100_n3_m4", 4, 3, 100},            // one chunk, a partial last step
-      {"k100_n1_m64", 64, 1, 100},          // one column: three octets clamped
+      {"k100_n1_m64", 64, 1, 100},          // one column
       {"many_chunks", 2, 5, 60000},         // 59 chunks through 3 slots
-      {"capped_cols", 5, 9000, 128},        // cols capped at 64: 141 blocks
+      {"capped_cols", 5, 9000, 128},        // columns a block capped by the tiles a block takes
       {"general_k4097", 33, 10, 4097},      // the general kernel
       {"general_bf16", 9, 10, 2304, true},  // the general kernel, BF16 weights
       {"general_x_unaligned", 3, 10, 2304, false, 1},
   };
+
   int failures = 0, ran = 0;
   for (const Case& c : cases) {
     if (argc > 1 && c.name != argv[1]) continue;

@@ -4,6 +4,7 @@
 // or NaN), the bulk L2 prefetch as a range check, and a launch that runs each block as 256
 // std::threads with its own NaN-filled dynamic shared memory, one block after another.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +28,7 @@ struct dim3 {
 };
 inline thread_local Dim3 blockDim;
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+using std::min;
 
 enum cudaError_t { cudaSuccess = 0 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
@@ -113,10 +115,11 @@ template <typename... Params, typename... Args>
 void LaunchPdl(const char*, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
                Args&&... args) {
   ++g_launches;
-  if (block.x != 256 || grid.y != 1) Fail("a Gemv block is 256 threads, the grid one-dimensional");
+  if (block.x != 256 || grid.z != 1) Fail("a Gemv block is 256 threads, the grid at most two-dimensional");
   const std::tuple<Params...> params(static_cast<Params>(args)...);
   std::vector<float> shared(smem / sizeof(float) + 1, std::numeric_limits<float>::quiet_NaN());
-  for (unsigned bx = 0; bx < grid.x; ++bx) {
+  for (unsigned b = 0; b < grid.x * grid.y; ++b) {
+    const unsigned bx = b % grid.x, by = b / grid.x;
     std::fill(shared.begin(), shared.end(), std::numeric_limits<float>::quiet_NaN());
     g_smem = shared.data();
     g_smem_bytes = smem;
@@ -124,9 +127,9 @@ void LaunchPdl(const char*, void (*kernel)(Params...), dim3 grid, dim3 block, si
     g_ctx = &ctx;
     std::vector<std::thread> threads;
     for (unsigned tx = 0; tx < block.x; ++tx) {
-      threads.emplace_back([&, bx, tx] {
-        blockIdx = {bx, 0, 0};
-        gridDim = {grid.x, 1, 1};
+      threads.emplace_back([&, bx, by, tx] {
+        blockIdx = {bx, by, 0};
+        gridDim = {grid.x, grid.y, 1};
         blockDim = {block.x, 1, 1};
         threadIdx = {tx, 0, 0};
         t_groups.clear();

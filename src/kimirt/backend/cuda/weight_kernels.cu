@@ -118,66 +118,67 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
 // chunk's weight a dependent round trip through registers, a __syncthreads per chunk and per
 // 8-row group, one warp of eight computing at m ≤ 8, and a plain launch.
 //
-// A block takes `cols` output columns (weight rows) for all m rows; `cols` is ceil(n / 132), so
-// there is about one block per multiprocessor (K3: 896 experts → 7 columns, 128 blocks; 48B:
-// 256 → 2, 128 blocks). k goes in chunks of `chunk` (a multiple of 32), kStages chunks of the
-// block's weight rows and of x in shared memory, copied by cp.async (nothing held in registers
-// while in flight) kStages − 1 chunks ahead of the one being summed, one __syncthreads a chunk.
-// The weight is never the previous kernel's output, so before PdlWait the block asks L2 for all
-// of its weight rows (cp.async.bulk.prefetch.L2) and copies its first chunks of them; x only
-// after PdlWait. x is read once per block (at m = 64 and K3's k that is 1.8 MB a block from
-// L2, against the old 8-row passes per 1,024-k chunk).
+// A block takes `cols` output columns (weight rows) and `rows` rows of x (all m, or a slice of
+// 8-row groups at large m: StagedPlan), about one block per multiprocessor. k goes in chunks of
+// `chunk` (a multiple of 32): kStages chunks of the block's weight rows and x rows in shared
+// memory, copied by cp.async (nothing held in registers while in flight) kStages − 1 chunks ahead
+// of the one being summed, one __syncthreads a chunk. The weight is never the previous kernel's
+// output, so before PdlWait the block asks L2 for all of its weight rows
+// (cp.async.bulk.prefetch.L2) and copies its first chunks of them; x only after PdlWait.
 //
-// The sum's order is GemvKernel's: a warp is four octets of eight threads; octet o sums one
-// column, thread t of it keeps the accumulators of "lane" residues j = 4t .. 4t + 3, i.e. of k ≡ j
-// (mod 32), ascending over the chunks, one FMA per k as `acc += xv * w` compiles; the butterfly
-// over j's bits 4, 3, 2 is a shuffle across the octet's threads (xor 4, 2, 1), over bits 1 and 0
-// an add of the thread's own accumulators in the same pairing. So every (row, column) has
-// GemvKernel's bits (the router's logits and choices unchanged), and a row's bits do not depend on
-// m, on the other rows or on `cols`/`chunk`/kRows, which change only who computes what.
-// Items: an item is (a 4-column group, kRows rows); warp w sums items w and w + 8.
+// The sum's order is GemvKernel's: lane j of a warp sums x[k]·w[k] for k ≡ j (mod 32) ascending,
+// across the chunks, in one accumulator, one FMA a term (`acc += xv * w` as nvcc compiles it),
+// then the butterfly v += shfl_xor(v, 16, 8, 4, 2, 1). A warp sums a tile of kR rows × kC
+// columns at once (each x and w value loaded once for the tile), so every (row, column) has
+// GemvKernel's bits — the router's logits and choices unchanged — and a row's bits depend on
+// nothing but its x and w: not on m, the other rows, the tile or the plan, which only decide who
+// computes what (row-invariant: Backend::RowInvariantRows).
 constexpr int kStagedWarps = 8;
 constexpr int kStagedThreads = kStagedWarps * 32;
-constexpr int kOctetCols = 4;        // columns per item: an octet each
-constexpr int kItemsPerWarp = 2;     // accumulators per thread: kItemsPerWarp · kRows · 4
+constexpr int kItemsPerWarp = 2;     // tiles a warp sums at once (accumulators: 2 · kR · kC)
+constexpr int kMaxItems = kItemsPerWarp * kStagedWarps;
 constexpr int kStages = 3;           // chunks in shared memory: one summed, two in flight
 constexpr int64_t kMaxChunk = 1024;  // k per chunk at most (at m = 1, K3: 7 chunks, 96 KB)
-constexpr size_t kStagedSmemBudget = 192 * 1024;
-// About one block per H200 multiprocessor. A constant, not the device's count: cols changes only
-// the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
+constexpr int64_t kStagedSmemBudget = 192 * 1024;
+// About one block per H200 multiprocessor. A constant, not the device's count: the plan changes
+// only the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
 constexpr int64_t kTargetBlocks = 132;
 constexpr int64_t kPrefetchFloats = 1024;  // 4 KB a cp.async.bulk.prefetch.L2
 
-// The chunk [k0, k0 + len) of `rows` rows (row r at src + r·k) into dst (row r at dst + r·chunk),
+// The chunk [k0, k0 + len) of `count` rows (row r at src + r·k) into dst (row r at dst + r·chunk),
 // 16 bytes a copy; len % 4 == 0, src rows 16-byte aligned.
-__device__ __forceinline__ void CopyChunk(const float* src, int64_t k, int64_t k0, int64_t len, int rows,
+__device__ __forceinline__ void CopyChunk(const float* src, int64_t k, int64_t k0, int64_t len, int count,
                                           float* dst, int chunk) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t q4 = len / 4;
-  for (int r = warp; r < rows; r += kStagedWarps) {
+  for (int r = warp; r < count; r += kStagedWarps) {
     const float* s = src + r * k + k0;
     float* d = dst + static_cast<int64_t>(r) * chunk;
     for (int64_t q = lane; q < q4; q += 32) CpAsync16(d + 4 * q, s + 4 * q);
   }
 }
 
-template <int kRows>
-__global__ void __launch_bounds__(kStagedThreads, 1) GemvStagedKernel(const float* __restrict__ x,
-                                                                  const float* __restrict__ w, float* __restrict__ y,
-                                                                  int m, int64_t n, int64_t k, int cols, int chunk) {
+// Block (blockIdx.x, blockIdx.y): columns [blockIdx.x · cols, + cols) of rows [blockIdx.y · rows,
+// + rows) of y [m, n].
+template <int kR, int kC>
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    GemvStagedKernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int m,
+                     int64_t n, int64_t k, int rows, int cols, int chunk) {
   extern __shared__ __align__(16) float smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t col0 = int64_t{blockIdx.x} * cols;
-  const int cv = static_cast<int>(n - col0 < cols ? n - col0 : cols);  // this block's columns
+  const int64_t col0 = int64_t{blockIdx.x} * cols, row_begin = int64_t{blockIdx.y} * rows;
+  const int cv = static_cast<int>(n - col0 < cols ? n - col0 : cols);  // this block's columns and rows
+  const int rv = static_cast<int>(m - row_begin < rows ? m - row_begin : rows);
   const float* wb = w + col0 * k;
-  const int64_t slot = static_cast<int64_t>(cols + m) * chunk;  // w rows [cols][chunk], then x [m][chunk]
+  const float* xb = x + row_begin * k;
+  const int64_t slot = static_cast<int64_t>(cols + rows) * chunk;  // w [cols][chunk], then x [rows][chunk]
   const int64_t chunks = (k + chunk - 1) / chunk;
   auto len_of = [&](int64_t c) { return k - c * chunk < chunk ? k - c * chunk : int64_t{chunk}; };
   auto copy_w = [&](int64_t c) {
     if (c < chunks) CopyChunk(wb, k, c * chunk, len_of(c), cv, smem + c % kStages * slot, chunk);
   };
   auto copy_x = [&](int64_t c) {
-    if (c < chunks) CopyChunk(x, k, c * chunk, len_of(c), m, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
+    if (c < chunks) CopyChunk(xb, k, c * chunk, len_of(c), rv, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
   };
 
   // Before PdlWait (pdl.cuh): only the weight. All of it past the first kStages − 1 chunks into
@@ -200,99 +201,152 @@ __global__ void __launch_bounds__(kStagedThreads, 1) GemvStagedKernel(const floa
     CpAsyncCommit();
   }
 
-  // This warp's items: the column and rows of each (clamped into range: a clamped lane repeats a
-  // valid one's work and stores nothing).
-  const int octet = lane / 8, t = lane & 7;
-  const int groups = (cv + kOctetCols - 1) / kOctetCols;
-  const int items = groups * ((m + kRows - 1) / kRows);
-  int col[kItemsPerWarp], row0[kItemsPerWarp];
+  // This warp's tiles (items warp and warp + 8): columns c0 + [0, kC), rows r0 + [0, kR), those
+  // past the block's clamped to its last (they repeat a valid sum and store nothing).
+  const int col_tiles = (cv + kC - 1) / kC;
+  const int items = col_tiles * ((rv + kR - 1) / kR);
+  int c0[kItemsPerWarp], r0[kItemsPerWarp];
 #pragma unroll
   for (int i = 0; i < kItemsPerWarp; ++i) {
     const int item = warp + i * kStagedWarps;
-    const int c = item % groups * kOctetCols + octet;
-    col[i] = c < cv ? c : cv - 1;
-    row0[i] = item / groups * kRows;
+    c0[i] = item % col_tiles * kC;
+    r0[i] = item / col_tiles * kR;
   }
-  float acc[kItemsPerWarp][kRows][4];
+  float acc[kItemsPerWarp][kR][kC];
 #pragma unroll
   for (int i = 0; i < kItemsPerWarp; ++i) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][r][e] = 0.0f;
+      for (int c = 0; c < kC; ++c) acc[i][r][c] = 0.0f;
     }
   }
 
-  for (int64_t c = 0; c < chunks; ++c) {
-    CpAsyncWait<kStages - 2>();  // chunk c has landed (the kStages − 2 newer groups may be in flight)
-    __syncthreads();             // ... for every thread's copies; and chunk c − 1's slot is free
-    copy_w(c + kStages - 1);
-    copy_x(c + kStages - 1);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    CpAsyncWait<kStages - 2>();  // chunk ch has landed (the kStages − 2 newer groups may be in flight)
+    __syncthreads();             // ... for every thread's copies; and chunk ch − 1's slot is free
+    copy_w(ch + kStages - 1);
+    copy_x(ch + kStages - 1);
     CpAsyncCommit();
-    const float* ws = smem + c % kStages * slot;
+    const float* ws = smem + ch % kStages * slot;
     const float* xs = ws + int64_t{cols} * chunk;
-    const int len = static_cast<int>(len_of(c));
+    const int len = static_cast<int>(len_of(ch));
 #pragma unroll
     for (int i = 0; i < kItemsPerWarp; ++i) {
       if (warp + i * kStagedWarps >= items) break;  // the same for the whole warp
-      const float* wr = ws + static_cast<int64_t>(col[i]) * chunk + 4 * t;
-      const float* xr[kRows];
+      const float* wr[kC];
+      const float* xr[kR];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int row = row0[i] + r < m ? row0[i] + r : m - 1;
-        xr[r] = xs + static_cast<int64_t>(row) * chunk + 4 * t;
-      }
-      // k = k0 + s + 4t + e: residue 4t + e, s ascending. The acc += xv · w of GemvKernel, as one
-      // FMA (nvcc contracts it to FFMA there; __fmaf_rn says so here).
+      for (int c = 0; c < kC; ++c) wr[c] = ws + static_cast<int64_t>(min(c0[i] + c, cv - 1)) * chunk + lane;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) xr[r] = xs + static_cast<int64_t>(min(r0[i] + r, rv - 1)) * chunk + lane;
+      // k = k0 + s + lane, s ascending; one FMA a term (nvcc contracts GemvKernel's acc += xv · w
+      // to FFMA; __fmaf_rn says so here).
       auto step = [&](int s) {
-        const float4 wv = *reinterpret_cast<const float4*>(wr + s);
+        float wv[kC], xv[kR];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float4 xv = *reinterpret_cast<const float4*>(xr[r] + s);
-          acc[i][r][0] = __fmaf_rn(xv.x, wv.x, acc[i][r][0]);
-          acc[i][r][1] = __fmaf_rn(xv.y, wv.y, acc[i][r][1]);
-          acc[i][r][2] = __fmaf_rn(xv.z, wv.z, acc[i][r][2]);
-          acc[i][r][3] = __fmaf_rn(xv.w, wv.w, acc[i][r][3]);
+        for (int c = 0; c < kC; ++c) wv[c] = wr[c][s];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) xv[r] = xr[r][s];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+#pragma unroll
+          for (int c = 0; c < kC; ++c) acc[i][r][c] = __fmaf_rn(xv[r], wv[c], acc[i][r][c]);
         }
       };
       const int full = len / 32 * 32;
-#pragma unroll 4
+#pragma unroll 2
       for (int s = 0; s < full; s += 32) step(s);
-      // A last chunk no multiple of 32 long: its last step only where k < its end (len % 4 == 0,
-      // so a thread's four k are all in or all out), as GemvKernel's lanes past k stop.
-      if (full + 4 * t < len) step(full);
+      // A last chunk no multiple of 32 long: its last step only in lanes whose k is inside, as
+      // GemvKernel's lanes stop at k.
+      if (full + lane < len) step(full);
     }
   }
-  CpAsyncWaitAll();  // nothing is left in flight (the last groups are empty), but leave none behind
+  CpAsyncWaitAll();  // the last groups are empty; leave nothing in flight
 
-  // The butterfly v += shfl_xor(v, 16, 8, 4, 2, 1) of "lane" j = 4t + e: bits 4, 3, 2 of j are
-  // bits 2, 1, 0 of t (xor 4, 2, 1 across the octet), then bits 1 and 0 are e's: lane 0's
-  // (v0 + v2) + (v1 + v3).
 #pragma unroll
   for (int i = 0; i < kItemsPerWarp; ++i) {
-    const int item = warp + i * kStagedWarps;
-    if (item >= items) break;
-    const int c = item % groups * kOctetCols + octet;
+    if (warp + i * kStagedWarps >= items) break;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float v[4];
+    for (int r = 0; r < kR; ++r) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = acc[i][r][e];
-        for (int off = 4; off > 0; off >>= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], off);
+      for (int c = 0; c < kC; ++c) {
+        float v = acc[i][r][c];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && r0[i] + r < rv && c0[i] + c < cv) y[(row_begin + r0[i] + r) * n + col0 + c0[i] + c] = v;
       }
-      const float sum = (v[0] + v[2]) + (v[1] + v[3]);
-      const int row = row0[i] + r;
-      if (t == 0 && c < cv && row < m) y[static_cast<int64_t>(row) * n + col0 + c] = sum;
     }
   }
 }
 
-template <int kRows>
-void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+// How a call is cut: rows of x and columns a block, its tile, and the chunk that fits.
+struct StagedPlan {
+  int tile = 0;  // index into kTiles
+  int64_t rows = 0, row_blocks = 0, cols = 0, col_blocks = 0, chunk = 0;
+  int64_t smem = 0;
+};
+struct Tile {
+  int r, c;
+};
+// Small tiles keep warps busy when a block has few (row, column) pairs (decode: ~7 columns, m ≤ 8);
+// 8 × 8 loads 16 values for 64 FMAs, what shared memory's 128 bytes a cycle feed (batches).
+constexpr Tile kTiles[] = {{1, 1}, {2, 2}, {4, 2}, {8, 2}, {8, 8}};
+
+// The plan of least estimated time a step (32 k) per multiprocessor: the larger of a scheduler's
+// issue (its share of the tiles, each kR + kC loads and kR · kC FMAs), shared memory's wavefronts
+// (kR + kC a tile) and L2's (~32 bytes a cycle: 4 cycles a staged row of either operand), times
+// the waves of blocks; of equal ones, the least issue and shared-memory time (at m ≤ 8 the weight's
+// HBM time is the same for every plan, so the tile is what is left to choose). Rows split into 8-row groups only past 8 rows: a slice of the rows per block
+// trades re-reading the weight from L2 for reading less of x (at m = 64 and K3's k, x is 1.8 MB a
+// block).
+StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
+  StagedPlan best;
+  int64_t best_cost = -1, best_compute = 0;
+  for (int64_t rows = m <= 8 ? m : 8;; rows += 8) {
+    if (rows > m) rows = m;
+    const int64_t row_blocks = (m + rows - 1) / rows;
+    for (int t = 0; t < static_cast<int>(sizeof(kTiles) / sizeof(kTiles[0])); ++t) {
+      const Tile tile = kTiles[t];
+      const int64_t row_tiles = (rows + tile.r - 1) / tile.r;
+      if (row_tiles > kMaxItems) continue;
+      const int64_t max_cols = tile.c * (kMaxItems / row_tiles);
+      const int64_t cols = std::min((n * row_blocks + kTargetBlocks - 1) / kTargetBlocks, max_cols);
+      const int64_t col_blocks = (n + cols - 1) / cols;
+      const int64_t items = row_tiles * ((cols + tile.c - 1) / tile.c);
+      const int64_t issue = (items + 3) / 4 * (tile.r + tile.c + tile.r * tile.c + 3);
+      const int64_t lds = items * (tile.r + tile.c);
+      const int64_t l2 = 4 * (rows + cols);
+      const int64_t waves = (col_blocks * row_blocks + kTargetBlocks - 1) / kTargetBlocks;
+      const int64_t cost = waves * std::max({issue, lds, l2}), compute = waves * std::max(issue, lds);
+      if (best_cost < 0 || cost < best_cost || (cost == best_cost && compute < best_compute)) {
+        best_cost = cost;
+        best_compute = compute;
+        best.tile = t;
+        best.rows = rows;
+        best.row_blocks = row_blocks;
+        best.cols = cols;
+        best.col_blocks = col_blocks;
+      }
+    }
+    if (rows == m) break;
+  }
+  // The largest chunk (a multiple of 32, ≤ kMaxChunk, no longer than k needs) whose kStages slots
+  // fit in half the budget, so that under PDL the block starts beside a predecessor holding shared
+  // memory; the whole budget where that would leave chunks under 256.
+  const int64_t row_bytes = kStages * (best.cols + best.rows) * int64_t{sizeof(float)};
+  const int64_t half = kStagedSmemBudget / 2 / row_bytes / 32 * 32;
+  const int64_t fit = half >= 256 ? half : kStagedSmemBudget / row_bytes / 32 * 32;
+  best.chunk = std::min({fit, kMaxChunk, (k + 31) / 32 * 32});
+  best.smem = kStages * (best.cols + best.rows) * best.chunk * int64_t{sizeof(float)};
+  return best;
+}
+
+template <int kR, int kC>
+void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, const StagedPlan& p,
+                  cudaStream_t s) {
   static bool configured = false;  // the attribute is per function; setting it again is harmless
   if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(GemvStagedKernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(GemvStagedKernel<kR, kC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kStagedSmemBudget));
     if (e != cudaSuccess) {
       std::fprintf(stderr, "kimirt: Gemv: cudaFuncSetAttribute: %s\n", cudaGetErrorString(e));
@@ -300,17 +354,10 @@ void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n
     }
     configured = true;
   }
-  // Columns a block: about one block a multiprocessor, at most what kItemsPerWarp items a warp cover.
-  const int64_t row_groups = (m + kRows - 1) / kRows;
-  const int64_t max_cols = kOctetCols * (kItemsPerWarp * kStagedWarps / row_groups);
-  const int64_t cols = std::min((n + kTargetBlocks - 1) / kTargetBlocks, max_cols);
-  // The largest chunk (a multiple of 32, ≤ kMaxChunk, no longer than k needs) whose kStages slots fit.
-  const int64_t fit = static_cast<int64_t>(kStagedSmemBudget / (kStages * (cols + m) * sizeof(float))) / 32 * 32;
-  const int64_t chunk = std::min({fit, kMaxChunk, (k + 31) / 32 * 32});
-  const size_t smem = static_cast<size_t>(kStages * (cols + m) * chunk) * sizeof(float);
-  const int64_t blocks = (n + cols - 1) / cols;
-  LaunchPdl("Gemv", GemvStagedKernel<kRows>, dim3(static_cast<unsigned>(blocks)), dim3(kStagedThreads), smem, s, x, w,
-            y, static_cast<int>(m), n, k, static_cast<int>(cols), static_cast<int>(chunk));
+  LaunchPdl("Gemv", GemvStagedKernel<kR, kC>,
+            dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.row_blocks)), dim3(kStagedThreads),
+            static_cast<size_t>(p.smem), s, x, w, y, static_cast<int>(m), n, k, static_cast<int>(p.rows),
+            static_cast<int>(p.cols), static_cast<int>(p.chunk));
 }
 
 __global__ void Bf16ToF32Kernel(const __nv_bfloat16* src, float* dst, int64_t n) {
@@ -331,16 +378,16 @@ void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64
   // vec: 16-byte aligned rows, so float4 staging and the L2 prefetch (BF16: element-wise, no hint).
   const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && !w_bf16;
   const bool x_vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (vec && x_vec && k > 0) {  // the staged kernel, the same bits (its comment); kRows: rows an item
+  if (vec && x_vec && k > 0) {  // the staged kernel: the same bits (its comment)
     const float* wf = static_cast<const float*>(w);
-    if (m == 1) {
-      LaunchStaged<1>(x, wf, y, m, n, k, s);
-    } else if (m == 2) {
-      LaunchStaged<2>(x, wf, y, m, n, k, s);
-    } else if (m <= 4) {
-      LaunchStaged<4>(x, wf, y, m, n, k, s);
-    } else {
-      LaunchStaged<8>(x, wf, y, m, n, k, s);
+    const StagedPlan p = PlanStaged(m, n, k);
+    static_assert(sizeof(kTiles) / sizeof(kTiles[0]) == 5, "a launch for every tile");
+    switch (p.tile) {
+      case 0: LaunchStaged<kTiles[0].r, kTiles[0].c>(x, wf, y, m, n, k, p, s); break;
+      case 1: LaunchStaged<kTiles[1].r, kTiles[1].c>(x, wf, y, m, n, k, p, s); break;
+      case 2: LaunchStaged<kTiles[2].r, kTiles[2].c>(x, wf, y, m, n, k, p, s); break;
+      case 3: LaunchStaged<kTiles[3].r, kTiles[3].c>(x, wf, y, m, n, k, p, s); break;
+      default: LaunchStaged<kTiles[4].r, kTiles[4].c>(x, wf, y, m, n, k, p, s); break;
     }
     return;
   }
