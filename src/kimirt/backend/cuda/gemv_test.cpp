@@ -4,9 +4,9 @@
 // accumulator, one FMA a term (std::fmaf), then v += v[j ^ 16], 8, 4, 2, 1 and lane 0's value.
 // The router's choices depend on these bits, so they may not change with the kernel (issue 12).
 //   - the staged kernel (F32, 16-byte aligned rows) at m = 1, 2, 7, 8, 9, 31, 32, 33, 64 (each
-//     rows-per-item variant and its edges), n = 1, 3, 256 (Kimi-Linear-48B's experts), 896
-//     (K3's), k = 2304, 7168 (their hidden sizes) and 100 (no multiple of 32: a partial last
-//     step); each row alone (m = 1) as in the batch;
+//     tile it picks, rows split across blocks or not, partial last tiles), n = 1, 3, 256
+//     (Kimi-Linear-48B's experts), 896 (K3's), k = 2304, 7168 (their hidden sizes) and 100 (no
+//     multiple of 32: a partial last step); rows m / 2 and m − 1 alone (m = 1) as in the batch;
 //   - the general kernel at k = 4097 (no multiple of 4), with BF16 weights, and with x not
 //     16-byte aligned: the same reference;
 //   - through the backend (PDL launches) after and before other kernels, eagerly and replayed

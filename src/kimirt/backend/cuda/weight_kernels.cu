@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
 // 8-row group, one warp of eight computing at m ≤ 8, and a plain launch.
 //
 // A block takes `cols` output columns (weight rows) and `rows` rows of x (all m, or a slice of
-// 8-row groups at large m: StagedPlan), about one block per multiprocessor. k goes in chunks of
+// 8-row groups at large m: PlanStaged), about one block per multiprocessor. k goes in chunks of
 // `chunk` (a multiple of 32): kStages chunks of the block's weight rows and x rows in shared
 // memory, copied by cp.async (nothing held in registers while in flight) kStages − 1 chunks ahead
 // of the one being summed, one __syncthreads a chunk. The weight is never the previous kernel's
