@@ -42,5 +42,5 @@ assert "asm" not in src and "<<<" not in src and "__shared__" not in src
 open(sys.argv[2], "w").write(src)
 PY
 g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wno-unknown-pragmas -I"$here/gemv_emulation" \
-  -I"$here/kda_chunk_emulation" -I"$work" "$here/gemv_emulation/driver.cpp" -o "$work/gemv_emulation"
+  -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" "$here/gemv_emulation/driver.cpp" -o "$work/gemv_emulation"
 timeout 1200 "$work/gemv_emulation" "$@"

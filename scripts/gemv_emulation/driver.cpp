@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernel_host.cpp"
+#include "kimirt/testing/gemv_reference.h"
 
 namespace {
 
@@ -25,21 +26,6 @@ float NonZero(float scale) {
   g_state = g_state * 6364136223846793005ull + 1442695040888963407ull;
   const double u = static_cast<double>(g_state >> 11) * 0x1.0p-53;  // [0, 1)
   return static_cast<float>(scale * (u < 0.5 ? -0.05 - 2 * u : 0.05 + 2 * (u - 0.5)));
-}
-
-float ReferenceDot(const float* x, const float* w, int64_t k) {
-  float lane[32];
-  for (int j = 0; j < 32; ++j) {
-    float acc = 0.0f;
-    for (int64_t i = j; i < k; i += 32) acc = std::fmaf(x[i], w[i], acc);
-    lane[j] = acc;
-  }
-  for (int off = 16; off > 0; off >>= 1) {
-    float next[32];
-    for (int j = 0; j < 32; ++j) next[j] = lane[j] + lane[j ^ off];
-    std::copy(next, next + 32, lane);
-  }
-  return lane[0];
 }
 
 // 256-byte aligned, as the device pool's buffers are.
@@ -85,7 +71,9 @@ int Check(const Case& c) {
   g_inputs = {{static_cast<const char*>(xb.p), xb.bytes}, {static_cast<const char*>(wb.p), wb.bytes}};
   std::vector<float> want(static_cast<size_t>(c.m * c.n));
   for (int64_t r = 0; r < c.m; ++r) {
-    for (int64_t j = 0; j < c.n; ++j) want[static_cast<size_t>(r * c.n + j)] = ReferenceDot(x + r * c.k, w.data() + j * c.k, c.k);
+    for (int64_t j = 0; j < c.n; ++j) {
+      want[static_cast<size_t>(r * c.n + j)] = kimirt::testing::GemvReferenceDot(x + r * c.k, w.data() + j * c.k, c.k);
+    }
   }
   int failures = 0;
   auto run = [&](int64_t row0, int64_t rows, const std::string& what) {

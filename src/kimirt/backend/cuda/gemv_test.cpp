@@ -1,8 +1,7 @@
 // cuda::Gemv, the F32 GEMV of ≤ 64 rows (weight_kernels.cu; the MoE router's logits, every
 // F32-held Linear of a decode step), bit for bit against a host computation of the order its
-// comment promises: "lane" j sums x[k]·w[k] for k = j, j + 32, … ascending in one F32
-// accumulator, one FMA a term (std::fmaf), then v += v[j ^ 16], 8, 4, 2, 1 and lane 0's value.
-// The router's choices depend on these bits, so they may not change with the kernel (issue 12).
+// comment promises (testing/gemv_reference.h: lane sums with fmaf, then the xor butterfly). The
+// router's choices depend on these bits, so they may not change with the kernel (issue 12).
 //   - the staged kernel (F32, 16-byte aligned rows) at m = 1, 2, 7, 8, 9, 31, 32, 33, 64 (each
 //     tile it picks, rows split across blocks or not, partial last tiles), n = 1, 3, 256
 //     (Kimi-Linear-48B's experts), 896 (K3's), k = 2304, 7168 (their hidden sizes) and 100 (no
@@ -26,25 +25,10 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/testing/cuda_cpu_test.h"
+#include "kimirt/testing/gemv_reference.h"
 
 namespace kimirt {
 namespace {
-
-// One (row, column): the 32 lane sums, then the xor butterfly; what lane 0 holds.
-float ReferenceDot(const float* x, const float* w, int64_t k) {
-  float lane[32];
-  for (int j = 0; j < 32; ++j) {
-    float acc = 0.0f;
-    for (int64_t i = j; i < k; i += 32) acc = std::fmaf(x[i], w[i], acc);
-    lane[j] = acc;
-  }
-  for (int off = 16; off > 0; off >>= 1) {
-    float next[32];
-    for (int j = 0; j < 32; ++j) next[j] = lane[j] + lane[j ^ off];
-    std::copy(next, next + 32, lane);
-  }
-  return lane[0];
-}
 
 // y [m, n] of host x [m, k] and w [n, k], the columns spread over the host's cores.
 std::vector<float> Reference(const float* x, const float* w, int64_t m, int64_t n, int64_t k) {
@@ -54,18 +38,14 @@ std::vector<float> Reference(const float* x, const float* w, int64_t m, int64_t 
   for (int64_t t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       for (int64_t c = t; c < n; c += threads) {
-        for (int64_t r = 0; r < m; ++r) y[static_cast<size_t>(r * n + c)] = ReferenceDot(x + r * k, w + c * k, k);
+        for (int64_t r = 0; r < m; ++r) {
+          y[static_cast<size_t>(r * n + c)] = testing::GemvReferenceDot(x + r * k, w + c * k, k);
+        }
       }
     });
   }
   for (std::thread& th : pool) th.join();
   return y;
-}
-
-uint32_t Bits(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
 }
 
 class CudaBackendGemv : public testing::CudaCpuTest {
@@ -100,7 +80,7 @@ class CudaBackendGemv : public testing::CudaCpuTest {
     int64_t differ = 0, first = -1;
     for (int64_t i = 0; i < m * n; ++i) {
       const float g = got[static_cast<size_t>(i)], w = want[static_cast<size_t>(row0 * n + i)];
-      if (std::isnan(g) || Bits(g) != Bits(w)) {
+      if (std::isnan(g) || std::memcmp(&g, &w, sizeof(float)) != 0) {
         if (differ++ == 0) first = i;
       }
     }

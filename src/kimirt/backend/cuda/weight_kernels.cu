@@ -178,7 +178,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     if (c < chunks) CopyChunk(wb, k, c * chunk, len_of(c), cv, smem + c % kStages * slot, chunk);
   };
   auto copy_x = [&](int64_t c) {
-    if (c < chunks) CopyChunk(xb, k, c * chunk, len_of(c), rv, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
+    if (c < chunks) {
+      CopyChunk(xb, k, c * chunk, len_of(c), rv, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
+    }
   };
 
   // Before PdlWait (pdl.cuh): only the weight. All of it past the first kStages − 1 chunks into
@@ -295,10 +297,11 @@ constexpr Tile kTiles[] = {{1, 1}, {2, 2}, {4, 2}, {8, 2}, {8, 8}};
 // The plan of least estimated time a step (32 k) per multiprocessor: the larger of a scheduler's
 // issue (its share of the tiles, each kR + kC loads and kR · kC FMAs), shared memory's wavefronts
 // (kR + kC a tile) and L2's (~32 bytes a cycle: 4 cycles a staged row of either operand), times
-// the waves of blocks; of equal ones, the least issue and shared-memory time (at m ≤ 8 the weight's
-// HBM time is the same for every plan, so the tile is what is left to choose). Rows split into 8-row groups only past 8 rows: a slice of the rows per block
-// trades re-reading the weight from L2 for reading less of x (at m = 64 and K3's k, x is 1.8 MB a
-// block).
+// the waves of blocks; of equal ones, the least issue and shared-memory time (at m ≤ 8 the
+// weight's HBM time is the same for every plan, so the tile is what is left to choose). Rows split
+// into 8-row groups only past 8 rows: a slice of the rows per block trades re-reading the weight
+// from L2 for reading less of x (at m = 64 and K3's k, x is 1.8 MB a block). Estimates, not
+// measurements: the plan moves time, never bits.
 StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
   StagedPlan best;
   int64_t best_cost = -1, best_compute = 0;
