@@ -53,7 +53,7 @@ class CudaBackendGemv : public testing::CudaCpuTest {
   static constexpr int64_t kMaxRows = 64;
   static_assert(kMaxRows == cuda::kGemvMaxRows, "every row count Gemv takes");
 
-  // Random host values away from zero (|v| ≥ 0.05), so no term vanishes.
+  // Random host values away from zero (|v| ≥ 0.05 · scale), so no term vanishes.
   Tensor NonZero(Shape shape, float scale) {
     Tensor t = Random(std::move(shape), scale);
     for (int64_t i = 0; i < t.numel(); ++i) {
