@@ -6,6 +6,7 @@
 //     tile it picks, rows split across blocks or not, partial last tiles), n = 1, 3, 256
 //     (Kimi-Linear-48B's experts), 896 (K3's), k = 2304, 7168 (their hidden sizes) and 100 (no
 //     multiple of 32: a partial last step); rows m / 2 and m − 1 alone (m = 1) as in the batch;
+//     the same at small n and k (every tile, with and without row splits) for memcheck;
 //   - the general kernel at k = 4097 (no multiple of 4), with BF16 weights, and with x not
 //     16-byte aligned: the same reference;
 //   - through the backend (PDL launches) after and before other kernels, eagerly and replayed
@@ -17,6 +18,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -89,31 +92,45 @@ class CudaBackendGemv : public testing::CudaCpuTest {
                          << ") " << (first >= 0 ? got[static_cast<size_t>(first)] : 0.0f) << " vs "
                          << (first >= 0 ? want[static_cast<size_t>(row0 * n + first)] : 0.0f);
   }
-};
 
-// Every row count against the reference, and rows alone: x holds kMaxRows rows; a call of m rows
-// reads its first m, so every m must give the reference's first m rows.
-TEST_F(CudaBackendGemv, EveryRowCountHasTheReferenceOrdersBits) {
-  for (const int64_t k : {int64_t{2304}, int64_t{7168}, int64_t{100}, int64_t{4097}}) {
-    const Tensor x = NonZero({kMaxRows, k}, 1.0f);
-    const Tensor d_x = gpu_->Upload(x);
-    for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{256}, int64_t{896}}) {
-      SCOPED_TRACE("n = " + std::to_string(n) + ", k = " + std::to_string(k));
-      const Tensor w = NonZero({n, k}, 0.02f);
-      const Tensor d_w = gpu_->Upload(w);
-      const std::vector<float> want = Reference(x.f32(), w.f32(), kMaxRows, n, k);
+  // For each k and n: every row count of kRowCounts against the reference, and each row that is
+  // the middle or the last of one of them alone. x holds kMaxRows rows; a call of m rows reads its
+  // first m, so every m must give the reference's first m rows.
+  void CheckEveryRowCount(std::initializer_list<int64_t> ks, std::initializer_list<int64_t> ns) {
+    for (const int64_t k : ks) {
+      const Tensor x = NonZero({kMaxRows, k}, 1.0f);
+      const Tensor d_x = gpu_->Upload(x);
       const auto* xp = static_cast<const float*>(d_x.raw());
-      for (const int64_t m : {1, 2, 7, 8, 9, 31, 32, 33, 64}) {
-        ExpectBits(RunGemv(xp, d_w.raw(), false, m, n, k), want, 0, m, n, "m = " + std::to_string(m));
-        for (const int64_t t : {m / 2, m - 1}) {
-          if (t == 0) continue;
+      for (const int64_t n : ns) {
+        SCOPED_TRACE("n = " + std::to_string(n) + ", k = " + std::to_string(k));
+        const Tensor w = NonZero({n, k}, 0.02f);
+        const Tensor d_w = gpu_->Upload(w);
+        const std::vector<float> want = Reference(x.f32(), w.f32(), kMaxRows, n, k);
+        std::set<int64_t> alone;
+        for (const int64_t m : kRowCounts) {
+          ExpectBits(RunGemv(xp, d_w.raw(), false, m, n, k), want, 0, m, n, "m = " + std::to_string(m));
+          alone.insert({m / 2, m - 1});
+        }
+        for (const int64_t t : alone) {
           ExpectBits(RunGemv(xp + t * k, d_w.raw(), false, 1, n, k), want, t, 1, n,
-                     "row " + std::to_string(t) + " alone (m = " + std::to_string(m) + ")");
+                     "row " + std::to_string(t) + " alone");
         }
       }
     }
   }
+
+  static constexpr int64_t kRowCounts[] = {1, 2, 7, 8, 9, 31, 32, 33, 64};
+};
+
+// The routers' widths (Kimi-Linear-48B: 256 × 2304, K3: 896 × 7168) and odd ones. Not under
+// memcheck (scripts/gpu_check.sh): SmallShapesHaveTheReferenceOrdersBits runs the same plans there.
+TEST_F(CudaBackendGemv, EveryRowCountHasTheReferenceOrdersBits) {
+  CheckEveryRowCount({2304, 7168, 100, 4097}, {1, 3, 256, 896});
 }
+
+// Small shapes through the same tiles, row splits and partial chunks (n = 300: 3 columns a block
+// at m ≤ 8, 8-row slices of x at m = 64), cheap enough for memcheck.
+TEST_F(CudaBackendGemv, SmallShapesHaveTheReferenceOrdersBits) { CheckEveryRowCount({100, 292}, {3, 40, 300}); }
 
 // The general kernel's inputs: BF16-held weights, and x whose rows are not 16-byte aligned.
 TEST_F(CudaBackendGemv, Bf16WeightsAndUnalignedXHaveTheReferenceOrdersBits) {
