@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
       {"k100_n3_m4", 4, 3, 100},            // one chunk, a partial last step
       {"k100_n1_m64", 64, 1, 100},          // one column
       {"many_chunks", 2, 5, 60000},         // 59 chunks through 3 slots
+      {"chunks_then_tail", 3, 7, 5000},     // 5 chunks, the last 904 long: a partial last step
       {"capped_cols", 5, 9000, 128},        // columns a block capped by the tiles a block takes
       {"general_k4097", 33, 10, 4097},      // the general kernel
       {"general_bf16", 9, 10, 2304, true},  // the general kernel, BF16 weights

@@ -128,9 +128,12 @@ TEST_F(CudaBackendGemv, EveryRowCountHasTheReferenceOrdersBits) {
   CheckEveryRowCount({2304, 7168, 100, 4097}, {1, 3, 256, 896});
 }
 
-// Small shapes through the same tiles, row splits and partial chunks (n = 300: 3 columns a block
-// at m ≤ 8, 8-row slices of x at m = 64), cheap enough for memcheck.
-TEST_F(CudaBackendGemv, SmallShapesHaveTheReferenceOrdersBits) { CheckEveryRowCount({100, 292}, {3, 40, 300}); }
+// Small shapes through the same tiles, row splits and partial steps (n = 300: 3 columns a block
+// at m ≤ 8, 8-row slices of x at m = 64; k = 2052: chunks of at most 1,024, then a last one whose
+// last step is partial), cheap enough for memcheck.
+TEST_F(CudaBackendGemv, SmallShapesHaveTheReferenceOrdersBits) {
+  CheckEveryRowCount({100, 292, 2052}, {3, 40, 300});
+}
 
 // The general kernel's inputs: BF16-held weights, and x whose rows are not 16-byte aligned.
 TEST_F(CudaBackendGemv, Bf16WeightsAndUnalignedXHaveTheReferenceOrdersBits) {
