@@ -8,9 +8,14 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+#include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/mma_bf16.cuh"
+#include "kimirt/backend/cuda/pdl.cuh"
 
 namespace kimirt::cuda {
 namespace {
@@ -25,6 +30,7 @@ namespace {
 // chunks, then the butterfly — whatever m is, so a row's result does not depend on the other rows
 // (row-invariant: Backend::RowInvariantRows), and it has the bits it had before this layout (the
 // router's logits, and so its choices, unchanged).
+// The general kernel (GemvKernel): BF16-held weights, and rows or x not 16-byte aligned.
 constexpr int kWarps = 8;
 constexpr int kCols = 4;
 constexpr int kGroup = 8;                       // rows per pass over a chunk: a warp each
@@ -75,8 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
       // The next chunk of this block's weight rows into L2 (a hint: 16-byte multiples, aligned).
       const int64_t next = k - k0 - kChunk < kChunk ? k - k0 - kChunk : kChunk;
       const char* p = static_cast<const char*>(wb) + (threadIdx.x * k + k0 + kChunk) * elem;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(next * elem))
-                   : "memory");
+      mma::PrefetchL2(p, static_cast<uint32_t>(next * elem));
     }
     StageChunk(wb, bf16, vec, k, k0, len, kCols, n - col0, ws);
 #pragma unroll
@@ -107,6 +112,257 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
   }
 }
 
+// The staged kernel (GemvStagedKernel): F32 weight rows and x rows 16-byte aligned (k % 4 == 0),
+// the router's case. Why a second kernel (issue 12): GemvKernel ran the router at 12 µs for
+// 2.4 MB (Kimi-Linear-48B, batch 1; ~0.5 µs of HBM) and 46 µs at batch 32: 64 blocks, each
+// chunk's weight a dependent round trip through registers, a __syncthreads per chunk and per
+// 8-row group, one warp of eight computing at m ≤ 8, and a plain launch.
+//
+// A block takes `cols` output columns (weight rows) and `rows` rows of x (all m, or a slice of
+// 8-row groups at large m: PlanStaged), about one block per multiprocessor. k goes in chunks of
+// `chunk` (a multiple of 32): kStages chunks of the block's weight rows and x rows in shared
+// memory, copied by cp.async (nothing held in registers while in flight) kStages − 1 chunks ahead
+// of the one being summed, one __syncthreads a chunk. The weight is never the previous kernel's
+// output, so before PdlWait the block asks L2 for all of its weight rows
+// (cp.async.bulk.prefetch.L2) and copies its first chunks of them; x only after PdlWait.
+//
+// The sum's order is GemvKernel's: lane j of a warp sums x[k]·w[k] for k ≡ j (mod 32) ascending,
+// across the chunks, in one accumulator, one FMA a term (`acc += xv * w` as nvcc compiles it),
+// then the butterfly v += shfl_xor(v, 16, 8, 4, 2, 1). A warp sums a tile of kR rows × kC
+// columns at once (each x and w value loaded once for the tile), so every (row, column) has
+// GemvKernel's bits — the router's logits and choices unchanged — and a row's bits depend on
+// nothing but its x and w: not on m, the other rows, the tile or the plan, which only decide who
+// computes what (row-invariant: Backend::RowInvariantRows).
+constexpr int kStagedWarps = 8;
+constexpr int kStagedThreads = kStagedWarps * 32;
+constexpr int kItemsPerWarp = 2;     // tiles a warp sums at once (accumulators: 2 · kR · kC)
+constexpr int kMaxItems = kItemsPerWarp * kStagedWarps;
+constexpr int kStages = 3;           // chunks in shared memory: one summed, two in flight
+constexpr int64_t kMaxChunk = 1024;  // k per chunk at most (at m = 1, K3: 7 chunks, 96 KB)
+constexpr int64_t kStagedSmemBudget = 192 * 1024;
+// About one block per H200 multiprocessor. A constant, not the device's count: the plan changes
+// only the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
+constexpr int64_t kTargetBlocks = 132;
+constexpr int64_t kPrefetchFloats = 1024;  // 4 KB a cp.async.bulk.prefetch.L2
+
+// The chunk [k0, k0 + len) of `count` rows (row r at src + r·k) into dst (row r at dst + r·chunk),
+// 16 bytes a copy; len % 4 == 0, src rows 16-byte aligned.
+__device__ __forceinline__ void CopyChunk(const float* src, int64_t k, int64_t k0, int64_t len, int count,
+                                          float* dst, int chunk) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t q4 = len / 4;
+  for (int r = warp; r < count; r += kStagedWarps) {
+    const float* s = src + r * k + k0;
+    float* d = dst + static_cast<int64_t>(r) * chunk;
+    for (int64_t q = lane; q < q4; q += 32) CpAsync16(d + 4 * q, s + 4 * q);
+  }
+}
+
+// Block (blockIdx.x, blockIdx.y): columns [blockIdx.x · cols, + cols) of rows [blockIdx.y · rows,
+// + rows) of y [m, n].
+template <int kR, int kC>
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    GemvStagedKernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int m,
+                     int64_t n, int64_t k, int rows, int cols, int chunk) {
+  extern __shared__ __align__(16) float smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t col0 = int64_t{blockIdx.x} * cols, row_begin = int64_t{blockIdx.y} * rows;
+  const int cv = static_cast<int>(n - col0 < cols ? n - col0 : cols);  // this block's columns and rows
+  const int rv = static_cast<int>(m - row_begin < rows ? m - row_begin : rows);
+  const float* wb = w + col0 * k;
+  const float* xb = x + row_begin * k;
+  const int64_t slot = static_cast<int64_t>(cols + rows) * chunk;  // w [cols][chunk], then x [rows][chunk]
+  const int64_t chunks = (k + chunk - 1) / chunk;
+  auto len_of = [&](int64_t c) { return k - c * chunk < chunk ? k - c * chunk : int64_t{chunk}; };
+  auto copy_w = [&](int64_t c) {
+    if (c < chunks) CopyChunk(wb, k, c * chunk, len_of(c), cv, smem + c % kStages * slot, chunk);
+  };
+  auto copy_x = [&](int64_t c) {
+    if (c < chunks) {
+      CopyChunk(xb, k, c * chunk, len_of(c), rv, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
+    }
+  };
+
+  // Before PdlWait (pdl.cuh): only the weight. All of it past the first kStages − 1 chunks into
+  // L2, 4 KB a request; the first chunks into shared memory.
+  const int64_t ahead = (kStages - 1) * int64_t{chunk};
+  const int64_t pieces = k > ahead ? (k - ahead + kPrefetchFloats - 1) / kPrefetchFloats : 0;
+  for (int64_t i = threadIdx.x; i < cv * pieces; i += kStagedThreads) {
+    const int64_t r = i / pieces, b = ahead + i % pieces * kPrefetchFloats;
+    const int64_t len = k - b < kPrefetchFloats ? k - b : kPrefetchFloats;
+    mma::PrefetchL2(wb + r * k + b, static_cast<uint32_t>(len * sizeof(float)));
+  }
+  for (int c = 0; c < kStages - 1; ++c) {
+    copy_w(c);
+    CpAsyncCommit();
+  }
+  PdlWait();
+  PdlTrigger();
+  for (int c = 0; c < kStages - 1; ++c) {
+    copy_x(c);
+    CpAsyncCommit();
+  }
+
+  // This warp's tiles (items warp and warp + 8): columns c0 + [0, kC), rows r0 + [0, kR), those
+  // past the block's clamped to its last (they repeat a valid sum and store nothing).
+  const int col_tiles = (cv + kC - 1) / kC;
+  const int items = col_tiles * ((rv + kR - 1) / kR);
+  int c0[kItemsPerWarp], r0[kItemsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kItemsPerWarp; ++i) {
+    const int item = warp + i * kStagedWarps;
+    c0[i] = item % col_tiles * kC;
+    r0[i] = item / col_tiles * kR;
+  }
+  float acc[kItemsPerWarp][kR][kC];
+#pragma unroll
+  for (int i = 0; i < kItemsPerWarp; ++i) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+#pragma unroll
+      for (int c = 0; c < kC; ++c) acc[i][r][c] = 0.0f;
+    }
+  }
+
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    CpAsyncWait<kStages - 2>();  // chunk ch has landed (the kStages − 2 newer groups may be in flight)
+    __syncthreads();             // ... for every thread's copies; and chunk ch − 1's slot is free
+    copy_w(ch + kStages - 1);
+    copy_x(ch + kStages - 1);
+    CpAsyncCommit();
+    const float* ws = smem + ch % kStages * slot;
+    const float* xs = ws + int64_t{cols} * chunk;
+    const int len = static_cast<int>(len_of(ch));
+#pragma unroll
+    for (int i = 0; i < kItemsPerWarp; ++i) {
+      if (warp + i * kStagedWarps >= items) break;  // the same for the whole warp
+      const float* wr[kC];
+      const float* xr[kR];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) wr[c] = ws + static_cast<int64_t>(min(c0[i] + c, cv - 1)) * chunk + lane;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) xr[r] = xs + static_cast<int64_t>(min(r0[i] + r, rv - 1)) * chunk + lane;
+      // k = k0 + s + lane, s ascending; one FMA a term (nvcc contracts GemvKernel's acc += xv · w
+      // to FFMA; __fmaf_rn says so here).
+      auto step = [&](int s) {
+        float wv[kC], xv[kR];
+#pragma unroll
+        for (int c = 0; c < kC; ++c) wv[c] = wr[c][s];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) xv[r] = xr[r][s];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+#pragma unroll
+          for (int c = 0; c < kC; ++c) acc[i][r][c] = __fmaf_rn(xv[r], wv[c], acc[i][r][c]);
+        }
+      };
+      const int full = len / 32 * 32;
+#pragma unroll 2
+      for (int s = 0; s < full; s += 32) step(s);
+      // A last chunk no multiple of 32 long: its last step only in lanes whose k is inside, as
+      // GemvKernel's lanes stop at k.
+      if (full + lane < len) step(full);
+    }
+  }
+  CpAsyncWaitAll();  // the last groups are empty; leave nothing in flight
+
+#pragma unroll
+  for (int i = 0; i < kItemsPerWarp; ++i) {
+    if (warp + i * kStagedWarps >= items) break;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        float v = acc[i][r][c];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && r0[i] + r < rv && c0[i] + c < cv) y[(row_begin + r0[i] + r) * n + col0 + c0[i] + c] = v;
+      }
+    }
+  }
+}
+
+// How a call is cut: rows of x and columns a block, its tile, and the chunk that fits.
+struct StagedPlan {
+  int tile = 0;  // index into kTiles
+  int64_t rows = 0, row_blocks = 0, cols = 0, col_blocks = 0, chunk = 0;
+  int64_t smem = 0;
+};
+struct Tile {
+  int r, c;
+};
+// Small tiles keep warps busy when a block has few (row, column) pairs (decode: ~7 columns, m ≤ 8);
+// 8 × 8 loads 16 values for 64 FMAs, what shared memory's 128 bytes a cycle feed (batches).
+constexpr Tile kTiles[] = {{1, 1}, {2, 2}, {4, 2}, {8, 2}, {8, 8}};
+
+// The plan of least estimated time a step (32 k) per multiprocessor: the larger of a scheduler's
+// issue (its share of the tiles, each kR + kC loads and kR · kC FMAs), shared memory's wavefronts
+// (kR + kC a tile) and L2's (~32 bytes a cycle: 4 cycles a staged row of either operand), times
+// the waves of blocks; of equal ones, the least issue and shared-memory time (at m ≤ 8 the
+// weight's HBM time is the same for every plan, so the tile is what is left to choose). Rows split
+// into 8-row groups only past 8 rows: a slice of the rows per block trades re-reading the weight
+// from L2 for reading less of x (at m = 64 and K3's k, x is 1.8 MB a block). Estimates, not
+// measurements: the plan moves time, never bits.
+StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
+  StagedPlan best;
+  int64_t best_cost = -1, best_compute = 0;
+  for (int64_t rows = m <= 8 ? m : 8;; rows += 8) {
+    if (rows > m) rows = m;
+    const int64_t row_blocks = (m + rows - 1) / rows;
+    for (int t = 0; t < static_cast<int>(sizeof(kTiles) / sizeof(kTiles[0])); ++t) {
+      const Tile tile = kTiles[t];
+      const int64_t row_tiles = (rows + tile.r - 1) / tile.r;
+      if (row_tiles > kMaxItems) continue;
+      const int64_t max_cols = tile.c * (kMaxItems / row_tiles);
+      const int64_t cols = std::min((n * row_blocks + kTargetBlocks - 1) / kTargetBlocks, max_cols);
+      const int64_t col_blocks = (n + cols - 1) / cols;
+      const int64_t items = row_tiles * ((cols + tile.c - 1) / tile.c);
+      const int64_t issue = (items + 3) / 4 * (tile.r + tile.c + tile.r * tile.c + 3);
+      const int64_t lds = items * (tile.r + tile.c);
+      const int64_t l2 = 4 * (rows + cols);
+      const int64_t waves = (col_blocks * row_blocks + kTargetBlocks - 1) / kTargetBlocks;
+      const int64_t cost = waves * std::max({issue, lds, l2}), compute = waves * std::max(issue, lds);
+      if (best_cost < 0 || cost < best_cost || (cost == best_cost && compute < best_compute)) {
+        best_cost = cost;
+        best_compute = compute;
+        best.tile = t;
+        best.rows = rows;
+        best.row_blocks = row_blocks;
+        best.cols = cols;
+        best.col_blocks = col_blocks;
+      }
+    }
+    if (rows == m) break;
+  }
+  // The largest chunk (a multiple of 32, ≤ kMaxChunk, no longer than k needs) whose kStages slots
+  // fit in half the budget, so that under PDL the block starts beside a predecessor holding shared
+  // memory; the whole budget where that would leave chunks under 256.
+  const int64_t row_bytes = kStages * (best.cols + best.rows) * int64_t{sizeof(float)};
+  const int64_t half = kStagedSmemBudget / 2 / row_bytes / 32 * 32;
+  const int64_t fit = half >= 256 ? half : kStagedSmemBudget / row_bytes / 32 * 32;
+  best.chunk = std::min({fit, kMaxChunk, (k + 31) / 32 * 32});
+  best.smem = kStages * (best.cols + best.rows) * best.chunk * int64_t{sizeof(float)};
+  return best;
+}
+
+template <int kR, int kC>
+void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, const StagedPlan& p,
+                  cudaStream_t s) {
+  static bool configured = false;  // the attribute is per function; setting it again is harmless
+  if (!configured) {
+    const cudaError_t e = cudaFuncSetAttribute(GemvStagedKernel<kR, kC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kStagedSmemBudget));
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "kimirt: Gemv: cudaFuncSetAttribute: %s\n", cudaGetErrorString(e));
+      std::abort();
+    }
+    configured = true;
+  }
+  LaunchPdl("Gemv", GemvStagedKernel<kR, kC>,
+            dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.row_blocks)), dim3(kStagedThreads),
+            static_cast<size_t>(p.smem), s, x, w, y, static_cast<int>(m), n, k, static_cast<int>(p.rows),
+            static_cast<int>(p.cols), static_cast<int>(p.chunk));
+}
+
 __global__ void Bf16ToF32Kernel(const __nv_bfloat16* src, float* dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     dst[i] = __bfloat162float(src[i]);
@@ -125,6 +381,19 @@ void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64
   // vec: 16-byte aligned rows, so float4 staging and the L2 prefetch (BF16: element-wise, no hint).
   const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && !w_bf16;
   const bool x_vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (vec && x_vec && k > 0) {  // the staged kernel: the same bits (its comment)
+    const float* wf = static_cast<const float*>(w);
+    const StagedPlan p = PlanStaged(m, n, k);
+    static_assert(sizeof(kTiles) / sizeof(kTiles[0]) == 5, "a launch for every tile");
+    switch (p.tile) {
+      case 0: LaunchStaged<kTiles[0].r, kTiles[0].c>(x, wf, y, m, n, k, p, s); break;
+      case 1: LaunchStaged<kTiles[1].r, kTiles[1].c>(x, wf, y, m, n, k, p, s); break;
+      case 2: LaunchStaged<kTiles[2].r, kTiles[2].c>(x, wf, y, m, n, k, p, s); break;
+      case 3: LaunchStaged<kTiles[3].r, kTiles[3].c>(x, wf, y, m, n, k, p, s); break;
+      default: LaunchStaged<kTiles[4].r, kTiles[4].c>(x, wf, y, m, n, k, p, s); break;
+    }
+    return;
+  }
   const int64_t blocks = (n + kCols - 1) / kCols;
   GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, x_vec, w, w_bf16, vec, y, m, n, k);
   CheckLaunch("Gemv");
