@@ -7,12 +7,12 @@ namespace kimirt {
 
 BlockAttnRes::BlockAttnRes(Backend& be, Tensor embedding, int64_t block_size, float eps, const Tensor& out_proj,
                            const Tensor& out_norm)
-    : be_(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm),
+    : ResidualStream(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm),
       prefix_(std::move(embedding)) {}
 
 BlockAttnRes::BlockAttnRes(Backend& be, std::vector<Tensor> state, int64_t block_size, float eps,
                            const Tensor& out_proj, const Tensor& out_norm)
-    : be_(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm) {
+    : ResidualStream(be), block_size_(block_size), eps_(eps), out_proj_(out_proj), out_norm_(out_norm) {
   KIMIRT_CHECK(!state.empty());
   prefix_ = std::move(state.back());
   state.pop_back();

@@ -44,7 +44,6 @@ class BlockAttnRes final : public ResidualStream {
   // AttnResMix([bank..., prefix]; proj, norm) (spec §8.2).
   Tensor Mix(const Tensor& proj, const Tensor& norm);
 
-  Backend& be_;
   int64_t block_size_;
   float eps_;
   const Tensor& out_proj_;

@@ -421,16 +421,16 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
     const LayerWeights& lw = w_.layers[i];
     Tensor attn = lw.is_kda ? RunKda(ctx_, lw.kda, x, kda_slot_[i], rows, o.kda_form)
                             : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form, paged_decode);
-    Tensor y = stream->AddThenNorm(be_, attn, lw.post_norm, eps, [&] { return stream->FfnInput(lw); });
+    Tensor y = stream->AddThenNorm(attn, lw.post_norm, eps, [&] { return stream->FfnInput(lw); });
     Tensor route;
     Tensor ffn = lw.is_moe ? RunMoe(ctx_, lw.moe, y, &route) : RunMlp(ctx_, lw.dense, y);
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
     if (i + 1 < end) {
       const LayerWeights& next = w_.layers[i + 1];
-      x = stream->AddThenNorm(be_, ffn, next.input_norm, eps,
+      x = stream->AddThenNorm(ffn, next.input_norm, eps,
                               [&] { return stream->AttentionInput(static_cast<int64_t>(i + 1), next); });
     } else if (stage_.is_last()) {
-      hn = stream->AddThenNorm(be_, ffn, w_.norm, eps, [&] { return stream->Output(); });
+      hn = stream->AddThenNorm(ffn, w_.norm, eps, [&] { return stream->Output(); });
     } else {
       stream->Add(ffn);
     }

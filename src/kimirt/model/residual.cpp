@@ -11,17 +11,16 @@ Tensor Sum(Backend& be, const Tensor& a, const Tensor& b) {
 
 void PreNormResidual::Add(const Tensor& out) { h_ = Sum(be_, h_, out); }
 
-Tensor ResidualStream::AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
-                                   const std::function<Tensor()>& next) {
+Tensor ResidualStream::AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) {
   Add(out);
   const Tensor x = next();
-  Tensor y = be.Empty(x.shape());
-  be.RmsNorm(x, w, eps, &y);
+  Tensor y = be_.Empty(x.shape());
+  be_.RmsNorm(x, w, eps, &y);
   return y;
 }
 
 // Every norm reads h: the new h and its norm in one call.
-Tensor PreNormResidual::AddThenNorm(Backend& /*be*/, const Tensor& out, const Tensor& w, float eps,
+Tensor PreNormResidual::AddThenNorm(const Tensor& out, const Tensor& w, float eps,
                                     const std::function<Tensor()>& /*next*/) {
   Tensor h = be_.Empty(h_.shape()), y = be_.Empty(h_.shape());
   be_.AddRmsNorm(h_, out, w, eps, &h, &y);

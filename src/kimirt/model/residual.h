@@ -18,6 +18,7 @@ namespace kimirt {
 
 class ResidualStream {
  public:
+  explicit ResidualStream(Backend& be) : be_(be) {}
   virtual ~ResidualStream() = default;
   // What layer `layer`'s attention norm reads.
   virtual Tensor AttentionInput(int64_t layer, const LayerWeights& lw) = 0;
@@ -28,14 +29,16 @@ class ResidualStream {
   // Add(out), then RMSNorm(w, eps) of next() — what the next norm reads (FfnInput, the next
   // layer's AttentionInput or Output) — as a new tensor. A stream whose norms read the sum itself
   // (PreNormResidual) does both in one backend call (Backend::AddRmsNorm: the same bits).
-  virtual Tensor AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
-                             const std::function<Tensor()>& next);
+  virtual Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next);
   // What the final norm reads.
   virtual Tensor Output() = 0;
   // The whole state between two layers, as tensors [T, D] (pipeline parallelism: what one stage
   // hands the next; docs/distributed.md "Pipeline parallelism"). A stream made from them
   // continues exactly as this one would.
   virtual std::vector<Tensor> State() const = 0;
+
+ protected:
+  Backend& be_;
 };
 
 // The plain pre-norm residual stream h ← h + sublayer(norm(h)) (Kimi-Linear, spec §1.3): every
@@ -43,17 +46,15 @@ class ResidualStream {
 class PreNormResidual final : public ResidualStream {
  public:
   // `embedding` [T, D] is the stream's start (or h, from State()).
-  PreNormResidual(Backend& be, Tensor embedding) : be_(be), h_(std::move(embedding)) {}
+  PreNormResidual(Backend& be, Tensor embedding) : ResidualStream(be), h_(std::move(embedding)) {}
   Tensor AttentionInput(int64_t /*layer*/, const LayerWeights& /*lw*/) override { return h_; }
   Tensor FfnInput(const LayerWeights& /*lw*/) override { return h_; }
   void Add(const Tensor& out) override;
-  Tensor AddThenNorm(Backend& be, const Tensor& out, const Tensor& w, float eps,
-                     const std::function<Tensor()>& next) override;
+  Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) override;
   Tensor Output() override { return h_; }
   std::vector<Tensor> State() const override { return {h_}; }
 
  private:
-  Backend& be_;
   Tensor h_;
 };
 
