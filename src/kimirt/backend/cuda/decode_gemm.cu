@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "kimirt/backend/cuda/cp_async.cuh"
@@ -122,6 +123,13 @@ __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, in
   }
 }
 
+// x[row][kk .. kk+7] at p, all in range and 16-byte aligned (LoadX's aligned case; GemmBlock's full rounds).
+__device__ __forceinline__ void LoadX8(const float* p, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // For 1 and 2 tiles (m ≤ 16), with no SplitXKernel launch: x[row][kk .. kk+7] (zeros past m or
 // k), read into registers (for 1 tile, the whole round's right after its weight loads) and split
 // by SplitX8. `vec`: x rows
@@ -129,9 +137,7 @@ __global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, in
 __device__ __forceinline__ void LoadX(const float* x, int64_t row, int64_t kk, int64_t m, int64_t k, bool vec,
                                       float (&v)[8]) {
   if (vec && row < m && kk < k) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + row * k + kk));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + row * k + kk + 4));
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    LoadX8(x + row * k + kk, v);
   } else {
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = row < m && kk + e < k ? __ldg(x + row * k + kk + e) : 0.0f;
@@ -264,7 +270,26 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     }
   }
 
-  for (int64_t kb = k_begin; kb < k_end; kb += kSliceQuantum) {
+  // A round of 128 k at kb. kFull: all of it inside the slice and inside k, every column of the
+  // warp inside n, aligned weight and x rows — then the weight and x are read through pointers
+  // set once and advanced a round at a time, with none of LoadW's and LoadX's bounds checks: the
+  // same loads of the same values, so the same bits. (Nsight Compute, a KDA projection group at
+  // 1 row: issue 48% busy, DRAM 33%; ~58% of the loop's SASS was integer and address work, most
+  // of it these checks and 64-bit addresses.) The full rounds get their own loop so that the
+  // checked one's registers do not add to theirs. An x row past m reads row m − 1 instead: an
+  // MMA output's column depends on its own B column alone, and those outputs are never stored.
+  const bool fast = kVec && col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec);
+  const uint16_t* w_lane = fast ? w + (col0 + g) * k + k_begin + 8 * t : w;  // row col0 + g; + (2c + h)·8k
+  [[maybe_unused]] const float* x_lane[kTiles <= kMaxTilesSplitInKernel ? kTiles : 1];
+  if constexpr (kTiles <= kMaxTilesSplitInKernel) {
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+      const int64_t row = r * 8 + g;
+      x_lane[r] = x + (row < m ? row : m - 1) * k + k_begin + 8 * t;
+    }
+  }
+  auto round = [&](int64_t kb, auto full) {
+    constexpr bool kFull = decltype(full)::value;
     // The round after next into L2 now (rounds 0 and 1: above): while this round waits on HBM,
     // the next ones are already on their way, so their loads wait on L2. Without it a warp has
     // one round (8 KB) in flight and 16 warps per multiprocessor are not enough for 4.8 TB/s at
@@ -279,8 +304,12 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       for (int c = 0; c < kColTiles; ++c) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          wr[u][c][h] = kb + u * kStepK < k_end ? LoadW<kVec>(w, col0 + c * 16 + h * 8 + g, kk, n, k)
-                                                : make_uint4(0, 0, 0, 0);
+          if constexpr (kFull) {
+            wr[u][c][h] = LoadStreaming(w_lane + (2 * c + h) * 8 * k + u * kStepK);
+          } else {
+            wr[u][c][h] = kb + u * kStepK < k_end ? LoadW<kVec>(w, col0 + c * 16 + h * 8 + g, kk, n, k)
+                                                  : make_uint4(0, 0, 0, 0);
+          }
         }
       }
     }
@@ -289,7 +318,13 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     [[maybe_unused]] float xr[kTiles == 1 ? kUnroll : 1][8];
     if constexpr (kTiles == 1) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) LoadX(x, g, kb + u * kStepK + 8 * t, m, k, x_vec, xr[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        if constexpr (kFull) {
+          LoadX8(x_lane[0] + u * kStepK, xr[u]);
+        } else {
+          LoadX(x, g, kb + u * kStepK + 8 * t, m, k, x_vec, xr[u]);
+        }
+      }
     }
     // 4 and 8 tiles, with this round's weight loads in flight: wait for this round's x (this
     // thread's copies, then everyone's: the barrier), which also says every warp is done with
@@ -305,8 +340,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
-      const int64_t step = (kb + u * kStepK) / kStepK;
+      if (!kFull && kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
 #pragma unroll
       for (int r = 0; r < kTiles; ++r) {
         XParts xp;
@@ -314,7 +348,11 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
           xp = SplitX8(xr[u]);
         } else if constexpr (kTiles <= kMaxTilesSplitInKernel) {
           float v[8];
-          LoadX(x, r * 8 + g, step * kStepK + 8 * t, m, k, x_vec, v);
+          if constexpr (kFull) {
+            LoadX8(x_lane[r] + u * kStepK, v);
+          } else {
+            LoadX(x, r * 8 + g, kb + u * kStepK + 8 * t, m, k, x_vec, v);
+          }
           xp = SplitX8(v);
         } else {
           const int xi = (u * kTiles + r) * 32 + lane;  // StageX's order (SplitXKernel's)
@@ -331,7 +369,19 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       xs = xs_next;
       xs_next = done;
     }
+  };
+  const int64_t in_k = (k_end < k ? k_end : k) - k_begin;
+  const int64_t full_end = fast && in_k > 0 ? k_begin + in_k / kSliceQuantum * kSliceQuantum : k_begin;
+  int64_t kb = k_begin;
+  for (; kb < full_end; kb += kSliceQuantum) {
+    round(kb, std::true_type{});
+    w_lane += kSliceQuantum;
+    if constexpr (kTiles <= kMaxTilesSplitInKernel) {
+#pragma unroll
+      for (int r = 0; r < kTiles; ++r) x_lane[r] += kSliceQuantum;
+    }
   }
+  for (; kb < k_end; kb += kSliceQuantum) round(kb, std::false_type{});
 
   // D fragment: regs 0, 1 are column g, rows 2t and 2t+1 of the tile; regs 2, 3 column g + 8.
 #pragma unroll
