@@ -40,6 +40,9 @@ struct RouteParams {
   float scaling = 1.0f;
   // Spec §15.6: Kimi-Linear-48B gathers the combine weights from the biased scores.
   bool combine_biased = false;
+  // ≥ 0: every token's choices get this expert id appended after its k, with weight 1 (idx and
+  // weights [T, k + 1]): the shared expert as one more expert (Backend::MoeSharedAsExpert).
+  int32_t append_expert = -1;
 };
 
 // One MoE layer's routed experts as this rank holds them (TP: every expert, a slice of its
@@ -47,6 +50,13 @@ struct RouteParams {
 // (F32; BF16 on CUDA) or, on CUDA, MXFP4 as the checkpoint stores them (spec §2.9): U8 codes
 // [rows, cols/2] (two E2M1 per byte, the low nibble first) and U8 E8M0 scales [rows, cols/32].
 // The CPU takes F32 only.
+// A dense MLP's weights as a backend sees them (spec §7.1): gate, up [I, D], down [D, I].
+struct MlpTensors {
+  const Tensor& gate;
+  const Tensor& up;
+  const Tensor& down;
+};
+
 struct ExpertWeights {
   std::vector<Tensor> gate;  // w1
   std::vector<Tensor> up;    // w3
@@ -313,6 +323,22 @@ class Backend {
   // Routed experts (spec §7.2 steps 3-4): out [T, D_e] = Σ_j weights[t,j] · expert_{idx[t,j]}(z[t]).
   virtual void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights,
                           const ExpertWeights& experts, const GluParams& p, Tensor* out) = 0;
+
+  // Whether MoeExpertsWithShared should run, for T rows, the routed experts and the shared expert
+  // `shared` (a dense MLP of the experts' widths; spec §7.2 steps 7-8) as one pass: the shared
+  // one as expert E, chosen by every token with weight 1 after its k (MoeRoute with append_expert
+  // = E). Its output then comes last in the combine's sum, Σ_j w_j·e_j + 1·shared: the Add of
+  // steps 7-8 (×1 is exact), in one pass over the weights instead of the dense MLP's launches.
+  // Only where the shared expert needs no all-reduce of its own (one rank). Default: no.
+  virtual bool MoeSharedAsExpert(const ExpertWeights& /*experts*/, const MlpTensors& /*shared*/, int64_t /*T*/) {
+    return false;
+  }
+  // MoeExperts over the E routed experts and `shared` as expert E; idx, weights [T, k + 1].
+  virtual void MoeExpertsWithShared(const Tensor& /*z*/, const Tensor& /*idx*/, const Tensor& /*weights*/,
+                                    const ExpertWeights& /*experts*/, const MlpTensors& /*shared*/,
+                                    const GluParams& /*p*/, Tensor* /*out*/) {
+    KIMIRT_CHECK_MSG(false, "MoeExpertsWithShared on a backend that never offers it (MoeSharedAsExpert)");
+  }
 };
 
 }  // namespace kimirt

@@ -35,10 +35,24 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   rp.renormalize = c.moe_renormalize;
   rp.scaling = static_cast<float>(c.routed_scaling_factor);
   rp.combine_biased = c.RouterCombineUsesBiasedScores();
-  Tensor idx = be.Empty({T, k}, DType::kI32);
-  Tensor weights = be.Empty({T, k});
+  // Steps 7-8 folded into steps 3-4 where the backend offers it (Backend::MoeSharedAsExpert): the
+  // shared expert reads the experts' input (no latent projection) and needs no all-reduce of its
+  // own (one rank), so it can be expert E, chosen by every token with weight 1 after its k. Not
+  // when the caller records the choices: they are the k routed ones.
+  const MlpTensors shared{w.shared.gate, w.shared.up, w.shared.down};
+  const bool shared_as_expert = w.shared.defined() && !c.UsesLatentMoe() && m.comm.size() == 1 &&
+                                route_idx == nullptr && be.MoeSharedAsExpert(w.experts, shared, T);
+  const int64_t ks = shared_as_expert ? k + 1 : k;
+  if (shared_as_expert) rp.append_expert = static_cast<int32_t>(w.experts.gate.size());
+  Tensor idx = be.Empty({T, ks}, DType::kI32);
+  Tensor weights = be.Empty({T, ks});
   be.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
   if (route_idx != nullptr) *route_idx = idx;
+  if (shared_as_expert) {
+    Tensor out = be.Empty({T, y.dim(1)});
+    be.MoeExpertsWithShared(y, idx, weights, w.experts, shared, m.glu, &out);
+    return out;
+  }
   // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
   Tensor z = c.UsesLatentMoe() ? m.Linear(y, w.latent_down) : y;
   Tensor routed = be.Empty({T, z.dim(1)});

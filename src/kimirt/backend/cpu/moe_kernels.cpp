@@ -40,7 +40,8 @@ void Glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor* y) {
 void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p, Tensor* idx,
               Tensor* weights) {
   const int64_t T = Rows(y), D = Cols(y), E = Rows(w), k = p.top_k;
-  KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E);
+  const int64_t ks = p.append_expert >= 0 ? k + 1 : k;  // idx / weights row stride
+  KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E && Cols(*idx) == ks && Cols(*weights) == ks);
   std::vector<float> logits(static_cast<size_t>(T * E));
   Gemm(y.f32(), w.f32(), logits.data(), T, E, D);
   std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
@@ -61,14 +62,18 @@ void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteP
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = order[static_cast<size_t>(j)];
       const float wv = p.combine_biased ? choice[static_cast<size_t>(e)] : s[static_cast<size_t>(e)];
-      idx->i32()[t * k + j] = e;
-      weights->f32()[t * k + j] = wv;
+      idx->i32()[t * ks + j] = e;
+      weights->f32()[t * ks + j] = wv;
       sum += wv;
     }
     for (int64_t j = 0; j < k; ++j) {
-      float& wv = weights->f32()[t * k + j];
+      float& wv = weights->f32()[t * ks + j];
       if (p.renormalize && k > 1) wv /= (sum + 1e-20f);
       wv *= p.scaling;
+    }
+    if (ks > k) {
+      idx->i32()[t * ks + k] = p.append_expert;
+      weights->f32()[t * ks + k] = 1.0f;
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <set>
 #include <string>
@@ -516,10 +517,11 @@ class CudaBackend final : public Backend {
   void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p, Tensor* idx,
                 Tensor* weights) override {
     const int64_t T = Rows(y), D = Cols(y), E = Rows(w), k = p.top_k;
-    KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E);
+    const int64_t ks = p.append_expert >= 0 ? k + 1 : k;
+    KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E && Cols(*idx) == ks && Cols(*weights) == ks);
     Tensor logits = Raw({T, E}, DType::kF32);
     GemmW(F(y), w, F(logits), T, E, D);  // row-invariant for decode batches, like every GEMM
-    cuda::MoeRoute(F(logits), F(bias), T, E, k, p.renormalize, p.scaling, p.combine_biased,
+    cuda::MoeRoute(F(logits), F(bias), T, E, k, p.renormalize, p.scaling, p.combine_biased, p.append_expert,
                    static_cast<int32_t*>(idx->raw()), F(*weights), stream_);
   }
 
@@ -528,15 +530,91 @@ class CudaBackend final : public Backend {
   // read once for all its tokens, and the combine sums a token's k results in top-k order.
   void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
                   const GluParams& p, Tensor* out) override {
+    if (Rows(z) == 0) return;
+    RunExperts(z, idx, weights, ex, PointersOf(ex, nullptr), p, out);
+  }
+
+  // The shared expert as expert E of a decode step's experts (Backend::MoeSharedAsExpert): the
+  // same tensor-core kernels, BF16 like the routed ones, so one pass over all the weights and no
+  // dense-MLP launches (its GEMMs, split-k sums, GLU and the Add: ~24 µs a Kimi-Linear layer at
+  // batch 1, Nsight Compute). Its sums are the expert kernels' (k split for top-k + 1), not the
+  // dense GEMMs': a different F32 rounding of the same MLP, fixed by the widths alone, so batch
+  // invariance holds. KIMIRT_MOE_SHARED_AS_EXPERT=0 turns it off, for A/B runs.
+  bool MoeSharedAsExpert(const ExpertWeights& ex, const MlpTensors& shared, int64_t T) override {
+    static const bool enabled = cuda::EnvSwitchOn("KIMIRT_MOE_SHARED_AS_EXPERT");
+    if (!enabled || T < 1 || T > cuda::kGemvMaxRows || ex.gate.empty() || ex.mxfp4()) return false;
+    const Tensor& g0 = ex.gate[0];
+    const auto same = [&](const Tensor& a, const Tensor& b) {
+      return a.dtype() == DType::kBF16 && a.device() == Device::kCuda && a.shape() == b.shape();
+    };
+    return g0.dtype() == DType::kBF16 && same(shared.gate, g0) && same(shared.up, ex.up[0]) &&
+           same(shared.down, ex.down[0]);
+  }
+  void MoeExpertsWithShared(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
+                            const MlpTensors& shared, const GluParams& p, Tensor* out) override {
+    KIMIRT_CHECK(MoeSharedAsExpert(ex, shared, Rows(z)));
+    RunExperts(z, idx, weights, ex, PointersOf(ex, &shared), p, out);
+  }
+
+ private:
+  friend class CudaKvStorage;
+
+  // Device arrays of every expert's gate / up / down weight pointers (and, MXFP4, scale
+  // pointers), made once per weight set.
+  struct ExpertPointers {
+    Tensor table;                   // 6·E pointers
+    std::vector<const void*> host;  // the same, to check the entry still names these tensors
+    int64_t E = 0;
+    bool aligned16 = false;        // every weight (codes) 16-byte aligned: the tensor-core kernels' loads
+    bool scales_aligned4 = false;  // every MXFP4 scale pointer 4-byte aligned: the decode's scale words
+    cuda::ExpertPointerTable view() const {
+      const void* const* p = static_cast<const void* const*>(table.raw());
+      auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
+      return {p, p + E, p + 2 * E, scales(3), scales(4), scales(5)};
+    }
+  };
+  // `shared` (BF16 experts only): appended as expert E.
+  const ExpertPointers& PointersOf(const ExpertWeights& ex, const MlpTensors* shared) {
+    // Keyed by the first gate tensor's address and the expert count (with or without the shared
+    // one), and checked pointer by pointer: freed weights can hand their addresses to a new
+    // weight set (the pool reuses blocks).
+    const bool mxfp4 = ex.mxfp4();
+    KIMIRT_CHECK(shared == nullptr || !mxfp4);
+    const size_t E = ex.gate.size() + (shared != nullptr ? 1 : 0);
+    std::vector<const void*> host;
+    for (int m = 0; m < 3; ++m) {
+      const std::vector<Tensor>& list = m == 0 ? ex.gate : m == 1 ? ex.up : ex.down;
+      KIMIRT_CHECK(list.size() == ex.gate.size());
+      for (const Tensor& w : list) host.push_back(mxfp4 ? Codes(w) : W(w));
+      if (shared != nullptr) host.push_back(W(m == 0 ? shared->gate : m == 1 ? shared->up : shared->down));
+    }
+    for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
+      KIMIRT_CHECK(!mxfp4 || list->size() == E);
+      for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
+    }
+    ExpertPointers& ptrs = expert_pointers_[{host.front(), E}];
+    if (ptrs.host == host) return ptrs;
+    ptrs.E = static_cast<int64_t>(E);
+    ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
+                                       [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
+    ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
+    CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
+    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
+                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
+    ptrs.host = std::move(host);
+    return ptrs;
+  }
+
+  // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).
+  void RunExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
+                  const ExpertPointers& ptrs, const GluParams& p, Tensor* out) {
     const int64_t T = Rows(z), De = Cols(z), k = Cols(idx);
-    const int64_t E = static_cast<int64_t>(ex.gate.size());
-    if (T == 0) return;
+    const int64_t E = ptrs.E;
     const bool mxfp4 = ex.mxfp4();
     const int64_t I = Rows(ex.gate[0]);
     const int64_t per_byte = mxfp4 ? 2 : 1;
     KIMIRT_CHECK(E > 0 && Cols(ex.gate[0]) * per_byte == De && Cols(ex.down[0]) * per_byte == I &&
-                 Rows(ex.down[0]) == De);
-    const ExpertPointers& ptrs = PointersOf(ex);
+                 Rows(ex.down[0]) == De && Cols(weights) == k);
     const int64_t n = T * k, max_active = std::min(E, n);
     Tensor sort = Raw({2 * n + 2 * max_active + 2}, DType::kI32);
     int32_t* base = static_cast<int32_t*>(sort.raw());
@@ -573,50 +651,6 @@ class CudaBackend final : public Backend {
                               p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(h), F(grouped), stream_);
     }
     cuda::MoeCombine(F(grouped), g.pos, F(weights), T, k, De, F(*out), stream_);
-  }
-
- private:
-  friend class CudaKvStorage;
-
-  // Device arrays of every expert's gate / up / down weight pointers (and, MXFP4, scale
-  // pointers), made once per weight set.
-  struct ExpertPointers {
-    Tensor table;                   // 6·E pointers
-    std::vector<const void*> host;  // the same, to check the entry still names these tensors
-    int64_t E = 0;
-    bool aligned16 = false;        // every weight (codes) 16-byte aligned: the tensor-core kernels' loads
-    bool scales_aligned4 = false;  // every MXFP4 scale pointer 4-byte aligned: the decode's scale words
-    cuda::ExpertPointerTable view() const {
-      const void* const* p = static_cast<const void* const*>(table.raw());
-      auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
-      return {p, p + E, p + 2 * E, scales(3), scales(4), scales(5)};
-    }
-  };
-  const ExpertPointers& PointersOf(const ExpertWeights& ex) {
-    // Keyed by the first gate tensor's address and checked pointer by pointer: freed weights can
-    // hand their addresses to a new weight set (the pool reuses blocks).
-    const size_t E = ex.gate.size();
-    const bool mxfp4 = ex.mxfp4();
-    std::vector<const void*> host;
-    for (const auto* list : {&ex.gate, &ex.up, &ex.down}) {
-      KIMIRT_CHECK(list->size() == E);
-      for (const Tensor& w : *list) host.push_back(mxfp4 ? Codes(w) : W(w));
-    }
-    for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
-      KIMIRT_CHECK(!mxfp4 || list->size() == E);
-      for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
-    }
-    ExpertPointers& ptrs = expert_pointers_[host.front()];
-    if (ptrs.host == host) return ptrs;
-    ptrs.E = static_cast<int64_t>(E);
-    ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
-                                       [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
-    ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
-    CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
-    ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
-                                 [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
-    ptrs.host = std::move(host);
-    return ptrs;
   }
 
   // MXFP4 codes or scales (U8) on this device.
@@ -813,7 +847,7 @@ class CudaBackend final : public Backend {
   static constexpr size_t kMaxInFlight = 4096, kMaxInFlightBytes = 64u << 20;
   std::vector<std::vector<uint8_t>> in_flight_;
   size_t in_flight_bytes_ = 0;
-  std::map<const void*, ExpertPointers> expert_pointers_;
+  std::map<std::pair<const void*, size_t>, ExpertPointers> expert_pointers_;
 };
 
 void CudaKvStorage::Resize(int64_t blocks) {

@@ -462,6 +462,25 @@ TEST_F(CudaBackendTest, MoeRouteAndExperts) {
     Tensor idx_host = Down(idx_got);
     for (int64_t i = 0; i < T * k; ++i) ASSERT_EQ(idx_host.i32()[i], idx_want.i32()[i]) << "slot " << i;
     ExpectClose(w_got, w_want);
+    {  // append_expert (the shared expert as expert E): rows of k + 1, the last (E, 1), on both
+      RouteParams ra = rp;
+      ra.append_expert = static_cast<int32_t>(E);
+      Tensor idx_a = cpu_->Empty({T, k + 1}, DType::kI32), w_a = cpu_->Empty({T, k + 1});
+      cpu_->MoeRoute(y, router, bias, ra, &idx_a, &w_a);
+      Tensor idx_ag = gpu_->Empty({T, k + 1}, DType::kI32), w_ag = Poisoned({T, k + 1});
+      gpu_->MoeRoute(Up(y), Up(router), Up(bias), ra, &idx_ag, &w_ag);
+      const Tensor idx_agh = Down(idx_ag), w_agh = Down(w_ag);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j <= k; ++j) {
+          const int32_t want_e = j < k ? idx_want.i32()[t * k + j] : static_cast<int32_t>(E);
+          ASSERT_EQ(idx_a.i32()[t * (k + 1) + j], want_e) << "CPU, token " << t << " slot " << j;
+          ASSERT_EQ(idx_agh.i32()[t * (k + 1) + j], want_e) << "GPU, token " << t << " slot " << j;
+          const float want_w = j < k ? w_want.f32()[t * k + j] : 1.0f;
+          ASSERT_EQ(w_a.f32()[t * (k + 1) + j], want_w) << "CPU, token " << t << " slot " << j;
+          ASSERT_NEAR(w_agh.f32()[t * (k + 1) + j], want_w, 1e-6f) << "GPU, token " << t << " slot " << j;
+        }
+      }
+    }
 
     ExpertWeights cpu_ex, gpu_ex;
     for (int64_t e = 0; e < E; ++e) {

@@ -322,13 +322,15 @@ void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 
 // --- moe_kernels.cu (spec §7.2) ---
 // Top-k of the sigmoid scores plus correction bias, (value desc, expert id asc), combine weights
-// as the CPU reference gives them; a warp per token for E ≤ 1024, else MoeRouteSerial.
+// as the CPU reference gives them; a warp per token for E ≤ 1024, else MoeRouteSerial. append ≥ 0:
+// idx / weights rows of k + 1, the last (append, 1) (RouteParams::append_expert).
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-              float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
+              float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights, cudaStream_t s);
 // The same choice one thread per token, expert by expert (the reference order; the warp kernel
 // must give its bits: tests).
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-                    float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s);
+                    float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
+                    cudaStream_t s);
 // A step's (token, slot) choices grouped by expert, on the device (MoeGroupByExpert fills it
 // from idx [n = T·k]): order[g] = the slot at group row g (groups by expert ascending, slots
 // ascending within one), pos[s] = the group row of slot s, active[a] = the a-th chosen expert

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace kimirt::cuda {
 namespace {
@@ -22,11 +23,14 @@ __device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 // One thread per token: k passes over the experts, each taking the best not yet chosen (the
 // reference order; MoeRouteWarpKernel below gives its bits fast, for E ≤ kRouteMaxE).
 __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
-                               float scaling, bool combine_biased, int32_t* idx, float* weights) {
+                               float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (t >= T) return;
   const float* row = logits + t * E;
+  const int ks = append >= 0 ? k + 1 : k;  // the output row stride (RouteParams::append_expert)
+  idx += t * ks;
+  weights += t * ks;
   int32_t chosen[kMaxTopK];
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
@@ -45,14 +49,18 @@ __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T
     }
     chosen[j] = best;
     const float w = combine_biased ? best_choice : Sigmoid(row[best]);
-    idx[t * k + j] = best;
-    weights[t * k + j] = w;
+    idx[j] = best;
+    weights[j] = w;
     sum += w;
   }
   for (int j = 0; j < k; ++j) {
-    float w = weights[t * k + j];
+    float w = weights[j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
-    weights[t * k + j] = w * scaling;
+    weights[j] = w * scaling;
+  }
+  if (append >= 0) {
+    idx[k] = append;
+    weights[k] = 1.0f;
   }
 }
 
@@ -73,7 +81,7 @@ constexpr int64_t kRouteMaxE = 32 * 32;
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
-                       float scaling, bool combine_biased, int32_t* idx, float* weights) {
+                       float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
   __shared__ int32_t pick_e[kRouteWarps][kMaxTopK];
   __shared__ float pick_w[kRouteWarps][kMaxTopK];
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -134,12 +142,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     sum += w;
   }
   __syncwarp();
+  const int ks = append >= 0 ? k + 1 : k;  // the output row stride (RouteParams::append_expert)
 #pragma unroll 1
   for (int j = lane; j < k; j += 32) {
     float w = pick_w[warp][j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
-    idx[t * k + j] = pick_e[warp][j];
-    weights[t * k + j] = w * scaling;
+    idx[t * ks + j] = pick_e[warp][j];
+    weights[t * ks + j] = w * scaling;
+  }
+  if (append >= 0 && lane == 31) {
+    idx[t * ks + k] = append;
+    weights[t * ks + k] = 1.0f;
   }
 }
 
@@ -664,15 +677,10 @@ __device__ __forceinline__ void ForEachRoundWord(F&& f) {
   }
 }
 
-// The split x of one token at k = kk + 8t .. +7, from the lane's row pointer at k = 8t (null
-// for a padding column: zeros); the three parts lie `plane` elements apart.
-__device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* row, int64_t plane, int64_t kk) {
+// The split x of one token at p (k = kk + 8t .. +7 of its row); the three parts lie `plane`
+// elements apart.
+__device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t plane) {
   mma::XParts xp;
-  if (row == nullptr) {
-    xp.hi = xp.mid = xp.lo = make_uint4(0, 0, 0, 0);
-    return xp;
-  }
-  const uint16_t* p = row + kk;
   xp.hi = __ldg(reinterpret_cast<const uint4*>(p));
   xp.mid = __ldg(reinterpret_cast<const uint4*>(p + plane));
   xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * plane));
@@ -716,8 +724,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
-  const int a = blockIdx.z;
-  if (a >= *ga.num_active) return;
+  const int num_active = *ga.num_active;
+  if (static_cast<int>(blockIdx.z) >= num_active) return;
+  // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
+  // that is the one every token chose, whose blocks run longest (up to 8 token tiles against
+  // 1-2); started last, after every routed expert's, they were the launch's tail (the whole 48B
+  // at batch 64: +1.8 ms a step). Which block does which expert changes no sum.
+  const int a = blockIdx.z == 0 ? num_active - 1 : static_cast<int>(blockIdx.z) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * kRowsPerWarp<kGateUp>;
   if (r0 >= N) return;  // the whole warp; nothing below syncs the block
@@ -735,32 +748,38 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool p_second = lane >= 16;
   const int64_t prow = (p_second ? row_tile[1] : row_tile[0]) + lane % 16;
   const void* const p_w = p_second ? w_tile[1] : w_tile[0];
+  const int64_t plane = x_rows * K;
   for (int32_t p0 = g0; p0 < g1; p0 += 8 * kTT) {
     const int tiles = min(kTT, (g1 - p0 + 7) / 8);  // the same for the whole warp
-    // This lane's x row of each token tile at k = 8t (null: a padding column), so a step's loads
-    // are a pointer plus a constant rather than 64-bit row arithmetic each round.
-    const uint16_t* xp_row[kTT];
+    // This lane's x row of each token tile at the slice's start, k = k_begin + 8t, advanced a
+    // round at a time. A padding column (no token) reads the group's first token: an MMA output
+    // column depends on its own B column alone, and a padding column's outputs are never stored.
+    const uint16_t* x_lane[kTT];
 #pragma unroll
     for (int r = 0; r < kTT; ++r) {
-      const int32_t gr = p0 + 8 * r + g;
-      const int64_t xrow = gr < g1 ? (kGateUp ? ga.order[gr] / ga.k : gr) : -1;
-      xp_row[r] = xrow < 0 ? nullptr : x_parts + xrow * K + 8 * t;
+      const int32_t gr = p0 + 8 * r + g < g1 ? p0 + 8 * r + g : p0;
+      const int64_t xrow = kGateUp ? ga.order[gr] / ga.k : gr;
+      x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
     }
-    // MXFP4: this lane's code and scale pointers of each (tile, half) at the slice's start,
-    // advanced by a round's bytes each round.
-    const uint8_t* qp[2][2];
-    const uint8_t* sp[2][2];
-    if constexpr (kFmt == kMxfp4) {
+    // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
+    // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way.
+    [[maybe_unused]] const uint16_t* w_lane[2];
+    [[maybe_unused]] const uint8_t* qp[2][2];
+    [[maybe_unused]] const uint8_t* sp[2][2];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (kFmt == kMxfp4) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t row = row_tile[c] + g + 8 * h;
           qp[c][h] = static_cast<const uint8_t*>(w_tile[c]) + (row * K + k_begin) / 2 + 16 * t;
           sp[c][h] = s_tile[c] + row * (K / 32) + k_begin / 32;
         }
+      } else {
+        w_lane[c] = static_cast<const uint16_t*>(w_tile[c]) + (row_tile[c] + g) * K + k_begin + 8 * t;
       }
     }
+    const int64_t half_rows = 8 * K;  // elements from row g to row g + 8
     float acc[2][kTT][4];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -770,7 +789,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         for (int i = 0; i < 4; ++i) acc[c][r][i] = 0.0f;
       }
     }
-    for (int64_t kb = k_begin; kb < k_end; kb += kRoundK) {
+    // A round of 128 k at kb. kFull: all of it inside the slice (every round but a last slice's
+    // partial one when K is not a multiple of 128), so none of the step and scale-group checks:
+    // the same loads of the same values, so the same bits (DecodeGemm's full rounds, decode_gemm.cu:
+    // there ~58% of the loop's SASS was such checks and 64-bit addresses). The pointers move on
+    // after every round, full or not.
+    auto round = [&](int64_t kb, auto full) {
+      constexpr bool kFull = decltype(full)::value;
       {  // L2 hints: at the slice's start its next rounds, then each round the one kPrefetchRounds on
         const int64_t from = kb == k_begin ? kb + kRoundK : kb + kPrefetchRounds * kRoundK;
         const int64_t to = min(k_end, kb + (kPrefetchRounds + 1) * kRoundK);
@@ -783,18 +808,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
       }
-      const int64_t plane = x_rows * K;
+      const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
         uint32_t sc[2][2];
-        const bool mine = kb + 32 * t < k_end;  // this lane's scale group is in the slice
+        const bool mine = kFull || kb + 32 * t < k_end;  // this lane's scale group is in the slice
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
-            qp[c][h] += kRoundK / 2;
-          }
+          for (int h = 0; h < 2; ++h) q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
         }
         if (scales_vec) {
 #pragma unroll
@@ -810,19 +832,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
               uint32_t v = 0;
 #pragma unroll
               for (int u = 0; u < 4; ++u) {
-                if (kb + 32 * u < k_end) v |= static_cast<uint32_t>(__ldg(sp[c][h] + u)) << (8 * u);
+                if (in_slice(u)) v |= static_cast<uint32_t>(__ldg(sp[c][h] + u)) << (8 * u);
               }
               sc[c][h] = v;
             }
           }
         }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) sp[c][h] += kRoundK / 32;
-        }
         // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
-        mma::XParts x0 = LoadXParts(xp_row[0], x_rows * K, kb);
+        mma::XParts x0 = LoadXParts(x_lane[0], plane);
         // Exchange within each quad: lane t gets word t of the groups of lanes 0..3, so its word u
         // holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         uint32_t* ex = xchg[warp][0];
@@ -855,9 +872,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         const bool small_scales = ((sc[0][0] | sc[0][1] | sc[1][0] | sc[1][1]) & 0x80808080u) == 0;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
+          if (!in_slice(u)) break;  // past the slice: the same for every token
           mma::XParts x0_next;
-          if (u < 3 && kb + 32 * (u + 1) < k_end) x0_next = LoadXParts(xp_row[0], plane, kb + 32 * (u + 1));
+          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts(x_lane[0] + 32 * (u + 1), plane);
           uint4 w[2][2];
           const auto word = [&](int c, int h) {
             return u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
@@ -880,37 +897,50 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = r == 0 ? x0 : LoadXParts(xp_row[r], plane, kb + 32 * u);
+              const mma::XParts xp = r == 0 ? x0 : LoadXParts(x_lane[r] + 32 * u, plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], w[c][0], w[c][1], xp);
             }
           }
           if (u < 3) x0 = x0_next;
         }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            qp[c][h] += kRoundK / 2;
+            sp[c][h] += kRoundK / 32;
+          }
+        }
       } else {
         // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
         uint4 wr[4][2][2];
         ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
-          const int64_t kk = kb + 32 * u + 8 * t;
-          wr[u][c][h] = kb + 32 * u < k_end ? mma::LoadStreaming(static_cast<const uint16_t*>(w_tile[c]) +
-                                                                 (row_tile[c] + g + 8 * h) * K + kk)
-                                            : make_uint4(0, 0, 0, 0);
+          wr[u][c][h] = in_slice(u) ? mma::LoadStreaming(w_lane[c] + h * half_rows + 32 * u) : make_uint4(0, 0, 0, 0);
         });
         ForEachRoundWord([&](int u, int c, int h) { wr[u][c][h] = PairBf16x8(wr[u][c][h]); });
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          if (kb + 32 * u >= k_end) break;  // past the slice: the same for every token
+          if (!in_slice(u)) break;  // past the slice: the same for every token
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = LoadXParts(xp_row[r], plane, kb + 32 * u);
+              const mma::XParts xp = LoadXParts(x_lane[r] + 32 * u, plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
             }
           }
         }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) w_lane[c] += kRoundK;
       }
-    }
+#pragma unroll
+      for (int r = 0; r < kTT; ++r) x_lane[r] += kRoundK;
+    };
+    const int64_t full_end = k_begin + (k_end - k_begin) / kRoundK * kRoundK;
+    int64_t kb = k_begin;
+    for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{});
+    if (kb < k_end) round(kb, std::false_type{});
     // D fragment: regs 0, 1 are output row g, tokens 2t and 2t+1 of the tile; regs 2, 3 row g + 8.
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -1076,7 +1106,7 @@ void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, flo
 }
 
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-              float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s) {
+              float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights, cudaStream_t s) {
   if (k < 1 || k > kMaxTopK || k > E) {
     std::fprintf(stderr, "kimirt: MoE top-%lld of %lld experts (the CUDA router takes k in 1..%d)\n",
                  static_cast<long long>(k), static_cast<long long>(E), kMaxTopK);
@@ -1086,20 +1116,21 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
   if (E <= kRouteMaxE) {
     LaunchPdl("MoeRoute", E <= 32 * 8 ? MoeRouteWarpKernel<8> : MoeRouteWarpKernel<32>,
               dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)), dim3(kRouteWarps * 32), 0, s, logits,
-              bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+              bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, append, idx, weights);
     CheckLaunch("MoeRoute");
     return;
   }
-  MoeRouteSerial(logits, bias, T, E, k, renormalize, scaling, combine_biased, idx, weights, s);
+  MoeRouteSerial(logits, bias, T, E, k, renormalize, scaling, combine_biased, append, idx, weights, s);
 }
 
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-                    float scaling, bool combine_biased, int32_t* idx, float* weights, cudaStream_t s) {
+                    float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
+                    cudaStream_t s) {
   if (k < 1 || k > kMaxTopK || k > E) std::abort();
   if (T == 0) return;
   const int threads = 64;
   LaunchPdl("MoeRouteSerial", MoeRouteKernel, dim3(static_cast<unsigned>((T + threads - 1) / threads)), dim3(threads),
-            0, s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, idx, weights);
+            0, s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased, append, idx, weights);
   CheckLaunch("MoeRouteSerial");
 }
 

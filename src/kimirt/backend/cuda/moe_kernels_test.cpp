@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -218,6 +220,73 @@ TEST_F(CudaBackendMoe, DecodeExpertsGiveEachTokenItsBitsAloneAtEveryBatchSize) {
   }
 }
 
+// The shared expert as expert E (Backend::MoeSharedAsExpert, RunMoe): offered for BF16 decode
+// steps whose shared MLP has the experts' widths, never for MXFP4 experts or past the decode
+// range; MoeExpertsWithShared gives the bits of MoeExperts over an explicit list of E + 1
+// experts whose last is the shared one, each token's row is its bits alone, and against the CPU
+// (the routed experts plus the shared MLP, spec §7.2 steps 3-8) it is within F32 summation error.
+// Kimi-Linear-48B's widths (k split across blocks) and odd small ones (a partial last round).
+TEST_F(CudaBackendMoe, SharedExpertAsExpertEGivesTheExplicitListsBits) {
+  const GluParams silu{GluKind::kSilu, 1.0f, std::nullopt};
+  struct Widths {
+    int64_t E, De, I, k;
+  };
+  for (const Widths& wd : {Widths{12, 2304, 1024, 8}, Widths{10, 96, 160, 4}}) {
+    SCOPED_TRACE("De = " + std::to_string(wd.De) + ", I = " + std::to_string(wd.I));
+    const Experts all = RandomExperts(wd.E + 1, wd.De, wd.I);  // the last: the shared expert
+    ExpertWeights routed, packed;
+    for (int64_t e = 0; e < wd.E; ++e) {
+      routed.gate.push_back(all.bf16.gate[e]);
+      routed.up.push_back(all.bf16.up[e]);
+      routed.down.push_back(all.bf16.down[e]);
+      packed.gate.push_back(all.packed.gate[e]);
+      packed.up.push_back(all.packed.up[e]);
+      packed.down.push_back(all.packed.down[e]);
+      packed.gate_scales.push_back(all.packed.gate_scales[e]);
+      packed.up_scales.push_back(all.packed.up_scales[e]);
+      packed.down_scales.push_back(all.packed.down_scales[e]);
+    }
+    const MlpTensors shared{all.bf16.gate[wd.E], all.bf16.up[wd.E], all.bf16.down[wd.E]};
+    const int64_t max_t = gpu_->RowInvariantRows();
+    EXPECT_TRUE(gpu_->MoeSharedAsExpert(routed, shared, 1));
+    EXPECT_TRUE(gpu_->MoeSharedAsExpert(routed, shared, max_t));
+    EXPECT_FALSE(gpu_->MoeSharedAsExpert(routed, shared, max_t + 1)) << "past the decode range";
+    EXPECT_FALSE(gpu_->MoeSharedAsExpert(packed, shared, 1)) << "MXFP4 routed experts";
+    EXPECT_FALSE(cpu_->MoeSharedAsExpert(routed, shared, 1)) << "the CPU keeps the dense MLP";
+    // Each token's k routed choices, then expert E with weight 1 (MoeRoute's append_expert).
+    Tensor z_all = Random({max_t, wd.De}), idx_k, w_k;
+    RandomChoice(max_t, wd.E, wd.k, &idx_k, &w_k);
+    const int64_t ks = wd.k + 1;
+    Tensor idx_all = Tensor::Host({max_t, ks}, DType::kI32), w_all = Tensor::Host({max_t, ks});
+    for (int64_t t = 0; t < max_t; ++t) {
+      for (int64_t j = 0; j < wd.k; ++j) {
+        idx_all.i32()[t * ks + j] = idx_k.i32()[t * wd.k + j];
+        w_all.f32()[t * ks + j] = w_k.f32()[t * wd.k + j];
+      }
+      idx_all.i32()[t * ks + wd.k] = static_cast<int32_t>(wd.E);
+      w_all.f32()[t * ks + wd.k] = 1.0f;
+    }
+    const auto fused = [&](const Tensor& z, const Tensor& idx, const Tensor& w) {
+      Tensor out = Poisoned({z.dim(0), wd.De});
+      gpu_->MoeExpertsWithShared(gpu_->Upload(z), gpu_->Upload(idx), gpu_->Upload(w), routed, shared, silu, &out);
+      return gpu_->Download(out);
+    };
+    const Tensor last_alone = fused(z_all.Rows(max_t - 1, 1), idx_all.Rows(max_t - 1, 1), w_all.Rows(max_t - 1, 1));
+    const Tensor first_alone = fused(z_all.Rows(0, 1), idx_all.Rows(0, 1), w_all.Rows(0, 1));
+    for (int64_t T : {int64_t{1}, int64_t{9}, max_t}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+      const Tensor got = fused(z, idx, w);
+      ExpectSameBits(got, RunMoeExperts(z, idx, w, all.bf16, silu), "with shared vs the explicit E + 1 list");
+      ExpectSameBits(got.Rows(0, 1), first_alone, "row 0 vs alone");
+      if (T == max_t) ExpectSameBits(got.Rows(T - 1, 1), last_alone, "the last row vs alone");
+      Tensor want = cpu_->Empty({T, wd.De});
+      cpu_->MoeExperts(z, idx, w, all.f32, silu, &want);
+      EXPECT_LE(RelL2(got, want), 1e-5) << "against the CPU's routed experts plus shared MLP";
+    }
+  }
+}
+
 // The warp-per-token router gives the one-thread reference kernel's indices and weights bit
 // for bit, at K3's and Kimi-Linear's expert counts and a count that fills every lane's 32
 // experts, with logits and biases on a coarse grid so that many choice values tie exactly (the
@@ -234,23 +303,44 @@ TEST_F(CudaBackendMoe, RouterWarpKernelGivesTheSerialKernelsBits) {
     for (int64_t i = 0; i < logits.numel(); ++i) logits.f32()[i] = static_cast<float>(rng_.Next() % 33) / 8.0f - 2.0f;
     for (int64_t i = 0; i < c.E; ++i) bias.f32()[i] = static_cast<float>(rng_.Next() % 3) / 16.0f;
     const Tensor d_logits = gpu_->Upload(logits), d_bias = gpu_->Upload(bias);
+    // append: the shared expert as expert E after every token's k (RouteParams::append_expert):
+    // rows of k + 1, the first k the plain call's bits, the last (E, 1).
+    Tensor plain_idx, plain_w;
     for (bool combine_biased : {false, true}) {
       for (bool renormalize : {true, false}) {
-        Tensor idx[2] = {gpu_->Empty({T, c.k}, DType::kI32), gpu_->Empty({T, c.k}, DType::kI32)};
-        Tensor w[2] = {Poisoned({T, c.k}), Poisoned({T, c.k})};
-        const auto* lp = static_cast<const float*>(d_logits.raw());
-        const auto* bp = static_cast<const float*>(d_bias.raw());
-        // The kernels run on the default stream; the uploads and poison went on the backend's own
-        // (non-blocking) stream: wait for them.
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        cuda::MoeRoute(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, static_cast<int32_t*>(idx[0].raw()),
-                       static_cast<float*>(w[0].raw()), nullptr);
-        cuda::MoeRouteSerial(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased,
-                             static_cast<int32_t*>(idx[1].raw()), static_cast<float*>(w[1].raw()), nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const Tensor got_idx = gpu_->Download(idx[0]), want_idx = gpu_->Download(idx[1]);
-        for (int64_t i = 0; i < T * c.k; ++i) ASSERT_EQ(got_idx.i32()[i], want_idx.i32()[i]) << "slot " << i;
-        ExpectSameBits(gpu_->Download(w[0]), gpu_->Download(w[1]), "combine weights");
+        for (int32_t append : {-1, static_cast<int32_t>(c.E)}) {
+          const int64_t ks = append >= 0 ? c.k + 1 : c.k;
+          Tensor idx[2] = {gpu_->Empty({T, ks}, DType::kI32), gpu_->Empty({T, ks}, DType::kI32)};
+          Tensor w[2] = {Poisoned({T, ks}), Poisoned({T, ks})};
+          const auto* lp = static_cast<const float*>(d_logits.raw());
+          const auto* bp = static_cast<const float*>(d_bias.raw());
+          // The kernels run on the default stream; the uploads and poison went on the backend's own
+          // (non-blocking) stream: wait for them.
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          cuda::MoeRoute(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, append,
+                         static_cast<int32_t*>(idx[0].raw()), static_cast<float*>(w[0].raw()), nullptr);
+          cuda::MoeRouteSerial(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, append,
+                               static_cast<int32_t*>(idx[1].raw()), static_cast<float*>(w[1].raw()), nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const Tensor got_idx = gpu_->Download(idx[0]), want_idx = gpu_->Download(idx[1]);
+          const Tensor got_w = gpu_->Download(w[0]);
+          for (int64_t i = 0; i < T * ks; ++i) ASSERT_EQ(got_idx.i32()[i], want_idx.i32()[i]) << "slot " << i;
+          ExpectSameBits(got_w, gpu_->Download(w[1]), "combine weights");
+          if (append < 0) {
+            plain_idx = got_idx;
+            plain_w = got_w;
+            continue;
+          }
+          for (int64_t t = 0; t < T; ++t) {
+            for (int64_t j = 0; j < c.k; ++j) {
+              ASSERT_EQ(got_idx.i32()[t * ks + j], plain_idx.i32()[t * c.k + j]) << "token " << t << " slot " << j;
+              ASSERT_EQ(std::bit_cast<uint32_t>(got_w.f32()[t * ks + j]), std::bit_cast<uint32_t>(plain_w.f32()[t * c.k + j]))
+                  << "token " << t << " slot " << j;
+            }
+            ASSERT_EQ(got_idx.i32()[t * ks + c.k], append) << "token " << t;
+            ASSERT_EQ(got_w.f32()[t * ks + c.k], 1.0f) << "token " << t;
+          }
+        }
       }
     }
   }
