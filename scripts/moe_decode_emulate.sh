@@ -46,9 +46,8 @@ src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs
 # one block at a time, so a block's threads share them and no other block's do).
-src, n_ext = re.subn(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
-                     r"\1* const \2 = reinterpret_cast<\1*>(g_dyn_smem);", src)
-assert n_ext >= 1
+src = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
+              r"\1* const \2 = reinterpret_cast<\1*>(g_dyn_smem);", src)
 src = re.sub(r"__shared__ __align__\((\d+)\)", r"alignas(\1) static", src)
 src = src.replace("__shared__ ", "static ")
 # kernel<<<grid, block, smem, stream>>>(args) → HostLaunch(kernel, grid, block, smem, stream)(args).

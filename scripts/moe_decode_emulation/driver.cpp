@@ -12,8 +12,8 @@
 // are checked against an independent PackedPos layout.
 //
 // decode: MoeDecodeExperts end to end (split z, gate/up, GluSplit, down, combine) for 5, 12, 18
-// and 36 tokens (1, 2, 4 tiles; one expert of 34 tokens: two passes of 4 tiles), both formats,
-// both GLU kinds: every scratch stage and the output bit-identical to the reference chain, the
+// and 36 tokens (1, 2, 4 tiles; one expert of 34 tokens: two passes of 4 tiles), gate/up or down
+// split in two slices or neither, both formats, both GLU kinds: every scratch stage and the output bit-identical to the reference chain, the
 // output of each format the same, and tokens alone (T = 1) the same bits as in the batch.
 #include <algorithm>
 #include <cmath>
@@ -541,8 +541,9 @@ void RunDecodeChecks() {
     return idx;
   };
   const Glu silu{0, 0.0f, false, 0.0f}, situ{1, 6.0f, true, 9.0f};
-  CheckDecode("T=5 k=3", 5, 3, random_idx(5, 3), kE, 512, 128, situ);
-  CheckDecode("T=12 k=2", 12, 2, random_idx(12, 2), kE, 288, 96, silu);
+  // Down in 2 slices (the combine sums them), gate/up in 2 (GluSplit sums them), neither.
+  CheckDecode("T=5 k=3", 5, 3, random_idx(5, 3), kE, 256, 512, situ);
+  CheckDecode("T=12 k=2", 12, 2, random_idx(12, 2), kE, 512, 96, silu);
   CheckDecode("T=18 k=2", 18, 2, random_idx(18, 2), kE, 288, 96, situ);
   std::vector<int32_t> many(36, 5);  // one expert of 34 tokens: two passes of 4 tiles
   many[3] = 2;
