@@ -555,6 +555,10 @@ void RunDecodeChecks() {
 
 int main(int argc, char** argv) {  // argv[1]: "mma" or "decode" runs that part only
   const std::string only = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (!only.empty() && only != "mma" && only != "decode")) {
+    std::fprintf(stderr, "usage: moe_decode_emulation [mma|decode] (got %s)\n", argv[argc - 1]);
+    return 2;
+  }
   CheckSplitK();
   if (only.empty() || only == "mma") RunMmaChecks();
   if (only.empty() || only == "decode") RunDecodeChecks();
