@@ -15,21 +15,13 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 - "$repo/src/kimirt/backend/cuda" "$work/kernel_host.cpp" <<'PY'
+python3 - "$repo/src/kimirt/backend/cuda" "$work/kernel_host.cpp" "$here/decode_gemm_group_emulation" <<'PY'
 import sys
 cuda_dir, out = sys.argv[1], sys.argv[2]
-def cut(s, start, repl):
-    a = s.index(start)
-    b = s.index("\n}\n", a) + len("\n}\n")
-    return s[:a] + repl + s[b:]
-mma = open(cuda_dir + "/mma_bf16.cuh").read().replace("#pragma once\n", "")
-mma = cut(mma, "__device__ __forceinline__ uint4 LoadStreaming(",
-          "inline uint4 LoadStreaming(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }\n")
-mma = cut(mma, "__device__ __forceinline__ void PrefetchL2(", "inline void PrefetchL2(const void*, uint32_t) {}\n")
-mma = cut(mma, "__device__ __forceinline__ void Mma(",
-          "inline void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) "
-          "{ const uint32_t a[4] = {a0, a1, a2, a3}; const uint32_t b[2] = {b0, b1}; EmuMma(d, a, b); }\n")
-assert "asm" not in mma
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, sys.argv[3])
+from mma_host import host_mma
+mma = host_mma(cuda_dir, "uint4 v; std::memcpy(&v, p, 16); return v;", "")
 src = open(cuda_dir + "/decode_gemm.cu").read()
 for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
             '#include "kimirt/backend/cuda/cp_async.cuh"\n'):

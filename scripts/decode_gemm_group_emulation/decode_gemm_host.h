@@ -1,8 +1,9 @@
 // What decode_gemm.cu needs beyond ../kda_chunk_emulation/shim.h in its host emulation (see
 // ../decode_gemm_group_emulate.sh): BF16 conversions as the device does them, dim3 and blockDim,
 // dynamic shared memory, the runtime's function attributes, and pdl.cuh's launch, which runs a
-// kernel's blocks one after another (cp.async: cp_async_host.h). A block of 128 threads (the
-// GEMM's: its MMAs are warp-collective, its x staging has __syncthreads) runs as 128 std::threads
+// kernel's blocks (grids of up to three dimensions) one after another (cp.async:
+// cp_async_host.h). A block of 128 threads (the GEMM's, and the MoE decode's: MMAs are
+// warp-collective, the GEMM's x staging has __syncthreads) runs as 128 std::threads
 // (shim.h's warp and block barriers); other blocks (SplitXKernel, the sums: grid-stride loops with
 // no barriers) run their threads in turn on the calling thread.
 #pragma once
@@ -84,26 +85,25 @@ void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 bloc
   }
   std::vector<uint4> shared((smem + sizeof(uint4) - 1) / sizeof(uint4));
   const std::tuple<Params...> params(static_cast<Params>(args)...);
-  auto run = [&](unsigned bx, unsigned by, unsigned tx) {
-    blockIdx = {bx, by, 0};
-    gridDim = {grid.x, grid.y, 1};
+  auto run = [&](unsigned bx, unsigned by, unsigned bz, unsigned tx) {
+    blockIdx = {bx, by, bz};
+    gridDim = {grid.x, grid.y, grid.z};
     blockDim = {block.x, 1, 1};
     threadIdx = {tx, 0, 0};
     g_dyn_smem = shared.data();
     std::apply(kernel, params);
   };
-  for (unsigned by = 0; by < grid.y; ++by) {
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-      if (!shared.empty()) std::memset(shared.data(), 0xff, shared.size() * sizeof(uint4));
-      if (block.x == 128) {
-        BlockCtx ctx(128);
-        g_ctx = &ctx;
-        std::vector<std::thread> threads;
-        for (unsigned tx = 0; tx < block.x; ++tx) threads.emplace_back(run, bx, by, tx);
-        for (auto& t : threads) t.join();
-      } else {
-        for (unsigned tx = 0; tx < block.x; ++tx) run(bx, by, tx);
-      }
+  for (unsigned b = 0; b < grid.x * grid.y * grid.z; ++b) {
+    const unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / grid.x / grid.y;
+    if (!shared.empty()) std::memset(shared.data(), 0xff, shared.size() * sizeof(uint4));
+    if (block.x == 128) {
+      BlockCtx ctx(128);
+      g_ctx = &ctx;
+      std::vector<std::thread> threads;
+      for (unsigned tx = 0; tx < block.x; ++tx) threads.emplace_back(run, bx, by, bz, tx);
+      for (auto& t : threads) t.join();
+    } else {
+      for (unsigned tx = 0; tx < block.x; ++tx) run(bx, by, bz, tx);
     }
   }
 }

@@ -1,0 +1,27 @@
+"""mma_bf16.cuh as host C++, for the emulations of the kernels that include it
+(../decode_gemm_group_emulate.sh, ../moe_decode_emulate.sh): its inline PTX MMA replaced by
+../kda_chunk_emulation/shim.h's EmuMma, its streaming load and L2 prefetch by the caller's."""
+
+
+def cut(s, start, repl):
+    """s with the function that starts at `start` (to its closing line "}") replaced by repl."""
+    a = s.index(start)
+    b = s.index("\n}\n", a) + len("\n}\n")
+    return s[:a] + repl + s[b:]
+
+
+def host_mma(cuda_dir, load_streaming, prefetch_l2):
+    """The header's text; load_streaming and prefetch_l2 are the host bodies of
+    LoadStreaming(const void* p) and PrefetchL2(const void* p, uint32_t bytes)."""
+    mma = open(cuda_dir + "/mma_bf16.cuh").read().replace("#pragma once\n", "")
+    mma = cut(mma, "__device__ __forceinline__ uint4 LoadStreaming(",
+              "inline uint4 LoadStreaming(const void* p) { " + load_streaming + " }\n")
+    mma = cut(mma, "__device__ __forceinline__ void PrefetchL2(",
+              "inline void PrefetchL2([[maybe_unused]] const void* p, [[maybe_unused]] uint32_t bytes) { " +
+              prefetch_l2 + " }\n")
+    mma = cut(mma, "__device__ __forceinline__ void Mma(",
+              "inline void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, "
+              "uint32_t b1) { const uint32_t a[4] = {a0, a1, a2, a3}; const uint32_t b[2] = {b0, b1}; "
+              "EmuMma(d, a, b); }\n")
+    assert "asm" not in mma
+    return mma
