@@ -64,24 +64,32 @@ __global__ void MoeRouteKernel(const float* logits, const float* bias, int64_t T
   }
 }
 
-// One warp per token (E ≤ kRouteMaxE): lane l holds the choice values of experts l, l + 32, ...
-// and its best not yet taken (value desc, id asc); each of the k picks is a butterfly over the
-// lanes' bests with the same order, then the winner's lane takes the next of its own. The values
-// and the weight arithmetic are the one-thread kernel's above, in the same order, so the
-// indices and weights are its bits (for finite logits: a NaN choice value has no order).
-//
-// Latency, not work, is its cost at decode (one token: 13 µs measured before): so kPerLane is
-// E's (8 for Kimi-Linear's 256 experts, 32 up to 1024), not always 32, to keep the code that runs
-// once per launch small; the picked expert's sigmoid comes from its lane by a shuffle, not a
-// reload of its logit; and the picks wait in shared memory, not in global memory to be read back
-// one at a time, until the k weights are normalized and stored by k lanes at once.
+// One warp per token (E ≤ kRouteMaxE), the one-thread kernel's indices and weights bit for bit
+// (for finite logits: a NaN choice value has no order). The top k by (value desc, id asc) are
+// found by rank, not by k picks in turn (each pick a 5-step butterfly and a rescan: a dependent
+// chain of ~1,700 instructions, 9-11 µs a launch at decode, where latency is all it costs):
+//   1. lane l holds the choice values of experts l, l + 32, ... and their maximum M_l;
+//   2. τ = the k-th largest of the 32 maxima (k ≤ 32; else −inf): the k lanes with the largest
+//      maxima hold k values ≥ τ, so every value of the top k is ≥ τ;
+//   3. the values ≥ τ (a few more than k, unless many tie) go to shared memory;
+//   4. each candidate's rank is the count of candidates before it in the order — all values
+//      below τ come after every candidate — and rank r < k is pick r.
+// Independent compares instead of a chain. The weights are the serial kernel's: the picked
+// expert's sigmoid recomputed from its logit by the same expression, summed in pick order.
 constexpr int kRouteWarps = 4;
 constexpr int64_t kRouteMaxE = 32 * 32;
+
+struct RouteCand {
+  float c;    // choice value: sigmoid + correction bias
+  int32_t e;  // expert id
+};
 
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                        float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
+  __shared__ RouteCand cand[kRouteWarps][32 * kPerLane];
+  __shared__ float lane_max[kRouteWarps][32];
   __shared__ int32_t pick_e[kRouteWarps][kMaxTopK];
   __shared__ float pick_w[kRouteWarps][kMaxTopK];
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -90,58 +98,61 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   if (t >= T) return;  // whole warps
   const int lane = threadIdx.x & 31;
   const float* row = logits + t * E;
-  float c[kPerLane], sg[kPerLane];
+  float c[kPerLane];
+  float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t e = lane + 32 * i;
-    sg[i] = e < E ? Sigmoid(row[e]) : 0.0f;
-    c[i] = e < E ? sg[i] + bias[e] : 0.0f;
+    c[i] = e < E ? Sigmoid(row[e]) + bias[e] : -INFINITY;
+    m = fmaxf(m, c[i]);
   }
-  uint32_t taken = 0;  // bit i: expert lane + 32 i chosen
-  float best_c = 0.0f, best_s = 0.0f;
-  int32_t best_e = -1;
-  const auto lane_best = [&]() {
-    best_e = -1;
+  // Picks a NaN choice value could leave unwritten: a valid expert, NaN weight.
+  for (int j = lane; j < k; j += 32) {
+    pick_e[warp][j] = 0;
+    pick_w[warp][j] = NAN;
+  }
+  // 2. τ = the smallest maximum with fewer than k maxima above it (that is the k-th largest).
+  lane_max[warp][lane] = m;
+  __syncwarp();
+  int above = 0;
+#pragma unroll 8
+  for (int l = 0; l < 32; ++l) above += lane_max[warp][l] > m;
+  float tau = above < k ? m : INFINITY;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t e = lane + 32 * i;
-      if (e < E && !((taken >> i) & 1u) && (best_e < 0 || c[i] > best_c)) {
-        best_c = c[i];
-        best_s = sg[i];
-        best_e = static_cast<int32_t>(e);
-      }
-    }
-  };
-  lane_best();
-  float sum = 0.0f;
-  // Not unrolled, here and below: this code runs once a launch, so its size is fetch latency.
-#pragma unroll 1
-  for (int j = 0; j < k; ++j) {
-    float vc = best_c;
-    int32_t ve = best_e;
+  for (int off = 16; off > 0; off >>= 1) tau = fminf(tau, __shfl_xor_sync(0xffffffffu, tau, off));
+  if (k > 32) tau = -INFINITY;
+  // 3. The candidates, in (i, lane) order.
+  int n = 0;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float oc = __shfl_xor_sync(0xffffffffu, vc, off);
-      const int32_t oe = __shfl_xor_sync(0xffffffffu, ve, off);
-      if (oe >= 0 && (ve < 0 || oc > vc || (oc == vc && oe < ve))) {
-        vc = oc;
-        ve = oe;
-      }
-    }
-    // Sigmoid(row[ve]) as the serial kernel recomputes it: the same expression, held by ve's lane.
-    const float vs = __shfl_sync(0xffffffffu, best_s, ve % 32);
-    if (ve % 32 == lane) {
-      taken |= 1u << (ve / 32);
-      lane_best();
-    }
-    const float w = combine_biased ? vc : vs;
-    if (lane == 0) {
-      pick_e[warp][j] = ve;
-      pick_w[warp][j] = w;
-    }
-    sum += w;
+  for (int i = 0; i < kPerLane; ++i) {
+    const bool in = lane + 32 * i < E && c[i] >= tau;
+    const uint32_t mask = __ballot_sync(0xffffffffu, in);
+    if (in) cand[warp][n + __popc(mask & ((1u << lane) - 1u))] = RouteCand{c[i], lane + 32 * i};
+    n += __popc(mask);
   }
   __syncwarp();
+  // 4. Ranks: lane l takes candidates l, l + 32, ...
+#pragma unroll 1
+  for (int q = lane; q < n; q += 32) {
+    const RouteCand me = cand[warp][q];
+    int rank = 0;
+#pragma unroll 4
+    for (int o = 0; o < n; ++o) {
+      const RouteCand other = cand[warp][o];
+      rank += other.c > me.c || (other.c == me.c && other.e < me.e);
+    }
+    if (rank < k) {
+      pick_e[warp][rank] = me.e;
+      pick_w[warp][rank] = combine_biased ? me.c : Sigmoid(row[me.e]);
+    }
+  }
+  __syncwarp();
+  float sum = 0.0f;  // in pick order, as the serial kernel adds them
+  if (lane == 0) {
+#pragma unroll 1
+    for (int j = 0; j < k; ++j) sum += pick_w[warp][j];
+  }
+  sum = __shfl_sync(0xffffffffu, sum, 0);
   const int ks = append >= 0 ? k + 1 : k;  // the output row stride (RouteParams::append_expert)
 #pragma unroll 1
   for (int j = lane; j < k; j += 32) {
