@@ -31,7 +31,11 @@ src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp
 smem = "extern __shared__ uint4 x_smem[];"
 assert src.count(smem) == 1
 src = src.replace(smem, "uint4* const x_smem = g_dyn_smem;")
-src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma)
+# dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute calls (they check the sizes).
+dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
+assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma + dyn)
 assert "asm" not in src
 open(out, "w").write(src)
 PY

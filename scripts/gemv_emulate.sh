@@ -23,7 +23,11 @@ def cut(s, start):
 def swap(s, old, new):
     assert old in s, old
     return s.replace(old, new)
-src = swap(src, '#include "kimirt/backend/cuda/kernels.h"\n', '#include "gemv_host.h"\n')
+# dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute stubs.
+dyn = open(sys.argv[1].replace("weight_kernels.cu", "dynamic_smem.cuh")).read()
+dyn = dyn.replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
+src = swap(src, '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
+src = swap(src, '#include "kimirt/backend/cuda/kernels.h"\n', '#include "gemv_host.h"\n' + dyn)
 for inc in ("<cuda_bf16.h>", '"kimirt/backend/cuda/cp_async.cuh"', '"kimirt/backend/cuda/mma_bf16.cuh"',
             '"kimirt/backend/cuda/pdl.cuh"'):
     src = swap(src, "#include " + inc + "\n", "")

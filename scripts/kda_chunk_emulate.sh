@@ -25,6 +25,9 @@ src = cut(src, "__device__ __forceinline__ void Mma(", "\n}\n",
 # this checks what is copied where, not the wait_group placement).
 assert '#include "kimirt/backend/cuda/cp_async.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', "")
+# The launches (dynamic_smem.cuh's only users here) are cut below.
+assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
 cp_async = ("inline void CpAsync16(void* smem, const void* gmem, bool valid = true) "
             "{ if (valid) std::memcpy(smem, gmem, 16); else std::memset(smem, 0, 16); }\n"
             "inline void CpAsyncCommit() {}\ntemplate <int N>\ninline void CpAsyncWait() {}\n")

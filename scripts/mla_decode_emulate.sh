@@ -52,6 +52,9 @@ src = open(cuda_dir + "/mla_decode_kernels.cu").read()
 for inc in ("cp_async.cuh", "ldmatrix_mma.cuh", "pdl.cuh"):
     assert f'#include "kimirt/backend/cuda/{inc}"\n' in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
+# The launch (dynamic_smem.cuh's only user here) is cut below.
+assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "mla_decode_host.h"\n' + cp_async)
 src = src.replace('#include "kimirt/backend/cuda/ldmatrix_mma.cuh"\n', header)
 src = src.replace("#include <cuda_fp8.h>\n", "")

@@ -31,7 +31,12 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 using std::min;
 
 enum cudaError_t { cudaSuccess = 0 };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8, cudaFuncAttributePreferredSharedMemoryCarveout = 9 };
+constexpr int cudaSharedmemCarveoutMaxShared = 100;
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }

@@ -39,6 +39,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
@@ -495,24 +496,7 @@ __global__ void SumSplitsGroupKernel(const __grid_constant__ GroupSumArgs a) {
 // attributes are per device; `configured`: one bit a device id, ids ≥ 64 set them every call).
 template <int kTiles, class Kernel>
 void AllowXSmem(Kernel kernel, std::atomic<uint64_t>& configured) {
-  if constexpr (kXSmemBytes<kTiles> > 0) {
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    const uint64_t bit = e == cudaSuccess && dev < 64 ? uint64_t{1} << dev : 0;
-    if (e == cudaSuccess && bit != 0 && (configured.load(std::memory_order_acquire) & bit) != 0) return;
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kXSmemBytes<kTiles>));
-    }
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "kimirt: DecodeGemm: %zu bytes of shared memory refused: %s\n", kXSmemBytes<kTiles>,
-                   cudaGetErrorString(e));
-      std::abort();
-    }
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  if constexpr (kXSmemBytes<kTiles> > 0) AllowDynamicSmem(kernel, kXSmemBytes<kTiles>, true, "DecodeGemm", &configured);
 }
 
 template <int kTiles>

@@ -40,6 +40,7 @@
 // Batch invariance: a block's results depend on its own sequence, head and state slot only; the
 // arithmetic of every output element is the same for VB = 32, 64 and 128 (same k order, same MMA
 // terms, same fallback loop), so the VB picked from the batch's size does not change a bit.
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/kernels.h"
@@ -1452,13 +1453,7 @@ void Launch(const KdaChunkArgs& a, cudaStream_t s) {
   using L = Smem<VB>;
   // Every call (a microsecond next to a prefill's milliseconds), so it holds on whichever device
   // is current.
-  const cudaError_t attr = cudaFuncSetAttribute(KdaChunkKernel<P, VB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(L::kBytes));
-  if (attr != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: KdaChunked: %zu bytes of shared memory refused: %s\n", L::kBytes,
-                 cudaGetErrorString(attr));
-    std::abort();
-  }
+  AllowDynamicSmem(KdaChunkKernel<P, VB>, L::kBytes, false, "KdaChunked", nullptr);
   const dim3 grid(static_cast<unsigned>(a.heads * (kDim / VB)), static_cast<unsigned>(a.batch));
   KdaChunkKernel<P, VB><<<grid, kThreads, L::kBytes, s>>>(a);
   CheckLaunch("KdaChunked");
@@ -1483,14 +1478,7 @@ void AllowSmem(Kernel kernel, size_t bytes) {
   // Every call (a microsecond next to a prefill's milliseconds), so it holds on whichever device
   // is current. The carveout asks for all of the unified L1/shared memory as shared memory, so
   // the state kernel's 3 (VB = 32) or 2 (64) blocks fit on an SM.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  }
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: KdaChunked: %zu bytes of shared memory refused: %s\n", bytes, cudaGetErrorString(err));
-    std::abort();
-  }
+  AllowDynamicSmem(kernel, bytes, true, "KdaChunked", nullptr);
 }
 
 // The prep kernel's launch: as many persistent blocks as are resident at once (kMinBlocks per SM

@@ -26,6 +26,7 @@
 // Two variants (Ring4, Ring2 below; KIMIRT_MLA_DECODE_VARIANT) place values and form addresses
 // differently and run the same sums in the same order: the same bits
 // (CudaBackendTest.PagedDecodeRing2GivesRing4sBits; scripts/mla_decode_emulate.sh on the host).
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
@@ -572,19 +573,9 @@ static_assert(128 * kThreads * Ring2::kMinBlocks <= 65536, "ring2: two blocks' r
 template <int kKind, class V, class Kernel>
 void Launch(Kernel kernel, const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
   using Sm = Smem<kKind, V>;
-  static bool configured = false;  // the attribute is per function; setting it again is harmless
-  if (!configured) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Sm)));
-    // The whole 228 KB an SM as shared memory (ring2's two blocks need 2 × (111.5 + 1) KB).
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "kimirt: MLA decode kernel: %s\n", cudaGetErrorString(e));
-      std::abort();
-    }
-    configured = true;
-  }
+  // The whole 228 KB an SM as shared memory (ring2's two blocks need 2 × (111.5 + 1) KB).
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(kernel, sizeof(Sm), true, "MLA decode kernel", &configured);
   const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
   LaunchPdl("MlaDecodeTc", kernel, grid, dim3(kThreads), sizeof(Sm), s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeTc");

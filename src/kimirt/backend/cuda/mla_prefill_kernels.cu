@@ -21,6 +21,7 @@
 // alone. So a row's bits depend on its query and its sequence's keys and values only, not on how
 // the new tokens are cut into calls, nor on the other sequences of a call.
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 
@@ -327,13 +328,7 @@ template <int DN, int DR, int DV, int M, int STAGES>
 void Launch(const MlaPrefillArgs& a, cudaStream_t s) {
   constexpr size_t bytes = PrefillTile<DN, DR, DV, M, STAGES>::kSmemBytes;
   // Above the 48 KB default: opt in (per device, so on every call; it costs nothing).
-  const cudaError_t e = cudaFuncSetAttribute(MlaPrefillKernel<DN, DR, DV, M, STAGES>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: MlaPrefillAttention: cudaFuncSetAttribute(%zu bytes): %s\n", bytes,
-                 cudaGetErrorString(e));
-    std::abort();
-  }
+  AllowDynamicSmem(MlaPrefillKernel<DN, DR, DV, M, STAGES>, bytes, false, "MlaPrefillAttention", nullptr);
   const int64_t blocks = a.num_tiles * a.H;
   if (blocks > 0x7fffffff) {
     std::fprintf(stderr, "kimirt: MlaPrefillAttention: %lld blocks exceed the grid\n", static_cast<long long>(blocks));

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
@@ -347,16 +348,8 @@ StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
 template <int kR, int kC>
 void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, const StagedPlan& p,
                   cudaStream_t s) {
-  static bool configured = false;  // the attribute is per function; setting it again is harmless
-  if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(GemvStagedKernel<kR, kC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kStagedSmemBudget));
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "kimirt: Gemv: cudaFuncSetAttribute: %s\n", cudaGetErrorString(e));
-      std::abort();
-    }
-    configured = true;
-  }
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(GemvStagedKernel<kR, kC>, kStagedSmemBudget, false, "Gemv", &configured);
   LaunchPdl("Gemv", GemvStagedKernel<kR, kC>,
             dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.row_blocks)), dim3(kStagedThreads),
             static_cast<size_t>(p.smem), s, x, w, y, static_cast<int>(m), n, k, static_cast<int>(p.rows),
