@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kimirt/backend/tensor.h"
+#include "kimirt/core/check.h"
 
 namespace kimirt {
 
@@ -45,11 +46,6 @@ struct RouteParams {
   int32_t append_expert = -1;
 };
 
-// One MoE layer's routed experts as this rank holds them (TP: every expert, a slice of its
-// intermediate width): [I_local, D_e] gate/up and [D_e, I_local] down per expert, either widened
-// (F32; BF16 on CUDA) or, on CUDA, MXFP4 as the checkpoint stores them (spec §2.9): U8 codes
-// [rows, cols/2] (two E2M1 per byte, the low nibble first) and U8 E8M0 scales [rows, cols/32].
-// The CPU takes F32 only.
 // A dense MLP's weights as a backend sees them (spec §7.1): gate, up [I, D], down [D, I].
 struct MlpTensors {
   const Tensor& gate;
@@ -57,6 +53,11 @@ struct MlpTensors {
   const Tensor& down;
 };
 
+// One MoE layer's routed experts as this rank holds them (TP: every expert, a slice of its
+// intermediate width): [I_local, D_e] gate/up and [D_e, I_local] down per expert, either widened
+// (F32; BF16 on CUDA) or, on CUDA, MXFP4 as the checkpoint stores them (spec §2.9): U8 codes
+// [rows, cols/2] (two E2M1 per byte, the low nibble first) and U8 E8M0 scales [rows, cols/32].
+// The CPU takes F32 only.
 struct ExpertWeights {
   std::vector<Tensor> gate;  // w1
   std::vector<Tensor> up;    // w3

@@ -423,7 +423,9 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
                             : RunMla(ctx_, lw.mla, x, mla_slot_[i], rows, o.mla_form, paged_decode);
     Tensor y = stream->AddThenNorm(attn, lw.post_norm, eps, [&] { return stream->FfnInput(lw); });
     Tensor route;
-    Tensor ffn = lw.is_moe ? RunMoe(ctx_, lw.moe, y, trace != nullptr ? &route : nullptr) : RunMlp(ctx_, lw.dense, y);
+    // The routed choices only when traced (RunMoe may then keep the shared expert apart).
+    Tensor ffn =
+        lw.is_moe ? RunMoe(ctx_, lw.moe, y, trace != nullptr ? &route : nullptr) : RunMlp(ctx_, lw.dense, y);
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
     if (i + 1 < end) {
       const LayerWeights& next = w_.layers[i + 1];

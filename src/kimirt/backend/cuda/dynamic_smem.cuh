@@ -25,7 +25,9 @@ void AllowDynamicSmem(Kernel kernel, size_t bytes, bool max_carveout, const char
   cudaError_t e = cudaGetDevice(&dev);
   const uint64_t bit = e == cudaSuccess && dev < 64 ? uint64_t{1} << dev : 0;
   if (configured != nullptr && bit != 0 && (configured->load(std::memory_order_acquire) & bit) != 0) return;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  }
   if (e == cudaSuccess && max_carveout) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   }

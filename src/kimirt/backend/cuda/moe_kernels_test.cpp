@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -334,8 +333,7 @@ TEST_F(CudaBackendMoe, RouterWarpKernelGivesTheSerialKernelsBits) {
           for (int64_t t = 0; t < T; ++t) {
             for (int64_t j = 0; j < c.k; ++j) {
               ASSERT_EQ(got_idx.i32()[t * ks + j], plain_idx.i32()[t * c.k + j]) << "token " << t << " slot " << j;
-              ASSERT_EQ(std::bit_cast<uint32_t>(got_w.f32()[t * ks + j]), std::bit_cast<uint32_t>(plain_w.f32()[t * c.k + j]))
-                  << "token " << t << " slot " << j;
+              ASSERT_EQ(Bits(got_w.f32()[t * ks + j]), Bits(plain_w.f32()[t * c.k + j])) << "token " << t << " slot " << j;
             }
             ASSERT_EQ(got_idx.i32()[t * ks + c.k], append) << "token " << t;
             ASSERT_EQ(got_w.f32()[t * ks + c.k], 1.0f) << "token " << t;
