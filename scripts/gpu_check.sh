@@ -43,8 +43,9 @@
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
 #   prefprof  Nsight Compute kernel times of one 8K prefill (2048-token chunks) at the 2-layer
 #             Kimi-Linear-48B widths, BF16, grouped by kernel (issue 14).
-#   prof48    Nsight Compute kernel times of decode steps at the 2-layer Kimi-Linear-48B widths
-#             (batch 1 and 32, prompt 16), grouped by kernel, beside the step's wall time.
+#   prof48    Nsight Compute kernel times of one decode step at the 2-layer Kimi-Linear-48B widths
+#             (batch 1 and 32, prompt 16, caches not flushed), kernel by kernel in launch order
+#             (scripts/ncu_step.py), beside the step's wall time.
 #   pgemm     the prefill GEMMs on tensor cores (issue 14 item 1, issue 13 item 2): their tests
 #             (CudaBackendPrefillGemm*, CudaBackendMoePrefill*), then bench/prefill_gemm_bench.cu:
 #             dense at Kimi-Linear-48B and K3 shapes, m = 512/2048/8192, beside cuBLAS BF16 in the
@@ -506,14 +507,17 @@ if [[ "$what" == prof48 ]]; then
   # Where a decode step's time goes: each kernel's GPU time (ncu serializes them) against the
   # step's wall time measured without the profiler; the difference is launch and host work.
   cfg="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
+  # Caches not flushed between kernels (--cache-control none): activations stay in L2 as in a
+  # real step, so the small kernels' times are theirs, not a cold L2's. Eager, so each kernel is
+  # its own launch; scripts/ncu_step.py lists one step in launch order.
   for b in 1 32; do
     timeout 120 "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
       --prompt-len 16 --decode-tokens 8 --peak-gbps 4800 2>&1 | tail -2
-    timeout 200 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-      "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights --batch-sizes $b \
-      --prompt-len 16 --decode-tokens 8 > "$out/ncu-b$b.csv" 2>"$out/ncu-b$b.err"
+    timeout 200 ncu --cache-control none --clock-control none --csv --metrics gpu__time_duration.sum \
+      --print-units base "$root/kimirt" bench model --device cuda --config "$cfg" --random-weights \
+      --batch-sizes $b --prompt-len 16 --decode-tokens 4 --enforce-eager > "$out/ncu-b$b.csv" 2>"$out/ncu-b$b.err"
     echo "ncu b$b exit $?"; tail -2 "$out/ncu-b$b.err"
-    kernel_times "$out/ncu-b$b.csv" 25
+    python3 scripts/ncu_step.py "$out/ncu-b$b.csv" || status=1
   done
 fi
 if [[ "$what" == pgemm ]]; then
