@@ -56,6 +56,7 @@ T __shfl_sync(unsigned, T, int) {
   NotEmulated("__shfl_sync");
 }
 inline unsigned __match_any_sync(unsigned, int) { NotEmulated("__match_any_sync"); }
+inline unsigned __ballot_sync(unsigned, int) { NotEmulated("__ballot_sync"); }
 inline int atomicAdd(int*, int) { NotEmulated("atomicAdd"); }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __clz(unsigned v) { return std::countl_zero(v); }
