@@ -12,8 +12,10 @@
 # same experts held as BF16, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
-# (CudaBackend MoE tests do). About a minute on two cores.
-# Usage: bash scripts/moe_decode_emulate.sh [mma|decode]
+# (CudaBackend MoE tests do). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
+# and ballot through the warp's barrier; MoeRouteSerial) against a sort here, ties included.
+# About two minutes on two cores.
+# Usage: bash scripts/moe_decode_emulate.sh [mma|decode|route]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"

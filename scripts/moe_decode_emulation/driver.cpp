@@ -15,7 +15,10 @@
 // and 36 tokens (1, 2, 4 tiles; one expert of 34 tokens: two passes of 4 tiles), gate/up or down
 // split in two slices or neither, both formats, both GLU kinds: every scratch stage and the output bit-identical to the reference chain, the
 // output of each format the same, and tokens alone (T = 1) the same bits as in the batch.
+//
+// route: the router's top-k kernels against a sort (RunRouteChecks below).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_host.cpp"
@@ -551,18 +555,98 @@ void RunDecodeChecks() {
   CheckDecode("T=36 k=1", 36, 1, many, kE, 288, 96, silu);
 }
 
+
+// route: MoeRoute's warp kernel (top-k by rank: E ≤ 1024) and MoeRouteSerial (one thread a token,
+// k passes) on the same logits, against a third computation here (std::stable_sort by value desc,
+// id asc, then the same weight arithmetic): indices and weights bit for bit, for Kimi-Linear's
+// and K3's expert counts, E under 32 and k over 32, logits on a coarse grid (many exact ties: the
+// lower id first) and from a normal spread, both combine rules, with and without renormalizing,
+// and with the shared expert appended (RouteParams::append_expert: rows of k + 1, the last (E, 1)).
+float RefSigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+void CheckRoute(const char* name, int64_t T, int64_t E, int k, bool ties) {
+  std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+  for (float& v : logits) v = ties ? static_cast<float>(RandInt(33)) / 8.0f - 2.0f : static_cast<float>(4.0 * Uniform() - 2.0);
+  for (float& v : bias) v = ties ? static_cast<float>(RandInt(3)) / 16.0f : static_cast<float>(0.1 * Uniform());
+  for (bool combine_biased : {false, true}) {
+    for (bool renormalize : {true, false}) {
+      for (int32_t append : {-1, static_cast<int32_t>(E)}) {
+        const int ks = append >= 0 ? k + 1 : k;
+        std::vector<int32_t> idx_w(static_cast<size_t>(T * ks), -7), idx_s(static_cast<size_t>(T * ks), -7);
+        std::vector<float> w_w(static_cast<size_t>(T * ks), NAN), w_s(static_cast<size_t>(T * ks), NAN);
+        kc::MoeRoute(logits.data(), bias.data(), T, E, k, renormalize, 2.5f, combine_biased, append, idx_w.data(),
+                     w_w.data(), nullptr);
+        kc::MoeRouteSerial(logits.data(), bias.data(), T, E, k, renormalize, 2.5f, combine_biased, append,
+                           idx_s.data(), w_s.data(), nullptr);
+        int bad = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          const float* row = logits.data() + t * E;
+          std::vector<int32_t> order(static_cast<size_t>(E));
+          std::vector<float> c(static_cast<size_t>(E));
+          for (int64_t e = 0; e < E; ++e) {
+            order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+            c[static_cast<size_t>(e)] = RefSigmoid(row[e]) + bias[static_cast<size_t>(e)];
+          }
+          std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            return c[static_cast<size_t>(a)] > c[static_cast<size_t>(b)];
+          });
+          std::vector<float> w(static_cast<size_t>(k));
+          float sum = 0.0f;
+          for (int j = 0; j < k; ++j) {
+            const int32_t e = order[static_cast<size_t>(j)];
+            w[static_cast<size_t>(j)] = combine_biased ? c[static_cast<size_t>(e)] : RefSigmoid(row[e]);
+            sum += w[static_cast<size_t>(j)];
+          }
+          for (int j = 0; j < ks; ++j) {
+            const int32_t want_e = j < k ? order[static_cast<size_t>(j)] : append;
+            float want_w = 1.0f;
+            if (j < k) {
+              want_w = w[static_cast<size_t>(j)];
+              if (renormalize && k > 1) want_w /= (sum + 1e-20f);
+              want_w *= 2.5f;
+            }
+            const size_t at = static_cast<size_t>(t * ks + j);
+            for (const auto& [got_e, got_w, which] :
+                 {std::tuple{idx_w[at], w_w[at], "warp kernel"}, std::tuple{idx_s[at], w_s[at], "serial kernel"}}) {
+              if (got_e != want_e || std::bit_cast<uint32_t>(got_w) != std::bit_cast<uint32_t>(want_w)) {
+                if (bad++ < 3) {
+                  Fail(std::string(name) + " " + which + (combine_biased ? " biased" : " plain") +
+                       (renormalize ? " renorm" : "") + (append >= 0 ? " append" : "") + ": token " +
+                       std::to_string(t) + " slot " + std::to_string(j) + ": " + std::to_string(got_e) + " (" +
+                       std::to_string(got_w) + "), want " + std::to_string(want_e) + " (" + std::to_string(want_w) + ")");
+                }
+              }
+            }
+          }
+        }
+        ++g_checks;
+      }
+    }
+  }
+}
+
+void RunRouteChecks() {
+  // T = 6: the warp kernel's blocks of 4 tokens, one of them partial (whole warps return).
+  for (bool ties : {true, false}) {
+    CheckRoute(ties ? "E=256 k=8 ties" : "E=256 k=8", 6, 256, 8, ties);
+    CheckRoute(ties ? "E=896 k=16 ties" : "E=896 k=16", 6, 896, 16, ties);
+    CheckRoute(ties ? "E=1024 k=32 ties" : "E=1024 k=32", 6, 1024, 32, ties);
+    CheckRoute(ties ? "E=70 k=64 ties" : "E=70 k=64", 6, 70, 64, ties);
+    CheckRoute(ties ? "E=20 k=5 ties" : "E=20 k=5", 6, 20, 5, ties);
+  }
+}
 }  // namespace
 
-int main(int argc, char** argv) {  // argv[1]: "mma" or "decode" runs that part only
+int main(int argc, char** argv) {  // argv[1]: "mma", "decode" or "route" runs that part only
   const std::string only = argc > 1 ? argv[1] : "";
-  if (argc > 2 || (!only.empty() && only != "mma" && only != "decode")) {
-    std::fprintf(stderr, "usage: moe_decode_emulation [mma|decode] (got %s)\n", argv[argc - 1]);
+  if (argc > 2 || (!only.empty() && only != "mma" && only != "decode" && only != "route")) {
+    std::fprintf(stderr, "usage: moe_decode_emulation [mma|decode|route] (got %s)\n", argv[argc - 1]);
     return 2;
   }
   CheckSplitK();
   if (only.empty() || only == "mma") RunMmaChecks();
   if (only.empty() || only == "decode") RunDecodeChecks();
-  if (g_prefetches == 0) Fail("no L2 prefetch issued");
+  if (only.empty() || only == "route") RunRouteChecks();
+  if ((only.empty() || only != "route") && g_prefetches == 0) Fail("no L2 prefetch issued");
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

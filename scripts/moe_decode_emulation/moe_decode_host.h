@@ -4,8 +4,8 @@
 // __syncwarp as the warp's own barrier (warps of ExpertMmaKernel return early, so a block-wide
 // barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),
 // `<<<>>>` launches, and the weight loads and L2 prefetches checked to stay inside the experts'
-// weights. The router and grouping kernels compile but are not run here: their warp collectives
-// abort if called.
+// weights; the router's warp collectives (shuffles, ballot). The grouping kernel compiles but is
+// not run here: its warp collective aborts if called.
 #pragma once
 #include <atomic>
 #include <bit>
@@ -42,21 +42,44 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // The calling warp's barrier: the lanes of one warp only, like the device's __syncwarp().
 inline void __syncwarp() { g_ctx->warp[threadIdx.x / 32]->arrive_and_wait(); }
 
-// Used by the router and grouping kernels only, which this emulation does not run.
+// Used by the grouping kernel only, which this emulation does not run.
 [[noreturn]] inline void NotEmulated(const char* what) {
-  std::fprintf(stderr, "emulation: %s is not emulated (router / grouping kernels are not run here)\n", what);
+  std::fprintf(stderr, "emulation: %s is not emulated (the grouping kernel is not run here)\n", what);
   std::abort();
 }
+// The router's warp collectives (MoeRouteWarpKernel: 128-thread blocks, so its lanes are threads
+// with the warp barriers of shim.h): each lane puts its 4 bytes in the warp's slots between two
+// barriers, then reads the lane it asks for (the next collective's first barrier keeps the slots
+// until every lane has read). Float shuffles with xor are shim.h's own.
 template <class T>
-T __shfl_xor_sync(unsigned, T, int) {
-  NotEmulated("__shfl_xor_sync of a non-float");
+T WarpRead(T v, int src) {
+  static_assert(sizeof(T) == 4);
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_ctx->warp[w]->arrive_and_wait();
+  std::memcpy(&g_ctx->shfl[w][l], &v, 4);
+  g_ctx->warp[w]->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &g_ctx->shfl[w][src & 31], 4);
+  return r;
 }
 template <class T>
-T __shfl_sync(unsigned, T, int) {
-  NotEmulated("__shfl_sync");
+T __shfl_xor_sync(unsigned, T v, int off) {
+  return WarpRead(v, static_cast<int>(threadIdx.x % 32) ^ off);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  return WarpRead(v, src);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_ctx->warp[w]->arrive_and_wait();
+  g_ctx->shfl[w][l] = pred ? 1.0f : 0.0f;
+  g_ctx->warp[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= (g_ctx->shfl[w][i] != 0.0f ? 1u : 0u) << i;
+  return r;
 }
 inline unsigned __match_any_sync(unsigned, int) { NotEmulated("__match_any_sync"); }
-inline unsigned __ballot_sync(unsigned, int) { NotEmulated("__ballot_sync"); }
 inline int atomicAdd(int*, int) { NotEmulated("atomicAdd"); }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __clz(unsigned v) { return std::countl_zero(v); }
