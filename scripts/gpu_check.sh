@@ -41,6 +41,9 @@
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
 #             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
+#   hbmread   bench/hbm_read_bench.cu: HBM read bandwidth by access pattern (rows × bytes a warp
+#             reads a round, L2 hints, occupancy), what the decode kernels' weight streams can reach
+#             ($OUT/hbm-read.json).
 #   prefprof  Nsight Compute kernel times of one 8K prefill (2048-token chunks) at the 2-layer
 #             Kimi-Linear-48B widths, BF16, grouped by kernel (issue 14).
 #   prof48    Nsight Compute kernel times of one decode step at the 2-layer Kimi-Linear-48B widths
@@ -97,7 +100,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -398,6 +401,10 @@ if [[ "$what" == moe ]]; then
   cat "$out/moe-bench.txt"
   echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
   tail -5 "$out/bench-model-k3-2layer-cuda.txt"
+fi
+if [[ "$what" == hbmread ]]; then
+  timeout 120 "$root/hbm_read_bench" --json "$out/hbm-read.json" 2>&1 | tail -20
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == decode48 ]]; then
   # Issue 12's table: the decode step at the 2-layer Kimi-Linear-48B widths, prompt 256.
