@@ -3,9 +3,10 @@
 // (the emulated MMA, warp barriers) in its host emulation (see ../moe_decode_emulate.sh):
 // __syncwarp as the warp's own barrier (warps of ExpertMmaKernel return early, so a block-wide
 // barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),
-// `<<<>>>` launches, and the weight loads and L2 prefetches checked to stay inside the experts'
-// weights; the router's warp collectives (shuffles, ballot). The grouping kernel compiles but is
-// not run here: its warp collective aborts if called.
+// `<<<>>>` launches, and the weight loads (and any L2 prefetch: the expert kernels issue none, the
+// driver fails on one) checked to stay inside the experts' weights; the router's warp collectives
+// (shuffles, ballot). The grouping kernel compiles but is not run here: its warp collective aborts
+// if called.
 #pragma once
 #include <atomic>
 #include <bit>

@@ -340,6 +340,19 @@ class Backend {
                                     const GluParams& /*p*/, Tensor* /*out*/) {
     KIMIRT_CHECK_MSG(false, "MoeExpertsWithShared on a backend that never offers it (MoeSharedAsExpert)");
   }
+  // MoeRoute of y (p.append_expert = E: the shared expert after each token's k) then
+  // MoeExpertsWithShared on y, as one call so that a backend can fuse the route chain (CUDA: the
+  // top-k, the grouping by expert and the experts' split of y in one launch). The same bits.
+  virtual void MoeRouteExpertsWithShared(const Tensor& y, const Tensor& router, const Tensor& bias,
+                                         const RouteParams& p, const ExpertWeights& experts,
+                                         const MlpTensors& shared, const GluParams& glu, Tensor* out) {
+    const int64_t ks = p.top_k + 1;
+    KIMIRT_CHECK(p.append_expert >= 0);
+    Tensor idx = Empty({y.dim(0), ks}, DType::kI32);
+    Tensor weights = Empty({y.dim(0), ks});
+    MoeRoute(y, router, bias, p, &idx, &weights);
+    MoeExpertsWithShared(y, idx, weights, experts, shared, glu, out);
+  }
 };
 
 }  // namespace kimirt

@@ -42,17 +42,16 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   const MlpTensors shared{w.shared.gate, w.shared.up, w.shared.down};
   const bool shared_as_expert = w.shared.defined() && !c.UsesLatentMoe() && m.comm.size() == 1 &&
                                 route_idx == nullptr && be.MoeSharedAsExpert(w.experts, shared, T);
-  const int64_t ks = shared_as_expert ? k + 1 : k;
-  if (shared_as_expert) rp.append_expert = static_cast<int32_t>(w.experts.gate.size());
-  Tensor idx = be.Empty({T, ks}, DType::kI32);
-  Tensor weights = be.Empty({T, ks});
-  be.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
-  if (route_idx != nullptr) *route_idx = idx;
   if (shared_as_expert) {
+    rp.append_expert = static_cast<int32_t>(w.experts.gate.size());
     Tensor out = be.Empty({T, y.dim(1)});
-    be.MoeExpertsWithShared(y, idx, weights, w.experts, shared, m.glu, &out);
+    be.MoeRouteExpertsWithShared(y, w.router, w.bias, rp, w.experts, shared, m.glu, &out);
     return out;
   }
+  Tensor idx = be.Empty({T, k}, DType::kI32);
+  Tensor weights = be.Empty({T, k});
+  be.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
+  if (route_idx != nullptr) *route_idx = idx;
   // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
   Tensor z = c.UsesLatentMoe() ? m.Linear(y, w.latent_down) : y;
   Tensor routed = be.Empty({T, z.dim(1)});

@@ -555,6 +555,33 @@ class CudaBackend final : public Backend {
     KIMIRT_CHECK(MoeSharedAsExpert(ex, shared, Rows(z)));
     RunExperts(z, idx, weights, ex, PointersOf(ex, &shared), p, out);
   }
+  // The route chain of a decode step in one launch (cuda::MoeRouteGroupSplit: the top-k, the
+  // grouping and the experts' split of y), after the router GEMM; then the experts as
+  // MoeExpertsWithShared runs them. The same kernels' code, so the same bits as the two calls.
+  // KIMIRT_MOE_FUSED_ROUTE=0: the two calls, for A/B runs.
+  void MoeRouteExpertsWithShared(const Tensor& y, const Tensor& router, const Tensor& bias, const RouteParams& rp,
+                                 const ExpertWeights& ex, const MlpTensors& shared, const GluParams& p,
+                                 Tensor* out) override {
+    static const bool enabled = cuda::EnvSwitchOn("KIMIRT_MOE_FUSED_ROUTE");
+    const int64_t T = Rows(y), D = Cols(y), E = Rows(router), k = rp.top_k, ks = k + 1;
+    const auto unfused = [&] { Backend::MoeRouteExpertsWithShared(y, router, bias, rp, ex, shared, p, out); };
+    if (!enabled || rp.append_expert != E || !MoeSharedAsExpert(ex, shared, T)) return unfused();
+    const ExpertPointers& ptrs = PointersOf(ex, &shared);
+    const int64_t I = Rows(ex.gate[0]);
+    if (!cuda::MoeRouteGroupSplitSupported(T, E, k, ptrs.E) || !cuda::MoeDecodeSupported(D, I, 1, ptrs.aligned16)) {
+      return unfused();
+    }
+    KIMIRT_CHECK(Cols(router) == D && bias.numel() == E && ptrs.E == E + 1);
+    Tensor logits = Raw({T, E}, DType::kF32);
+    GemmW(F(y), router, F(logits), T, E, D);  // MoeRoute's GEMM
+    Tensor idx = Raw({T, ks}, DType::kI32), weights = Raw({T, ks}, DType::kF32);
+    const ExpertGroupsBuffer g(*this, T * ks, ptrs.E);
+    Tensor scratch = Scratch(cuda::MoeDecodeScratchBytes(T, ks, D, I));
+    cuda::MoeRouteGroupSplit(F(logits), F(bias), T, E, k, rp.renormalize, rp.scaling, rp.combine_biased,
+                             rp.append_expert, static_cast<int32_t*>(idx.raw()), F(weights), ptrs.E, g.groups, F(y),
+                             D, scratch.raw(), stream_);
+    RunDecodeExperts(y, ks, g, ex, ptrs, p, F(weights), scratch.raw(), out, /*z_split_done=*/true);
+  }
 
  private:
   friend class CudaKvStorage;
@@ -605,6 +632,35 @@ class CudaBackend final : public Backend {
     return ptrs;
   }
 
+  // Device arrays for the grouping of n (token, slot) choices over E experts (cuda::ExpertGroups).
+  struct ExpertGroupsBuffer {
+    Tensor sort;
+    cuda::ExpertGroups groups;
+    int64_t max_active = 0;
+    ExpertGroupsBuffer(CudaBackend& be, int64_t n, int64_t E) : max_active(std::min(E, n)) {
+      sort = be.Raw({2 * n + 2 * max_active + 2}, DType::kI32);
+      int32_t* base = static_cast<int32_t*>(sort.raw());
+      groups.order = base;
+      groups.pos = base + n;
+      groups.active = base + 2 * n;
+      groups.begin = groups.active + max_active;
+      groups.num_active = groups.begin + max_active + 1;
+    }
+  };
+
+  // The decode experts (cuda::MoeDecodeExperts) of z's T rows, k slots each, grouped in g.
+  void RunDecodeExperts(const Tensor& z, int64_t k, const ExpertGroupsBuffer& g, const ExpertWeights& ex,
+                        const ExpertPointers& ptrs, const GluParams& p, const float* weights, void* scratch,
+                        Tensor* out, bool z_split_done) {
+    const bool mxfp4 = ex.mxfp4();
+    const int64_t T = Rows(z), De = Cols(z), I = Rows(ex.gate[0]);
+    const int format = mxfp4 ? 2 : 1;
+    cuda::MoeDecodeExperts(F(z), T, k, g.groups, g.max_active, De, I, ptrs.view(), format,
+                           mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
+                           p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
+                           p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done);
+  }
+
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).
   void RunExperts(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
                   const ExpertPointers& ptrs, const GluParams& p, Tensor* out) {
@@ -615,15 +671,10 @@ class CudaBackend final : public Backend {
     const int64_t per_byte = mxfp4 ? 2 : 1;
     KIMIRT_CHECK(E > 0 && Cols(ex.gate[0]) * per_byte == De && Cols(ex.down[0]) * per_byte == I &&
                  Rows(ex.down[0]) == De && Cols(weights) == k);
-    const int64_t n = T * k, max_active = std::min(E, n);
-    Tensor sort = Raw({2 * n + 2 * max_active + 2}, DType::kI32);
-    int32_t* base = static_cast<int32_t*>(sort.raw());
-    cuda::ExpertGroups g;
-    g.order = base;
-    g.pos = base + n;
-    g.active = base + 2 * n;
-    g.begin = g.active + max_active;
-    g.num_active = g.begin + max_active + 1;
+    const int64_t n = T * k;
+    const ExpertGroupsBuffer eg(*this, n, E);
+    const cuda::ExpertGroups& g = eg.groups;
+    const int64_t max_active = eg.max_active;
     cuda::MoeGroupByExpert(static_cast<const int32_t*>(idx.raw()), n, E, g, stream_);
     const int format = mxfp4 ? 2 : ex.gate[0].dtype() == DType::kBF16 ? 1 : 0;
     const int kind = p.kind == GluKind::kSilu ? 0 : 1;
@@ -631,10 +682,7 @@ class CudaBackend final : public Backend {
     // (moe_kernels.cu, docs/cuda.md "MoE decode"), the combine included.
     if (T <= cuda::kGemvMaxRows && cuda::MoeDecodeSupported(De, I, format, ptrs.aligned16)) {
       Tensor scratch = Scratch(cuda::MoeDecodeScratchBytes(T, k, De, I));
-      cuda::MoeDecodeExperts(F(z), T, k, g, max_active, De, I, ptrs.view(), format,
-                             mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4, kind, p.beta,
-                             p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), F(weights), scratch.raw(),
-                             F(*out), stream_);
+      RunDecodeExperts(z, k, eg, ex, ptrs, p, F(weights), scratch.raw(), out, /*z_split_done=*/false);
       return;
     }
     Tensor grouped = Raw({n, De}, DType::kF32);

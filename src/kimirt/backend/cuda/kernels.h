@@ -373,10 +373,21 @@ bool MoeDecodeSupported(int64_t De, int64_t I, int format, bool weights_aligned)
 size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I);
 // Slices the k of gate/up (or down) is split across (1 = none); for tests and benches.
 int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up);
+// z_split_done: `scratch` already holds z's split (MoeRouteGroupSplit wrote it); z is not read.
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s);
+                      cudaStream_t s, bool z_split_done = false);
+// MoeRoute (append ≥ 0: expert `append` after each token's k), MoeGroupByExpert of its choice
+// over E_group experts into g, and MoeDecodeExperts's split of z [T, De] into `decode_scratch`
+// (its scratch for T tokens, k + 1 or k slots, De), as one launch: a decode step's route chain
+// (MoeDecodeExperts then runs with z_split_done). The same idx, weights, groups and split as the
+// three calls, bit for bit. Needs MoeRouteGroupSplitSupported.
+bool MoeRouteGroupSplitSupported(int64_t T, int64_t E, int64_t k, int64_t E_group);
+void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+                        float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
+                        int64_t E_group, const ExpertGroups& g, const float* z, int64_t De, void* decode_scratch,
+                        cudaStream_t s);
 // --- moe_prefill_kernels.cu: the routed experts of a prefill call on tensor cores ---
 // What MoeGroupedExperts computes, for calls of more than kGemvMaxRows tokens with
 // Backend::bf16_prefill on: for every group row g (slot order[g], token order[g] / k, expert e),

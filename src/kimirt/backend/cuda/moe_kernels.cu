@@ -84,19 +84,26 @@ struct RouteCand {
   int32_t e;  // expert id
 };
 
+// A warp's shared memory for one token's choice.
 template <int kPerLane>
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
-                       float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
-  __shared__ RouteCand cand[kRouteWarps][32 * kPerLane];
-  __shared__ float lane_max[kRouteWarps][32];
-  __shared__ int32_t pick_e[kRouteWarps][kMaxTopK];
-  __shared__ float pick_w[kRouteWarps][kMaxTopK];
-  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int warp = threadIdx.x / 32;
-  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
-  if (t >= T) return;  // whole warps
+struct RouteWarpSmem {
+  RouteCand cand[32 * kPerLane];
+  float lane_max[32];
+  int32_t pick_e[kMaxTopK];
+  float pick_w[kMaxTopK];
+};
+
+// Token t's choice, by the calling warp (whole), in its `sm`.
+template <int kPerLane>
+__device__ __forceinline__ void RouteTokenWarp(const float* logits, const float* bias, int64_t t, int64_t E, int k,
+                                               bool renormalize, float scaling, bool combine_biased, int32_t append,
+                                               int32_t* idx, float* weights, RouteWarpSmem<kPerLane>& sm) {
+  RouteCand* const cand = sm.cand;
+  float* const lane_max = sm.lane_max;
+  int32_t* const pick_e = sm.pick_e;
+  float* const pick_w = sm.pick_w;
   const int lane = threadIdx.x & 31;
+  __syncwarp();  // a warp's previous token (MoeRouteGroupSplitKernel) is done with `sm`
   const float* row = logits + t * E;
   float c[kPerLane];
   float m = -INFINITY;
@@ -108,15 +115,15 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   }
   // Picks a NaN choice value could leave unwritten: a valid expert, NaN weight.
   for (int j = lane; j < k; j += 32) {
-    pick_e[warp][j] = 0;
-    pick_w[warp][j] = NAN;
+    pick_e[j] = 0;
+    pick_w[j] = NAN;
   }
   // 2. τ = the smallest maximum with fewer than k maxima above it (that is the k-th largest).
-  lane_max[warp][lane] = m;
+  lane_max[lane] = m;
   __syncwarp();
   int above = 0;
 #pragma unroll 8
-  for (int l = 0; l < 32; ++l) above += lane_max[warp][l] > m;
+  for (int l = 0; l < 32; ++l) above += lane_max[l] > m;
   float tau = above < k ? m : INFINITY;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) tau = fminf(tau, __shfl_xor_sync(0xffffffffu, tau, off));
@@ -127,44 +134,56 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   for (int i = 0; i < kPerLane; ++i) {
     const bool in = lane + 32 * i < E && c[i] >= tau;
     const uint32_t mask = __ballot_sync(0xffffffffu, in);
-    if (in) cand[warp][n + __popc(mask & ((1u << lane) - 1u))] = RouteCand{c[i], lane + 32 * i};
+    if (in) cand[n + __popc(mask & ((1u << lane) - 1u))] = RouteCand{c[i], lane + 32 * i};
     n += __popc(mask);
   }
   __syncwarp();
   // 4. Ranks: lane l takes candidates l, l + 32, ...
 #pragma unroll 1
   for (int q = lane; q < n; q += 32) {
-    const RouteCand me = cand[warp][q];
+    const RouteCand me = cand[q];
     int rank = 0;
 #pragma unroll 4
     for (int o = 0; o < n; ++o) {
-      const RouteCand other = cand[warp][o];
+      const RouteCand other = cand[o];
       rank += other.c > me.c || (other.c == me.c && other.e < me.e);
     }
     if (rank < k) {
-      pick_e[warp][rank] = me.e;
-      pick_w[warp][rank] = combine_biased ? me.c : Sigmoid(row[me.e]);
+      pick_e[rank] = me.e;
+      pick_w[rank] = combine_biased ? me.c : Sigmoid(row[me.e]);
     }
   }
   __syncwarp();
   float sum = 0.0f;  // in pick order, as the serial kernel adds them
   if (lane == 0) {
 #pragma unroll 1
-    for (int j = 0; j < k; ++j) sum += pick_w[warp][j];
+    for (int j = 0; j < k; ++j) sum += pick_w[j];
   }
   sum = __shfl_sync(0xffffffffu, sum, 0);
   const int ks = append >= 0 ? k + 1 : k;  // the output row stride (RouteParams::append_expert)
 #pragma unroll 1
   for (int j = lane; j < k; j += 32) {
-    float w = pick_w[warp][j];
+    float w = pick_w[j];
     if (renormalize && k > 1) w /= (sum + 1e-20f);
-    idx[t * ks + j] = pick_e[warp][j];
+    idx[t * ks + j] = pick_e[j];
     weights[t * ks + j] = w * scaling;
   }
   if (append >= 0 && lane == 31) {
     idx[t * ks + k] = append;
     weights[t * ks + k] = 1.0f;
   }
+}
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
+                       float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
+  __shared__ RouteWarpSmem<kPerLane> sm[kRouteWarps];
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  const int warp = threadIdx.x / 32;
+  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
+  if (t >= T) return;  // whole warps
+  RouteTokenWarp<kPerLane>(logits, bias, t, E, k, renormalize, scaling, combine_biased, append, idx, weights, sm[warp]);
 }
 
 __device__ float WarpSum(float v) {
@@ -186,10 +205,12 @@ __device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float 
 // its slots ascending (the placement is deterministic; the expert math does not depend on it).
 constexpr int kSortThreads = 1024;
 
-__global__ void GroupByExpertKernel(const int32_t* idx, int64_t n, int64_t E, int32_t* order, int32_t* pos,
-                                    int32_t* active, int32_t* begin, int32_t* num_active) {
-  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  extern __shared__ int32_t sh[];
+// The grouping by the whole block, in `sh`: GroupSmemInts(E) ints.
+constexpr int64_t GroupSmemInts(int64_t E) { return 2 * E + 2 * kSortThreads; }
+
+__device__ __forceinline__ void GroupByExpertBlock(const int32_t* idx, int64_t n, int64_t E, int32_t* order,
+                                                   int32_t* pos, int32_t* active, int32_t* begin,
+                                                   int32_t* num_active, int32_t* sh) {
   int32_t* count = sh;              // [E]
   int32_t* cursor = sh + E;         // [E]
   int32_t* scan_c = sh + 2 * E;     // [blockDim]
@@ -251,6 +272,14 @@ __global__ void GroupByExpertKernel(const int32_t* idx, int64_t n, int64_t E, in
     }
     __syncwarp();
   }
+}
+
+__global__ void __launch_bounds__(kSortThreads)
+    GroupByExpertKernel(const int32_t* idx, int64_t n, int64_t E, int32_t* order, int32_t* pos, int32_t* active,
+                        int32_t* begin, int32_t* num_active) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  extern __shared__ int32_t sh[];
+  GroupByExpertBlock(idx, n, E, order, pos, active, begin, num_active, sh);
 }
 
 // --- Expert weights, 32 elements at a time --------------------------------------------------
@@ -518,7 +547,13 @@ constexpr int kMmaWarps = 4;
 constexpr int64_t kRoundK = 128;       // k per round: 4 steps of 32
 constexpr int64_t kMinSliceK = 256;    // never split k finer than 2 rounds
 constexpr int64_t kTargetBlocks = 528; // ~4 blocks per multiprocessor of an H200 (132): see DecodeGemm
-constexpr int kPrefetchRounds = 4;     // rounds of each row asked into L2 ahead of their loads
+// No L2 hints ahead of the loads. Each row's whole slice asked into L2 at the slice's start
+// (cp.async.bulk.prefetch.L2, up to 4 rounds a request) cost HBM bandwidth instead of hiding
+// latency: without it the Kimi-Linear experts read HBM at 0.49 / 0.79 / 0.68 / 0.67 of its peak at
+// batch 1 / 8 / 32 / 64 against 0.44 / 0.66 / 0.52 / 0.51 (moe_bench, 2026-12-03), and the whole
+// 48B's step fell from 3.60 to 3.34 ms at batch 1 (21.9 to 19.2 at 32). DecodeGemm's hint of one
+// round (256 bytes a row) two rounds ahead, tried here, was slower still than none (3.54 ms);
+// bench/hbm_read_bench.cu shows the same on plain reads (bulk hints 0.62 of peak, none 0.76).
 constexpr int kTransposeStride = 20;   // words per 8-row group of the MXFP4 exchange: conflict-free stores
 
 template <bool kGateUp>
@@ -566,6 +601,49 @@ __global__ void SplitRowsKernel(const float* x, int64_t rows, int64_t K, uint16_
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     StoreSplit(x[i], i / K, i % K, rows, K, parts);
   }
+}
+
+// The decode step's route chain in one launch (MoeRouteGroupSplit): block 0 chooses every
+// token's experts (warp w the tokens w, w + 16, ...: RouteTokenWarp, MoeRouteWarpKernel's code)
+// and then groups the choices (GroupByExpertBlock, GroupByExpertKernel's code: the block's own
+// writes of idx, read after a barrier); blocks 1.. split z (SplitRowsKernel's loop), which needs
+// no choice. Two launches fewer a MoE layer; measured, a small gain (the whole 48B at batch 1:
+// 3.57-3.59 ms a step against 3.60 unfused, 2026-12-03): in a graph with PDL those launches cost
+// about a microsecond each, far less than Nsight Compute's serialized times of them (8, 5, 2 µs).
+// 16 routing warps keep the shared memory under the 48 KB a launch has without opting in.
+constexpr int kRouteGroupWarps = 16;
+constexpr int64_t kRouteGroupMaxE = 32 * 8;  // RouteTokenWarp<8>: E ≤ 256 routed experts
+struct RouteGroupSmem {
+  union {
+    RouteWarpSmem<8> route[kRouteGroupWarps];
+    int32_t group[GroupSmemInts(kRouteGroupMaxE + 1)];
+  };
+};
+
+static_assert(sizeof(RouteGroupSmem) <= 48 * 1024, "MoeRouteGroupSplitKernel: no dynamic shared memory opt-in");
+
+__global__ void __launch_bounds__(kSortThreads)
+    MoeRouteGroupSplitKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
+                             float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
+                             int64_t E_group, ExpertGroups g, const float* z, int64_t De, uint16_t* z_parts) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  if (blockIdx.x > 0) {
+    const int64_t total = T * De, stride = int64_t{gridDim.x - 1} * blockDim.x;
+    for (int64_t i = (blockIdx.x - 1) * int64_t{blockDim.x} + threadIdx.x; i < total; i += stride) {
+      StoreSplit(z[i], i / De, i % De, T, De, z_parts);
+    }
+    return;
+  }
+  extern __shared__ __align__(16) uint8_t route_group_smem[];
+  RouteGroupSmem& sm = *reinterpret_cast<RouteGroupSmem*>(route_group_smem);
+  const int warp = threadIdx.x / 32;
+  for (int64_t t = warp; warp < kRouteGroupWarps && t < T; t += kRouteGroupWarps) {
+    RouteTokenWarp<8>(logits, bias, t, E, k, renormalize, scaling, combine_biased, append, idx, weights,
+                      sm.route[warp]);
+  }
+  __syncthreads();  // every token's idx written (and the route's shared memory free for the grouping)
+  const int64_t ks = append >= 0 ? k + 1 : k;
+  GroupByExpertBlock(idx, T * ks, E_group, g.order, g.pos, g.active, g.begin, g.num_active, sm.group);
 }
 
 // h[g] = GLU(Σ_s gate part, Σ_s up part) (slices in order), split for the down MMAs.
@@ -755,10 +833,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const int64_t out_w = kGateUp ? 2 * N : N;
   part += int64_t{blockIdx.y} * n * out_w;
   const int32_t g0 = ga.begin[a], g1 = ga.begin[a + 1];
-  // This lane's L2 prefetch row: lane i takes row i % 16 of tile i / 16.
-  const bool p_second = lane >= 16;
-  const int64_t prow = (p_second ? row_tile[1] : row_tile[0]) + lane % 16;
-  const void* const p_w = p_second ? w_tile[1] : w_tile[0];
   const int64_t plane = x_rows * K;
   for (int32_t p0 = g0; p0 < g1; p0 += 8 * kTT) {
     const int tiles = min(kTT, (g1 - p0 + 7) / 8);  // the same for the whole warp
@@ -807,18 +881,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // after every round, full or not.
     auto round = [&](int64_t kb, auto full) {
       constexpr bool kFull = decltype(full)::value;
-      {  // L2 hints: at the slice's start its next rounds, then each round the one kPrefetchRounds on
-        const int64_t from = kb == k_begin ? kb + kRoundK : kb + kPrefetchRounds * kRoundK;
-        const int64_t to = min(k_end, kb + (kPrefetchRounds + 1) * kRoundK);
-        if (from < to) {
-          const int64_t at = prow * K + from;
-          if constexpr (kFmt == kMxfp4) {
-            mma::PrefetchL2(static_cast<const uint8_t*>(p_w) + at / 2, static_cast<uint32_t>((to - from) / 2));
-          } else {
-            mma::PrefetchL2(static_cast<const uint16_t*>(p_w) + at, static_cast<uint32_t>((to - from) * 2));
-          }
-        }
-      }
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
@@ -1027,7 +1089,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
 
 void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGroups& g, cudaStream_t s) {
   if (n == 0) return;
-  const size_t shared = static_cast<size_t>(2 * E + 2 * kSortThreads) * sizeof(int32_t);
+  const size_t shared = static_cast<size_t>(GroupSmemInts(E)) * sizeof(int32_t);
   if (shared > 48 * 1024) {
     std::fprintf(stderr, "kimirt: MoE of %lld experts (the CUDA grouping takes up to %d)\n",
                  static_cast<long long>(E), 48 * 1024 / 8 - kSortThreads);
@@ -1074,7 +1136,7 @@ int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s) {
+                      cudaStream_t s, bool z_split_done) {
   if (T == 0) return;
   if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
     std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
@@ -1088,8 +1150,10 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   auto* gu_part = reinterpret_cast<float*>(base + p.z_bytes);
   auto* h_parts = reinterpret_cast<uint16_t*>(base + p.z_bytes + p.gu_bytes);
   auto* dn_part = reinterpret_cast<float*>(base + p.z_bytes + p.gu_bytes + p.h_bytes);
-  LaunchPdl("MoE split z", SplitRowsKernel, dim3(GridFor(T * De)), dim3(256), 0, s, z, T, De, z_parts);
-  CheckLaunch("MoE split z");
+  if (!z_split_done) {
+    LaunchPdl("MoE split z", SplitRowsKernel, dim3(GridFor(T * De)), dim3(256), 0, s, z, T, De, z_parts);
+    CheckLaunch("MoE split z");
+  }
   // Token tiles of 8 per pass: an expert has at most T tokens (a token chooses distinct experts),
   // so up to 32 tokens one pass covers any expert of the step; at 33..64 an expert chosen by more
   // than 32 tokens (rare: k/E of them on average) takes a second pass, while 8 tiles' registers
@@ -1132,6 +1196,29 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
     return;
   }
   MoeRouteSerial(logits, bias, T, E, k, renormalize, scaling, combine_biased, append, idx, weights, s);
+}
+
+bool MoeRouteGroupSplitSupported(int64_t T, int64_t E, int64_t k, int64_t E_group) {
+  return T >= 1 && T <= kGemvMaxRows && E >= 1 && E <= kRouteGroupMaxE && k >= 1 && k <= kMaxTopK && k <= E &&
+         E_group >= 1 && E_group <= kRouteGroupMaxE + 1;
+}
+
+void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
+                        float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
+                        int64_t E_group, const ExpertGroups& g, const float* z, int64_t De, void* decode_scratch,
+                        cudaStream_t s) {
+  if (!MoeRouteGroupSplitSupported(T, E, k, E_group)) {
+    std::fprintf(stderr, "kimirt: fused MoE route of %lld tokens, top-%lld of %lld experts, %lld groups (needs <= %lld "
+                 "tokens, <= %lld experts)\n", static_cast<long long>(T), static_cast<long long>(k),
+                 static_cast<long long>(E), static_cast<long long>(E_group), static_cast<long long>(kGemvMaxRows),
+                 static_cast<long long>(kRouteGroupMaxE));
+    std::abort();
+  }
+  const auto split_blocks = static_cast<unsigned>(std::clamp<int64_t>((T * De + kSortThreads - 1) / kSortThreads, 1, 1024));
+  LaunchPdl("MoeRouteGroupSplit", MoeRouteGroupSplitKernel, dim3(1 + split_blocks), dim3(kSortThreads),
+            sizeof(RouteGroupSmem), s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased,
+            append, idx, weights, E_group, g, z, De, static_cast<uint16_t*>(decode_scratch));
+  CheckLaunch("MoeRouteGroupSplit");
 }
 
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,

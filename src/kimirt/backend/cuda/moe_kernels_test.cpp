@@ -286,6 +286,55 @@ TEST_F(CudaBackendMoe, SharedExpertAsExpertEGivesTheExplicitListsBits) {
   }
 }
 
+// The decode step's route chain in one launch (the CUDA MoeRouteExpertsWithShared:
+// cuda::MoeRouteGroupSplit's top-k, grouping and split of y) gives the bits of the Backend's two
+// calls, MoeRoute then MoeExpertsWithShared: at Kimi-Linear-48B's expert count with small widths,
+// logits on a coarse grid (exact sums, so many choice values tie), and at its widths with few
+// experts; 1, 9 and 64 tokens (more than the fused kernel's 16 routing warps); both combine rules.
+TEST_F(CudaBackendMoe, FusedRouteChainGivesTheTwoCallsBits) {
+  const GluParams silu{GluKind::kSilu, 1.0f, std::nullopt};
+  struct Widths {
+    int64_t E, De, I, k;
+    bool coarse;
+  };
+  for (const Widths& wd : {Widths{256, 64, 96, 8, true}, Widths{12, 2304, 1024, 8, false}}) {
+    SCOPED_TRACE("E = " + std::to_string(wd.E) + ", De = " + std::to_string(wd.De));
+    const Experts all = RandomExperts(wd.E + 1, wd.De, wd.I);  // the last: the shared expert
+    ExpertWeights routed;
+    for (int64_t e = 0; e < wd.E; ++e) {
+      routed.gate.push_back(all.bf16.gate[e]);
+      routed.up.push_back(all.bf16.up[e]);
+      routed.down.push_back(all.bf16.down[e]);
+    }
+    const MlpTensors shared{all.bf16.gate[wd.E], all.bf16.up[wd.E], all.bf16.down[wd.E]};
+    const int64_t max_t = gpu_->RowInvariantRows();
+    Tensor y = Random({max_t, wd.De}), router = Random({wd.E, wd.De}, 0.02f), bias = Random({wd.E}, 0.01f);
+    if (wd.coarse) {
+      for (int64_t i = 0; i < y.numel(); ++i) y.f32()[i] = static_cast<float>(rng_.Next() % 3) - 1.0f;
+      for (int64_t i = 0; i < router.numel(); ++i) router.f32()[i] = static_cast<float>(rng_.Next() % 5) / 8.0f - 0.25f;
+      for (int64_t i = 0; i < wd.E; ++i) bias.f32()[i] = static_cast<float>(rng_.Next() % 3) / 16.0f;
+    }
+    const Tensor d_router = gpu_->Upload(router), d_bias = gpu_->Upload(bias);
+    ASSERT_TRUE(gpu_->MoeSharedAsExpert(routed, shared, max_t));
+    ASSERT_TRUE(cuda::MoeRouteGroupSplitSupported(max_t, wd.E, wd.k, wd.E + 1)) << "the fused path runs";
+    for (const bool combine_biased : {false, true}) {
+      RouteParams rp;
+      rp.top_k = wd.k;
+      rp.scaling = 2.446f;
+      rp.combine_biased = combine_biased;
+      rp.append_expert = static_cast<int32_t>(wd.E);
+      for (const int64_t T : {int64_t{1}, int64_t{9}, max_t}) {
+        SCOPED_TRACE("T = " + std::to_string(T) + (combine_biased ? ", biased combine" : ""));
+        const Tensor d_y = gpu_->Upload(y.Rows(0, T));
+        Tensor fused = Poisoned({T, wd.De}), calls = Poisoned({T, wd.De});
+        gpu_->MoeRouteExpertsWithShared(d_y, d_router, d_bias, rp, routed, shared, silu, &fused);
+        gpu_->Backend::MoeRouteExpertsWithShared(d_y, d_router, d_bias, rp, routed, shared, silu, &calls);
+        ExpectSameBits(gpu_->Download(fused), gpu_->Download(calls), "one launch vs MoeRoute + MoeExpertsWithShared");
+      }
+    }
+  }
+}
+
 // The warp-per-token router gives the one-thread reference kernel's indices and weights bit
 // for bit, at K3's and Kimi-Linear's expert counts and a count that fills every lane's 32
 // experts, with logits and biases on a coarse grid so that many choice values tie exactly (the
