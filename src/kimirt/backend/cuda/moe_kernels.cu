@@ -549,9 +549,10 @@ constexpr int64_t kMinSliceK = 256;    // never split k finer than 2 rounds
 constexpr int64_t kTargetBlocks = 528; // ~4 blocks per multiprocessor of an H200 (132): see DecodeGemm
 // No L2 hints ahead of the loads. Each row's whole slice asked into L2 at the slice's start
 // (cp.async.bulk.prefetch.L2, up to 4 rounds a request) cost HBM bandwidth instead of hiding
-// latency: without it the Kimi-Linear experts read HBM at 0.49 / 0.79 / 0.68 / 0.67 of its peak at
-// batch 1 / 8 / 32 / 64 against 0.44 / 0.66 / 0.52 / 0.51 (moe_bench, 2026-12-03), and the whole
-// 48B's step fell from 3.60 to 3.34 ms at batch 1 (21.9 to 19.2 at 32). DecodeGemm's hint of one
+// latency: without it the Kimi-Linear experts read HBM at 0.48 / 0.75 / 0.64 / 0.64 of its peak at
+// batch 1 / 8 / 32 / 64 against 0.44 / 0.66 / 0.52 / 0.51 with it (moe_bench, one run, 2026-12-03),
+// and the whole 48B's step went from 3.57-3.63 ms at batch 1 in that day's runs with it to 3.34
+// (21.7-22.2 to 19.2 at batch 32). DecodeGemm's hint of one
 // round (256 bytes a row) two rounds ahead, tried here, was slower still than none (3.54 ms);
 // bench/hbm_read_bench.cu shows the same on plain reads (bulk hints 0.62 of peak, none 0.76).
 constexpr int kTransposeStride = 20;   // words per 8-row group of the MXFP4 exchange: conflict-free stores
