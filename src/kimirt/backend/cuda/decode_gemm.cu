@@ -58,7 +58,7 @@ using mma::XParts;
 constexpr int kWarps = 4;
 constexpr int kColTiles = 2;                              // 16-column MMA tiles per warp
 constexpr int64_t kBlockCols = kWarps * kColTiles * 16;  // 128 output columns per block
-static_assert(kColTiles * 16 == 32, "the L2 prefetch gives each lane one of its warp's columns");
+static_assert(kColTiles * 16 == 32, "an L2 hint gives each lane one of its warp's columns");
 constexpr int64_t kStepK = 32;                            // k per step: two m16n8k16 k-slots
 constexpr int kUnroll = 4;                                // steps whose weight loads go out together
 constexpr int64_t kSliceQuantum = kStepK * kUnroll;
@@ -226,18 +226,21 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
                                           const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                                           const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m,
                                           int64_t n, int64_t k, int64_t k_pad, int64_t slice, int64_t cb,
-                                          int64_t split) {
+                                          int64_t split, int hint_ahead) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = cb * kBlockCols + warp * (kColTiles * 16);
   const int64_t k_begin = split * slice;
   const int64_t k_end = k_begin + slice < k_pad ? k_begin + slice : k_pad;
   out += split * m * n;
 
-  // Before the kernel this one may overlap (pdl.cuh) is done: the first two rounds of this
-  // block's weight into L2 (the weight is no kernel's output). Then wait for x.
+  // L2 hints `hint_ahead` rounds ahead of the weight loads: at 33-64 rows only (HintAhead, with
+  // the measurements). Each round asked into L2 two rounds ahead was worth it when first
+  // measured (run 1: 0.54–0.67 of HBM without at m = 1); with the launches overlapped (pdl.cuh)
+  // and every multiprocessor busy it costs more than it gives up to 32 rows, as the expert
+  // kernels' did (moe_kernels.cu). The round at kb of lane i's column (col0 + i, 256 bytes,
+  // one cp.async.bulk.prefetch). Aligned rows only (the prefetch wants 16-byte addresses and
+  // sizes).
   const int64_t k_real_end = k_end < k ? k_end : k;
-  // The round at kb of lane i's column (col0 + i, 256 bytes) into L2. Aligned rows only (the
-  // prefetch wants 16-byte addresses and sizes).
   auto prefetch_round = [&](int64_t kb) {
     const int64_t col = col0 + lane;
     if (kVec && kb < k_real_end && col < n) {
@@ -245,8 +248,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       PrefetchL2(w + col * k + kb, static_cast<uint32_t>(len * sizeof(uint16_t)));
     }
   };
-  prefetch_round(k_begin);
-  prefetch_round(k_begin + kSliceQuantum);
+  for (int i = 0; i < hint_ahead; ++i) prefetch_round(k_begin + i * kSliceQuantum);
   PdlWait();
   PdlTrigger();
 
@@ -291,11 +293,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   }
   auto round = [&](int64_t kb, auto full) {
     constexpr bool kFull = decltype(full)::value;
-    // The round after next into L2 now (rounds 0 and 1: above): while this round waits on HBM,
-    // the next ones are already on their way, so their loads wait on L2. Without it a warp has
-    // one round (8 KB) in flight and 16 warps per multiprocessor are not enough for 4.8 TB/s at
-    // loaded latency (run 1: 0.54–0.67 at m = 1).
-    prefetch_round(kb + 2 * kSliceQuantum);
+    if (hint_ahead > 0) prefetch_round(kb + hint_ahead * kSliceQuantum);
     // All of this round's weight loads first, so kUnroll · kColTiles · 2 are in flight per lane.
     uint4 wr[kUnroll][kColTiles][2];
 #pragma unroll
@@ -404,8 +402,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
                      const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                      const uint16_t* __restrict__ x_lo, float* __restrict__ out,
-                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice) {
-  GemmBlock<kTiles, kVec>(w, x, x_vec, x_hi, x_mid, x_lo, out, m, n, k, k_pad, slice, blockIdx.x, blockIdx.y);
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice, int hint_ahead) {
+  GemmBlock<kTiles, kVec>(w, x, x_vec, x_hi, x_mid, x_lo, out, m, n, k, k_pad, slice, blockIdx.x, blockIdx.y,
+                          hint_ahead);
 }
 
 // A group of GEMMs of one row count m (DecodeGemmGroup), one launch: problem i owns the blocks
@@ -426,6 +425,7 @@ struct GroupGemmArgs {
   GroupGemm p[kMaxGroup];
   int count;
   int64_t m;
+  int hint_ahead;
 };
 
 template <int kTiles, bool kVec>
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   const GroupGemm& p = a.p[i];
   const uint32_t local = blockIdx.x - p.begin;
   GemmBlock<kTiles, kVec>(p.w, p.x, p.x_vec, p.x_hi, p.x_hi + p.x_part, p.x_hi + 2 * p.x_part, p.out, a.m, p.n,
-                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks);
+                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks, a.hint_ahead);
 }
 
 // y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
@@ -499,6 +499,20 @@ void AllowXSmem(Kernel kernel, std::atomic<uint64_t>& configured) {
   if constexpr (kXSmemBytes<kTiles> > 0) AllowDynamicSmem(kernel, kXSmemBytes<kTiles>, true, "DecodeGemm", &configured);
 }
 
+// L2 hints, rounds ahead (GemmBlock), for `tiles` 8-row tiles: two at 8 tiles (33-64 rows),
+// none below, unless KIMIRT_DECODE_GEMM_L2_HINT=n asks for n everywhere (a knob for measuring;
+// the bits do not depend on it). One run (2026-12-03): decode_gemm_bench's shapes took 1.34 /
+// 1.37 / 2.56 / 3.79 ms at 1 / 8 / 32 / 64 rows without, 1.63 / 1.67 / 2.91 / 3.77 with two
+// rounds ahead; in the model the small GEMMs of 64 rows decide it (the whole 48B at batch 64:
+// 30.0 ms a step without, 28.5 with; batch 1: 3.32 without, 3.39 with).
+int HintAhead(int tiles) {
+  static const int forced = [] {
+    const char* v = std::getenv("KIMIRT_DECODE_GEMM_L2_HINT");
+    return v == nullptr ? -1 : std::clamp(std::atoi(v), 0, 4);
+  }();
+  return forced >= 0 ? forced : tiles >= 8 ? 2 : 0;
+}
+
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
             const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
@@ -507,7 +521,7 @@ void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, 
   const auto kernel = vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>;
   AllowXSmem<kTiles>(kernel, configured[vec]);
   LaunchPdl("DecodeGemm", kernel, grid, dim3(kWarps * 32), kXSmemBytes<kTiles>, s, w, x, x_vec, hi, mid, lo, out, m,
-            n, k, p.k_pad, p.slice);
+            n, k, p.k_pad, p.slice, HintAhead(kTiles));
 }
 
 template <int kTiles>
@@ -636,6 +650,7 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
   for (const bool vec : {true, false}) {
     GroupGemmArgs a = {};
     a.m = m;
+    a.hint_ahead = HintAhead(tiles);
     unsigned blocks = 0;
     auto flush = [&] {
       if (a.count == 0) return;
