@@ -519,8 +519,7 @@ class CudaBackend final : public Backend {
     const int64_t T = Rows(y), D = Cols(y), E = Rows(w), k = p.top_k;
     const int64_t ks = p.append_expert >= 0 ? k + 1 : k;
     KIMIRT_CHECK(Cols(w) == D && bias.numel() == E && k >= 1 && k <= E && Cols(*idx) == ks && Cols(*weights) == ks);
-    Tensor logits = Raw({T, E}, DType::kF32);
-    GemmW(F(y), w, F(logits), T, E, D);  // row-invariant for decode batches, like every GEMM
+    const Tensor logits = RouterLogits(y, w);
     cuda::MoeRoute(F(logits), F(bias), T, E, k, p.renormalize, p.scaling, p.combine_biased, p.append_expert,
                    static_cast<int32_t*>(idx->raw()), F(*weights), stream_);
   }
@@ -572,8 +571,7 @@ class CudaBackend final : public Backend {
       return unfused();
     }
     KIMIRT_CHECK(Cols(router) == D && bias.numel() == E && ptrs.E == E + 1);
-    Tensor logits = Raw({T, E}, DType::kF32);
-    GemmW(F(y), router, F(logits), T, E, D);  // MoeRoute's GEMM
+    const Tensor logits = RouterLogits(y, router);
     Tensor idx = Raw({T, ks}, DType::kI32), weights = Raw({T, ks}, DType::kF32);
     const ExpertGroupsBuffer g(*this, T * ks, ptrs.E);
     Tensor scratch = Scratch(cuda::MoeDecodeScratchBytes(T, ks, D, I));
@@ -630,6 +628,14 @@ class CudaBackend final : public Backend {
                                  [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
     return ptrs;
+  }
+
+  // The router's F32 logits [T, E] of y [T, D] (spec §7.2 step 1), row-invariant for decode
+  // batches like every GEMM.
+  Tensor RouterLogits(const Tensor& y, const Tensor& router) {
+    Tensor logits = Raw({Rows(y), Rows(router)}, DType::kF32);
+    GemmW(F(y), router, F(logits), Rows(y), Rows(router), Cols(y));
+    return logits;
   }
 
   // Device arrays for the grouping of n (token, slot) choices over E experts (cuda::ExpertGroups).

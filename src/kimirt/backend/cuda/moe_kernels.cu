@@ -9,6 +9,7 @@
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -596,12 +597,15 @@ __device__ __forceinline__ void StoreSplit(float v, int64_t row, int64_t i, int6
   parts[2 * rows * K + at] = static_cast<uint16_t>(lo);
 }
 
+// Elements first, first + stride, ... of x [rows, K], split into parts.
+__device__ __forceinline__ void SplitRows(const float* x, int64_t rows, int64_t K, uint16_t* parts, int64_t first,
+                                          int64_t stride) {
+  for (int64_t i = first; i < rows * K; i += stride) StoreSplit(x[i], i / K, i % K, rows, K, parts);
+}
+
 __global__ void SplitRowsKernel(const float* x, int64_t rows, int64_t K, uint16_t* parts) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int64_t total = rows * K;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    StoreSplit(x[i], i / K, i % K, rows, K, parts);
-  }
+  SplitRows(x, rows, K, parts, blockIdx.x * int64_t{blockDim.x} + threadIdx.x, int64_t{gridDim.x} * blockDim.x);
 }
 
 // The decode step's route chain in one launch (MoeRouteGroupSplit): block 0 chooses every
@@ -629,10 +633,8 @@ __global__ void __launch_bounds__(kSortThreads)
                              int64_t E_group, ExpertGroups g, const float* z, int64_t De, uint16_t* z_parts) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   if (blockIdx.x > 0) {
-    const int64_t total = T * De, stride = int64_t{gridDim.x - 1} * blockDim.x;
-    for (int64_t i = (blockIdx.x - 1) * int64_t{blockDim.x} + threadIdx.x; i < total; i += stride) {
-      StoreSplit(z[i], i / De, i % De, T, De, z_parts);
-    }
+    SplitRows(z, T, De, z_parts, (blockIdx.x - 1) * int64_t{blockDim.x} + threadIdx.x,
+              int64_t{gridDim.x - 1} * blockDim.x);
     return;
   }
   extern __shared__ __align__(16) uint8_t route_group_smem[];
@@ -1204,6 +1206,10 @@ bool MoeRouteGroupSplitSupported(int64_t T, int64_t E, int64_t k, int64_t E_grou
          E_group >= 1 && E_group <= kRouteGroupMaxE + 1;
 }
 
+namespace {
+std::atomic<uint64_t> route_group_split_launches{0};  // MoeRouteGroupSplitLaunches
+}  // namespace
+
 void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
                         float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
                         int64_t E_group, const ExpertGroups& g, const float* z, int64_t De, void* decode_scratch,
@@ -1220,7 +1226,10 @@ void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64
             sizeof(RouteGroupSmem), s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased,
             append, idx, weights, E_group, g, z, De, static_cast<uint16_t*>(decode_scratch));
   CheckLaunch("MoeRouteGroupSplit");
+  route_group_split_launches.fetch_add(1, std::memory_order_relaxed);
 }
+
+uint64_t MoeRouteGroupSplitLaunches() { return route_group_split_launches.load(std::memory_order_relaxed); }
 
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
                     float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,

@@ -327,8 +327,11 @@ TEST_F(CudaBackendMoe, FusedRouteChainGivesTheTwoCallsBits) {
         SCOPED_TRACE("T = " + std::to_string(T) + (combine_biased ? ", biased combine" : ""));
         const Tensor d_y = gpu_->Upload(y.Rows(0, T));
         Tensor fused = Poisoned({T, wd.De}), calls = Poisoned({T, wd.De});
+        const uint64_t launches = cuda::MoeRouteGroupSplitLaunches();
         gpu_->MoeRouteExpertsWithShared(d_y, d_router, d_bias, rp, routed, shared, silu, &fused);
+        EXPECT_EQ(cuda::MoeRouteGroupSplitLaunches(), launches + 1) << "the fused path ran";
         gpu_->Backend::MoeRouteExpertsWithShared(d_y, d_router, d_bias, rp, routed, shared, silu, &calls);
+        EXPECT_EQ(cuda::MoeRouteGroupSplitLaunches(), launches + 1) << "the two calls launch no fused chain";
         ExpectSameBits(gpu_->Download(fused), gpu_->Download(calls), "one launch vs MoeRoute + MoeExpertsWithShared");
       }
     }
