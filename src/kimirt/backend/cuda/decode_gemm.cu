@@ -176,8 +176,8 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
 
 // Blocks per multiprocessor the registers must allow: 4 (≤ 128 registers) up to 16 rows, so the
 // ~4 blocks per multiprocessor of kTargetBlocks are resident at once (1 tile wants 162 unbounded,
-// for the round's x prefetch; bounded, no spills). 32 and 64 rows need ~170 (their accumulators
-// alone are 32 and 64): 2 blocks, as 3 (≤ 168) spills.
+// for the round's x prefetch; bounded, the aligned variants spill 8-128 bytes: docs/cuda.md). 32
+// and 64 rows need ~170 (their accumulators alone are 32 and 64): 2 blocks, as 3 (≤ 168) spills.
 template <int kTiles>
 constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 

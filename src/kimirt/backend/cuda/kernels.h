@@ -388,7 +388,8 @@ void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64
                         float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
                         int64_t E_group, const ExpertGroups& g, const float* z, int64_t De, void* decode_scratch,
                         cudaStream_t s);
-// MoeRouteGroupSplit's launches in this process so far (tests: which path a call took).
+// MoeRouteGroupSplit's calls in this process so far (tests: which path a call took; a captured
+// graph's replays are not counted).
 uint64_t MoeRouteGroupSplitLaunches();
 // --- moe_prefill_kernels.cu: the routed experts of a prefill call on tensor cores ---
 // What MoeGroupedExperts computes, for calls of more than kGemvMaxRows tokens with

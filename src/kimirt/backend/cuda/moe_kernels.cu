@@ -553,8 +553,8 @@ constexpr int64_t kTargetBlocks = 528; // ~4 blocks per multiprocessor of an H20
 // latency: without it the Kimi-Linear experts read HBM at 0.48 / 0.75 / 0.64 / 0.64 of its peak at
 // batch 1 / 8 / 32 / 64 against 0.44 / 0.66 / 0.52 / 0.51 with it (moe_bench, one run, 2026-12-03),
 // and the whole 48B's step went from 3.57-3.63 ms at batch 1 in that day's runs with it to 3.34
-// (21.7-22.2 to 19.2 at batch 32). DecodeGemm's hint of one
-// round (256 bytes a row) two rounds ahead, tried here, was slower still than none (3.54 ms);
+// (21.7-22.2 to 19.2 at batch 32). DecodeGemm's hint of one round (256 bytes a row) two rounds
+// ahead, tried here, was slower still than none (3.54 ms);
 // bench/hbm_read_bench.cu shows the same on plain reads (bulk hints 0.62 of peak, none 0.76).
 constexpr int kTransposeStride = 20;   // words per 8-row group of the MXFP4 exchange: conflict-free stores
 
@@ -1207,7 +1207,7 @@ bool MoeRouteGroupSplitSupported(int64_t T, int64_t E, int64_t k, int64_t E_grou
 }
 
 namespace {
-std::atomic<uint64_t> route_group_split_launches{0};  // MoeRouteGroupSplitLaunches
+std::atomic<uint64_t> route_group_split_calls{0};  // MoeRouteGroupSplitLaunches
 }  // namespace
 
 void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
@@ -1226,10 +1226,10 @@ void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64
             sizeof(RouteGroupSmem), s, logits, bias, T, E, static_cast<int>(k), renormalize, scaling, combine_biased,
             append, idx, weights, E_group, g, z, De, static_cast<uint16_t*>(decode_scratch));
   CheckLaunch("MoeRouteGroupSplit");
-  route_group_split_launches.fetch_add(1, std::memory_order_relaxed);
+  route_group_split_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint64_t MoeRouteGroupSplitLaunches() { return route_group_split_launches.load(std::memory_order_relaxed); }
+uint64_t MoeRouteGroupSplitLaunches() { return route_group_split_calls.load(std::memory_order_relaxed); }
 
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
                     float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
