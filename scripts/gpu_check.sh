@@ -31,7 +31,8 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32).
+#   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
+#             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
 #             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
@@ -296,6 +297,12 @@ if [[ "$what" == moeprof ]]; then
     echo "--- ncu ExpertMma, K3 MXFP4, batch $b"
     grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-moe-b$b.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -80
   done
+  # The gate/up launch's warp stalls by reason (cycles per issued instruction) at batch 1, which the
+  # sections above only summarize; informational, so a metric-name mismatch does not fail the mode.
+  timeout 150 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 1 \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' "$root/moe_bench" --device cuda \
+    --configs k3 --batch-sizes 1 --iters 2 >"$out/ncu-moe-stalls.txt" 2>&1 || true
+  grep -E 'stalled' "$out/ncu-moe-stalls.txt" | sort -k3 -g -r | head -14
 fi
 if [[ "$what" == kdaprof ]]; then
   # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call

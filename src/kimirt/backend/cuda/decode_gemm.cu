@@ -44,6 +44,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
+#include "kimirt/backend/cuda/wave_splits.h"
 
 namespace kimirt::cuda {
 namespace {
@@ -67,8 +68,8 @@ constexpr int64_t kSliceQuantum = kStepK * kUnroll;
 // latency ≈ 7 MB in flight needs ~900 warps; fewer, and a small weight (n = 576: 5 column
 // blocks) is read one latency-bound round after another (run 1: a ~12 µs floor). Never into
 // slices under kMinSliceK (2 rounds; the [splits, m, n] partials at m = 64 stay ≤ half the
-// weight's bytes at n = 576, k = 7168). A constant, not the device's count, so a model's bits
-// are the same on every GPU.
+// weight's bytes at n = 576, k = 7168). Then as few waves of blocks as that slice count allows
+// (wave_splits.h). A constant, not the device's count, so a model's bits are the same on every GPU.
 constexpr int64_t kTargetBlocks = 528;
 constexpr int64_t kMinSliceK = 256;
 constexpr int kParts = 3;  // x = hi + mid + lo
@@ -99,6 +100,10 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   const int64_t want = std::clamp<int64_t>(CeilDiv(kTargetBlocks, col_blocks), 1, max_splits);
   p.slice = CeilDiv(CeilDiv(p.k_pad, want), kSliceQuantum) * kSliceQuantum;
   p.splits = CeilDiv(p.k_pad, p.slice);
+  if (WaveSplitsOn()) {
+    p.slice = WaveSliceRounds(col_blocks, CeilDiv(p.k_pad, kSliceQuantum), p.splits, kTargetBlocks) * kSliceQuantum;
+    p.splits = CeilDiv(p.k_pad, p.slice);
+  }
   const auto x_part_bytes = static_cast<int64_t>(p.m_pad * p.k_pad * sizeof(uint16_t));
   p.x_bytes = p.tiles <= kMaxTilesSplitInKernel ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;

@@ -5,8 +5,9 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/kernels.h"
-#include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
+#include "kimirt/backend/cuda/pdl.cuh"
+#include "kimirt/backend/cuda/wave_splits.h"
 
 #include <algorithm>
 #include <atomic>
@@ -568,7 +569,8 @@ struct KSplit {
 };
 
 // k slices for an [N, K] weight per expert when top_k experts run at once: enough blocks for the
-// GPU at batch 1 (kTargetBlocks), slices of whole rounds. From the widths and top_k only.
+// GPU at batch 1 (kTargetBlocks), slices of whole rounds, then as few waves as that count allows
+// (wave_splits.h). From the widths and top_k only.
 KSplit SplitK(int64_t rows_per_block, int64_t N, int64_t K, int64_t top_k) {
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block * top_k;
   const int64_t max_splits = std::max<int64_t>(1, K / kMinSliceK);
@@ -576,6 +578,10 @@ KSplit SplitK(int64_t rows_per_block, int64_t N, int64_t K, int64_t top_k) {
   KSplit s;
   s.slice = ((K + want - 1) / want + kRoundK - 1) / kRoundK * kRoundK;
   s.splits = (K + s.slice - 1) / s.slice;
+  if (WaveSplitsOn()) {
+    s.slice = WaveSliceRounds(blocks, (K + kRoundK - 1) / kRoundK, s.splits, kTargetBlocks) * kRoundK;
+    s.splits = (K + s.slice - 1) / s.slice;
+  }
   return s;
 }
 
