@@ -393,6 +393,27 @@ void RunMmaChecks() {
   }
 }
 
+// WaveSliceRounds on hand-worked cases (docs/cuda.md "Waves", 528 slots): the 48B's expert
+// gate/up at batch 1 (144 blocks a slice, 18 rounds, the older rule's 4 slices) takes 3 slices
+// of 6 rounds (432 blocks, one wave) over 4 of 5 rounds (576 blocks, two waves); its down (162,
+// 8 rounds, up to 4) 3 slices of 3; K3's down (448, 24, up to 2) one slice (one wave) over two
+// of 12 (896 blocks, two waves); 200 blocks of 10 rounds (up to 3) 2 slices of 5 (one wave of
+// 400) over 3 of 4 (600 blocks, two waves); a single slice allowed stays whole.
+void CheckWaveSliceRounds() {
+  struct Case {
+    int64_t blocks, rounds, max_splits, want;
+  };
+  for (const Case& c : {Case{144, 18, 4, 6}, Case{162, 8, 4, 3}, Case{448, 24, 2, 24}, Case{200, 10, 3, 5},
+                        Case{768, 28, 1, 28}}) {
+    ++g_checks;
+    const int64_t got = kc::WaveSliceRounds(c.blocks, c.rounds, c.max_splits, 528);
+    if (got != c.want) {
+      Fail("WaveSliceRounds(" + std::to_string(c.blocks) + ", " + std::to_string(c.rounds) + ", " +
+           std::to_string(c.max_splits) + ") = " + std::to_string(got) + " rounds, want " + std::to_string(c.want));
+    }
+  }
+}
+
 // SplitK's contract: whole rounds, K covered, no empty slice, from the widths and top-k only.
 void CheckSplitK() {
   for (const int64_t rows : {kc::kRowsPerBlock<true>, kc::kRowsPerBlock<false>}) {
@@ -643,6 +664,7 @@ int main(int argc, char** argv) {  // argv[1]: "mma", "decode" or "route" runs t
     return 2;
   }
   CheckSplitK();
+  CheckWaveSliceRounds();
   if (only.empty() || only == "mma") RunMmaChecks();
   if (only.empty() || only == "decode") RunDecodeChecks();
   if (only.empty() || only == "route") RunRouteChecks();

@@ -26,8 +26,8 @@ namespace kimirt::cuda {
 constexpr double kBlockOverheadRounds = 0.5;
 
 // Rounds per slice for `rounds` rounds of k cut into at most `max_splits` slices (the older
-// rule's count), each slice's blocks_per_split blocks run `slots` at a time. The first slicing of the lowest cost wins, so
-// ties take fewer slices (fewer partial sums).
+// rule's count), each slice's blocks_per_split blocks run `slots` at a time. The first slicing
+// of the lowest cost wins, so ties take fewer slices (fewer partial sums).
 inline int64_t WaveSliceRounds(int64_t blocks_per_split, int64_t rounds, int64_t max_splits, int64_t slots) {
   int64_t best = rounds;
   double best_cost = -1.0;
