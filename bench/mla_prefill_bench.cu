@@ -70,7 +70,7 @@ struct Result {
   Case c;
   double gflop = 0, flash_ms = 0, causal_ms = NAN, paged_ms = 0, old_path_ms = NAN, max_diff = 0;
   double variant_ms[kimirt::cuda::kMlaPrefillVariants] = {};  // flash_ms: the default's
-  static_assert(kimirt::cuda::kMlaPrefillVariants == 2, "the table prints two variants");
+  static_assert(kimirt::cuda::kMlaPrefillVariants == 3, "the table prints three variants");
 };
 
 double CausalGflop(int64_t start, int64_t T) {
@@ -261,15 +261,15 @@ int main(int argc, char** argv) {
               "FLOPs\n",
               static_cast<long long>(kH), static_cast<long long>(kDn), static_cast<long long>(kDr),
               static_cast<long long>(kDv), static_cast<long long>(kR));
-  std::printf("(flash: kernel variant %d, the default; v0, v1 ms: kernels.h MlaPrefillVariant shapes, same bits)\n",
+  std::printf("(flash: kernel variant %d, the default; v0-v2 ms: kernels.h MlaPrefillVariant shapes, same bits)\n",
               kimirt::cuda::kMlaPrefillDefaultVariant);
-  std::printf("%-20s %6s %6s %9s %9s %8s %8s %8s %10s %8s %9s %10s %8s %9s\n", "case", "start", "T", "GFLOP",
-              "flash ms", "TFLOP/s", "v0 ms", "v1 ms", "causal ms", "TFLOP/s", "speedup", "paged ms",
+  std::printf("%-20s %6s %6s %9s %9s %8s %8s %8s %8s %10s %8s %9s %10s %8s %9s\n", "case", "start", "T", "GFLOP",
+              "flash ms", "TFLOP/s", "v0 ms", "v1 ms", "v2 ms", "causal ms", "TFLOP/s", "speedup", "paged ms",
               "old ms", "rel diff");
   for (const Result& r : results) {
-    std::printf("%-20s %6lld %6lld %9.0f %9.3f %8.1f %8.3f %8.3f %10.3f %8.1f %8.1fx %10.3f %8.1f %9.2e\n",
+    std::printf("%-20s %6lld %6lld %9.0f %9.3f %8.1f %8.3f %8.3f %8.3f %10.3f %8.1f %8.1fx %10.3f %8.1f %9.2e\n",
                 r.c.name, static_cast<long long>(r.c.start), static_cast<long long>(r.c.T), r.gflop, r.flash_ms,
-                r.gflop / r.flash_ms, r.variant_ms[0], r.variant_ms[1], r.causal_ms,
+                r.gflop / r.flash_ms, r.variant_ms[0], r.variant_ms[1], r.variant_ms[2], r.causal_ms,
                 r.gflop / r.causal_ms, r.causal_ms / r.flash_ms, r.paged_ms, r.old_path_ms, r.max_diff);
   }
   // Issue 14: 32K prefill ≤ 4.5× the 8K one (whole forward); here MLA's share of each.
@@ -299,12 +299,12 @@ int main(int argc, char** argv) {
                    "  {\"case\": \"%s\", \"start\": %lld, \"tokens\": %lld, \"gflop\": %s, \"flash_ms\": %s, "
                    "\"flash_tflops\": %s, \"causal_attention_ms\": %s, \"causal_attention_tflops\": %s, "
                    "\"kernel_speedup\": %s, \"paged_prefill_ms\": %s, \"old_path_ms\": %s, \"path_speedup\": %s, "
-                   "\"rel_l2_vs_f32\": %s, \"variant_ms\": [%s, %s]}%s\n",
+                   "\"rel_l2_vs_f32\": %s, \"variant_ms\": [%s, %s, %s]}%s\n",
                    r.c.name, static_cast<long long>(r.c.start), static_cast<long long>(r.c.T), num(r.gflop).c_str(),
                    num(r.flash_ms).c_str(), num(r.gflop / r.flash_ms).c_str(), num(r.causal_ms).c_str(),
                    num(r.gflop / r.causal_ms).c_str(), num(r.causal_ms / r.flash_ms).c_str(), num(r.paged_ms).c_str(),
                    num(r.old_path_ms).c_str(), num(r.old_path_ms / r.paged_ms).c_str(), num(r.max_diff).c_str(),
-                   num(r.variant_ms[0]).c_str(), num(r.variant_ms[1]).c_str(),
+                   num(r.variant_ms[0]).c_str(), num(r.variant_ms[1]).c_str(), num(r.variant_ms[2]).c_str(),
                    i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");

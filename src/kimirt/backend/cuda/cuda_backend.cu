@@ -777,6 +777,19 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // GemmW with y [m, n] in BF16: the bits ToBf16 gives of GemmW's y, and on PrefillGemm's path
+  // (GemmW's own condition) rounded as stored, with no F32 y in memory.
+  void GemmWBf16Out(const float* x, const Tensor& w, void* y, int64_t m, int64_t n, int64_t k) {
+    if (m > cuda::kGemvMaxRows && w.dtype() == DType::kBF16 && bf16_prefill() && n > 0 && k > 0) {
+      Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, W(w)));
+      cuda::PrefillGemmBf16Out(x, W(w), y, m, n, k, scratch.raw(), stream_);
+      return;
+    }
+    Tensor f = Raw({m, n}, DType::kF32);
+    GemmW(x, w, F(f), m, n, k);
+    cuda::ToBf16(F(f), y, m * n, stream_);
+  }
+
   // Device scratch of `bytes` bytes from the pool (its blocks are cudaMalloc'd: 256-byte aligned).
   Tensor Scratch(size_t bytes) { return Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32); }
 
@@ -1040,8 +1053,9 @@ void CudaKvStorage::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb
 
 // Expanded prefill (spec §6.2, §6.4; issue 14). At the models' widths: every sequence's latent
 // rows gathered from the codes where they lie (KvGather, F32: the expansion GEMM's input), one
-// expansion GEMM per sequence (its bits a function of that sequence alone, whatever the batch),
-// k_nope ‖ v and k_s rounded to BF16, and the flash-attention kernel over the whole batch.
+// expansion GEMM per sequence (its bits a function of that sequence alone, whatever the batch)
+// writing k_nope ‖ v in BF16 (GemmWBf16Out: no F32 copy of the history's keys and values), k_s
+// rounded to BF16, and the flash-attention kernel over the whole batch.
 // Other widths: each sequence through Gather + MlaAttention, the F32 path.
 void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
                                   const MlaShape& shape, Tensor* o) {
@@ -1071,12 +1085,15 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
     }
     return;
   }
-  // The kernel shape by the call's query count (each gives every row the same bits, kernels.h):
-  // 128-query tiles for long chunks (measured 20-25% faster at 8K queries on an H200), 64-query
-  // tiles for short ones, where 128 leave SMs idle (256-token chunks: 6.1 vs 9.6 ms per 8K).
-  int64_t queries = 0;
-  for (int64_t n : batch.count) queries += n;
-  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row, queries >= 2048 ? 1 : 0);
+  // The wgmma kernel for every call (kernels.h: the fastest shape at every length measured, from
+  // 256-token chunks to a 32K prompt); the variants give every row the same bits, so
+  // KIMIRT_MLA_PREFILL_VARIANT=v (read once) takes another for A/B runs without changing a result.
+  static const int variant = [] {
+    const char* v = std::getenv("KIMIRT_MLA_PREFILL_VARIANT");
+    const int n = v == nullptr ? -1 : std::atoi(v);
+    return n >= 0 && n < cuda::kMlaPrefillVariants ? n : cuda::kMlaPrefillDefaultVariant;
+  }();
+  const cuda::MlaPrefillPlan plan = cuda::PlanMlaPrefill(batch.start, batch.count, batch.row, variant);
   if (plan.num_tiles == 0) return;
   std::vector<int32_t> meta = plan.meta;
   const int64_t tables_at = static_cast<int64_t>(meta.size());
@@ -1085,7 +1102,7 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
   const int32_t* d_ints = static_cast<const int32_t*>(d_meta.raw());
   const int64_t keys = plan.keys, width = H * (dn + dv);
   Tensor c = be_.Raw({keys, r}, DType::kF32), ks = be_.Raw({keys, dr}, DType::kF32);
-  Tensor kv = be_.Raw({keys, width}, DType::kF32);
+  Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
   for (int64_t b = 0; b < B; ++b) {
     const size_t i = static_cast<size_t>(b);
     const int64_t len = batch.start[i] + batch.count[i], k0 = plan.key_begin[i];
@@ -1093,10 +1110,9 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
     cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, r, dr,
                    d_ints + tables_at + batch.table_begin[i], s_.layers, layer, s_.block_size, kind_,
                    CudaBackend::F(c) + k0 * r, dr > 0 ? CudaBackend::F(ks) + k0 * dr : nullptr, be_.stream_);
-    be_.GemmW(CudaBackend::F(c) + k0 * r, w_kvb, CudaBackend::F(kv) + k0 * width, len, width, r);
+    be_.GemmWBf16Out(CudaBackend::F(c) + k0 * r, w_kvb, static_cast<uint16_t*>(kv16.raw()) + k0 * width, len, width,
+                     r);
   }
-  Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
-  cuda::ToBf16(CudaBackend::F(kv), kv16.raw(), keys * width, be_.stream_);
   if (dr > 0) cuda::ToBf16(CudaBackend::F(ks), ks16.raw(), keys * dr, be_.stream_);
   cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
   a.q = CudaBackend::F(q);

@@ -72,6 +72,11 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
 size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf16);
 void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                  cudaStream_t s);
+// The same product with y [m, n] in BF16: each F32 sum rounded to nearest even as it is stored,
+// the bits ToBf16 gives of PrefillGemm's y (MLA prefill's expansion, whose keys and values go to
+// the attention in BF16: half the bytes written, none read back). Same scratch.
+void PrefillGemmBf16Out(const float* x, const void* w_bf16, void* y_bf16, int64_t m, int64_t n, int64_t k,
+                        void* scratch, cudaStream_t s);
 
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
@@ -290,16 +295,22 @@ struct MlaPrefillArgs {
 };
 // The widths with a kernel: the models' (dn = dv = 128; dr = 64, or 0).
 bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
-// Kernel shapes; every row gets the same bits from each (the same mma and softmax steps in the
-// same order), so the choice is one of speed alone:
-//   0: 64 queries a block, 16 a warp, its query fragments in registers; key tiles double-buffered
-//      (86 KB of shared memory: 2 blocks an SM);
-//   1: 128 queries a block, 32 a warp (each K and V fragment read from shared memory feeds two
-//      m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM).
-// (A third, 1 double-buffered at 135 KB and 1 block an SM, was slower than 1 at every measured
-// length and cost a third of this file's compile time: dropped.)
-constexpr int kMlaPrefillVariants = 2;
-constexpr int kMlaPrefillDefaultVariant = 0;
+// Kernel shapes; every row gets the same bits from each (the same MMA and softmax steps in the
+// same order: Hopper's wgmma and mma.sync give the same bits for the same operands), so the choice
+// is one of speed alone:
+//   0: mma.sync, 64 queries a block, 16 a warp, its query fragments in registers; key tiles
+//      double-buffered (86 KB of shared memory: 2 blocks an SM);
+//   1: mma.sync, 128 queries a block, 32 a warp (each K and V fragment read from shared memory
+//      feeds two m-tiles), the queries in shared memory; single-buffered (92 KB: 2 blocks an SM);
+//   2: Hopper's warpgroup MMA (mla_prefill_wgmma.cu; the default): 128 queries a block (two
+//      warpgroups of 64), each warpgroup's query fragments in registers, the key tiles in shared
+//      memory as 128-byte-swizzled panels read by descriptors, P from registers, tile j + 1's S
+//      issued under tile j's softmax; 4 key tiles in flight (160 KB), 1 block an SM. 1.8-1.9x
+//      variant 1 at 8K-32K on an H200, 2x variant 0 in 256-token chunks (docs/cuda.md).
+// (A double-buffered 1, at 135 KB and 1 block an SM, was slower than 1 at every measured
+// length and cost a third of mla_prefill_kernels.cu's compile time: dropped.)
+constexpr int kMlaPrefillVariants = 3;
+constexpr int kMlaPrefillDefaultVariant = 2;
 int64_t MlaPrefillTileRows(int variant);
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s);
 // The host side of a call's metadata: `meta` = seqs [B, 4] ‖ tiles [num_tiles, 2] (upload it and

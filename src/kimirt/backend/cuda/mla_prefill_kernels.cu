@@ -24,6 +24,7 @@
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+#include "kimirt/backend/cuda/mla_prefill_wgmma.h"
 
 #include <cuda_bf16.h>
 
@@ -248,18 +249,18 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
       // Finite: key 0 is in every row's past and tile 0 comes first.
-      const float corr_lo = exp2f((m_lo[mt] - mx_lo) * scale2);  // 0 on the first tile (m = -inf)
-      const float corr_hi = exp2f((m_hi[mt] - mx_hi) * scale2);
+      const float corr_lo = Exp2Ftz((m_lo[mt] - mx_lo) * scale2);  // 0 on the first tile (m = -inf)
+      const float corr_hi = Exp2Ftz((m_hi[mt] - mx_hi) * scale2);
       m_lo[mt] = mx_lo;
       m_hi[mt] = mx_hi;
       const float off_lo = mx_lo * scale2, off_hi = mx_hi * scale2;
       float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
       for (int n = 0; n < kBlockK / 8; ++n) {
-        s[mt][n][0] = exp2f(fmaf(s[mt][n][0], scale2, -off_lo));
-        s[mt][n][1] = exp2f(fmaf(s[mt][n][1], scale2, -off_lo));
-        s[mt][n][2] = exp2f(fmaf(s[mt][n][2], scale2, -off_hi));
-        s[mt][n][3] = exp2f(fmaf(s[mt][n][3], scale2, -off_hi));
+        s[mt][n][0] = Exp2Ftz(fmaf(s[mt][n][0], scale2, -off_lo));
+        s[mt][n][1] = Exp2Ftz(fmaf(s[mt][n][1], scale2, -off_lo));
+        s[mt][n][2] = Exp2Ftz(fmaf(s[mt][n][2], scale2, -off_hi));
+        s[mt][n][3] = Exp2Ftz(fmaf(s[mt][n][3], scale2, -off_hi));
         sum_lo += s[mt][n][0] + s[mt][n][1];
         sum_hi += s[mt][n][2] + s[mt][n][3];
       }
@@ -347,6 +348,9 @@ void LaunchVariant(const MlaPrefillArgs& a, cudaStream_t s) {
     case 1:
       Launch<DN, DR, DV, 2, 1>(a, s);
       return;
+    case 2:
+      MlaPrefillWgmma(a, s);
+      return;
     default:
       std::fprintf(stderr, "kimirt: MlaPrefillAttention: no variant %d\n", a.variant);
       std::abort();
@@ -365,7 +369,7 @@ bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv) {
   return dn == 128 && dv == 128 && (dr == 64 || dr == 0);
 }
 
-int64_t MlaPrefillTileRows(int variant) { return variant == 0 ? 64 : 128; }
+int64_t MlaPrefillTileRows(int variant) { return variant == 2 ? MlaPrefillWgmmaTileRows() : variant == 0 ? 64 : 128; }
 
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s) {
   if (a.num_tiles == 0 || a.H == 0) return;

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -175,6 +176,28 @@ TEST_F(CudaBackendPrefillGemm, RowsAreBitIdenticalAcrossCallSizes) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       ExpectSameRows(gpu_->Download(y), 0, all, r, 1, "row " + std::to_string(r) + " alone");
     }
+  }
+}
+
+// PrefillGemmBf16Out (MLA prefill's expansion) stores the bits ToBf16 gives of PrefillGemm's F32
+// y: even n (pairs stored at once), odd n (one by one), an n past the tile, the 48B's kv_b width.
+TEST_F(CudaBackendPrefillGemm, Bf16OutIsTheF32OutRounded) {
+  for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{65, 512, 8192}, {300, 300, 77}, {129, 64, 130}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n));
+    Tensor x = Random({m, k}), w = Random({n, k}, 0.05f);
+    const Tensor wd = UpBf16(w), xd = gpu_->Upload(x);
+    Tensor y32 = Poisoned({m, n});
+    Tensor y16 = gpu_->Empty({m, n}, DType::kBF16), want16 = gpu_->Empty({m, n}, DType::kBF16);
+    Tensor scratch = gpu_->Empty({static_cast<int64_t>(cuda::PrefillGemmScratchBytes(m, n, k, wd.raw()) / 4 + 1)});
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the backend's stream has uploaded x and poisoned y
+    cuda::PrefillGemm(static_cast<const float*>(xd.raw()), wd.raw(), static_cast<float*>(y32.raw()), m, n, k,
+                      scratch.raw(), nullptr);
+    cuda::ToBf16(static_cast<const float*>(y32.raw()), want16.raw(), m * n, nullptr);
+    cuda::PrefillGemmBf16Out(static_cast<const float*>(xd.raw()), wd.raw(), y16.raw(), m, n, k, scratch.raw(),
+                             nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor got = gpu_->Download(y16), want = gpu_->Download(want16);
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), static_cast<size_t>(m * n) * 2), 0);
   }
 }
 
