@@ -77,6 +77,11 @@ void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_
 // the attention in BF16: half the bytes written, none read back). Same scratch.
 void PrefillGemmBf16Out(const float* x, const void* w_bf16, void* y_bf16, int64_t m, int64_t n, int64_t k,
                         void* scratch, cudaStream_t s);
+// The same product on the mma.sync tile (tc_tile.cuh), which PrefillGemm ran before its wgmma
+// tile: the same bits (CudaBackendPrefillGemm.WgmmaGivesTheMmaSyncBits), kept as the second
+// implementation the test holds the wgmma tile to.
+void PrefillGemmMmaSync(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
+                        cudaStream_t s);
 
 // --- norm_kernels.cu ---
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);

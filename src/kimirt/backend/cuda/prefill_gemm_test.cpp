@@ -179,6 +179,27 @@ TEST_F(CudaBackendPrefillGemm, RowsAreBitIdenticalAcrossCallSizes) {
   }
 }
 
+// The wgmma tile (PrefillGemm's default) against the mma.sync tile it replaced: the same products
+// summed in the same order, so the same bits, at the models' shapes and odd ones (n and m past
+// the tile, k % 8 ≠ 0: the padded weight copy, k below one k tile).
+TEST_F(CudaBackendPrefillGemm, WgmmaGivesTheMmaSyncBits) {
+  for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{
+           {1000, 2304, 4096}, {257, 9216, 2304}, {65, 512, 8192}, {300, 300, 77}, {100, 2305, 1000}, {67, 5, 3}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n));
+    Tensor x = Random({m, k}), w = Random({n, k}, 0.05f);
+    const Tensor wd = UpBf16(w), xd = gpu_->Upload(x);
+    Tensor got = Poisoned({m, n}), want = Poisoned({m, n});
+    Tensor scratch = gpu_->Empty({static_cast<int64_t>(cuda::PrefillGemmScratchBytes(m, n, k, wd.raw()) / 4 + 1)});
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the backend's stream has uploaded x and poisoned y
+    cuda::PrefillGemm(static_cast<const float*>(xd.raw()), wd.raw(), static_cast<float*>(got.raw()), m, n, k,
+                      scratch.raw(), nullptr);
+    cuda::PrefillGemmMmaSync(static_cast<const float*>(xd.raw()), wd.raw(), static_cast<float*>(want.raw()), m, n, k,
+                             scratch.raw(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ExpectSameRows(gpu_->Download(got), 0, gpu_->Download(want), 0, m, "wgmma against mma.sync");
+  }
+}
+
 // PrefillGemmBf16Out (MLA prefill's expansion) stores the bits ToBf16 gives of PrefillGemm's F32
 // y: even n (pairs stored at once), odd n (one by one), an n past the tile, the 48B's kv_b width.
 TEST_F(CudaBackendPrefillGemm, Bf16OutIsTheF32OutRounded) {
