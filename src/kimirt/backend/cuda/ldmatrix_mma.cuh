@@ -32,16 +32,6 @@ __device__ __forceinline__ unsigned PackBf16(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-// 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to zero, -inf → +0),
-// for the attention kernels' softmax: exp2f wraps the same instruction in a rescaling for
-// subnormal results (four more instructions a value), which probabilities that small never need.
-// Every kernel of a family uses this one, so they keep each other's bits.
-__device__ __forceinline__ float Exp2Ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // d += a · b for one m16n8k16 tile (BF16 operands, F32 accumulators).
 __device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm volatile(

@@ -22,6 +22,7 @@
 // the new tokens are cut into calls, nor on the other sequences of a call.
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
+#include "kimirt/backend/cuda/exp2_ftz.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/mla_prefill_wgmma.h"

@@ -19,6 +19,7 @@
 
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
+#include "kimirt/backend/cuda/exp2_ftz.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/wgmma.cuh"
 
