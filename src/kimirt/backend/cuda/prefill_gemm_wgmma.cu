@@ -2,13 +2,12 @@
 // item 1): y [m, n] = xb [m, kp] · w [n, kp]ᵀ over BF16 rows already padded to kp (a multiple
 // of 8), F32 accumulation, F32 or BF16 output.
 //
-// The same 128 × 128 output tile and grid order as the mma.sync tile (tc_tile.cuh), the same sums:
-// each output element accumulates its k16 products in ascending k from zero, so a row's bits
-// depend on its x row, w and k only (batch invariance), and the two kernels give the same bits
-// (CudaBackendPrefillGemm.WgmmaGivesTheMmaSyncBits). Two warpgroups, each 64 rows × 128 columns
-// (m64n128k16, 64 F32 accumulators a thread); x and w tiles of 64 k in shared memory as
-// 128-byte-swizzled K-major panels (wgmma.cuh) read by descriptors, four cp.async stages, the
-// MMAs of one k tile in flight while the next tile's wait, barrier and copies are issued.
+// The same 128 × 128 output tile and grid order as the mma.sync tile (tc_tile.cuh), the same sums
+// (wgmma_tile.cuh: each output element accumulates its k16 products in ascending k from zero), so
+// a row's bits depend on its x row, w and k only (batch invariance), and the two kernels give the
+// same bits (CudaBackendPrefillGemm.WgmmaGivesTheMmaSyncBits). Four k stages of 64 (129 KB, one
+// block an SM); three at two blocks an SM measured the same within 2% (0.60 against 0.61 of the
+// dense peak at K3's MLP, 21.2 against 20.9 ms for the 2-layer 48B's 8K prefill).
 // Measured on an H200 (prefill_gemm_bench, docs/cuda.md): 0.55-0.69 of the dense BF16 peak on the
 // 48B's and K3's shapes at 2,048-8,192 rows, against 0.39-0.49 for the mma.sync tile.
 #include "kimirt/backend/cuda/prefill_gemm_wgmma.h"
@@ -18,21 +17,15 @@
 #include <atomic>
 #include <cstdint>
 
-#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
-#include "kimirt/backend/cuda/wgmma.cuh"
+#include "kimirt/backend/cuda/wgmma_tile.cuh"
 
 namespace kimirt::cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kThreads = 256;
-constexpr uint32_t kTileBytes = kBM * kBK * 2;  // 16 KB: an x or w tile of one k step
-// Four k tiles in flight (129 KB with 1 KB to align them to the swizzle's 1,024 bytes: one block
-// an SM). Three at two blocks an SM measured the same within 2% (0.60 against 0.61 of the dense
-// peak at K3's MLP, 21.2 against 20.9 ms for the 2-layer 48B's 8K prefill).
-constexpr int kStages = 4;
-constexpr size_t kSmemBytes = kStages * 2 * kTileBytes + 1024;
+constexpr int kBM = wgmma::kTileRows, kBN = wgmma::kTileRows, kThreads = wgmma::kTileThreads;
+constexpr size_t kSmemBytes = wgmma::kTileSmemBytes;
 // Row groups of the grid order, as tc_tile's kernel (prefill_gemm.cu kGroupM): each w tile fetched
 // from HBM serves 8 row tiles from L2.
 constexpr int64_t kGroupM = 8;
@@ -41,68 +34,23 @@ template <bool kBf16Out>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillGemmWgmmaKernel(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t a_addr = (SharedAddress(smem_raw) + 1023u) & ~1023u;  // stage s at + s · kTileBytes
-  const uint32_t b_addr = a_addr + kStages * kTileBytes;
 
   const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
   const int64_t pid = blockIdx.x, per_group = kGroupM * tiles_n, first_m = pid / per_group * kGroupM;
   const int64_t group_m = min(tiles_m - first_m, kGroupM), in_group = pid % per_group;
   const int64_t m0 = (first_m + in_group % group_m) * kBM, n0 = in_group / group_m * kBN;
-  const int num_k = static_cast<int>((kp + kBK - 1) / kBK);
-
-  // Thread t copies chunk t % 8 of rows t / 8 + 32i (i < 4) of both tiles: one swizzle for all.
-  const int c8 = threadIdx.x % 8, row0 = threadIdx.x / 8;
-  const uint32_t sw = wgmma::SwizzledOffset(row0, c8);
-  const uint16_t* a_src[kBM / 32];
-  const uint16_t* b_src[kBN / 32];
+  const int row0 = threadIdx.x / 8;
+  const uint16_t* a_rows[4];
+  const uint16_t* b_rows[4];
 #pragma unroll
-  for (int i = 0; i < kBM / 32; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const int64_t r = row0 + 32 * i;
-    a_src[i] = m0 + r < m ? xb + (m0 + r) * kp + 8 * c8 : nullptr;
-    b_src[i] = n0 + r < n ? w + (n0 + r) * kp + 8 * c8 : nullptr;
+    a_rows[i] = m0 + r < m ? xb + (m0 + r) * kp : nullptr;
+    b_rows[i] = n0 + r < n ? w + (n0 + r) * kp : nullptr;
   }
-  auto load = [&](int kt, int stage) {
-    const int64_t k0 = int64_t{kt} * kBK;
-    const bool k_ok = k0 + 8 * c8 < kp;  // kp is a multiple of 8: a chunk is whole or past the end
-#pragma unroll
-    for (int i = 0; i < kBM / 32; ++i) {
-      const uint32_t off = stage * kTileBytes + 32 * 128 * i + sw;
-      const bool a_ok = k_ok && a_src[i] != nullptr, b_ok = k_ok && b_src[i] != nullptr;
-      CpAsync16(a_addr + off, a_ok ? a_src[i] + k0 : xb, a_ok);
-      CpAsync16(b_addr + off, b_ok ? b_src[i] + k0 : w, b_ok);
-    }
-  };
-
   float acc[kBN / 2];
-#pragma unroll
-  for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.0f;
+  wgmma::TileGemm(smem_raw, a_rows, b_rows, kp, xb, acc);
   const int wg = threadIdx.x / 128;
-#pragma unroll
-  for (int kt = 0; kt < kStages - 2; ++kt) {
-    if (kt < num_k) load(kt, kt);
-    CpAsyncCommit();
-  }
-  for (int kt = 0; kt < num_k; ++kt) {
-    // k tile kt landed (kStages − 3 newer groups may fly); every warpgroup done with tile kt − 2,
-    // whose stage the copies below take (the MMAs of kt − 1 may still run).
-    CpAsyncWait<kStages - 3>();
-    wgmma::FenceProxyAsync();
-    __syncthreads();
-    if (kt + kStages - 2 < num_k) load(kt + kStages - 2, (kt + kStages - 2) % kStages);
-    CpAsyncCommit();
-    const uint32_t at = a_addr + (kt % kStages) * kTileBytes + wg * 64 * 128, bt = b_addr + (kt % kStages) * kTileBytes;
-    wgmma::FenceRegs(acc);
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      wgmma::WgmmaSS_m64n128k16<0>(acc, wgmma::Desc128B(at + kk * 32, 16, 1024), wgmma::Desc128B(bt + kk * 32, 16, 1024));
-    }
-    wgmma::Commit();
-    wgmma::Wait<1>();  // tile kt − 1's MMAs done
-    wgmma::FenceRegs(acc);
-  }
-  wgmma::Wait<0>();
-  wgmma::FenceRegs(acc);
 
   // Warp w of warpgroup u holds rows 64u + 16w + g and + 8, columns 8j + 2t, + 1 (lane g, t).
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
