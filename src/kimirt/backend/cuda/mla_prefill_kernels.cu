@@ -22,7 +22,7 @@
 // the new tokens are cut into calls, nor on the other sequences of a call.
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
-#include "kimirt/backend/cuda/exp2_ftz.cuh"
+#include "kimirt/backend/cuda/flash_tile.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/mla_prefill_wgmma.h"
@@ -78,17 +78,10 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
   __nv_bfloat16* const q_smem = v_smem + STAGES * L::kVElems;                // [kBlockQ][kKStride] (M > 1)
 
   const int64_t H = a.H;
-  const int64_t h = blockIdx.x % H;
-  const int64_t tile = blockIdx.x / H;
-  const int seq = a.tiles[2 * tile];
-  const int t0 = a.tiles[2 * tile + 1];
-  const int32_t* meta = a.seqs + 4 * seq;
-  // Positions and rows fit int32 (PlanMlaPrefill checks); element offsets are int64.
-  const int q_row = meta[0], count = meta[1], start = meta[2];
-  const int64_t key_begin = meta[3];
-  const int keys = start + count;  // the sequence's valid key rows
-  const int t_end = t0 + L::kBlockQ < count ? t0 + L::kBlockQ : count;
-  const int num_tiles = (start + t_end + kBlockK - 1) / kBlockK;
+  const PrefillBlock blk = BlockOf(a, L::kBlockQ, kBlockK);
+  const int64_t h = blk.h, key_begin = blk.key_begin;
+  const int t0 = blk.t0, q_row = blk.q_row, count = blk.count, start = blk.start, keys = blk.keys;
+  const int num_tiles = blk.num_tiles;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;  // fragment row group and column pair
@@ -134,22 +127,8 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
   // in registers (M = 1), or in shared memory for ldmatrix (M > 1; the first barrier publishes it).
   unsigned qa[M == 1 ? DQ / 16 : 1][4];
   if constexpr (M == 1) {
-    const bool lo_ok = r_lo[0] < count, hi_ok = r_lo[0] + 8 < count;
-    const float* q_lo = a.q + ((int64_t{q_row} + (lo_ok ? r_lo[0] : 0)) * H + h) * DQ;
-    const float* q_hi = a.q + ((int64_t{q_row} + (hi_ok ? r_lo[0] + 8 : 0)) * H + h) * DQ;
-#pragma unroll
-    for (int kk = 0; kk < DQ / 16; ++kk) {
-      const int col = kk * 16 + 2 * c;
-      const float2 z = make_float2(0.0f, 0.0f);
-      const float2 a0 = lo_ok ? *reinterpret_cast<const float2*>(q_lo + col) : z;
-      const float2 a1 = hi_ok ? *reinterpret_cast<const float2*>(q_hi + col) : z;
-      const float2 a2 = lo_ok ? *reinterpret_cast<const float2*>(q_lo + col + 8) : z;
-      const float2 a3 = hi_ok ? *reinterpret_cast<const float2*>(q_hi + col + 8) : z;
-      qa[kk][0] = PackBf16(a0.x, a0.y);
-      qa[kk][1] = PackBf16(a1.x, a1.y);
-      qa[kk][2] = PackBf16(a2.x, a2.y);
-      qa[kk][3] = PackBf16(a3.x, a3.y);
-    }
+    QueryFragments<DQ>(r_lo[0] < count ? a.q + ((int64_t{q_row} + r_lo[0]) * H + h) * DQ : nullptr,
+                       r_lo[0] + 8 < count ? a.q + ((int64_t{q_row} + r_lo[0] + 8) * H + h) * DQ : nullptr, c, qa);
   } else {
     for (int i = threadIdx.x; i < L::kBlockQ * (DQ / 2); i += kThreads) {
       const int row = i / (DQ / 2), pair = i % (DQ / 2);
@@ -161,14 +140,11 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
   }
 
   float acc[M][DV / 8][4];
-  float m_lo[M], m_hi[M];  // running max of the raw scores
-  float l_lo[M], l_hi[M];  // this thread's share of the running sums
+  SoftmaxRows rows[M];
 #pragma unroll
   for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
     for (int n = 0; n < DV / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
-    m_lo[mt] = m_hi[mt] = -INFINITY;
-    l_lo[mt] = l_hi[mt] = 0.0f;
   }
   const float scale2 = a.scale * kLog2e;
   // ldmatrix row addresses: lane → (row within 16, column offset 0 or 8) of its 8×8 matrix.
@@ -222,66 +198,14 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
         }
       }
     }
-    // Causal mask: only tiles reaching past the block's first query position have future keys.
+    // Causal mask (only tiles reaching past the block's first query position have future keys)
+    // and the online softmax, per m-tile (flash_tile.cuh).
     const int key0 = j * kBlockK;
     const bool diagonal = key0 + kBlockK - 1 > start + t0;
     unsigned pa[M][kBlockK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < M; ++mt) {
-      if (diagonal) {
-#pragma unroll
-        for (int n = 0; n < kBlockK / 8; ++n) {
-          const int k = key0 + n * 8 + 2 * c;
-          if (k > pos_lo[mt]) s[mt][n][0] = -INFINITY;
-          if (k + 1 > pos_lo[mt]) s[mt][n][1] = -INFINITY;
-          if (k > pos_hi[mt]) s[mt][n][2] = -INFINITY;
-          if (k + 1 > pos_hi[mt]) s[mt][n][3] = -INFINITY;
-        }
-      }
-      // Online softmax: the rows' new max over the quad that shares them.
-      float mx_lo = m_lo[mt], mx_hi = m_hi[mt];
-#pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n) {
-        mx_lo = fmaxf(mx_lo, fmaxf(s[mt][n][0], s[mt][n][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[mt][n][2], s[mt][n][3]));
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      // Finite: key 0 is in every row's past and tile 0 comes first.
-      const float corr_lo = Exp2Ftz((m_lo[mt] - mx_lo) * scale2);  // 0 on the first tile (m = -inf)
-      const float corr_hi = Exp2Ftz((m_hi[mt] - mx_hi) * scale2);
-      m_lo[mt] = mx_lo;
-      m_hi[mt] = mx_hi;
-      const float off_lo = mx_lo * scale2, off_hi = mx_hi * scale2;
-      float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n) {
-        s[mt][n][0] = Exp2Ftz(fmaf(s[mt][n][0], scale2, -off_lo));
-        s[mt][n][1] = Exp2Ftz(fmaf(s[mt][n][1], scale2, -off_lo));
-        s[mt][n][2] = Exp2Ftz(fmaf(s[mt][n][2], scale2, -off_hi));
-        s[mt][n][3] = Exp2Ftz(fmaf(s[mt][n][3], scale2, -off_hi));
-        sum_lo += s[mt][n][0] + s[mt][n][1];
-        sum_hi += s[mt][n][2] + s[mt][n][3];
-      }
-      l_lo[mt] = l_lo[mt] * corr_lo + sum_lo;
-      l_hi[mt] = l_hi[mt] * corr_hi + sum_hi;
-#pragma unroll
-      for (int n = 0; n < DV / 8; ++n) {
-        acc[mt][n][0] *= corr_lo;
-        acc[mt][n][1] *= corr_lo;
-        acc[mt][n][2] *= corr_hi;
-        acc[mt][n][3] *= corr_hi;
-      }
-      // P in BF16: the C-fragments of key pairs 2kk, 2kk+1 are the A-fragment of keys 16kk .. +16.
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        pa[mt][kk][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][kk][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][kk][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][kk][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      SoftmaxTile<DV>(s[mt], acc[mt], pa[mt], rows[mt], diagonal, key0, c, pos_lo[mt], pos_hi[mt], scale2);
     }
     // O += P V, each V fragment read once for the M m-tiles.
 #pragma unroll
@@ -303,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
   // The rows' sums over their quad (the same bits on all four lanes), then O / l.
 #pragma unroll
   for (int mt = 0; mt < M; ++mt) {
-    float l0 = l_lo[mt], l1 = l_hi[mt];
+    float l0 = rows[mt].l_lo, l1 = rows[mt].l_hi;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);

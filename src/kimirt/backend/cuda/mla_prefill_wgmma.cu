@@ -19,7 +19,7 @@
 
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
-#include "kimirt/backend/cuda/exp2_ftz.cuh"
+#include "kimirt/backend/cuda/flash_tile.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/wgmma.cuh"
 
@@ -67,16 +67,10 @@ __global__ void __launch_bounds__(kThreads, 1) MlaPrefillWgmmaKernel(MlaPrefillA
   const uint32_t v_addr = k_addr + STAGES * L::kKBytes;                // stage s at + s · kVBytes
 
   const int64_t H = a.H;
-  const int64_t h = blockIdx.x % H;
-  const int64_t tile = blockIdx.x / H;
-  const int seq = a.tiles[2 * tile];
-  const int t0 = a.tiles[2 * tile + 1];
-  const int32_t* meta = a.seqs + 4 * seq;
-  const int q_row = meta[0], count = meta[1], start = meta[2];
-  const int64_t key_begin = meta[3];
-  const int keys = start + count;
-  const int t_end = t0 + kBlockQ < count ? t0 + kBlockQ : count;
-  const int num_tiles = (start + t_end + kBlockK - 1) / kBlockK;
+  const PrefillBlock blk = BlockOf(a, kBlockQ, kBlockK);
+  const int64_t h = blk.h, key_begin = blk.key_begin;
+  const int t0 = blk.t0, q_row = blk.q_row, count = blk.count, start = blk.start, keys = blk.keys;
+  const int num_tiles = blk.num_tiles;
 
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -131,29 +125,13 @@ __global__ void __launch_bounds__(kThreads, 1) MlaPrefillWgmmaKernel(MlaPrefillA
   // The A fragments of this thread's query rows r_lo and r_lo + 8, rounded to BF16 (rows past
   // the new tokens: zeros, never stored).
   unsigned qa[DQ / 16][4];
-  {
-    const bool lo_ok = r_lo < count, hi_ok = r_lo + 8 < count;
-    const float* q_lo = a.q + ((int64_t{q_row} + (lo_ok ? r_lo : 0)) * H + h) * DQ;
-    const float* q_hi = a.q + ((int64_t{q_row} + (hi_ok ? r_lo + 8 : 0)) * H + h) * DQ;
-#pragma unroll
-    for (int kk = 0; kk < DQ / 16; ++kk) {
-      const int col = kk * 16 + 2 * c;
-      const float2 z = make_float2(0.0f, 0.0f);
-      const float2 a0 = lo_ok ? *reinterpret_cast<const float2*>(q_lo + col) : z;
-      const float2 a1 = hi_ok ? *reinterpret_cast<const float2*>(q_hi + col) : z;
-      const float2 a2 = lo_ok ? *reinterpret_cast<const float2*>(q_lo + col + 8) : z;
-      const float2 a3 = hi_ok ? *reinterpret_cast<const float2*>(q_hi + col + 8) : z;
-      qa[kk][0] = PackBf16(a0.x, a0.y);
-      qa[kk][1] = PackBf16(a1.x, a1.y);
-      qa[kk][2] = PackBf16(a2.x, a2.y);
-      qa[kk][3] = PackBf16(a3.x, a3.y);
-    }
-  }
+  QueryFragments<DQ>(r_lo < count ? a.q + ((int64_t{q_row} + r_lo) * H + h) * DQ : nullptr,
+                     r_lo + 8 < count ? a.q + ((int64_t{q_row} + r_lo + 8) * H + h) * DQ : nullptr, c, qa);
 
   float o[DV / 2];  // O: n8 block n at o[4n .. 4n + 3], as the mma.sync kernel's acc[n]
 #pragma unroll
   for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+  SoftmaxRows rows;
   const float scale2 = a.scale * kLog2e;
 
   // S = Q Kᵀ of tile j over k ascending, from zero: 64 queries × 64 keys, issued, not waited for.
@@ -170,63 +148,14 @@ __global__ void __launch_bounds__(kThreads, 1) MlaPrefillWgmmaKernel(MlaPrefillA
     wgmma::Commit();
     wgmma::FenceRegs(s);
   };
-  // Tile j's causal mask and online softmax (mla_prefill_kernels.cu's, s[4n + i] for its s[n][i]),
-  // then O += P V over the tile's keys ascending, issued, not waited for.
+  // Tile j's causal mask and online softmax (flash_tile.cuh, on the accumulators as the
+  // m16n8 C fragments: s[4n + i] is s[n][i]), then O += P V over the tile's keys ascending,
+  // issued, not waited for.
   auto softmax_pv = [&](int j, float(&s)[kBlockK / 2]) {
     const int key0 = j * kBlockK;
-    if (key0 + kBlockK - 1 > start + wg_t0) {
-#pragma unroll
-      for (int n = 0; n < kBlockK / 8; ++n) {
-        const int k = key0 + n * 8 + 2 * c;
-        if (k > pos_lo) s[4 * n + 0] = -INFINITY;
-        if (k + 1 > pos_lo) s[4 * n + 1] = -INFINITY;
-        if (k > pos_hi) s[4 * n + 2] = -INFINITY;
-        if (k + 1 > pos_hi) s[4 * n + 3] = -INFINITY;
-      }
-    }
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[4 * n + 0], s[4 * n + 1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-    }
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    const float corr_lo = Exp2Ftz((m_lo - mx_lo) * scale2);
-    const float corr_hi = Exp2Ftz((m_hi - mx_hi) * scale2);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
-    const float off_lo = mx_lo * scale2, off_hi = mx_hi * scale2;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kBlockK / 8; ++n) {
-      s[4 * n + 0] = Exp2Ftz(fmaf(s[4 * n + 0], scale2, -off_lo));
-      s[4 * n + 1] = Exp2Ftz(fmaf(s[4 * n + 1], scale2, -off_lo));
-      s[4 * n + 2] = Exp2Ftz(fmaf(s[4 * n + 2], scale2, -off_hi));
-      s[4 * n + 3] = Exp2Ftz(fmaf(s[4 * n + 3], scale2, -off_hi));
-      sum_lo += s[4 * n + 0] + s[4 * n + 1];
-      sum_hi += s[4 * n + 2] + s[4 * n + 3];
-    }
-    l_lo = l_lo * corr_lo + sum_lo;
-    l_hi = l_hi * corr_hi + sum_hi;
-#pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      o[4 * n + 0] *= corr_lo;
-      o[4 * n + 1] *= corr_lo;
-      o[4 * n + 2] *= corr_hi;
-      o[4 * n + 3] *= corr_hi;
-    }
-    // P in BF16: the accumulators of keys 16kk .. 16kk + 15 are the A fragment of the k16 step kk.
     unsigned pa[kBlockK / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      pa[kk][0] = PackBf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    SoftmaxTile<DV>(reinterpret_cast<float(&)[8][4]>(s), reinterpret_cast<float(&)[DV / 8][4]>(o), pa, rows,
+                    key0 + kBlockK - 1 > start + wg_t0, key0, c, pos_lo, pos_hi, scale2);
     wgmma::FenceRegs(o);
     wgmma::Fence();
     const uint32_t vt = v_addr + (j % STAGES) * L::kVBytes;
@@ -263,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaPrefillWgmmaKernel(MlaPrefillA
     }
   }
 
-  float l0 = l_lo, l1 = l_hi;
+  float l0 = rows.l_lo, l1 = rows.l_hi;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);

@@ -203,8 +203,7 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
 
 // BF16 experts on wgmma (wgmma_tile.cuh): the same tiles, rows and sums as the two kernels above,
 // so the same bits (and MXFP4, still on the mma.sync tile, keeps giving BF16's bits:
-// CudaBackendMoePrefill.*), 1.3-1.6x faster per tile like the dense prefill GEMM. Warp w of
-// warpgroup u holds tile rows 64u + 16w + g and + 8, columns 8j + 2t and + 1 at acc[4j ..].
+// CudaBackendMoePrefill.*); 8% faster on kl48's experts at 8K tokens (docs/cuda.md).
 __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
     MoeGateUpWgmmaKernel(const uint16_t* zb, int64_t De, int64_t I, Schedule sc, ExpertPointerTable w, int kind,
                          float b1, bool has_b2, float b2, uint16_t* h) {
@@ -226,14 +225,13 @@ __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
   }
   float acc[64];
   wgmma::TileGemm(smem_raw, a_rows, b_rows, De, zb, acc);
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t g = t.g0 + 64 * wg + 16 * warp + lane / 4 + 8 * half;
+    const int64_t g = t.g0 + wgmma::TileAccRow(half);
     if (g >= t.g_end) continue;
 #pragma unroll
     for (int j = 0; j < kGluCols / 8; ++j) {  // gate columns j, up columns j + 8: the same i
-      const int64_t i = i0 + 8 * j + 2 * (lane % 4);
+      const int64_t i = i0 + wgmma::TileAccCol(j);
       if (i >= I) continue;
       const int f = 4 * j + 2 * half, u = 4 * (j + kGluCols / 8) + 2 * half;
       const float v0 = GluValue(acc[f], acc[u], kind, b1, has_b2, b2);
@@ -260,14 +258,13 @@ __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
   }
   float acc[64];
   wgmma::TileGemm(smem_raw, a_rows, b_rows, I, h, acc);
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t g = t.g0 + 64 * wg + 16 * warp + lane / 4 + 8 * half;
+    const int64_t g = t.g0 + wgmma::TileAccRow(half);
     if (g >= t.g_end) continue;
 #pragma unroll
     for (int j = 0; j < wgmma::kTileRows / 8; ++j) {
-      const int64_t d = d0 + 8 * j + 2 * (lane % 4);
+      const int64_t d = d0 + wgmma::TileAccCol(j);
       if (d >= De) continue;  // De even: d + 1 < De too
       *reinterpret_cast<float2*>(grouped + g * De + d) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }

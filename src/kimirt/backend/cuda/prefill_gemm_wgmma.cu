@@ -50,18 +50,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   float acc[kBN / 2];
   wgmma::TileGemm(smem_raw, a_rows, b_rows, kp, xb, acc);
-  const int wg = threadIdx.x / 128;
 
-  // Warp w of warpgroup u holds rows 64u + 16w + g and + 8, columns 8j + 2t, + 1 (lane g, t).
-  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const bool pairs = n % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (kBf16Out ? 4 : 8) == 0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t r = m0 + 64 * wg + 16 * warp + g + 8 * half;
+    const int64_t r = m0 + wgmma::TileAccRow(half);
     if (r >= m) continue;
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
-      const int64_t c = n0 + 8 * j + 2 * t;
+      const int64_t c = n0 + wgmma::TileAccCol(j);
       if (c >= n) continue;
       const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
       if constexpr (kBf16Out) {

@@ -80,4 +80,11 @@ __device__ __forceinline__ void TileGemm(unsigned char* smem_raw, const uint16_t
   FenceRegs(acc);
 }
 
+// Where this thread's accumulators lie in the tile (the layout above): acc[4j + 2·half] and
+// acc[4j + 2·half + 1] are row TileAccRow(half), columns TileAccCol(j) and + 1.
+__device__ __forceinline__ int TileAccRow(int half) {
+  return 64 * (threadIdx.x / 128) + 16 * (threadIdx.x / 32 % 4) + threadIdx.x % 32 / 4 + 8 * half;
+}
+__device__ __forceinline__ int TileAccCol(int j) { return 8 * j + 2 * (threadIdx.x % 4); }
+
 }  // namespace kimirt::cuda::wgmma
