@@ -741,6 +741,10 @@ class CudaBackend final : public Backend {
   // weight with bf16_prefill() on goes to PrefillGemm (x rounded to BF16, tensor cores, the same
   // tile whatever m is); otherwise cuBLAS SGEMM, a BF16 weight widened to F32 in chunks of at
   // most 16 M elements first.
+  // Whether GemmW of m rows takes PrefillGemm (a BF16 weight, bf16_prefill(), past the decode rows).
+  bool TakesPrefillGemm(const Tensor& w, int64_t m, int64_t n, int64_t k) const {
+    return m > cuda::kGemvMaxRows && w.dtype() == DType::kBF16 && bf16_prefill() && n > 0 && k > 0;
+  }
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
     if (m <= cuda::kGemvMaxRows && k > 0) {
@@ -752,7 +756,7 @@ class CudaBackend final : public Backend {
       }
       return;
     }
-    if (w.dtype() == DType::kBF16 && bf16_prefill() && m > 0 && n > 0 && k > 0) {
+    if (TakesPrefillGemm(w, m, n, k)) {
       Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
       cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       return;
@@ -778,9 +782,9 @@ class CudaBackend final : public Backend {
   }
 
   // GemmW with y [m, n] in BF16: the bits ToBf16 gives of GemmW's y, and on PrefillGemm's path
-  // (GemmW's own condition) rounded as stored, with no F32 y in memory.
+  // rounded as stored, with no F32 y in memory.
   void GemmWBf16Out(const float* x, const Tensor& w, void* y, int64_t m, int64_t n, int64_t k) {
-    if (m > cuda::kGemvMaxRows && w.dtype() == DType::kBF16 && bf16_prefill() && n > 0 && k > 0) {
+    if (TakesPrefillGemm(w, m, n, k)) {
       Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, W(w)));
       cuda::PrefillGemmBf16Out(x, W(w), y, m, n, k, scratch.raw(), stream_);
       return;

@@ -137,4 +137,23 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[8][4], float (&o)[DV / 8]
   }
 }
 
+// The end of a lane's two rows: their sums over the quad that shares them (the same bits on all
+// four lanes), then O / l stored at out_lo and out_hi (columns 8n + 2t, + 1 of each row), or not
+// at all for a null row (past the new tokens).
+template <int DV>
+__device__ __forceinline__ void StoreRows(const SoftmaxRows& r, const float (&o)[DV / 8][4], float* out_lo,
+                                          float* out_hi, int t) {
+  float l0 = r.l_lo, l1 = r.l_hi;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv_lo = 1.0f / l0, inv_hi = 1.0f / l1;
+#pragma unroll
+  for (int n = 0; n < DV / 8; ++n) {
+    if (out_lo != nullptr) *reinterpret_cast<float2*>(out_lo + n * 8 + 2 * t) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    if (out_hi != nullptr) *reinterpret_cast<float2*>(out_hi + n * 8 + 2 * t) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+}
+
 }  // namespace kimirt::cuda

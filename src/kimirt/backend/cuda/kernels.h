@@ -74,7 +74,8 @@ void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_
                  cudaStream_t s);
 // The same product with y [m, n] in BF16: each F32 sum rounded to nearest even as it is stored,
 // the bits ToBf16 gives of PrefillGemm's y (MLA prefill's expansion, whose keys and values go to
-// the attention in BF16: half the bytes written, none read back). Same scratch.
+// the attention in BF16: half the bytes written, none read back). Same scratch; always the wgmma
+// tile.
 void PrefillGemmBf16Out(const float* x, const void* w_bf16, void* y_bf16, int64_t m, int64_t n, int64_t k,
                         void* scratch, cudaStream_t s);
 // The same product on the mma.sync tile (tc_tile.cuh), which PrefillGemm ran before its wgmma
@@ -310,7 +311,7 @@ bool MlaPrefillSupported(int64_t dn, int64_t dr, int64_t dv);
 //   2: Hopper's warpgroup MMA (mla_prefill_wgmma.cu; the default): 128 queries a block (two
 //      warpgroups of 64), each warpgroup's query fragments in registers, the key tiles in shared
 //      memory as 128-byte-swizzled panels read by descriptors, P from registers, tile j + 1's S
-//      issued under tile j's softmax; 4 key tiles in flight (160 KB), 1 block an SM. 1.8-1.9x
+//      issued under tile j's softmax; 4 key tiles in flight (160 KB), 1 block an SM. 1.7-1.9x
 //      variant 1 at 8K-32K on an H200, 2x variant 0 in 256-token chunks (docs/cuda.md).
 // (A double-buffered 1, at 135 KB and 1 block an SM, was slower than 1 at every measured
 // length and cost a third of mla_prefill_kernels.cu's compile time: dropped.)

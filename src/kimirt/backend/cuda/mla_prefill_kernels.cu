@@ -224,29 +224,11 @@ __global__ void __launch_bounds__(kThreads) MlaPrefillKernel(MlaPrefillArgs a) {
     __syncthreads();  // the buffer is refilled by the next load
   }
 
-  // The rows' sums over their quad (the same bits on all four lanes), then O / l.
+  // The rows' sums over their quad, then O / l (flash_tile.cuh).
 #pragma unroll
   for (int mt = 0; mt < M; ++mt) {
-    float l0 = rows[mt].l_lo, l1 = rows[mt].l_hi;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv_lo = 1.0f / l0, inv_hi = 1.0f / l1;
-    if (r_lo[mt] < count) {
-      float* o = a.o + ((int64_t{q_row} + r_lo[mt]) * H + h) * DV + 2 * c;
-#pragma unroll
-      for (int n = 0; n < DV / 8; ++n) {
-        *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[mt][n][0] * inv_lo, acc[mt][n][1] * inv_lo);
-      }
-    }
-    if (r_lo[mt] + 8 < count) {
-      float* o = a.o + ((int64_t{q_row} + r_lo[mt] + 8) * H + h) * DV + 2 * c;
-#pragma unroll
-      for (int n = 0; n < DV / 8; ++n) {
-        *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[mt][n][2] * inv_hi, acc[mt][n][3] * inv_hi);
-      }
-    }
+    const auto row_out = [&](int r) { return r < count ? a.o + ((int64_t{q_row} + r) * H + h) * DV : nullptr; };
+    StoreRows<DV>(rows[mt], acc[mt], row_out(r_lo[mt]), row_out(r_lo[mt] + 8), c);
   }
 }
 
@@ -255,12 +237,7 @@ void Launch(const MlaPrefillArgs& a, cudaStream_t s) {
   constexpr size_t bytes = PrefillTile<DN, DR, DV, M, STAGES>::kSmemBytes;
   // Above the 48 KB default: opt in (per device, so on every call; it costs nothing).
   AllowDynamicSmem(MlaPrefillKernel<DN, DR, DV, M, STAGES>, bytes, false, "MlaPrefillAttention", nullptr);
-  const int64_t blocks = a.num_tiles * a.H;
-  if (blocks > 0x7fffffff) {
-    std::fprintf(stderr, "kimirt: MlaPrefillAttention: %lld blocks exceed the grid\n", static_cast<long long>(blocks));
-    std::abort();
-  }
-  MlaPrefillKernel<DN, DR, DV, M, STAGES><<<static_cast<unsigned>(blocks), kThreads, bytes, s>>>(a);
+  MlaPrefillKernel<DN, DR, DV, M, STAGES><<<static_cast<unsigned>(a.num_tiles * a.H), kThreads, bytes, s>>>(a);
   CheckLaunch("MlaPrefillAttention");
 }
 
@@ -274,7 +251,7 @@ void LaunchVariant(const MlaPrefillArgs& a, cudaStream_t s) {
       Launch<DN, DR, DV, 2, 1>(a, s);
       return;
     case 2:
-      MlaPrefillWgmma(a, s);
+      MlaPrefillWgmma<DN, DR, DV>(a, s);
       return;
     default:
       std::fprintf(stderr, "kimirt: MlaPrefillAttention: no variant %d\n", a.variant);
@@ -298,6 +275,12 @@ int64_t MlaPrefillTileRows(int variant) { return variant == 2 ? MlaPrefillWgmmaT
 
 void MlaPrefillAttention(const MlaPrefillArgs& a, cudaStream_t s) {
   if (a.num_tiles == 0 || a.H == 0) return;
+  // One block per (query tile, head), in every variant.
+  if (a.num_tiles * a.H > 0x7fffffff) {
+    std::fprintf(stderr, "kimirt: MlaPrefillAttention: %lld blocks exceed the grid\n",
+                 static_cast<long long>(a.num_tiles * a.H));
+    std::abort();
+  }
   if (a.dn == 128 && a.dv == 128 && a.dr == 64) {
     LaunchVariant<128, 64, 128>(a, s);
   } else if (a.dn == 128 && a.dv == 128 && a.dr == 0) {

@@ -192,57 +192,24 @@ __global__ void __launch_bounds__(kThreads, 1) MlaPrefillWgmmaKernel(MlaPrefillA
     }
   }
 
-  float l0 = rows.l_lo, l1 = rows.l_hi;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv_lo = 1.0f / l0, inv_hi = 1.0f / l1;
-  if (r_lo < count) {
-    float* out = a.o + ((int64_t{q_row} + r_lo) * H + h) * DV + 2 * c;
-#pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[4 * n + 0] * inv_lo, o[4 * n + 1] * inv_lo);
-    }
-  }
-  if (r_lo + 8 < count) {
-    float* out = a.o + ((int64_t{q_row} + r_lo + 8) * H + h) * DV + 2 * c;
-#pragma unroll
-    for (int n = 0; n < DV / 8; ++n) {
-      *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[4 * n + 2] * inv_hi, o[4 * n + 3] * inv_hi);
-    }
-  }
-}
-
-template <int DN, int DR, int DV>
-void Launch(const MlaPrefillArgs& a, cudaStream_t s) {
-  constexpr int kStages = 4;  // 160 KB at dn + dr = 192
-  constexpr size_t bytes = WgTile<DN, DR, DV, kStages>::kSmemBytes;
-  static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaPrefillWgmmaKernel<DN, DR, DV, kStages>, bytes, true, "MlaPrefillAttention (wgmma)", &configured);
-  const int64_t blocks = a.num_tiles * a.H;
-  if (blocks > 0x7fffffff) {
-    std::fprintf(stderr, "kimirt: MlaPrefillAttention: %lld blocks exceed the grid\n", static_cast<long long>(blocks));
-    std::abort();
-  }
-  MlaPrefillWgmmaKernel<DN, DR, DV, kStages><<<static_cast<unsigned>(blocks), kThreads, bytes, s>>>(a);
-  CheckLaunch("MlaPrefillAttention (wgmma)");
+  const auto row_out = [&](int r) { return r < count ? a.o + ((int64_t{q_row} + r) * H + h) * DV : nullptr; };
+  StoreRows<DV>(rows, reinterpret_cast<float(&)[DV / 8][4]>(o), row_out(r_lo), row_out(r_lo + 8), c);
 }
 
 }  // namespace
 
-int64_t MlaPrefillWgmmaTileRows() { return kBlockQ; }
-
+template <int DN, int DR, int DV>
 void MlaPrefillWgmma(const MlaPrefillArgs& a, cudaStream_t s) {
-  if (a.dn == 128 && a.dv == 128 && a.dr == 64) {
-    Launch<128, 64, 128>(a, s);
-  } else if (a.dn == 128 && a.dv == 128 && a.dr == 0) {
-    Launch<128, 0, 128>(a, s);
-  } else {
-    std::fprintf(stderr, "kimirt: MlaPrefillAttention (wgmma): no kernel for dn %lld, dr %lld, dv %lld\n",
-                 static_cast<long long>(a.dn), static_cast<long long>(a.dr), static_cast<long long>(a.dv));
-    std::abort();
-  }
+  constexpr int kStages = 4;  // 160 KB at dn + dr = 192
+  constexpr size_t bytes = WgTile<DN, DR, DV, kStages>::kSmemBytes;
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(MlaPrefillWgmmaKernel<DN, DR, DV, kStages>, bytes, true, "MlaPrefillAttention (wgmma)", &configured);
+  MlaPrefillWgmmaKernel<DN, DR, DV, kStages><<<static_cast<unsigned>(a.num_tiles * a.H), kThreads, bytes, s>>>(a);
+  CheckLaunch("MlaPrefillAttention (wgmma)");
 }
+template void MlaPrefillWgmma<128, 64, 128>(const MlaPrefillArgs& a, cudaStream_t s);
+template void MlaPrefillWgmma<128, 0, 128>(const MlaPrefillArgs& a, cudaStream_t s);
+
+int64_t MlaPrefillWgmmaTileRows() { return kBlockQ; }
 
 }  // namespace kimirt::cuda

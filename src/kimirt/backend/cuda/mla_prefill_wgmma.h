@@ -12,7 +12,9 @@ namespace kimirt::cuda {
 
 // Query rows of one thread block (PlanMlaPrefill's tile for these variants).
 int64_t MlaPrefillWgmmaTileRows();
-// The attention of `a` at the widths MlaPrefillSupported names.
+// The attention of `a` at these widths (MlaPrefillAttention checks them and the grid; built for
+// the widths MlaPrefillSupported names).
+template <int DN, int DR, int DV>
 void MlaPrefillWgmma(const MlaPrefillArgs& a, cudaStream_t s);
 
 }  // namespace kimirt::cuda

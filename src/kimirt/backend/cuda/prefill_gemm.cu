@@ -77,11 +77,8 @@ void ToBf16Padded(const void* src, int64_t rows, int64_t k, int64_t kp, uint16_t
 // Which block computes a tile changes no bits.
 constexpr int64_t kGroupM = 8;
 
-// kBf16Out: y is BF16, each F32 sum rounded to nearest even on the way out (what ToBf16 of the
-// F32 y gives, without the F32 round trip through memory).
-template <bool kBf16Out>
 __global__ void __launch_bounds__(tc::kThreads, 2)
-    PrefillGemmKernel(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y) {
+    PrefillGemmKernel(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, float* y) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int64_t tiles_m = (m + tc::kBM - 1) / tc::kBM, tiles_n = (n + tc::kBN - 1) / tc::kBN;
   const int64_t pid = blockIdx.x, per_group = kGroupM * tiles_n, first_m = pid / per_group * kGroupM;
@@ -98,8 +95,8 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
   }
   float acc[4][4][4];
   tc::TileMma<false, false>(smem, a_rows, b, kp, w, acc);
-  // (row, col) and (row, col + 1) as one aligned pair where every row start is aligned for it.
-  const bool pairs = n % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (kBf16Out ? 4 : 8) == 0;
+  // (row, col) and (row, col + 1) as one aligned float2 where every row start is 8-byte aligned.
+  const bool pairs = n % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -108,22 +105,12 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
       for (int f = 0; f < 4; f += 2) {
         const int64_t r = m0 + tc::TileRowOf(mi, f), c = n0 + tc::TileColOf<false>(ni, f);
         if (r >= m || c >= n) continue;
-        if constexpr (kBf16Out) {
-          __nv_bfloat16* out = static_cast<__nv_bfloat16*>(y) + r * n + c;
-          if (pairs) {
-            *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(acc[mi][ni][f], acc[mi][ni][f + 1]);
-          } else {
-            out[0] = __float2bfloat16_rn(acc[mi][ni][f]);
-            if (c + 1 < n) out[1] = __float2bfloat16_rn(acc[mi][ni][f + 1]);
-          }
+        float* out = y + r * n + c;
+        if (pairs) {
+          *reinterpret_cast<float2*>(out) = make_float2(acc[mi][ni][f], acc[mi][ni][f + 1]);
         } else {
-          float* out = static_cast<float*>(y) + r * n + c;
-          if (pairs) {
-            *reinterpret_cast<float2*>(out) = make_float2(acc[mi][ni][f], acc[mi][ni][f + 1]);
-          } else {
-            out[0] = acc[mi][ni][f];
-            if (c + 1 < n) out[1] = acc[mi][ni][f + 1];
-          }
+          out[0] = acc[mi][ni][f];
+          if (c + 1 < n) out[1] = acc[mi][ni][f + 1];
         }
       }
     }
@@ -151,9 +138,13 @@ size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf
 
 namespace {
 
-template <bool kBf16Out>
+// Which tile: the wgmma one (prefill_gemm_wgmma.cu; the same bits, 1.3-1.6x faster) unless
+// KIMIRT_PREFILL_GEMM_WGMMA=0 (read once, for A/B runs) or the caller asks for the mma.sync one.
+// BF16 output exists on the wgmma tile only.
+enum class Tile { kDefault, kMmaSync, kWgmmaBf16Out };
+
 void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                       cudaStream_t s, bool mma_sync = false) {
+                       cudaStream_t s, Tile tile) {
   if (m < 1 || n < 1 || k < 1) Fail("every dimension must be at least 1", m, n, k);
   const int64_t tiles = ((m + tc::kBM - 1) / tc::kBM) * ((n + tc::kBN - 1) / tc::kBN);
   if (m > (int64_t{1} << 31) || n > (int64_t{1} << 31) || tiles > INT32_MAX) {
@@ -171,16 +162,15 @@ void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, i
     ToBf16Padded<false>(w_bf16, n, k, kp, wp, s);
     w = wp;
   }
-  // The wgmma tile (prefill_gemm_wgmma.cu; the same bits, 1.3-1.6x faster) unless
-  // KIMIRT_PREFILL_GEMM_WGMMA=0 (read once, for A/B runs) or the caller asks for the mma.sync tile.
   static const bool wgmma = EnvSwitchOn("KIMIRT_PREFILL_GEMM_WGMMA");
-  if (wgmma && !mma_sync) {
-    PrefillGemmWgmmaTiles(xb, m, kp, w, n, y, kBf16Out, s);
+  if (tile == Tile::kWgmmaBf16Out || (tile == Tile::kDefault && wgmma)) {
+    PrefillGemmWgmmaTiles(xb, m, kp, w, n, y, tile == Tile::kWgmmaBf16Out, s);
     return;
   }
   // Per device, so on every call (a host-side attribute write, no launch).
-  tc::AllowSharedMemory(reinterpret_cast<const void*>(PrefillGemmKernel<kBf16Out>), tc::kSmemBf16, "PrefillGemm");
-  PrefillGemmKernel<kBf16Out><<<static_cast<unsigned>(tiles), tc::kThreads, tc::kSmemBf16, s>>>(xb, m, kp, w, n, y);
+  tc::AllowSharedMemory(reinterpret_cast<const void*>(PrefillGemmKernel), tc::kSmemBf16, "PrefillGemm");
+  PrefillGemmKernel<<<static_cast<unsigned>(tiles), tc::kThreads, tc::kSmemBf16, s>>>(xb, m, kp, w, n,
+                                                                                   static_cast<float*>(y));
   CheckLaunch("PrefillGemm");
 }
 
@@ -188,17 +178,17 @@ void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, i
 
 void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                  cudaStream_t s) {
-  LaunchPrefillGemm<false>(x, w_bf16, y, m, n, k, scratch, s);
+  LaunchPrefillGemm(x, w_bf16, y, m, n, k, scratch, s, Tile::kDefault);
 }
 
 void PrefillGemmBf16Out(const float* x, const void* w_bf16, void* y_bf16, int64_t m, int64_t n, int64_t k,
                         void* scratch, cudaStream_t s) {
-  LaunchPrefillGemm<true>(x, w_bf16, y_bf16, m, n, k, scratch, s);
+  LaunchPrefillGemm(x, w_bf16, y_bf16, m, n, k, scratch, s, Tile::kWgmmaBf16Out);
 }
 
 void PrefillGemmMmaSync(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
                         cudaStream_t s) {
-  LaunchPrefillGemm<false>(x, w_bf16, y, m, n, k, scratch, s, true);
+  LaunchPrefillGemm(x, w_bf16, y, m, n, k, scratch, s, Tile::kMmaSync);
 }
 
 }  // namespace kimirt::cuda
