@@ -3,7 +3,7 @@
 //
 //   mla_decode_bench [--device cuda] [--contexts 4096,8192,32768,131072] [--dtypes bf16,fp8]
 //                    [--heads 32] [--batch 1] [--iters 100] [--peak-gbps 4800] [--json OUT.json]
-//                    [--variants ring4,ring2]
+//                    [--variants ring4,ring2,wgmma] [--kvb-dtype f32|bf16]
 //
 // One MLA layer at K3 / Kimi-Linear widths (latent 512 + shared key 64, head dims 128), a pool
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random
@@ -12,8 +12,11 @@
 // download at the end waits for it): eager (`us/call`: every launch from the host, as with
 // --enforce-eager), and, where the backend has graphs, the same call captured once and replayed
 // (`graph us`: the GPU's time, as a decode step in a graph sees it). Bytes are what the op must read: the latent codes of every
-// position (values and, for FP8, the two F32 scales per row); queries, kv_b and outputs are
-// left out (they are < 1% at 4K). Uses only the Backend interface, so it builds everywhere and
+// position (values and, for FP8, the two F32 scales per row); queries and outputs are left out.
+// kv_b (the absorb GEMVs' weight, [heads · 256, 512]) is F32 by default, as the bench always
+// held it, or BF16 (--kvb-dtype bf16, as `serve --dtype bfloat16` holds it); its bytes are not
+// in `bytes` but each JSON row gives them (`kvb_bytes`) and the fraction with them counted
+// (`fraction_of_peak_graph_with_kvb`: the whole op's reads). Uses only the Backend interface, so it builds everywhere and
 // says so when the device is missing.
 //
 // Every variant of the CUDA tensor-core split (KIMIRT_MLA_DECODE_VARIANT, read once a process:
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
 
 namespace kimirt {
@@ -56,7 +60,7 @@ Tensor RandomHost(SplitMix64& rng, Shape shape, float scale) {
 
 struct Options {
   std::string device = "cuda", contexts = "4096,8192,32768,131072", dtypes = "bf16,fp8", json,
-              variants = "ring4,ring2";
+              variants = "ring4,ring2,wgmma", kvb_dtype = "f32";
   int64_t heads = 32, batch = 1, iters = 100;
   double peak_gbps = 4800;
 };
@@ -111,7 +115,16 @@ int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows
       }
       kv->SetDecodeStep(step);
       Tensor q = be.Upload(RandomHost(rng, {batch, heads * 192}, 1.0f));
-      Tensor w = be.Upload(RandomHost(rng, {heads * 256, 512}, 0.05f));
+      Tensor w_host = RandomHost(rng, {heads * 256, 512}, 0.05f);
+      Tensor w;
+      if (opt.kvb_dtype == "bf16") {
+        Tensor wb = Tensor::Host(w_host.shape(), DType::kBF16);
+        F32ToBf16(w_host.f32(), static_cast<uint16_t*>(wb.raw()), static_cast<size_t>(w_host.numel()));
+        w = be.Upload(wb);
+      } else {
+        w = be.Upload(w_host);
+      }
+      const double kvb_bytes = static_cast<double>(w_host.numel()) * (opt.kvb_dtype == "bf16" ? 2.0 : 4.0);
       Tensor o = be.Empty({batch, heads * 128});
       for (int i = 0; i < 5; ++i) kv->AttendDecode(0, q, w, mla, &o);  // warm up
       be.Download(o);
@@ -145,7 +158,10 @@ int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows
       std::fflush(stdout);
       rows.push_back({{"variant", variant}, {"dtype", dt}, {"context", ctx}, {"heads", heads}, {"batch", batch}, {"us_per_call", us},
                       {"bytes", bytes}, {"gbps", gbps}, {"fraction_of_peak", gbps / peak_gbps},
-                      {"us_per_call_graph", us_graph}, {"fraction_of_peak_graph", gbps_graph / peak_gbps}});
+                      {"us_per_call_graph", us_graph}, {"fraction_of_peak_graph", gbps_graph / peak_gbps},
+                      {"kvb_dtype", opt.kvb_dtype}, {"kvb_bytes", kvb_bytes},
+                      {"fraction_of_peak_graph_with_kvb",
+                       us_graph > 0 ? (bytes + kvb_bytes) / (us_graph * 1e-6) / 1e9 / peak_gbps : 0.0}});
     }
   }
   return 0;
@@ -169,6 +185,13 @@ int Run(int argc, char** argv) {
     else if (a == "--peak-gbps") opt.peak_gbps = std::stod(v);
     else if (a == "--json") opt.json = v;
     else if (a == "--variants") opt.variants = v;
+    else if (a == "--kvb-dtype") {
+      if (v != "f32" && v != "bf16") {
+        std::fprintf(stderr, "mla_decode_bench: --kvb-dtype %s: f32 or bf16\n", v.c_str());
+        return 2;
+      }
+      opt.kvb_dtype = v;
+    }
     else {
       std::fprintf(stderr, "mla_decode_bench: unknown flag %s\n", a.c_str());
       return 2;

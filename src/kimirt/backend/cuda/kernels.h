@@ -262,21 +262,28 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
-// Two shapes of that split, the same sums in the same order, so the same bits (the choice is one
-// of speed alone; mla_decode_kernels.cu says more): ring4, one block an SM with a 4-stage cp.async
-// ring; ring2 (the default), two blocks an SM with a 2-stage ring (issue 12: more warps to hide
-// latency; measured faster from 32K positions and at batch 8, docs/cuda.md "MLA decode on tensor
-// cores"). KIMIRT_MLA_DECODE_VARIANT=ring4|ring2 picks one, read once a process (so a captured
-// graph and the eager calls of a run use the same kernel); an unknown name aborts naming it.
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1 };
-inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2};
-MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = ring2
+// Three shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma, read once a process, so
+// a captured graph and the eager calls of a run use the same kernel; an unknown name aborts naming
+// it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM, 2 stages) run
+// the same sums in the same order on mma.sync, so the same bits (mla_decode_kernels.cu). wgmma
+// (the default; mla_decode_wgmma.cu) puts 32 heads' two BF16 parts in one m64 wgmma: its own
+// sums, held to the CPU at the same bar; BF16 latents only, FP8 ones take ring2 under it.
+// Measured on an H200 (docs/cuda.md "MLA decode on wgmma"): 38 against 54 µs a 32K call, 78
+// against 124 at 128K.
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2 };
+inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
+                                                          MlaDecodeVariant::kWgmma};
+MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
-// Overrides the environment's choice for the rest of the process (tests run both variants);
+// Overrides the environment's choice for the rest of the process (tests run every variant);
 // graphs captured before keep the kernel they captured.
 void SetMlaDecodeVariant(MlaDecodeVariant v);
 void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s);
+// --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 latents of 512 + 64 ---
+bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
+void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
+                              cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded
@@ -446,6 +453,20 @@ void KvGather(const void* values, const float* scales, int64_t len, int64_t r, i
 __device__ inline float WeightAt(const void* w, int64_t i, bool bf16) {
   if (bf16) return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(w)[i]) << 16);
   return static_cast<const float*>(w)[i];
+}
+// Elements i .. i + 7 of the same (i a multiple of 8, the array 16-byte aligned): one or two
+// 16-byte loads.
+__device__ inline void Weights8At(const void* w, int64_t i, bool bf16, float (&out)[8]) {
+  if (bf16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(w) + i);
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[2 * k] = __uint_as_float(u[k] << 16), out[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+  } else {
+    const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
+    const float4 y = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i + 4);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w, out[4] = y.x, out[5] = y.y, out[6] = y.z, out[7] = y.w;
+  }
 }
 #endif
 

@@ -66,7 +66,7 @@ struct Ring4 {
   static constexpr int kStages = 4, kSStride = kTile + 1;
   static constexpr bool kLean = false;
 };
-// ring2 (the default): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
+// ring2 (the default for FP8 latents; BF16 ones take mla_decode_wgmma.cu): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
 // registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
 // ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
 // tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
@@ -591,13 +591,16 @@ std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment'
 }  // namespace
 
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
-  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
+  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma") == 0) return MlaDecodeVariant::kWgmma;
+  if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2)\n", name);
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma)\n", name);
   std::abort();
 }
 
-const char* MlaDecodeVariantName(MlaDecodeVariant v) { return v == MlaDecodeVariant::kRing2 ? "ring2" : "ring4"; }
+const char* MlaDecodeVariantName(MlaDecodeVariant v) {
+  return v == MlaDecodeVariant::kWgmma ? "wgmma" : v == MlaDecodeVariant::kRing2 ? "ring2" : "ring4";
+}
 
 MlaDecodeVariant CurrentMlaDecodeVariant() {
   static const MlaDecodeVariant from_env = ParseMlaDecodeVariant(std::getenv("KIMIRT_MLA_DECODE_VARIANT"));
@@ -617,7 +620,12 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  const bool ring2 = CurrentMlaDecodeVariant() == MlaDecodeVariant::kRing2;
+  const MlaDecodeVariant v = CurrentMlaDecodeVariant();
+  if (v == MlaDecodeVariant::kWgmma && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, s);
+    return;
+  }
+  const bool ring2 = v != MlaDecodeVariant::kRing4;  // FP8 under wgmma takes ring2
   if (a.kind == 1) {
     ring2 ? Launch<1, Ring2>(MlaDecodeTcRing2Kernel<1>, a, qc, part_o, part_ml, s)
           : Launch<1, Ring4>(MlaDecodeTcKernel<1>, a, qc, part_o, part_ml, s);

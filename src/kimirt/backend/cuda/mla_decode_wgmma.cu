@@ -1,0 +1,309 @@
+// The paged MLA decode split on Hopper's warpgroup MMA (kernels.h MlaDecodeVariant::kWgmma; spec
+// §6.6; issue 12), for BF16 latents at the models' widths (latent 512, rope 64). The mma.sync
+// split (mla_decode_kernels.cu) is issue-bound at ~0.12 of HBM at 32K: 16 heads an m16 tile, so
+// each tile's rows are read from shared memory by ldmatrix twice per 16 heads, and every k step's
+// two MMAs are added to the scores by hand. Here one m64 wgmma holds 32 heads:
+//
+//   rows 16w + g and 16w + g + 8 of the m64 are head 8w + g's q̄ split in two BF16 parts,
+//   hi = bf16(q̄) and lo = bf16(q̄ − hi) (16 significant bits, as the mma.sync split), so the
+//   wgmma accumulator layout gives lane (g, c) of warp w both parts of one head's scores: the
+//   head's score is its hi row plus its lo row, in one thread's registers.
+//
+// Block = (split of one sequence, 32 heads), two warpgroups; per tile of 32 positions:
+//   1. S: warpgroup u runs k steps 18u .. 18u + 17 of the 36 (16 wide) as m64n32k16 wgmmas, q̄
+//      and the tile both read from shared memory by descriptor, F32 from zero; the two partial
+//      tiles are swapped through shared memory and added (x + y, the same bits in both groups:
+//      addition commutes), then hi row + lo row.
+//   2. The online softmax of each head over the quad that holds it (F32, expf: the mma.sync
+//      split's functions), done alike in both warpgroups; P split into hi / lo parts as q̄ was,
+//      the parts the A fragments' rows g and g + 8.
+//   3. ō += P · c: warpgroup u owns latent dims 256u .. 256u + 255 (two m64n128k16 a k step),
+//      the tile read as the MN-major B operand from the same shared memory as step 1's K-major
+//      one. The hi and lo rows accumulate apart and are added once, when the split stores ō.
+//
+// The tile lies in shared memory as nine 128-byte-swizzled panels of 64 columns (wgmma.cuh):
+// K-major for S ([positions, 576]) and MN-major for ō ([positions, 512], 64 dims a panel) are the
+// same bytes. Three stages of 36 KB by cp.async, q̄ (72 KB) and the partial scores: one block an
+// SM, two tiles in flight while one is worked on.
+//
+// Precision: products exact, F32 accumulation in the tensor cores (which truncate their adds:
+// mma_bf16.cuh) over 18 k steps of a warpgroup, then F32 adds. Not the mma.sync split's order, so
+// not its bits: CudaBackendTest.PagedDecode* hold it to the CPU at the same RelL2 ≤ 2e-5, and each
+// sequence alone to its row of the batch, bit for bit. Batch invariance: a block reads its own
+// sequence's rows and query, on the split schedule of its own context (MlaDecodeSplitLen).
+#include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
+#include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+#include "kimirt/backend/cuda/pdl.cuh"
+#include "kimirt/backend/cuda/wgmma.cuh"
+
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kimirt::cuda {
+namespace {
+
+constexpr int kR = 512, kDr = 64, kW = kR + kDr;  // the models' MLA widths (spec §6)
+constexpr int kHeads = 32;                         // a block's heads: hi and lo rows fill an m64
+constexpr int kTile = 32;                          // positions a tile
+constexpr int kStages = 3;
+constexpr int kThreads = 256;                      // two warpgroups
+constexpr int kPanels = kW / 64;                   // 128-byte panels of a row: 8 latent, 1 rope
+constexpr int kStepsPerGroup = kW / 16 / 2;        // S's 36 k steps, half a warpgroup
+constexpr uint32_t kQPanelBytes = 64 * 128, kQBytes = kPanels * kQPanelBytes;
+constexpr uint32_t kTilePanelBytes = kTile * 128, kStageBytes = kPanels * kTilePanelBytes;
+constexpr uint32_t kSwapBytes = 2 * 4 * 128 * 16;  // each warpgroup's partial S: 4 float4 a thread
+constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kSwapBytes + 1024;  // + alignment
+static_assert(kTile * 8 == kThreads, "eight threads a row of a tile: one 16-byte chunk of each panel");
+static_assert(kR / 2 == 2 * 128, "a warpgroup's half of ō: two m64n128 accumulators");
+
+// The m64 row of head hh's part (0: hi, 1: lo): warp hh / 8 of the warpgroup, its rows g, g + 8.
+__device__ __forceinline__ int QRow(int hh, int part) { return 16 * (hh / 8) + hh % 8 + 8 * part; }
+
+// Two F32 as the hi and lo BF16 pairs of PackBf16's order: v = hi + lo + (|rest| ≤ 2⁻¹⁷|v|); a
+// non-finite hi gets lo = 0 (mla_decode_kernels.cu's Split2 on two values).
+__device__ __forceinline__ void SplitPair(float x, float y, unsigned& hi, unsigned& lo) {
+  hi = PackBf16(x, y);
+  const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&hi);
+  const float hx = __low2float(h), hy = __high2float(h);
+  lo = PackBf16(isfinite(hx) ? x - hx : 0.0f, isfinite(hy) ? y - hy : 0.0f);
+}
+
+// A thread's row of the tiles ahead: a (table index, offset in the block) cursor over one
+// sequence's block table, advanced a tile at a time without a division.
+struct RowCursor {
+  int index, offset, left;  // left: positions from the cursor's row to the split's end
+  __device__ void Start(const PagedDecodeArgs& a, int64_t b, int64_t pos, int64_t end) {
+    index = a.table_begin[b] + static_cast<int>(pos / a.block_size);  // positions fit int32
+    offset = static_cast<int>(pos % a.block_size);
+    left = static_cast<int>(end - pos);
+  }
+  // The pool row of the cursor's position (−1 past the split's end), then the cursor a tile on.
+  __device__ int64_t Next(const PagedDecodeArgs& a) {
+    const int bs = a.block_size;
+    const int64_t at = left > 0 ? (int64_t{a.tables[index]} * a.layers + a.layer) * bs + offset : -1;
+    offset += kTile;
+    while (offset >= bs) offset -= bs, ++index;
+    left -= kTile;
+    return at;
+  }
+};
+
+// S's k steps kStep0 .. kStep0 + 17 (of 36) into s, from zero, issued and committed: q̄ and the
+// tile by descriptors whose start addresses advance by constants from the panels' bases (the start
+// field is the address >> 4, 14 bits: shared addresses below 256 KB never carry out of it).
+template <int kStep0>
+__device__ __forceinline__ void IssueScores(float (&s)[16], uint64_t desc_q, uint64_t desc_tile) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+  wgmma::FenceRegs(s);
+  wgmma::Fence();
+#pragma unroll
+  for (int k = 0; k < kStepsPerGroup; ++k) {
+    const int step = kStep0 + k, p = step / 4, col = (step % 4) * 32;
+    wgmma::WgmmaSS_m64n32k16<0>(s, desc_q + ((p * kQPanelBytes + col) >> 4), desc_tile + ((p * kTilePanelBytes + col) >> 4));
+  }
+  wgmma::Commit();
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw = SharedAddress(smem_raw);
+  const uint32_t q_addr = (raw + 1023u) & ~1023u;  // panels at multiples of 1 KB (the swizzle's)
+  const uint32_t ring = q_addr + kQBytes;           // stage s at ring + s · kStageBytes
+  float4* const swap = reinterpret_cast<float4*>(smem_raw + (ring + kStages * kStageBytes - raw));
+  const int64_t work = blockIdx.x;
+  if (work >= *a.work_count) return;  // the whole block: past this step's work list
+  const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
+  const int64_t h0 = int64_t{blockIdx.y} * kHeads;
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, c = lane % 4;
+
+  // The tile copies: thread tid takes row tid / 8 of every tile, the 16-byte chunk tid % 8 of
+  // each panel (the same swizzle in all: it depends on the row mod 8). Its pool row of the next
+  // tile is read a tile before the copy is issued, so the table load's latency hides behind a
+  // tile. Rows past the split's end are zero-filled (P = 0 meets zeros) and read nothing.
+  constexpr uint32_t kRowBytes = kW * 2;
+  const int row = tid / 8, sub = tid % 8;
+  const uint32_t sw = wgmma::SwizzledOffset(row, sub);
+  RowCursor copy;
+  copy.Start(a, b, s0 + row, s1);
+  int64_t row_ahead = copy.Next(a);
+  auto issue = [&](int stage) {
+    const bool valid = row_ahead >= 0;
+    const unsigned char* src = static_cast<const unsigned char*>(a.values) + (valid ? row_ahead : 0) * kRowBytes + sub * 16;
+    const uint32_t dst = ring + stage * kStageBytes + sw;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) CpAsync16(dst + p * kTilePanelBytes, src + p * 128, valid);
+    row_ahead = copy.Next(a);
+  };
+  const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < ntiles) issue(i);
+    CpAsyncCommit();  // one group a tile, empty past the end: the wait count is the same each tile
+  }
+  // Launched with LaunchPdl (pdl.cuh). The step's metadata and the latent rows were written
+  // before the kernel ahead of this one (AbsorbQuery) passed its own PdlWait, so the copies above
+  // may start while it runs; q̄ is its output, read after the wait. Nothing is written before it.
+  PdlWait();
+  PdlTrigger();
+
+  // q̄ of the block's heads as hi and lo rows, swizzled: 32 heads × 72 chunks of 8 values, 9 a
+  // thread, all loads before the conversions. Heads past H are zeros (never stored).
+  {
+    constexpr int kChunks = kW / 8, kPer = kHeads * kChunks / kThreads;
+    float4 v[kPer][2];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+      if (h0 + hh < a.H) {
+        const float4* src = reinterpret_cast<const float4*>(qc + ((b * a.H + h0 + hh) * kW + e8 * 8));
+        v[i][0] = src[0], v[i][1] = src[1];
+      } else {
+        v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+      uint4 hi, lo;
+      SplitPair(v[i][0].x, v[i][0].y, hi.x, lo.x);
+      SplitPair(v[i][0].z, v[i][0].w, hi.y, lo.y);
+      SplitPair(v[i][1].x, v[i][1].y, hi.z, lo.z);
+      SplitPair(v[i][1].z, v[i][1].w, hi.w, lo.w);
+      unsigned char* panel = smem_raw + (q_addr - raw) + (e8 / 8) * kQPanelBytes;
+      *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 0), e8 % 8)) = hi;
+      *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 1), e8 % 8)) = lo;
+    }
+    wgmma::FenceProxyAsync();  // these stores → the wgmmas' reads (after the first tile's barrier)
+  }
+
+  float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o0[i] = o1[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
+  const uint64_t desc_q = wgmma::Desc128B(q_addr, 16, 1024);
+
+  for (int it = 0; it < ntiles; ++it) {
+    CpAsyncWait<kStages - 2>();  // this thread's copies of tile it have landed ...
+    wgmma::FenceProxyAsync();
+    __syncthreads();  // ... everyone's; and both warpgroups are done with tile it − 1's stage
+    if (it + kStages - 1 < ntiles) issue((it + kStages - 1) % kStages);
+    CpAsyncCommit();
+    const uint32_t st = ring + (it % kStages) * kStageBytes;
+
+    // 1. This warpgroup's half of S over k ascending, from zero.
+    float s[16];  // m64n32 accumulator: s[4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
+    const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
+    if (wg == 0) {
+      IssueScores<0>(s, desc_q, desc_tile);
+    } else {
+      IssueScores<kStepsPerGroup>(s, desc_q, desc_tile);
+    }
+    wgmma::Wait<0>();
+    wgmma::FenceRegs(s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    __syncthreads();
+
+    // 2. The head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e), the online
+    // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps.
+    const int valid = static_cast<int>(s1 - s0) - it * kTile;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
+      const float t0 = s[4 * j] + y.x, t1 = s[4 * j + 1] + y.y, t2 = s[4 * j + 2] + y.z, t3 = s[4 * j + 3] + y.w;
+      const int col = 8 * j + 2 * c;
+      x[2 * j] = col < valid ? a.scale * (t0 + t2) : -INFINITY;
+      x[2 * j + 1] = col + 1 < valid ? a.scale * (t1 + t3) : -INFINITY;
+    }
+    float mx = x[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
+    const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = expf(x[i] - m_new);
+      sum += x[i];
+    }
+    l = l * corr + sum;
+    m = m_new;
+    // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
+    // bits are the same either way; after the first tiles the max rarely moves).
+    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
+    }
+    unsigned pa[2][4];  // k step kk: columns 16kk .. 16kk + 15, rows g (hi) and g + 8 (lo)
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk][0], pa[kk][1]);
+      SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
+    }
+
+    // 3. ō += P · c over the tile's positions ascending; waited for here, so the stage is free
+    // once both warpgroups pass the next tile's barrier.
+    wgmma::FenceRegs(o0);
+    wgmma::FenceRegs(o1);
+    wgmma::Fence();
+    const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
+      wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
+      wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+    }
+    wgmma::Commit();
+    wgmma::Wait<0>();
+    wgmma::FenceRegs(o0);
+    wgmma::FenceRegs(o1);
+  }
+  CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
+
+  // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  const int64_t head = h0 + 8 * warp + g;
+  if (head >= a.H) return;
+  float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
+    *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
+  }
+  if (wg == 0 && c == 0) {
+    part_ml[(work * a.H + head) * 2] = m;
+    part_ml[(work * a.H + head) * 2 + 1] = l;
+  }
+}
+
+}  // namespace
+
+bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) { return a.r == kR && a.dr == kDr && a.kind == 1; }
+
+void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
+                              cudaStream_t s) {
+  if (!MlaPagedDecodeWgmmaSupported(a)) {
+    std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 latents of %d + %d, got kind %d, %lld + %lld\n", kR,
+                 kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
+    std::abort();
+  }
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(MlaDecodeWgmmaKernel, kSmemBytes, true, "MLA decode kernel (wgmma)", &configured);
+  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel, grid, dim3(kThreads), kSmemBytes, s, a, qc, part_o, part_ml);
+  CheckLaunch("MlaDecodeWgmma");
+}
+
+}  // namespace kimirt::cuda
