@@ -267,7 +267,7 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM, 2 stages) run
 // the same sums in the same order on mma.sync, so the same bits (mla_decode_kernels.cu). wgmma
 // (the default; mla_decode_wgmma.cu) puts 32 heads' two BF16 parts in one m64 wgmma: its own
-// sums, held to the CPU at the same bar; BF16 latents only, FP8 ones take ring2 under it.
+// sums, held to the CPU at the same bar; BF16 and FP8 latents.
 // Measured on an H200 (docs/cuda.md "MLA decode on wgmma"): 38 against 54 µs a 32K call, 78
 // against 124 at 128K.
 enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2 };
@@ -280,7 +280,7 @@ MlaDecodeVariant CurrentMlaDecodeVariant();
 // graphs captured before keep the kernel they captured.
 void SetMlaDecodeVariant(MlaDecodeVariant v);
 void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s);
-// --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 latents of 512 + 64 ---
+// --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 and FP8 latents of 512 + 64 ---
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               cudaStream_t s);

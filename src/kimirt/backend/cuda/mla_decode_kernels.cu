@@ -66,7 +66,7 @@ struct Ring4 {
   static constexpr int kStages = 4, kSStride = kTile + 1;
   static constexpr bool kLean = false;
 };
-// ring2 (the default for FP8 latents; BF16 ones take mla_decode_wgmma.cu): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
+// ring2 (the default before mla_decode_wgmma.cu): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
 // registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
 // ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
 // tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
@@ -625,7 +625,7 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, s);
     return;
   }
-  const bool ring2 = v != MlaDecodeVariant::kRing4;  // FP8 under wgmma takes ring2
+  const bool ring2 = v == MlaDecodeVariant::kRing2;
   if (a.kind == 1) {
     ring2 ? Launch<1, Ring2>(MlaDecodeTcRing2Kernel<1>, a, qc, part_o, part_ml, s)
           : Launch<1, Ring4>(MlaDecodeTcKernel<1>, a, qc, part_o, part_ml, s);

@@ -1,5 +1,5 @@
 // The paged MLA decode split on Hopper's warpgroup MMA (kernels.h MlaDecodeVariant::kWgmma; spec
-// §6.6; issue 12), for BF16 latents at the models' widths (latent 512, rope 64). The mma.sync
+// §6.6; issue 12), for BF16 and FP8 latents at the models' widths (latent 512, rope 64). The mma.sync
 // split (mla_decode_kernels.cu) is issue-bound at ~0.12 of HBM at 32K: 16 heads an m16 tile, so
 // each tile's rows are read from shared memory by ldmatrix twice per 16 heads, and every k step's
 // two MMAs are added to the scores by hand. Here one m64 wgmma holds 32 heads:
@@ -24,7 +24,11 @@
 // The tile lies in shared memory as nine 128-byte-swizzled panels of 64 columns (wgmma.cuh):
 // K-major for S ([positions, 576]) and MN-major for ō ([positions, 512], 64 dims a panel) are the
 // same bytes. Three stages of 36 KB by cp.async, q̄ (72 KB) and the partial scores: one block an
-// SM, two tiles in flight while one is worked on.
+// SM, two tiles in flight while one is worked on. FP8 E4M3 rows (codes and a latent and a rope
+// scale each) come in as they lie, five stages of 18 KB, and are widened into one tile of panels
+// (exactly: every E4M3 value is a BF16 value); warpgroup 1 keeps its rope k steps' scores apart,
+// s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's latent
+// scale into ō while l sums P alone, as the mma.sync split does.
 //
 // Precision: products exact, F32 accumulation in the tensor cores (which truncate their adds:
 // mma_bf16.cuh) over 18 k steps of a warpgroup, then F32 adds. Not the mma.sync split's order, so
@@ -39,6 +43,7 @@
 #include "kimirt/backend/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <atomic>
 #include <cmath>
@@ -51,16 +56,32 @@ namespace {
 constexpr int kR = 512, kDr = 64, kW = kR + kDr;  // the models' MLA widths (spec §6)
 constexpr int kHeads = 32;                         // a block's heads: hi and lo rows fill an m64
 constexpr int kTile = 32;                          // positions a tile
-constexpr int kStages = 3;
 constexpr int kThreads = 256;                      // two warpgroups
 constexpr int kPanels = kW / 64;                   // 128-byte panels of a row: 8 latent, 1 rope
 constexpr int kStepsPerGroup = kW / 16 / 2;        // S's 36 k steps, half a warpgroup
+constexpr int kLatentSteps = kR / 16;              // k steps 0 .. 31 latent, 32 .. 35 rope
 constexpr uint32_t kQPanelBytes = 64 * 128, kQBytes = kPanels * kQPanelBytes;
-constexpr uint32_t kTilePanelBytes = kTile * 128, kStageBytes = kPanels * kTilePanelBytes;
-constexpr uint32_t kSwapBytes = 2 * 4 * 128 * 16;  // each warpgroup's partial S: 4 float4 a thread
-constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kSwapBytes + 1024;  // + alignment
+constexpr uint32_t kTilePanelBytes = kTile * 128, kTileBytes = kPanels * kTilePanelBytes;
+constexpr uint32_t kSwapSlotBytes = 4 * 128 * 16;  // a warpgroup's partial S tile: 4 float4 a thread
 static_assert(kTile * 8 == kThreads, "eight threads a row of a tile: one 16-byte chunk of each panel");
 static_assert(kR / 2 == 2 * 128, "a warpgroup's half of ō: two m64n128 accumulators");
+
+// Shared memory of kind 1 (BF16 rows, copied straight into the swizzled panels the wgmmas read)
+// and kind 2 (FP8 E4M3 codes and their two F32 scales a row, copied as they lie, then widened
+// into one tile of panels: every E4M3 value is a BF16 value). Offsets from the 1 KB-aligned base.
+template <int kKind>
+struct Layout {
+  static constexpr int kStages = kKind == 1 ? 3 : 5;  // kind 2: 5 stages of 18 KB (3 of 36 for kind 1)
+  static constexpr uint32_t kCodeBytes = kTile * kW;  // kind 2: a stage's codes, then its scales
+  static constexpr uint32_t kStageBytes = kKind == 1 ? kTileBytes : kCodeBytes + kTile * 8;
+  static constexpr uint32_t kRingAt = kQBytes + (kKind == 1 ? 0 : kTileBytes);  // kind 2: the widened tile first
+  static constexpr uint32_t kSwapAt = kRingAt + kStages * kStageBytes;
+  // Slots: each warpgroup's partial S (kind 2: latent k steps), and kind 2 warpgroup 1's rope.
+  static constexpr int kSwapSlots = kKind == 1 ? 2 : 3;
+  static constexpr size_t kSmemBytes = kSwapAt + kSwapSlots * kSwapSlotBytes + 1024;  // + alignment
+};
+static_assert(Layout<1>::kSmemBytes <= 227 * 1024 && Layout<2>::kSmemBytes <= 227 * 1024, "one block an SM");
+static_assert(kStepsPerGroup < kLatentSteps && kLatentSteps < 2 * kStepsPerGroup, "warpgroup 1 holds the rope steps");
 
 // The m64 row of head hh's part (0: hi, 1: lo): warp hh / 8 of the warpgroup, its rows g, g + 8.
 __device__ __forceinline__ int QRow(int hh, int part) { return 16 * (hh / 8) + hh % 8 + 8 * part; }
@@ -94,41 +115,71 @@ struct RowCursor {
   }
 };
 
-// S's k steps kStep0 .. kStep0 + 17 (of 36) into s, from zero, issued and committed: q̄ and the
-// tile by descriptors whose start addresses advance by constants from the panels' bases (the start
-// field is the address >> 4, 14 bits: shared addresses below 256 KB never carry out of it).
-template <int kStep0>
-__device__ __forceinline__ void IssueScores(float (&s)[16], uint64_t desc_q, uint64_t desc_tile) {
+// S's k steps kStep0 .. kStep0 + 17 (of 36), from zero, issued and committed: those below
+// kRopeFrom into s, the others into s_rope (FP8 rows scale their latent and rope parts apart). q̄
+// and the tile by descriptors whose start addresses advance by constants from the panels' bases
+// (the start field is the address >> 4, 14 bits: shared addresses below 256 KB never carry out).
+template <int kStep0, int kRopeFrom>
+__device__ __forceinline__ void IssueScores(float (&s)[16], float (&s_rope)[16], uint64_t desc_q, uint64_t desc_tile) {
+  constexpr bool kRope = kRopeFrom < kStep0 + kStepsPerGroup;
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = 0.0f;
   wgmma::FenceRegs(s);
+  if constexpr (kRope) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s_rope[i] = 0.0f;
+    wgmma::FenceRegs(s_rope);
+  }
   wgmma::Fence();
 #pragma unroll
   for (int k = 0; k < kStepsPerGroup; ++k) {
     const int step = kStep0 + k, p = step / 4, col = (step % 4) * 32;
-    wgmma::WgmmaSS_m64n32k16<0>(s, desc_q + ((p * kQPanelBytes + col) >> 4), desc_tile + ((p * kTilePanelBytes + col) >> 4));
+    const uint64_t dq = desc_q + ((p * kQPanelBytes + col) >> 4), dt = desc_tile + ((p * kTilePanelBytes + col) >> 4);
+    if (step < kRopeFrom) {
+      wgmma::WgmmaSS_m64n32k16<0>(s, dq, dt);
+    } else {
+      wgmma::WgmmaSS_m64n32k16<0>(s_rope, dq, dt);
+    }
   }
   wgmma::Commit();
 }
 
+// Eight FP8 E4M3 codes as eight BF16 (exact), in PackBf16's order.
+__device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
+  const unsigned w[2] = {codes.x, codes.y};
+  unsigned out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    out[i] = PackBf16(f.x, f.y);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  using L = Layout<kKind>;
+  constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
-  const uint32_t q_addr = (raw + 1023u) & ~1023u;  // panels at multiples of 1 KB (the swizzle's)
-  const uint32_t ring = q_addr + kQBytes;           // stage s at ring + s · kStageBytes
-  float4* const swap = reinterpret_cast<float4*>(smem_raw + (ring + kStages * kStageBytes - raw));
+  const uint32_t base = (raw + 1023u) & ~1023u;  // panels at multiples of 1 KB (the swizzle's)
+  const uint32_t q_addr = base, ring = base + L::kRingAt;  // stage s at ring + s · kStageBytes
+  unsigned char* const base_ptr = smem_raw + (base - raw);
+  float4* const swap = reinterpret_cast<float4*>(base_ptr + L::kSwapAt);
   const int64_t work = blockIdx.x;
   if (work >= *a.work_count) return;  // the whole block: past this step's work list
   const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
   const int64_t h0 = int64_t{blockIdx.y} * kHeads;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, c = lane % 4;
 
-  // The tile copies: thread tid takes row tid / 8 of every tile, the 16-byte chunk tid % 8 of
-  // each panel (the same swizzle in all: it depends on the row mod 8). Its pool row of the next
-  // tile is read a tile before the copy is issued, so the table load's latency hides behind a
-  // tile. Rows past the split's end are zero-filled (P = 0 meets zeros) and read nothing.
-  constexpr uint32_t kRowBytes = kW * 2;
+  // The tile copies: thread tid takes row tid / 8 of every tile. Kind 1: the 16-byte chunk tid % 8
+  // of each panel, straight into its swizzled place (the same swizzle in all: it depends on the row
+  // mod 8). Kind 2: the row's codes as they lie, chunks tid % 8 + 8i, and its scales. The pool row
+  // of the next tile is read a tile before the copy is issued, so the table load's latency hides
+  // behind a tile. Rows past the split's end are zero-filled (P = 0 meets zeros) and read nothing.
+  constexpr uint32_t kRowBytes = kKind == 1 ? kW * 2 : kW;
   const int row = tid / 8, sub = tid % 8;
   const uint32_t sw = wgmma::SwizzledOffset(row, sub);
   RowCursor copy;
@@ -136,10 +187,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t row_ahead = copy.Next(a);
   auto issue = [&](int stage) {
     const bool valid = row_ahead >= 0;
-    const unsigned char* src = static_cast<const unsigned char*>(a.values) + (valid ? row_ahead : 0) * kRowBytes + sub * 16;
-    const uint32_t dst = ring + stage * kStageBytes + sw;
+    const int64_t at = valid ? row_ahead : 0;
+    const unsigned char* src = static_cast<const unsigned char*>(a.values) + at * kRowBytes + sub * 16;
+    const uint32_t st = ring + stage * L::kStageBytes;
+    if constexpr (kKind == 1) {
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p) CpAsync16(dst + p * kTilePanelBytes, src + p * 128, valid);
+      for (int p = 0; p < kPanels; ++p) CpAsync16(st + sw + p * kTilePanelBytes, src + p * 128, valid);
+    } else {
+#pragma unroll
+      for (int i = 0; i < (kW / 16 + 7) / 8; ++i) {
+        if (sub + 8 * i < kW / 16) CpAsync16(st + row * kW + (sub + 8 * i) * 16, src + 128 * i, valid);
+      }
+      if (sub == 0) CpAsync8(base_ptr + (st - base) + L::kCodeBytes + row * 8, a.scales + at * 2, valid);
+    }
     row_ahead = copy.Next(a);
   };
   const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
@@ -177,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       SplitPair(v[i][0].z, v[i][0].w, hi.y, lo.y);
       SplitPair(v[i][1].x, v[i][1].y, hi.z, lo.z);
       SplitPair(v[i][1].z, v[i][1].w, hi.w, lo.w);
-      unsigned char* panel = smem_raw + (q_addr - raw) + (e8 / 8) * kQPanelBytes;
+      unsigned char* panel = base_ptr + (e8 / 8) * kQPanelBytes;
       *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 0), e8 % 8)) = hi;
       *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 1), e8 % 8)) = lo;
     }
@@ -192,37 +252,72 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int it = 0; it < ntiles; ++it) {
     CpAsyncWait<kStages - 2>();  // this thread's copies of tile it have landed ...
-    wgmma::FenceProxyAsync();
+    if constexpr (kKind == 1) wgmma::FenceProxyAsync();
     __syncthreads();  // ... everyone's; and both warpgroups are done with tile it − 1's stage
     if (it + kStages - 1 < ntiles) issue((it + kStages - 1) % kStages);
     CpAsyncCommit();
-    const uint32_t st = ring + (it % kStages) * kStageBytes;
+    const uint32_t stage = ring + (it % kStages) * L::kStageBytes;
+    // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the tile
+    // (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
+    uint32_t st = stage;
+    if constexpr (kKind == 2) {
+      st = base + kQBytes;
+      const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
+#pragma unroll
+      for (int i = 0; i < kPanels; ++i) {
+        *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
+            WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
+      }
+      wgmma::FenceProxyAsync();
+      __syncthreads();
+    }
 
-    // 1. This warpgroup's half of S over k ascending, from zero.
-    float s[16];  // m64n32 accumulator: s[4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
+    // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
+    // steps apart).
+    float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
+    constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;
     const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
     if (wg == 0) {
-      IssueScores<0>(s, desc_q, desc_tile);
+      IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
     } else {
-      IssueScores<kStepsPerGroup>(s, desc_q, desc_tile);
+      IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
     }
     wgmma::Wait<0>();
     wgmma::FenceRegs(s);
+    if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    for (int j = 0; j < 4; ++j) {
+      swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+      if (kKind == 2 && wg == 1) {
+        swap[(8 + j) * 128 + tid % 128] = make_float4(s_rope[4 * j], s_rope[4 * j + 1], s_rope[4 * j + 2], s_rope[4 * j + 3]);
+      }
+    }
     __syncthreads();
 
     // 2. The head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e), the online
-    // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps.
+    // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps. Kind 2:
+    // s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's
+    // latent scale (ō sums p · scale · code; l sums p alone), as the mma.sync split does.
     const int valid = static_cast<int>(s1 - s0) - it * kTile;
-    float x[8];
+    const float* scales = reinterpret_cast<const float*>(base_ptr + (stage - base) + L::kCodeBytes);
+    float x[8], lat_scale[8];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
-      const float t0 = s[4 * j] + y.x, t1 = s[4 * j + 1] + y.y, t2 = s[4 * j + 2] + y.z, t3 = s[4 * j + 3] + y.w;
-      const int col = 8 * j + 2 * c;
-      x[2 * j] = col < valid ? a.scale * (t0 + t2) : -INFINITY;
-      x[2 * j + 1] = col + 1 < valid ? a.scale * (t1 + t3) : -INFINITY;
+      const float t[4] = {s[4 * j] + y.x, s[4 * j + 1] + y.y, s[4 * j + 2] + y.z, s[4 * j + 3] + y.w};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * c + e;
+        float sc = t[e] + t[e + 2];  // hi row + lo row
+        if constexpr (kKind == 2) {
+          const float4 r = swap[(8 + j) * 128 + tid % 128];  // warpgroup 1's rope, the same in both
+          const float rope = (e == 0 ? r.x + r.z : r.y + r.w);
+          const float2 rs = *reinterpret_cast<const float2*>(scales + 2 * col);
+          sc = rs.x * sc + rs.y * rope;
+          lat_scale[2 * j + e] = rs.x;
+        }
+        x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
+      }
     }
     float mx = x[0];
 #pragma unroll
@@ -236,6 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 8; ++i) {
       x[i] = expf(x[i] - m_new);
       sum += x[i];
+      if constexpr (kKind == 2) x[i] *= lat_scale[i];
     }
     l = l * corr + sum;
     m = m_new;
@@ -252,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
     }
 
-    // 3. ō += P · c over the tile's positions ascending; waited for here, so the stage is free
+    // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
     // once both warpgroups pass the next tile's barrier.
     wgmma::FenceRegs(o0);
     wgmma::FenceRegs(o1);
@@ -288,22 +384,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+template <int kKind>
+void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+  constexpr size_t bytes = Layout<kKind>::kSmemBytes;
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  CheckLaunch("MlaDecodeWgmma");
+}
+
 }  // namespace
 
-bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) { return a.r == kR && a.dr == kDr && a.kind == 1; }
+bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
+  return a.r == kR && a.dr == kDr && (a.kind == 1 || a.kind == 2);
+}
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               cudaStream_t s) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
-    std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 latents of %d + %d, got kind %d, %lld + %lld\n", kR,
-                 kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
+    std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
+                 kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel, kSmemBytes, true, "MLA decode kernel (wgmma)", &configured);
-  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel, grid, dim3(kThreads), kSmemBytes, s, a, qc, part_o, part_ml);
-  CheckLaunch("MlaDecodeWgmma");
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, s) : Launch<2>(a, qc, part_o, part_ml, s);
 }
 
 }  // namespace kimirt::cuda
