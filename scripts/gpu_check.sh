@@ -22,7 +22,7 @@
 #             (bench/kda_chunk_fla.py) in one run ($OUT/kda-chunk-bench.json), after the kernel's
 #             tests (CudaBackendKdaChunk*); FLA as for kdabench.
 #   mla       the paged MLA decode kernel (mla_decode_bench: BF16 and FP8 latents at 4K-128K
-#             context, fraction of HBM, both variants of the split: ring4 and ring2) and `bench
+#             context, fraction of HBM, every variant of the split: ring4, ring2, wgmma) and `bench
 #             model` on the 2-layer Kimi-Linear-48B at prompt 1024 and 32768 (batch 1), the 32K
 #             step against the 1K step (issue 12), the 32K step again with the old split (ring4,
 #             64 splits), and the kernel at 32K and 128K with 64 splits (the schedule before).
@@ -38,7 +38,7 @@
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
 #   mlaprof   Nsight Compute sections (throughput, occupancy, warp stalls) of one launch of the
 #             tensor-core MLA decode split at 32 heads, BF16, 32K, each variant
-#             ($OUT/ncu-mla.txt: ring4; ncu-mla-ring2.txt).
+#             ($OUT/ncu-mla.txt: ring4; ncu-mla-ring2.txt, ncu-mla-wgmma.txt).
 #   prefill48 prefill at the 2-layer Kimi-Linear-48B widths, prompt 8192 and 32768, 2048-token
 #             chunks: tok/s and the 32K/8K time ratio (issue 14).
 #   decode48  `kimirt bench model` at the 2-layer Kimi-Linear-48B widths, batches 1-64, prompt 256.
@@ -218,7 +218,7 @@ fi
 if [[ "$what" == mla ]]; then
   # The kernel: BF16 and FP8 latents (the serving dtypes: the tensor-core split) at Kimi-Linear's
   # 32 heads and K3's 12 per rank at TP 8, as a fraction of HBM, every variant of the split
-  # (ring4, ring2: KIMIRT_MLA_DECODE_VARIANT) in the same run, side by side last; F32 (the
+  # (ring4, ring2, wgmma: KIMIRT_MLA_DECODE_VARIANT) in the same run, side by side last; F32 (the
   # CUDA-core split, which has no variants) beside.
   timeout 400 "$root/mla_decode_bench" --heads 32 --json "$out/mla-decode-bench-h32.json" 2>&1 | tee "$out/mla-decode-bench.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -274,10 +274,11 @@ if [[ "$what" == mlaprof ]]; then
   # throughput, occupancy and where the warps stall.
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   # Each variant of the split in a run of its own ($OUT/ncu-mla.txt: ring4 at 64 splits a
-  # sequence; ncu-mla-ring2.txt: ring2 at 128, two blocks an SM).
-  for v in ring4 ring2; do
+  # sequence; ncu-mla-ring2.txt: ring2 at 128, two blocks an SM; ncu-mla-wgmma.txt: the default,
+  # at 128).
+  for v in ring4 ring2 wgmma; do
     f="$out/ncu-mla.txt"; splits=64; [[ $v == ring4 ]] || { f="$out/ncu-mla-$v.txt"; splits=128; }
-    KIMIRT_MLA_DECODE_SPLITS=$splits timeout 200 "$ncu" --clock-control none --target-processes all -k regex:MlaDecodeTc -s 3 -c 1 --section SpeedOfLight \
+    KIMIRT_MLA_DECODE_SPLITS=$splits timeout 200 "$ncu" --clock-control none --target-processes all -k regex:MlaDecode -s 3 -c 1 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section MemoryWorkloadAnalysis "$root/mla_decode_bench" --heads 32 --dtypes bf16 --contexts 32768 \
       --iters 2 --variants $v >"$f" 2>&1 || status=1
