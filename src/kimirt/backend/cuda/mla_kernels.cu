@@ -207,21 +207,25 @@ __global__ void __launch_bounds__(kAq8Groups * 8)
   static_assert(kDn % kAq8Groups == 0, "the nope dims dealt evenly");
   constexpr int kRowsPerThread = kDn / kAq8Groups;
   constexpr int64_t dn = kDn;
-  PdlEnter();  // launched with LaunchPdl (pdl.cuh)
   __shared__ __align__(16) float part[kAq8Groups][kAbsorbRows][kAq8Cols];
   const int64_t h = blockIdx.x;
   const int cg = threadIdx.x % 8, g = threadIdx.x / 8;
   const int64_t j = int64_t{blockIdx.y} * kAq8Cols + 8 * cg;
   const int64_t w_uk = h * (dn + dv) * r;  // element offset of W_UK,h
+  // The thread's weight rows, all loaded before any is used (a loop that used each as it came,
+  // with run-time bounds, ran at one load latency a row), and before PdlWait: no kernel writes
+  // the weights, so under PDL they stream in while the kernel ahead finishes.
+  float w[kRowsPerThread][8] = {};
+  if (j < r) {
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) Weights8At(w_kvb, w_uk + (g + k * kAq8Groups) * r + j, bf16, w[k]);
+  }
+  PdlWait();  // launched with LaunchPdl (pdl.cuh)
+  PdlTrigger();
   for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
     const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
     float acc[kAbsorbRows][8] = {};
     if (j < r) {
-      // All of the thread's weight rows loaded before any is used (a loop that used each as it
-      // came, with run-time bounds, ran at one load latency a row).
-      float w[kRowsPerThread][8];
-#pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) Weights8At(w_kvb, w_uk + (g + k * kAq8Groups) * r + j, bf16, w[k]);
 #pragma unroll
       for (int b = 0; b < kAbsorbRows; ++b) {
         if (b < rows) {
@@ -256,12 +260,12 @@ __global__ void __launch_bounds__(kAq8Groups * 8)
 }
 
 // o[t,h,i]: block (h, 8 output dims), warp per dim; lane holds the weight row's elements
-// 8·lane + 256u .. + 7 (u = 0, 1) in registers, sums them in that order per row, then the fixed
-// butterfly. The rows' ō go through shared memory kAbsorbRows at a time.
+// 8·lane + 256u .. + 7 (u = 0, 1) in registers (loaded before PdlWait, as AbsorbQuery8's), sums
+// them in that order per row, then the fixed butterfly. The rows' ō go through shared memory
+// kAbsorbRows at a time.
 __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
     AbsorbOutput8Kernel(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t dv, int64_t r,
                         const void* w_kvb, bool bf16, float* o) {
-  PdlEnter();  // launched with LaunchPdl (pdl.cuh)
   __shared__ __align__(16) float ob[kAbsorbRows][kAbsorbMaxLatent];
   const int64_t h = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -274,6 +278,8 @@ __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
     const int64_t jj = 8 * lane + 256 * u;
     if (i < dv && jj < r) Weights8At(w_kvb, w_uv + i * r + jj, bf16, w[u]);
   }
+  PdlWait();  // launched with LaunchPdl (pdl.cuh); the weights above are no kernel's output
+  PdlTrigger();
   for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
     const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
     __syncthreads();  // the last chunk is consumed
