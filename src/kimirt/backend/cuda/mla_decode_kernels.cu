@@ -66,13 +66,14 @@ struct Ring4 {
   static constexpr int kStages = 4, kSStride = kTile + 1;
   static constexpr bool kLean = false;
 };
-// ring2 (the default before mla_decode_wgmma.cu): two blocks an SM (4 warps a scheduler), to hide the latency ring4 cannot: ≤ 128
-// registers (__maxnreg__ below) and ≤ 113 KB of shared memory a block (228 KB an SM). A 2-stage
-// ring (one tile in flight a block, two an SM); q̄'s rope fragments in shared memory, read per
-// tile by warps 0..3 (8 registers); the score partials of one n-tile pair live at a time (8
-// registers, not 32: the rope k-step after the latent ones); the rows issued from a cursor
-// without divisions (Tile::NextRow); the ldmatrix operands' shared-memory offsets computed once;
-// partial scores stored and read as float2 (stride 40: conflict-free for both).
+// ring2 (the default before mla_decode_wgmma.cu): two blocks an SM (4 warps a scheduler), to hide
+// the latency ring4 cannot: ≤ 128 registers (__maxnreg__ below) and ≤ 113 KB of shared memory a
+// block (228 KB an SM). A 2-stage ring (one tile in flight a block, two an SM); q̄'s rope
+// fragments in shared memory, read per tile by warps 0..3 (8 registers); the score partials of
+// one n-tile pair live at a time (8 registers, not 32: the rope k-step after the latent ones);
+// the rows issued from a cursor without divisions (Tile::NextRow); the ldmatrix operands'
+// shared-memory offsets computed once; partial scores stored and read as float2 (stride 40:
+// conflict-free for both).
 struct Ring2 {
   static constexpr int kStages = 2, kMinBlocks = 2, kSStride = kTile + 8;
   static constexpr bool kLean = true;
