@@ -124,7 +124,7 @@ int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows
       } else {
         w = be.Upload(w_host);
       }
-      const double kvb_bytes = static_cast<double>(w_host.numel()) * (opt.kvb_dtype == "bf16" ? 2.0 : 4.0);
+      const double kvb_bytes = static_cast<double>(w.numel() * DTypeSize(w.dtype()));
       Tensor o = be.Empty({batch, heads * 128});
       for (int i = 0; i < 5; ++i) kv->AttendDecode(0, q, w, mla, &o);  // warm up
       be.Download(o);

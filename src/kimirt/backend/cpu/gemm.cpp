@@ -1,4 +1,4 @@
-// cpu::Gemm (gemm.h) through OpenBLAS's cblas_sgemm, in calls of exactly kRowBlock rows.
+// cpu::Gemm (gemm.h) through OpenBLAS's cblas_sgemm, in calls of exactly kGemmRowBlock rows.
 //
 // Why blocks (batch invariance, docs/numerics.md): cblas_sgemm is not row-invariant. How a row's
 // sums are ordered depends on the call's row count (the kernels' tails for rows past the last
@@ -7,9 +7,10 @@
 // alone and the same row among 2-130 others differed in 175 of 250 shapes under the Prescott,
 // Haswell, SkylakeX and Cooperlake kernels (1 or 2 threads; only Sandybridge's agreed), and
 // ProcessRanksDecode.BatchedRowsEqualEachSequenceDecodedAlone failed on a machine where OpenBLAS
-// detected Prescott. Every call here has the same shape, [kRowBlock, k] · [n, k]ᵀ, with zero
+// detected Prescott. Every call here has the same shape, [kGemmRowBlock, k] · [n, k]ᵀ, with zero
 // rows padding the last block, so each row takes the same path whatever the others are: 0 of
-// those 250 shapes differed under any kernel family (cpu/gemm_test.cpp holds it).
+// those 250 shapes differed under any kernel family (cpu/gemm_test.cpp holds it). Full blocks
+// are staged too, so every call also has the same operands' layout (the arrangement measured).
 #include "kimirt/backend/cpu/gemm.h"
 
 #include <cblas.h>
