@@ -100,6 +100,10 @@ struct KvStorageShape {
   int block_size = 0;
   int64_t latent_dim = 0, rope_dim = 0;
   DType dtype = DType::kF32;
+  // Bytes a storage may keep of prefilling sequences' expanded history between their chunks
+  // (expanded_history.h; CUDA only). -1: the backend's default; 0: none (every chunk expands its
+  // whole history, as before).
+  int64_t prefill_history_bytes = -1;
 };
 
 // One decode step over the paged latent cache, as the MLA decode ops read it: sequence b owns
@@ -185,6 +189,9 @@ class KvStorage {
   // bits depend on its own sequence alone, never on the others of the call.
   virtual void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
                              const MlaShape& shape, Tensor* o) = 0;
+  // Blocks whose last reference was dropped (LatentKvCache::FreeBlocks): their rows may be
+  // rewritten, so whatever the storage derived from them (expanded prefill history) is stale.
+  virtual void Released(std::span<const int32_t> /*blocks*/) {}
 };
 
 class Backend {

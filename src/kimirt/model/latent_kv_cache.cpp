@@ -92,10 +92,13 @@ std::optional<int32_t> LatentKvCache::AllocateBlock() {
 }
 
 void LatentKvCache::FreeBlocks(std::span<const int32_t> blocks) {
+  const size_t was_free = free_.size();
   for (int32_t b : blocks) {
     KIMIRT_CHECK_MSG(b >= 0 && b < num_blocks_ && refs_[static_cast<size_t>(b)] > 0, "freeing a free latent block");
     if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
   }
+  // The storage forgets what it derived from rows that may now be rewritten.
+  if (free_.size() > was_free) storage_->Released(std::span<const int32_t>(free_).subspan(was_free));
 }
 
 void LatentKvCache::Share(std::span<const int32_t> blocks) {

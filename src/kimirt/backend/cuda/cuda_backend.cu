@@ -13,11 +13,13 @@
 #include <map>
 #include <utility>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "kimirt/backend/cuda/env_switch.h"
+#include "kimirt/backend/expanded_history.h"
 #include "kimirt/backend/cuda/kernels.h"
 
 namespace kimirt {
@@ -122,6 +124,7 @@ class CudaKvStorage final : public KvStorage {
   std::string GraphKey() const override;
   void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
                      const MlaShape& shape, Tensor* o) override;
+  void Released(std::span<const int32_t> blocks) override;
 
  private:
   // The step's metadata on the device, one int32 array uploaded once per step into a buffer
@@ -138,6 +141,19 @@ class CudaKvStorage final : public KvStorage {
   int kind_ = 0;
   int64_t blocks_ = 0;
   Tensor values_, scales_;
+
+  // A prefilling sequence's expanded history kept between its chunks (expanded_history.h): per
+  // (entry, layer) k_nope ‖ v [capacity, H·(dn + dv)] and k_s [capacity, dr] in BF16, the very
+  // rows the attention reads. Made at the first AttendPrefill (the row width comes with it).
+  struct HistoryBuffer {
+    Tensor kv, ks;
+    int64_t capacity = 0;
+  };
+  ExpandedHistory* History(int64_t width, int64_t dr);
+  void Free(const ExpandedHistory::Dropped& dropped);
+  std::optional<ExpandedHistory> history_;
+  int64_t history_width_ = 0, history_dr_ = 0;
+  std::vector<std::vector<HistoryBuffer>> history_buffers_;  // [entry][layer]
 };
 
 class CudaBackend final : public Backend {
@@ -742,6 +758,7 @@ class CudaBackend final : public Backend {
   // tile whatever m is); otherwise cuBLAS SGEMM, a BF16 weight widened to F32 in chunks of at
   // most 16 M elements first.
   // Whether GemmW of m rows takes PrefillGemm (a BF16 weight, bf16_prefill(), past the decode rows).
+  bool ExpandsRowInvariantly(const Tensor& w) const { return w.dtype() == DType::kBF16 && bf16_prefill(); }
   bool TakesPrefillGemm(const Tensor& w, int64_t m, int64_t n, int64_t k) const {
     return m > cuda::kGemvMaxRows && w.dtype() == DType::kBF16 && bf16_prefill() && n > 0 && k > 0;
   }
@@ -783,8 +800,12 @@ class CudaBackend final : public Backend {
 
   // GemmW with y [m, n] in BF16: the bits ToBf16 gives of GemmW's y, and on PrefillGemm's path
   // rounded as stored, with no F32 y in memory.
+  // MLA prefill's expansion. With BF16 weights in bf16_prefill mode it is always the prefill
+  // tile, whatever m (the decode GEMMs serve m ≤ 64 elsewhere): a key row's bits then never depend
+  // on how many rows were expanded with it, so a history expanded chunk by chunk and kept
+  // (expanded_history.h) equals one expanded whole.
   void GemmWBf16Out(const float* x, const Tensor& w, void* y, int64_t m, int64_t n, int64_t k) {
-    if (TakesPrefillGemm(w, m, n, k)) {
+    if (ExpandsRowInvariantly(w) && m > 0 && n > 0 && k > 0) {
       Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, W(w)));
       cuda::PrefillGemmBf16Out(x, W(w), y, m, n, k, scratch.raw(), stream_);
       return;
@@ -949,7 +970,7 @@ void CudaKvStorage::Write(int layer, std::span<const int32_t> table, int64_t pos
 
 void CudaKvStorage::Gather(int layer, std::span<const int32_t> table, int64_t len, Tensor* c, Tensor* ks) {
   Tensor d_table = be_.UploadInts(table);
-  cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, s_.latent_dim,
+  cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, 0, len, s_.latent_dim,
                  s_.rope_dim, static_cast<const int32_t*>(d_table.raw()), s_.layers, layer, s_.block_size, kind_,
                  CudaBackend::F(*c), s_.rope_dim > 0 ? CudaBackend::F(*ks) : nullptr, be_.stream_);
 }
@@ -962,6 +983,10 @@ int64_t NextPow2(int64_t n) {
 
 void CudaKvStorage::SetDecodeStep(const PagedDecodeStep& step) {
   const int64_t B = step.size();
+  // A sequence that decodes is done with prefill: its expanded history goes.
+  for (int64_t b = 0; history_ && b < B; ++b) {
+    Free(history_->Decoding(step.table(b), step.context[static_cast<size_t>(b)]));
+  }
   std::vector<int32_t> split_begin{0}, work;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = step.context[static_cast<size_t>(b)];
@@ -1104,26 +1129,99 @@ void CudaKvStorage::AttendPrefill(int layer, const PagedPrefill& batch, const Te
   meta.insert(meta.end(), batch.tables.begin(), batch.tables.end());
   Tensor d_meta = be_.UploadInts(meta);
   const int32_t* d_ints = static_cast<const int32_t*>(d_meta.raw());
-  const int64_t keys = plan.keys, width = H * (dn + dv);
+  const int64_t width = H * (dn + dv);
+  const float* scales = kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr;
+  cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
+  a.q = CudaBackend::F(q);
+  a.o = CudaBackend::F(*o);
+  // One sequence (every prefill call the model makes) whose earlier chunks' rows are still held:
+  // expand only rows [reuse, len) into its buffer and attend over the buffer (its keys start at
+  // row 0, as the one-sequence plan has them).
+  ExpandedHistory* history = B == 1 && be_.ExpandsRowInvariantly(w_kvb) ? History(width, dr) : nullptr;
+  if (history != nullptr) {
+    const int64_t start = batch.start[0], len = start + batch.count[0];
+    const ExpandedHistory::Plan p = history->Begin(layer, batch.table(0), start, len);
+    Free(p.dropped);
+    if (p.entry >= 0) {
+      KIMIRT_CHECK(plan.key_begin[0] == 0);
+      HistoryBuffer& buf = history_buffers_[static_cast<size_t>(p.entry)][static_cast<size_t>(layer)];
+      if (buf.capacity < p.capacity) {
+        HistoryBuffer grown{be_.Raw({p.capacity, width}, DType::kBF16),
+                            be_.Raw({p.capacity, std::max<int64_t>(dr, 1)}, DType::kBF16), p.capacity};
+        if (p.reuse > 0) {
+          KIMIRT_CUDA_OK(cudaMemcpyAsync(grown.kv.raw(), buf.kv.raw(), static_cast<size_t>(p.reuse * width) * 2,
+                                         cudaMemcpyDeviceToDevice, be_.stream_));
+          if (dr > 0) {
+            KIMIRT_CUDA_OK(cudaMemcpyAsync(grown.ks.raw(), buf.ks.raw(), static_cast<size_t>(p.reuse * dr) * 2,
+                                           cudaMemcpyDeviceToDevice, be_.stream_));
+          }
+        }
+        buf = std::move(grown);
+      }
+      const int64_t n = len - p.reuse;
+      Tensor c = be_.Raw({n, r}, DType::kF32), ks = be_.Raw({n, dr}, DType::kF32);
+      cuda::KvGather(values_.raw(), scales, p.reuse, len, r, dr, d_ints + tables_at, s_.layers, layer, s_.block_size,
+                     kind_, CudaBackend::F(c), dr > 0 ? CudaBackend::F(ks) : nullptr, be_.stream_);
+      be_.GemmWBf16Out(CudaBackend::F(c), w_kvb, static_cast<uint16_t*>(buf.kv.raw()) + p.reuse * width, n, width, r);
+      if (dr > 0) {
+        cuda::ToBf16(CudaBackend::F(ks), static_cast<uint16_t*>(buf.ks.raw()) + p.reuse * dr, n * dr, be_.stream_);
+      }
+      history->Filled(p.entry, layer, len);
+      a.kv = buf.kv.raw();
+      a.ks = dr > 0 ? buf.ks.raw() : nullptr;
+      cuda::MlaPrefillAttention(a, be_.stream_);
+      return;
+    }
+  }
+  const int64_t keys = plan.keys;
   Tensor c = be_.Raw({keys, r}, DType::kF32), ks = be_.Raw({keys, dr}, DType::kF32);
   Tensor kv16 = be_.Raw({keys, width}, DType::kBF16), ks16 = be_.Raw({keys, dr}, DType::kBF16);
   for (int64_t b = 0; b < B; ++b) {
     const size_t i = static_cast<size_t>(b);
     const int64_t len = batch.start[i] + batch.count[i], k0 = plan.key_begin[i];
     if (batch.count[i] == 0) continue;
-    cuda::KvGather(values_.raw(), kind_ == 2 ? static_cast<const float*>(scales_.raw()) : nullptr, len, r, dr,
-                   d_ints + tables_at + batch.table_begin[i], s_.layers, layer, s_.block_size, kind_,
-                   CudaBackend::F(c) + k0 * r, dr > 0 ? CudaBackend::F(ks) + k0 * dr : nullptr, be_.stream_);
+    cuda::KvGather(values_.raw(), scales, 0, len, r, dr, d_ints + tables_at + batch.table_begin[i], s_.layers, layer,
+                   s_.block_size, kind_, CudaBackend::F(c) + k0 * r, dr > 0 ? CudaBackend::F(ks) + k0 * dr : nullptr,
+                   be_.stream_);
     be_.GemmWBf16Out(CudaBackend::F(c) + k0 * r, w_kvb, static_cast<uint16_t*>(kv16.raw()) + k0 * width, len, width,
                      r);
   }
   if (dr > 0) cuda::ToBf16(CudaBackend::F(ks), ks16.raw(), keys * dr, be_.stream_);
-  cuda::MlaPrefillArgs a = cuda::PlannedMlaPrefillArgs(plan, d_ints, H, dn, dr, dv);
-  a.q = CudaBackend::F(q);
   a.kv = kv16.raw();
   a.ks = dr > 0 ? ks16.raw() : nullptr;
-  a.o = CudaBackend::F(*o);
   cuda::MlaPrefillAttention(a, be_.stream_);
+}
+
+// The history keeper, made for the first row width it is asked for (a model's MLA layers share
+// one); another width, or a cap of 0, gets none. The cap: the shape's, else
+// KIMIRT_MLA_PREFILL_HISTORY_MB (0 turns it off, for A/B runs), else 1/32 of the device's memory
+// (4.4 GB on an H200; a 32K prompt's history at Kimi-Linear-48B's widths is 512 MB a layer).
+ExpandedHistory* CudaKvStorage::History(int64_t width, int64_t dr) {
+  if (!history_) {
+    int64_t cap = s_.prefill_history_bytes;
+    const char* mb = std::getenv("KIMIRT_MLA_PREFILL_HISTORY_MB");
+    if (cap < 0 && mb != nullptr) cap = std::max<int64_t>(0, std::atoll(mb)) << 20;
+    if (cap < 0) {
+      size_t free = 0, total = 0;
+      KIMIRT_CUDA_OK(cudaMemGetInfo(&free, &total));
+      cap = static_cast<int64_t>(total / 32);
+    }
+    if (cap == 0) return nullptr;
+    constexpr int kEntries = 8;
+    history_.emplace(s_.layers, s_.block_size, (width + dr) * 2, cap, kEntries);
+    history_width_ = width;
+    history_dr_ = dr;
+    history_buffers_.assign(kEntries, std::vector<HistoryBuffer>(static_cast<size_t>(s_.layers)));
+  }
+  return width == history_width_ && dr == history_dr_ ? &*history_ : nullptr;
+}
+
+void CudaKvStorage::Free(const ExpandedHistory::Dropped& dropped) {
+  for (auto [entry, layer] : dropped) history_buffers_[static_cast<size_t>(entry)][static_cast<size_t>(layer)] = {};
+}
+
+void CudaKvStorage::Released(std::span<const int32_t> blocks) {
+  if (history_) Free(history_->Released(blocks));
 }
 
 }  // namespace

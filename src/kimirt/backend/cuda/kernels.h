@@ -445,8 +445,11 @@ void KvWrite(const float* c, const float* ks, int64_t T, int64_t r, int64_t dr, 
 void KvWriteDecode(const float* c, const float* ks, int64_t B, int64_t r, int64_t dr, const int32_t* context,
                    const int32_t* table_begin, const int32_t* tables, int layers, int layer, int block_size, int kind,
                    void* values, float* scales, cudaStream_t s);
-void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,
-              int layers, int layer, int block_size, int kind, float* c, float* ks, cudaStream_t s);
+// Positions [first, len) of the block table to rows [0, len - first) of c [.., r] and ks [.., dr],
+// widened to F32.
+void KvGather(const void* values, const float* scales, int64_t first, int64_t len, int64_t r, int64_t dr,
+              const int32_t* table, int layers, int layer, int block_size, int kind, float* c, float* ks,
+              cudaStream_t s);
 
 // Element i of a weight array held as F32 or BF16 (a uniform branch in every kernel using it).
 #ifdef __CUDACC__

@@ -75,10 +75,11 @@ __global__ void KvWriteDecodeKernel(const float* c, const float* ks, int64_t r, 
 }
 
 // One block per position.
-__global__ void KvGatherKernel(const void* values, const float* scales, int64_t r, int64_t dr, const int32_t* table,
-                               int layers, int layer, int block_size, int kind, float* c, float* ks) {
+__global__ void KvGatherKernel(const void* values, const float* scales, int64_t first, int64_t r, int64_t dr,
+                               const int32_t* table, int layers, int layer, int block_size, int kind, float* c,
+                               float* ks) {
   const int64_t p = blockIdx.x, w = r + dr;
-  const int64_t off = RowOffset(table, layers, layer, block_size, p, w);
+  const int64_t off = RowOffset(table, layers, layer, block_size, first + p, w);
   for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
     float v;
     if (kind == 0) {
@@ -116,11 +117,12 @@ void KvWriteDecode(const float* c, const float* ks, int64_t B, int64_t r, int64_
   CheckLaunch("KvWriteDecode");
 }
 
-void KvGather(const void* values, const float* scales, int64_t len, int64_t r, int64_t dr, const int32_t* table,
-              int layers, int layer, int block_size, int kind, float* c, float* ks, cudaStream_t s) {
-  if (len == 0) return;
-  KvGatherKernel<<<static_cast<unsigned>(len), 128, 0, s>>>(values, scales, r, dr, table, layers, layer, block_size,
-                                                             kind, c, ks);
+void KvGather(const void* values, const float* scales, int64_t first, int64_t len, int64_t r, int64_t dr,
+              const int32_t* table, int layers, int layer, int block_size, int kind, float* c, float* ks,
+              cudaStream_t s) {
+  if (len <= first) return;
+  KvGatherKernel<<<static_cast<unsigned>(len - first), 128, 0, s>>>(values, scales, first, r, dr, table, layers, layer,
+                                                                     block_size, kind, c, ks);
   CheckLaunch("KvGather");
 }
 

@@ -19,6 +19,11 @@
 // rounded to BF16 on top: ~2.5e-3 expected), each sequence alone bit-identical to its rows of
 // the batch, and a row no sequence names left untouched. Widths without a kernel: the F32 path's
 // bits.
+//
+// The expanded history a storage keeps between a prefill's chunks (expanded_history.h): chunk by
+// chunk, the bits of a storage that re-expands every row at every call; reuse shown by rewriting
+// the rows behind the storage's back; blocks freed through LatentKvCache and handed out again with
+// other latents expanded anew (against the CPU).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -33,6 +38,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
+#include "kimirt/model/latent_kv_cache.h"
 #include "kimirt/testing/cuda_cpu_test.h"
 #include "kimirt/testing/paged_decode_case.h"
 
@@ -317,6 +323,125 @@ TEST_F(CudaBackendMlaPrefill, OtherWidthsTakeTheF32Path) {
   const Tensor a = gpu_->Download(got), b = gpu_->Download(want);
   EXPECT_FALSE(std::isnan(a.f32()[0]));
   EXPECT_EQ(std::memcmp(a.f32(), b.f32(), static_cast<size_t>(n * width) * sizeof(float)), 0);
+}
+
+// A storage that keeps the expanded history against one that re-expands every row at every call
+// (prefill_history_bytes 0), two layers, chunks of 200, 3, 317, 1 and 179 tokens (not block
+// aligned; the 3- and 1-token chunks' rows go through the prefill tile too, so a row's bits do not
+// depend on its chunk), the kept buffers growing twice: the same bits at every chunk and layer.
+// Then the latents are rewritten without telling the storage (a contract breach no caller makes):
+// the keeping storage still attends over the old rows below the chunk — which shows it reuses
+// them — until Released drops them, after which the bits agree again.
+TEST_F(CudaBackendMlaPrefill, KeptHistoryGivesTheBitsOfReexpandingIt) {
+  gpu_->set_bf16_prefill(true);
+  KvStorageShape shape{2, 16, 512, 64, DType::kBF16};
+  KvStorageShape off = shape;
+  off.prefill_history_bytes = 0;
+  MlaShape mla;
+  mla.heads = 8;
+  mla.nope_dim = 128;
+  mla.rope_dim = 64;
+  mla.v_dim = 128;
+  mla.latent_dim = 512;
+  const int64_t len = 700, H = mla.heads, width = H * mla.v_dim;
+  std::vector<int32_t> table;
+  for (int32_t i = 0; i < 44; ++i) table.push_back((i * 7 + 3) % 50);
+  auto kept = gpu_->MakeKvStorage(shape), fresh = gpu_->MakeKvStorage(off);
+  kept->Resize(50);
+  fresh->Resize(50);
+  auto fill = [&](float scale) {
+    for (int l = 0; l < 2; ++l) {
+      const Tensor c = gpu_->Upload(Random({len, 512}, scale)), ks = gpu_->Upload(Random({len, 64}, scale));
+      kept->Write(l, table, 0, c, ks);
+      fresh->Write(l, table, 0, c, ks);
+    }
+  };
+  fill(1.0f);
+  Tensor w = Random({H * 256, 512}, 0.05f);
+  const Tensor gw = UpBf16(w);
+  const Tensor q = gpu_->Upload(Random({len, H * 192}, 1.0f));
+  // Rows [start, start + n) of both storages' outputs, layer by layer: how many differ.
+  auto chunk = [&](int64_t start, int64_t n) {
+    int64_t differ = 0;
+    for (int l = 0; l < 2; ++l) {
+      PagedPrefill batch;
+      batch.Add(table, start, n, start);
+      Tensor a = Poisoned({len, width}), b = Poisoned({len, width});
+      kept->AttendPrefill(l, batch, q, gw, mla, &a);
+      fresh->AttendPrefill(l, batch, q, gw, mla, &b);
+      const Tensor ha = gpu_->Download(a), hb = gpu_->Download(b);
+      for (int64_t i = start * width; i < (start + n) * width; ++i) {
+        EXPECT_FALSE(std::isnan(ha.f32()[i]) || std::isnan(hb.f32()[i])) << "row " << i / width;
+        differ += std::memcmp(ha.f32() + i, hb.f32() + i, sizeof(float)) != 0;
+      }
+    }
+    return differ;
+  };
+  int64_t at = 0;
+  for (int64_t n : {200, 3, 317, 1, 179}) {
+    EXPECT_EQ(chunk(at, n), 0) << "chunk at " << at;
+    at += n;
+  }
+  fill(2.0f);
+  EXPECT_GT(chunk(600, 100), 0) << "the kept rows [0, 600) were read again, not reused";
+  kept->Released(std::span<const int32_t>(table).subspan(5, 1));
+  EXPECT_EQ(chunk(600, 100), 0);
+}
+
+// LatentKvCache::FreeBlocks tells its storage: a sequence's blocks freed and handed out again in the
+// same order, holding other latents, are expanded anew — the continuation chunk matches the CPU's
+// expanded attention over the new latents (kept rows of the old ones would be off by O(1)).
+TEST_F(CudaBackendMlaPrefill, FreedBlocksAreExpandedAnew) {
+  gpu_->set_bf16_prefill(true);
+  LatentKvCache gkv(*gpu_, 1, 24, 16, 512, 64, KvCacheDType::kBF16, false);
+  LatentKvCache ckv(*cpu_, 1, 24, 16, 512, 64, KvCacheDType::kBF16, false);
+  MlaShape mla;
+  mla.heads = 8;
+  mla.nope_dim = 128;
+  mla.rope_dim = 64;
+  mla.v_dim = 128;
+  mla.latent_dim = 512;
+  const int64_t len = 300, start = 200, width = mla.heads * mla.v_dim;
+  Tensor w = Random({mla.heads * 256, 512}, 0.05f);
+  const Tensor gw = UpBf16(w);
+  const Tensor q = Random({len, mla.heads * 192}, 1.0f), gq = gpu_->Upload(q);
+  std::vector<int32_t> table, ctable;
+  ASSERT_TRUE(gkv.Reserve(&table, len).ok());
+  ASSERT_TRUE(ckv.Reserve(&ctable, len).ok());
+  ASSERT_EQ(table, ctable);
+  auto write = [&](float scale) {
+    const Tensor c = Random({len, 512}, scale), ks = Random({len, 64}, scale);
+    gkv.Write(0, table, 0, gpu_->Upload(c), gpu_->Upload(ks));
+    ckv.Write(0, table, 0, c, ks);
+  };
+  auto attend = [&](int64_t from, int64_t n, Tensor* o) {
+    PagedPrefill batch;
+    batch.Add(table, from, n, from);
+    gkv.AttendPrefill(0, batch, gq, gw, mla, o);
+  };
+  write(1.0f);
+  Tensor o = Poisoned({len, width});
+  attend(0, start, &o);
+  attend(start, len - start, &o);
+  gkv.FreeBlocks(table);
+  ckv.FreeBlocks(table);
+  std::vector<int32_t> again;
+  for (size_t i = 0; i < table.size(); ++i) again.push_back(gkv.AllocateBlock().value());
+  for (size_t i = 0; i < table.size(); ++i) ASSERT_TRUE(ckv.AllocateBlock().has_value());
+  std::reverse(again.begin(), again.end());  // the pool hands the freed blocks back last in, first out
+  ASSERT_EQ(again, table);
+  write(-1.5f);
+  attend(start, len - start, &o);
+  Tensor want = cpu_->Empty({len, width});
+  PagedPrefill batch;
+  batch.Add(table, start, len - start, start);
+  ckv.AttendPrefill(0, batch, q, w, mla, &want);
+  const Tensor got = gpu_->Download(o);
+  const int64_t n = (len - start) * width;
+  Tensor g = Tensor::Host({n}), r = Tensor::Host({n});
+  std::memcpy(g.raw(), got.f32() + start * width, static_cast<size_t>(n) * sizeof(float));
+  std::memcpy(r.raw(), want.f32() + start * width, static_cast<size_t>(n) * sizeof(float));
+  EXPECT_LE(CudaCpuTest::RelL2(g, r), 1e-2);
 }
 
 }  // namespace
