@@ -203,13 +203,22 @@ __device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float 
 //
 // One block. Counts per expert (shared-memory atomics: the counts do not depend on their order),
 // an exclusive scan over the experts (each thread a run of consecutive experts, a Hillis-Steele
-// scan of the runs), then one warp places the slots 32 at a time in slot order, so a group lists
+// scan of the runs), then warps place the slots 32 at a time in slot order, so a group lists
 // its slots ascending (the placement is deterministic; the expert math does not depend on it).
+// kChunks warps place: warp w the w-th of kChunks consecutive runs of slots, from cursors that
+// count the runs before it (per-run counts kept beside the totals), so the placement is the same
+// as one warp's through all slots. A decode step's few hundred slots take one warp (the fused
+// route chain's shared memory has no room for more); a prefill chunk's 16K (2,048 tokens, top-8)
+// took one warp 139 µs, ~2% of a 32K prefill (Nsight Compute), and takes 8.
 constexpr int kSortThreads = 1024;
+constexpr int kGroupChunks = 8;
 
-// The grouping by the whole block, in `sh`: GroupSmemInts(E) ints.
-constexpr int64_t GroupSmemInts(int64_t E) { return 2 * E + 2 * kSortThreads; }
+// The grouping by the whole block, in `sh`: GroupSmemInts(E, chunks) ints.
+constexpr int64_t GroupSmemInts(int64_t E, int chunks = 1) {
+  return 2 * E + 2 * kSortThreads + (chunks > 1 ? chunks * E : 0);
+}
 
+template <int kChunks = 1>
 __device__ __forceinline__ void GroupByExpertBlock(const int32_t* idx, int64_t n, int64_t E, int32_t* order,
                                                    int32_t* pos, int32_t* active, int32_t* begin,
                                                    int32_t* num_active, int32_t* sh) {
@@ -217,13 +226,19 @@ __device__ __forceinline__ void GroupByExpertBlock(const int32_t* idx, int64_t n
   int32_t* cursor = sh + E;         // [E]
   int32_t* scan_c = sh + 2 * E;     // [blockDim]
   int32_t* scan_a = scan_c + blockDim.x;
+  int32_t* run = scan_a + blockDim.x;  // [kChunks, E] (kChunks > 1): per-run counts, then cursors
   const int tid = threadIdx.x;
+  const int64_t run_len = (n + kChunks - 1) / kChunks;
   for (int64_t e = tid; e < E; e += blockDim.x) count[e] = 0;
+  if constexpr (kChunks > 1) {
+    for (int64_t i = tid; i < kChunks * E; i += blockDim.x) run[i] = 0;
+  }
   __syncthreads();
   for (int64_t s = tid; s < n; s += blockDim.x) {
     const int32_t e = idx[s];
     if (e < 0 || e >= E) __trap();  // the router only chooses real experts
     atomicAdd(&count[e], 1);
+    if constexpr (kChunks > 1) atomicAdd(&run[s / run_len * E + e], 1);
   }
   __syncthreads();
   const int64_t per = (E + blockDim.x - 1) / blockDim.x;
@@ -258,30 +273,46 @@ __device__ __forceinline__ void GroupByExpertBlock(const int32_t* idx, int64_t n
     *num_active = act;
   }
   __syncthreads();
-  if (tid >= 32) return;
-  const unsigned below = (1u << tid) - 1u;
-  for (int64_t base = 0; base < n; base += 32) {
-    const int64_t s = base + tid;
-    const int32_t e = s < n ? idx[s] : -1;
+  if constexpr (kChunks > 1) {
+    // Run w's cursor of expert e: the expert's start plus its slots in runs 0 .. w - 1.
+    for (int64_t e = tid; e < E; e += blockDim.x) {
+      int32_t at = cursor[e];
+      for (int w = 0; w < kChunks; ++w) {
+        const int32_t c = run[w * E + e];
+        run[w * E + e] = at;
+        at += c;
+      }
+    }
+    __syncthreads();
+  }
+  const int warp = tid / 32, lane = tid % 32;
+  if (warp >= kChunks) return;
+  int32_t* cur = kChunks > 1 ? run + warp * E : cursor;
+  const unsigned below = (1u << lane) - 1u;
+  const int64_t first = warp * run_len, last = min(n, first + run_len);
+  for (int64_t base = first; base < last; base += 32) {
+    const int64_t s = base + lane;
+    const int32_t e = s < last ? idx[s] : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     int32_t g = 0;
-    if (s < n) g = cursor[e] + __popc(peers & below);
+    if (s < last) g = cur[e] + __popc(peers & below);
     __syncwarp();
-    if (s < n) {
+    if (s < last) {
       order[g] = static_cast<int32_t>(s);
       pos[s] = g;
-      if (tid == 31 - __clz(peers)) cursor[e] += __popc(peers);  // the group's highest lane
+      if (lane == 31 - __clz(peers)) cur[e] += __popc(peers);  // the group's highest lane
     }
     __syncwarp();
   }
 }
 
+template <int kChunks>
 __global__ void __launch_bounds__(kSortThreads)
     GroupByExpertKernel(const int32_t* idx, int64_t n, int64_t E, int32_t* order, int32_t* pos, int32_t* active,
                         int32_t* begin, int32_t* num_active) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   extern __shared__ int32_t sh[];
-  GroupByExpertBlock(idx, n, E, order, pos, active, begin, num_active, sh);
+  GroupByExpertBlock<kChunks>(idx, n, E, order, pos, active, begin, num_active, sh);
 }
 
 // --- Expert weights, 32 elements at a time --------------------------------------------------
@@ -1098,14 +1129,16 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
 
 void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGroups& g, cudaStream_t s) {
   if (n == 0) return;
-  const size_t shared = static_cast<size_t>(GroupSmemInts(E)) * sizeof(int32_t);
+  // kGroupChunks placing warps where their cursors fit the 48 KB (E ≤ 1,024), else one.
+  const bool chunked = GroupSmemInts(E, kGroupChunks) * sizeof(int32_t) <= 48 * 1024;
+  const size_t shared = static_cast<size_t>(GroupSmemInts(E, chunked ? kGroupChunks : 1)) * sizeof(int32_t);
   if (shared > 48 * 1024) {
     std::fprintf(stderr, "kimirt: MoE of %lld experts (the CUDA grouping takes up to %d)\n",
                  static_cast<long long>(E), 48 * 1024 / 8 - kSortThreads);
     std::abort();
   }
-  LaunchPdl("GroupByExpert", GroupByExpertKernel, dim3(1), dim3(kSortThreads), shared, s, idx, n, E, g.order, g.pos,
-            g.active, g.begin, g.num_active);
+  LaunchPdl("GroupByExpert", chunked ? GroupByExpertKernel<kGroupChunks> : GroupByExpertKernel<1>, dim3(1),
+            dim3(kSortThreads), shared, s, idx, n, E, g.order, g.pos, g.active, g.begin, g.num_active);
   CheckLaunch("GroupByExpert");
 }
 

@@ -6,6 +6,7 @@
 //     decode-sized and prefill-sized steps;
 //   - a token's result does not depend on the other tokens of the step (row invariance: each row
 //     of a decode step bit-identical to the row computed alone, at every batch size);
+//   - the grouping by expert is the stable counting sort of the choices (a host one);
 //   - the warp-per-token router gives the one-thread reference router's bits, ties included, and
 //     the router's F32 GEMV keeps each row's bits alone or batched;
 //   - against the CPU reference (F32, dequantized at load) within the op tests' tolerance.
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
+#include "kimirt/backend/cuda/cuda_backend.h"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
@@ -413,6 +415,56 @@ TEST_F(CudaBackendMoe, RouterGemvRowsAreBitIdenticalToAloneAtK3Widths) {
   Tensor want = cpu_->Empty({T, E});
   cpu_->Linear(x, w, &want);
   EXPECT_LE(RelL2(got, want), 1e-5);
+}
+
+// MoeGroupByExpert against a host stable counting sort, every output array exactly: a 2,048-token
+// prefill chunk's choices (top-8 of 256, the placement split over warps in runs), K3's top-16 of
+// 896 plus the shared expert, decode-sized calls (runs shorter than a warp, some empty), one
+// choice. The choices are skewed so that some experts take none and runs share experts.
+TEST_F(CudaBackendMoe, GroupingIsTheStableCountingSort) {
+  struct Case {
+    int64_t n, E;
+  };
+  auto* stream = static_cast<cudaStream_t>(CudaBackendStream(*gpu_));
+  for (const Case& c : {Case{16384, 256}, Case{2048 * 17, 897}, Case{7, 256}, Case{577, 897}, Case{1, 5}}) {
+    SCOPED_TRACE("n = " + std::to_string(c.n) + ", E = " + std::to_string(c.E));
+    Tensor idx = Tensor::Host({c.n}, DType::kI32);
+    for (int64_t s = 0; s < c.n; ++s) {
+      const uint64_t r = rng_.Next();
+      idx.i32()[s] = static_cast<int32_t>(r % 4 == 0 ? r / 4 % c.E : r / 4 % std::max<int64_t>(1, c.E / 3));
+    }
+    const int64_t a = std::min(c.E, c.n);
+    const Tensor d_idx = gpu_->Upload(idx);
+    Tensor order = gpu_->Empty({c.n}, DType::kI32), pos = gpu_->Empty({c.n}, DType::kI32);
+    Tensor active = gpu_->Empty({a}, DType::kI32), begin = gpu_->Empty({a + 1}, DType::kI32);
+    Tensor num = gpu_->Empty({1}, DType::kI32);
+    const auto ints = [](Tensor& t) { return static_cast<int32_t*>(t.raw()); };
+    cuda::ExpertGroups g{ints(order), ints(pos), ints(active), ints(begin), ints(num)};
+    cuda::MoeGroupByExpert(static_cast<const int32_t*>(d_idx.raw()), c.n, c.E, g, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<int32_t> want_order(static_cast<size_t>(c.n)), want_pos(static_cast<size_t>(c.n)), want_active,
+        want_begin;
+    std::iota(want_order.begin(), want_order.end(), 0);
+    std::stable_sort(want_order.begin(), want_order.end(),
+                     [&](int32_t x, int32_t y) { return idx.i32()[x] < idx.i32()[y]; });
+    for (int64_t i = 0; i < c.n; ++i) {
+      want_pos[static_cast<size_t>(want_order[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
+      const int32_t e = idx.i32()[want_order[static_cast<size_t>(i)]];
+      if (want_active.empty() || want_active.back() != e) {
+        want_active.push_back(e);
+        want_begin.push_back(static_cast<int32_t>(i));
+      }
+    }
+    want_begin.push_back(static_cast<int32_t>(c.n));
+    const Tensor h_order = gpu_->Download(order), h_pos = gpu_->Download(pos), h_active = gpu_->Download(active),
+                 h_begin = gpu_->Download(begin), h_num = gpu_->Download(num);
+    const auto list = [](const Tensor& t, int64_t n) { return std::vector<int32_t>(t.i32(), t.i32() + n); };
+    ASSERT_EQ(h_num.i32()[0], static_cast<int32_t>(want_active.size()));
+    EXPECT_EQ(list(h_order, c.n), want_order);
+    EXPECT_EQ(list(h_pos, c.n), want_pos);
+    EXPECT_EQ(list(h_active, h_num.i32()[0]), want_active);
+    EXPECT_EQ(list(h_begin, h_num.i32()[0] + 1), want_begin);
+  }
 }
 
 }  // namespace

@@ -39,15 +39,20 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 // per element a thread owns, as the stores to y may alias x and w: ~7 µs a 2,304-wide row,
 // measured (Nsight Compute, 2-layer Kimi-Linear-48B decode), where the data is 18 KB.
 // kAdd (AddRmsNorm): the row is a + b, AddKernel's sum, stored to h before it is normalized.
-constexpr int kNormHeld = 32;  // 8,192 elements: K3's hidden 7,168, Kimi-Linear's 2,304
-template <bool kAdd>
+// kHeld elements a thread: 12 for rows up to 3,072 (Kimi-Linear's 2,304), kNormHeld up to 8,192
+// (K3's 7,168). With 32 for every width, Kimi-Linear's rows took 112-152 registers a thread (one or
+// two 256-thread blocks an SM) and a 2,048-token prefill chunk's norms ran at 0.6-1.4 TB/s
+// (54-60 µs a call, Nsight Compute); at 12, 48-60 registers.
+constexpr int kNormHeld = 32;
+constexpr int kNormHeldShort = 12;
+template <bool kAdd, int kHeld>
 __global__ void __launch_bounds__(kThreads)
     RmsNormHeldKernel(const float* __restrict__ x, const float* __restrict__ b, const float* __restrict__ w,
                       float eps, int64_t n, float* __restrict__ h, float* __restrict__ y) {
   __shared__ float scratch[33];
-  float wv[kNormHeld], xv[kNormHeld];
+  float wv[kHeld], xv[kHeld];
 #pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
+  for (int j = 0; j < kHeld; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     wv[j] = i < n ? w[i] : 0.0f;
   }
@@ -55,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   PdlTrigger();
   const int64_t row = blockIdx.x * n;
 #pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
+  for (int j = 0; j < kHeld; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if constexpr (kAdd) {
       xv[j] = i < n ? x[row + i] + b[row + i] : 0.0f;
@@ -65,20 +70,20 @@ __global__ void __launch_bounds__(kThreads)
   }
   if constexpr (kAdd) {
 #pragma unroll
-    for (int j = 0; j < kNormHeld; ++j) {
+    for (int j = 0; j < kHeld; ++j) {
       const int64_t i = threadIdx.x + int64_t{j} * kThreads;
       if (i < n) h[row + i] = xv[j];
     }
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
+  for (int j = 0; j < kHeld; ++j) {
     if (threadIdx.x + int64_t{j} * kThreads < n) ss += xv[j] * xv[j];
   }
   ss = BlockSum(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
+  for (int j = 0; j < kHeld; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < n) y[row + i] = wv[j] * (xv[j] * inv);
   }
@@ -136,8 +141,11 @@ void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n,
   if (rows == 0) return;
   // In place (y == x) or longer rows: the loop kernel.
   if (n <= int64_t{kThreads} * kNormHeld && y != x) {
-    LaunchPdl("RmsNorm", RmsNormHeldKernel<false>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x,
-              static_cast<const float*>(nullptr), w, eps, n, static_cast<float*>(nullptr), y);
+    LaunchPdl("RmsNorm",
+              n <= int64_t{kThreads} * kNormHeldShort ? RmsNormHeldKernel<false, kNormHeldShort>
+                                                      : RmsNormHeldKernel<false, kNormHeld>,
+              dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, static_cast<const float*>(nullptr), w, eps,
+              n, static_cast<float*>(nullptr), y);
   } else {
     LaunchPdl("RmsNorm", RmsNormKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, x, w, eps, n, y);
   }
@@ -152,8 +160,10 @@ void AddRmsNorm(const float* a, const float* b, const float* w, float eps, int64
     RmsNorm(h, w, eps, rows, n, y, s);
     return;
   }
-  LaunchPdl("AddRmsNorm", RmsNormHeldKernel<true>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, a, b, w,
-            eps, n, h, y);
+  LaunchPdl("AddRmsNorm",
+            n <= int64_t{kThreads} * kNormHeldShort ? RmsNormHeldKernel<true, kNormHeldShort>
+                                                    : RmsNormHeldKernel<true, kNormHeld>,
+            dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, s, a, b, w, eps, n, h, y);
   CheckLaunch("AddRmsNorm");
 }
 
