@@ -73,6 +73,16 @@ class CudaBackendMlaPrefill : public testing::CudaCpuTest {
     return gpu_->Upload(h);
   }
 
+  static MlaShape Mla(int64_t heads, int64_t nope, int64_t rope, int64_t v, int64_t latent) {
+    MlaShape m;
+    m.heads = heads;
+    m.nope_dim = nope;
+    m.rope_dim = rope;
+    m.v_dim = v;
+    m.latent_dim = latent;
+    return m;
+  }
+
   static double RelL2(const float* got, const double* want, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -297,12 +307,7 @@ TEST_F(CudaBackendMlaPrefill, PagedMatchesCpuForEveryCacheDtype) {
 TEST_F(CudaBackendMlaPrefill, OtherWidthsTakeTheF32Path) {
   ASSERT_FALSE(cuda::MlaPrefillSupported(16, 8, 16));
   const KvStorageShape shape{2, 16, 64, 8, DType::kBF16};
-  MlaShape mla;
-  mla.heads = 4;
-  mla.nope_dim = 16;
-  mla.rope_dim = 8;
-  mla.v_dim = 16;
-  mla.latent_dim = 64;
+  const MlaShape mla = Mla(4, 16, 8, 16, 64);
   const int64_t start = 30, n = 21, len = start + n, width = mla.heads * mla.v_dim;
   auto kv = gpu_->MakeKvStorage(shape);
   kv->Resize(6);
@@ -337,12 +342,7 @@ TEST_F(CudaBackendMlaPrefill, KeptHistoryGivesTheBitsOfReexpandingIt) {
   KvStorageShape shape{2, 16, 512, 64, DType::kBF16};
   KvStorageShape off = shape;
   off.prefill_history_bytes = 0;
-  MlaShape mla;
-  mla.heads = 8;
-  mla.nope_dim = 128;
-  mla.rope_dim = 64;
-  mla.v_dim = 128;
-  mla.latent_dim = 512;
+  const MlaShape mla = Mla(8, 128, 64, 128, 512);
   const int64_t len = 700, H = mla.heads, width = H * mla.v_dim;
   std::vector<int32_t> table;
   for (int32_t i = 0; i < 44; ++i) table.push_back((i * 7 + 3) % 50);
@@ -395,12 +395,7 @@ TEST_F(CudaBackendMlaPrefill, FreedBlocksAreExpandedAnew) {
   gpu_->set_bf16_prefill(true);
   LatentKvCache gkv(*gpu_, 1, 24, 16, 512, 64, KvCacheDType::kBF16, false);
   LatentKvCache ckv(*cpu_, 1, 24, 16, 512, 64, KvCacheDType::kBF16, false);
-  MlaShape mla;
-  mla.heads = 8;
-  mla.nope_dim = 128;
-  mla.rope_dim = 64;
-  mla.v_dim = 128;
-  mla.latent_dim = 512;
+  const MlaShape mla = Mla(8, 128, 64, 128, 512);
   const int64_t len = 300, start = 200, width = mla.heads * mla.v_dim;
   Tensor w = Random({mla.heads * 256, 512}, 0.05f);
   const Tensor gw = UpBf16(w);
