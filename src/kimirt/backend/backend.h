@@ -186,7 +186,9 @@ class KvStorage {
   // widths (dn = dv = 128, dr = 64 or 0), runs the expansion GEMM per sequence and a flash-
   // attention kernel on tensor cores with BF16 operands and F32 accumulation (the model calls
   // this only in Backend::bf16_prefill mode), other widths as the CPU does. Either way a row's
-  // bits depend on its own sequence alone, never on the others of the call.
+  // bits depend on its own sequence alone, never on the others of the call. CUDA keeps a
+  // one-sequence call's expanded rows for the sequence's next chunk (expanded_history.h; the
+  // bits of expanding them again).
   virtual void AttendPrefill(int layer, const PagedPrefill& batch, const Tensor& q, const Tensor& w_kvb,
                              const MlaShape& shape, Tensor* o) = 0;
   // Blocks whose last reference was dropped (LatentKvCache::FreeBlocks): their rows may be
