@@ -798,12 +798,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // GemmW with y [m, n] in BF16: the bits ToBf16 gives of GemmW's y, and on PrefillGemm's path
-  // rounded as stored, with no F32 y in memory.
-  // MLA prefill's expansion. With BF16 weights in bf16_prefill mode it is always the prefill
-  // tile, whatever m (the decode GEMMs serve m ≤ 64 elsewhere): a key row's bits then never depend
-  // on how many rows were expanded with it, so a history expanded chunk by chunk and kept
-  // (expanded_history.h) equals one expanded whole.
+  // y [m, n] in BF16 := x · wᵀ, MLA prefill's expansion. With BF16 weights in bf16_prefill mode
+  // the prefill tile whatever m (GemmW takes the decode GEMMs for m ≤ 64), each sum rounded as
+  // it is stored, no F32 y in memory: a key row's bits never depend on how many rows were expanded
+  // with it, so a history expanded chunk by chunk and kept (expanded_history.h) equals one
+  // expanded whole. Otherwise ToBf16 of GemmW's y.
   void GemmWBf16Out(const float* x, const Tensor& w, void* y, int64_t m, int64_t n, int64_t k) {
     if (ExpandsRowInvariantly(w) && m > 0 && n > 0 && k > 0) {
       Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, W(w)));
