@@ -21,6 +21,21 @@ int ExpandedHistory::Find(std::span<const int32_t> table) const {
   return -1;
 }
 
+int64_t ExpandedHistory::SharedRows(const Entry& en, std::span<const int32_t> table) const {
+  size_t same = 0;
+  while (same < en.blocks.size() && same < table.size() && en.blocks[same] == table[same]) ++same;
+  return static_cast<int64_t>(same) * block_size_;
+}
+
+int ExpandedHistory::LeastRecentlyUsed(int except) const {
+  int lru = -1;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (static_cast<int>(i) == except || !entries_[i].live) continue;
+    if (lru < 0 || entries_[i].used < entries_[static_cast<size_t>(lru)].used) lru = static_cast<int>(i);
+  }
+  return lru;
+}
+
 void ExpandedHistory::DropLayer(int e, int layer, Dropped* out) {
   Entry& en = entries_[static_cast<size_t>(e)];
   const size_t l = static_cast<size_t>(layer);
@@ -46,10 +61,7 @@ ExpandedHistory::Plan ExpandedHistory::Begin(int layer, std::span<const int32_t>
       if (!entries_[i].live) e = static_cast<int>(i);
     }
     if (e < 0) {
-      e = 0;
-      for (size_t i = 1; i < entries_.size(); ++i) {
-        if (entries_[i].used < entries_[static_cast<size_t>(e)].used) e = static_cast<int>(i);
-      }
+      e = LeastRecentlyUsed(-1);
       Drop(e, &p.dropped);
     }
     Entry& fresh = entries_[static_cast<size_t>(e)];
@@ -61,9 +73,8 @@ ExpandedHistory::Plan ExpandedHistory::Begin(int layer, std::span<const int32_t>
   // Every layer's rows stay valid below the first block where the tables part. This layer's
   // rows also only below `start`: positions from there on were written by this forward before
   // this call (another layer's rows there may already be this forward's own expansion).
-  size_t same = 0;
-  while (same < en.blocks.size() && same < table.size() && en.blocks[same] == table[same]) ++same;
-  for (int64_t& r : en.rows) r = std::min(r, static_cast<int64_t>(same) * block_size_);
+  const int64_t shared = SharedRows(en, table);
+  for (int64_t& r : en.rows) r = std::min(r, shared);
   const size_t l = static_cast<size_t>(layer);
   en.rows[l] = std::min(en.rows[l], start);
   en.blocks.assign(table.begin(), table.end());
@@ -80,11 +91,7 @@ ExpandedHistory::Plan ExpandedHistory::Begin(int layer, std::span<const int32_t>
     for (int64_t c : en.cap) own += c * row_bytes_;
     const bool alone_fits = own + (len - cap) * row_bytes_ <= cap_bytes_;
     while (alone_fits && !fits(want)) {
-      int lru = -1;
-      for (size_t i = 0; i < entries_.size(); ++i) {
-        if (static_cast<int>(i) == e || !entries_[i].live) continue;
-        if (lru < 0 || entries_[i].used < entries_[static_cast<size_t>(lru)].used) lru = static_cast<int>(i);
-      }
+      const int lru = LeastRecentlyUsed(e);
       if (lru < 0) break;
       Drop(lru, &p.dropped);
     }
@@ -127,10 +134,8 @@ ExpandedHistory::Dropped ExpandedHistory::Decoding(std::span<const int32_t> tabl
   const Entry& en = entries_[static_cast<size_t>(e)];
   // The entry is this sequence's when every row it holds lies in blocks both tables share; one of
   // another sequence (sharing only a prompt prefix) holds rows past them and stays.
-  size_t same = 0;
-  while (same < en.blocks.size() && same < table.size() && en.blocks[same] == table[same]) ++same;
   const int64_t most = *std::max_element(en.rows.begin(), en.rows.end());
-  if (most <= std::min(static_cast<int64_t>(same) * block_size_, context)) Drop(e, &out);
+  if (most <= std::min(SharedRows(en, table), context)) Drop(e, &out);
   return out;
 }
 
@@ -145,11 +150,6 @@ int64_t ExpandedHistory::bytes() const {
 int64_t ExpandedHistory::rows(int entry, int layer) const {
   const Entry& en = entries_.at(static_cast<size_t>(entry));
   return en.live ? en.rows.at(static_cast<size_t>(layer)) : 0;
-}
-
-int64_t ExpandedHistory::capacity(int entry, int layer) const {
-  const Entry& en = entries_.at(static_cast<size_t>(entry));
-  return en.live ? en.cap.at(static_cast<size_t>(layer)) : 0;
 }
 
 int ExpandedHistory::live_entries() const {

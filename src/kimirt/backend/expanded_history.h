@@ -61,7 +61,6 @@ class ExpandedHistory {
 
   int64_t bytes() const;                      // all buffers, as planned
   int64_t rows(int entry, int layer) const;   // valid rows (tests)
-  int64_t capacity(int entry, int layer) const;
   int live_entries() const;
 
  private:
@@ -74,6 +73,10 @@ class ExpandedHistory {
   void Drop(int e, Dropped* out);
   void DropLayer(int e, int layer, Dropped* out);
   int Find(std::span<const int32_t> table) const;
+  // Rows in the leading blocks `table` shares with the entry's table.
+  int64_t SharedRows(const Entry& en, std::span<const int32_t> table) const;
+  // The live entry used longest ago, other than `except`; -1 if none.
+  int LeastRecentlyUsed(int except) const;
 
   int layers_, block_size_;
   int64_t row_bytes_, cap_bytes_;
