@@ -4,7 +4,7 @@
 // kernel's blocks (grids of up to three dimensions) one after another (cp.async:
 // cp_async_host.h). A block of 128 threads (the GEMM's, and the MoE decode's: MMAs are
 // warp-collective, the GEMM's x staging has __syncthreads) runs as 128 std::threads
-// (shim.h's warp and block barriers); other blocks (SplitXKernel, the sums: grid-stride loops with
+// (shim.h's warp and block barriers), a one-warp block as 32; other blocks (SplitXKernel, the sums: grid-stride loops with
 // no barriers) run their threads in turn on the calling thread.
 #pragma once
 #include <cmath>
@@ -96,8 +96,8 @@ void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 bloc
   for (unsigned b = 0; b < grid.x * grid.y * grid.z; ++b) {
     const unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / grid.x / grid.y;
     if (!shared.empty()) std::memset(shared.data(), 0xff, shared.size() * sizeof(uint4));
-    if (block.x == 128) {
-      BlockCtx ctx(128);
+    if (block.x == 128 || block.x == 32) {  // warp collectives: the lanes as threads
+      BlockCtx ctx(static_cast<int>(block.x));
       g_ctx = &ctx;
       std::vector<std::thread> threads;
       for (unsigned tx = 0; tx < block.x; ++tx) threads.emplace_back(run, bx, by, bz, tx);

@@ -645,7 +645,33 @@ void CheckRoute(const char* name, int64_t T, int64_t E, int k, bool ties) {
   }
 }
 
+// MoeGroupByExpert's one-warp path (n ≤ 32 slots: GroupByExpertWarpKernel, lanes as threads)
+// against MakeGroups' host counting sort: order, pos, active, begin and the count, for n = 1 .. 32
+// slots over few experts (many repeats) and many (mostly distinct), the last expert included.
+void CheckGroupWarp() {
+  for (const int E : {3, 257}) {
+    for (int64_t n = 1; n <= 32; ++n) {
+      std::vector<int32_t> idx(static_cast<size_t>(n));
+      for (int32_t& e : idx) e = RandInt(E);
+      if (n > 2) idx[1] = E - 1;
+      const Groups want = MakeGroups(n, 1, idx, E);
+      std::vector<int32_t> order(static_cast<size_t>(n), -7), pos(static_cast<size_t>(n), -7);
+      std::vector<int32_t> active(static_cast<size_t>(n), -7), begin(static_cast<size_t>(n + 1), -7);
+      int32_t num = -7;
+      const kc::ExpertGroups eg{order.data(), pos.data(), active.data(), begin.data(), &num};
+      kc::MoeGroupByExpert(idx.data(), n, E, eg, nullptr);
+      active.resize(static_cast<size_t>(std::max(num, 0)));
+      begin.resize(static_cast<size_t>(std::max(num, 0) + 1));
+      if (order != want.order || pos != want.pos || active != want.active || begin != want.begin || num != want.num) {
+        Fail("one-warp grouping, E=" + std::to_string(E) + " n=" + std::to_string(n) + ": differs from the host sort");
+      }
+      ++g_checks;
+    }
+  }
+}
+
 void RunRouteChecks() {
+  CheckGroupWarp();
   // T = 6: the warp kernel's blocks of 4 tokens, one of them partial (whole warps return).
   for (bool ties : {true, false}) {
     CheckRoute(ties ? "E=256 k=8 ties" : "E=256 k=8", 6, 256, 8, ties);

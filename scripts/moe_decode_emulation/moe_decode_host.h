@@ -5,8 +5,8 @@
 // barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),
 // `<<<>>>` launches, and the weight loads (and any L2 prefetch: the expert kernels issue none, the
 // driver fails on one) checked to stay inside the experts' weights; the router's warp collectives
-// (shuffles, ballot). The grouping kernel compiles but is not run here: its warp collective aborts
-// if called.
+// (shuffles, ballot, match) and the one-warp grouping's. The block grouping kernels compile but
+// are not run here: their shared-memory atomics abort if called.
 #pragma once
 #include <atomic>
 #include <bit>
@@ -43,9 +43,9 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // The calling warp's barrier: the lanes of one warp only, like the device's __syncwarp().
 inline void __syncwarp() { g_ctx->warp[threadIdx.x / 32]->arrive_and_wait(); }
 
-// Used by the grouping kernel only, which this emulation does not run.
+// Used by the block grouping kernels only, which this emulation does not run.
 [[noreturn]] inline void NotEmulated(const char* what) {
-  std::fprintf(stderr, "emulation: %s is not emulated (the grouping kernel is not run here)\n", what);
+  std::fprintf(stderr, "emulation: %s is not emulated (the block grouping kernels are not run here)\n", what);
   std::abort();
 }
 // The router's warp collectives (MoeRouteWarpKernel: 128-thread blocks, so its lanes are threads
@@ -80,7 +80,21 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   for (int i = 0; i < 32; ++i) r |= (g_ctx->shfl[w][i] != 0.0f ? 1u : 0u) << i;
   return r;
 }
-inline unsigned __match_any_sync(unsigned, int) { NotEmulated("__match_any_sync"); }
+// The lanes holding the same value as this one (GroupByExpertWarp's 32-thread launch).
+inline unsigned __match_any_sync(unsigned, int v) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_ctx->warp[w]->arrive_and_wait();
+  std::memcpy(&g_ctx->shfl[w][l], &v, 4);
+  g_ctx->warp[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) {
+    int u;
+    std::memcpy(&u, &g_ctx->shfl[w][i], 4);
+    r |= (u == v ? 1u : 0u) << i;
+  }
+  return r;
+}
+inline int __ffs(unsigned v) { return v == 0 ? 0 : std::countr_zero(v) + 1; }
 inline int atomicAdd(int*, int) { NotEmulated("atomicAdd"); }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __clz(unsigned v) { return std::countl_zero(v); }

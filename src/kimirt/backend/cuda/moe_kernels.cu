@@ -95,11 +95,23 @@ struct RouteWarpSmem {
   float pick_w[kMaxTopK];
 };
 
-// Token t's choice, by the calling warp (whole), in its `sm`.
+// This lane's experts' correction biases (lane + 32i), for RouteTokenWarp. They are weights, so a
+// kernel loads them before PdlWait (pdl.cuh): their DRAM round trip passes under the router GEMV's
+// tail. Loaded after the wait, one at a time with the logits, a batch-1 token's routing spent
+// ~7,000 of its ~10,000 cycles on these loads (clock64 stamps, 2-layer Kimi-Linear-48B).
 template <int kPerLane>
-__device__ __forceinline__ void RouteTokenWarp(const float* logits, const float* bias, int64_t t, int64_t E, int k,
-                                               bool renormalize, float scaling, bool combine_biased, int32_t append,
-                                               int32_t* idx, float* weights, RouteWarpSmem<kPerLane>& sm) {
+__device__ __forceinline__ void LoadLaneBias(const float* bias, int64_t E, float (&b)[kPerLane]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) b[i] = lane + 32 * i < E ? bias[lane + 32 * i] : 0.0f;
+}
+
+// Token t's choice, by the calling warp (whole), in its `sm`; b: LoadLaneBias's.
+template <int kPerLane>
+__device__ __forceinline__ void RouteTokenWarp(const float* logits, const float (&b)[kPerLane], int64_t t, int64_t E,
+                                               int k, bool renormalize, float scaling, bool combine_biased,
+                                               int32_t append, int32_t* idx, float* weights,
+                                               RouteWarpSmem<kPerLane>& sm) {
   RouteCand* const cand = sm.cand;
   float* const lane_max = sm.lane_max;
   int32_t* const pick_e = sm.pick_e;
@@ -108,11 +120,12 @@ __device__ __forceinline__ void RouteTokenWarp(const float* logits, const float*
   __syncwarp();  // a warp's previous token (MoeRouteGroupSplitKernel) is done with `sm`
   const float* row = logits + t * E;
   float c[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) c[i] = lane + 32 * i < E ? row[lane + 32 * i] : 0.0f;  // all loads first
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int64_t e = lane + 32 * i;
-    c[i] = e < E ? Sigmoid(row[e]) + bias[e] : -INFINITY;
+    c[i] = lane + 32 * i < E ? Sigmoid(c[i]) + b[i] : -INFINITY;
     m = fmaxf(m, c[i]);
   }
   // Picks a NaN choice value could leave unwritten: a valid expert, NaN weight.
@@ -181,11 +194,13 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     MoeRouteWarpKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                        float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights) {
   __shared__ RouteWarpSmem<kPerLane> sm[kRouteWarps];
+  float b[kPerLane];
+  LoadLaneBias<kPerLane>(bias, E, b);
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int warp = threadIdx.x / 32;
   const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
   if (t >= T) return;  // whole warps
-  RouteTokenWarp<kPerLane>(logits, bias, t, E, k, renormalize, scaling, combine_biased, append, idx, weights, sm[warp]);
+  RouteTokenWarp<kPerLane>(logits, b, t, E, k, renormalize, scaling, combine_biased, append, idx, weights, sm[warp]);
 }
 
 __device__ float WarpSum(float v) {
@@ -304,6 +319,52 @@ __device__ __forceinline__ void GroupByExpertBlock(const int32_t* idx, int64_t n
     }
     __syncwarp();
   }
+}
+
+// The same grouping by one warp for n ≤ 32 slots (a decode step of up to 3 tokens at top-8 + the
+// shared expert): lane s holds slot s, and its place is the count of slots before it in (expert,
+// slot) order — shuffles instead of the block's counts, scan and ~20 barriers, which took ~6,000
+// cycles of the batch-1 route chain (clock64 stamps, fourteenth session). The outputs are
+// GroupByExpertBlock's, value for value.
+constexpr int64_t kGroupWarpMaxSlots = 32;
+__device__ __forceinline__ void GroupByExpertWarp(const int32_t* idx, int64_t n, int64_t E, int32_t* order,
+                                                  int32_t* pos, int32_t* active, int32_t* begin,
+                                                  int32_t* num_active) {
+  const int lane = threadIdx.x % 32;
+  const bool valid = lane < n;
+  const int32_t e = valid ? idx[lane] : -1;
+  if (valid && (e < 0 || e >= E)) __trap();  // the router only chooses real experts
+  const unsigned peers = __match_any_sync(0xffffffffu, e);
+  const bool leader = valid && lane == __ffs(peers) - 1;  // its expert's first slot
+  const unsigned leaders = __ballot_sync(0xffffffffu, leader);
+  int32_t place = __popc(peers & ((1u << lane) - 1u)), act = 0;
+#pragma unroll 8
+  for (int j = 0; j < 32; ++j) {
+    const int32_t ej = __shfl_sync(0xffffffffu, e, j);
+    const bool before = j < n && ej < e;  // slot j's expert comes first
+    place += before;
+    act += before && (leaders >> j & 1u);
+  }
+  if (valid) {
+    order[place] = lane;
+    pos[lane] = place;
+    if (leader) {
+      active[act] = e;
+      begin[act] = place;
+    }
+  }
+  if (lane == 0) {
+    const int32_t num = __popc(leaders);
+    begin[num] = static_cast<int32_t>(n);
+    *num_active = num;
+  }
+}
+
+__global__ void __launch_bounds__(32)
+    GroupByExpertWarpKernel(const int32_t* idx, int64_t n, int64_t E, int32_t* order, int32_t* pos, int32_t* active,
+                            int32_t* begin, int32_t* num_active) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  GroupByExpertWarp(idx, n, E, order, pos, active, begin, num_active);
 }
 
 template <int kChunks>
@@ -668,6 +729,8 @@ __global__ void __launch_bounds__(kSortThreads)
     MoeRouteGroupSplitKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                              float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
                              int64_t E_group, ExpertGroups g, const float* z, int64_t De, uint16_t* z_parts) {
+  float b[8];
+  if (blockIdx.x == 0) LoadLaneBias<8>(bias, E, b);
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   if (blockIdx.x > 0) {
     SplitRows(z, T, De, z_parts, (blockIdx.x - 1) * int64_t{blockDim.x} + threadIdx.x,
@@ -678,11 +741,15 @@ __global__ void __launch_bounds__(kSortThreads)
   RouteGroupSmem& sm = *reinterpret_cast<RouteGroupSmem*>(route_group_smem);
   const int warp = threadIdx.x / 32;
   for (int64_t t = warp; warp < kRouteGroupWarps && t < T; t += kRouteGroupWarps) {
-    RouteTokenWarp<8>(logits, bias, t, E, k, renormalize, scaling, combine_biased, append, idx, weights,
+    RouteTokenWarp<8>(logits, b, t, E, k, renormalize, scaling, combine_biased, append, idx, weights,
                       sm.route[warp]);
   }
   __syncthreads();  // every token's idx written (and the route's shared memory free for the grouping)
   const int64_t ks = append >= 0 ? k + 1 : k;
+  if (T * ks <= kGroupWarpMaxSlots) {
+    if (warp == 0) GroupByExpertWarp(idx, T * ks, E_group, g.order, g.pos, g.active, g.begin, g.num_active);
+    return;
+  }
   GroupByExpertBlock(idx, T * ks, E_group, g.order, g.pos, g.active, g.begin, g.num_active, sm.group);
 }
 
@@ -1129,6 +1196,12 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
 
 void MoeGroupByExpert(const int32_t* idx, int64_t n, int64_t E, const ExpertGroups& g, cudaStream_t s) {
   if (n == 0) return;
+  if (n <= kGroupWarpMaxSlots) {
+    LaunchPdl("GroupByExpert", GroupByExpertWarpKernel, dim3(1), dim3(32), 0, s, idx, n, E, g.order, g.pos, g.active,
+              g.begin, g.num_active);
+    CheckLaunch("GroupByExpert");
+    return;
+  }
   // kGroupChunks placing warps where their cursors fit the 48 KB (E ≤ 1,024), else one.
   const bool chunked = GroupSmemInts(E, kGroupChunks) * sizeof(int32_t) <= 48 * 1024;
   const size_t shared = static_cast<size_t>(GroupSmemInts(E, chunked ? kGroupChunks : 1)) * sizeof(int32_t);

@@ -426,7 +426,8 @@ TEST_F(CudaBackendMoe, GroupingIsTheStableCountingSort) {
     int64_t n, E;
   };
   auto* stream = static_cast<cudaStream_t>(CudaBackendStream(*gpu_));
-  for (const Case& c : {Case{16384, 256}, Case{2048 * 17, 897}, Case{7, 256}, Case{577, 897}, Case{1, 5}}) {
+  for (const Case& c : {Case{16384, 256}, Case{2048 * 17, 897}, Case{7, 256}, Case{577, 897}, Case{1, 5}, Case{32, 257},
+                        Case{33, 257}, Case{9, 897}}) {
     SCOPED_TRACE("n = " + std::to_string(c.n) + ", E = " + std::to_string(c.E));
     Tensor idx = Tensor::Host({c.n}, DType::kI32);
     for (int64_t s = 0; s < c.n; ++s) {
