@@ -268,6 +268,10 @@ class Backend {
   };
   virtual void LinearGroup(std::span<const LinearProblem> problems);
   // Row-wise RMSNorm with gain (spec §3.1): y = w * x * rsqrt(mean(x²) + eps). x, y [T, n].
+  // A hint that these weights are read soon (a decode step's next GEMMs, in order): a backend may
+  // start bringing them toward its caches now, while the kernels before them are latency-bound and
+  // leave memory idle. Changes no result; the CPU backend ignores it.
+  virtual void PrefetchWeights(std::span<const Tensor* const> /*weights*/) {}
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
   // y = a + b (y may be a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;

@@ -382,6 +382,17 @@ std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, c
   return key;
 }
 
+// The weights a layer's attention reads first, small ones first: its input projections
+// (kda.cpp, mla.cpp: the first LinearGroup of each).
+static std::vector<const Tensor*> AttentionInputWeights(const LayerWeights& lw) {
+  if (lw.is_kda) {
+    const KdaWeights& w = lw.kda;
+    return {&w.b, &w.f_a, w.g.defined() ? &w.g : &w.g_a, &w.q, &w.k, &w.v};
+  }
+  const MlaWeights& w = lw.mla;
+  return {&w.kv_a, w.q_a.defined() ? &w.q_a : &w.q, &w.g};
+}
+
 Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o,
                         bool paged_decode) {
   const ModelConfig& c = config();
@@ -427,6 +438,16 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
     Tensor ffn =
         lw.is_moe ? RunMoe(ctx_, lw.moe, y, trace != nullptr ? &route : nullptr) : RunMlp(ctx_, lw.dense, y);
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
+    // A decode step's next weights toward the caches while the FFN's last small kernels and the
+    // norm run (Backend::PrefetchWeights): the next layer's input projections, or the head.
+    if (T <= be_.RowInvariantRows()) {
+      if (i + 1 < end) {
+        be_.PrefetchWeights(AttentionInputWeights(w_.layers[i + 1]));
+      } else if (stage_.is_last()) {
+        const Tensor* const head[] = {&w_.lm_head};
+        be_.PrefetchWeights(head);
+      }
+    }
     if (i + 1 < end) {
       const LayerWeights& next = w_.layers[i + 1];
       x = stream->AddThenNorm(ffn, next.input_norm, eps,

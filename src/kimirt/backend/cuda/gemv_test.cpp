@@ -200,5 +200,54 @@ TEST_F(CudaBackendGemv, InAGraphBetweenOtherKernelsKeepsTheBits) {
   }
 }
 
+// Backend::PrefetchWeights is a hint on a stream beside the chain (l2_prefetch.cu): the same
+// three kernels with weights asked into L2 between them — an unaligned view of w, an empty
+// tensor, a host tensor, more ranges than one launch takes, more bytes than the budget — give the
+// same bits eagerly and as a graph, whose capture must end with the prefetch stream joined
+// (a fork left unjoined fails cudaStreamEndCapture), also when the prefetch is the last call.
+TEST_F(CudaBackendGemv, PrefetchedWeightsChangeNothingInOrOutOfAGraph) {
+  const int64_t n = 896, k = 7168, m = 1;
+  const Tensor w = NonZero({n, k}, 0.02f);
+  const Tensor d_w = gpu_->Upload(w), empty = gpu_->Empty({0, k}), odd = d_w.Reshape({n * k}).Rows(3, 1001);
+  const Tensor a = NonZero({m, k}, 1.0f), b = NonZero({m, k}, 0.5f);
+  Tensor x = Tensor::Host({m, k});
+  for (int64_t i = 0; i < m * k; ++i) x.f32()[i] = a.f32()[i] + b.f32()[i];
+  const std::vector<float> want = Reference(x.f32(), w.f32(), m, n, k);
+  std::vector<Tensor> rows;  // 20 one-row views: more ranges than a launch takes
+  for (int64_t r = 0; r < 20; ++r) rows.push_back(d_w.Rows(r, 1));
+  std::vector<const Tensor*> many = {&odd, &empty, &w};
+  for (const Tensor& r : rows) many.push_back(&r);
+  const std::vector<const Tensor*> big = {&d_w, &d_w};  // 51 MB: past the budget
+  const Tensor d_a = gpu_->Upload(a), d_b = gpu_->Upload(b);
+  auto run = [&](Tensor* y, Tensor* z, bool prefetch_last) {
+    Tensor d_x = Poisoned({m, k});
+    gpu_->PrefetchWeights(many);
+    gpu_->Add(d_a, d_b, &d_x);
+    gpu_->PrefetchWeights(big);
+    gpu_->Linear(d_x, d_w, y);
+    gpu_->Add(*y, *y, z);
+    if (prefetch_last) gpu_->PrefetchWeights(many);
+  };
+  auto check = [&](const Tensor& y, const Tensor& z, const std::string& what) {
+    const Tensor hy = gpu_->Download(y), hz = gpu_->Download(z);
+    ExpectBits(std::vector<float>(hy.f32(), hy.f32() + m * n), want, 0, m, n, what + ": y");
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(hz.f32()[i], hy.f32()[i] + hy.f32()[i]) << what << ": z at " << i;
+  };
+  {
+    Tensor y = Poisoned({m, n}), z = Poisoned({m, n});
+    run(&y, &z, true);
+    check(y, z, "eager");
+  }
+  for (const bool last : {false, true}) {
+    Tensor y = Poisoned({m, n}), z = Poisoned({m, n});
+    const std::string key = std::string("prefetch-") + (last ? "last" : "inside");
+    gpu_->CaptureBegin(key);
+    run(&y, &z, last);
+    ASSERT_TRUE(gpu_->CaptureEnd(z)) << key;
+    gpu_->Replay(key);
+    check(y, z, key);
+  }
+}
+
 }  // namespace
 }  // namespace kimirt
