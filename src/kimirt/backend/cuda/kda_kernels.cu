@@ -28,6 +28,15 @@ constexpr int kMaxConvTaps = 16;
 // 2048 tokens × 4096 channels on an H200 (16 blocks busy); a thread per (token, channel) of a flat
 // index split by 64-bit division 77 µs, by the grid 62 µs (every input read W times).
 constexpr int kConvRun = 16;
+
+// Column c of rows t0 .. t0 + kConvRun − 1 of a [T, stride] array, zeros past T: all loads issued
+// before any is used.
+__device__ __forceinline__ void LoadRun(const float* src, int64_t t0, int64_t T, int64_t stride, int64_t c,
+                                        float (&in)[kConvRun]) {
+#pragma unroll
+  for (int r = 0; r < kConvRun; ++r) in[r] = t0 + r < T ? src[(t0 + r) * stride + c] : 0.0f;
+}
+
 template <int kW>
 __global__ void CausalConvSiluKernel(const float* x, int64_t T, int64_t C, const float* w, const float* window,
                                      float* y) {
@@ -45,8 +54,7 @@ __global__ void CausalConvSiluKernel(const float* x, int64_t T, int64_t C, const
       h[j] = tau < 0 ? window[(tau + hist) * C + c] : x[tau * C + c];
     }
     float in[kConvRun];
-#pragma unroll
-    for (int r = 0; r < kConvRun; ++r) in[r] = t0 + r < T ? x[(t0 + r) * C + c] : 0.0f;
+    LoadRun(x, t0, T, C, c, in);
 #pragma unroll
     for (int r = 0; r < kConvRun; ++r) {
       if (t0 + r >= T) break;
@@ -103,8 +111,7 @@ __global__ void KdaLogDecayKernel(const float* f, int64_t T, int64_t H, int64_t 
   const float a = expf(a_log[p / K]), bias = dt_bias[p];
   for (int64_t t0 = blockIdx.y * int64_t{kConvRun}; t0 < T; t0 += int64_t{gridDim.y} * kConvRun) {
     float in[kConvRun];
-#pragma unroll
-    for (int r = 0; r < kConvRun; ++r) in[r] = t0 + r < T ? f[(t0 + r) * P + p] : 0.0f;
+    LoadRun(f, t0, T, P, p, in);
 #pragma unroll
     for (int r = 0; r < kConvRun; ++r) {
       if (t0 + r >= T) break;
