@@ -4,8 +4,9 @@
 // kernel's blocks (grids of up to three dimensions) one after another (cp.async:
 // cp_async_host.h). A block of 128 threads (the GEMM's, and the MoE decode's: MMAs are
 // warp-collective, the GEMM's x staging has __syncthreads) runs as 128 std::threads
-// (shim.h's warp and block barriers), a one-warp block as 32; other blocks (SplitXKernel, the sums: grid-stride loops with
-// no barriers) run their threads in turn on the calling thread.
+// (shim.h's warp and block barriers), a one-warp block (the MoE grouping's) as 32; other
+// blocks (SplitXKernel, the sums: grid-stride loops with no barriers) run their threads in turn
+// on the calling thread.
 #pragma once
 #include <cmath>
 #include <cstdint>
