@@ -18,7 +18,11 @@
 // expert's gate, up — timed in a graph as one grouped call and as the same problems called one by
 // one (the path before grouping), with the ratio separate / grouped.
 //
-// Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--json PATH]
+// --l2-resident: one copy of each weight, not rotated, so after the first call L2 serves what of
+// it fits (~50 MB on an H200): how fast a GEMM could read a weight asked into L2 ahead of it
+// (Backend::PrefetchWeights), against the HBM-served default.
+//
+// Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--json PATH]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> rows = {1, 8, 32, 64};
   int reps = 100, warmup = 10;
   std::string json;
+  bool l2_resident = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) {
@@ -128,8 +133,11 @@ int main(int argc, char** argv) {
       warmup = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--l2-resident") {
+      l2_resident = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--rows 1,8,32,64] [--reps N] [--warmup N] [--json PATH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--json PATH]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -159,7 +167,7 @@ int main(int argc, char** argv) {
   for (const Shape& sh : kShapes) {
     const size_t w_bytes = static_cast<size_t>(sh.n * sh.k) * sizeof(uint16_t);
     const size_t rotate_bytes = std::max<size_t>(4 * static_cast<size_t>(prop.l2CacheSize), 2 * w_bytes);
-    const int copies = static_cast<int>((rotate_bytes + w_bytes - 1) / w_bytes);
+    const int copies = l2_resident ? 1 : static_cast<int>((rotate_bytes + w_bytes - 1) / w_bytes);
     std::vector<uint16_t*> w(static_cast<size_t>(copies));
     for (int c = 0; c < copies; ++c) {
       BENCH_CUDA_OK(cudaMalloc(&w[c], w_bytes));
@@ -197,7 +205,7 @@ int main(int argc, char** argv) {
       w_bytes += static_cast<size_t>(p.n * p.k) * sizeof(uint16_t);
     }
     const size_t rotate_bytes = std::max<size_t>(4 * static_cast<size_t>(prop.l2CacheSize), 2 * w_bytes);
-    const int copies = static_cast<int>((rotate_bytes + w_bytes - 1) / w_bytes);
+    const int copies = l2_resident ? 1 : static_cast<int>((rotate_bytes + w_bytes - 1) / w_bytes);
     const size_t count = g.problems.size();
     std::vector<uint16_t*> w(static_cast<size_t>(copies) * count);  // copy c, problem i: w[c * count + i]
     std::vector<float*> x(static_cast<size_t>(xs)), y(count);
@@ -273,8 +281,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"peak_gbps\": %.0f, \"copy_gbps\": %.1f, \"reps\": %d, \"points\": [",
-                 prop.name, kPeakGbps, copy_gbps, reps);
+    std::fprintf(f,
+                 "{\"device\": \"%s\", \"peak_gbps\": %.0f, \"copy_gbps\": %.1f, \"reps\": %d, "
+                 "\"l2_resident\": %s, \"points\": [",
+                 prop.name, kPeakGbps, copy_gbps, reps, l2_resident ? "true" : "false");
     for (size_t i = 0; i < points.size(); ++i) {
       const Point& p = points[i];
       std::fprintf(f,
