@@ -37,11 +37,9 @@ Tensor RunKda(const ModuleContext& m, const KdaWeights& w, const Tensor& x, int 
   const bool full_gate = c.linear_attn.use_full_rank_gate;
   std::vector<Tensor> px =
       m.LinearGroup({{x, w.q}, {x, w.k}, {x, w.v}, {x, w.b}, {x, w.f_a}, {x, full_gate ? w.g : w.g_a}});
-  if (T <= be.RowInvariantRows()) {
-    // o_proj's weight while the second group, the KDA step and its norm (latency-bound) run.
-    const Tensor* const next[] = {&w.o};
-    be.PrefetchWeights(next);
-  }
+  // o_proj's weight while the second group, the KDA step and its norm (latency-bound) run.
+  const Tensor* const next[] = {&w.o};
+  m.PrefetchForDecode(T, next);
   Tensor q_raw = std::move(px[0]), k_raw = std::move(px[1]), v_raw = std::move(px[2]);
   Tensor beta = std::move(px[3]);
   Tensor f, gate;

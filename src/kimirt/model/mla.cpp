@@ -32,12 +32,10 @@ Tensor RunMla(const ModuleContext& m, const MlaWeights& w, const Tensor& x, int 
   std::vector<ModuleContext::LinearIn> of_x = {{x, c.q_lora_rank ? w.q_a : w.q}, {x, w.kv_a}};
   if (gate_first) of_x.push_back({x, w.g});
   std::vector<Tensor> px = m.LinearGroup(of_x);
-  if (T <= be.RowInvariantRows()) {
-    // kv_b (the absorbed query and output) and o_proj's weight while the norms, the cache write
-    // and the attention run.
-    const Tensor* const next[] = {&w.kv_b, &w.o};
-    be.PrefetchWeights(next);
-  }
+  // kv_b (the absorbed query and output) and o_proj's weight while the norms, the cache write
+  // and the attention run.
+  const Tensor* const next[] = {&w.kv_b, &w.o};
+  m.PrefetchForDecode(T, next);
   // Spec §6.1: query path (q-LoRA with its 1e-6 norm for K3; one q_proj for Kimi-Linear).
   Tensor q = c.q_lora_rank ? m.Linear(m.Norm(px[0], w.q_a_norm, kMlaLatentNormEps), w.q_b) : std::move(px[0]);
   // Spec §6.2: latent and shared key; only the latent is normalized. Both go to the cache, and

@@ -440,13 +440,11 @@ Tensor Model::RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, 
     if (trace != nullptr) RecordLayer(be_, x, attn, y, ffn, route, trace);
     // A decode step's next weights toward the caches while the FFN's last small kernels and the
     // norm run (Backend::PrefetchWeights): the next layer's input projections, or the head.
-    if (T <= be_.RowInvariantRows()) {
-      if (i + 1 < end) {
-        be_.PrefetchWeights(AttentionInputWeights(w_.layers[i + 1]));
-      } else if (stage_.is_last()) {
-        const Tensor* const head[] = {&w_.lm_head};
-        be_.PrefetchWeights(head);
-      }
+    if (i + 1 < end) {
+      ctx_.PrefetchForDecode(T, AttentionInputWeights(w_.layers[i + 1]));
+    } else if (stage_.is_last()) {
+      const Tensor* const head[] = {&w_.lm_head};
+      ctx_.PrefetchForDecode(T, head);
     }
     if (i + 1 < end) {
       const LayerWeights& next = w_.layers[i + 1];

@@ -27,6 +27,10 @@ Tensor ModuleContext::Norm(const Tensor& x, const Tensor& w, float eps) const {
   return y;
 }
 
+void ModuleContext::PrefetchForDecode(int64_t rows, std::span<const Tensor* const> weights) const {
+  if (rows <= be.RowInvariantRows()) be.PrefetchWeights(weights);
+}
+
 void ModuleContext::AllReduce(Tensor* t) const {
   if (comm.size() > 1) comm.AllReduceSum(static_cast<float*>(t->raw()), static_cast<size_t>(t->numel()));
 }

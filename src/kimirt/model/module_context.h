@@ -3,6 +3,7 @@
 // and the few helpers they all use, so each is written once.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kimirt/backend/backend.h"
@@ -31,6 +32,9 @@ struct ModuleContext {
   // Sums a row-parallel output over the tensor-parallel ranks, in place (spec §11); nothing on
   // one rank.
   void AllReduce(Tensor* t) const;
+  // Backend::PrefetchWeights for a decode step's next weights: only in calls of `rows` within the
+  // decode GEMMs' range (a prefill chunk's GEMMs are compute-bound and read each weight once).
+  void PrefetchForDecode(int64_t rows, std::span<const Tensor* const> weights) const;
 };
 
 }  // namespace kimirt

@@ -8,10 +8,12 @@
 // with the next GEMM's weight, so the GEMM then reads part of it from L2.
 //
 // The kernel runs beside the decode chain, on a stream of its own (CudaBackend::PrefetchWeights
-// forks it off and joins it back before a graph's capture ends), never in it: a multiprocessor's
-// bulk-copy unit issues a prefetch at a few hundred GB/s, so one block asking for 32 MB lives
-// ~90 µs — in the chain (a PDL kernel between two others) that made the whole 48B's batch-1 step
-// 2.85 → 9.77 ms. Spread over blocks of one warp, each asks for a few 16 KB pieces.
+// forks it off and joins it back before a graph's capture ends), never in it: as one 256-thread
+// PDL kernel in the chain it made the whole 48B's batch-1 step 2.85 → 9.77 ms at 32 MB a call,
+// ~86 µs a call (80 calls) — so one block's prefetches go out at only a few hundred GB/s, likely
+// its multiprocessor's bulk-copy unit (inferred from the step time, not measured apart). Spread
+// over blocks of one warp, each asks for a few 16 KB pieces (16 MB a call: 4-9 µs under Nsight
+// Compute, serialized).
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 
@@ -30,7 +32,8 @@ struct L2Ranges {
 };
 
 __global__ void __launch_bounds__(kThreads) PrefetchL2Kernel(const __grid_constant__ L2Ranges a) {
-  const int64_t first = (int64_t{blockIdx.x} * kThreads + threadIdx.x) * kChunk, stride = int64_t{gridDim.x} * kThreads * kChunk;
+  const int64_t first = (int64_t{blockIdx.x} * kThreads + threadIdx.x) * kChunk;
+  const int64_t stride = int64_t{gridDim.x} * kThreads * kChunk;
   for (int i = 0; i < a.count; ++i) {
     const char* p = static_cast<const char*>(a.r[i].p);
     const int64_t bytes = a.r[i].bytes;
