@@ -595,6 +595,29 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
   await_listening "$log" || status=1
   grep -E "loaded in|listening|rank" "$log" | head -8
   bench_serve_and_stop 8124 tp2 $server
+  # Issue 15's fault: a rank dies mid-stream (rank 1 kills itself in its 6th step: the prefill,
+  # then decodes of a streamed completion). Rank 0 waits for it inside NCCL; the supervisor's
+  # abort must end the step, /health say 503 and serve exit 1 within seconds (the collective
+  # timeout is 300 s).
+  log="$out/serve-cuda-tp2-rank-dies.log"
+  KIMIRT_FAULT_RANK_DIES_IN_STEP=1:6 "$root/kimirt" serve -tp 2 --device cuda --port 8128 \
+    --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  server=$!
+  await_listening "$log" || status=1
+  t0=$(date +%s.%N)
+  curl -sN --max-time 120 http://127.0.0.1:8128/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt":"The quick brown fox","max_tokens":64,"temperature":0,"ignore_eos":true,"stream":true}' \
+    >"$out/serve-cuda-tp2-rank-dies-stream.txt" 2>&1
+  t1=$(date +%s.%N)
+  health=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:8128/health)
+  for _ in $(seq 1 600); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+  t2=$(date +%s.%N)
+  kill -9 $server 2>/dev/null; wait $server; rc=$?
+  echo "--- serve -tp 2 --device cuda, rank 1 dies mid-stream: the stream ended after $(python3 -c "print(round($t1 - $t0, 2))") s," \
+    "/health $health, serve exit $rc $(python3 -c "print(round($t2 - $t0, 2))") s after the request (503, 1 and < 15 s expected);" \
+    "kimirt processes left: $(pgrep -c -x kimirt || true)"
+  tail -c 400 "$out/serve-cuda-tp2-rank-dies-stream.txt"; echo; grep -E "rank 1|stopping" "$log" | head -4
+  [[ $rc == 1 && $(python3 -c "print(int($t2 - $t0 < 15))") == 1 ]] || status=1
 fi
 if [[ "$what" == nccl || "$what" == mnode ]]; then
   "$root/kimirt" serve -tp 2 --device cuda --port 8125 --gpu-memory-utilization 0.5 >"$out/mnode-ref.log" 2>&1 &

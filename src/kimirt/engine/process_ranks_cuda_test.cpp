@@ -6,7 +6,8 @@
 //     GPU within the CPU TP tests' tolerance (model_consistency_test.cpp: 1e-5 × max|logit|),
 //     with the same greedy token at every decode step;
 //   - an engine's greedy generation of four requests is token for token TP 1's;
-//   - a follower killed mid-run is an error naming its rank, within the collective timeout.
+//   - a follower killed mid-run is an error naming its rank, within the collective timeout; one
+//     that dies inside a step ends the step within seconds (the communicator aborted).
 // And -pp 2 --device cuda (ProcessRanksCudaPipeline*, `scripts/gpu_check.sh pp2`): two pipeline
 // stages, the residual stream's state and the logits crossing by ncclSend/ncclRecv
 // (docs/distributed.md "Pipeline parallelism"):
@@ -244,6 +245,15 @@ TEST(ProcessRanksCudaFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   EXPECT_NE(l.status().message().find("rank 1"), std::string::npos) << l.status().message();
   r->reset();
   EXPECT_TRUE(testing::FollowerPids().empty());
+}
+
+// Rank 1 dies inside a step, after rank 0 sent it: rank 0's part waits for it inside NCCL (the
+// host is in the logits' download, not in a collective), where only the supervisor's abort of the
+// communicator ends it before the 5-minute collective timeout. The step fails within seconds.
+TEST(ProcessRanksCudaFailure, AFollowerDyingInsideAStepEndsTheStepNamingIt) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  testing::ExpectFollowerDyingInAStepNamed(Fixture("tiny-a"), CudaOptions(2), 1);
 }
 
 }  // namespace

@@ -13,12 +13,14 @@
 #include <atomic>
 #include <bit>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -202,6 +204,21 @@ struct LoadedRank {
     pp_links.peers.clear();
     store.reset();
     backend.reset();
+  }
+
+  // Ends the collectives this rank waits in (Communicator::Abort): the group is broken.
+  void AbortCollectives(const std::string& why) {
+    for (Communicator* c : {comm.get(), pipeline.get()}) {
+      if (c != nullptr) c->Abort(why);
+    }
+  }
+  // Why a communicator of the rank was aborted; empty while both work.
+  std::string Aborted() const {
+    for (const Communicator* c : {comm.get(), pipeline.get()}) {
+      if (c == nullptr) continue;
+      if (std::string why = c->aborted(); !why.empty()) return why;
+    }
+    return {};
   }
 };
 
@@ -513,7 +530,12 @@ class ProcessRanksRunner final : public ModelRunner {
       }
     }
     // Rank 0's shard ends while the followers end theirs (an NCCL communicator's teardown may
-    // wait for its peers'); the links stay for the followers' goodbyes.
+    // wait for its peers'); the links stay for the followers' goodbyes. No abort from the
+    // supervisor reaches a communicator being destroyed.
+    {
+      std::lock_guard<std::mutex> lock(comms_mu_);
+      comms_live_ = false;
+    }
     self_.Release();
     // The followers exit 0 on kQuit and the supervisor returns by itself; any still running
     // after a short wait are stopped (SIGTERM, then SIGKILL).
@@ -544,8 +566,8 @@ class ProcessRanksRunner final : public ModelRunner {
       // thread that forked, so they die with it, and with this process.
       r->supervisor_ = std::thread([raw = r.get(), so] {
         Status s = SpawnAndSupervise(so);
+        if (!s.ok()) (void)raw->Fail(Internal("process ranks: " + s.message()));
         std::lock_guard<std::mutex> lock(raw->mu_);
-        if (!s.ok() && raw->failed_.ok()) raw->failed_ = Internal("process ranks: " + s.message());
         raw->supervisor_done_ = true;
         raw->cv_.notify_all();
       });
@@ -569,6 +591,11 @@ class ProcessRanksRunner final : public ModelRunner {
         KIMIRT_RETURN_IF_ERROR(JoinGroupLinks(o, 0, "127.0.0.1", store_port, "", &r->self_));
       } else {
         r->self_.comm = MakeTcpCommunicator(r->links_);
+      }
+      {
+        // From here a follower's death aborts the load's collectives too.
+        std::lock_guard<std::mutex> lock(r->comms_mu_);
+        r->comms_live_ = true;
       }
       return LoadRank(source, o, &r->self_);
     });
@@ -661,11 +688,20 @@ class ProcessRanksRunner final : public ModelRunner {
  private:
   ProcessRanksRunner() = default;
 
-  // Records the first failure (the runner stays failed) and returns it.
+  // Records the first failure (the runner stays failed) and returns it. Any thread: the rank's
+  // own, the supervisor's (a follower died), the remote followers' watcher. Rank 0's
+  // communicators are aborted, so a step waiting on a dead rank inside NCCL (the host does not
+  // see that wait) ends at once instead of at the collective's timeout.
   Status Fail(const Status& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_.ok()) failed_ = s;
-    return failed_;
+    Status first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = s;
+      first = failed_;
+    }
+    std::lock_guard<std::mutex> lock(comms_mu_);
+    if (comms_live_) self_.AbortCollectives(first.message());
+    return first;
   }
 
   // Each follower's next frame, which must be `op` (an error frame carries its failure).
@@ -740,10 +776,14 @@ class ProcessRanksRunner final : public ModelRunner {
   // the runner. The link that failed may be a rank that another's death ended (a pipeline stage
   // exits when the stage before it dies, and rank 0 hears from it first): the supervisor, told
   // within its 20 ms poll, names the rank that died, so its word is awaited briefly and comes first.
+  // A step that ran while its collectives were aborted (the supervisor's word, or the NCCL
+  // watchdog's) returns without an error, but its outputs are not the step's: it fails too.
   template <typename F>
   Status Local(F&& f) {
     try {
-      return f();
+      Status s = f();
+      if (std::string why = self_.Aborted(); s.ok() && !why.empty()) return Fail(Internal(why));
+      return s;
     } catch (const std::exception& e) {
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -798,12 +838,58 @@ class ProcessRanksRunner final : public ModelRunner {
   std::condition_variable cv_;
   Status failed_;
   bool supervisor_done_ = false;
+  // Fail's abort (any thread) reaches self_'s communicators only between Create having made them
+  // (before the load's collectives) and the destructor releasing them; nothing reassigns them in
+  // between. A rank dying during NCCL's init is seen by the init's own deadline.
+  std::mutex comms_mu_;
+  bool comms_live_ = false;
 };
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v == nullptr ? fallback : std::atoi(v);
 }
+
+// Fault injection for the tests of a rank dying inside a step (docs/distributed.md "Faults
+// inside a step"): KIMIRT_FAULT_RANK_DIES_IN_STEP=<rank>:<n> makes that follower kill itself
+// (SIGKILL, as an OOM kill or a crashed node would) on receiving its n-th model step (Forward,
+// ForwardDecode, ForwardStep; from 1), after rank 0 has sent the step and before this rank
+// joins its collectives. 0: never.
+int FaultStepFor(int rank) {
+  const char* v = std::getenv("KIMIRT_FAULT_RANK_DIES_IN_STEP");
+  int who = -1, n = 0;
+  if (v == nullptr || std::sscanf(v, "%d:%d", &who, &n) != 2 || who != rank || n < 1) return 0;
+  return n;
+}
+
+bool IsModelStep(uint32_t op) { return op == kForward || op == kForwardDecode || op == kForwardStep; }
+
+// On GPUs a follower waits for its peers inside NCCL, where the host does not see rank 0 die (a
+// collective would wait for it until the watchdog's timeout): this thread watches rank 0's link
+// while the follower runs and aborts the rank's communicators when the link closes. Rank 0 closes
+// it when it dies or ends a failed run; after a normal kQuit the follower has stopped using its
+// communicators. On CPUs the collectives read that link and see it close themselves.
+class RootLinkWatch {
+ public:
+  RootLinkWatch(int fd, int rank, LoadedRank& self)
+      : thread_([this, fd, rank, &self] {
+          pollfd p{fd, POLLRDHUP, 0};
+          while (!stop_) {
+            if (poll(&p, 1, 100) <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+            self.AbortCollectives("rank " + std::to_string(rank) +
+                                  ": rank 0 closed its link (it died or ended the run) while this rank was in a step");
+            return;
+          }
+        }) {}
+  ~RootLinkWatch() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // A follower's life after it connected: options, load, ready, then commands until kQuit.
 Status ServeFollower(StarLinks& links, const std::string& master_addr, const char* local_rank) {
@@ -835,11 +921,15 @@ Status ServeFollower(StarLinks& links, const std::string& master_addr, const cha
   }
   KIMIRT_RETURN_IF_ERROR(LoadRank(fo.source, fo.o, &self));
   KIMIRT_RETURN_IF_ERROR(SendFrame(fd, FrameHeader{kReady, me, 0}, nullptr, 0, links.deadline()));
-  for (;;) {
+  std::optional<RootLinkWatch> watch;  // joined before `self` ends
+  if (OnGpus(fo.o)) watch.emplace(fd, links.rank, self);
+  const int die_at_step = FaultStepFor(links.rank);
+  for (int steps = 0;;) {
     // A server may idle for days between commands; rank 0's death closes the link at once.
     const Deadline idle = Clock::now() + std::chrono::hours(24 * 365);
     KIMIRT_ASSIGN_OR_RETURN(h, RecvHeader(fd, 0, "waiting for a command", idle));
     KIMIRT_ASSIGN_OR_RETURN(m, RecvPayload(fd, h, links.deadline()));
+    if (IsModelStep(h.op) && ++steps == die_at_step) raise(SIGKILL);
     KIMIRT_ASSIGN_OR_RETURN(const bool more, Apply(self.rank, h.op, m));
     if (!more) return Status::Ok();
   }

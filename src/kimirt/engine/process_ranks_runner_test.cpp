@@ -213,6 +213,16 @@ TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   ExpectKilledFollowerNamed(o, 3, 1, "rank 2");
 }
 
+// Rank 2 of 4 dies after rank 0 sent it a step: the step's collectives end at once (on CPU the
+// dead rank's socket closes; on GPUs the same test runs in process_ranks_cuda_test.cpp, where it
+// takes the supervisor's abort of rank 0's NCCL communicator).
+TEST(ProcessRanksFailure, AFollowerDyingInsideAStepEndsTheStepNamingIt) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true);
+  o.tp = 4;
+  testing::ExpectFollowerDyingInAStepNamed(Fixture("tiny-a"), o, 2);
+}
+
 TEST(ProcessRanksFailure, AFollowerThatCannotStartFailsCreate) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions o = Options(true);

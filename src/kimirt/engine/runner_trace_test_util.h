@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -235,6 +237,36 @@ inline std::vector<int> FollowerPids() {
     at = nl + 1;
   }
   return pids;
+}
+
+
+// A follower dies inside a step (docs/distributed.md "Faults inside a step"):
+// KIMIRT_FAULT_RANK_DIES_IN_STEP makes rank `victim` kill itself on receiving its second step,
+// after rank 0 has sent the step and while rank 0 runs its own part — on GPUs waiting for the dead
+// rank inside an NCCL collective, which only an abort ends before the collective's timeout. The
+// step fails within seconds (the options keep serve's 5-minute rank timeout), naming the rank; the
+// runner stays failed and no follower outlives it. `dir`: a model directory.
+inline void ExpectFollowerDyingInAStepNamed(const std::string& dir, RunnerOptions o, int victim) {
+  o.rank_timeout_ms = 5 * 60 * 1000;
+  // The followers are spawned inside Create and inherit the variable; nothing else reads it.
+  setenv("KIMIRT_FAULT_RANK_DIES_IN_STEP", (std::to_string(victim) + ":2").c_str(), 1);
+  auto r = ModelRunner::Create(dir, o);
+  unsetenv("KIMIRT_FAULT_RANK_DIES_IN_STEP");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelRunner::Handle h = (*r)->NewSequence();
+  ASSERT_TRUE((*r)->Reserve(h, 16).ok());
+  ASSERT_TRUE((*r)->Forward(h, std::vector<int32_t>{1, 2, 3}, true).ok());  // step 1: every rank alive
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<Tensor> l = (*r)->Forward(h, std::vector<int32_t>{4}, true);  // step 2: the victim dies in it
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(l.ok()) << "the step a rank died in returned logits";
+  EXPECT_LT(s, 10.0) << l.status().message();
+  const std::string named = "rank " + std::to_string(victim);
+  EXPECT_NE(l.status().message().find(named), std::string::npos) << l.status().message();
+  EXPECT_NE((*r)->health().message().find(named), std::string::npos) << (*r)->health().ToString();
+  EXPECT_FALSE((*r)->Forward(h, std::vector<int32_t>{5}, true).ok());
+  r->reset();
+  EXPECT_TRUE(FollowerPids().empty());
 }
 
 }  // namespace kimirt::testing

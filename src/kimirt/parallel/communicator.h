@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "kimirt/core/status.h"
 
@@ -36,6 +37,17 @@ class Communicator {
   virtual void Send(const float* data, size_t n, int peer) = 0;
   // data[0..n) := the next message rank `peer` sent to this rank.
   virtual void Recv(float* data, size_t n, int peer) = 0;
+
+  // Failure propagation (docs/distributed.md "Faults inside a step"). Abort ends this rank's
+  // collectives that wait on peers, once the caller knows the group is broken (a supervisor saw
+  // a rank die): pending ones return, later ones throw `why`. Any thread may call it, while the
+  // rank's own thread is inside a collective. Communicators whose collectives already fail when
+  // a peer dies (threads; TCP, whose sockets close) have nothing to do.
+  virtual void Abort(const std::string& why) { (void)why; }
+  // Why the communicator was aborted (by Abort or a watchdog of its own); empty while it works.
+  // A device collective that an abort ended leaves its output undefined without throwing (the
+  // host is not inside it), so whoever completes a step checks this before trusting its outputs.
+  virtual std::string aborted() const { return {}; }
 };
 
 // A communicator of one rank: all collectives are copies or no-ops.

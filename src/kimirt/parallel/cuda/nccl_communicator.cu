@@ -64,10 +64,10 @@ class NcclCommunicator final : public Communicator {
     // A broken communicator is aborted first, so its kernels return and the stream can drain.
     // Finalize flushes outstanding work; one that cannot finalize in time (a peer is gone) is
     // aborted instead.
-    if (!aborted_ && broken_) Abort("");
+    if (!aborted_ && broken_) AbortLocked("");
     if (!aborted_) {
       const ncclResult_t f = ncclCommFinalize(comm_);
-      if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) Abort("");
+      if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) AbortLocked("");
     }
     if (!aborted_) ncclCommDestroy(comm_);
     if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
@@ -107,6 +107,20 @@ class NcclCommunicator final : public Communicator {
 
   void Recv(float* data, size_t n, int peer) override {
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
+  }
+
+  // From another thread (the runner's supervisor saw a peer die): NCCL's kernels waiting on the
+  // peer return and the stream drains at once, instead of at the watchdog's timeout. call_mu_
+  // waits out an NCCL call the rank's thread is making (never a wait on the device).
+  void Abort(const std::string& why) override {
+    std::lock_guard<std::mutex> call_lock(call_mu_);
+    AbortLocked(why);
+  }
+
+  std::string aborted() const override {
+    if (!aborted_) return {};
+    std::lock_guard<std::mutex> lock(mu_);
+    return abort_reason_;
   }
 
   // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
@@ -176,14 +190,15 @@ class NcclCommunicator final : public Communicator {
       }
       if (!stalled.empty() && !aborted_) {
         std::lock_guard<std::mutex> call_lock(call_mu_);
-        Abort(stalled);
+        AbortLocked(stalled);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 
-  // Aborts the communicator once; `why` becomes the error of every later collective.
-  void Abort(const std::string& why) {
+  // Aborts the communicator once (call_mu_ held, or no other thread left); `why` becomes the
+  // error of every later collective.
+  void AbortLocked(const std::string& why) {
     if (aborted_) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -277,7 +292,7 @@ class NcclCommunicator final : public Communicator {
   bool broken_ = false;  // the rank's thread only
 
   std::mutex call_mu_;              // NCCL calls vs the watchdog's abort
-  std::mutex mu_;                   // guards the fields below
+  mutable std::mutex mu_;           // guards the fields below
   std::deque<Pending> pending_;     // collectives in flight, oldest first
   std::vector<cudaEvent_t> free_events_;
   std::string abort_reason_;

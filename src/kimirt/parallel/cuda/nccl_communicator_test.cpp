@@ -6,7 +6,8 @@
 //   - batch invariance: each row of a 64-row all-reduce is bit-identical to the row reduced alone;
 //   - AllGather's layout, in place too; Barrier; NCCL's own ncclAllReduce (the non-invariant
 //     path) agrees within rounding;
-//   - a peer stalled in a collective ends in an error on both ranks within the timeout.
+//   - a peer stalled in a collective ends in an error on both ranks within the timeout;
+//   - Abort from another thread ends a collective waiting on a peer at once.
 #include "kimirt/parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -242,6 +243,53 @@ TEST(NcclComm, StalledPeerTimesOutInsteadOfHanging) {
   EXPECT_NE(rank0_error.find("NCCL rank 0 of 2: aborted: ncclAllGather (all-reduce) did not complete within 3000 ms"),
             std::string::npos)
       << rank0_error;
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(NcclComm, AbortFromAnotherThreadEndsACollectiveWaitingOnAPeer) {
+  // What the process-ranks runner's supervisor does when it sees a rank die: rank 1 never joins
+  // rank 0's all-reduce; rank 0's host waits on the stream, as a step's download does, and another
+  // thread calls Abort. The wait ends within seconds (the watchdog's timeout is 60 s here),
+  // aborted() says why, and the next collective throws with it.
+  std::atomic<bool> rank0_done{false};
+  std::string reason, next_error, sync_result;
+  double waited = -1;
+  std::vector<std::string> errors;
+  const auto t0 = std::chrono::steady_clock::now();
+  OnGpuRanks(
+      [&](Communicator& c, cudaStream_t s) {
+        if (c.rank() == 0) {
+          DeviceFloats d(kWidth, s);
+          d.Up(Random(kWidth, 600));
+          EXPECT_EQ(c.aborted(), "");
+          c.AllReduceSum(d.p, kWidth);
+          std::thread aborter([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            c.Abort("rank 1 died (test)");
+          });
+          const auto w0 = std::chrono::steady_clock::now();
+          sync_result = cudaGetErrorString(cudaStreamSynchronize(s));  // NCCL's kernels return
+          waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+          aborter.join();
+          reason = c.aborted();
+          try {
+            c.AllReduceSum(d.p, kWidth);
+          } catch (const std::exception& e) {
+            next_error = e.what();
+          }
+          rank0_done = true;
+        } else {
+          while (!rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        }
+      },
+      SIZE_MAX, std::chrono::seconds(60), &errors);
+  EXPECT_GE(waited, 0.2) << "the all-reduce completed without rank 1";
+  EXPECT_LT(waited, 10.0) << sync_result;
+  EXPECT_EQ(reason, "rank 1 died (test)");
+  EXPECT_NE(next_error.find("NCCL rank 0 of 2: aborted: rank 1 died (test)"), std::string::npos) << next_error;
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
 }
