@@ -586,9 +586,14 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
   timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaFailure*:RankDevice*' \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
-  echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, a killed follower"
+  echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, decode graphs vs eager, a killed follower"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
   bench_model_one_and_two tp
+  # Decode graphs at TP 2 (the NCCL collectives captured) against every step op by op.
+  timeout 240 "$root/kimirt" bench model -tp 2 --device cuda --enforce-eager --batch-sizes 1,8 --prompt-len 256 \
+    --decode-tokens 32 --json "$out/bench-model-builtin-cuda-tp2-eager.json" >"$out/bench-model-tp2-eager.txt" 2>&1 ||
+    status=1
+  echo "--- bench model -tp 2 --device cuda --enforce-eager (built-in model)"; tail -5 "$out/bench-model-tp2-eager.txt"
   log="$out/serve-cuda-tp2.log"
   "$root/kimirt" serve -tp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
   server=$!

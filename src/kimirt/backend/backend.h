@@ -243,6 +243,8 @@ class Backend {
   virtual void CaptureBegin(const std::string& /*key*/) {}
   virtual bool CaptureEnd(const Tensor& /*output*/) { return false; }
   virtual Tensor Replay(const std::string& /*key*/) { return {}; }
+  // Forgets the graph under `key`, if any (tensor-parallel ranks whose peers' capture failed).
+  virtual void DropGraph(const std::string& /*key*/) {}
   // The decode step's token ids and KDA slots, put once into buffers of fixed address that
   // Embedding and KdaDecode read when called with the same values (CUDA; a no-op elsewhere).
   virtual void SetDecodeInputs(std::span<const int32_t> /*ids*/, std::span<const int32_t> /*slots*/) {}

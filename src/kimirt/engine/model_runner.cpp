@@ -51,6 +51,7 @@ class SingleRankRunner final : public ModelRunner {
   int64_t kv_blocks_total() const override { return rank_.kv->num_blocks(); }
   int64_t kv_blocks_free() const override { return rank_.kv->free_blocks(); }
   int64_t kv_blocks_for(int64_t tokens) const override { return rank_.kv->BlocksFor(tokens); }
+  int64_t graph_replays() const override { return rank_.model->graph_replays(); }
   Handle NewSequence() override {
     rank_.seqs.emplace(next_, rank_.model->NewSequence(rank_.kv.get(), rank_.kda.get()));
     return next_++;

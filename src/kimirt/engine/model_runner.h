@@ -168,6 +168,9 @@ class ModelRunner {
   // as it has sent one on; Model::ForwardStep). Otherwise the engine forwards the decodes in
   // batches of decode_batch_limit and each chunk alone.
   virtual bool step_in_flight() const { return false; }
+  // Rank 0's decode steps run as graph replays so far (Model::graph_replays; 0 without graphs):
+  // a test's or a bench's proof that graphs ran.
+  virtual int64_t graph_replays() const { return 0; }
   // A step's decode rows and prefill chunks, of distinct, reserved sequences, in one call: the
   // decode logits exactly ForwardDecode's, chunk i's exactly Forward's for it. Any of them failing
   // fails the call, and on pipeline stages before any runs (all or nothing). The default: the

@@ -6,6 +6,7 @@
 //     GPU within the CPU TP tests' tolerance (model_consistency_test.cpp: 1e-5 × max|logit|),
 //     with the same greedy token at every decode step;
 //   - an engine's greedy generation of four requests is token for token TP 1's;
+//   - decode graphs at TP 2 (the collectives captured): every step's bits those of --enforce-eager;
 //   - a follower killed mid-run is an error naming its rank, within the collective timeout; one
 //     that dies inside a step ends the step within seconds (the communicator aborted).
 // And -pp 2 --device cuda (ProcessRanksCudaPipeline*, `scripts/gpu_check.sh pp2`): two pipeline
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -134,6 +136,49 @@ TEST_P(ProcessRanksCuda, Tp2GreedyGenerationIsTp1s) {
   KIMIRT_REQUIRE_TWO_GPUS();
   KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
   ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), CudaOptions(2));
+}
+
+// Decode graphs at TP 2 (docs/distributed.md "Decode graphs at TP > 1"; the NCCL collectives
+// captured with the step): three sequences decoded together for 10 steps with graphs (the
+// default) and with --enforce-eager give every step's logits bit for bit, and rank 0 replayed
+// graphs (the ranks agreed to capture the second time the step's shape came).
+TEST_P(ProcessRanksCuda, Tp2DecodeGraphsGiveTheEagerBits) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  auto run = [&](bool eager, int64_t* replays) {
+    std::vector<std::vector<float>> out;
+    RunnerOptions o = CudaOptions(2);
+    o.enforce_eager = eager;
+    auto r = ModelRunner::Create(Fixture(GetParam()), o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return out;
+    std::vector<ModelRunner::Handle> hs;
+    for (int i = 0; i < 3; ++i) {
+      hs.push_back((*r)->NewSequence());
+      EXPECT_TRUE((*r)->Reserve(hs.back(), 24).ok());
+      EXPECT_TRUE((*r)->Forward(hs.back(), std::vector<int32_t>{1, 2 + i, 3 + 2 * i}, true).ok());
+    }
+    for (int step = 0; step < 10; ++step) {
+      const std::vector<int32_t> ids = {(step * 7 + 5) % 500, (step * 11 + 9) % 500, (step * 13 + 1) % 500};
+      auto l = (*r)->ForwardDecode(hs, ids);
+      EXPECT_TRUE(l.ok()) << l.status().ToString();
+      if (!l.ok()) return out;
+      out.push_back(testing::Host(*l));
+    }
+    *replays = (*r)->graph_replays();
+    EXPECT_TRUE((*r)->health().ok()) << (*r)->health().ToString();
+    return out;
+  };
+  int64_t eager_replays = -1, graph_replays = -1;
+  const auto want = run(true, &eager_replays);
+  const auto got = run(false, &graph_replays);
+  EXPECT_EQ(eager_replays, 0);
+  EXPECT_GE(graph_replays, 5) << "the decode steps at TP 2 did not run as graphs";
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float))) << "step " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanksCuda, ::testing::Values("tiny-a", "kimi-linear-tiny"),

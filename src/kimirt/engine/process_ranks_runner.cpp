@@ -35,6 +35,7 @@
 #include "kimirt/dist/rendezvous_store.h"
 #include "kimirt/engine/rank_device.h"
 #include "kimirt/engine/runner_rank.h"
+#include "kimirt/model/module_context.h"
 #include "kimirt/parallel/nccl_communicator.h"
 #include "kimirt/parallel/tcp_communicator.h"
 
@@ -353,14 +354,7 @@ std::string LocalHost(const Socket& link) {
 int64_t LeastOverRanks(LoadedRank& r, int64_t count) {
   float v = static_cast<float>(std::min<int64_t>(count, int64_t{1} << 24));
   for (Communicator* c : {r.comm.get(), r.pipeline.get()}) {
-    if (c == nullptr || c->size() == 1) continue;
-    Tensor mine = Tensor::Host({1});
-    mine.f32()[0] = v;
-    const Tensor send = r.backend->Upload(mine);
-    Tensor all = r.backend->Empty({c->size()});
-    c->AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
-    const Tensor got = r.backend->Download(all);
-    v = *std::min_element(got.f32(), got.f32() + c->size());
+    if (c != nullptr) v = MinOverRanks(*c, *r.backend, v);
   }
   return static_cast<int64_t>(v);
 }
@@ -651,6 +645,7 @@ class ProcessRanksRunner final : public ModelRunner {
   // Pipeline stages: a step's decode micro-batches and prefill chunks in one flow, named to every
   // rank in one message.
   bool step_in_flight() const override { return self_.rank.model->stage().pp > 1; }
+  int64_t graph_replays() const override { return self_.rank.model->graph_replays(); }
   Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
     KIMIRT_RETURN_IF_ERROR(Mirror(kForwardStep, StepMessage(decodes, chunks)));
     StepLogits out;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kimirt/engine/kda_snapshot_budget.h"
+#include "kimirt/model/module_context.h"
 #include "kimirt/parallel/communicator.h"
 
 namespace kimirt::runner {
@@ -49,13 +50,7 @@ Result<bool> SizeFromGpuMemory(Backend& backend, RunnerOptions* o) {
 
 uint64_t MinOverRanks(Communicator& comm, Backend& backend, uint64_t bytes) {
   // In MiB: exact in a float up to 16 TiB.
-  Tensor mine = Tensor::Host({1});
-  mine.f32()[0] = static_cast<float>(bytes >> 20);
-  const Tensor send = backend.Upload(mine);
-  Tensor all = backend.Empty({comm.size()});
-  comm.AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
-  const Tensor got = backend.Download(all);
-  const float least = *std::min_element(got.f32(), got.f32() + comm.size());
+  const float least = kimirt::MinOverRanks(comm, backend, static_cast<float>(bytes >> 20));
   return static_cast<uint64_t>(least) << 20;
 }
 

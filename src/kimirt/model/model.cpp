@@ -333,35 +333,62 @@ Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, con
   }
   const std::string key = DecodeGraphKey(rows, paged_decode, o);
   Tensor local;
-  if (!key.empty() && be_.HasGraph(key)) {
-    local = be_.Replay(key);
-    ++graph_replays_;
-  } else if (!key.empty() && graph_seen_.count(key) > 0) {
-    // Second time this shape: capture it (the first ran eagerly, so every lazily made table,
-    // such as the MoE's expert pointers, already exists outside the graph), then replay.
-    be_.CaptureBegin(key);
-    Tensor captured = RunLayers(rows, ids, o, paged_decode);
-    if (be_.CaptureEnd(captured)) {
-      local = be_.Replay(key);
-      ++graph_replays_;
-    } else {
-      decode_graphs_ = false;  // told on stderr; the step runs op by op from here on
+  switch (key.empty() ? kRunEagerly : DecodeGraphAction(key)) {
+    case kReplay:
+      local = ReplayDecodeGraph(key);
+      break;
+    case kCapture: {
+      // Second time this shape: capture it (the first ran eagerly, so every lazily made table,
+      // such as the MoE's expert pointers, already exists outside the graph), then replay.
+      be_.CaptureBegin(key);
+      Tensor captured = RunLayers(rows, ids, o, paged_decode);
+      bool captured_ok = be_.CaptureEnd(captured);
+      if (comm_.size() > 1 && MinOverRanks(comm_, be_, captured_ok ? 1.0f : 0.0f) == 0.0f) {
+        // A peer's capture failed: no rank may replay its graph alone.
+        if (captured_ok) std::fprintf(stderr, "kimirt: a tensor-parallel peer could not capture a decode graph; running eagerly\n");
+        if (captured_ok) be_.DropGraph(key);
+        captured_ok = false;
+      }
+      if (captured_ok) {
+        local = ReplayDecodeGraph(key);
+      } else {
+        decode_graphs_ = false;  // told on stderr; the step runs op by op from here on
+        local = RunLayers(rows, ids, o, paged_decode);
+      }
+      break;
+    }
+    case kRunEagerly:
+      if (!key.empty()) {
+        if (graph_seen_.size() > 4096) graph_seen_.clear();
+        graph_seen_.insert(key);
+      }
       local = RunLayers(rows, ids, o, paged_decode);
-    }
-  } else {
-    if (!key.empty()) {
-      if (graph_seen_.size() > 4096) graph_seen_.clear();
-      graph_seen_.insert(key);
-    }
-    local = RunLayers(rows, ids, o, paged_decode);
+      break;
   }
   for (size_t b = 0; b < rows.seqs.size(); ++b) rows.seqs[b]->length += rows.count(b);
   return local;
 }
 
+Model::GraphAction Model::DecodeGraphAction(const std::string& key) {
+  const GraphAction mine = be_.HasGraph(key) ? kReplay : graph_seen_.count(key) > 0 ? kCapture : kRunEagerly;
+  if (comm_.size() == 1) return mine;
+  // Tensor-parallel ranks capture and replay the same graphs together (NCCL: a captured
+  // collective is collective over the ranks that captured it): the least advanced rank decides.
+  // Their keys hold their own addresses, so a rank may differ — one that replays where a peer
+  // captures captures too, replacing its graph. A step's host wait, at TP > 1 only.
+  return static_cast<GraphAction>(static_cast<int>(MinOverRanks(comm_, be_, static_cast<float>(mine))));
+}
+
+Tensor Model::ReplayDecodeGraph(const std::string& key) {
+  Tensor local = be_.Replay(key);
+  ++graph_replays_;
+  if (comm_.size() > 1) comm_.WatchLaunched("a decode graph's collectives");
+  return local;
+}
+
 std::string Model::DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const {
-  if (!decode_graphs_ || !paged_decode || !be_.SupportsGraphs() || o.trace != nullptr || comm_.size() != 1 ||
-      pipelined()) {
+  if (!decode_graphs_ || !paged_decode || !be_.SupportsGraphs() || o.trace != nullptr ||
+      (comm_.size() > 1 && !comm_.CapturesInGraphs()) || pipelined()) {
     return {};
   }
   // What the launches bake in: the row count, the latent cache's buffers and step layout, and

@@ -166,7 +166,9 @@ class Model {
 
   // Decode steps as graphs (on by default where the backend has them: Backend::SupportsGraphs;
   // docs/cuda.md "Decode graphs"): a step shape seen once is captured the second time and
-  // replayed after, the same bits as running it op by op. Off: vLLM's --enforce-eager.
+  // replayed after, the same bits as running it op by op. Off: vLLM's --enforce-eager. At
+  // TP > 1 where the communicator's collectives can be captured (NCCL), every rank of the group
+  // must be given the same setting.
   void set_decode_graphs(bool on) { decode_graphs_ = on; }
   bool decode_graphs() const { return decode_graphs_; }
   // Decode steps run as graph replays so far (a test's proof that graphs ran).
@@ -217,6 +219,11 @@ class Model {
   void SendState(const std::vector<Tensor>& state);
   // The graph key of a decode step of `rows`, or empty when the step runs op by op.
   std::string DecodeGraphKey(const SequenceRows& rows, bool paged_decode, const ForwardOptions& o) const;
+  // What a decode step under `key` does: run op by op (a shape seen first), capture (seen once),
+  // replay (captured). At TP > 1 the ranks agree first (the smallest; a collective).
+  enum GraphAction { kRunEagerly = 0, kCapture = 1, kReplay = 2 };
+  GraphAction DecodeGraphAction(const std::string& key);
+  Tensor ReplayDecodeGraph(const std::string& key);
 
   Layout layout_;
   ModelWeights w_;

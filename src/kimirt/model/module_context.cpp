@@ -1,7 +1,20 @@
 // ModuleContext helpers (module_context.h).
 #include "kimirt/model/module_context.h"
 
+#include <algorithm>
+
 namespace kimirt {
+
+float MinOverRanks(Communicator& comm, Backend& be, float v) {
+  if (comm.size() == 1) return v;
+  Tensor mine = Tensor::Host({1});
+  mine.f32()[0] = v;
+  const Tensor send = be.Upload(mine);
+  Tensor all = be.Empty({comm.size()});
+  comm.AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
+  const Tensor got = be.Download(all);
+  return *std::min_element(got.f32(), got.f32() + comm.size());
+}
 
 Tensor ModuleContext::Linear(const Tensor& x, const Tensor& w) const {
   Tensor y = be.Empty({x.dim(0), w.dim(0)});

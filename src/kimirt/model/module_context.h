@@ -12,6 +12,11 @@
 
 namespace kimirt {
 
+// The smallest of every rank's `v` (an all-gather on the backend's memory, then a download: the
+// host waits). Collective over `comm`; every rank returns the same value. Whole numbers below
+// 2^24 stay exact.
+float MinOverRanks(Communicator& comm, Backend& be, float v);
+
 struct ModuleContext {
   const ModelConfig& config;
   Backend& be;

@@ -48,6 +48,14 @@ class Communicator {
   // A device collective that an abort ended leaves its output undefined without throwing (the
   // host is not inside it), so whoever completes a step checks this before trusting its outputs.
   virtual std::string aborted() const { return {}; }
+
+  // Decode graphs at TP > 1 (Model::Launch; docs/distributed.md "Decode graphs at TP > 1"):
+  // whether the collectives can be recorded into a backend's graph (CUDA stream capture) and
+  // replayed with it — every rank capturing and replaying the same graphs together (NCCL).
+  virtual bool CapturesInGraphs() const { return false; }
+  // A replayed graph holding this communicator's collectives was launched on its stream: time it
+  // as the collectives themselves are (an NCCL communicator's watchdog).
+  virtual void WatchLaunched(const char* what) { (void)what; }
 };
 
 // A communicator of one rank: all collectives are copies or no-ops.

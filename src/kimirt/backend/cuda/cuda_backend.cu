@@ -283,6 +283,15 @@ class CudaBackend final : public Backend {
     return it->second.output;
   }
 
+  void DropGraph(const std::string& key) override {
+    NotCapturing("DropGraph");
+    auto it = graphs_.find(StoredKey(key));
+    if (it == graphs_.end()) return;
+    Synchronize();  // its launches may still run
+    DestroyGraph(it->second);
+    graphs_.erase(it);
+  }
+
   void SetDecodeInputs(std::span<const int32_t> ids, std::span<const int32_t> slots) override {
     NotCapturing("SetDecodeInputs");
     auto put = [&](std::span<const int32_t> v, Tensor* dev, std::vector<int32_t>* host) {

@@ -70,7 +70,11 @@ class NcclCommunicator final : public Communicator {
       if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) AbortLocked("");
     }
     if (!aborted_) ncclCommDestroy(comm_);
-    if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+    retired_.push_back({scratch_, scratch_async_});
+    cudaStreamSynchronize(stream_);
+    for (const Buffer& b : retired_) {
+      if (b.p != nullptr) b.stream_ordered ? cudaFreeAsync(b.p, stream_) : cudaFree(b.p);
+    }
     cudaStreamSynchronize(stream_);
     for (const Pending& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
@@ -109,6 +113,17 @@ class NcclCommunicator final : public Communicator {
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
+  // NCCL's collectives can be captured into a CUDA graph (NCCL >= 2.9): every rank must capture
+  // the same collectives and replay the graphs together (Model::Launch agrees on that first).
+  bool CapturesInGraphs() const override { return true; }
+
+  // A graph holding this communicator's collectives was launched on its stream.
+  void WatchLaunched(const char* what) override {
+    std::lock_guard<std::mutex> call_lock(call_mu_);
+    ThrowIfAborted();
+    Track(what);
+  }
+
   // From another thread (the runner's supervisor saw a peer die): NCCL's kernels waiting on the
   // peer return and the stream drains at once, instead of at the watchdog's timeout. call_mu_
   // waits out an NCCL call the rank's thread is making (never a wait on the device).
@@ -145,12 +160,25 @@ class NcclCommunicator final : public Communicator {
   };
 
   // Issues one NCCL call (under call_mu_, so the watchdog cannot abort in the middle) and
-  // records the event the watchdog waits for.
+  // records the event the watchdog waits for — unless the stream is being captured into a graph:
+  // nothing runs then, and the graph's launches are watched instead (WatchLaunched).
   template <typename F>
   void Enqueue(const char* what, F&& call) {
     std::lock_guard<std::mutex> call_lock(call_mu_);
     ThrowIfAborted();
     Check(call(), what);
+    if (!Capturing()) Track(what);
+  }
+
+  bool Capturing() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CheckCuda(cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing");
+    return status == cudaStreamCaptureStatusActive;
+  }
+
+  // Records an event on the stream after the work issued so far; the watchdog aborts the
+  // communicator if it has not completed within the timeout.
+  void Track(const char* what) {
     cudaEvent_t ev;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -270,15 +298,27 @@ class NcclCommunicator final : public Communicator {
                              ": " + msg);
   }
 
-  // A device buffer of at least `count` floats, reused across calls (stream-ordered).
+  // A device buffer of at least `count` floats, reused across calls (stream-ordered). A graph
+  // captured with it keeps its address: once one has, a larger buffer replaces it without
+  // freeing it (it lives as long as the communicator). While capturing, a new one comes from
+  // cudaMalloc (a stream-ordered allocation would become the graph's own).
   float* Scratch(size_t count) {
+    const bool capturing = Capturing();
     if (count > scratch_count_) {
-      if (scratch_ != nullptr) CheckCuda(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      if (scratch_ != nullptr && (scratch_in_graph_ || capturing)) {
+        retired_.push_back({scratch_, scratch_async_});
+      } else if (scratch_ != nullptr) {
+        CheckCuda(scratch_async_ ? cudaFreeAsync(scratch_, stream_) : cudaFree(scratch_), "freeing the scratch");
+      }
       scratch_ = nullptr;
-      CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch_), count * sizeof(float), stream_),
+      scratch_in_graph_ = false;
+      scratch_async_ = !capturing;
+      CheckCuda(capturing ? cudaMalloc(reinterpret_cast<void**>(&scratch_), count * sizeof(float))
+                          : cudaMallocAsync(reinterpret_cast<void**>(&scratch_), count * sizeof(float), stream_),
                 "cudaMallocAsync (all-reduce scratch)");
       scratch_count_ = count;
     }
+    scratch_in_graph_ = scratch_in_graph_ || capturing;
     return scratch_;
   }
 
@@ -287,8 +327,15 @@ class NcclCommunicator final : public Communicator {
   const int size_;
   const NcclOptions o_;
   cudaStream_t stream_;
+  struct Buffer {
+    float* p;
+    bool stream_ordered;  // cudaMallocAsync (else cudaMalloc)
+  };
   float* scratch_ = nullptr;
   size_t scratch_count_ = 0;
+  bool scratch_async_ = true;
+  bool scratch_in_graph_ = false;
+  std::vector<Buffer> retired_;  // scratch buffers a graph may still use; freed at the end
   bool broken_ = false;  // the rank's thread only
 
   std::mutex call_mu_;              // NCCL calls vs the watchdog's abort
