@@ -345,8 +345,10 @@ Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, con
       bool captured_ok = be_.CaptureEnd(captured);
       if (comm_.size() > 1 && MinOverRanks(comm_, be_, captured_ok ? 1.0f : 0.0f) == 0.0f) {
         // A peer's capture failed: no rank may replay its graph alone.
-        if (captured_ok) std::fprintf(stderr, "kimirt: a tensor-parallel peer could not capture a decode graph; running eagerly\n");
-        if (captured_ok) be_.DropGraph(key);
+        if (captured_ok) {
+          std::fprintf(stderr, "kimirt: a tensor-parallel peer could not capture a decode graph; running eagerly\n");
+          be_.DropGraph(key);
+        }
         captured_ok = false;
       }
       if (captured_ok) {
