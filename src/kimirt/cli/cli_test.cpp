@@ -181,8 +181,11 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   refused("serve --random-weights --port 0", "--random-weights needs --config FILE");
   refused("bench model --config " + cfg, "--config needs --random-weights");
   refused("serve --device cuda --gpu-memory-utilization 1.5 --port 0", "--gpu-memory-utilization must be in (0, 1]");
-  refused("generate --device cuda --tp 2 --model " + dir_ + " --ids 1,2", "--device cuda runs one GPU so far");
   const std::string no_gpu = "needs CUDA device " + std::to_string(kimirt::VisibleCudaDevices()) + " (its local rank)";
+  refused("generate --device cuda --tp 64 --model " + dir_ + " --ids 1,2",
+          kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
+  refused("generate --distributed-executor-backend ray --tp 2 --model " + dir_ + " --ids 1,2",
+          "--distributed-executor-backend must be threads or mp");
   refused("bench model --device cuda -tp 64 --model " + dir_,
           kimirt::CudaBackendBuilt() ? no_gpu : "built without the CUDA backend");
   // Pipeline stages: more than the layers, none, and more CUDA ranks (tp × pp) than GPUs.
@@ -316,8 +319,10 @@ TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
   const std::string ids = "422,53,217,295,453,382,482";
   const std::string want =
       "16,207,473,268,451,25,205,486,194,208,245,403,0,416,235,189,489,184,503,57,194,238,96,360";
-  // Also with the routed experts split by id (8 experts: 4 or 2 whole ones a rank).
-  for (const char* tp : {"1", "2", "2 --enable-expert-parallel", "4 --enable-expert-parallel"}) {
+  // Also with the routed experts split by id (8 experts: 4 or 2 whole ones a rank), in pipeline
+  // stages, and with the ranks as processes (the runner serve uses: generate_command.cpp).
+  for (const char* tp : {"1", "2", "2 --enable-expert-parallel", "4 --enable-expert-parallel", "1 -pp 3",
+                         "2 -pp 2 --distributed-executor-backend mp"}) {
     CmdResult r = Kimirt("generate --model " + Shared("fixtures/tiny-a") + " --ids " + ids +
                          " --max-tokens 24 --ignore-eos --tp " + tp);
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -1,6 +1,6 @@
-// `kimirt generate` and `kimirt logits`: run the model on token ids, on one rank or on --tp N
-// in-process CPU ranks (threads), or on one GPU (--device cuda). Text prompts arrive with the
-// tokenizer.
+// `kimirt generate` and `kimirt logits`: run the model on token ids through the runner serve
+// uses — one rank, -tp/-pp CPU ranks (threads, or processes with --distributed-executor-backend
+// mp), or GPUs (--device cuda; one process per GPU beyond one rank).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "kimirt/backend/backend_factory.h"
 #include "kimirt/cli/commands.h"
 #include "kimirt/cli/flags.h"
-#include "kimirt/model/model.h"
+#include "kimirt/engine/model_runner.h"
+#include "kimirt/io/safetensors.h"
 
 namespace kimirt {
 namespace {
@@ -32,44 +32,38 @@ Result<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-// Runs fn on every rank of a --tp group (threads); returns rank 0's status.
-Status OnRanks(int tp, bool expert_parallel, const std::string& device, const std::string& model_dir,
-               const std::function<Status(Model&, Communicator&)>& fn) {
-  if (tp < 1) return InvalidArgument("--tp must be >= 1");
-  if (device != "cpu" && tp != 1) return Unsupported("--device " + device + " runs one GPU so far (--tp 1)");
-  std::vector<Status> status(static_cast<size_t>(tp));
-  auto body = [&](Communicator& comm) {
-    Result<std::unique_ptr<Backend>> backend = MakeBackend(device);
-    if (!backend.ok()) {
-      status[static_cast<size_t>(comm.rank())] = backend.status();
-      return;
-    }
-    LoadOptions lo;
-    lo.ep = expert_parallel ? tp : 1;
-    auto model = Model::Load(model_dir, **backend, comm, lo);
-    // Every rank loads the same checkpoint at the same degree, so they fail or succeed together.
-    status[static_cast<size_t>(comm.rank())] = model.ok() ? fn(**model, comm) : model.status();
-  };
-  if (tp == 1) {
-    auto comm = MakeSingleRankCommunicator();
-    body(*comm);
-  } else {
-    RunOnThreadRanks(tp, body);
-  }
-  return status[0];
-}
-
 struct CommonFlags {
-  std::string model_dir, ids_text, device = "cpu";
-  int tp = 1;
+  std::string model_dir, ids_text, device = "cpu", executor = "threads";
+  int tp = 1, pp = 1;
   bool expert_parallel = false;
   void Register(FlagSet& f) {
     f.String("model", &model_dir, "model directory (config.json + safetensors checkpoint)");
-    f.String("device", &device, "cpu or cuda (one GPU; a build with -DKIMIRT_CUDA=ON)");
+    f.String("device", &device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp/-pp > 1: one GPU a rank)");
     f.String("ids", &ids_text, "prompt token ids, comma separated");
-    f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU threads)");
+    f.Int("tp,tensor-parallel-size", &tp, "tensor-parallel ranks (CPU threads or processes; GPUs)");
+    f.Int("pp,pipeline-parallel-size", &pp, "pipeline stages of -tp ranks each");
     f.Bool("enable-expert-parallel", &expert_parallel,
            "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
+    f.String("distributed-executor-backend", &executor,
+             "CPU ranks as threads (the default) or mp: one process per rank, as serve runs them");
+  }
+
+  // The runner `serve` would make for these flags (engine/model_runner.h: thread or process
+  // ranks on CPU, one process per GPU on CUDA beyond one rank), with latent cache room for one
+  // sequence of `tokens` positions: the same model, ops and sums as one Model on one rank.
+  Result<std::unique_ptr<ModelRunner>> MakeRunner(int64_t tokens) const {
+    if (tp < 1 || pp < 1) return InvalidArgument("-tp and -pp must be >= 1");
+    if (executor != "threads" && executor != "mp") {
+      return InvalidArgument("--distributed-executor-backend must be threads or mp, not \"" + executor + "\"");
+    }
+    RunnerOptions ro;
+    ro.device = device;
+    ro.tp = tp;
+    ro.pp = pp;
+    ro.ep = expert_parallel ? tp : 1;
+    ro.process_ranks = executor == "mp" && tp * pp > 1;
+    ro.num_kv_blocks = tokens / ro.block_size + 2;
+    return ModelRunner::Create(ModelSource::Directory(model_dir), ro);
   }
 };
 
@@ -96,15 +90,15 @@ int RunGenerateCommand(int argc, char** argv) {
   if (common.model_dir.empty()) return Fail("generate", InvalidArgument("--model DIR is required"), 2);
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("generate", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.expert_parallel, common.device, common.model_dir,
-                     [&](Model& m, Communicator& comm) -> Status {
-    const int64_t V = m.config().vocab_size;
-    const std::vector<int64_t>& eos = m.config().eos_token_ids;
-    SequenceState st = m.NewSequence();
-    ForwardOptions last;
-    last.all_logits = false;
+  Status s = [&]() -> Status {
+    KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
+                            common.MakeRunner(static_cast<int64_t>(ids->size()) + std::max<int64_t>(max_tokens, 0)));
+    const int64_t V = r->config().vocab_size;
+    const std::vector<int64_t>& eos = r->config().eos_token_ids;
+    const ModelRunner::Handle h = r->NewSequence();
+    KIMIRT_RETURN_IF_ERROR(r->Reserve(h, static_cast<int64_t>(ids->size())));
     const auto t0 = std::chrono::steady_clock::now();
-    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids, last));
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r->Forward(h, *ids, /*last_only=*/true));
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;
     for (int64_t i = 0; i < max_tokens; ++i) {
@@ -112,20 +106,19 @@ int RunGenerateCommand(int argc, char** argv) {
       out.push_back(next);
       if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
       if (i + 1 == max_tokens) break;
-      KIMIRT_ASSIGN_OR_RETURN(logits, m.Forward(&st, std::vector<int32_t>{next}, last));
+      KIMIRT_RETURN_IF_ERROR(r->Reserve(h, static_cast<int64_t>(ids->size()) + i + 1));
+      KIMIRT_ASSIGN_OR_RETURN(logits, r->Forward(h, std::vector<int32_t>{next}, /*last_only=*/true));
     }
     const auto t2 = std::chrono::steady_clock::now();
-    if (comm.rank() == 0) {
-      std::string line;
-      for (int32_t t : out) line += (line.empty() ? "" : ",") + std::to_string(t);
-      std::printf("%s\n", line.c_str());
-      const double pre = std::chrono::duration<double>(t1 - t0).count();
-      const double dec = std::chrono::duration<double>(t2 - t1).count();
-      std::fprintf(stderr, "prefill %zu tokens in %.3f s; decode %zu tokens in %.3f s\n", ids->size(), pre,
-                   out.size() > 0 ? out.size() - 1 : 0, dec);
-    }
+    std::string line;
+    for (int32_t t : out) line += (line.empty() ? "" : ",") + std::to_string(t);
+    std::printf("%s\n", line.c_str());
+    const double pre = std::chrono::duration<double>(t1 - t0).count();
+    const double dec = std::chrono::duration<double>(t2 - t1).count();
+    std::fprintf(stderr, "prefill %zu tokens in %.3f s; decode %zu tokens in %.3f s\n", ids->size(), pre,
+                 out.size() > 0 ? out.size() - 1 : 0, dec);
     return Status::Ok();
-  });
+  }();
   return s.ok() ? 0 : Fail("generate", s);
 }
 
@@ -145,11 +138,11 @@ int RunLogitsCommand(int argc, char** argv) {
   }
   Result<std::vector<int32_t>> ids = ParseIds(common.ids_text);
   if (!ids.ok()) return Fail("logits", ids.status(), 2);
-  Status s = OnRanks(common.tp, common.expert_parallel, common.device, common.model_dir,
-                     [&](Model& m, Communicator& comm) -> Status {
-    SequenceState st = m.NewSequence();
-    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, m.Forward(&st, *ids));
-    if (comm.rank() != 0) return Status::Ok();
+  Status s = [&]() -> Status {
+    KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r, common.MakeRunner(static_cast<int64_t>(ids->size())));
+    const ModelRunner::Handle h = r->NewSequence();
+    KIMIRT_RETURN_IF_ERROR(r->Reserve(h, static_cast<int64_t>(ids->size())));
+    KIMIRT_ASSIGN_OR_RETURN(Tensor logits, r->Forward(h, *ids, /*last_only=*/false));
     SafetensorsWriter w;
     w.SetMetadata("format", "pt");
     w.Add("logits", DType::kF32, logits.shape(),
@@ -157,7 +150,7 @@ int RunLogitsCommand(int argc, char** argv) {
     KIMIRT_RETURN_IF_ERROR(w.Write(out_path));
     std::printf("wrote %s: logits %s\n", out_path.c_str(), ShapeToString(logits.shape()).c_str());
     return Status::Ok();
-  });
+  }();
   return s.ok() ? 0 : Fail("logits", s);
 }
 
