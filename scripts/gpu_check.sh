@@ -584,10 +584,10 @@ if [[ "$what" == nccl ]]; then
 fi
 if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
-  timeout 400 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaFailure*:RankDevice*' \
+  timeout 560 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*:RankDevice*' \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
   echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, decode graphs vs eager, a killed follower"
-  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs' "$out/gtest-cudaranks.txt" | head -40
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs|vs one GPU' "$out/gtest-cudaranks.txt" | head -40
   bench_model_one_and_two tp
   # Decode graphs at TP 2 (the NCCL collectives captured) against every step op by op.
   timeout 240 "$root/kimirt" bench model -tp 2 --device cuda --enforce-eager --batch-sizes 1,8 --prompt-len 256 \
