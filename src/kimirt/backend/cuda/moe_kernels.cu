@@ -729,8 +729,8 @@ __global__ void __launch_bounds__(kSortThreads)
     MoeRouteGroupSplitKernel(const float* logits, const float* bias, int64_t T, int64_t E, int k, bool renormalize,
                              float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,
                              int64_t E_group, ExpertGroups g, const float* z, int64_t De, uint16_t* z_parts) {
-  float b[8];
-  if (blockIdx.x == 0) LoadLaneBias<8>(bias, E, b);
+  float b[8];  // read by the routing warps only: the others of block 0 load nothing
+  if (blockIdx.x == 0 && threadIdx.x < 32 * kRouteGroupWarps) LoadLaneBias<8>(bias, E, b);
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   if (blockIdx.x > 0) {
     SplitRows(z, T, De, z_parts, (blockIdx.x - 1) * int64_t{blockDim.x} + threadIdx.x,
