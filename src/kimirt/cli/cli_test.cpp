@@ -213,6 +213,8 @@ TEST(CliFlags, PrefillChunkDefaultsByDevice) {
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_NE(text.str().find("\"prefill_chunk\": 256"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("\"communicator\": \"none\""), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("\"cuda_graphs\": false"), std::string::npos) << text.str();
 }
 
 // bench model -pp 3 on thread ranks: three stages of tiny-a run the engine end to end.
@@ -221,6 +223,7 @@ TEST(CliModel, BenchModelRunsPipelineStages) {
                              " --batch-sizes 1,2 --prompt-len 9 --decode-tokens 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("TP1 PP3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("communicator threads"), std::string::npos) << r.output;
 }
 
 TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {

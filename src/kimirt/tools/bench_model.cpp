@@ -190,7 +190,9 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   report.decode_tokens = opt.decode_tokens;
   report.prefill_chunk = opt.prefill_chunk;
   report.peak_gb_per_s = opt.peak_gb_per_s;
-  report.cuda_graphs = model != nullptr && model->decode_graphs() && backend->SupportsGraphs();
+  report.communicator = opt.tp * opt.pp == 1    ? "none"
+                         : opt.device == "cpu" ? "threads"
+                                               : "nccl (all-gather + rank-ordered sum)";
   {
     // Warm-up, untimed: first-use costs (page faults, GPU clocks ramping up from idle, kernel
     // loading, the allocator's first blocks) stay out of the numbers.
@@ -276,6 +278,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     ++round;
   }
   engine->Shutdown(/*drain=*/true);
+  report.graph_replays = runner->graph_replays();
+  report.cuda_graphs = report.graph_replays > 0;
   return report;
 }
 
@@ -284,7 +288,8 @@ std::string BenchModelReport::ToText() const {
                   (pp > 1 ? " PP" + std::to_string(pp) : "") +
                   (pp > 1 && pp_micro_batches > 0 ? " (" + std::to_string(pp_micro_batches) + " micro-batches)" : "") +
                   ", prompt " + std::to_string(prompt_len) +
-                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights + "\n";
+                  " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights +
+                  (tp * pp > 1 ? ", communicator " + communicator : "") + (cuda_graphs ? ", decode graphs" : "") + "\n";
   if (weight_bytes_planned > 0) {
     char held[160];
     std::snprintf(held, sizeof(held), "weight bytes: planned %.3f GB, on the device %.3f GB (%+.2f%%)\n",
@@ -335,6 +340,8 @@ std::string BenchModelReport::ToJson() const {
   j["prefill_chunk"] = prefill_chunk;
   j["peak_gb_per_s"] = peak_gb_per_s;
   j["cuda_graphs"] = cuda_graphs;
+  j["graph_replays"] = graph_replays;
+  j["communicator"] = communicator;
   j["points"] = nlohmann::ordered_json::array();
   for (const BenchModelPoint& p : points) {
     j["points"].push_back({{"batch", p.batch},

@@ -79,7 +79,11 @@ struct BenchModelReport {
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;
-  bool cuda_graphs = false;  // decode steps ran as graph replays (CUDA, no --enforce-eager)
+  bool cuda_graphs = false;  // decode steps ran as graph replays (CUDA, no --enforce-eager; at TP > 1 too)
+  int64_t graph_replays = 0; // rank 0's decode steps run as graph replays, warm-up included
+  // What the ranks' sums go through: "none" (one rank), "threads" (CPU thread ranks), or on GPUs
+  // "nccl (all-gather + rank-ordered sum)", the batch-invariant all-reduce (nccl_communicator.h).
+  std::string communicator = "none";
   std::vector<BenchModelPoint> points;
   std::string ToText() const;
   std::string ToJson() const;
