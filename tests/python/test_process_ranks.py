@@ -116,3 +116,33 @@ def test_a_killed_follower_makes_health_503_requests_fail_and_the_server_exit():
         assert any("the model cannot run" in line and "rank 1" in line for line in s.stderr_lines), s.stderr_lines
     finally:
         s.stop()
+
+
+def test_a_follower_dying_mid_stream_ends_the_stream_with_an_error_and_the_server_exits():
+    # Issue 15's fault: rank 1 kills itself inside its 6th model step (KIMIRT_FAULT_RANK_DIES_IN_STEP,
+    # process_ranks_runner.cpp), while a streamed completion is being decoded: the stream ends with
+    # an error event naming rank 1, /health turns 503 and the server exits 1 within seconds.
+    s = ServerProcess(["-tp", "2", "--distributed-executor-backend", "mp"],
+                      env={"KIMIRT_FAULT_RANK_DIES_IN_STEP": "1:6"})
+    try:
+        t0 = time.monotonic()
+        body = json.dumps({"prompt": "Hello there", "max_tokens": 64, "temperature": 0, "ignore_eos": True,
+                           "stream": True}).encode()
+        req = urllib.request.Request(s.base_url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        events = []
+        with urllib.request.urlopen(req, timeout=30) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[len("data: "):]))
+        texts = [e for e in events if "choices" in e and e["choices"] and e["choices"][0].get("text")]
+        errors = [e for e in events if "error" in e]
+        assert texts, events  # the stream had started: the rank died mid-stream
+        assert errors and "rank 1" in errors[-1]["error"]["message"], events
+        status, health = health_after_a_death(s.base_url)
+        assert status == 503 and "rank 1" in health["error"]["message"], health
+        assert s.proc.wait(timeout=15) == 1
+        assert time.monotonic() - t0 < 20
+    finally:
+        s.stop()
