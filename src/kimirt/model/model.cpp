@@ -351,6 +351,11 @@ Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, con
         }
         captured_ok = false;
       }
+      if (captured_ok && comm_.size() > 1) {
+        // Every rank counts the agreed captures alike (below 2^24: exact in the agreement's floats).
+        if (capture_of_key_.size() > 4096) capture_of_key_.clear();  // a rank missing one captures
+        capture_of_key_[key] = captures_++ % (int64_t{1} << 24);
+      }
       if (captured_ok) {
         local = ReplayDecodeGraph(key);
       } else {
@@ -375,10 +380,20 @@ Model::GraphAction Model::DecodeGraphAction(const std::string& key) {
   const GraphAction mine = be_.HasGraph(key) ? kReplay : graph_seen_.count(key) > 0 ? kCapture : kRunEagerly;
   if (comm_.size() == 1) return mine;
   // Tensor-parallel ranks capture and replay the same graphs together (NCCL: a captured
-  // collective is collective over the ranks that captured it): the least advanced rank decides.
-  // Their keys hold their own addresses, so a rank may differ — one that replays where a peer
-  // captures captures too, replacing its graph. A step's host wait, at TP > 1 only.
-  return static_cast<GraphAction>(static_cast<int>(MinOverRanks(comm_, be_, static_cast<float>(mine))));
+  // collective is collective over the ranks that captured it, and each must replay the graph of
+  // that capture). Their keys hold their own addresses, so the ranks compare what they would do
+  // — run eagerly (-2), capture (-1), or replay the graph of agreed capture n (n) — and all take
+  // the least advanced: eagerly if any would, else a capture unless every rank would replay the
+  // graph of one capture. A rank that could replay captures again with the others, replacing its
+  // graph. A host wait per decode step, at TP > 1 only.
+  auto it = capture_of_key_.find(key);
+  const float v = mine == kRunEagerly ? -2.0f
+                  : mine == kCapture || it == capture_of_key_.end() ? -1.0f
+                                                                    : static_cast<float>(it->second);
+  const std::vector<float> all = GatherOverRanks(comm_, be_, v);
+  if (std::find(all.begin(), all.end(), -2.0f) != all.end()) return kRunEagerly;
+  if (all[0] >= 0 && std::all_of(all.begin(), all.end(), [&](float x) { return x == all[0]; })) return kReplay;
+  return kCapture;
 }
 
 Tensor Model::ReplayDecodeGraph(const std::string& key) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <optional>
@@ -241,6 +242,9 @@ class Model {
   int micro_batches_ = 0;  // set_pipeline_micro_batches
   int64_t graph_replays_ = 0;
   std::set<std::string> graph_seen_;  // keys run once eagerly; the next step captures
+  // TP > 1: which agreed capture (counted alike on every rank) made the graph under each key.
+  std::map<std::string, int64_t> capture_of_key_;
+  int64_t captures_ = 0;
 };
 
 }  // namespace kimirt

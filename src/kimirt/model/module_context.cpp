@@ -5,15 +5,20 @@
 
 namespace kimirt {
 
-float MinOverRanks(Communicator& comm, Backend& be, float v) {
-  if (comm.size() == 1) return v;
+std::vector<float> GatherOverRanks(Communicator& comm, Backend& be, float v) {
+  if (comm.size() == 1) return {v};
   Tensor mine = Tensor::Host({1});
   mine.f32()[0] = v;
   const Tensor send = be.Upload(mine);
   Tensor all = be.Empty({comm.size()});
   comm.AllGather(static_cast<const float*>(send.raw()), 1, static_cast<float*>(all.raw()));
   const Tensor got = be.Download(all);
-  return *std::min_element(got.f32(), got.f32() + comm.size());
+  return std::vector<float>(got.f32(), got.f32() + comm.size());
+}
+
+float MinOverRanks(Communicator& comm, Backend& be, float v) {
+  const std::vector<float> all = GatherOverRanks(comm, be, v);
+  return *std::min_element(all.begin(), all.end());
 }
 
 Tensor ModuleContext::Linear(const Tensor& x, const Tensor& w) const {

@@ -12,9 +12,10 @@
 
 namespace kimirt {
 
-// The smallest of every rank's `v` (an all-gather on the backend's memory, then a download: the
-// host waits). Collective over `comm`; every rank returns the same value. Whole numbers below
-// 2^24 stay exact.
+// Every rank's `v`, in rank order (an all-gather on the backend's memory, then a download: the
+// host waits), and the smallest of them. Collective over `comm`; every rank returns the same.
+// Whole numbers below 2^24 stay exact.
+std::vector<float> GatherOverRanks(Communicator& comm, Backend& be, float v);
 float MinOverRanks(Communicator& comm, Backend& be, float v);
 
 struct ModuleContext {
