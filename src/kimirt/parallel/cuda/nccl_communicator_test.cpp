@@ -211,33 +211,45 @@ TEST(NcclComm, NcclsOwnAllReduceAgreesWithinRounding) {
   }
 }
 
-TEST(NcclComm, StalledPeerTimesOutInsteadOfHanging) {
-  // Rank 1 never joins rank 0's all-reduce (and calls no collective at all: a mismatched one could
-  // pair with rank 0's half-done all-gather). Rank 0's watchdog must abort within the timeout and
-  // its next collective throw, naming the stalled one; nothing may hang, destructors included.
+// Rank 0 runs `rank0` while rank 1 calls no collective at all (a mismatched one could pair with
+// rank 0's half-done all-gather), idling until rank 0 is done (at most a minute); each rank's
+// error, if any, in *errors (OnGpuRanks's failure mode).
+void RankZeroAlone(const std::function<void(Communicator&, cudaStream_t)>& rank0, std::chrono::milliseconds timeout,
+                   std::vector<std::string>* errors) {
   std::atomic<bool> rank0_done{false};
-  std::string rank0_error;
-  std::vector<std::string> errors;
   const auto t0 = std::chrono::steady_clock::now();
   OnGpuRanks(
       [&](Communicator& c, cudaStream_t s) {
         if (c.rank() == 0) {
-          DeviceFloats d(kWidth, s);
-          d.Up(Random(kWidth, 500));
-          try {
-            c.AllReduceSum(d.p, kWidth);
-            c.Barrier();
-          } catch (const std::exception& e) {
-            rank0_error = e.what();
-          }
+          rank0(c, s);
           rank0_done = true;
-        } else {
-          while (!rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          }
+          return;
+        }
+        while (!rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
       },
-      SIZE_MAX, std::chrono::seconds(3), &errors);
+      SIZE_MAX, timeout, errors);
+}
+
+TEST(NcclComm, StalledPeerTimesOutInsteadOfHanging) {
+  // Rank 1 never joins rank 0's all-reduce. Rank 0's watchdog must abort within the timeout and
+  // its next collective throw, naming the stalled one; nothing may hang, destructors included.
+  std::string rank0_error;
+  std::vector<std::string> errors;
+  const auto t0 = std::chrono::steady_clock::now();
+  RankZeroAlone(
+      [&](Communicator& c, cudaStream_t s) {
+        DeviceFloats d(kWidth, s);
+        d.Up(Random(kWidth, 500));
+        try {
+          c.AllReduceSum(d.p, kWidth);
+          c.Barrier();
+        } catch (const std::exception& e) {
+          rank0_error = e.what();
+        }
+      },
+      std::chrono::seconds(3), &errors);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(seconds, 50.0);
   EXPECT_NE(rank0_error.find("NCCL rank 0 of 2: aborted: ncclAllGather (all-reduce) did not complete within 3000 ms"),
@@ -252,40 +264,31 @@ TEST(NcclComm, AbortFromAnotherThreadEndsACollectiveWaitingOnAPeer) {
   // rank 0's all-reduce; rank 0's host waits on the stream, as a step's download does, and another
   // thread calls Abort. The wait ends within seconds (the watchdog's timeout is 60 s here),
   // aborted() says why, and the next collective throws with it.
-  std::atomic<bool> rank0_done{false};
   std::string reason, next_error, sync_result;
   double waited = -1;
   std::vector<std::string> errors;
-  const auto t0 = std::chrono::steady_clock::now();
-  OnGpuRanks(
+  RankZeroAlone(
       [&](Communicator& c, cudaStream_t s) {
-        if (c.rank() == 0) {
-          DeviceFloats d(kWidth, s);
-          d.Up(Random(kWidth, 600));
-          EXPECT_EQ(c.aborted(), "");
+        DeviceFloats d(kWidth, s);
+        d.Up(Random(kWidth, 600));
+        EXPECT_EQ(c.aborted(), "");
+        c.AllReduceSum(d.p, kWidth);
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          c.Abort("rank 1 died (test)");
+        });
+        const auto w0 = std::chrono::steady_clock::now();
+        sync_result = cudaGetErrorString(cudaStreamSynchronize(s));  // NCCL's kernels return
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+        aborter.join();
+        reason = c.aborted();
+        try {
           c.AllReduceSum(d.p, kWidth);
-          std::thread aborter([&] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(300));
-            c.Abort("rank 1 died (test)");
-          });
-          const auto w0 = std::chrono::steady_clock::now();
-          sync_result = cudaGetErrorString(cudaStreamSynchronize(s));  // NCCL's kernels return
-          waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-          aborter.join();
-          reason = c.aborted();
-          try {
-            c.AllReduceSum(d.p, kWidth);
-          } catch (const std::exception& e) {
-            next_error = e.what();
-          }
-          rank0_done = true;
-        } else {
-          while (!rank0_done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          }
+        } catch (const std::exception& e) {
+          next_error = e.what();
         }
       },
-      SIZE_MAX, std::chrono::seconds(60), &errors);
+      std::chrono::seconds(60), &errors);
   EXPECT_GE(waited, 0.2) << "the all-reduce completed without rank 1";
   EXPECT_LT(waited, 10.0) << sync_result;
   EXPECT_EQ(reason, "rank 1 died (test)");
