@@ -256,20 +256,13 @@ class CudaBackend final : public Backend {
     g.last_use = ++graph_tick_;
     if (capture_slot_bound_) slot_bound_keys_.insert(capture_key_);
     capture_key_ = StoredKey(capture_key_);
-    // Its launches may still run when a graph goes: wait first.
-    if (auto it = graphs_.find(capture_key_); it != graphs_.end()) {
-      Synchronize();
-      DestroyGraph(it->second);
-      graphs_.erase(it);
-    }
+    if (auto it = graphs_.find(capture_key_); it != graphs_.end()) EraseGraph(it);
     if (graphs_.size() >= kMaxGraphs) {
       auto lru = graphs_.begin();
       for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
         if (it->second.last_use < lru->second.last_use) lru = it;
       }
-      Synchronize();
-      DestroyGraph(lru->second);
-      graphs_.erase(lru);
+      EraseGraph(lru);
     }
     graphs_.emplace(capture_key_, std::move(g));
     return true;
@@ -285,11 +278,7 @@ class CudaBackend final : public Backend {
 
   void DropGraph(const std::string& key) override {
     NotCapturing("DropGraph");
-    auto it = graphs_.find(StoredKey(key));
-    if (it == graphs_.end()) return;
-    Synchronize();  // its launches may still run
-    DestroyGraph(it->second);
-    graphs_.erase(it);
+    if (auto it = graphs_.find(StoredKey(key)); it != graphs_.end()) EraseGraph(it);
   }
 
   void SetDecodeInputs(std::span<const int32_t> ids, std::span<const int32_t> slots) override {
@@ -975,6 +964,12 @@ class CudaBackend final : public Backend {
     Tensor output;
     uint64_t last_use = 0;
   };
+  // Its launches may still run when a graph goes: wait first.
+  void EraseGraph(std::map<std::string, Graph>::iterator it) {
+    Synchronize();
+    DestroyGraph(it->second);
+    graphs_.erase(it);
+  }
   static void DestroyGraph(Graph& g) {
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     g.exec = nullptr;
