@@ -86,11 +86,14 @@ class NcclCommunicator final : public Communicator {
   void AllReduceSum(float* data, size_t n) override {
     if (n == 0) return;
     if (n >= o_.nccl_allreduce_min_elems) {
-      Enqueue("ncclAllReduce", [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
+      Enqueue("ncclAllReduce", Capturing(),
+              [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
       return;
     }
-    float* g = Scratch(n * static_cast<size_t>(size_));
-    Enqueue("ncclAllGather (all-reduce)", [&] { return ncclAllGather(data, g, n, ncclFloat32, comm_, stream_); });
+    const bool capturing = Capturing();
+    float* g = Scratch(n * static_cast<size_t>(size_), capturing);
+    Enqueue("ncclAllGather (all-reduce)", capturing,
+            [&] { return ncclAllGather(data, g, n, ncclFloat32, comm_, stream_); });
     const int threads = 256;
     const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 1024);
     RankOrderedSum<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(g, n, size_, data);
@@ -99,7 +102,7 @@ class NcclCommunicator final : public Communicator {
 
   void AllGather(const float* send, size_t n, float* recv) override {
     if (n == 0) return;
-    Enqueue("ncclAllGather", [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
+    Enqueue("ncclAllGather", Capturing(), [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
   }
 
   // Point to point on the stream, each call a group of its own (a non-blocking communicator
@@ -141,8 +144,9 @@ class NcclCommunicator final : public Communicator {
   // A one-float all-reduce, then the stream drained; the watchdog turns a peer that never
   // arrives into an abort, seen here.
   void Barrier() override {
-    float* one = Scratch(static_cast<size_t>(size_));
-    Enqueue("ncclAllReduce (Barrier)", [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    float* one = Scratch(static_cast<size_t>(size_), false);  // a barrier waits: never captured
+    Enqueue("ncclAllReduce (Barrier)", false,
+            [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
       ThrowIfAborted();
@@ -160,14 +164,15 @@ class NcclCommunicator final : public Communicator {
   };
 
   // Issues one NCCL call (under call_mu_, so the watchdog cannot abort in the middle) and
-  // records the event the watchdog waits for — unless the stream is being captured into a graph:
-  // nothing runs then, and the graph's launches are watched instead (WatchLaunched).
+  // records the event the watchdog waits for — unless the stream is being captured into a graph
+  // (`capturing`: Capturing()): nothing runs then, and the graph's launches are watched instead
+  // (WatchLaunched).
   template <typename F>
-  void Enqueue(const char* what, F&& call) {
+  void Enqueue(const char* what, bool capturing, F&& call) {
     std::lock_guard<std::mutex> call_lock(call_mu_);
     ThrowIfAborted();
     Check(call(), what);
-    if (!Capturing()) Track(what);
+    if (!capturing) Track(what);
   }
 
   bool Capturing() {
@@ -276,7 +281,7 @@ class NcclCommunicator final : public Communicator {
   void PointToPoint(const char* what, size_t n, int peer, Call call) {
     CheckPeer(peer, what);
     if (n == 0) return;
-    Enqueue(what, [&] {
+    Enqueue(what, Capturing(), [&] {
       ncclGroupStart();
       const ncclResult_t r = call();
       const ncclResult_t e = ncclGroupEnd();
@@ -302,8 +307,8 @@ class NcclCommunicator final : public Communicator {
   // captured with it keeps its address: once one has, a larger buffer replaces it without
   // freeing it (it lives as long as the communicator). While capturing, a new one comes from
   // cudaMalloc (a stream-ordered allocation would become the graph's own).
-  float* Scratch(size_t count) {
-    const bool capturing = Capturing();
+  // `capturing`: Capturing(), asked once by the collective.
+  float* Scratch(size_t count, bool capturing) {
     if (count > scratch_count_) {
       if (scratch_ != nullptr && (scratch_in_graph_ || capturing)) {
         retired_.push_back({scratch_, scratch_async_});
@@ -315,7 +320,7 @@ class NcclCommunicator final : public Communicator {
       scratch_async_ = !capturing;
       CheckCuda(capturing ? cudaMalloc(reinterpret_cast<void**>(&scratch_), count * sizeof(float))
                           : cudaMallocAsync(reinterpret_cast<void**>(&scratch_), count * sizeof(float), stream_),
-                "cudaMallocAsync (all-reduce scratch)");
+                "allocating the all-reduce scratch");
       scratch_count_ = count;
     }
     scratch_in_graph_ = scratch_in_graph_ || capturing;
