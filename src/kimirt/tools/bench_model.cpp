@@ -279,7 +279,6 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   }
   engine->Shutdown(/*drain=*/true);
   report.graph_replays = runner->graph_replays();
-  report.cuda_graphs = report.graph_replays > 0;
   return report;
 }
 
@@ -289,7 +288,7 @@ std::string BenchModelReport::ToText() const {
                   (pp > 1 && pp_micro_batches > 0 ? " (" + std::to_string(pp_micro_batches) + " micro-batches)" : "") +
                   ", prompt " + std::to_string(prompt_len) +
                   " tokens, " + std::to_string(decode_tokens) + " decode tokens, device " + device + ", weights " + weights +
-                  (tp * pp > 1 ? ", communicator " + communicator : "") + (cuda_graphs ? ", decode graphs" : "") + "\n";
+                  (tp * pp > 1 ? ", communicator " + communicator : "") + (graph_replays > 0 ? ", decode graphs" : "") + "\n";
   if (weight_bytes_planned > 0) {
     char held[160];
     std::snprintf(held, sizeof(held), "weight bytes: planned %.3f GB, on the device %.3f GB (%+.2f%%)\n",
@@ -339,7 +338,7 @@ std::string BenchModelReport::ToJson() const {
   j["decode_tokens"] = decode_tokens;
   j["prefill_chunk"] = prefill_chunk;
   j["peak_gb_per_s"] = peak_gb_per_s;
-  j["cuda_graphs"] = cuda_graphs;
+  j["cuda_graphs"] = graph_replays > 0;
   j["graph_replays"] = graph_replays;
   j["communicator"] = communicator;
   j["points"] = nlohmann::ordered_json::array();

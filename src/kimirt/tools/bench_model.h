@@ -79,8 +79,9 @@ struct BenchModelReport {
   int64_t prompt_len = 0, decode_tokens = 0;
   int prefill_chunk = 0;
   double peak_gb_per_s = 0;
-  bool cuda_graphs = false;  // decode steps ran as graph replays (CUDA, no --enforce-eager; at TP > 1 too)
-  int64_t graph_replays = 0; // rank 0's decode steps run as graph replays, warm-up included
+  // Rank 0's decode steps run as graph replays, warm-up included (CUDA without --enforce-eager,
+  // at any TP); the JSON's `cuda_graphs` is whether there were any.
+  int64_t graph_replays = 0;
   // What the ranks' sums go through: "none" (one rank), "threads" (CPU thread ranks), or on GPUs
   // "nccl (all-gather + rank-ordered sum)", the batch-invariant all-reduce (nccl_communicator.h).
   std::string communicator = "none";
