@@ -22,7 +22,11 @@
 // it fits (~50 MB on an H200): how fast a GEMM could read a weight asked into L2 ahead of it
 // (Backend::PrefetchWeights), against the HBM-served default.
 //
-// Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--json PATH]
+// --tiled: the weights in the decode-tiled layout (cuda::TileWeightForDecode) where their shape
+// allows it; each shape's and group's outputs are first checked bit for bit against the row-major
+// weights' at 1 and the most rows.
+//
+// Usage: decode_gemm_bench [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--tiled] [--json PATH]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -116,13 +120,47 @@ double GraphMsPerCall(cudaStream_t s, int reps, int calls, Fn fn) {
   return ms / calls;
 }
 
+// --tiled: w (row-major, n × k) replaced by its decode-tiled copy. Before that, for m = 1 and
+// max_m, DecodeGemm over both must give the same bytes (the layout moves loads, not sums); a
+// mismatch ends the bench.
+uint16_t* TileChecked(uint16_t* w, int64_t n, int64_t k, const float* x, int64_t max_m, cudaStream_t s,
+                      const char* name) {
+  uint16_t* t = nullptr;
+  BENCH_CUDA_OK(cudaMalloc(&t, static_cast<size_t>(n * k) * sizeof(uint16_t)));
+  kimirt::cuda::TileWeightForDecode(w, t, n, k, s);
+  for (int64_t m : {int64_t{1}, max_m}) {
+    float *a = nullptr, *b = nullptr;
+    void* scratch = nullptr;
+    const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
+    BENCH_CUDA_OK(cudaMalloc(&a, bytes));
+    BENCH_CUDA_OK(cudaMalloc(&b, bytes));
+    BENCH_CUDA_OK(cudaMalloc(&scratch, kimirt::cuda::DecodeGemmScratchBytes(m, n, k)));
+    kimirt::cuda::DecodeGemm(x, w, a, m, n, k, scratch, s);
+    kimirt::cuda::DecodeGemm(x, t, b, m, n, k, scratch, s, true);
+    std::vector<float> ha(static_cast<size_t>(m * n)), hb(ha.size());
+    BENCH_CUDA_OK(cudaMemcpyAsync(ha.data(), a, bytes, cudaMemcpyDeviceToHost, s));
+    BENCH_CUDA_OK(cudaMemcpyAsync(hb.data(), b, bytes, cudaMemcpyDeviceToHost, s));
+    BENCH_CUDA_OK(cudaStreamSynchronize(s));
+    if (std::memcmp(ha.data(), hb.data(), bytes) != 0) {
+      std::fprintf(stderr, "%s: tiled weights gave other bits than row-major at m=%lld\n", name,
+                   static_cast<long long>(m));
+      std::exit(1);
+    }
+    BENCH_CUDA_OK(cudaFree(a));
+    BENCH_CUDA_OK(cudaFree(b));
+    BENCH_CUDA_OK(cudaFree(scratch));
+  }
+  BENCH_CUDA_OK(cudaFree(w));
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> rows = {1, 8, 32, 64};
   int reps = 100, warmup = 10;
   std::string json;
-  bool l2_resident = false;
+  bool l2_resident = false, tiled = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) {
@@ -133,10 +171,12 @@ int main(int argc, char** argv) {
       warmup = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--tiled") {
+      tiled = true;
     } else if (a == "--l2-resident") {
       l2_resident = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--json PATH]\n",
+      std::fprintf(stderr, "usage: %s [--rows 1,8,32,64] [--reps N] [--warmup N] [--l2-resident] [--tiled] [--json PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -177,11 +217,15 @@ int main(int argc, char** argv) {
     BENCH_CUDA_OK(cudaMalloc(&x, static_cast<size_t>(max_m * sh.k) * sizeof(float)));
     BENCH_CUDA_OK(cudaMalloc(&y, static_cast<size_t>(max_m * sh.n) * sizeof(float)));
     Fill(nullptr, x, max_m * sh.k, 7, 1.0f);
+    const bool tile = tiled && kimirt::cuda::DecodeGemmTileable(sh.n, sh.k);
+    if (tile) {
+      for (uint16_t*& p : w) p = TileChecked(p, sh.n, sh.k, x, max_m, s, sh.name);
+    }
     for (int64_t m : rows) {
       void* scratch = nullptr;
       BENCH_CUDA_OK(cudaMalloc(&scratch, kimirt::cuda::DecodeGemmScratchBytes(m, sh.n, sh.k)));
       const auto call = [&](int i) {
-        kimirt::cuda::DecodeGemm(x, w[static_cast<size_t>(i % copies)], y, m, sh.n, sh.k, scratch, s);
+        kimirt::cuda::DecodeGemm(x, w[static_cast<size_t>(i % copies)], y, m, sh.n, sh.k, scratch, s, tile);
       };
       const double ms = TimeMs(s, warmup, reps, call);
       const double ms_graph = GraphMsPerCall(s, reps, std::max(20, copies), call);
@@ -222,6 +266,12 @@ int main(int argc, char** argv) {
       }
       BENCH_CUDA_OK(cudaMalloc(&y[i], static_cast<size_t>(max_m * p.n) * sizeof(float)));
     }
+    std::vector<bool> tile(count);
+    for (size_t j = 0; j < w.size(); ++j) {
+      const GroupProblem& p = g.problems[j % count];
+      tile[j % count] = tiled && kimirt::cuda::DecodeGemmTileable(p.n, p.k);
+      if (tile[j % count]) w[j] = TileChecked(w[j], p.n, p.k, x[static_cast<size_t>(p.x)], max_m, s, g.name);
+    }
     for (int64_t m : rows) {
       std::vector<void*> scratch(count);
       for (size_t i = 0; i < count; ++i) {
@@ -231,7 +281,7 @@ int main(int argc, char** argv) {
       const auto problems_of = [&](int c) {
         for (size_t i = 0; i < count; ++i) {
           const GroupProblem& p = g.problems[i];
-          dp[i] = {x[static_cast<size_t>(p.x)], w[static_cast<size_t>(c) * count + i], y[i], p.n, p.k};
+          dp[i] = {x[static_cast<size_t>(p.x)], w[static_cast<size_t>(c) * count + i], y[i], p.n, p.k, tile[i]};
         }
       };
       problems_of(0);
@@ -241,7 +291,7 @@ int main(int argc, char** argv) {
       const double ms_separate = GraphMsPerCall(s, reps, calls, [&](int c) {
         problems_of(c % copies);
         for (size_t i = 0; i < count; ++i) {
-          kimirt::cuda::DecodeGemm(dp[i].x, dp[i].w, dp[i].y, m, dp[i].n, dp[i].k, scratch[i], s);
+          kimirt::cuda::DecodeGemm(dp[i].x, dp[i].w, dp[i].y, m, dp[i].n, dp[i].k, scratch[i], s, dp[i].w_tiled);
         }
       });
       const double ms_grouped = GraphMsPerCall(s, reps, calls, [&](int c) {
@@ -283,8 +333,8 @@ int main(int argc, char** argv) {
     }
     std::fprintf(f,
                  "{\"device\": \"%s\", \"peak_gbps\": %.0f, \"copy_gbps\": %.1f, \"reps\": %d, "
-                 "\"l2_resident\": %s, \"points\": [",
-                 prop.name, kPeakGbps, copy_gbps, reps, l2_resident ? "true" : "false");
+                 "\"l2_resident\": %s, \"tiled\": %s, \"points\": [",
+                 prop.name, kPeakGbps, copy_gbps, reps, l2_resident ? "true" : "false", tiled ? "true" : "false");
     for (size_t i = 0; i < points.size(); ++i) {
       const Point& p = points[i];
       std::fprintf(f,

@@ -274,6 +274,10 @@ class Backend {
   // start bringing them toward its caches now, while the kernels before them are latency-bound and
   // leave memory idle. Changes no result; the CPU backend ignores it.
   virtual void PrefetchWeights(std::span<const Tensor* const> /*weights*/) {}
+  // `w` is read by Linear (and LinearGroup) alone from now on: no other op, no Download. A backend
+  // may re-lay it out for its GEMMs, with the same results to the bit. CUDA: BF16 weights tiled for
+  // the decode GEMM (docs/cuda.md "Weights tiled for the decode GEMM"); the CPU keeps them.
+  virtual void HoldForLinearOnly(Tensor* /*w*/) {}
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
   // y = a + b (y may be a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;

@@ -332,6 +332,29 @@ uint64_t HeldBytes(const ModelWeights& w) {
   return total;
 }
 
+namespace {
+
+// The weights no op but Linear (and LinearGroup) reads, offered to the backend to re-lay out
+// (Backend::HoldForLinearOnly): the projections of KDA and MLA but MLA's kv_b (the absorbed
+// decode and the prefill expansion read it), the dense MLPs, LatentMoE's latent projections and
+// an untied head. Not the shared experts (the CUDA MoE may run them as expert E, beside the routed
+// experts), the embedding, the router or any norm.
+void HoldLinearOnlyWeights(Backend& backend, bool tied_head, ModelWeights* w) {
+  auto hold = [&](Tensor* t) {
+    if (t->defined() && t->numel() > 0) backend.HoldForLinearOnly(t);
+  };
+  if (!tied_head) hold(&w->lm_head);
+  for (LayerWeights& l : w->layers) {
+    KdaWeights& k = l.kda;
+    for (Tensor* t : {&k.q, &k.k, &k.v, &k.g, &k.g_a, &k.g_b, &k.b, &k.f_a, &k.f_b, &k.o}) hold(t);
+    MlaWeights& a = l.mla;
+    for (Tensor* t : {&a.q_a, &a.q_b, &a.q, &a.kv_a, &a.g, &a.o}) hold(t);
+    for (Tensor* t : {&l.dense.gate, &l.dense.up, &l.dense.down, &l.moe.latent_down, &l.moe.latent_up}) hold(t);
+  }
+}
+
+}  // namespace
+
 Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& source, int tp, int rank,
                                       Backend& backend, const LoadOptions& options) {
   KIMIRT_RETURN_IF_ERROR(source.Check(layout));
@@ -380,6 +403,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& 
     KIMIRT_RETURN_IF_ERROR(CheckExperts(w.layers[i].moe.experts, static_cast<int>(i)));
   }
   if (layout.config().tie_word_embeddings) w.lm_head = w.embed;
+  HoldLinearOnlyWeights(backend, layout.config().tie_word_embeddings, &w);
   return w;
 }
 

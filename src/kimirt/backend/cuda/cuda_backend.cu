@@ -333,7 +333,7 @@ class CudaBackend final : public Backend {
       KIMIRT_CHECK_MSG(Cols(*p.w) == K && Rows(*p.y) == Rows(*p.x) && Cols(*p.y) == N, "LinearGroup shapes");
       W(*p.w);  // an F32 or BF16 device weight, or a clear error
       grouped = grouped && Rows(*p.x) == T && K > 0 && p.w->dtype() == DType::kBF16;
-      if (grouped) dp.push_back({F(*p.x), p.w->raw(), F(*p.y), N, K});
+      if (grouped) dp.push_back({F(*p.x), p.w->raw(), F(*p.y), N, K, Tiled(p.w->raw())});
     }
     if (!grouped) {
       Backend::LinearGroup(problems);
@@ -680,6 +680,9 @@ class CudaBackend final : public Backend {
       for (const Tensor& w : list) host.push_back(mxfp4 ? Codes(w) : W(w));
       if (shared != nullptr) host.push_back(W(m == 0 ? shared->gate : m == 1 ? shared->up : shared->down));
     }
+    // The expert kernels read row-major weights only (HoldForLinearOnly is never offered these).
+    KIMIRT_CHECK_MSG(std::none_of(host.begin(), host.end(), [&](const void* p) { return Tiled(p); }),
+                     "an expert weight is held decode-tiled");
     for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
       KIMIRT_CHECK(!mxfp4 || list->size() == E);
       for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
@@ -792,6 +795,47 @@ class CudaBackend final : public Backend {
     return static_cast<float*>(const_cast<void*>(t.raw()));
   }
 
+  // Weights only Linear reads (Backend::HoldForLinearOnly: the projections, the dense MLPs, the
+  // head) are held in the layout DecodeGemm streams best (cuda::TileWeightForDecode: a warp's
+  // round of weight loads one contiguous 8 KB instead of 64-byte pieces of 8 rows); DecodeGemm and
+  // the wgmma PrefillGemm read it with the same values reaching the same MMAs, so every result
+  // keeps its bits. A BF16 [n, k] weight with n % 32 == 0 and k % 128 == 0 only;
+  // KIMIRT_DECODE_TILED=0 keeps every weight row-major (A/B runs).
+  void HoldForLinearOnly(Tensor* w) override {
+    static const bool on = cuda::EnvSwitchOn("KIMIRT_DECODE_TILED");
+    if (!on || w->device() != Device::kCuda || w->dtype() != DType::kBF16 || w->rank() != 2 ||
+        !cuda::DecodeGemmTileable(w->dim(0), w->dim(1)) || reinterpret_cast<uintptr_t>(w->raw()) % 16 != 0 ||
+        Tiled(w->raw())) {
+      return;
+    }
+    NotCapturing("tiling a weight");
+    // Tiled into a temporary and copied back, so the weight keeps its buffer (and the allocator's
+    // count of weight bytes stays what it was).
+    void* tmp = nullptr;
+    KIMIRT_CUDA_OK(cudaMalloc(&tmp, w->nbytes()));
+    cuda::TileWeightForDecode(w->raw(), tmp, w->dim(0), w->dim(1), stream_);
+    KIMIRT_CUDA_OK(cudaMemcpyAsync(w->raw(), tmp, w->nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    Synchronize();
+    KIMIRT_CUDA_OK(cudaFree(tmp));
+    // An entry lives as long as the buffer: the new owner's deleter drops it, then lets the old
+    // owner go, so an allocation later made at the same address is never taken for a tiled one.
+    void* p = w->raw();
+    {
+      std::lock_guard<std::mutex> lock(tiled_->mu);
+      tiled_->ptrs.insert(p);
+    }
+    std::shared_ptr<void> owner(p, [old = *w, tiled = tiled_](void* q) {
+      std::lock_guard<std::mutex> lock(tiled->mu);
+      tiled->ptrs.erase(q);
+    });
+    *w = Tensor(std::move(owner), p, w->shape(), DType::kBF16, Device::kCuda);
+  }
+
+  bool Tiled(const void* w) const {
+    std::lock_guard<std::mutex> lock(tiled_->mu);
+    return tiled_->ptrs.count(w) != 0;
+  }
+
   // A weight held as F32 or BF16 on this device.
   static const void* W(const Tensor& t) {
     if ((t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) || t.device() != Device::kCuda) {
@@ -815,6 +859,19 @@ class CudaBackend final : public Backend {
   }
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
+    if (Tiled(wb)) {  // HoldForLinearOnly's layout: the same bits as row-major below
+      if (m <= cuda::kGemvMaxRows || !TakesPrefillGemm(w, m, n, k)) {
+        for (int64_t r = 0; r < m; r += cuda::kGemvMaxRows) {  // past 64 rows: bf16_prefill off only
+          const int64_t rows = std::min(cuda::kGemvMaxRows, m - r);
+          Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(rows, n, k));
+          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, true);
+        }
+      } else {
+        Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
+        cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_, true);
+      }
+      return;
+    }
     if (m <= cuda::kGemvMaxRows && k > 0) {
       if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
         Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(m, n, k));
@@ -979,6 +1036,12 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
+  // The buffers HoldForLinearOnly tiled (shared with their owners' deleters).
+  struct TiledSet {
+    std::mutex mu;
+    std::set<const void*> ptrs;
+  };
+  std::shared_ptr<TiledSet> tiled_ = std::make_shared<TiledSet>();
   // PrefetchWeights' stream and its fork and join events (made at the first call); whether it has
   // work since the last join.
   cudaStream_t prefetch_stream_ = nullptr;

@@ -322,6 +322,65 @@ TEST_F(CudaBackendTest, DecodeGemmRowsAreBitIdenticalToAlone) {
   }
 }
 
+// A weight held tiled (Backend::HoldForLinearOnly, cuda::TileWeightForDecode): its bytes are
+// moved (so the test is not of an untouched weight), and a Linear through it gives the row-major
+// weight's bits at every row count — up to 64 rows DecodeGemm's, past them (65, 130) with
+// bf16_prefill on the wgmma PrefillGemm's, with it off each row's own DecodeGemm bits (64 rows a
+// call; the row-major weight then takes cuBLAS, so those rows are held to the row alone). k split
+// and not (2304: 9 ways; 256: unsplit); then the tiled buffer is dropped, and a row-major weight
+// later put at the same address is read as row-major.
+TEST_F(CudaBackendTest, TiledWeightsGiveTheRowMajorBits) {
+  for (auto [K, N] : std::vector<std::array<int64_t, 2>>{{2304, 1024}, {256, 160}}) {
+    SCOPED_TRACE(std::to_string(K) + "x" + std::to_string(N));
+    ASSERT_TRUE(cuda::DecodeGemmTileable(N, K));
+    Tensor w = Random({N, K}, 0.05f);
+    const Tensor row_major = UpBf16(w);
+    Tensor tiled = UpBf16(w);
+    const void* at = tiled.raw();
+    gpu_->HoldForLinearOnly(&tiled);
+    EXPECT_EQ(tiled.raw(), at);
+    const Tensor a = gpu_->Download(row_major), b = gpu_->Download(tiled);
+    EXPECT_NE(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the weight was not re-laid out";
+    constexpr int64_t kRows = 130;
+    const Tensor x = Random({kRows, K});
+    const Tensor d_x = Up(x);
+    auto linear = [&](const Tensor& weight, int64_t m) {
+      Tensor y = Poisoned({m, N});
+      gpu_->Linear(d_x.Rows(0, m), weight, &y);
+      return Down(y);
+    };
+    std::vector<Tensor> alone;  // row r through the row-major weight, m = 1
+    for (int64_t r = 0; r < kRows; ++r) {
+      Tensor y = Poisoned({1, N});
+      gpu_->Linear(d_x.Rows(r, 1), row_major, &y);
+      alone.push_back(Down(y));
+    }
+    const bool was = gpu_->bf16_prefill();
+    for (const bool bf16_prefill : {true, false}) {
+      gpu_->set_bf16_prefill(bf16_prefill);
+      for (const int64_t m : {1, 7, 8, 33, 64, 65, 130}) {
+        const Tensor got = linear(tiled, m);
+        if (bf16_prefill || m <= cuda::kGemvMaxRows) {
+          const Tensor want = linear(row_major, m);
+          EXPECT_EQ(std::memcmp(got.f32(), want.f32(), static_cast<size_t>(m * N) * 4), 0)
+              << "m=" << m << " bf16_prefill " << bf16_prefill;
+        }
+        for (int64_t r = 0; r < m && (!bf16_prefill || m <= cuda::kGemvMaxRows); ++r) {
+          EXPECT_EQ(std::memcmp(got.f32() + r * N, alone[static_cast<size_t>(r)].f32(), static_cast<size_t>(N) * 4), 0)
+              << "m=" << m << " row " << r << " bf16_prefill " << bf16_prefill;
+        }
+      }
+    }
+    gpu_->set_bf16_prefill(was);
+    // Dropped: a weight of the same size may now get its buffer; it must be read as row-major.
+    tiled = Tensor();
+    Tensor again = UpBf16(w);
+    const Tensor got = linear(again, 1);
+    EXPECT_EQ(std::memcmp(got.f32(), alone[0].f32(), static_cast<size_t>(N) * 4), 0)
+        << "a buffer a tiled weight had is still read as tiled" << (again.raw() == at ? " (same address)" : "");
+  }
+}
+
 // Greedy decoding's pick taken on the device must be the sampler's (core/argmax.h): every probe
 // row at once (the kernel splits each row over blocks, so ties across splits are tested), at a
 // width below the block size and at the real vocabulary's.

@@ -26,6 +26,11 @@
 // kTiles instantiation; the split of k across blocks (`splits`) and the order the
 // splits are summed in depend on n and k only, never on m.
 //
+// Tiled weights (TileWeightForDecode, `w_tiled`; docs/cuda.md "Weights tiled for the decode GEMM"): row-major, a
+// warp's load instruction reads 8 rows × 64 bytes and a round 32 rows × 256; tiled, the round's
+// 8 KB lie in the order the lanes load them, so each instruction reads 512 contiguous bytes and a
+// round one 8 KB run. Only the addresses change: the same values reach the same MMAs.
+//
 // Groups (DecodeGemmGroup; docs/cuda.md "Grouped decode GEMMs"): several GEMMs of one m in one
 // launch, each block running GemmBlock, this kernel's body, with its own problem's plan, and one
 // launch of SumSplit for every split problem, so each output keeps its own DecodeGemm's bits.
@@ -41,6 +46,7 @@
 
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
@@ -161,13 +167,18 @@ __device__ __forceinline__ XParts SplitX8(const float (&v)[8]) {
   return XParts{pack(h), pack(md), pack(l)};
 }
 
+// Where w[col][kk .. kk+7] (kk % 8 == 0) lies in the decode-tiled layout (decode_tiled.cuh).
+__host__ __device__ __forceinline__ int64_t DecodeTiledOffset(int64_t col, int64_t kk, int64_t k) {
+  return DecodeTiledRow(col, k) + DecodeTiledK(kk);
+}
+
 // w[col][kk .. kk+7] as 8 BF16 (element i in bits 16·(i%2) of word i/2), zeros past n or k.
 // kVec: rows are 16-byte aligned (k % 8 == 0, aligned base), so the 8 are all in or all out.
 template <bool kVec>
-__device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t kk, int64_t n, int64_t k) {
+__device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t kk, int64_t n, int64_t k, bool tiled) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (col >= n || kk >= k) return v;
-  const uint16_t* p = w + col * k + kk;
+  const uint16_t* p = w + (tiled ? DecodeTiledOffset(col, kk, k) : col * k + kk);
   if constexpr (kVec) {
     v = LoadStreaming(p);
   } else {
@@ -231,7 +242,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
                                           const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                                           const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m,
                                           int64_t n, int64_t k, int64_t k_pad, int64_t slice, int64_t cb,
-                                          int64_t split, int hint_ahead) {
+                                          int64_t split, int hint_ahead, bool tiled) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = cb * kBlockCols + warp * (kColTiles * 16);
   const int64_t k_begin = split * slice;
@@ -250,7 +261,8 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     const int64_t col = col0 + lane;
     if (kVec && kb < k_real_end && col < n) {
       const int64_t len = k_real_end - kb < kSliceQuantum ? k_real_end - kb : kSliceQuantum;
-      PrefetchL2(w + col * k + kb, static_cast<uint32_t>(len * sizeof(uint16_t)));
+      PrefetchL2(w + (tiled ? DecodeTiledOffset(col0, kb, k) + lane * 128 : col * k + kb),
+                 static_cast<uint32_t>(len * sizeof(uint16_t)));
     }
   };
   for (int i = 0; i < hint_ahead; ++i) prefetch_round(k_begin + i * kSliceQuantum);
@@ -287,7 +299,12 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   // checked one's registers do not add to theirs. An x row past m reads row m − 1 instead: an
   // MMA output's column depends on its own B column alone, and those outputs are never stored.
   const bool fast = kVec && col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec);
-  const uint16_t* w_lane = fast ? w + (col0 + g) * k + k_begin + 8 * t : w;  // row col0 + g; + (2c + h)·8k
+  // Row-major: lane (g, t) starts at row col0 + g, k + 8t; load (u, c, h) is (2c + h)·8 rows and
+  // u steps on. Tiled: the lane's chunk of the round's tile; load (u, c, h) is chunk row
+  // (u·2 + c)·2 + h of it (DecodeTiledOffset), and a round is the next tile.
+  const uint16_t* w_lane = !fast ? w : tiled ? w + DecodeTiledOffset(col0, k_begin, k) + lane * 8
+                                             : w + (col0 + g) * k + k_begin + 8 * t;
+  const int64_t w_ch = tiled ? 256 : 8 * k, w_u = tiled ? 1024 : kStepK, w_round = tiled ? 4096 : kSliceQuantum;
   [[maybe_unused]] const float* x_lane[kTiles <= kMaxTilesSplitInKernel ? kTiles : 1];
   if constexpr (kTiles <= kMaxTilesSplitInKernel) {
 #pragma unroll
@@ -309,9 +326,9 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if constexpr (kFull) {
-            wr[u][c][h] = LoadStreaming(w_lane + (2 * c + h) * 8 * k + u * kStepK);
+            wr[u][c][h] = LoadStreaming(w_lane + (2 * c + h) * w_ch + u * w_u);
           } else {
-            wr[u][c][h] = kb + u * kStepK < k_end ? LoadW<kVec>(w, col0 + c * 16 + h * 8 + g, kk, n, k)
+            wr[u][c][h] = kb + u * kStepK < k_end ? LoadW<kVec>(w, col0 + c * 16 + h * 8 + g, kk, n, k, tiled)
                                                   : make_uint4(0, 0, 0, 0);
           }
         }
@@ -379,7 +396,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   int64_t kb = k_begin;
   for (; kb < full_end; kb += kSliceQuantum) {
     round(kb, std::true_type{});
-    w_lane += kSliceQuantum;
+    w_lane += w_round;
     if constexpr (kTiles <= kMaxTilesSplitInKernel) {
 #pragma unroll
       for (int r = 0; r < kTiles; ++r) x_lane[r] += kSliceQuantum;
@@ -407,9 +424,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
                      const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                      const uint16_t* __restrict__ x_lo, float* __restrict__ out,
-                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice, int hint_ahead) {
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice, int hint_ahead, bool tiled) {
   GemmBlock<kTiles, kVec>(w, x, x_vec, x_hi, x_mid, x_lo, out, m, n, k, k_pad, slice, blockIdx.x, blockIdx.y,
-                          hint_ahead);
+                          hint_ahead, tiled);
 }
 
 // A group of GEMMs of one row count m (DecodeGemmGroup), one launch: problem i owns the blocks
@@ -424,7 +441,7 @@ struct GroupGemm {
   float* out;
   int64_t n, k, k_pad, slice, x_part;
   uint32_t begin, col_blocks;
-  bool x_vec;
+  bool x_vec, tiled;
 };
 struct GroupGemmArgs {
   GroupGemm p[kMaxGroup];
@@ -441,7 +458,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   const GroupGemm& p = a.p[i];
   const uint32_t local = blockIdx.x - p.begin;
   GemmBlock<kTiles, kVec>(p.w, p.x, p.x_vec, p.x_hi, p.x_hi + p.x_part, p.x_hi + 2 * p.x_part, p.out, a.m, p.n,
-                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks, a.hint_ahead);
+                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks, a.hint_ahead, p.tiled);
 }
 
 // y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
@@ -521,12 +538,12 @@ int HintAhead(int tiles) {
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
             const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
-            cudaStream_t s) {
+            bool tiled, cudaStream_t s) {
   static std::atomic<uint64_t> configured[2];
   const auto kernel = vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>;
   AllowXSmem<kTiles>(kernel, configured[vec]);
   LaunchPdl("DecodeGemm", kernel, grid, dim3(kWarps * 32), kXSmemBytes<kTiles>, s, w, x, x_vec, hi, mid, lo, out, m,
-            n, k, p.k_pad, p.slice, HintAhead(kTiles));
+            n, k, p.k_pad, p.slice, HintAhead(kTiles), tiled);
 }
 
 template <int kTiles>
@@ -544,6 +561,26 @@ void CheckShape(int64_t m, int64_t k) {
     std::fprintf(stderr, "kimirt: DecodeGemm takes 1..%lld rows and k > 0, got m=%lld k=%lld\n",
                  static_cast<long long>(kGemvMaxRows), static_cast<long long>(m), static_cast<long long>(k));
     std::abort();
+  }
+}
+
+// A tiled weight (TileWeightForDecode) is whole tiles, 16-byte aligned.
+void CheckTiled(bool tiled, const void* w, int64_t n, int64_t k) {
+  if (tiled && (!DecodeGemmTileable(n, k) || reinterpret_cast<uintptr_t>(w) % 16 != 0)) {
+    std::fprintf(stderr, "kimirt: DecodeGemm: a tiled weight needs n %% 32 == 0, k %% 128 == 0 and a 16-byte "
+                         "aligned base, got n=%lld k=%lld\n", static_cast<long long>(n), static_cast<long long>(k));
+    std::abort();
+  }
+}
+
+// dst's 16-byte chunk i ← the chunk of src that DecodeTiledOffset puts there.
+__global__ void TileWeightKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n, int64_t k) {
+  const int64_t chunks = n * k / 8, k_tiles = k / 128;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < chunks; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tile = i / 512, q = i % 512 / 32, lane = i % 32;
+    const int64_t col = tile / k_tiles * 32 + q % 4 / 2 * 16 + q % 2 * 8 + lane / 4;
+    const int64_t kk = tile % k_tiles * 128 + q / 4 * 32 + lane % 4 * 8;
+    dst[i] = src[(col * k + kk) / 8];
   }
 }
 
@@ -612,10 +649,20 @@ size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k) {
 
 int64_t DecodeGemmSplits(int64_t n, int64_t k) { return MakePlan(1, n, k).splits; }
 
+bool DecodeGemmTileable(int64_t n, int64_t k) { return n > 0 && k > 0 && n % 32 == 0 && k % 128 == 0; }
+
+void TileWeightForDecode(const void* w_bf16, void* tiled, int64_t n, int64_t k, cudaStream_t s) {
+  CheckTiled(true, tiled, n, k);
+  LaunchPdl("DecodeGemm tile weight", TileWeightKernel, dim3(GridFor(n * k / 8)), dim3(256), 0, s,
+            static_cast<const uint4*>(w_bf16), static_cast<uint4*>(tiled), n, k);
+  CheckLaunch("DecodeGemm tile weight");
+}
+
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                cudaStream_t s) {
+                cudaStream_t s, bool w_tiled) {
   if (m == 0 || n == 0) return;
   CheckShape(m, k);
+  CheckTiled(w_tiled, w_bf16, n, k);
   const Plan p = MakePlan(m, n, k);
   SplitX(x, m, k, p, scratch, s);
   uint16_t* hi = p.x_bytes ? static_cast<uint16_t*>(scratch) : nullptr;
@@ -626,10 +673,10 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
   switch (p.tiles) {
-    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
-    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
-    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
-    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, s); break;
+    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
   }
   CheckLaunch("DecodeGemm");
   if (p.splits > 1) {
@@ -677,6 +724,8 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
       g.w = static_cast<const uint16_t*>(q.w);
       g.x = q.x;
       g.x_vec = Vec(q.x, q.k);
+      CheckTiled(q.w_tiled, q.w, q.n, q.k);
+      g.tiled = q.w_tiled;
       g.x_hi = p.x_bytes ? reinterpret_cast<const uint16_t*>(base + l.x_at[i]) : nullptr;
       g.x_part = p.x_bytes ? p.m_pad * p.k_pad : 0;
       g.out = p.splits > 1 ? reinterpret_cast<float*>(base + l.part_at[i]) : q.y;

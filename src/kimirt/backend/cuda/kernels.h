@@ -47,8 +47,16 @@ void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 size_t DecodeGemmScratchBytes(int64_t m, int64_t n, int64_t k);
 // Blocks k is split across for an [n, k] weight (1 = no split); for tests and benches.
 int64_t DecodeGemmSplits(int64_t n, int64_t k);
+// `w_tiled`: w is in the decode-tiled layout TileWeightForDecode makes (the same products in the
+// same order, so the same bits; each warp's loads are contiguous runs instead of 64-byte pieces
+// of 8 rows).
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                cudaStream_t s);
+                cudaStream_t s, bool w_tiled = false);
+// Whether an [n, k] weight can be tiled: n % 32 == 0 and k % 128 == 0.
+bool DecodeGemmTileable(int64_t n, int64_t k);
+// w [n, k] BF16 row-major → `tiled` (n · k BF16, another buffer, 16-byte aligned) in the layout
+// DecodeGemm reads with w_tiled (decode_gemm.cu, DecodeTiledOffset). DecodeGemmTileable(n, k).
+void TileWeightForDecode(const void* w_bf16, void* tiled, int64_t n, int64_t k, cudaStream_t s);
 // Several DecodeGemms of one row count m in one GEMM launch and at most one split-sum launch
 // (plus SplitXKernel once per distinct x at m > 16): problem i's y gets exactly the bits
 // DecodeGemm gives it alone (its own plan, block work and sum order; docs/cuda.md "Grouped decode
@@ -59,6 +67,7 @@ struct DecodeGemmProblem {
   const void* w;   // [n, k] BF16
   float* y;        // [m, n]
   int64_t n, k;
+  bool w_tiled = false;  // w in TileWeightForDecode's layout
 };
 size_t DecodeGemmGroupScratchBytes(int64_t m, const DecodeGemmProblem* problems, int count);
 void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s);
@@ -69,9 +78,10 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
 // Batch-invariant: one fixed 128 × 128 tile, k in ascending order, no split, so a row's bits
 // depend on its x row, w, n and k only. Any m, n, k ≥ 1 (m, n ≤ 2³¹); `scratch` is device
 // memory of PrefillGemmScratchBytes(m, n, k, w_bf16) bytes, 256-byte aligned, used on `s` only.
+// `w_tiled`: w decode-tiled (TileWeightForDecode; the wgmma tile reads it, the same bits).
 size_t PrefillGemmScratchBytes(int64_t m, int64_t n, int64_t k, const void* w_bf16);
 void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                 cudaStream_t s);
+                 cudaStream_t s, bool w_tiled = false);
 // The same product with y [m, n] in BF16: each F32 sum rounded to nearest even as it is stored,
 // the bits ToBf16 gives of PrefillGemm's y (MLA prefill's expansion, whose keys and values go to
 // the attention in BF16: half the bytes written, none read back). Same scratch; always the wgmma

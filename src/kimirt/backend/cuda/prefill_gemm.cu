@@ -144,7 +144,7 @@ namespace {
 enum class Tile { kDefault, kMmaSync, kWgmmaBf16Out };
 
 void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                       cudaStream_t s, Tile tile) {
+                       cudaStream_t s, Tile tile, bool w_tiled = false) {
   if (m < 1 || n < 1 || k < 1) Fail("every dimension must be at least 1", m, n, k);
   const int64_t tiles = ((m + tc::kBM - 1) / tc::kBM) * ((n + tc::kBN - 1) / tc::kBN);
   if (m > (int64_t{1} << 31) || n > (int64_t{1} << 31) || tiles > INT32_MAX) {
@@ -163,6 +163,13 @@ void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, i
     w = wp;
   }
   static const bool wgmma = EnvSwitchOn("KIMIRT_PREFILL_GEMM_WGMMA");
+  if (w_tiled) {  // the wgmma tile alone reads a tiled weight (the same bits as the mma.sync one)
+    if (tile != Tile::kDefault || !WeightInPlace(w_bf16, k) || !DecodeGemmTileable(n, k)) {
+      Fail("a decode-tiled weight takes the default tile, n % 32 == 0, k % 128 == 0, 16-byte aligned", m, n, k);
+    }
+    PrefillGemmWgmmaTiles(xb, m, kp, w, n, y, false, s, true);
+    return;
+  }
   if (tile == Tile::kWgmmaBf16Out || (tile == Tile::kDefault && wgmma)) {
     PrefillGemmWgmmaTiles(xb, m, kp, w, n, y, tile == Tile::kWgmmaBf16Out, s);
     return;
@@ -177,8 +184,8 @@ void LaunchPrefillGemm(const float* x, const void* w_bf16, void* y, int64_t m, i
 }  // namespace
 
 void PrefillGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                 cudaStream_t s) {
-  LaunchPrefillGemm(x, w_bf16, y, m, n, k, scratch, s, Tile::kDefault);
+                 cudaStream_t s, bool w_tiled) {
+  LaunchPrefillGemm(x, w_bf16, y, m, n, k, scratch, s, Tile::kDefault, w_tiled);
 }
 
 void PrefillGemmBf16Out(const float* x, const void* w_bf16, void* y_bf16, int64_t m, int64_t n, int64_t k,

@@ -16,6 +16,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
@@ -30,7 +32,7 @@ constexpr size_t kSmemBytes = wgmma::kTileSmemBytes;
 // from HBM serves 8 row tiles from L2.
 constexpr int64_t kGroupM = 8;
 
-template <bool kBf16Out>
+template <bool kBf16Out, bool kTiledB>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillGemmWgmmaKernel(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -46,10 +48,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 4; ++i) {
     const int64_t r = row0 + 32 * i;
     a_rows[i] = m0 + r < m ? xb + (m0 + r) * kp : nullptr;
-    b_rows[i] = n0 + r < n ? w + (n0 + r) * kp : nullptr;
+    b_rows[i] = n0 + r < n ? w + (kTiledB ? DecodeTiledRow(n0 + r, kp) : (n0 + r) * kp) : nullptr;
   }
   float acc[kBN / 2];
-  wgmma::TileGemm(smem_raw, a_rows, b_rows, kp, xb, acc);
+  wgmma::TileGemm<kTiledB>(smem_raw, a_rows, b_rows, kp, xb, acc);
 
   const bool pairs = n % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (kBf16Out ? 4 : 8) == 0;
 #pragma unroll
@@ -82,23 +84,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <bool kBf16Out>
+template <bool kBf16Out, bool kTiledB>
 void Launch(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y, cudaStream_t s) {
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(PrefillGemmWgmmaKernel<kBf16Out>, kSmemBytes, true, "PrefillGemm (wgmma)", &configured);
+  AllowDynamicSmem(PrefillGemmWgmmaKernel<kBf16Out, kTiledB>, kSmemBytes, true, "PrefillGemm (wgmma)", &configured);
   const int64_t tiles = ((m + kBM - 1) / kBM) * ((n + kBN - 1) / kBN);
-  PrefillGemmWgmmaKernel<kBf16Out><<<static_cast<unsigned>(tiles), kThreads, kSmemBytes, s>>>(xb, m, kp, w, n, y);
+  PrefillGemmWgmmaKernel<kBf16Out, kTiledB>
+      <<<static_cast<unsigned>(tiles), kThreads, kSmemBytes, s>>>(xb, m, kp, w, n, y);
   CheckLaunch("PrefillGemm (wgmma)");
 }
 
 }  // namespace
 
 void PrefillGemmWgmmaTiles(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y,
-                           bool bf16_out, cudaStream_t s) {
-  if (bf16_out) {
-    Launch<true>(xb, m, kp, w, n, y, s);
+                           bool bf16_out, cudaStream_t s, bool w_tiled) {
+  if (w_tiled) {
+    if (bf16_out) {
+      std::fprintf(stderr, "kimirt: PrefillGemm (wgmma): a tiled weight takes F32 output only\n");
+      std::abort();
+    }
+    Launch<false, true>(xb, m, kp, w, n, y, s);
+  } else if (bf16_out) {
+    Launch<true, false>(xb, m, kp, w, n, y, s);
   } else {
-    Launch<false>(xb, m, kp, w, n, y, s);
+    Launch<false, false>(xb, m, kp, w, n, y, s);
   }
 }
 

@@ -9,8 +9,9 @@
 namespace kimirt::cuda {
 
 // y [m, n] (F32, or BF16 with bf16_out) = xb [m, kp] · w [n, kp]ᵀ, BF16 rows padded to kp (a
-// multiple of 8) and 16-byte aligned.
+// multiple of 8) and 16-byte aligned. w_tiled (F32 out only): w decode-tiled (decode_tiled.cuh),
+// kp = its k.
 void PrefillGemmWgmmaTiles(const uint16_t* xb, int64_t m, int64_t kp, const uint16_t* w, int64_t n, void* y,
-                           bool bf16_out, cudaStream_t s);
+                           bool bf16_out, cudaStream_t s, bool w_tiled = false);
 
 }  // namespace kimirt::cuda

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/wgmma.cuh"
 
 namespace kimirt::cuda::wgmma {
@@ -27,7 +28,10 @@ constexpr size_t kTileSmemBytes = kTileStages * 2 * kTileStageBytes + 1024;
 
 // a_rows[i] / b_rows[i]: rows threadIdx.x / 8 + 32i of a and b (BF16, kp of them, 16-byte
 // aligned; kp a multiple of 8), or null; `fallback` any valid global address (a zero-filled
-// copy reads nothing but must name one).
+// copy reads nothing but must name one). kTiledB: b is decode-tiled (decode_tiled.cuh), b_rows[i]
+// its rows' DecodeTiledRow bases, and a chunk at k0 lies DecodeTiledK(k0) past them: the same
+// values land in the same places.
+template <bool kTiledB = false>
 __device__ __forceinline__ void TileGemm(unsigned char* smem_raw, const uint16_t* const (&a_rows)[4],
                                          const uint16_t* const (&b_rows)[4], int64_t kp, const void* fallback,
                                          float (&acc)[64]) {
@@ -45,7 +49,7 @@ __device__ __forceinline__ void TileGemm(unsigned char* smem_raw, const uint16_t
       const uint32_t off = stage * kTileStageBytes + 32 * 128 * i + sw;
       const bool a_ok = k_ok && a_rows[i] != nullptr, b_ok = k_ok && b_rows[i] != nullptr;
       CpAsync16(a_addr + off, a_ok ? a_rows[i] + k0 : fallback, a_ok);
-      CpAsync16(b_addr + off, b_ok ? b_rows[i] + k0 : fallback, b_ok);
+      CpAsync16(b_addr + off, b_ok ? b_rows[i] + (kTiledB ? DecodeTiledK(k0) : k0) : fallback, b_ok);
     }
   };
 #pragma unroll
