@@ -26,10 +26,11 @@
 // kTiles instantiation; the split of k across blocks (`splits`) and the order the
 // splits are summed in depend on n and k only, never on m.
 //
-// Tiled weights (TileWeightForDecode, `w_tiled`; docs/cuda.md "Weights tiled for the decode GEMM"): row-major, a
-// warp's load instruction reads 8 rows × 64 bytes and a round 32 rows × 256; tiled, the round's
-// 8 KB lie in the order the lanes load them, so each instruction reads 512 contiguous bytes and a
-// round one 8 KB run. Only the addresses change: the same values reach the same MMAs.
+// Tiled weights (TileWeightForDecode, `w_tiled`; docs/cuda.md "Weights tiled for the decode
+// GEMM"): row-major, a warp's load instruction reads 8 rows × 64 bytes and a round 32 rows × 256;
+// tiled, the round's 8 KB lie in the order the lanes load them, so each instruction reads 512
+// contiguous bytes and a round one 8 KB run. Only the addresses change: the same values reach
+// the same MMAs.
 //
 // Groups (DecodeGemmGroup; docs/cuda.md "Grouped decode GEMMs"): several GEMMs of one m in one
 // launch, each block running GemmBlock, this kernel's body, with its own problem's plan, and one
