@@ -278,6 +278,13 @@ class Backend {
   // may re-lay it out for its GEMMs, with the same results to the bit. CUDA: BF16 weights tiled for
   // the decode GEMM (docs/cuda.md "Weights tiled for the decode GEMM"); the CPU keeps them.
   virtual void HoldForLinearOnly(Tensor* /*w*/) {}
+  // A MoE layer's routed experts and its shared expert (null where it has none), from now on read
+  // only by MoeExperts / MoeExpertsWithShared / MoeRouteExpertsWithShared and, the shared one, by
+  // Linear: likewise re-laid out as the backend likes, with the same results. Never offered expert
+  // stand-ins (views that alias one buffer). CUDA: BF16 experts decode-tiled, the shared expert
+  // with them.
+  virtual void HoldExpertWeights(ExpertWeights* /*experts*/, Tensor* /*shared_gate*/, Tensor* /*shared_up*/,
+                                 Tensor* /*shared_down*/) {}
   virtual void RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor* y) = 0;
   // y = a + b (y may be a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor* y) = 0;

@@ -334,12 +334,13 @@ uint64_t HeldBytes(const ModelWeights& w) {
 
 namespace {
 
-// The weights no op but Linear (and LinearGroup) reads, offered to the backend to re-lay out
-// (Backend::HoldForLinearOnly): the projections of KDA and MLA but MLA's kv_b (the absorbed
-// decode and the prefill expansion read it), the dense MLPs, LatentMoE's latent projections and
-// an untied head. Not the shared experts (the CUDA MoE may run them as expert E, beside the routed
-// experts), the embedding, the router or any norm.
-void HoldLinearOnlyWeights(Backend& backend, bool tied_head, ModelWeights* w) {
+// The GEMM weights offered to the backend to re-lay out (docs/cuda.md "Weights tiled for the
+// decode GEMM"): through Backend::HoldForLinearOnly those no op but Linear reads — the
+// projections of KDA and MLA but MLA's kv_b (the absorbed decode and the prefill expansion read
+// it), the dense MLPs, LatentMoE's latent projections and an untied head; through
+// HoldExpertWeights each MoE layer's experts with its shared expert (which the CUDA MoE may run
+// as one more expert), unless expert stand-ins alias them. Never the embedding, router or norms.
+void HoldGemmWeights(Backend& backend, bool tied_head, ModelWeights* w) {
   auto hold = [&](Tensor* t) {
     if (t->defined() && t->numel() > 0) backend.HoldForLinearOnly(t);
   };
@@ -350,6 +351,10 @@ void HoldLinearOnlyWeights(Backend& backend, bool tied_head, ModelWeights* w) {
     MlaWeights& a = l.mla;
     for (Tensor* t : {&a.q_a, &a.q_b, &a.q, &a.kv_a, &a.g, &a.o}) hold(t);
     for (Tensor* t : {&l.dense.gate, &l.dense.up, &l.dense.down, &l.moe.latent_down, &l.moe.latent_up}) hold(t);
+    if (w->expert_stand_ins.empty()) {
+      MlpWeights& sh = l.moe.shared;
+      backend.HoldExpertWeights(&l.moe.experts, &sh.gate, &sh.up, &sh.down);
+    }
   }
 }
 
@@ -403,7 +408,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& 
     KIMIRT_RETURN_IF_ERROR(CheckExperts(w.layers[i].moe.experts, static_cast<int>(i)));
   }
   if (layout.config().tie_word_embeddings) w.lm_head = w.embed;
-  HoldLinearOnlyWeights(backend, layout.config().tie_word_embeddings, &w);
+  HoldGemmWeights(backend, layout.config().tie_word_embeddings, &w);
   return w;
 }
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -610,7 +611,7 @@ class CudaBackend final : public Backend {
       return a.dtype() == DType::kBF16 && a.device() == Device::kCuda && a.shape() == b.shape();
     };
     return g0.dtype() == DType::kBF16 && same(shared.gate, g0) && same(shared.up, ex.up[0]) &&
-           same(shared.down, ex.down[0]);
+           same(shared.down, ex.down[0]) && Tiled(shared.gate.raw()) == Tiled(g0.raw());
   }
   void MoeExpertsWithShared(const Tensor& z, const Tensor& idx, const Tensor& weights, const ExpertWeights& ex,
                             const MlpTensors& shared, const GluParams& p, Tensor* out) override {
@@ -659,10 +660,11 @@ class CudaBackend final : public Backend {
     int64_t E = 0;
     bool aligned16 = false;        // every weight (codes) 16-byte aligned: the tensor-core kernels' loads
     bool scales_aligned4 = false;  // every MXFP4 scale pointer 4-byte aligned: the decode's scale words
+    bool tiled = false;            // every weight decode-tiled (HoldExpertWeights)
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
-      return {p, p + E, p + 2 * E, scales(3), scales(4), scales(5)};
+      return {p, p + E, p + 2 * E, scales(3), scales(4), scales(5), tiled};
     }
   };
   // `shared` (BF16 experts only): appended as expert E.
@@ -680,20 +682,23 @@ class CudaBackend final : public Backend {
       for (const Tensor& w : list) host.push_back(mxfp4 ? Codes(w) : W(w));
       if (shared != nullptr) host.push_back(W(m == 0 ? shared->gate : m == 1 ? shared->up : shared->down));
     }
-    // The expert kernels read row-major weights only (HoldForLinearOnly is never offered these).
-    KIMIRT_CHECK_MSG(std::none_of(host.begin(), host.end(), [&](const void* p) { return Tiled(p); }),
-                     "an expert weight is held decode-tiled");
+    // One layout for the table (HoldExpertWeights tiles a layer's experts and its shared one
+    // together; MoeSharedAsExpert declines a shared expert of the other layout).
+    const size_t weights = 3 * E;
+    const auto tiled = static_cast<size_t>(std::count_if(host.begin(), host.end(), [&](const void* p) { return Tiled(p); }));
+    KIMIRT_CHECK_MSG(tiled == 0 || tiled == weights, "an expert table mixes decode-tiled and row-major weights");
     for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
       KIMIRT_CHECK(!mxfp4 || list->size() == E);
       for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
     }
     ExpertPointers& ptrs = expert_pointers_[{host.front(), E}];
-    if (ptrs.host == host) return ptrs;
+    if (ptrs.host == host && ptrs.tiled == (tiled == weights && !mxfp4)) return ptrs;
     ptrs.E = static_cast<int64_t>(E);
     ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
                                        [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
+    ptrs.tiled = tiled == weights && !mxfp4;
     ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
                                  [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
@@ -796,41 +801,81 @@ class CudaBackend final : public Backend {
   }
 
   // Weights only Linear reads (Backend::HoldForLinearOnly: the projections, the dense MLPs, the
-  // head) are held in the layout DecodeGemm streams best (cuda::TileWeightForDecode: a warp's
-  // round of weight loads one contiguous 8 KB instead of 64-byte pieces of 8 rows); DecodeGemm and
-  // the wgmma PrefillGemm read it with the same values reaching the same MMAs, so every result
-  // keeps its bits. A BF16 [n, k] weight with n % 32 == 0 and k % 128 == 0 only;
-  // KIMIRT_DECODE_TILED=0 keeps every weight row-major (A/B runs).
+  // head) and BF16 experts (HoldExpertWeights) are held in the layout DecodeGemm streams best
+  // (cuda::TileWeightForDecode: a warp's round of weight loads one contiguous 8 KB instead of
+  // 64-byte pieces of 8 rows); DecodeGemm, the wgmma PrefillGemm and the MoE's decode and wgmma
+  // prefill kernels read it with the same values reaching the same MMAs, so every result keeps its
+  // bits. A BF16 [n, k] weight with n % 32 == 0 and k % 128 == 0 only.
   void HoldForLinearOnly(Tensor* w) override {
-    static const bool on = cuda::EnvSwitchOn("KIMIRT_DECODE_TILED");
-    if (!on || w->device() != Device::kCuda || w->dtype() != DType::kBF16 || w->rank() != 2 ||
-        !cuda::DecodeGemmTileable(w->dim(0), w->dim(1)) || reinterpret_cast<uintptr_t>(w->raw()) % 16 != 0 ||
-        Tiled(w->raw())) {
-      return;
-    }
-    NotCapturing("tiling a weight");
-    // Tiled into a temporary and copied back, so the weight keeps its buffer (and the allocator's
-    // count of weight bytes stays what it was).
-    void* tmp = nullptr;
-    KIMIRT_CUDA_OK(cudaMalloc(&tmp, w->nbytes()));
-    cuda::TileWeightForDecode(w->raw(), tmp, w->dim(0), w->dim(1), stream_);
-    KIMIRT_CUDA_OK(cudaMemcpyAsync(w->raw(), tmp, w->nbytes(), cudaMemcpyDeviceToDevice, stream_));
-    Synchronize();
-    KIMIRT_CUDA_OK(cudaFree(tmp));
-    // An entry lives as long as the buffer: the new owner's deleter drops it, then lets the old
-    // owner go, so an allocation later made at the same address is never taken for a tiled one.
-    void* p = w->raw();
-    {
-      std::lock_guard<std::mutex> lock(tiled_->mu);
-      tiled_->ptrs.insert(p);
-    }
-    std::shared_ptr<void> owner(p, [old = *w, tiled = tiled_](void* q) {
-      std::lock_guard<std::mutex> lock(tiled->mu);
-      tiled->ptrs.erase(q);
-    });
-    *w = Tensor(std::move(owner), p, w->shape(), DType::kBF16, Device::kCuda);
+    if (TiledOn() && Tileable(*w)) TileInPlace({&w, 1});
   }
 
+  // Routed BF16 experts, all or none (the MoE kernels take one layout for a layer), and the shared
+  // expert with them, so that it can still run as expert E (MoeSharedAsExpert wants one layout
+  // across the table). Beside MXFP4 experts the shared expert is read by Linear alone.
+  void HoldExpertWeights(ExpertWeights* ex, Tensor* shared_gate, Tensor* shared_up, Tensor* shared_down) override {
+    if (!TiledOn() || ex->gate.empty()) return;
+    std::vector<Tensor*> shared;
+    for (Tensor* t : {shared_gate, shared_up, shared_down}) {
+      if (t != nullptr && t->defined() && t->numel() > 0) shared.push_back(t);
+    }
+    const bool shared_ok = shared.size() == 3 && std::all_of(shared.begin(), shared.end(), [&](Tensor* t) { return Tileable(*t); });
+    if (ex->mxfp4()) {
+      if (shared_ok) TileInPlace(shared);
+      return;
+    }
+    std::vector<Tensor*> all;
+    for (auto* list : {&ex->gate, &ex->up, &ex->down}) {
+      for (Tensor& t : *list) all.push_back(&t);
+    }
+    if (!std::all_of(all.begin(), all.end(), [&](Tensor* t) { return Tileable(*t); })) return;
+    if (shared_ok) all.insert(all.end(), shared.begin(), shared.end());
+    TileInPlace(all);
+  }
+
+ private:
+  // KIMIRT_DECODE_TILED=0 keeps every weight row-major (A/B runs).
+  static bool TiledOn() {
+    static const bool on = cuda::EnvSwitchOn("KIMIRT_DECODE_TILED");
+    return on;
+  }
+  bool Tileable(const Tensor& w) const {
+    return w.device() == Device::kCuda && w.dtype() == DType::kBF16 && w.rank() == 2 &&
+           cuda::DecodeGemmTileable(w.dim(0), w.dim(1)) && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 &&
+           !Tiled(w.raw());
+  }
+  // Each weight re-laid out in its own buffer (through one temporary of the largest's size, so the
+  // allocator's count of weight bytes stays what it was) and entered in tiled_; each entry lives as
+  // long as the buffer: the new owner's deleter drops it, then lets the old owner go, so an
+  // allocation later made at the same address is never taken for a tiled one.
+  void TileInPlace(std::span<Tensor* const> ws) {
+    if (ws.empty()) return;
+    NotCapturing("tiling a weight");
+    size_t most = 0;
+    for (const Tensor* w : ws) most = std::max(most, w->nbytes());
+    void* tmp = nullptr;
+    KIMIRT_CUDA_OK(cudaMalloc(&tmp, most));
+    for (Tensor* w : ws) {
+      cuda::TileWeightForDecode(w->raw(), tmp, w->dim(0), w->dim(1), stream_);
+      KIMIRT_CUDA_OK(cudaMemcpyAsync(w->raw(), tmp, w->nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    }
+    Synchronize();
+    KIMIRT_CUDA_OK(cudaFree(tmp));
+    for (Tensor* w : ws) {
+      void* p = w->raw();
+      {
+        std::lock_guard<std::mutex> lock(tiled_->mu);
+        tiled_->ptrs.insert(p);
+      }
+      std::shared_ptr<void> owner(p, [old = *w, tiled = tiled_](void* q) {
+        std::lock_guard<std::mutex> lock(tiled->mu);
+        tiled->ptrs.erase(q);
+      });
+      *w = Tensor(std::move(owner), p, w->shape(), DType::kBF16, Device::kCuda);
+    }
+  }
+
+ public:
   bool Tiled(const void* w) const {
     std::lock_guard<std::mutex> lock(tiled_->mu);
     return tiled_->ptrs.count(w) != 0;

@@ -394,6 +394,10 @@ struct ExpertPointerTable {
   const uint8_t* const* gate_scales = nullptr;
   const uint8_t* const* up_scales = nullptr;
   const uint8_t* const* down_scales = nullptr;
+  // BF16 weights decode-tiled (decode_tiled.cuh; CudaBackend::HoldExpertWeights): every expert's
+  // gate, up and down, whose widths are then multiples of 32 rows and 128 k. The decode and the
+  // prefill kernels read them with the same bits; MoeGroupedExperts does not take them.
+  bool tiled = false;
 };
 // The routed experts over the groups: for every group row g (slot s = order[g], token s / k,
 // expert e), h[g] = GLU(W1_e z, W3_e z) ([n, I] scratch) and grouped[g] = W2_e h[g] ([n, De]).

@@ -4,6 +4,7 @@
 // The router follows the CPU reference exactly: sigmoid scores, the correction bias for the
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
+#include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
@@ -905,6 +906,7 @@ struct MmaArgs {
   bool scales_vec = false;
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
+  bool tiled = false;                            // BF16 weights decode-tiled (decode_tiled.cuh)
 };
 
 template <int kFmt, bool kGateUp, int kTT>
@@ -968,10 +970,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           sp[c][h] = s_tile[c] + row * (K / 32) + k_begin / 32;
         }
       } else {
-        w_lane[c] = static_cast<const uint16_t*>(w_tile[c]) + (row_tile[c] + g) * K + k_begin + 8 * t;
+        // Tiled: row_tile[c] is a multiple of 16 and k_begin of 128, so the row and k parts of
+        // DecodeTiledRow + DecodeTiledK add to the chunk's place (row g + 8: + 256).
+        w_lane[c] = static_cast<const uint16_t*>(w_tile[c]) +
+                    (args.tiled ? DecodeTiledRow(row_tile[c] + g, K) + DecodeTiledK(k_begin) + 8 * t
+                                : (row_tile[c] + g) * K + k_begin + 8 * t);
       }
     }
-    const int64_t half_rows = 8 * K;  // elements from row g to row g + 8
+    // Elements from row g to row g + 8, from step u to u + 1, from a round to the next.
+    const int64_t half_rows = args.tiled ? 256 : 8 * K, step_k = args.tiled ? 1024 : 32,
+                  round_k = args.tiled ? 4096 : kRoundK;
     float acc[2][kTT][4];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -1096,7 +1104,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
         uint4 wr[4][2][2];
         ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
-          wr[u][c][h] = in_slice(u) ? mma::LoadStreaming(w_lane[c] + h * half_rows + 32 * u) : make_uint4(0, 0, 0, 0);
+          wr[u][c][h] = in_slice(u) ? mma::LoadStreaming(w_lane[c] + h * half_rows + step_k * u) : make_uint4(0, 0, 0, 0);
         });
         ForEachRoundWord([&](int u, int c, int h) { wr[u][c][h] = PairBf16x8(wr[u][c][h]); });
 #pragma unroll
@@ -1112,7 +1120,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
 #pragma unroll
-        for (int c = 0; c < 2; ++c) w_lane[c] += kRoundK;
+        for (int c = 0; c < 2; ++c) w_lane[c] += round_k;
       }
 #pragma unroll
       for (int r = 0; r < kTT; ++r) x_lane[r] += kRoundK;
@@ -1177,7 +1185,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                      static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
   LaunchMmaTiles<kFmt, true>(tt, gu_grid,
                              MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
-                                     p.gate_up.slice, p.n, gu_part},
+                                     p.gate_up.slice, p.n, gu_part, w.tiled},
                              s);
   CheckLaunch("ExpertMma gate/up");
   LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
@@ -1187,7 +1195,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                      static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
   LaunchMmaTiles<kFmt, false>(tt, dn_grid,
                               MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
-                                      scales_vec, p.down.slice, p.n, dn_part},
+                                      scales_vec, p.down.slice, p.n, dn_part, w.tiled},
                               s);
   CheckLaunch("ExpertMma down");
 }
@@ -1219,6 +1227,10 @@ void MoeGroupedExperts(const float* z, int64_t k, const ExpertGroups& g, int64_t
                        const ExpertPointerTable& w, int format, int kind, float beta, bool has_linear_beta,
                        float linear_beta, float* h, float* grouped, cudaStream_t s) {
   if (max_active == 0) return;
+  if (w.tiled) {
+    std::fprintf(stderr, "kimirt: MoeGroupedExperts reads row-major weights, got decode-tiled experts\n");
+    std::abort();
+  }
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
   switch (format) {
     case kF32: LaunchExperts<kF32>(z, ga, max_active, De, I, w, kind, beta, has_linear_beta, linear_beta, h, grouped, s); break;

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kimirt/backend/backend_factory.h"
@@ -286,6 +287,69 @@ TEST_F(CudaBackendMoe, SharedExpertAsExpertEGivesTheExplicitListsBits) {
       EXPECT_LE(RelL2(got, want), 1e-5) << "against the CPU's routed experts plus shared MLP";
     }
   }
+}
+
+// Experts held decode-tiled (Backend::HoldExpertWeights: the routed experts and the shared one
+// together) give the row-major experts' bits: decode steps (1, 9, 64 tokens), with the shared
+// expert as expert E, and a prefill-sized step (100 tokens, bf16_prefill: the wgmma prefill
+// kernels), at Kimi-Linear-48B's expert widths. The bytes moved; a row-major shared expert is not
+// run as expert E of tiled experts.
+TEST_F(CudaBackendMoe, TiledExpertsGiveTheRowMajorBits) {
+  const GluParams silu{GluKind::kSilu, 1.0f, std::nullopt};
+  const int64_t E = 12, De = 2304, I = 1024, k = 8;
+  const Experts all = RandomExperts(E + 1, De, I);  // the last: the shared expert
+  auto copy = [&](const Tensor& t) { return gpu_->Upload(gpu_->Download(t)); };
+  ExpertWeights routed, tiled;
+  for (int64_t e = 0; e < E; ++e) {
+    for (auto [from, to, mine] : {std::tuple{&all.bf16.gate, &tiled.gate, &routed.gate},
+                                  std::tuple{&all.bf16.up, &tiled.up, &routed.up},
+                                  std::tuple{&all.bf16.down, &tiled.down, &routed.down}}) {
+      mine->push_back((*from)[static_cast<size_t>(e)]);
+      to->push_back(copy((*from)[static_cast<size_t>(e)]));
+    }
+  }
+  Tensor sg = copy(all.bf16.gate[E]), su = copy(all.bf16.up[E]), sd = copy(all.bf16.down[E]);
+  gpu_->HoldExpertWeights(&tiled, &sg, &su, &sd);
+  const Tensor a = gpu_->Download(all.bf16.down[3]), b = gpu_->Download(tiled.down[3]);
+  EXPECT_NE(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the experts were not re-laid out";
+  const Tensor c = gpu_->Download(all.bf16.up[E]), d = gpu_->Download(su);
+  EXPECT_NE(std::memcmp(c.raw(), d.raw(), c.nbytes()), 0) << "the shared expert was not re-laid out";
+  const MlpTensors shared_rm{all.bf16.gate[E], all.bf16.up[E], all.bf16.down[E]}, shared_tiled{sg, su, sd};
+  EXPECT_TRUE(gpu_->MoeSharedAsExpert(tiled, shared_tiled, 1));
+  EXPECT_FALSE(gpu_->MoeSharedAsExpert(tiled, shared_rm, 1)) << "one layout across the table";
+
+  const int64_t max_t = gpu_->RowInvariantRows();
+  Tensor z_all = Random({100, De}), idx_k, w_k;
+  RandomChoice(100, E, k, &idx_k, &w_k);
+  const bool was = gpu_->bf16_prefill();
+  gpu_->set_bf16_prefill(true);
+  for (int64_t T : {int64_t{1}, int64_t{9}, max_t, int64_t{100}}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    const Tensor z = z_all.Rows(0, T), idx = idx_k.Rows(0, T), w = w_k.Rows(0, T);
+    ExpectSameBits(RunMoeExperts(z, idx, w, tiled, silu), RunMoeExperts(z, idx, w, routed, silu), "routed experts");
+  }
+  // The shared expert as expert E (each token's choices, then E with weight 1).
+  const int64_t ks = k + 1;
+  Tensor idx_all = Tensor::Host({max_t, ks}, DType::kI32), w_all = Tensor::Host({max_t, ks});
+  for (int64_t t = 0; t < max_t; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      idx_all.i32()[t * ks + j] = idx_k.i32()[t * k + j];
+      w_all.f32()[t * ks + j] = w_k.f32()[t * k + j];
+    }
+    idx_all.i32()[t * ks + k] = static_cast<int32_t>(E);
+    w_all.f32()[t * ks + k] = 1.0f;
+  }
+  const auto with_shared = [&](const ExpertWeights& ex, const MlpTensors& sh, int64_t T) {
+    Tensor out = Poisoned({T, De});
+    gpu_->MoeExpertsWithShared(gpu_->Upload(z_all.Rows(0, T)), gpu_->Upload(idx_all.Rows(0, T)),
+                               gpu_->Upload(w_all.Rows(0, T)), ex, sh, silu, &out);
+    return gpu_->Download(out);
+  };
+  for (int64_t T : {int64_t{1}, max_t}) {
+    SCOPED_TRACE("with the shared expert, T = " + std::to_string(T));
+    ExpectSameBits(with_shared(tiled, shared_tiled, T), with_shared(routed, shared_rm, T), "routed + shared");
+  }
+  gpu_->set_bf16_prefill(was);
 }
 
 // The decode step's route chain in one launch (the CUDA MoeRouteExpertsWithShared:

@@ -204,6 +204,9 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
 // BF16 experts on wgmma (wgmma_tile.cuh): the same tiles, rows and sums as the two kernels above,
 // so the same bits (and MXFP4, still on the mma.sync tile, keeps giving BF16's bits:
 // CudaBackendMoePrefill.*); 8% faster on kl48's experts at 8K tokens (docs/cuda.md).
+// kTiled: the weights decode-tiled (ExpertPointerTable::tiled): the row bases DecodeTiledRow,
+// TileGemm offsetting them by DecodeTiledK, the same values in the same places.
+template <bool kTiled>
 __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
     MoeGateUpWgmmaKernel(const uint16_t* zb, int64_t De, int64_t I, Schedule sc, ExpertPointerTable w, int kind,
                          float b1, bool has_b2, float b2, uint16_t* h) {
@@ -221,10 +224,12 @@ __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
     // Tile row j: gate row i0 + j for j < 64, up row i0 + j − 64 after.
     const int j = row0 + 32 * i;
     const int64_t r = i0 + (j % kGluCols);
-    b_rows[i] = r < I ? static_cast<const uint16_t*>((j >= kGluCols ? w.up : w.gate)[t.e]) + r * De : nullptr;
+    b_rows[i] = r < I ? static_cast<const uint16_t*>((j >= kGluCols ? w.up : w.gate)[t.e]) +
+                            (kTiled ? DecodeTiledRow(r, De) : r * De)
+                      : nullptr;
   }
   float acc[64];
-  wgmma::TileGemm(smem_raw, a_rows, b_rows, De, zb, acc);
+  wgmma::TileGemm<kTiled>(smem_raw, a_rows, b_rows, De, zb, acc);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t g = t.g0 + wgmma::TileAccRow(half);
@@ -241,6 +246,7 @@ __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
   }
 }
 
+template <bool kTiled>
 __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
     MoeDownWgmmaKernel(const uint16_t* h, int64_t De, int64_t I, Schedule sc, const void* const* w2, float* grouped) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -254,10 +260,10 @@ __global__ void __launch_bounds__(wgmma::kTileThreads, 1)
   for (int i = 0; i < 4; ++i) {
     const int64_t g = t.g0 + row0 + 32 * i, d = d0 + row0 + 32 * i;
     a_rows[i] = g < t.g_end ? h + g * I : nullptr;
-    b_rows[i] = d < De ? static_cast<const uint16_t*>(w2[t.e]) + d * I : nullptr;
+    b_rows[i] = d < De ? static_cast<const uint16_t*>(w2[t.e]) + (kTiled ? DecodeTiledRow(d, I) : d * I) : nullptr;
   }
   float acc[64];
-  wgmma::TileGemm(smem_raw, a_rows, b_rows, I, h, acc);
+  wgmma::TileGemm<kTiled>(smem_raw, a_rows, b_rows, I, h, acc);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t g = t.g0 + wgmma::TileAccRow(half);
@@ -290,19 +296,22 @@ Layout LayoutOf(int64_t T, int64_t k, int64_t De, int64_t I, int64_t max_active)
 template <bool kMxfp4>
 void Launch(const uint16_t* zb, int64_t De, int64_t I, const Schedule& sc, int64_t ub, const ExpertPointerTable& w,
             int kind, float beta, bool has_linear_beta, float linear_beta, uint16_t* h, float* grouped, cudaStream_t s) {
-  // BF16 experts on wgmma unless KIMIRT_PREFILL_GEMM_WGMMA=0 (read once, as PrefillGemm's switch).
+  // BF16 experts on wgmma unless KIMIRT_PREFILL_GEMM_WGMMA=0 (read once, as PrefillGemm's switch);
+  // decode-tiled ones always (the mma.sync tile reads row-major weights only).
   static const bool wgmma_tiles = EnvSwitchOn("KIMIRT_PREFILL_GEMM_WGMMA");
-  if (!kMxfp4 && wgmma_tiles) {
-    static std::atomic<uint64_t> gate_configured{0}, down_configured{0};  // one per kernel: per device
-    AllowDynamicSmem(MoeGateUpWgmmaKernel, wgmma::kTileSmemBytes, true, "MoeGateUp (wgmma)", &gate_configured);
-    AllowDynamicSmem(MoeDownWgmmaKernel, wgmma::kTileSmemBytes, true, "MoeDown (wgmma)", &down_configured);
+  if (!kMxfp4 && (wgmma_tiles || w.tiled)) {
+    static std::atomic<uint64_t> configured[4] = {};  // per kernel: per device
+    const auto gate_up = w.tiled ? MoeGateUpWgmmaKernel<true> : MoeGateUpWgmmaKernel<false>;
+    const auto down = w.tiled ? MoeDownWgmmaKernel<true> : MoeDownWgmmaKernel<false>;
+    AllowDynamicSmem(gate_up, wgmma::kTileSmemBytes, true, "MoeGateUp (wgmma)", &configured[w.tiled ? 1 : 0]);
+    AllowDynamicSmem(down, wgmma::kTileSmemBytes, true, "MoeDown (wgmma)", &configured[w.tiled ? 3 : 2]);
     const dim3 gate_grid(static_cast<unsigned>((I + kGluCols - 1) / kGluCols), static_cast<unsigned>(ub));
-    MoeGateUpWgmmaKernel<<<gate_grid, wgmma::kTileThreads, wgmma::kTileSmemBytes, s>>>(
-        zb, De, I, sc, w, kind, beta, has_linear_beta, linear_beta, h);
+    gate_up<<<gate_grid, wgmma::kTileThreads, wgmma::kTileSmemBytes, s>>>(zb, De, I, sc, w, kind, beta,
+                                                                          has_linear_beta, linear_beta, h);
     CheckLaunch("MoeGateUp (wgmma)");
     const dim3 down_grid(static_cast<unsigned>((De + wgmma::kTileRows - 1) / wgmma::kTileRows),
                          static_cast<unsigned>(ub));
-    MoeDownWgmmaKernel<<<down_grid, wgmma::kTileThreads, wgmma::kTileSmemBytes, s>>>(h, De, I, sc, w.down, grouped);
+    down<<<down_grid, wgmma::kTileThreads, wgmma::kTileSmemBytes, s>>>(h, De, I, sc, w.down, grouped);
     CheckLaunch("MoeDown (wgmma)");
     return;
   }
