@@ -146,6 +146,44 @@ int Check(const Case& c, int64_t m) {
     std::printf("FAIL %s: %d launches, want %d\n", where.c_str(), kimirt::cuda::g_launches, want_launches);
     ++failures;
   }
+  // The tileable problems again with their weights decode-tiled (decode_tiled.cuh), alone and as
+  // a group: each output must be the row-major weight's, bit for bit.
+  std::vector<std::unique_ptr<Buffer>> w_tiled, y_tiled, y_tiled_group;
+  std::vector<DecodeGemmProblem> dp_tiled;
+  std::vector<size_t> tiled_of;
+  for (size_t i = 0; i < c.problems.size(); ++i) {
+    const ProblemShape& p = c.problems[i];
+    if (!kimirt::cuda::DecodeGemmTileable(p.n, p.k)) continue;
+    w_tiled.push_back(std::make_unique<Buffer>(static_cast<size_t>(p.n * p.k) * 2));
+    const auto* from = static_cast<const uint16_t*>(w[i]->p);
+    auto* to = static_cast<uint16_t*>(w_tiled.back()->p);
+    for (int64_t j = 0; j < p.n; ++j) {
+      for (int64_t q = 0; q < p.k; q += 8) {
+        std::memcpy(to + kimirt::cuda::DecodeTiledRow(j, p.k) + kimirt::cuda::DecodeTiledK(q), from + j * p.k + q, 16);
+      }
+    }
+    y_tiled.push_back(std::make_unique<Buffer>(static_cast<size_t>(m * p.n) * 4));
+    y_tiled_group.push_back(std::make_unique<Buffer>(static_cast<size_t>(m * p.n) * 4));
+    kimirt::cuda::DecodeGemm(dp[i].x, w_tiled.back()->p, y_tiled.back()->f(), m, p.n, p.k, scratch[i]->p, nullptr,
+                             true);
+    dp_tiled.push_back({dp[i].x, w_tiled.back()->p, y_tiled_group.back()->f(), p.n, p.k, true});
+    tiled_of.push_back(i);
+  }
+  if (!dp_tiled.empty()) {
+    const int n_tiled = static_cast<int>(dp_tiled.size());
+    Buffer tiled_scratch(kimirt::cuda::DecodeGemmGroupScratchBytes(m, dp_tiled.data(), n_tiled));
+    kimirt::cuda::DecodeGemmGroup(m, dp_tiled.data(), n_tiled, tiled_scratch.p, nullptr);
+  }
+  for (size_t t = 0; t < tiled_of.size(); ++t) {
+    const size_t i = tiled_of[t];
+    const size_t bytes = static_cast<size_t>(m * c.problems[i].n) * 4;
+    if (std::memcmp(y_tiled[t]->p, alone[i]->p, bytes) != 0 || std::memcmp(y_tiled_group[t]->p, alone[i]->p, bytes) != 0) {
+      std::printf("FAIL %s m=%lld problem %zu (n=%lld k=%lld): tiled weights' bits differ from row-major's\n",
+                  c.name.c_str(), static_cast<long long>(m), i, static_cast<long long>(c.problems[i].n),
+                  static_cast<long long>(c.problems[i].k));
+      ++failures;
+    }
+  }
   for (size_t i = 0; i < c.problems.size(); ++i) {
     const ProblemShape& p = c.problems[i];
     const std::vector<float> want =
@@ -195,6 +233,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the case of that name
       {"shared_x", {{0, 300, 640}, {0, 40, 640}, {0, 129, 640}, {0, 1, 640}}, 1},
       {"two_x", {{0, 256, 128}, {1, 200, 128}}, 1},
       {"split8_unaligned", {{0, 200, 2048}, {1, 77, 300}, {0, 33, 2048}}, 2},
+      {"tiled", {{0, 256, 2048}, {1, 96, 384}, {2, 64, 128}}, 1},  // every problem tileable (a split one too)
       {"ten", {{0, 16, 256}, {0, 17, 256}, {0, 130, 256}, {0, 8, 256}, {0, 1, 256}, {0, 64, 256}, {0, 3, 256},
                {0, 5, 256}, {0, 100, 256}, {0, 20, 256}}, 2},
   };

@@ -169,7 +169,7 @@ __device__ __forceinline__ XParts SplitX8(const float (&v)[8]) {
 }
 
 // Where w[col][kk .. kk+7] (kk % 8 == 0) lies in the decode-tiled layout (decode_tiled.cuh).
-__host__ __device__ __forceinline__ int64_t DecodeTiledOffset(int64_t col, int64_t kk, int64_t k) {
+KIMIRT_DECODE_TILED_FN int64_t DecodeTiledOffset(int64_t col, int64_t kk, int64_t k) {
   return DecodeTiledRow(col, k) + DecodeTiledK(kk);
 }
 

@@ -9,13 +9,20 @@
 
 #include <cstdint>
 
+// Device and host code alike (host: the kernels' emulations, scripts/*_emulate.sh).
+#ifdef __CUDACC__
+#define KIMIRT_DECODE_TILED_FN __host__ __device__ __forceinline__
+#else
+#define KIMIRT_DECODE_TILED_FN inline
+#endif
+
 namespace kimirt::cuda {
 
-__host__ __device__ __forceinline__ int64_t DecodeTiledRow(int64_t col, int64_t k) {
+KIMIRT_DECODE_TILED_FN int64_t DecodeTiledRow(int64_t col, int64_t k) {
   return col / 32 * (k / 128) * 4096 + (col % 32 / 16 * 2 + col % 16 / 8) * 256 + col % 8 * 32;
 }
 
-__host__ __device__ __forceinline__ int64_t DecodeTiledK(int64_t kk) {
+KIMIRT_DECODE_TILED_FN int64_t DecodeTiledK(int64_t kk) {
   return kk / 128 * 4096 + kk % 128 / 32 * 1024 + kk % 32;
 }
 
