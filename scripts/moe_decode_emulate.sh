@@ -9,7 +9,8 @@
 # versions, pdl.cuh's launch and `<<<>>>` by host launches that run a 128-thread block as
 # std::threads: scripts/moe_decode_emulation/moe_decode_host.h), and driver.cpp checks every
 # output bit-identical to a host computation of the kernel's MMA order, MXFP4 experts against the
-# same experts held as BF16, each token against itself alone, and that nothing outside the
+# same experts held as BF16, BF16 experts decode-tiled (decode_tiled.cuh, where the widths allow)
+# against the row-major ones, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
 # (CudaBackend MoE tests do). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles

@@ -74,7 +74,7 @@ void Fail(const std::string& what) {
 // kernel takes its general decode), the same values as BF16, and as floats for the reference.
 struct Matrix {
   int64_t N = 0, K = 0;
-  std::unique_ptr<Buffer> codes, scales, bf16;
+  std::unique_ptr<Buffer> codes, scales, bf16, tiled;  // tiled: bf16 decode-tiled, where N, K allow it
   std::vector<float> value;
 };
 std::unique_ptr<Matrix> MakeMatrix(int64_t N, int64_t K) {
@@ -103,19 +103,29 @@ std::unique_ptr<Matrix> MakeMatrix(int64_t N, int64_t K) {
   }
   g_weights.push_back({static_cast<const char*>(m->codes->p), static_cast<size_t>(N * K / 2)});
   g_weights.push_back({static_cast<const char*>(m->bf16->p), static_cast<size_t>(N * K * 2)});
+  if (N % 32 == 0 && K % 128 == 0) {  // decode_tiled.cuh's layout (DecodeGemmTileable), 16 bytes at a time
+    m->tiled = std::make_unique<Buffer>(static_cast<size_t>(N * K * 2));
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t q = 0; q < K; q += 8) {
+        std::memcpy(static_cast<uint16_t*>(m->tiled->p) + kc::DecodeTiledRow(r, K) + kc::DecodeTiledK(q), bf + r * K + q, 16);
+      }
+    }
+    g_weights.push_back({static_cast<const char*>(m->tiled->p), static_cast<size_t>(N * K * 2)});
+  }
   return m;
 }
 
 // E experts' matrices of one shape, with the device-style pointer tables of both formats.
 struct ExpertSet {
   std::vector<std::unique_ptr<Matrix>> m;
-  std::vector<const void*> bf16, codes;
+  std::vector<const void*> bf16, codes, tiled;
   std::vector<const uint8_t*> scales;
   ExpertSet(int E, int64_t N, int64_t K) {
     for (int e = 0; e < E; ++e) {
       m.push_back(MakeMatrix(N, K));
       bf16.push_back(m.back()->bf16->p);
       codes.push_back(m.back()->codes->p);
+      if (m.back()->tiled) tiled.push_back(m.back()->tiled->p);
       scales.push_back(static_cast<const uint8_t*>(m.back()->scales->p));
     }
   }
@@ -434,6 +444,8 @@ void CheckSplitK() {
 
 // --- decode: MoeDecodeExperts end to end ---------------------------------------------------
 
+int g_tiled_checks = 0;  // decode checks of tiled experts (RunDecodeChecks wants some)
+
 struct Glu {
   int kind;
   float beta;
@@ -452,13 +464,14 @@ bool SameBits(const float* got, const float* want, size_t n) { return std::memcm
 // Runs MoeDecodeExperts; returns out [T, De] and (in scratch) its intermediate stages.
 std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int64_t I, const ExpertSet& w1,
                                const ExpertSet& w3, const ExpertSet& w2, int fmt, bool scales_vec, const Glu& glu,
-                               const float* weights, Buffer& scratch) {
+                               const float* weights, Buffer& scratch, bool tiled = false) {
   auto out = std::make_unique<Buffer>(static_cast<size_t>(g.T * De) * 4, 1024);
   std::vector<int32_t> order = g.order, pos = g.pos, active = g.active, begin = g.begin;
   int32_t num = g.num;
   const kc::ExpertGroups eg{order.data(), pos.data(), active.data(), begin.data(), &num};
-  const kc::ExpertPointerTable table{w1.W(fmt), w3.W(fmt), w2.W(fmt), w1.scales.data(), w3.scales.data(),
-                                     w2.scales.data()};
+  const kc::ExpertPointerTable table{tiled ? w1.tiled.data() : w1.W(fmt), tiled ? w3.tiled.data() : w3.W(fmt),
+                                     tiled ? w2.tiled.data() : w2.W(fmt), w1.scales.data(), w3.scales.data(),
+                                     w2.scales.data(), tiled};
   kc::MoeDecodeExperts(z, g.T, g.k, eg, std::min<int64_t>(static_cast<int64_t>(w1.m.size()), g.n), De, I, table, fmt,
                        scales_vec, glu.kind, glu.beta, glu.has_linear_beta, glu.linear_beta, weights, scratch.p,
                        out->f(), nullptr);
@@ -549,6 +562,15 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
     ++g_checks;
     if (!SameBits(outs[i]->f(), outs[0]->f(), want.size())) Fail("decode " + name + ": formats disagree");
   }
+  // BF16 experts decode-tiled (CudaBackend::HoldExpertWeights), where the widths allow: the
+  // row-major experts' bits (outs[0]).
+  if (!w1.tiled.empty() && !w2.tiled.empty()) {
+    Buffer scratch(kc::MoeDecodeScratchBytes(T, k, De, I));
+    const auto out = Decode(z.f(), g, De, I, w1, w3, w2, kc::kBf16, false, glu, weights.f(), scratch, true);
+    ++g_checks;
+    ++g_tiled_checks;
+    if (!SameBits(out->f(), outs[0]->f(), want.size())) Fail("decode " + name + ": tiled experts' bits differ");
+  }
 }
 
 void RunDecodeChecks() {
@@ -574,6 +596,8 @@ void RunDecodeChecks() {
   many[3] = 2;
   many[20] = 0;
   CheckDecode("T=36 k=1", 36, 1, many, kE, 288, 96, silu);
+  CheckDecode("T=9 k=2 tileable", 9, 2, random_idx(9, 2), kE, 1024, 384, silu);  // tiled too, k split
+  if (g_tiled_checks < 2) Fail("decode: " + std::to_string(g_tiled_checks) + " checks of tiled experts, want 2");
 }
 
 
