@@ -1081,7 +1081,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::shared_ptr<DevicePool> pool_;
-  // The buffers HoldForLinearOnly tiled (shared with their owners' deleters).
+  // The buffers HoldForLinearOnly and HoldExpertWeights tiled (shared with their owners' deleters).
   struct TiledSet {
     std::mutex mu;
     std::set<const void*> ptrs;
