@@ -33,6 +33,7 @@ struct Case {
   std::string name;
   std::vector<ProblemShape> problems;
   int gemm_launches;  // GEMM launches the group takes
+  int x_offset = 0;    // floats from the buffer's start to x: 1 makes x unaligned (the checked rounds)
 };
 
 uint64_t g_state = 12345;
@@ -112,8 +113,8 @@ int Check(const Case& c, int64_t m) {
   std::vector<int64_t> x_k;
   for (const ProblemShape& p : c.problems) {
     if (static_cast<size_t>(p.x) == x.size()) {
-      x.push_back(std::make_unique<Buffer>(static_cast<size_t>(m * p.k) * 4));
-      for (int64_t i = 0; i < m * p.k; ++i) x.back()->f()[i] = static_cast<float>((Uniform() * 2 - 1) * 4);
+      x.push_back(std::make_unique<Buffer>(static_cast<size_t>(m * p.k + c.x_offset) * 4));
+      for (int64_t i = 0; i < m * p.k; ++i) x.back()->f()[c.x_offset + i] = static_cast<float>((Uniform() * 2 - 1) * 4);
       x_k.push_back(p.k);
     }
     w.push_back(std::make_unique<Buffer>(static_cast<size_t>(p.n * p.k) * 2));
@@ -129,7 +130,7 @@ int Check(const Case& c, int64_t m) {
   std::vector<DecodeGemmProblem> dp;
   for (size_t i = 0; i < c.problems.size(); ++i) {
     const ProblemShape& p = c.problems[i];
-    dp.push_back({x[static_cast<size_t>(p.x)]->f(), w[i]->p, grouped[i]->f(), p.n, p.k});
+    dp.push_back({x[static_cast<size_t>(p.x)]->f() + c.x_offset, w[i]->p, grouped[i]->f(), p.n, p.k});
     scratch.push_back(std::make_unique<Buffer>(kimirt::cuda::DecodeGemmScratchBytes(m, p.n, p.k)));
     kimirt::cuda::DecodeGemm(dp[i].x, dp[i].w, alone[i]->f(), m, p.n, p.k, scratch.back()->p, nullptr);
   }
@@ -187,7 +188,7 @@ int Check(const Case& c, int64_t m) {
   for (size_t i = 0; i < c.problems.size(); ++i) {
     const ProblemShape& p = c.problems[i];
     const std::vector<float> want =
-        Reference(x[static_cast<size_t>(p.x)]->f(), static_cast<const uint16_t*>(w[i]->p), m, p.n, p.k);
+        Reference(x[static_cast<size_t>(p.x)]->f() + c.x_offset, static_cast<const uint16_t*>(w[i]->p), m, p.n, p.k);
     if (std::memcmp(want.data(), alone[i]->p, want.size() * 4) != 0) {
       int64_t bad = 0;
       while (std::memcmp(&want[static_cast<size_t>(bad)], alone[i]->f() + bad, 4) == 0) ++bad;
@@ -203,7 +204,7 @@ int Check(const Case& c, int64_t m) {
                   static_cast<long long>(p.n), static_cast<long long>(p.k));
       ++failures;
     }
-    const float* xv = x[static_cast<size_t>(p.x)]->f();
+    const float* xv = x[static_cast<size_t>(p.x)]->f() + c.x_offset;
     const auto* wb = static_cast<const uint16_t*>(w[i]->p);
     double num = 0, den = 0;
     for (int64_t r = 0; r < m; ++r) {
@@ -234,6 +235,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the case of that name
       {"two_x", {{0, 256, 128}, {1, 200, 128}}, 1},
       {"split8_unaligned", {{0, 200, 2048}, {1, 77, 300}, {0, 33, 2048}}, 2},
       {"tiled", {{0, 256, 2048}, {1, 96, 384}, {2, 64, 128}}, 1},  // every problem tileable (a split one too)
+      {"tiled_x_unaligned", {{0, 256, 512}, {1, 64, 256}}, 1, 1},  // tiled weights through the checked rounds
       {"ten", {{0, 16, 256}, {0, 17, 256}, {0, 130, 256}, {0, 8, 256}, {0, 1, 256}, {0, 64, 256}, {0, 3, 256},
                {0, 5, 256}, {0, 100, 256}, {0, 20, 256}}, 2},
   };

@@ -904,23 +904,16 @@ class CudaBackend final : public Backend {
   }
   void GemmW(const float* x, const Tensor& w, float* y, int64_t m, int64_t n, int64_t k) {
     const void* wb = W(w);
-    if (Tiled(wb)) {  // HoldForLinearOnly's layout: the same bits as row-major below
-      if (m <= cuda::kGemvMaxRows || !TakesPrefillGemm(w, m, n, k)) {
-        for (int64_t r = 0; r < m; r += cuda::kGemvMaxRows) {  // past 64 rows: bf16_prefill off only
+    // HoldForLinearOnly's layout: DecodeGemm and PrefillGemm read it with the row-major bits;
+    // cuBLAS cannot, so with bf16_prefill off a tiled weight takes DecodeGemm 64 rows at a time.
+    const bool tiled = Tiled(wb);
+    if (k > 0 && (m <= cuda::kGemvMaxRows || (tiled && !TakesPrefillGemm(w, m, n, k)))) {
+      if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
+        for (int64_t r = 0; r < m; r += cuda::kGemvMaxRows) {
           const int64_t rows = std::min(cuda::kGemvMaxRows, m - r);
           Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(rows, n, k));
-          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, true);
+          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, tiled);
         }
-      } else {
-        Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
-        cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_, true);
-      }
-      return;
-    }
-    if (m <= cuda::kGemvMaxRows && k > 0) {
-      if (w.dtype() == DType::kBF16 && m > 0 && n > 0) {
-        Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(m, n, k));
-        cuda::DecodeGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
       }
@@ -928,7 +921,7 @@ class CudaBackend final : public Backend {
     }
     if (TakesPrefillGemm(w, m, n, k)) {
       Tensor scratch = Scratch(cuda::PrefillGemmScratchBytes(m, n, k, wb));
-      cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_);
+      cuda::PrefillGemm(x, wb, y, m, n, k, scratch.raw(), stream_, tiled);
       return;
     }
     if (w.dtype() == DType::kF32) {

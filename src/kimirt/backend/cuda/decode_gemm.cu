@@ -176,10 +176,10 @@ KIMIRT_DECODE_TILED_FN int64_t DecodeTiledOffset(int64_t col, int64_t kk, int64_
 // w[col][kk .. kk+7] as 8 BF16 (element i in bits 16·(i%2) of word i/2), zeros past n or k.
 // kVec: rows are 16-byte aligned (k % 8 == 0, aligned base), so the 8 are all in or all out.
 template <bool kVec>
-__device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t kk, int64_t n, int64_t k, bool tiled) {
+__device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t kk, int64_t n, int64_t k) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (col >= n || kk >= k) return v;
-  const uint16_t* p = w + (tiled ? DecodeTiledOffset(col, kk, k) : col * k + kk);
+  const uint16_t* p = w + col * k + kk;
   if constexpr (kVec) {
     v = LoadStreaming(p);
   } else {
@@ -193,8 +193,9 @@ __device__ __forceinline__ uint4 LoadW(const uint16_t* w, int64_t col, int64_t k
 
 // Blocks per multiprocessor the registers must allow: 4 (≤ 128 registers) up to 16 rows, so the
 // ~4 blocks per multiprocessor of kTargetBlocks are resident at once (1 tile wants 162 unbounded,
-// for the round's x prefetch; bounded, the aligned variants spill 8-128 bytes: docs/cuda.md). 32
-// and 64 rows need ~170 (their accumulators alone are 32 and 64): 2 blocks, as 3 (≤ 168) spills.
+// for the round's x prefetch; bounded, the aligned variants spill 20-32 bytes, the grouped ones
+// more: docs/cuda.md "Registers"). 32 and 64 rows need ~170 (their accumulators alone are 32 and
+// 64): 2 blocks, as 3 (≤ 168) spills.
 template <int kTiles>
 constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 
@@ -243,9 +244,11 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
                                           const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                                           const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m,
                                           int64_t n, int64_t k, int64_t k_pad, int64_t slice, int64_t cb,
-                                          int64_t split, int hint_ahead, bool tiled) {
+                                          int64_t split, int hint_ahead, bool w_tiled) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = cb * kBlockCols + warp * (kColTiles * 16);
+  // A tiled weight has 16-byte rows (CheckTiled), so only the kVec kernels read one.
+  const bool tiled = kVec && w_tiled;
   const int64_t k_begin = split * slice;
   const int64_t k_end = k_begin + slice < k_pad ? k_begin + slice : k_pad;
   out += split * m * n;
@@ -262,7 +265,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     const int64_t col = col0 + lane;
     if (kVec && kb < k_real_end && col < n) {
       const int64_t len = k_real_end - kb < kSliceQuantum ? k_real_end - kb : kSliceQuantum;
-      PrefetchL2(w + (tiled ? DecodeTiledOffset(col0, kb, k) + lane * 128 : col * k + kb),
+      PrefetchL2(w + (tiled ? DecodeTiledRow(col0, k) + DecodeTiledK(kb) + lane * 128 : col * k + kb),
                  static_cast<uint32_t>(len * sizeof(uint16_t)));
     }
   };
@@ -302,10 +305,14 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   const bool fast = kVec && col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec);
   // Row-major: lane (g, t) starts at row col0 + g, k + 8t; load (u, c, h) is (2c + h)·8 rows and
   // u steps on. Tiled: the lane's chunk of the round's tile; load (u, c, h) is chunk row
-  // (u·2 + c)·2 + h of it (DecodeTiledOffset), and a round is the next tile.
-  const uint16_t* w_lane = !fast ? w : tiled ? w + DecodeTiledOffset(col0, k_begin, k) + lane * 8
-                                             : w + (col0 + g) * k + k_begin + 8 * t;
-  const int64_t w_ch = tiled ? 256 : 8 * k, w_u = tiled ? 1024 : kStepK, w_round = tiled ? 4096 : kSliceQuantum;
+  // (u·2 + c)·2 + h of it (DecodeTiledOffset; col0 is a multiple of 32, so the warp's loads are
+  // one tile's chunks, fast or not), and a round is the next tile. The full rounds of each layout
+  // get their own loop (kTiledFull below), so the tiled loads' offsets are constants and the
+  // row-major ones' as before tiling: with the layout's strides chosen at run time the 1- and
+  // 2-tile kernels spilled 300-530 bytes, some inside the loop (ptxas -v).
+  const uint16_t* w_lane = tiled ? w + DecodeTiledOffset(col0, k_begin, k) + lane * 8
+                          : fast  ? w + (col0 + g) * k + k_begin + 8 * t
+                                  : w;
   [[maybe_unused]] const float* x_lane[kTiles <= kMaxTilesSplitInKernel ? kTiles : 1];
   if constexpr (kTiles <= kMaxTilesSplitInKernel) {
 #pragma unroll
@@ -314,8 +321,11 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       x_lane[r] = x + (row < m ? row : m - 1) * k + k_begin + 8 * t;
     }
   }
-  auto round = [&](int64_t kb, auto full) {
-    constexpr bool kFull = decltype(full)::value;
+  auto round = [&](int64_t kb, auto full, auto tiled_full) {
+    constexpr bool kFull = decltype(full)::value, kTiledFull = decltype(tiled_full)::value;
+    // Elements from load (u, c, h) to (u, c, h + 1) and to (u + 1, c, h), full rounds only.
+    [[maybe_unused]] const int64_t w_ch = kTiledFull ? 256 : 8 * k;
+    constexpr int64_t w_u = kTiledFull ? 1024 : kStepK;
     if (hint_ahead > 0) prefetch_round(kb + hint_ahead * kSliceQuantum);
     // All of this round's weight loads first, so kUnroll · kColTiles · 2 are in flight per lane.
     uint4 wr[kUnroll][kColTiles][2];
@@ -329,8 +339,15 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
           if constexpr (kFull) {
             wr[u][c][h] = LoadStreaming(w_lane + (2 * c + h) * w_ch + u * w_u);
           } else {
-            wr[u][c][h] = kb + u * kStepK < k_end ? LoadW<kVec>(w, col0 + c * 16 + h * 8 + g, kk, n, k, tiled)
-                                                  : make_uint4(0, 0, 0, 0);
+            const int64_t col = col0 + c * 16 + h * 8 + g;
+            if (kb + u * kStepK >= k_end) {
+              wr[u][c][h] = make_uint4(0, 0, 0, 0);
+            } else if (tiled) {  // whole tiles: in n and k unless the warp is past n
+              wr[u][c][h] = col < n && kk < k ? LoadStreaming(w_lane + (2 * c + h) * 256 + u * 1024)
+                                              : make_uint4(0, 0, 0, 0);
+            } else {
+              wr[u][c][h] = LoadW<kVec>(w, col, kk, n, k);
+            }
           }
         }
       }
@@ -395,15 +412,26 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   const int64_t in_k = (k_end < k ? k_end : k) - k_begin;
   const int64_t full_end = fast && in_k > 0 ? k_begin + in_k / kSliceQuantum * kSliceQuantum : k_begin;
   int64_t kb = k_begin;
-  for (; kb < full_end; kb += kSliceQuantum) {
-    round(kb, std::true_type{});
-    w_lane += w_round;
-    if constexpr (kTiles <= kMaxTilesSplitInKernel) {
+  auto full_rounds = [&](auto tiled_full) {
+    constexpr int64_t w_round = decltype(tiled_full)::value ? 4096 : kSliceQuantum;
+    for (; kb < full_end; kb += kSliceQuantum) {
+      round(kb, std::true_type{}, tiled_full);
+      w_lane += w_round;
+      if constexpr (kTiles <= kMaxTilesSplitInKernel) {
 #pragma unroll
-      for (int r = 0; r < kTiles; ++r) x_lane[r] += kSliceQuantum;
+        for (int r = 0; r < kTiles; ++r) x_lane[r] += kSliceQuantum;
+      }
     }
+  };
+  if (tiled) {
+    full_rounds(std::true_type{});
+  } else {
+    full_rounds(std::false_type{});
   }
-  for (; kb < k_end; kb += kSliceQuantum) round(kb, std::false_type{});
+  for (; kb < k_end; kb += kSliceQuantum) {
+    round(kb, std::false_type{}, std::false_type{});
+    if (tiled) w_lane += 4096;
+  }
 
   // D fragment: regs 0, 1 are column g, rows 2t and 2t+1 of the tile; regs 2, 3 column g + 8.
 #pragma unroll

@@ -891,7 +891,8 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
 // K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
 // Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers), 4 (≤ 128) for one
 // tile, the decode's case: ncu found the MXFP4 kernel latency-bound at 3 warps a scheduler.
-// cuobjdump -res-usage, sm_90: 1 tile 128 registers, 2 and 4 tiles 138-168; none spills.
+// ptxas -v, sm_90a: 1 tile 128 registers, 2 and 4 tiles 148-168; up to 44 bytes spilled, none inside
+// the round loops (the SASS).
 constexpr int kMmaMinBlocks = 3;
 
 struct MmaArgs {
@@ -977,9 +978,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
                                 : (row_tile[c] + g) * K + k_begin + 8 * t);
       }
     }
-    // Elements from row g to row g + 8, from step u to u + 1, from a round to the next.
-    const int64_t half_rows = args.tiled ? 256 : 8 * K, step_k = args.tiled ? 1024 : 32,
-                  round_k = args.tiled ? 4096 : kRoundK;
     float acc[2][kTT][4];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -994,8 +992,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // the same loads of the same values, so the same bits (DecodeGemm's full rounds, decode_gemm.cu:
     // there ~58% of the loop's SASS was such checks and 64-bit addresses). The pointers move on
     // after every round, full or not.
-    auto round = [&](int64_t kb, auto full) {
+    // kTiled (BF16 only): the weights decode-tiled. Each layout's rounds are a loop of their own
+    // (below), so the tiled loads' offsets are constants: with the strides chosen at run time
+    // the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
+    auto round = [&](int64_t kb, auto full, auto tiled) {
       constexpr bool kFull = decltype(full)::value;
+      [[maybe_unused]] constexpr bool kTiled = decltype(tiled)::value;  // BF16 only
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
@@ -1101,7 +1103,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
       } else {
-        // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile).
+        // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile);
+        // elements from row g to row g + 8, from step u to u + 1, from a round to the next.
+        [[maybe_unused]] const int64_t half_rows = kTiled ? 256 : 8 * K;
+        constexpr int64_t step_k = kTiled ? 1024 : 32, round_k = kTiled ? 4096 : kRoundK;
         uint4 wr[4][2][2];
         ForEachRoundWord([&](int u, int c, int h) {  // all the round's loads first, then the pairing
           wr[u][c][h] = in_slice(u) ? mma::LoadStreaming(w_lane[c] + h * half_rows + step_k * u) : make_uint4(0, 0, 0, 0);
@@ -1127,8 +1132,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     };
     const int64_t full_end = k_begin + (k_end - k_begin) / kRoundK * kRoundK;
     int64_t kb = k_begin;
-    for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{});
-    if (kb < k_end) round(kb, std::false_type{});
+    const auto rounds = [&](auto tiled) {
+      for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{}, tiled);
+      if (kb < k_end) round(kb, std::false_type{}, tiled);
+    };
+    if (kFmt == kBf16 && args.tiled) {
+      if constexpr (kFmt == kBf16) rounds(std::true_type{});  // MXFP4 codes are never tiled
+    } else {
+      rounds(std::false_type{});
+    }
     // D fragment: regs 0, 1 are output row g, tokens 2t and 2t+1 of the tile; regs 2, 3 row g + 8.
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
