@@ -35,6 +35,12 @@
 namespace kimirt {
 namespace {
 
+// An environment switch's value as the run saw it, for the JSON ("" when unset).
+std::string EnvOr(const char* name, const char* unset) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : unset;
+}
+
 struct Config {
   std::string name;
   int64_t experts, latent, inter, top_k, hidden;
@@ -179,6 +185,11 @@ int Run(int argc, char** argv) {
     const Config& c = *it;
     ExpertWeights ex;
     const uint64_t expert_bytes = MakeExperts(be, c, rng, &ex);
+    // Held as the model's loader holds them (LoadModelWeights → HoldExpertWeights): on CUDA BF16
+    // experts decode-tiled unless KIMIRT_DECODE_TILED=0, MXFP4 codes tiled with
+    // KIMIRT_MXFP4_TILED=1 (which wants bf16_prefill, serve's default with BF16 weights).
+    be.set_bf16_prefill(true);
+    be.HoldExpertWeights(&ex, nullptr, nullptr, nullptr);
     const Tensor router = be.Upload(RandomF32({c.experts, c.hidden}, rng, 0.02f));
     const Tensor bias = be.Upload(RandomF32({c.experts}, rng, 0.01f));
     RouteParams rp;
@@ -189,6 +200,8 @@ int Run(int argc, char** argv) {
                                  {"intermediate", c.inter},
                                  {"top_k", c.top_k},
                                  {"weights", c.mxfp4 ? "MXFP4" : "BF16"},
+                                 {"decode_tiled_env", EnvOr("KIMIRT_DECODE_TILED", "")},
+                                 {"mxfp4_tiled_env", EnvOr("KIMIRT_MXFP4_TILED", "")},
                                  {"expert_bytes", expert_bytes},
                                  {"router_bytes", router.nbytes()},
                                  {"points", nlohmann::ordered_json::array()}};

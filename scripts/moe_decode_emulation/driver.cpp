@@ -75,6 +75,7 @@ void Fail(const std::string& what) {
 struct Matrix {
   int64_t N = 0, K = 0;
   std::unique_ptr<Buffer> codes, scales, bf16, tiled;  // tiled: bf16 decode-tiled, where N, K allow it
+  std::unique_ptr<Buffer> tiled_codes;                  // codes in mxfp4_tiled.cuh's layout, where N, K allow it
   std::vector<float> value;
 };
 std::unique_ptr<Matrix> MakeMatrix(int64_t N, int64_t K) {
@@ -112,13 +113,26 @@ std::unique_ptr<Matrix> MakeMatrix(int64_t N, int64_t K) {
     }
     g_weights.push_back({static_cast<const char*>(m->tiled->p), static_cast<size_t>(N * K * 2)});
   }
+  if (kc::Mxfp4Tileable(N, K)) {  // word by word: its place and its bits (the layout's own helpers)
+    m->tiled_codes = std::make_unique<Buffer>(static_cast<size_t>(N * K / 2));
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t q = 0; q < K; q += 8) {
+        uint32_t w;
+        std::memcpy(&w, codes + (r * K + q) / 2, 4);
+        w = kc::Mxfp4TileWord(w);
+        if (kc::Mxfp4UntileWord(w) != *reinterpret_cast<const uint32_t*>(codes + (r * K + q) / 2)) std::abort();
+        std::memcpy(static_cast<uint8_t*>(m->tiled_codes->p) + kc::Mxfp4TiledRow(r, K) + kc::Mxfp4TiledK(q), &w, 4);
+      }
+    }
+    g_weights.push_back({static_cast<const char*>(m->tiled_codes->p), static_cast<size_t>(N * K / 2)});
+  }
   return m;
 }
 
 // E experts' matrices of one shape, with the device-style pointer tables of both formats.
 struct ExpertSet {
   std::vector<std::unique_ptr<Matrix>> m;
-  std::vector<const void*> bf16, codes, tiled;
+  std::vector<const void*> bf16, codes, tiled, tiled_codes;
   std::vector<const uint8_t*> scales;
   ExpertSet(int E, int64_t N, int64_t K) {
     for (int e = 0; e < E; ++e) {
@@ -126,6 +140,7 @@ struct ExpertSet {
       bf16.push_back(m.back()->bf16->p);
       codes.push_back(m.back()->codes->p);
       if (m.back()->tiled) tiled.push_back(m.back()->tiled->p);
+      if (m.back()->tiled_codes) tiled_codes.push_back(m.back()->tiled_codes->p);
       scales.push_back(static_cast<const uint8_t*>(m.back()->scales->p));
     }
   }
@@ -444,7 +459,8 @@ void CheckSplitK() {
 
 // --- decode: MoeDecodeExperts end to end ---------------------------------------------------
 
-int g_tiled_checks = 0;  // decode checks of tiled experts (RunDecodeChecks wants some)
+int g_tiled_checks = 0;        // decode checks of tiled experts (RunDecodeChecks wants some)
+int g_tiled_mxfp4_checks = 0;  // and of tiled MXFP4 codes
 
 struct Glu {
   int kind;
@@ -469,9 +485,10 @@ std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int6
   std::vector<int32_t> order = g.order, pos = g.pos, active = g.active, begin = g.begin;
   int32_t num = g.num;
   const kc::ExpertGroups eg{order.data(), pos.data(), active.data(), begin.data(), &num};
-  const kc::ExpertPointerTable table{tiled ? w1.tiled.data() : w1.W(fmt), tiled ? w3.tiled.data() : w3.W(fmt),
-                                     tiled ? w2.tiled.data() : w2.W(fmt), w1.scales.data(), w3.scales.data(),
-                                     w2.scales.data(), tiled};
+  const auto W = [&](const ExpertSet& w) {
+    return !tiled ? w.W(fmt) : fmt == kc::kMxfp4 ? w.tiled_codes.data() : w.tiled.data();
+  };
+  const kc::ExpertPointerTable table{W(w1), W(w3), W(w2), w1.scales.data(), w3.scales.data(), w2.scales.data(), tiled};
   kc::MoeDecodeExperts(z, g.T, g.k, eg, std::min<int64_t>(static_cast<int64_t>(w1.m.size()), g.n), De, I, table, fmt,
                        scales_vec, glu.kind, glu.beta, glu.has_linear_beta, glu.linear_beta, weights, scratch.p,
                        out->f(), nullptr);
@@ -571,6 +588,25 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
     ++g_tiled_checks;
     if (!SameBits(out->f(), outs[0]->f(), want.size())) Fail("decode " + name + ": tiled experts' bits differ");
   }
+  // MXFP4 codes tiled (CudaBackend::TileMxfp4Experts, KIMIRT_MXFP4_TILED=1), both scale loads: the
+  // row-major experts' bits; and one token alone.
+  if (!w1.tiled_codes.empty() && !w2.tiled_codes.empty()) {
+    for (const bool vec : {false, true}) {
+      Buffer scratch(kc::MoeDecodeScratchBytes(T, k, De, I));
+      const auto out = Decode(z.f(), g, De, I, w1, w3, w2, kc::kMxfp4, vec, glu, weights.f(), scratch, true);
+      ++g_checks;
+      ++g_tiled_mxfp4_checks;
+      if (!SameBits(out->f(), outs[0]->f(), want.size())) {
+        Fail("decode " + name + ": tiled MXFP4 codes' bits differ" + (vec ? " (vector scales)" : ""));
+      }
+    }
+    const std::vector<int32_t> one(idx.begin(), idx.begin() + k);
+    const Groups g1 = MakeGroups(1, k, one, E);
+    Buffer scratch1(kc::MoeDecodeScratchBytes(1, k, De, I));
+    const auto alone = Decode(z.f(), g1, De, I, w1, w3, w2, kc::kMxfp4, true, glu, weights.f(), scratch1, true);
+    ++g_checks;
+    if (!SameBits(alone->f(), outs[0]->f(), static_cast<size_t>(De))) Fail("decode " + name + ": tiled MXFP4, token 0 alone differs");
+  }
 }
 
 void RunDecodeChecks() {
@@ -598,6 +634,9 @@ void RunDecodeChecks() {
   CheckDecode("T=36 k=1", 36, 1, many, kE, 288, 96, silu);
   CheckDecode("T=9 k=2 tileable", 9, 2, random_idx(9, 2), kE, 1024, 384, silu);  // tiled too, k split
   if (g_tiled_checks < 2) Fail("decode: " + std::to_string(g_tiled_checks) + " checks of tiled experts, want 2");
+  if (g_tiled_mxfp4_checks < 4) {
+    Fail("decode: " + std::to_string(g_tiled_mxfp4_checks) + " checks of tiled MXFP4 codes, want 4");
+  }
 }
 
 

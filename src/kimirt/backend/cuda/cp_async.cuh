@@ -25,10 +25,11 @@ __device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool valid 
                "r"(valid ? 8 : 0)
                : "memory");
 }
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 __device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
+  CpAsync4(SharedAddress(dst), src, valid);
 }
 
 // One group per commit; a wait leaves at most kPending of this thread's newest groups in flight.

@@ -22,6 +22,7 @@
 #include "kimirt/backend/cuda/env_switch.h"
 #include "kimirt/backend/expanded_history.h"
 #include "kimirt/backend/cuda/kernels.h"
+#include "kimirt/backend/cuda/mxfp4_tiled.cuh"
 
 namespace kimirt {
 namespace {
@@ -692,13 +693,13 @@ class CudaBackend final : public Backend {
       for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
     }
     ExpertPointers& ptrs = expert_pointers_[{host.front(), E}];
-    if (ptrs.host == host && ptrs.tiled == (tiled == weights && !mxfp4)) return ptrs;
+    if (ptrs.host == host && ptrs.tiled == (tiled == weights)) return ptrs;
     ptrs.E = static_cast<int64_t>(E);
     ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
                                        [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
     ptrs.table = Raw({static_cast<int64_t>(host.size() * sizeof(void*))}, DType::kU8);
     CopyToDevice(ptrs.table.raw(), host.data(), host.size() * sizeof(void*));
-    ptrs.tiled = tiled == weights && !mxfp4;
+    ptrs.tiled = tiled == weights;
     ptrs.aligned16 = std::all_of(host.begin(), host.begin() + 3 * static_cast<std::ptrdiff_t>(E),
                                  [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; });
     ptrs.host = std::move(host);
@@ -822,6 +823,7 @@ class CudaBackend final : public Backend {
     const bool shared_ok = shared.size() == 3 && std::all_of(shared.begin(), shared.end(), [&](Tensor* t) { return Tileable(*t); });
     if (ex->mxfp4()) {
       if (shared_ok) TileInPlace(shared);
+      TileMxfp4Experts(ex);
       return;
     }
     std::vector<Tensor*> all;
@@ -844,11 +846,40 @@ class CudaBackend final : public Backend {
            cuda::DecodeGemmTileable(w.dim(0), w.dim(1)) && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 &&
            !Tiled(w.raw());
   }
+  // MXFP4 codes [n, k/2] (U8) that mxfp4_tiled.cuh's layout takes.
+  bool Mxfp4Tileable(const Tensor& codes) const {
+    return codes.device() == Device::kCuda && codes.dtype() == DType::kU8 && codes.rank() == 2 &&
+           cuda::Mxfp4Tileable(codes.dim(0), 2 * codes.dim(1)) && reinterpret_cast<uintptr_t>(codes.raw()) % 16 == 0 &&
+           !Tiled(codes.raw());
+  }
+  // An experiment of issue 13, off unless KIMIRT_MXFP4_TILED=1 (read at each call, so a test can
+  // set it): a layer's MXFP4 expert codes, all or none, re-laid out for the decode kernel
+  // (mxfp4_tiled.cuh: no quad exchange, fewer instructions a word, 512-byte loads). The decode
+  // and prefill kernels read them with the same bits; the F32 grouped path cannot, so only with
+  // bf16_prefill on. Not yet measured on a GPU (docs/cuda.md "MXFP4 codes tiled").
+  void TileMxfp4Experts(ExpertWeights* ex) {
+    const char* on = std::getenv("KIMIRT_MXFP4_TILED");
+    if (on == nullptr || std::string(on) != "1" || !bf16_prefill()) return;
+    std::vector<Tensor*> codes;
+    for (auto* list : {&ex->gate, &ex->up, &ex->down}) {
+      for (Tensor& t : *list) codes.push_back(&t);
+    }
+    if (!std::all_of(codes.begin(), codes.end(), [&](Tensor* t) { return Mxfp4Tileable(*t); })) return;
+    TileInPlace(codes, [&](const Tensor& w, void* dst) {
+      cuda::TileMxfp4Codes(w.raw(), dst, w.dim(0), 2 * w.dim(1), stream_);
+    });
+  }
   // Each weight re-laid out in its own buffer (through one temporary of the largest's size, so the
   // allocator's count of weight bytes stays what it was) and entered in tiled_; each entry lives as
   // long as the buffer: the new owner's deleter drops it, then lets the old owner go, so an
   // allocation later made at the same address is never taken for a tiled one.
   void TileInPlace(std::span<Tensor* const> ws) {
+    TileInPlace(ws, [&](const Tensor& w, void* dst) {
+      cuda::TileWeightForDecode(w.raw(), dst, w.dim(0), w.dim(1), stream_);
+    });
+  }
+  template <class Tile>
+  void TileInPlace(std::span<Tensor* const> ws, Tile tile) {
     if (ws.empty()) return;
     NotCapturing("tiling a weight");
     size_t most = 0;
@@ -856,7 +887,7 @@ class CudaBackend final : public Backend {
     void* tmp = nullptr;
     KIMIRT_CUDA_OK(cudaMalloc(&tmp, most));
     for (Tensor* w : ws) {
-      cuda::TileWeightForDecode(w->raw(), tmp, w->dim(0), w->dim(1), stream_);
+      tile(*w, tmp);
       KIMIRT_CUDA_OK(cudaMemcpyAsync(w->raw(), tmp, w->nbytes(), cudaMemcpyDeviceToDevice, stream_));
     }
     Synchronize();
@@ -871,7 +902,7 @@ class CudaBackend final : public Backend {
         std::lock_guard<std::mutex> lock(tiled->mu);
         tiled->ptrs.erase(q);
       });
-      *w = Tensor(std::move(owner), p, w->shape(), DType::kBF16, Device::kCuda);
+      *w = Tensor(std::move(owner), p, w->shape(), w->dtype(), Device::kCuda);
     }
   }
 

@@ -395,10 +395,14 @@ struct ExpertPointerTable {
   const uint8_t* const* up_scales = nullptr;
   const uint8_t* const* down_scales = nullptr;
   // BF16 weights decode-tiled (decode_tiled.cuh; CudaBackend::HoldExpertWeights): every expert's
-  // gate, up and down, whose widths are then multiples of 32 rows and 128 k. The decode and the
-  // prefill kernels read them with the same bits; MoeGroupedExperts does not take them.
+  // gate, up and down, whose widths are then multiples of 32 rows and 128 k. MXFP4: every
+  // expert's codes tiled (mxfp4_tiled.cuh; 16 rows, 128 k), the scales row-major. The decode and
+  // the prefill kernels read them with the same bits; MoeGroupedExperts does not take them.
   bool tiled = false;
 };
+// [n, k] MXFP4 codes (n·k/2 bytes, row-major, 16-byte aligned; n % 16 == 0, k % 128 == 0) into
+// `tiled`, another buffer of that size, in mxfp4_tiled.cuh's layout.
+void TileMxfp4Codes(const void* codes, void* tiled, int64_t n, int64_t k, cudaStream_t s);
 // The routed experts over the groups: for every group row g (slot s = order[g], token s / k,
 // expert e), h[g] = GLU(W1_e z, W3_e z) ([n, I] scratch) and grouped[g] = W2_e h[g] ([n, De]).
 // Each chosen expert's weights are read once for all its tokens; a token's sums have one fixed

@@ -7,6 +7,7 @@
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
+#include "kimirt/backend/cuda/mxfp4_tiled.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/wave_splits.h"
 
@@ -831,21 +832,36 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 // Mxfp4Multiplier(s) is 2^(s−1) in both halves for s ≤ 128: ((s + 126) << 7) twice, one IMAD.
 __device__ __forceinline__ uint32_t Mxfp4Multiplier(uint32_t s) { return s * 0x00800080u + 0x3f003f00u; }
 
-// The codes placed and multiplied by m (both halves the same BF16).
-__device__ __forceinline__ uint4 PlaceAndScaleX8(uint32_t w, uint32_t m) {
-  uint32_t r[4];
+// The codes placed (A word j: codes j and j + 4, each half E2M1 × 2^−126): row-major words, or
+// kTiledCodes words in mxfp4_tiled.cuh's bit order (9 instructions for the four, not ~15).
+template <bool kTiledCodes>
+__device__ __forceinline__ uint4 PlaceX8(uint32_t w) {
+  if constexpr (kTiledCodes) {
+    const Mxfp4Placed p = Mxfp4PlaceTiled(w);
+    return make_uint4(p.a[0], p.a[1], p.a[2], p.a[3]);
+  } else {
+    uint32_t r[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t v = w << (12 - 4 * j);  // codes j and j + 4 to bits 12..15 and 28..31
-    r[j] = MulBf16x2((v & 0x80008000u) | ((v & 0x70007000u) >> 6), m);
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t v = w << (12 - 4 * j);  // codes j and j + 4 to bits 12..15 and 28..31
+      r[j] = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
+    }
+    return make_uint4(r[0], r[1], r[2], r[3]);
   }
-  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// The codes placed and multiplied by m (both halves the same BF16).
+template <bool kTiledCodes = false>
+__device__ __forceinline__ uint4 PlaceAndScaleX8(uint32_t w, uint32_t m) {
+  const uint4 p = PlaceX8<kTiledCodes>(w);
+  return make_uint4(MulBf16x2(p.x, m), MulBf16x2(p.y, m), MulBf16x2(p.z, m), MulBf16x2(p.w, m));
 }
 
 // Any scale s (the general path: a round whose four scales of a row include one ≥ 128).
+template <bool kTiledCodes = false>
 __device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t w, uint32_t s) {
-  if (s <= 128u) return PlaceAndScaleX8(w, Mxfp4Multiplier(s));
-  uint4 r = PlaceAndScaleX8(w, (253u << 7) * 0x00010001u);  // ×2^126: the E2M1 values
+  if (s <= 128u) return PlaceAndScaleX8<kTiledCodes>(w, Mxfp4Multiplier(s));
+  uint4 r = PlaceAndScaleX8<kTiledCodes>(w, (253u << 7) * 0x00010001u);  // ×2^126: the E2M1 values
   uint32_t m2 = s == 255u ? 0x7fc0u : s << 7;              // 2^(s−127), or NaN
   m2 |= m2 << 16;
   r.x = MulBf16x2(r.x, m2);
@@ -907,7 +923,7 @@ struct MmaArgs {
   bool scales_vec = false;
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
-  bool tiled = false;                            // BF16 weights decode-tiled (decode_tiled.cuh)
+  bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
 };
 
 template <int kFmt, bool kGateUp, int kTT>
@@ -957,7 +973,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
       x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
     }
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
-    // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way.
+    // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way
+    // (tiled codes: the lane's 16-byte chunk of the round's tile, mxfp4_tiled.cuh).
     [[maybe_unused]] const uint16_t* w_lane[2];
     [[maybe_unused]] const uint8_t* qp[2][2];
     [[maybe_unused]] const uint8_t* sp[2][2];
@@ -967,7 +984,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t row = row_tile[c] + g + 8 * h;
-          qp[c][h] = static_cast<const uint8_t*>(w_tile[c]) + (row * K + k_begin) / 2 + 16 * t;
+          qp[c][h] = static_cast<const uint8_t*>(w_tile[c]) + (args.tiled ? Mxfp4TiledRow(row, K) + Mxfp4TiledK(k_begin + 8 * t)
+                                                                          : (row * K + k_begin) / 2 + 16 * t);
           sp[c][h] = s_tile[c] + row * (K / 32) + k_begin / 32;
         }
       } else {
@@ -992,17 +1010,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // the same loads of the same values, so the same bits (DecodeGemm's full rounds, decode_gemm.cu:
     // there ~58% of the loop's SASS was such checks and 64-bit addresses). The pointers move on
     // after every round, full or not.
-    // kTiled (BF16 only): the weights decode-tiled. Each layout's rounds are a loop of their own
-    // (below), so the tiled loads' offsets are constants: with the strides chosen at run time
-    // the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
+    // kTiled: the weights decode-tiled (BF16) or the codes tiled (MXFP4). Each layout's rounds
+    // are a loop of their own (below), so the tiled loads' offsets are constants: with the
+    // strides chosen at run time the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
     auto round = [&](int64_t kb, auto full, auto tiled) {
       constexpr bool kFull = decltype(full)::value;
-      [[maybe_unused]] constexpr bool kTiled = decltype(tiled)::value;  // BF16 only
+      constexpr bool kTiled = decltype(tiled)::value;
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
         uint32_t sc[2][2];
-        const bool mine = kFull || kb + 32 * t < k_end;  // this lane's scale group is in the slice
+        // This lane's scale group is in the slice (row-major); a tiled chunk spans the round's
+        // four groups, all inside the weight (k % 128 == 0), so it is loaded whole.
+        const bool mine = kFull || kTiled || kb + 32 * t < k_end;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
@@ -1030,30 +1050,33 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         }
         // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
         mma::XParts x0 = LoadXParts(x_lane[0], plane);
-        // Exchange within each quad: lane t gets word t of the groups of lanes 0..3, so its word u
-        // holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
-        uint32_t* ex = xchg[warp][0];
+        // Row-major: exchange within each quad, lane t getting word t of the groups of lanes
+        // 0..3, so its word u holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
+        // Tiled codes come in that order.
+        if constexpr (!kTiled) {
+          uint32_t* ex = xchg[warp][0];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
+          for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t* b = ex + (2 * c + h) * 8 * kTransposeStride + g * kTransposeStride;
-            b[0 * 4 + t] = q[c][h].x;
-            b[1 * 4 + t] = q[c][h].y;
-            b[2 * 4 + t] = q[c][h].z;
-            b[3 * 4 + t] = q[c][h].w;
+            for (int h = 0; h < 2; ++h) {
+              uint32_t* b = ex + (2 * c + h) * 8 * kTransposeStride + g * kTransposeStride;
+              b[0 * 4 + t] = q[c][h].x;
+              b[1 * 4 + t] = q[c][h].y;
+              b[2 * 4 + t] = q[c][h].z;
+              b[3 * 4 + t] = q[c][h].w;
+            }
           }
-        }
-        __syncwarp();
+          __syncwarp();
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
+          for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            q[c][h] = *reinterpret_cast<const uint4*>(ex + (2 * c + h) * 8 * kTransposeStride + g * kTransposeStride +
-                                                      4 * t);
+            for (int h = 0; h < 2; ++h) {
+              q[c][h] = *reinterpret_cast<const uint4*>(ex + (2 * c + h) * 8 * kTransposeStride +
+                                                        g * kTransposeStride + 4 * t);
+            }
           }
+          __syncwarp();  // the next round's stores wait for these loads
         }
-        __syncwarp();  // the next round's stores wait for these loads
         // Scales under 128 (all real checkpoints' so far) take one IMAD per word for the multiplier;
         // a round where one of the lane's scales is ≥ 128 takes the general decode (the same values).
         // One branch a step, not one a word: the per-word branch cost nearly as much as the decode.
@@ -1074,14 +1097,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
             for (int c = 0; c < 2; ++c) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
-                w[c][h] = PlaceAndScaleX8(word(c, h), Mxfp4Multiplier(__byte_perm(sc[c][h], 0, 0x4440u | u)));
+                w[c][h] = PlaceAndScaleX8<kTiled>(word(c, h), Mxfp4Multiplier(__byte_perm(sc[c][h], 0, 0x4440u | u)));
               }
             }
           } else {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
 #pragma unroll
-              for (int h = 0; h < 2; ++h) w[c][h] = DecodeMxfp4x8(word(c, h), __byte_perm(sc[c][h], 0, 0x4440u | u));
+              for (int h = 0; h < 2; ++h) {
+                w[c][h] = DecodeMxfp4x8<kTiled>(word(c, h), __byte_perm(sc[c][h], 0, 0x4440u | u));
+              }
             }
           }
 #pragma unroll
@@ -1098,7 +1123,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            qp[c][h] += kRoundK / 2;
+            qp[c][h] += kTiled ? 1024 : kRoundK / 2;
             sp[c][h] += kRoundK / 32;
           }
         }
@@ -1136,8 +1161,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
       for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{}, tiled);
       if (kb < k_end) round(kb, std::false_type{}, tiled);
     };
-    if (kFmt == kBf16 && args.tiled) {
-      if constexpr (kFmt == kBf16) rounds(std::true_type{});  // MXFP4 codes are never tiled
+    if (args.tiled) {
+      rounds(std::true_type{});
     } else {
       rounds(std::false_type{});
     }
@@ -1311,6 +1336,32 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   LaunchPdl("MoeCombine", MoeCombineSplitsKernel, combine_grid, dim3(kCombineThreads), 0, s,
             static_cast<const float*>(dn_part), p.down.splits, p.n, g.pos, weights, k, De, out);
   CheckLaunch("MoeCombine");
+}
+
+// Word i of the tiled codes ← its row-major word, bits in the tiled order (mxfp4_tiled.cuh):
+// tile i / 256 (16 rows × 128 k, k-fastest), and inside it (half, row, t, step) as the decode
+// kernel's lanes load them.
+__global__ void TileMxfp4CodesKernel(const uint32_t* __restrict__ src, uint32_t* __restrict__ dst, int64_t n,
+                                     int64_t k) {
+  const int64_t words = n * k / 8, rounds = k / 128;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < words; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tile = i / 256, w = i % 256;
+    const int64_t row = tile / rounds * 16 + w / 128 * 8 + w / 16 % 8;
+    const int64_t kk = tile % rounds * 128 + w % 4 * 32 + w / 4 % 4 * 8;
+    dst[i] = Mxfp4TileWord(src[(row * k + kk) / 8]);
+  }
+}
+
+void TileMxfp4Codes(const void* codes, void* tiled, int64_t n, int64_t k, cudaStream_t s) {
+  if (!Mxfp4Tileable(n, k) || reinterpret_cast<uintptr_t>(codes) % 16 != 0 || reinterpret_cast<uintptr_t>(tiled) % 16 != 0) {
+    std::fprintf(stderr, "kimirt: TileMxfp4Codes needs n %% 16 == 0, k %% 128 == 0 and 16-byte aligned buffers, "
+                         "got n=%lld k=%lld\n", static_cast<long long>(n), static_cast<long long>(k));
+    std::abort();
+  }
+  const int64_t words = n * k / 8;
+  TileMxfp4CodesKernel<<<static_cast<unsigned>(std::min<int64_t>((words + 255) / 256, 65536)), 256, 0, s>>>(
+      static_cast<const uint32_t*>(codes), static_cast<uint32_t*>(tiled), n, k);
+  CheckLaunch("TileMxfp4Codes");
 }
 
 void DequantizeMxfp4(const uint8_t* codes, const uint8_t* scales, int64_t n, float* out, cudaStream_t s) {

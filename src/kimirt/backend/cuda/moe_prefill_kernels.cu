@@ -120,10 +120,10 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
   if constexpr (kMxfp4) {
     const int j = threadIdx.x >> 1;
     const int64_t r = i0 + (j % kGluCols);
-    tc::BRowsMxfp4 b{nullptr, nullptr};
+    tc::BRowsMxfp4 b{nullptr, nullptr, w.tiled};
     if (r < I) {
       const bool up = j >= kGluCols;
-      b.codes = static_cast<const uint8_t*>((up ? w.up : w.gate)[t.e]) + r * (De / 2);
+      b.codes = static_cast<const uint8_t*>((up ? w.up : w.gate)[t.e]) + (w.tiled ? Mxfp4TiledRow(r, De) : r * (De / 2));
       b.scales = (up ? w.up_scales : w.gate_scales)[t.e] + r * (De / 32);
     }
     tc::TileMma<true, true>(smem, a_rows, b, De, zb, acc);
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
 template <bool kMxfp4>
 __global__ void __launch_bounds__(tc::kThreads, 2)
     MoeDownKernel(const uint16_t* h, int64_t De, int64_t I, Schedule sc, const void* const* w2,
-                  const uint8_t* const* s2, float* grouped) {
+                  const uint8_t* const* s2, bool codes_tiled, float* grouped) {
   extern __shared__ __align__(128) uint8_t smem[];
   Tile t;
   if (!TileOf(sc, t)) return;
@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(tc::kThreads, 2)
   float acc[4][4][4];
   if constexpr (kMxfp4) {
     const int64_t d = d0 + (threadIdx.x >> 1);
-    tc::BRowsMxfp4 b{nullptr, nullptr};
+    tc::BRowsMxfp4 b{nullptr, nullptr, codes_tiled};
     if (d < De) {
-      b.codes = static_cast<const uint8_t*>(w2[t.e]) + d * (I / 2);
+      b.codes = static_cast<const uint8_t*>(w2[t.e]) + (codes_tiled ? Mxfp4TiledRow(d, I) : d * (I / 2));
       b.scales = s2[t.e] + d * (I / 32);
     }
     tc::TileMma<true, false>(smem, a_rows, b, I, h, acc);
@@ -297,7 +297,7 @@ template <bool kMxfp4>
 void Launch(const uint16_t* zb, int64_t De, int64_t I, const Schedule& sc, int64_t ub, const ExpertPointerTable& w,
             int kind, float beta, bool has_linear_beta, float linear_beta, uint16_t* h, float* grouped, cudaStream_t s) {
   // BF16 experts on wgmma unless KIMIRT_PREFILL_GEMM_WGMMA=0 (read once, as PrefillGemm's switch);
-  // decode-tiled ones always (the mma.sync tile reads row-major weights only).
+  // decode-tiled ones always (the mma.sync tile reads row-major BF16 weights only; MXFP4 codes either way).
   static const bool wgmma_tiles = EnvSwitchOn("KIMIRT_PREFILL_GEMM_WGMMA");
   if (!kMxfp4 && (wgmma_tiles || w.tiled)) {
     static std::atomic<uint64_t> configured[4] = {};  // per kernel: per device
@@ -323,7 +323,7 @@ void Launch(const uint16_t* zb, int64_t De, int64_t I, const Schedule& sc, int64
                                                                 linear_beta, h);
   CheckLaunch("MoeGateUp");
   const dim3 down_grid(static_cast<unsigned>((De + tc::kBN - 1) / tc::kBN), static_cast<unsigned>(ub));
-  MoeDownKernel<kMxfp4><<<down_grid, tc::kThreads, smem, s>>>(h, De, I, sc, w.down, w.down_scales, grouped);
+  MoeDownKernel<kMxfp4><<<down_grid, tc::kThreads, smem, s>>>(h, De, I, sc, w.down, w.down_scales, w.tiled, grouped);
   CheckLaunch("MoeDown");
 }
 

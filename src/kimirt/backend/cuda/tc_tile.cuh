@@ -29,6 +29,7 @@
 
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
+#include "kimirt/backend/cuda/mxfp4_tiled.cuh"
 
 namespace kimirt::cuda::tc {
 
@@ -100,6 +101,25 @@ __device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t codes, float scale) {
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+// The same of 8 codes in mxfp4_tiled.cuh's bit order: each code's bits read from where the
+// decode kernel's placement puts them (sign at 15, the rest at 8..6 of its half of A word e % 4).
+__device__ __forceinline__ uint4 DecodeMxfp4TiledX8(uint32_t codes, float scale) {
+  const Mxfp4Placed p = Mxfp4PlaceTiled(codes);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t half[2];
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const int e = 2 * i + o;
+      const uint32_t b = p.a[e % 4] >> (16 * (e / 4));  // element e's placed BF16 bits
+      const uint32_t code = ((b >> 12) & 8u) | ((b >> 6) & 7u);
+      half[o] = __float_as_uint(E2M1ToFloat(code) * scale) >> 16;
+    }
+    w[i] = half[0] | (half[1] << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // Where a block's b tile comes from. BF16: rows[i] is the global row of tile row
 // (tid / 8 + 32 i) (null: a row past the weight, zeros), k contiguous. MXFP4: the codes and
@@ -111,6 +131,8 @@ struct BRowsBf16 {
 struct BRowsMxfp4 {
   const uint8_t* codes;
   const uint8_t* scales;
+  // codes tiled (mxfp4_tiled.cuh): `codes` is the row's base (Mxfp4TiledRow), k's part added.
+  bool tiled = false;
 };
 
 // acc (a warp's 4 × 4 MMA tiles, [m tile][n tile][fragment]) = Σ over k tiles of a_tile · b_tileᵀ.
@@ -152,8 +174,13 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
       const int group = tid & 1;
       const int64_t k = kt * kBK + group * 32;
       const bool ok = b.codes != nullptr && k < kp;
-      CpAsync16(SharedAddr(b_base + slot * kRawBytes + (tid >> 1) * (kBK / 2) + group * 16), ok ? b.codes + k / 2 : any,
-                ok);
+      const uint32_t raw = SharedAddr(b_base + slot * kRawBytes + (tid >> 1) * (kBK / 2) + group * 16);
+      if (b.tiled) {  // the group's 4 words lie 16 bytes apart (one per lane t of the decode)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) CpAsync4(raw + 4 * q, ok ? b.codes + Mxfp4TiledK(k + 8 * q) : any, ok);
+      } else {
+        CpAsync16(raw, ok ? b.codes + k / 2 : any, ok);
+      }
       if (ok) scale = __ldg(b.scales + k / 32);
     } else {
       const uint32_t b_s = SharedAddr(b_base + slot * kTileBytes);
@@ -185,7 +212,8 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
-        *reinterpret_cast<uint4*>(b_dec + Swz(r, group * 4 + wd)) = DecodeMxfp4x8(words[wd], scale);
+        *reinterpret_cast<uint4*>(b_dec + Swz(r, group * 4 + wd)) =
+            b.tiled ? DecodeMxfp4TiledX8(words[wd], scale) : DecodeMxfp4x8(words[wd], scale);
       }
 #pragma unroll
       for (int s = 0; s + 1 < kStages - 1; ++s) scale_ring[s] = scale_ring[s + 1];
