@@ -18,26 +18,18 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 - "$repo/src/kimirt/backend/cuda" "$work/kernel_host.cpp" <<'PY'
+python3 - "$repo/src/kimirt/backend/cuda" "$work/kernel_host.cpp" "$here/decode_gemm_group_emulation" <<'PY'
 import sys
 cuda_dir, out = sys.argv[1], sys.argv[2]
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, sys.argv[3])
+from mma_host import host_ldmatrix_mma
 def cut(s, start, end_marker, repl):
     a = s.index(start)
     b = s.index(end_marker, a) + len(end_marker)
     return s[:a] + repl + s[b:]
 # ldmatrix_mma.cuh without its PTX: the shim's emulated ldmatrix (.trans) and MMA instead.
-header = open(cuda_dir + "/ldmatrix_mma.cuh").read().replace("#pragma once\n", "")
-for fn in ("unsigned SmemAddr(", "void Ldmatrix4(", "void Ldmatrix4Trans(", "void Mma("):
-    header = cut(header, "__device__ __forceinline__ " + fn, "\n}\n", "")
-header = header.replace("}  // namespace kimirt::cuda", """\
-inline void Ldmatrix4(unsigned (&r)[4], const void* p) { EmuLdMatrixX4(r, p); }
-inline void Ldmatrix4Trans(unsigned (&r)[4], const void* p) { EmuLdMatrixX4Trans(r, p); }
-inline void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  const uint32_t b[2] = {b0, b1};
-  EmuMma(d, a, b);
-}
-}  // namespace kimirt::cuda""")
-assert "asm" not in header
+header = host_ldmatrix_mma(cuda_dir)
 # cp.async as plain copies (the data is there at once: stronger than the device's ordering, so
 # this checks what is copied where, not the wait_group placement).
 cp_async = """namespace kimirt::cuda {

@@ -1,6 +1,8 @@
-"""mma_bf16.cuh as host C++, for the emulations of the kernels that include it
-(../decode_gemm_group_emulate.sh, ../moe_decode_emulate.sh): its inline PTX MMA replaced by
-../kda_chunk_emulation/shim.h's EmuMma, its streaming load and L2 prefetch by the caller's."""
+"""mma_bf16.cuh and ldmatrix_mma.cuh as host C++, for the emulations of the kernels that include
+them (../decode_gemm_group_emulate.sh, ../moe_decode_emulate.sh; ../mla_decode_emulate.sh,
+../tc_tile_emulate.sh): their inline PTX MMA and ldmatrix replaced by
+../kda_chunk_emulation/shim.h's EmuMma and EmuLdMatrixX4(Trans), mma_bf16.cuh's streaming load
+and L2 prefetch by the caller's."""
 
 
 def cut(s, start, repl):
@@ -25,3 +27,20 @@ def host_mma(cuda_dir, load_streaming, prefetch_l2):
               "EmuMma(d, a, b); }\n")
     assert "asm" not in mma
     return mma
+
+
+def host_ldmatrix_mma(cuda_dir):
+    """ldmatrix_mma.cuh's text without its PTX: the shim's emulated ldmatrix (.trans) and MMA."""
+    header = open(cuda_dir + "/ldmatrix_mma.cuh").read().replace("#pragma once\n", "")
+    for fn in ("unsigned SmemAddr(", "void Ldmatrix4(", "void Ldmatrix4Trans(", "void Mma("):
+        header = cut(header, "__device__ __forceinline__ " + fn, "")
+    header = header.replace("}  // namespace kimirt::cuda", """\
+inline void Ldmatrix4(unsigned (&r)[4], const void* p) { EmuLdMatrixX4(r, p); }
+inline void Ldmatrix4Trans(unsigned (&r)[4], const void* p) { EmuLdMatrixX4Trans(r, p); }
+inline void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const uint32_t b[2] = {b0, b1};
+  EmuMma(d, a, b);
+}
+}  // namespace kimirt::cuda""")
+    assert "asm" not in header
+    return header
