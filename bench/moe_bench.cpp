@@ -36,9 +36,9 @@ namespace kimirt {
 namespace {
 
 // An environment switch's value as the run saw it, for the JSON ("" when unset).
-std::string EnvOr(const char* name, const char* unset) {
+std::string EnvValue(const char* name) {
   const char* v = std::getenv(name);
-  return v != nullptr ? v : unset;
+  return v != nullptr ? v : "";
 }
 
 struct Config {
@@ -200,8 +200,8 @@ int Run(int argc, char** argv) {
                                  {"intermediate", c.inter},
                                  {"top_k", c.top_k},
                                  {"weights", c.mxfp4 ? "MXFP4" : "BF16"},
-                                 {"decode_tiled_env", EnvOr("KIMIRT_DECODE_TILED", "")},
-                                 {"mxfp4_tiled_env", EnvOr("KIMIRT_MXFP4_TILED", "")},
+                                 {"decode_tiled_env", EnvValue("KIMIRT_DECODE_TILED")},
+                                 {"mxfp4_tiled_env", EnvValue("KIMIRT_MXFP4_TILED")},
                                  {"expert_bytes", expert_bytes},
                                  {"router_bytes", router.nbytes()},
                                  {"points", nlohmann::ordered_json::array()}};

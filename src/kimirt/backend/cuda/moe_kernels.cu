@@ -907,8 +907,9 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
 // K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
 // Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers), 4 (≤ 128) for one
 // tile, the decode's case: ncu found the MXFP4 kernel latency-bound at 3 warps a scheduler.
-// ptxas -v, sm_90a: 1 tile 128 registers, 2 and 4 tiles 148-168; up to 44 bytes spilled, none inside
-// the round loops (the SASS).
+// ptxas -v, sm_90a: 1 tile 128 registers, 2 and 4 tiles 148-168; BF16 up to 20 bytes spilled,
+// MXFP4 up to 112 (its tiled and row-major round loops side by side), none inside a round loop
+// (the SASS).
 constexpr int kMmaMinBlocks = 3;
 
 struct MmaArgs {
@@ -1338,17 +1339,13 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   CheckLaunch("MoeCombine");
 }
 
-// Word i of the tiled codes ← its row-major word, bits in the tiled order (mxfp4_tiled.cuh):
-// tile i / 256 (16 rows × 128 k, k-fastest), and inside it (half, row, t, step) as the decode
-// kernel's lanes load them.
-__global__ void TileMxfp4CodesKernel(const uint32_t* __restrict__ src, uint32_t* __restrict__ dst, int64_t n,
+// Row-major word i (codes row, kk .. kk+7) → its place and bit order in mxfp4_tiled.cuh's layout.
+__global__ void TileMxfp4CodesKernel(const uint32_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t n,
                                      int64_t k) {
-  const int64_t words = n * k / 8, rounds = k / 128;
+  const int64_t words = n * k / 8;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < words; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t tile = i / 256, w = i % 256;
-    const int64_t row = tile / rounds * 16 + w / 128 * 8 + w / 16 % 8;
-    const int64_t kk = tile % rounds * 128 + w % 4 * 32 + w / 4 % 4 * 8;
-    dst[i] = Mxfp4TileWord(src[(row * k + kk) / 8]);
+    const int64_t row = i / (k / 8), kk = i % (k / 8) * 8;
+    *reinterpret_cast<uint32_t*>(dst + Mxfp4TiledRow(row, k) + Mxfp4TiledK(kk)) = Mxfp4TileWord(src[i]);
   }
 }
 
@@ -1360,7 +1357,7 @@ void TileMxfp4Codes(const void* codes, void* tiled, int64_t n, int64_t k, cudaSt
   }
   const int64_t words = n * k / 8;
   TileMxfp4CodesKernel<<<static_cast<unsigned>(std::min<int64_t>((words + 255) / 256, 65536)), 256, 0, s>>>(
-      static_cast<const uint32_t*>(codes), static_cast<uint32_t*>(tiled), n, k);
+      static_cast<const uint32_t*>(codes), static_cast<uint8_t*>(tiled), n, k);
   CheckLaunch("TileMxfp4Codes");
 }
 

@@ -51,18 +51,11 @@ KIMIRT_MXFP4_TILED_FN int Mxfp4TiledBit(int j, int p) {
 // Element e's code bit b (0 mantissa, 1 and 2 exponent, 3 sign) → its P bit in A word e % 4.
 KIMIRT_MXFP4_TILED_FN int Mxfp4PlacedBit(int e, int b) { return (b == 3 ? 15 : 6 + b) + 16 * (e / 4); }
 
-// A row-major word of 8 codes (element e in bits 4e..4e+3) in the tiled bit order, and back.
+// A row-major word of 8 codes (element e in bits 4e..4e+3) in the tiled bit order (at load).
 KIMIRT_MXFP4_TILED_FN uint32_t Mxfp4TileWord(uint32_t w) {
   uint32_t r = 0;
   for (int e = 0; e < 8; ++e) {
     for (int b = 0; b < 4; ++b) r |= ((w >> (4 * e + b)) & 1u) << Mxfp4TiledBit(e % 4, Mxfp4PlacedBit(e, b));
-  }
-  return r;
-}
-KIMIRT_MXFP4_TILED_FN uint32_t Mxfp4UntileWord(uint32_t w) {
-  uint32_t r = 0;
-  for (int e = 0; e < 8; ++e) {
-    for (int b = 0; b < 4; ++b) r |= ((w >> Mxfp4TiledBit(e % 4, Mxfp4PlacedBit(e, b))) & 1u) << (4 * e + b);
   }
   return r;
 }
@@ -84,6 +77,19 @@ struct Mxfp4Placed {
 KIMIRT_MXFP4_TILED_FN Mxfp4Placed Mxfp4PlaceTiled(uint32_t w) {
   return {{w & kMxfp4PlacedMask, Mxfp4RotateRight(w, 4) & kMxfp4PlacedMask, Mxfp4RotateRight(w, 10) & kMxfp4PlacedMask,
            (Mxfp4RotateRight(w, 30) & kMxfp4Word3Rot2) | (Mxfp4RotateRight(w, 22) & kMxfp4Word3Rot10)}};
+}
+
+// A tiled word back in row-major order, read from where the placement puts each code (sign at
+// 15, exponent and mantissa at 8..6 of its half of A word e % 4): the prefill tile's decode, and
+// (against Mxfp4TileWord) the check that the placement and the stored order agree.
+KIMIRT_MXFP4_TILED_FN uint32_t Mxfp4UntileWord(uint32_t w) {
+  const Mxfp4Placed p = Mxfp4PlaceTiled(w);
+  uint32_t r = 0;
+  for (int e = 0; e < 8; ++e) {
+    const uint32_t b = p.a[e % 4] >> (16 * (e / 4));
+    r |= (((b >> 12) & 8u) | ((b >> 6) & 7u)) << (4 * e);
+  }
+  return r;
 }
 
 // Whether an [n, k] weight's codes can be tiled.

@@ -101,25 +101,6 @@ __device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t codes, float scale) {
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
-// The same of 8 codes in mxfp4_tiled.cuh's bit order: each code's bits read from where the
-// decode kernel's placement puts them (sign at 15, the rest at 8..6 of its half of A word e % 4).
-__device__ __forceinline__ uint4 DecodeMxfp4TiledX8(uint32_t codes, float scale) {
-  const Mxfp4Placed p = Mxfp4PlaceTiled(codes);
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t half[2];
-#pragma unroll
-    for (int o = 0; o < 2; ++o) {
-      const int e = 2 * i + o;
-      const uint32_t b = p.a[e % 4] >> (16 * (e / 4));  // element e's placed BF16 bits
-      const uint32_t code = ((b >> 12) & 8u) | ((b >> 6) & 7u);
-      half[o] = __float_as_uint(E2M1ToFloat(code) * scale) >> 16;
-    }
-    w[i] = half[0] | (half[1] << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // Where a block's b tile comes from. BF16: rows[i] is the global row of tile row
 // (tid / 8 + 32 i) (null: a row past the weight, zeros), k contiguous. MXFP4: the codes and
@@ -213,7 +194,7 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
         *reinterpret_cast<uint4*>(b_dec + Swz(r, group * 4 + wd)) =
-            b.tiled ? DecodeMxfp4TiledX8(words[wd], scale) : DecodeMxfp4x8(words[wd], scale);
+            DecodeMxfp4x8(b.tiled ? Mxfp4UntileWord(words[wd]) : words[wd], scale);  // tiled: mxfp4_tiled.cuh's bits
       }
 #pragma unroll
       for (int s = 0; s + 1 < kStages - 1; ++s) scale_ring[s] = scale_ring[s + 1];
