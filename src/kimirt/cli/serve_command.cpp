@@ -143,6 +143,11 @@ int RunServeCommand(int argc, char** argv) {
   f.Int("pp-micro-batches", &pp_micro_batches,
         "with -pp: micro-batches a decode step splits into, in flight through the stages (0: one per stage; "
         "more where the backend's row invariance needs them, on the CPU one per sequence)");
+  int steps_in_flight = 0;
+  f.Int("steps-in-flight", &steps_in_flight,
+        "with -pp: engine steps in flight, the next entering the first stage while the later stages run this "
+        "one (docs/distributed.md \"Steps in flight\"; 0: one per stage, 1: a step at a time); CPU thread ranks "
+        "so far, else 1");
   bool expert_parallel = false;
   f.Bool("enable-expert-parallel", &expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
@@ -280,6 +285,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.tp = tp;
   ro.pp = pp;
   ro.pp_micro_batches = pp_micro_batches;
+  ro.steps_in_flight = steps_in_flight;
   ro.ep = expert_parallel ? tp : 1;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;

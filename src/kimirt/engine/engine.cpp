@@ -5,13 +5,15 @@
 // A step: the Scheduler plans it (admission, the work under the token budget, block
 // reservation and preemption: scheduler.h); the loop forwards the plan (one-token forwards
 // batched where the runner allows, prefill chunks one sequence at a time; on pipeline stages the
-// whole step in one call, one flow through the stages), scores prompt
+// whole step in one call, one flow through the stages, and with steps in flight the next step
+// planned and submitted before this one's outputs are taken), scores prompt
 // logprobs, samples where a sequence has caught up, and hands each token to the request's
 // OutputProcessor (text, stop conditions, events: output_processor.h).
 #include "kimirt/engine/engine.h"
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -78,7 +80,9 @@ class EngineImpl final : public Engine {
   EngineImpl(ModelRunner& runner, const Tokenizer* tokenizer, EngineOptions o, EngineTestHooks hooks)
       : runner_(runner), opt_(o), hooks_(std::move(hooks)),
         cache_(MakePrefixCache(runner, o)),
-        scheduler_(runner, SchedulerOptions{o.max_num_seqs, o.max_num_batched_tokens, o.prefill_chunk}, cache_.get()) {
+        scheduler_(runner,
+                   SchedulerOptions{o.max_num_seqs, o.max_num_batched_tokens, o.prefill_chunk, runner.steps_in_flight()},
+                   cache_.get()) {
     out_context_.tokenizer = tokenizer;
     out_context_.eos_token_ids = runner_.config().eos_token_ids;
     out_context_.max_model_len = opt_.max_model_len;
@@ -158,6 +162,7 @@ class EngineImpl final : public Engine {
         if (stopping_ && (!drain_ || (requests_.empty() && incoming.empty()))) {
           lock.unlock();
           for (EngineRequest& r : incoming) Enqueue(std::move(r));
+          while (!in_flight_.empty()) CollectStep();  // their requests end after their outputs
           AbortAll();
           return;
         }
@@ -184,15 +189,12 @@ class EngineImpl final : public Engine {
   // --- Executing the scheduler's plan ---
 
   void Step() {
-    const StepPlan plan = scheduler_.Schedule();
-    for (Sequence* s : plan.preempted) {
-      // Unsent prompt logprobs are scored again by the recomputation; once sent, the
-      // recomputation may resume from the prefix cache like any other.
-      OutputProcessor& out = requests_.at(s->id)->output;
-      out.DiscardPromptLogprobs();
-      s->use_prefix_cache = !out.wants_prompt_logprobs();
+    if (runner_.steps_in_flight() > 1) {
+      OverlappedStep();
+      return;
     }
-    for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
+    const StepPlan plan = scheduler_.Schedule();
+    TakeDeparted(plan);
     // Where the runner overlaps a step's work (pipeline stages: ModelRunner::step_in_flight), the
     // decodes and the prefill chunks go in one call, one flow through the stages (a lone forward
     // stays a plain one). Otherwise one-token forwards together where the runner can batch them
@@ -208,6 +210,18 @@ class EngineImpl final : public Engine {
       for (const StepPlan::Chunk& c : plan.prefills) Forward(*requests_.at(c.seq->id), c.size());
     }
     ++stats_steps_;
+  }
+
+  // The plan's preempted and exhausted sequences.
+  void TakeDeparted(const StepPlan& plan) {
+    for (Sequence* s : plan.preempted) {
+      // Unsent prompt logprobs are scored again by the recomputation; once sent, the
+      // recomputation may resume from the prefix cache like any other.
+      OutputProcessor& out = requests_.at(s->id)->output;
+      out.DiscardPromptLogprobs();
+      s->use_prefix_cache = !out.wants_prompt_logprobs();
+    }
+    for (const StepPlan::Exhausted& e : plan.exhausted) FinishExhausted(*requests_.at(e.seq->id), e.tokens);
   }
 
   // r's next forward of n tokens as a runner chunk (its argmax request in `argmax`).
@@ -250,28 +264,93 @@ class EngineImpl final : public Engine {
 
   // A step's decodes and prefill chunks in one runner call (ModelRunner::ForwardStep: on pipeline
   // stages one flow). Each computes exactly as alone: the sequences are distinct, so each one's
-  // state after its forward is the same whatever ran beside it. The results are taken in the
-  // order separate calls gave them: the decodes' samples, then each chunk's prefix-cache entry
-  // and outputs, in plan order. A failing call ends every request it covered with its error
-  // (nothing ran: the call is all or nothing), as a failing decode batch or chunk did alone.
+  // state after its forward is the same whatever ran beside it.
   void ForwardStep(std::span<Sequence* const> decodes, std::span<const StepPlan::Chunk> plan) {
-    DecodeBatch d = DecodeBatchOf(decodes);
-    std::vector<Request*> reqs;
-    std::vector<ArgmaxRequest> argmax(plan.size());
+    const std::unique_ptr<RunnerStep> step = RunnerStepOf(decodes, plan);
+    StepForwarded(*step, runner_.ForwardStep(step->decodes(), step->chunks));
+  }
+
+  // A step as the runner takes it: the decode batch and the chunks (pointing into `argmax` and
+  // the sequences' tokens), and the requests they belong to.
+  struct RunnerStep {
+    DecodeBatch d;
+    std::vector<Request*> reqs;         // the chunks'
+    std::vector<int64_t> sizes;         // the chunks' tokens
+    std::vector<ArgmaxRequest> argmax;  // the chunks'
     std::vector<ModelRunner::Chunk> chunks;
+    ModelRunner::Decodes decodes() { return ModelRunner::Decodes{d.handles, d.ids, &d.argmax}; }
+  };
+  std::unique_ptr<RunnerStep> RunnerStepOf(std::span<Sequence* const> decodes, std::span<const StepPlan::Chunk> plan) {
+    auto step = std::make_unique<RunnerStep>();
+    step->d = DecodeBatchOf(decodes);
+    step->argmax.resize(plan.size());  // sized once: the chunks point into it
     for (size_t i = 0; i < plan.size(); ++i) {
-      reqs.push_back(requests_.at(plan[i].seq->id).get());
-      chunks.push_back(ChunkOf(*reqs.back(), plan[i].size(), &argmax[i]));
+      step->reqs.push_back(requests_.at(plan[i].seq->id).get());
+      step->sizes.push_back(plan[i].size());
+      step->chunks.push_back(ChunkOf(*step->reqs.back(), step->sizes.back(), &step->argmax[i]));
     }
-    Result<ModelRunner::StepLogits> logits =
-        runner_.ForwardStep(ModelRunner::Decodes{d.handles, d.ids, &d.argmax}, chunks);
+    return step;
+  }
+  // A step's results, taken in the order separate calls gave them: the decodes' samples, then
+  // each chunk's prefix-cache entry and outputs, in plan order. A failed step ends every request
+  // it covered with its error (nothing ran: the runner's step is all or nothing), as a failing
+  // decode batch or chunk did alone.
+  void StepForwarded(RunnerStep& step, const Result<ModelRunner::StepLogits>& logits) {
     if (!logits.ok()) {
-      for (Request* r : d.reqs) Finish(*r, FinishReason::kError, logits.status());
-      for (Request* r : reqs) Finish(*r, FinishReason::kError, logits.status());
+      for (Request* r : step.d.reqs) Finish(*r, FinishReason::kError, logits.status());
+      for (Request* r : step.reqs) Finish(*r, FinishReason::kError, logits.status());
       return;
     }
-    if (!d.reqs.empty()) DecodesForwarded(d, logits->decode);
-    for (size_t i = 0; i < plan.size(); ++i) Forwarded(*reqs[i], plan[i].size(), logits->chunks[i], argmax[i]);
+    if (!step.d.reqs.empty()) DecodesForwarded(step.d, logits->decode);
+    for (size_t i = 0; i < step.reqs.size(); ++i) {
+      Forwarded(*step.reqs[i], step.sizes[i], logits->chunks[i], step.argmax[i]);
+    }
+  }
+
+  // --- Steps in flight (ModelRunner::steps_in_flight; docs/distributed.md "Steps in flight") ---
+  //
+  // Up to steps_in_flight() steps are submitted before the oldest is collected: while the later
+  // pipeline stages run step n, the loop plans step n + 1 from the sequences not in flight and
+  // its first stage runs it. A sequence is in one step in flight at most (Sequence::in_flight),
+  // so each of its forwards still follows its previous one's outputs, and every call computes
+  // exactly as alone: which sequences share a step depends on timing, no bit does.
+
+  void OverlappedStep() {
+    if (in_flight_.size() < static_cast<size_t>(runner_.steps_in_flight())) {
+      const StepPlan plan = scheduler_.Schedule();
+      TakeDeparted(plan);
+      if (!plan.empty()) {
+        SubmitStep(plan);
+        ++stats_steps_;
+        return;
+      }
+    }
+    if (!in_flight_.empty()) CollectStep();
+  }
+
+  // The runner reads a submitted step's arguments until it is collected: it stays in in_flight_.
+  void SubmitStep(const StepPlan& plan) {
+    std::unique_ptr<RunnerStep> step = RunnerStepOf(plan.decodes, plan.prefills);
+    const Status s = runner_.SubmitStep(step->decodes(), step->chunks);
+    if (!s.ok()) {
+      StepForwarded(*step, s);
+      return;
+    }
+    for (Request* r : step->d.reqs) r->seq.in_flight = true;
+    for (Request* r : step->reqs) r->seq.in_flight = true;
+    in_flight_.push_back(std::move(step));
+  }
+
+  // The oldest step's outputs, as ForwardStep takes them; then the aborts that waited for it.
+  void CollectStep() {
+    const std::unique_ptr<RunnerStep> step = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    for (Request* r : step->d.reqs) r->seq.in_flight = false;
+    for (Request* r : step->reqs) r->seq.in_flight = false;
+    StepForwarded(*step, runner_.CollectStep());
+    std::vector<std::string> aborts;
+    aborts.swap(deferred_aborts_);
+    for (const std::string& id : aborts) AbortById(id);
   }
 
   // After r's forward of n tokens: the prefix cache's entry, then the tokens' outputs.
@@ -449,7 +528,12 @@ class EngineImpl final : public Engine {
 
   void AbortById(const std::string& id) {
     auto it = requests_.find(id);
-    if (it != requests_.end()) Finish(*it->second, FinishReason::kAbort);
+    if (it == requests_.end()) return;
+    if (it->second->seq.in_flight) {
+      deferred_aborts_.push_back(id);  // a stage may still write its blocks: once its step is collected
+      return;
+    }
+    Finish(*it->second, FinishReason::kAbort);
   }
 
   void AbortAll() {
@@ -492,6 +576,8 @@ class EngineImpl final : public Engine {
   Scheduler scheduler_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;  // queued and running, by id
   int64_t stats_steps_ = 0, stats_prompt_tokens_ = 0, stats_generation_tokens_ = 0;
+  std::deque<std::unique_ptr<RunnerStep>> in_flight_;  // submitted, not collected; oldest first
+  std::vector<std::string> deferred_aborts_;            // of requests in flight when aborted
 
   // Shared with other threads, under mu_.
   mutable std::mutex mu_;

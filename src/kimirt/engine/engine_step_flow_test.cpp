@@ -6,11 +6,16 @@
 // and TP 2 × PP 2, on thread and process ranks, with the prefix cache on and off, every request's
 // tokens, logprobs and prompt logprobs equal one rank's (TP 2's) bit for bit, and steps with both
 // decode rows and chunks did go through in one call. A failing one-flow call ends exactly the
-// requests it covered, with its error; the others go on with their bits unchanged.
+// requests it covered, with its error; the others go on with their bits unchanged. Thread ranks
+// run it again with steps in flight (docs/distributed.md "Steps in flight": the next step enters
+// stage 0 while the later stages run this one), where an abort of a request in flight waits for
+// its step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -49,7 +54,10 @@ class StepCountingRunner final : public ModelRunner {
   Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
     return inner_.Forward(h, ids, last_only, argmax);
   }
-  void Release(Handle h) override { inner_.Release(h); }
+  void Release(Handle h) override {
+    for (const std::set<Handle>& step : flying_) released_in_flight += step.count(h);
+    inner_.Release(h);
+  }
   int kv_block_size() const override { return inner_.kv_block_size(); }
   KvCacheDType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
   std::vector<int32_t> BlockTable(Handle h) const override { return inner_.BlockTable(h); }
@@ -71,6 +79,28 @@ class StepCountingRunner final : public ModelRunner {
   }
   bool step_in_flight() const override { return inner_.step_in_flight(); }
   Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    KIMIRT_RETURN_IF_ERROR(Count(decodes, chunks));
+    return inner_.ForwardStep(decodes, chunks);
+  }
+  // Steps in flight: counted as ForwardStep, and the most submitted and not yet collected.
+  int steps_in_flight() const override { return inner_.steps_in_flight(); }
+  Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    KIMIRT_RETURN_IF_ERROR(Count(decodes, chunks));
+    KIMIRT_RETURN_IF_ERROR(inner_.SubmitStep(decodes, chunks));
+    std::set<Handle>& step = flying_.emplace_back(decodes.hs.begin(), decodes.hs.end());
+    for (const Chunk& c : chunks) step.insert(c.h);
+    most_in_flight = std::max(most_in_flight, static_cast<int64_t>(flying_.size()));
+    return Status::Ok();
+  }
+  Result<StepLogits> CollectStep() override {
+    flying_.pop_front();
+    return inner_.CollectStep();
+  }
+  int64_t most_in_flight = 0;
+  int64_t released_in_flight = 0;  // Release calls of a sequence in a step not yet collected
+
+ private:
+  Status Count(const Decodes& decodes, std::span<const Chunk> chunks) {
     if (decodes.hs.empty()) {
       ++chunks_only;
     } else if (!chunks.empty() && ++one_flow == fail_one_flow) {
@@ -78,11 +108,11 @@ class StepCountingRunner final : public ModelRunner {
       for (const Chunk& c : chunks) failed.insert(c.h);
       return Internal("injected failure of a step's one flow");
     }
-    return inner_.ForwardStep(decodes, chunks);
+    return Status::Ok();
   }
 
- private:
   ModelRunner& inner_;
+  std::deque<std::set<Handle>> flying_;  // each step in flight's sequences, oldest first
 };
 
 // Short prompts of 3 to 9 tokens (r0, r3, r6, r9: decoding after one chunk) and longer ones of 8
@@ -114,6 +144,7 @@ std::vector<EngineRequest> Requests() {
 struct FlowRun {
   std::map<std::string, Collector::Result> results;
   int64_t one_flow = 0, chunks_only = 0;
+  int64_t most_in_flight = 0;  // steps submitted and not yet collected, at most
   std::set<ModelRunner::Handle> failed;
 };
 
@@ -157,6 +188,7 @@ FlowRun RunRequests(RunnerOptions ro, bool caching, int64_t fail_one_flow = 0) {
   for (const std::string& id : ids) out.results[id] = c.Get(id);
   out.one_flow = runner.one_flow;
   out.chunks_only = runner.chunks_only;
+  out.most_in_flight = runner.most_in_flight;
   out.failed = runner.failed;
   return out;
 }
@@ -189,14 +221,22 @@ TEST(EngineStepFlow, DecodesAndChunksInOneFlowGiveOneRanksBits) {
     }
     ASSERT_EQ(one.results.at("r4").prompt_logprobs.size(), requests[4].prompt.size() - 1);
     for (int pp : tp == 1 ? std::vector<int>{2, 3} : std::vector<int>{2}) {
-      for (bool processes : {false, true}) {
+      // Thread ranks keep a step per stage in flight by default (steps_in_flight 0); 1: one at a time.
+      for (const auto& [processes, steps] : {std::pair{false, 0}, std::pair{false, 1}, std::pair{true, 0}}) {
         for (bool caching : {false, true}) {
           SCOPED_TRACE("TP" + std::to_string(tp) + " x PP" + std::to_string(pp) + (processes ? " processes" : " threads") +
-                       (caching ? ", prefix cache on" : ", prefix cache off"));
+                       (caching ? ", prefix cache on" : ", prefix cache off") +
+                       (steps == 0 ? ", steps in flight" : ", a step at a time"));
           ro.pp = pp;
           ro.process_ranks = processes;
+          ro.steps_in_flight = steps;
           const FlowRun got = RunRequests(ro, caching);
           EXPECT_GT(got.one_flow, 0) << "no step sent its decodes and chunks in one call";
+          if (!processes && steps == 0) {
+            EXPECT_EQ(got.most_in_flight, pp) << "the engine did not keep a step per stage in flight";
+          } else {
+            EXPECT_LE(got.most_in_flight, 1);
+          }
           for (const EngineRequest& r : requests) {
             SCOPED_TRACE("request " + r.id);
             ExpectSameBits(got.results.at(r.id), one.results.at(r.id));
@@ -230,6 +270,59 @@ TEST(EngineStepFlow, AFailingOneFlowCallEndsExactlyTheRequestsItCovers) {
     ExpectSameBits(result, one.results.at(id));
   }
   EXPECT_EQ(errors, got.failed.size());
+}
+
+// Steps in flight (thread ranks, PP 2): two requests decode in two cohorts, one step each in
+// flight. When x has 4 tokens out its callback aborts y, whose step is then in flight: the abort
+// waits for that step's outputs (the runner never releases a sequence a stage may still write),
+// y ends as aborted, every block comes back, and x's tokens are one rank's, bit for bit.
+TEST(EngineStepFlow, AnAbortOfASequenceInFlightWaitsForItsStep) {
+  KIMIRT_REQUIRE_FILE(TinyA() + "/config.json");
+  auto run = [](RunnerOptions ro, bool abort_y) {
+    std::map<std::string, Collector::Result> out;
+    ro.num_kv_blocks = 64;
+    ro.block_size = 8;
+    auto inner = ModelRunner::Create(TinyA(), ro);
+    EXPECT_TRUE(inner.ok()) << inner.status().ToString();
+    if (!inner.ok()) return std::pair{out, int64_t{-1}};
+    StepCountingRunner runner(**inner);
+    auto engine = Engine::Create(runner, nullptr, EngineOptions{});
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    Collector c;
+    Engine* e = engine->get();
+    int x_tokens = 0;
+    for (const char* id : {"x", "y"}) {
+      EngineRequest r;
+      r.id = id;
+      r.prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+      if (r.id == "y") r.prompt.push_back(5);
+      r.params.temperature = 0;
+      r.params.max_tokens = r.id == "x" ? 12 : 400;
+      r.params.ignore_eos = true;
+      r.params.logprobs = 0;
+      r.on_output = [&, collect = c.Callback(), is_x = r.id == "x"](const RequestOutput& o) {
+        collect(o);
+        if (is_x && abort_y && (x_tokens += static_cast<int>(o.token_ids.size())) == 4) e->Abort("y");
+      };
+      EXPECT_TRUE(e->Submit(std::move(r)).ok());
+    }
+    EXPECT_TRUE(c.Wait(abort_y ? std::vector<std::string>{"x", "y"} : std::vector<std::string>{"x"}));
+    for (int i = 0; i < 1000 && e->Stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(e->Stats().kv_blocks_used, 0);
+    e->Shutdown(false);
+    out["x"] = c.Get("x");
+    out["y"] = c.Get("y");
+    return std::pair{out, runner.released_in_flight};
+  };
+  RunnerOptions one;
+  const auto [want, unused] = run(one, false);
+  RunnerOptions pp2;
+  pp2.pp = 2;
+  const auto [got, released_in_flight] = run(pp2, true);
+  ExpectSameBits(got.at("x"), want.at("x"));
+  EXPECT_EQ(got.at("y").finish, FinishReason::kAbort);
+  EXPECT_LT(got.at("y").tokens.size(), 400u);
+  EXPECT_EQ(released_in_flight, 0) << "a sequence was released while a step holding it was in flight";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -108,12 +109,15 @@ CacheSizes LeastOf(const std::vector<CacheSizes>& sizes) {
 }
 
 // N ranks on N threads. Every call is broadcast: each rank thread runs the same closure on its
-// own Rank; the caller waits for all (the model's collectives already keep them in step).
+// own Rank, every rank its queue of them in order (the model's collectives keep them in step).
+// A forward waits for every rank; the lockstep calls (sequences, blocks, snapshots) and a
+// submitted step (steps in flight) wait for rank 0's part only, their closures owning what they
+// read, so the engine plans the next step while the later stages still run this one.
 class ThreadRanksRunner final : public ModelRunner {
  public:
   ~ThreadRanksRunner() override {
     if (threads_.empty()) return;
-    (void)Broadcast([](Rank&, int) { return Status::Ok(); }, /*quit=*/true);
+    (void)Post([](Rank&, int) { return Status::Ok(); }, Wait::kEveryRank, /*quit=*/true);
     for (std::thread& t : threads_) t.join();
   }
 
@@ -124,6 +128,7 @@ class ThreadRanksRunner final : public ModelRunner {
     r->ranks_.resize(static_cast<size_t>(world));
     r->models_.resize(static_cast<size_t>(world));
     r->backends_.resize(static_cast<size_t>(world));
+    r->queues_.resize(static_cast<size_t>(world));
     // Start-up handshake, shared with the rank threads (which outlive this function).
     struct Sync {
       std::mutex mu;
@@ -175,6 +180,7 @@ class ThreadRanksRunner final : public ModelRunner {
         raw->ranks_[k].model = raw->models_[k].get();
         raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
         raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
+        if (k == 0) raw->steps_in_flight_ = o.pp == 1 ? 1 : (o.steps_in_flight > 0 ? o.steps_in_flight : o.pp);
         {
           std::lock_guard<std::mutex> lock(sync->mu);
           ++sync->made;
@@ -215,14 +221,11 @@ class ThreadRanksRunner final : public ModelRunner {
 
   Handle NewSequence() override {
     const Handle h = next_++;
-    (void)Broadcast([h](Rank& r, int) {
-      r.seqs.emplace(h, r.model->NewSequence(r.kv.get(), r.kda.get()));
-      return Status::Ok();
-    });
+    OnEveryRank([h](Rank& r) { r.seqs.emplace(h, r.model->NewSequence(r.kv.get(), r.kda.get())); });
     return h;
   }
   Status Reserve(Handle h, int64_t tokens) override {
-    return Broadcast([h, tokens](Rank& r, int) { return r.Reserve(h, tokens); });
+    return Post([h, tokens](Rank& r, int) { return r.Reserve(h, tokens); }, Wait::kRankZero);
   }
   Result<Tensor> Forward(Handle h, std::span<const int32_t> ids, bool last_only, ArgmaxRequest* argmax) override {
     return RankZeroLogits(
@@ -239,13 +242,46 @@ class ThreadRanksRunner final : public ModelRunner {
   bool step_in_flight() const override { return models_[0]->stage().pp > 1; }
   Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
     StepLogits out;
-    Status s = Broadcast([&](Rank& r, int rank) -> Status {
+    Status s = Post([&](Rank& r, int rank) -> Status {
       KIMIRT_ASSIGN_OR_RETURN(StepLogits logits, r.ForwardStep(decodes, chunks, rank == 0));
       if (rank == 0) out = std::move(logits);
       return Status::Ok();
-    });
+    }, Wait::kEveryRank);
     if (!s.ok()) return s;
     return out;
+  }
+  // Steps in flight: every rank queues the step's launch (Model::LaunchStep) and the first
+  // stage's TP followers their share of its logits; the caller waits for rank 0's launch only —
+  // stage 0's part of the step — and collects rank 0's logits later, in a job of its own.
+  int steps_in_flight() const override { return steps_in_flight_; }
+  Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    if (steps_in_flight_ == 1) return ModelRunner::SubmitStep(decodes, chunks);
+    auto launched = std::make_shared<StepInFlight>();
+    Status s = Post([decodes, chunks = std::vector<Chunk>(chunks.begin(), chunks.end()), launched](
+                        Rank& r, int rank) -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(StepInFlight step, r.LaunchStep(decodes, chunks, rank == 0));
+      if (rank == 0) {
+        *launched = std::move(step);
+      } else if (r.model->stage().is_first()) {
+        (void)r.CollectStep(step);  // ReceiveLogits: the TP group's share, which rank 0 assembles alone
+      }
+      return Status::Ok();
+    }, Wait::kRankZero);
+    if (!s.ok()) return s;
+    launched_.push_back(std::move(launched));
+    return Status::Ok();
+  }
+  Result<StepLogits> CollectStep() override {
+    if (steps_in_flight_ == 1) return ModelRunner::CollectStep();
+    if (launched_.empty()) return Internal("CollectStep without a step in flight");
+    std::shared_ptr<StepInFlight> step = std::move(launched_.front());
+    launched_.pop_front();
+    auto out = std::make_shared<StepLogits>();
+    (void)Post([step, out](Rank& r, int) {
+      *out = r.CollectStep(*step);
+      return Status::Ok();
+    }, Wait::kRankZero, /*quit=*/false, /*rank_zero_only=*/true);
+    return std::move(*out);
   }
   void Release(Handle h) override {
     OnEveryRank([h](Rank& r) { r.seqs.erase(h); });
@@ -257,13 +293,15 @@ class ThreadRanksRunner final : public ModelRunner {
   std::vector<int32_t> BlockTable(Handle h) const override { return ranks_[0].seqs.at(h).blocks; }
   int32_t kv_block_refs(int32_t b) const override { return ranks_[0].kv->refs(b); }
   void RetainBlocks(std::span<const int32_t> blocks) override {
-    OnEveryRank([blocks](Rank& r) { r.kv->Share(blocks); });
+    OnEveryRank([blocks = std::vector<int32_t>(blocks.begin(), blocks.end())](Rank& r) { r.kv->Share(blocks); });
   }
   void ReleaseBlocks(std::span<const int32_t> blocks) override {
-    OnEveryRank([blocks](Rank& r) { r.kv->FreeBlocks(blocks); });
+    OnEveryRank([blocks = std::vector<int32_t>(blocks.begin(), blocks.end())](Rank& r) { r.kv->FreeBlocks(blocks); });
   }
   void SharePrefix(Handle h, std::span<const int32_t> blocks, int64_t tokens) override {
-    OnEveryRank([&](Rank& r) { r.SharePrefix(h, blocks, tokens); });
+    OnEveryRank([h, blocks = std::vector<int32_t>(blocks.begin(), blocks.end()), tokens](Rank& r) {
+      r.SharePrefix(h, blocks, tokens);
+    });
   }
   SnapshotId SnapshotKda(Handle h) override {
     const SnapshotId id = next_snapshot_++;
@@ -282,60 +320,77 @@ class ThreadRanksRunner final : public ModelRunner {
  private:
   ThreadRanksRunner() = default;
 
-  void OnEveryRank(const std::function<void(Rank&)>& f) {
-    (void)Broadcast([&f](Rank& r, int) {
+  using Job = std::function<Status(Rank&, int)>;
+  // What Post waits for: rank 0's run of a job, or every rank's.
+  enum class Wait { kRankZero, kEveryRank };
+  // One posted job, shared by the rank queues it is on.
+  struct Task {
+    Job job;
+    bool quit = false;
+    int pending = 0;  // ranks that have still to run it
+    bool rank_zero_done = false;
+    Status rank_zero;
+  };
+
+  // A lockstep call: every rank applies `f` to its own state, in order; the caller goes on once
+  // rank 0 has (the other ranks apply it before their next job), so `f` must own what it reads.
+  void OnEveryRank(std::function<void(Rank&)> f) {
+    (void)Post([f = std::move(f)](Rank& r, int) {
       f(r);
       return Status::Ok();
-    });
+    }, Wait::kRankZero);
   }
-  using Job = std::function<Status(Rank&, int)>;
 
   // Runs `forward` on every rank (rank 0 with `argmax`); rank 0's logits.
   Result<Tensor> RankZeroLogits(const std::function<Result<Tensor>(Rank&, ArgmaxRequest*)>& forward,
                                 ArgmaxRequest* argmax) {
     Tensor out;
-    Status s = Broadcast([&](Rank& r, int rank) -> Status {
+    Status s = Post([&](Rank& r, int rank) -> Status {
       KIMIRT_ASSIGN_OR_RETURN(Tensor logits, forward(r, rank == 0 ? argmax : nullptr));
       if (rank == 0) out = std::move(logits);
       return Status::Ok();
-    });
+    }, Wait::kEveryRank);
     if (!s.ok()) return s;
     return out;
   }
 
-  // Runs `job` on every rank; returns rank 0's status (ranks agree: same inputs, same order).
-  Status Broadcast(Job job, bool quit = false) {
+  // Queues `job` behind every rank's earlier ones (rank 0's only: `rank_zero_only`) and waits as
+  // `wait` says; returns rank 0's status (ranks agree: same inputs, same order). A job that the
+  // caller does not wait for on every rank must own what it reads.
+  Status Post(Job job, Wait wait, bool quit = false, bool rank_zero_only = false) {
+    auto task = std::make_shared<Task>();
+    task->job = std::move(job);
+    task->quit = quit;
     std::unique_lock<std::mutex> lock(mu_);
-    job_ = std::move(job);
-    quit_ = quit;
-    done_ = 0;
-    statuses_.assign(static_cast<size_t>(world_), Status::Ok());
-    ++generation_;
+    task->pending = rank_zero_only ? 1 : world_;
+    for (int r = 0; r < (rank_zero_only ? 1 : world_); ++r) queues_[static_cast<size_t>(r)].push_back(task);
     cv_.notify_all();
-    cv_done_.wait(lock, [&] { return done_ == world_; });
-    return statuses_[0];
+    cv_done_.wait(lock, [&] { return wait == Wait::kEveryRank ? task->pending == 0 : task->rank_zero_done; });
+    return task->rank_zero;
   }
 
-  // A rank thread's loop: wait for a job of a new generation, run it, report.
+  // A rank thread's loop: run its queue's jobs in order, report each.
   void Serve(int rank) {
-    uint64_t seen = 0;
+    std::deque<std::shared_ptr<Task>>& queue = queues_[static_cast<size_t>(rank)];
     for (;;) {
-      Job job;
-      bool quit = false;
+      std::shared_ptr<Task> task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        job = job_;
-        quit = quit_;
+        cv_.wait(lock, [&] { return !queue.empty(); });
+        task = std::move(queue.front());
+        queue.pop_front();
       }
-      Status s = quit ? Status::Ok() : job(ranks_[static_cast<size_t>(rank)], rank);
+      Status s = task->quit ? Status::Ok() : task->job(ranks_[static_cast<size_t>(rank)], rank);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        statuses_[static_cast<size_t>(rank)] = std::move(s);
-        if (++done_ == world_) cv_done_.notify_one();
+        if (rank == 0) {
+          task->rank_zero = std::move(s);
+          task->rank_zero_done = true;
+        }
+        --task->pending;
+        cv_done_.notify_all();
       }
-      if (quit) return;
+      if (task->quit) return;
     }
   }
 
@@ -344,17 +399,15 @@ class ThreadRanksRunner final : public ModelRunner {
   std::vector<Rank> ranks_;
   std::vector<std::thread> threads_;
   int world_ = 0;  // ranks: tp × pp
+  int steps_in_flight_ = 1;
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
   CacheSizes sizes_;
+  std::deque<std::shared_ptr<StepInFlight>> launched_;  // rank 0's steps in flight, oldest first
 
   std::mutex mu_;
   std::condition_variable cv_, cv_done_;
-  Job job_;
-  bool quit_ = false;
-  uint64_t generation_ = 0;
-  int done_ = 0;
-  std::vector<Status> statuses_;
+  std::vector<std::deque<std::shared_ptr<Task>>> queues_;  // each rank's jobs, in order
 };
 
 }  // namespace
@@ -375,6 +428,19 @@ Result<ModelRunner::StepLogits> ModelRunner::ForwardStep(const Decodes& decodes,
   return out;
 }
 
+Status ModelRunner::SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) {
+  KIMIRT_ASSIGN_OR_RETURN(StepLogits logits, ForwardStep(decodes, chunks));
+  submitted_.push_back(std::move(logits));
+  return Status::Ok();
+}
+
+Result<ModelRunner::StepLogits> ModelRunner::CollectStep() {
+  if (submitted_.empty()) return Internal("CollectStep without a step in flight");
+  StepLogits out = std::move(submitted_.front());
+  submitted_.pop_front();
+  return out;
+}
+
 Result<std::vector<Tensor>> ModelRunner::ForwardChunks(std::span<const Chunk> chunks) {
   KIMIRT_ASSIGN_OR_RETURN(StepLogits step, ForwardStep(Decodes{}, chunks));
   return std::move(step.chunks);
@@ -388,6 +454,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelSource& sour
   if (o.tp < 1) return InvalidArgument("-tp must be >= 1");
   if (o.pp < 1) return InvalidArgument("-pp must be >= 1");
   if (o.pp_micro_batches < 0) return InvalidArgument("--pp-micro-batches must be >= 0 (0: one per stage)");
+  if (o.steps_in_flight < 0) return InvalidArgument("--steps-in-flight must be >= 0 (0: one per stage)");
   if (o.device == "cpu" && o.matrix_dtype != DType::kF32) {
     return Unsupported("the CPU backend computes with F32 weights (--dtype float32)");
   }

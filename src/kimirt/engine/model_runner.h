@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,6 +37,10 @@ struct RunnerOptions {
   // 0: one per stage). More where the backend's RowInvariantRows needs them (the CPU: one per
   // sequence).
   int pp_micro_batches = 0;
+  // Pipeline stages: steps the engine may keep in flight (docs/distributed.md "Steps in flight"):
+  // the next step enters the first stage while the later stages still run this one. 0: one per
+  // stage; 1: a step at a time. Thread ranks only so far (ModelRunner::steps_in_flight).
+  int steps_in_flight = 0;
   // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
   // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
   int ep = 1;
@@ -178,6 +183,23 @@ class ModelRunner {
   virtual Result<StepLogits> ForwardStep(const Decodes& decodes, std::span<const Chunk> chunks);
   // A step's prefill chunks only: ForwardStep's chunk logits.
   Result<std::vector<Tensor>> ForwardChunks(std::span<const Chunk> chunks);
+
+  // Steps in flight (docs/distributed.md "Steps in flight"): how many steps the engine may have
+  // submitted (SubmitStep) before it collects the oldest (CollectStep). More than 1 only where
+  // the runner overlaps consecutive steps (pipeline stages on thread ranks: the next step's first
+  // stage runs while the later stages finish this one); 1: each step submitted, then collected.
+  virtual int steps_in_flight() const { return 1; }
+  // Starts a step: ForwardStep's arguments, which (their spans, the argmax requests) must stay
+  // valid until its CollectStep returns, and none of whose sequences may be in a step still in
+  // flight. An error means nothing of the step ran; the runner's other calls (Reserve, Release,
+  // the prefix cache's) may come between a submit and its collect, in the order they apply.
+  // The default: ForwardStep at once, its logits kept for CollectStep.
+  virtual Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks);
+  // The oldest submitted step's logits, exactly what its ForwardStep gives.
+  virtual Result<StepLogits> CollectStep();
+
+ private:
+  std::deque<StepLogits> submitted_;  // the default SubmitStep's results, oldest first
 };
 
 }  // namespace kimirt

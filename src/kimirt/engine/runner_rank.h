@@ -60,15 +60,39 @@ struct Rank {
   // (rank 0).
   Result<ModelRunner::StepLogits> ForwardStep(const ModelRunner::Decodes& d, std::span<const ModelRunner::Chunk> chunks,
                                               bool with_argmax) {
-    std::vector<SequenceState*> states;
-    for (ModelRunner::Handle h : d.hs) states.push_back(&seqs.at(h));
-    std::vector<PrefillChunk> pcs;
-    for (const ModelRunner::Chunk& c : chunks) {
-      pcs.push_back(PrefillChunk{&seqs.at(c.h), c.ids, !c.last_only, with_argmax ? c.argmax : nullptr});
-    }
-    KIMIRT_ASSIGN_OR_RETURN(StepLogits step,
-                            model->ForwardStep(DecodeRows{states, d.ids, with_argmax ? d.argmax : nullptr}, pcs));
+    const StepArgs a = ArgsOf(d, chunks, with_argmax);
+    KIMIRT_ASSIGN_OR_RETURN(StepLogits step, model->ForwardStep(a.decode(), a.chunks));
     return ModelRunner::StepLogits{std::move(step.decode), std::move(step.chunks)};
+  }
+  // Steps in flight: Model::LaunchStep of the same, and the first stage's Model::CollectStep.
+  Result<StepInFlight> LaunchStep(const ModelRunner::Decodes& d, std::span<const ModelRunner::Chunk> chunks,
+                                  bool with_argmax) {
+    const StepArgs a = ArgsOf(d, chunks, with_argmax);
+    return model->LaunchStep(a.decode(), a.chunks);
+  }
+  ModelRunner::StepLogits CollectStep(const StepInFlight& launched) {
+    StepLogits step = model->CollectStep(launched);
+    return ModelRunner::StepLogits{std::move(step.decode), std::move(step.chunks)};
+  }
+
+ private:
+  // A step's arguments as the model takes them (pointers into `states` and `chunks`).
+  struct StepArgs {
+    std::vector<SequenceState*> states;
+    std::vector<PrefillChunk> chunks;
+    std::span<const int32_t> ids;
+    ArgmaxRequest* argmax = nullptr;
+    DecodeRows decode() const { return DecodeRows{states, ids, argmax}; }
+  };
+  StepArgs ArgsOf(const ModelRunner::Decodes& d, std::span<const ModelRunner::Chunk> chunks, bool with_argmax) {
+    StepArgs a;
+    for (ModelRunner::Handle h : d.hs) a.states.push_back(&seqs.at(h));
+    for (const ModelRunner::Chunk& c : chunks) {
+      a.chunks.push_back(PrefillChunk{&seqs.at(c.h), c.ids, !c.last_only, with_argmax ? c.argmax : nullptr});
+    }
+    a.ids = d.ids;
+    a.argmax = with_argmax ? d.argmax : nullptr;
+    return a;
   }
 };
 

@@ -44,14 +44,19 @@ StepPlan Scheduler::Schedule() {
   // moving), then prefill chunks in admission order. A chunk that does not fit waits for a later
   // step rather than shrinking: its size must not depend on the load.
   int64_t budget = opt_.max_num_batched_tokens;
+  const int64_t cohorts = std::max<int32_t>(1, opt_.steps_in_flight);
+  int64_t one_token = (static_cast<int64_t>(running_.size()) + cohorts - 1) / cohorts;
   std::vector<StepPlan::Chunk> work;
   for (Sequence* s : running_) {
-    if (NextChunkEnd(*s) - s->computed == 1 && budget >= 1) {
+    if (s->in_flight) continue;
+    if (NextChunkEnd(*s) - s->computed == 1 && budget >= 1 && one_token >= 1) {
       work.push_back({s, s->computed, s->computed + 1});
       budget -= 1;
+      one_token -= 1;
     }
   }
   for (Sequence* s : running_) {
+    if (s->in_flight) continue;
     const StepPlan::Chunk c{s, s->computed, NextChunkEnd(*s)};
     if (c.size() <= 1) continue;
     if (c.size() > budget) continue;
@@ -127,6 +132,7 @@ bool Scheduler::ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan) {
     }
     Sequence* victim = *std::max_element(running_.begin(), running_.end(),
                                          [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+    if (victim->in_flight) return false;  // s waits until the newest is out of flight
     Preempt(victim);
     plan->preempted.push_back(victim);
     if (victim == s) return false;

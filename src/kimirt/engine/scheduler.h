@@ -16,6 +16,11 @@
 // prefix (shared latent blocks and a KDA snapshot); blocks only the cache holds count as free
 // for admission and are evicted, least recently used first, before anything is preempted.
 //
+// Steps in flight: sequences in a step still in flight (Sequence::in_flight) are skipped; when
+// only preempting one of them could make room for a reservation, the sequence that needs it
+// waits for a later step instead (the newest is always the one preempted, so that no bit
+// depends on timing more than it must: preemption itself never changes a bit).
+//
 // A sequence that can never fit (its next forward needs more blocks than the whole pool holds)
 // is not preempted and readmitted forever: it leaves in StepPlan::exhausted, and the step loop
 // ends it naming the limit.
@@ -49,6 +54,10 @@ struct Sequence {
   // Whether admission may resume it from the prefix cache (false when the step loop must see
   // every prompt position, as prompt logprobs do).
   bool use_prefix_cache = true;
+  // In a step still in flight (steps in flight: ModelRunner::steps_in_flight): set by the step
+  // loop when a step takes the sequence, cleared when that step's outputs are taken. Such a
+  // sequence is neither planned nor preempted (a stage may still write its blocks).
+  bool in_flight = false;
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -91,6 +100,11 @@ struct SchedulerOptions {
   int32_t max_num_seqs = 64;               // running sequences (= state slots)
   int32_t max_num_batched_tokens = 10240;  // tokens forwarded per step
   int32_t prefill_chunk = 256;             // fixed prefill chunk, aligned to absolute positions
+  // Steps the step loop keeps in flight (ModelRunner::steps_in_flight). Above 1 a step takes at
+  // most ceil(running / steps_in_flight) one-token forwards, so that a steady decode load falls
+  // into that many cohorts, one per step in flight, instead of all riding one step while the
+  // next finds nothing to do (docs/distributed.md "Steps in flight").
+  int32_t steps_in_flight = 1;
 };
 
 class Scheduler {
@@ -124,7 +138,8 @@ class Scheduler {
   void Admit();
   // Makes s's blocks cover `tokens` positions, evicting unreferenced cached blocks, then
   // preempting the newest running sequence while the pool is short. False when s itself was
-  // the newest and was preempted, or can never fit (then it is in plan->exhausted).
+  // the newest and was preempted, when the newest is in flight (s waits), or when s can never
+  // fit (then it is in plan->exhausted).
   bool ReserveOrPreempt(Sequence* s, int64_t tokens, StepPlan* plan);
   void Preempt(Sequence* s);
   void Release(Sequence* s);  // the runner sequence, if any

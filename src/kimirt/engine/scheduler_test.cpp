@@ -446,5 +446,64 @@ TEST_F(SchedulerTest, RemoveReturnsEverySlotAndBlock) {
   EXPECT_TRUE(scheduler_->Schedule().empty());
 }
 
+// Steps in flight (docs/distributed.md "Steps in flight"): a sequence in a step still in flight
+// is not planned again until the step loop takes its outputs; a step takes at most
+// ceil(running / steps_in_flight) one-token forwards, so a steady decode load splits into that
+// many cohorts; and a reservation that could be met only by preempting an in-flight sequence
+// waits instead (nothing is preempted; the sequence comes back in a later step).
+namespace steps_in_flight {
+
+void Fly(const StepPlan& plan, bool on) {
+  for (Sequence* s : plan.decodes) s->in_flight = on;
+  for (const StepPlan::Chunk& c : plan.prefills) c.seq->in_flight = on;
+}
+
+}  // namespace steps_in_flight
+
+TEST_F(SchedulerTest, StepsInFlightSplitTheDecodesIntoCohortsAndNeverPlanASequenceTwice) {
+  SchedulerOptions o = Options(/*chunk=*/4, /*budget=*/64);
+  o.steps_in_flight = 2;
+  Make(64, o);
+  for (const char* id : {"a", "b", "c", "d", "e"}) Add(id, 4);
+  const StepPlan prefill = scheduler_->Schedule();
+  ASSERT_EQ(prefill.prefills.size(), 5u);  // chunks are not capped, only one-token forwards
+  Execute(prefill);
+  // Five decoding: ceil(5 / 2) = 3 in the first step, while it flies the other two.
+  const StepPlan first = scheduler_->Schedule();
+  EXPECT_EQ(Describe(first), (V{"a[4,5)", "b[4,5)", "c[4,5)"}));
+  steps_in_flight::Fly(first, true);
+  const StepPlan second = scheduler_->Schedule();
+  EXPECT_EQ(Describe(second), (V{"d[4,5)", "e[4,5)"}));
+  steps_in_flight::Fly(second, true);
+  EXPECT_TRUE(scheduler_->Schedule().empty()) << "every sequence is in flight";
+  // The first step's outputs taken: its cohort goes again, the second still flying.
+  steps_in_flight::Fly(first, false);
+  Execute(first);
+  EXPECT_EQ(Describe(scheduler_->Schedule()), (V{"a[5,6)", "b[5,6)", "c[5,6)"}));
+}
+
+TEST_F(SchedulerTest, AReservationThatOnlyAnInFlightSequenceCouldMeetWaits) {
+  // 6 blocks of 4: three 8-token prompts take 2 each and the pool is empty. With c, the newest,
+  // in flight, a's and b's decodes (each needing a third block) wait and nothing is preempted;
+  // once c's step is taken, c is preempted for them as without steps in flight.
+  Make(6, Options(/*chunk=*/8, /*budget=*/64));
+  Sequence* a = Add("a", 8);
+  Add("b", 8);
+  Sequence* c = Add("c", 8);
+  Execute(scheduler_->Schedule());
+  ASSERT_EQ(runner_->kv_blocks_free(), 0);
+  c->in_flight = true;  // as if c's next step were still running
+  const StepPlan waits = scheduler_->Schedule();
+  EXPECT_TRUE(waits.empty()) << Describe(waits).front();
+  EXPECT_TRUE(waits.preempted.empty());
+  EXPECT_EQ(scheduler_->num_preemptions(), 0);
+  EXPECT_TRUE(a->running);
+  EXPECT_TRUE(c->running);
+  c->in_flight = false;
+  const StepPlan after = scheduler_->Schedule();
+  EXPECT_EQ(Describe(after), (V{"a[8,9)", "b[8,9)"}));
+  EXPECT_EQ(Ids(after.preempted), V{"c"});
+}
+
 }  // namespace
 }  // namespace kimirt

@@ -168,14 +168,19 @@ Result<std::vector<Tensor>> Model::ForwardChunks(std::span<const PrefillChunk> c
   return std::move(step.chunks);
 }
 
-Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
-                                      const ForwardOptions& o) {
+Status Model::CheckStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks) {
   if (decode.states.size() != decode.ids.size()) {
     return InvalidArgument("decode batch of " + std::to_string(decode.states.size()) + " sequences and " +
                            std::to_string(decode.ids.size()) + " tokens");
   }
   if (decode.states.empty() && chunks.empty()) return InvalidArgument("a step of no decode rows and no chunks");
   KIMIRT_RETURN_IF_ERROR(DistinctSequences(decode.states, chunks));
+  return Status::Ok();
+}
+
+Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                      const ForwardOptions& o) {
+  KIMIRT_RETURN_IF_ERROR(CheckStep(decode, chunks));
   if (pipelined()) return RunStepInFlight(decode, chunks, o);
   StepLogits out;
   if (!decode.states.empty()) {
@@ -199,7 +204,7 @@ Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const 
 
 // A step in one flow (docs/distributed.md "A step in one flow"): the decode rows split by
 // MicroBatchRows (docs/distributed.md "Micro-batches in flight"), then each prefill chunk, as the
-// calls of one RunInFlight; each call is exactly the Run it would be alone, so no bit changes.
+// calls of one LaunchStep; each call is exactly the Run it would be alone, so no bit changes.
 //
 // Decodes first. On balanced stages the order does not change the step's time: with each call
 // taking the same time on every stage, the flow takes the sum of its calls' stage-times plus
@@ -214,15 +219,25 @@ Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const 
 // and samples), as the two flows had it.
 Result<StepLogits> Model::RunStepInFlight(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
                                           const ForwardOptions& o) {
+  KIMIRT_ASSIGN_OR_RETURN(const StepInFlight step, LaunchStep(decode, chunks, o));
+  return CollectStep(step);
+}
+
+Result<StepInFlight> Model::LaunchStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                       const ForwardOptions& o) {
+  if (!pipelined()) return Unsupported("LaunchStep runs pipeline stages only (-pp > 1)");
+  KIMIRT_RETURN_IF_ERROR(CheckStep(decode, chunks));
   ForwardOptions forms;  // all_logits: each decode row is some sequence's last position
   forms.kda_form = o.kda_form;
   forms.mla_form = o.mla_form;
   std::vector<SequenceRows> calls;
   std::vector<std::span<const int32_t>> ids;
   std::vector<ForwardOptions> each;
-  const int64_t B = static_cast<int64_t>(decode.states.size());
-  if (B > 0) {
-    for (int64_t at = 0; const int64_t n : MicroBatchRows(B, be_.RowInvariantRows(), pipeline_micro_batches())) {
+  StepInFlight step;
+  step.decode_rows = static_cast<int64_t>(decode.states.size());
+  if (step.decode_rows > 0) {
+    for (int64_t at = 0;
+         const int64_t n : MicroBatchRows(step.decode_rows, be_.RowInvariantRows(), pipeline_micro_batches())) {
       SequenceRows rows;
       rows.seqs = decode.states.subspan(static_cast<size_t>(at), static_cast<size_t>(n));
       rows.T = n;
@@ -232,7 +247,7 @@ Result<StepLogits> Model::RunStepInFlight(const DecodeRows& decode, std::span<co
       at += n;
     }
   }
-  const size_t decode_calls = calls.size();
+  step.decode_calls = calls.size();
   // The argmax shortcut stays with one stage (PipelineLogits): every row comes back.
   if (decode.argmax != nullptr) decode.argmax->taken = false;
   for (const PrefillChunk& c : chunks) {
@@ -245,48 +260,43 @@ Result<StepLogits> Model::RunStepInFlight(const DecodeRows& decode, std::span<co
     each.push_back(forms);
     each.back().all_logits = c.all_logits;
   }
-  KIMIRT_ASSIGN_OR_RETURN(std::vector<Tensor> parts, RunInFlight(calls, ids, each));
-  StepLogits out;
-  out.chunks.assign(std::make_move_iterator(parts.begin() + static_cast<std::ptrdiff_t>(decode_calls)),
-                    std::make_move_iterator(parts.end()));
-  if (B == 0 || !stage_.is_first()) return out;
-  const int64_t V = config().vocab_size;
-  out.decode = Tensor::Host({B, V});
-  int64_t row = 0;
-  for (size_t i = 0; i < decode_calls; ++i) {
-    std::copy_n(parts[i].f32(), parts[i].numel(), out.decode.f32() + row * V);
-    row += calls[i].T;
-  }
-  return out;
-}
-
-// In flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the calls in
-// order, each exactly as Run of it alone: receive the state from the stage before, run the
-// stage's layers, send it on, and go straight on to the next — so while stage s + 1 runs call i,
-// stage s already runs i + 1. The last stage keeps each call's logits and sends them to the
-// first once all have run; the first stage receives them after it has sent its last call. No
-// rank ever waits on a message that is sent only after something it has still to send is
-// received, so the order holds even where a Send waits for its Recv (NCCL's point to point):
-// stage 0's sends are taken by stage 1's receives in order, and the logits cross only once every
-// stage is past its last send.
-Result<std::vector<Tensor>> Model::RunInFlight(std::span<const SequenceRows> calls,
-                                               std::span<const std::span<const int32_t>> ids,
-                                               std::span<const ForwardOptions> options) {
-  // All or nothing: every call's checks and blocks before the first runs.
+  // In flight (docs/distributed.md "Micro-batches in flight"). Every stage runs the calls in
+  // order, each exactly as Run of it alone: receive the state from the stage before, run the
+  // stage's layers, send it on, and go straight on to the next — so while stage s + 1 runs call
+  // i, stage s already runs i + 1. The last stage keeps each call's logits and sends them to the
+  // first once all have run; the first stage receives them in CollectStep, after it has sent its
+  // last call. No rank ever waits on a message that is sent only after something it has still
+  // to send is received, so the order holds even where a Send waits for its Recv (NCCL's point
+  // to point): stage 0's sends are taken by stage 1's receives in order, and the logits cross
+  // only once every stage is past its last send. All or nothing: every call's checks and blocks
+  // before the first runs.
   for (size_t i = 0; i < calls.size(); ++i) KIMIRT_RETURN_IF_ERROR(Prepare(calls[i], ids[i]));
-  auto logit_rows = [&](size_t i) { return options[i].all_logits ? calls[i].T : 1; };
   std::vector<Tensor> last_stage_logits;
   for (size_t i = 0; i < calls.size(); ++i) {
-    const Tensor local = Launch(calls[i], ids[i], options[i]);
+    const Tensor local = Launch(calls[i], ids[i], each[i]);
     if (stage_.is_last()) last_stage_logits.push_back(GatherRanks(local));
+    step.logit_rows.push_back(each[i].all_logits ? calls[i].T : 1);
   }
-  std::vector<Tensor> out(calls.size());
-  if (stage_.is_last()) {
-    for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
-    return out;
-  }
+  for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
+  return step;
+}
+
+StepLogits Model::CollectStep(const StepInFlight& step) {
+  StepLogits out;
+  const size_t calls = step.logit_rows.size();
+  out.chunks.resize(calls - step.decode_calls);
   if (!stage_.is_first()) return out;
-  for (size_t i = 0; i < calls.size(); ++i) out[i] = ReceiveLogits(logit_rows(i));
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < calls; ++i) parts.push_back(ReceiveLogits(step.logit_rows[i]));
+  std::move(parts.begin() + static_cast<std::ptrdiff_t>(step.decode_calls), parts.end(), out.chunks.begin());
+  if (step.decode_rows == 0) return out;
+  const int64_t V = config().vocab_size;
+  out.decode = Tensor::Host({step.decode_rows, V});
+  int64_t row = 0;
+  for (size_t i = 0; i < step.decode_calls; ++i) {
+    std::copy_n(parts[i].f32(), parts[i].numel(), out.decode.f32() + row * V);
+    row += step.logit_rows[i];
+  }
   return out;
 }
 

@@ -82,6 +82,15 @@ struct StepLogits {
   std::vector<Tensor> chunks;
 };
 
+// A step launched on a pipeline stage (Model::LaunchStep), as its CollectStep needs it: the
+// logit rows of each call (decode micro-batches first, then the chunks), how many calls are
+// decode micro-batches, and their rows in all.
+struct StepInFlight {
+  std::vector<int64_t> logit_rows;
+  size_t decode_calls = 0;
+  int64_t decode_rows = 0;
+};
+
 class Model {
  public:
   // Loads `source` (a model directory, or a config with random weights) as rank comm.rank() of
@@ -159,6 +168,16 @@ class Model {
   Result<StepLogits> ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
                                  const ForwardOptions& options = {});
 
+  // Steps in flight (docs/distributed.md "Steps in flight"), pipeline stages only: ForwardStep in
+  // two halves. LaunchStep checks and reserves every call, runs this stage's part of each (the
+  // last stage sends the logits on) and returns; then the first stage's CollectStep receives the
+  // step's logits (the other stages' returns undefined tensors at once). A stage may launch step
+  // n + 1 before step n is collected: every stage runs its calls in launch order, and the
+  // logits of step n were sent before anything of step n + 1 on the last stage.
+  Result<StepInFlight> LaunchStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
+                                  const ForwardOptions& options = {});
+  StepLogits CollectStep(const StepInFlight& step);
+
   // Pipeline stages: how many micro-batches a decode step asks for (MicroBatchRows' `wanted`;
   // more where RowInvariantRows needs them). 0, the default: one per stage. Every rank of a run
   // must be given the same.
@@ -188,15 +207,11 @@ class Model {
   Status Prepare(const SequenceRows& rows, std::span<const int32_t> ids);
   Tensor Launch(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o);
   // ForwardStep (and so ForwardDecode and ForwardChunks) on pipeline stages: the decode rows'
-  // micro-batches, then the chunks, as the calls of one RunInFlight.
+  // micro-batches, then the chunks, as the calls of one flow (LaunchStep, then CollectStep).
   Result<StepLogits> RunStepInFlight(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
                                      const ForwardOptions& o);
-  // Pipeline stages: calls[i] with ids[i] and options[i] (all_logits: R = T, else 1) in flight,
-  // each exactly as Run of it alone; the first stage gets each call's host logits [R, vocab],
-  // the others undefined tensors.
-  Result<std::vector<Tensor>> RunInFlight(std::span<const SequenceRows> calls,
-                                          std::span<const std::span<const int32_t>> ids,
-                                          std::span<const ForwardOptions> options);
+  // A step's arguments: as many ids as decode rows, some work, every sequence once.
+  static Status CheckStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks);
   // The layers, final norm and head of a step on the device: this rank's logits [R, V_local].
   Tensor RunLayers(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o, bool paged_decode);
   // This rank's logits [R, V_local] of final-norm output rows head_in [R, D] (spec §4 step 6).
