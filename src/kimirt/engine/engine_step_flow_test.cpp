@@ -6,8 +6,8 @@
 // and TP 2 × PP 2, on thread and process ranks, with the prefix cache on and off, every request's
 // tokens, logprobs and prompt logprobs equal one rank's (TP 2's) bit for bit, and steps with both
 // decode rows and chunks did go through in one call. A failing one-flow call ends exactly the
-// requests it covered, with its error; the others go on with their bits unchanged. Thread ranks
-// run it again with steps in flight (docs/distributed.md "Steps in flight": the next step enters
+// requests it covered, with its error; the others go on with their bits unchanged. CPU ranks
+// (threads and processes) run it again with steps in flight (docs/distributed.md "Steps in flight": the next step enters
 // stage 0 while the later stages run this one), where an abort of a request in flight waits for
 // its step.
 #include <gtest/gtest.h>
@@ -221,8 +221,9 @@ TEST(EngineStepFlow, DecodesAndChunksInOneFlowGiveOneRanksBits) {
     }
     ASSERT_EQ(one.results.at("r4").prompt_logprobs.size(), requests[4].prompt.size() - 1);
     for (int pp : tp == 1 ? std::vector<int>{2, 3} : std::vector<int>{2}) {
-      // Thread ranks keep a step per stage in flight by default (steps_in_flight 0); 1: one at a time.
-      for (const auto& [processes, steps] : {std::pair{false, 0}, std::pair{false, 1}, std::pair{true, 0}}) {
+      // CPU ranks keep a step per stage in flight by default (steps_in_flight 0); 1: one at a time.
+      for (const auto& [processes, steps] :
+           {std::pair{false, 0}, std::pair{false, 1}, std::pair{true, 0}, std::pair{true, 1}}) {
         for (bool caching : {false, true}) {
           SCOPED_TRACE("TP" + std::to_string(tp) + " x PP" + std::to_string(pp) + (processes ? " processes" : " threads") +
                        (caching ? ", prefix cache on" : ", prefix cache off") +
@@ -232,7 +233,7 @@ TEST(EngineStepFlow, DecodesAndChunksInOneFlowGiveOneRanksBits) {
           ro.steps_in_flight = steps;
           const FlowRun got = RunRequests(ro, caching);
           EXPECT_GT(got.one_flow, 0) << "no step sent its decodes and chunks in one call";
-          if (!processes && steps == 0) {
+          if (steps == 0) {
             EXPECT_EQ(got.most_in_flight, pp) << "the engine did not keep a step per stage in flight";
           } else {
             EXPECT_LE(got.most_in_flight, 1);
@@ -272,7 +273,7 @@ TEST(EngineStepFlow, AFailingOneFlowCallEndsExactlyTheRequestsItCovers) {
   EXPECT_EQ(errors, got.failed.size());
 }
 
-// Steps in flight (thread ranks, PP 2): two requests decode in two cohorts, one step each in
+// Steps in flight (thread and process ranks, PP 2): two requests decode in two cohorts, one step each in
 // flight. When x has 4 tokens out its callback aborts y, whose step is then in flight: the abort
 // waits for that step's outputs (the runner never releases a sequence a stage may still write),
 // y ends as aborted, every block comes back, and x's tokens are one rank's, bit for bit.
@@ -316,13 +317,18 @@ TEST(EngineStepFlow, AnAbortOfASequenceInFlightWaitsForItsStep) {
   };
   RunnerOptions one;
   const auto [want, unused] = run(one, false);
-  RunnerOptions pp2;
-  pp2.pp = 2;
-  const auto [got, released_in_flight] = run(pp2, true);
-  ExpectSameBits(got.at("x"), want.at("x"));
-  EXPECT_EQ(got.at("y").finish, FinishReason::kAbort);
-  EXPECT_LT(got.at("y").tokens.size(), 400u);
-  EXPECT_EQ(released_in_flight, 0) << "a sequence was released while a step holding it was in flight";
+  for (bool processes : {false, true}) {
+    SCOPED_TRACE(processes ? "process ranks" : "thread ranks");
+    RunnerOptions pp2;
+    pp2.pp = 2;
+    pp2.process_ranks = processes;
+    pp2.rank_worker_binary = KIMIRT_BINARY;
+    const auto [got, released_in_flight] = run(pp2, true);
+    ExpectSameBits(got.at("x"), want.at("x"));
+    EXPECT_EQ(got.at("y").finish, FinishReason::kAbort);
+    EXPECT_LT(got.at("y").tokens.size(), 400u);
+    EXPECT_EQ(released_in_flight, 0) << "a sequence was released while a step holding it was in flight";
+  }
 }
 
 }  // namespace

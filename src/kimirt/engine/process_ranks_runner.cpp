@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -523,6 +524,9 @@ class ProcessRanksRunner final : public ModelRunner {
         }
       }
     }
+    // The receiver takes the logits of any step still in flight (the followers run every command
+    // before kQuit; a dead rank ends its receive at once) before rank 0's shard ends.
+    StopLogitsReceiver();
     // Rank 0's shard ends while the followers end theirs (an NCCL communicator's teardown may
     // wait for its peers'); the links stay for the followers' goodbyes. No abort from the
     // supervisor reaches a communicator being destroyed.
@@ -596,6 +600,7 @@ class ProcessRanksRunner final : public ModelRunner {
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
     if (r->local_followers_ < world - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
+    if (!OnGpus(o) && o.pp > 1) r->steps_in_flight_ = o.steps_in_flight > 0 ? o.steps_in_flight : o.pp;
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
@@ -653,6 +658,38 @@ class ProcessRanksRunner final : public ModelRunner {
       KIMIRT_ASSIGN_OR_RETURN(out, self_.rank.ForwardStep(decodes, chunks, true));
       return Status::Ok();
     }));
+    return out;
+  }
+  // Steps in flight (CPU ranks; docs/distributed.md "Steps in flight"): the followers run each
+  // step's command as ever (the first stage's TP followers receive their share of its logits in
+  // it); rank 0 launches its part and hands the step to the logits receiver, a thread of its own
+  // that takes the steps' logits from the last stage in submit order. So rank 0 sends step n + 1
+  // on while step n's logits arrive: received only after the next launch, a last stage sending
+  // them into a full socket and rank 0 sending step n + 1's state into another would wait for
+  // each other. GPUs keep one step: NCCL needs the logits on a communicator and stream of their
+  // own for the same reason (not built).
+  int steps_in_flight() const override { return steps_in_flight_; }
+  Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
+    if (steps_in_flight_ == 1) return ModelRunner::SubmitStep(decodes, chunks);
+    KIMIRT_RETURN_IF_ERROR(Mirror(kForwardStep, StepMessage(decodes, chunks)));
+    StepInFlight launched;
+    KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
+      KIMIRT_ASSIGN_OR_RETURN(launched, self_.rank.LaunchStep(decodes, chunks, true));
+      return Status::Ok();
+    }));
+    std::lock_guard<std::mutex> lock(logits_mu_);
+    if (!logits_receiver_.joinable()) logits_receiver_ = std::thread([this] { ReceiveLogits(); });
+    to_receive_.push_back(std::move(launched));
+    logits_cv_.notify_all();
+    return Status::Ok();
+  }
+  Result<StepLogits> CollectStep() override {
+    if (steps_in_flight_ == 1) return ModelRunner::CollectStep();
+    std::unique_lock<std::mutex> lock(logits_mu_);
+    if (to_receive_.empty() && received_.empty()) return Internal("CollectStep without a step in flight");
+    logits_cv_.wait(lock, [&] { return !received_.empty(); });
+    Result<StepLogits> out = std::move(received_.front());
+    received_.pop_front();
     return out;
   }
   void Release(Handle h) override { (void)Run(kRelease, {{h}, {}, {}}); }
@@ -796,6 +833,38 @@ class ProcessRanksRunner final : public ModelRunner {
     return sent.ok() ? local : sent;
   }
 
+  // The logits receiver's loop: each submitted step's logits (Model::CollectStep), in order,
+  // until the runner ends and nothing is left to receive. A receive that fails (a rank died)
+  // fails the runner, and its step's collect returns the error.
+  void ReceiveLogits() {
+    for (;;) {
+      StepInFlight step;
+      {
+        std::unique_lock<std::mutex> lock(logits_mu_);
+        logits_cv_.wait(lock, [&] { return !to_receive_.empty() || logits_stop_; });
+        if (to_receive_.empty()) return;
+        step = to_receive_.front();
+      }
+      StepLogits logits;
+      const Status s = Local([&]() -> Status {
+        logits = self_.rank.CollectStep(step);
+        return Status::Ok();
+      });
+      std::lock_guard<std::mutex> lock(logits_mu_);
+      to_receive_.pop_front();  // only now: CollectStep's "no step in flight" check sees it until then
+      received_.push_back(s.ok() ? Result<StepLogits>(std::move(logits)) : Result<StepLogits>(s));
+      logits_cv_.notify_all();
+    }
+  }
+  void StopLogitsReceiver() {
+    {
+      std::lock_guard<std::mutex> lock(logits_mu_);
+      logits_stop_ = true;
+      logits_cv_.notify_all();
+    }
+    if (logits_receiver_.joinable()) logits_receiver_.join();
+  }
+
   // Followers started on other nodes (ranks local_followers_ + 1 ..) have no supervisor here: a
   // link that closes while no command runs (their process or node died) fails the runner, as the
   // supervisor does for the local ones. During a command the collective sees it first.
@@ -826,6 +895,16 @@ class ProcessRanksRunner final : public ModelRunner {
   LoadedRank self_;  // after links_: its TCP communicator (CPU) uses them
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
+  int steps_in_flight_ = 1;
+
+  // Steps in flight: the logits receiver, the steps it has still to receive (oldest first) and
+  // the logits it received and CollectStep has not taken.
+  std::thread logits_receiver_;
+  std::mutex logits_mu_;
+  std::condition_variable logits_cv_;
+  std::deque<StepInFlight> to_receive_;
+  std::deque<Result<StepLogits>> received_;
+  bool logits_stop_ = false;
 
   std::atomic<bool> stop_{false};
   std::thread supervisor_;

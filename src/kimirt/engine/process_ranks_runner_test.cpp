@@ -206,6 +206,46 @@ TEST(ProcessRanksPipeline, AKilledStageInAMicroBatchedStepIsAnErrorNamingItsRank
   }
 }
 
+// Steps in flight (docs/distributed.md "Steps in flight"): the last stage killed while rank 0
+// keeps steps submitted. The first step that cannot complete — its submit, or else its collect,
+// which the logits receiver answers — fails within 5 s naming the rank; every later call fails
+// at once, and the runner ends (its receiver thread included) without a hang.
+TEST(ProcessRanksPipeline, AKilledStageWithStepsInFlightIsAnErrorNamingItsRank) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  RunnerOptions o = Options(true, 1);
+  o.pp = 2;
+  auto r = ModelRunner::Create(Fixture("tiny-a"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ((*r)->steps_in_flight(), 2);
+  std::vector<ModelRunner::Handle> hs;
+  const std::vector<int32_t> prompt{1, 2, 3}, next{4};
+  for (int i = 0; i < 2; ++i) {
+    hs.push_back((*r)->NewSequence());
+    ASSERT_TRUE((*r)->Reserve(hs.back(), 16).ok());
+  }
+  // Two steps in flight, collected: the runner works.
+  for (ModelRunner::Handle h : hs) {
+    const ModelRunner::Chunk c{h, prompt, true};
+    ASSERT_TRUE((*r)->SubmitStep(ModelRunner::Decodes{}, std::span(&c, 1)).ok());
+  }
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*r)->CollectStep().ok());
+  const std::vector<int> pids = testing::FollowerPids();
+  ASSERT_EQ(pids.size(), 1u);
+  ASSERT_EQ(kill(pids[0], SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status first = (*r)->SubmitStep(ModelRunner::Decodes{std::span(&hs[0], 1), next}, {});
+  if (first.ok()) first = (*r)->SubmitStep(ModelRunner::Decodes{std::span(&hs[1], 1), next}, {});
+  if (first.ok()) first = (*r)->CollectStep().status();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(first.ok());
+  EXPECT_LT(s, 5.0);
+  EXPECT_NE(first.message().find("rank 1"), std::string::npos) << first.message();
+  EXPECT_FALSE((*r)->health().ok());
+  EXPECT_FALSE((*r)->SubmitStep(ModelRunner::Decodes{std::span(&hs[0], 1), next}, {}).ok());
+  r->reset();
+  EXPECT_TRUE(testing::FollowerPids().empty());
+}
+
 TEST(ProcessRanksFailure, AKilledFollowerIsAnErrorNamingItsRankNotAHang) {
   KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
   RunnerOptions o = Options(true);
