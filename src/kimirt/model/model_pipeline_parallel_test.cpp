@@ -377,6 +377,60 @@ TEST(PipelineMicroBatches, StagesRunDifferentMicroBatchesAtOnce) {
   EXPECT_TRUE(SameBits(got, want)) << "max |diff| " << testing::MaxAbsDiff(got, want);
 }
 
+// Steps in flight (Model::LaunchStep / CollectStep; docs/distributed.md "Steps in flight"):
+// every stage launches step A (two decode rows) and then step B (two other sequences' chunks)
+// before collecting A. With stage 1 held at its first send until stage 0 has sent B's state too,
+// stage 0 must launch B while A is still in the later stages — which one ForwardStep per step
+// cannot do (stage 0 would wait in A for A's logits). Each step's logits are one stage's, each
+// sequence alone.
+TEST(PipelineStepsInFlight, StageZeroLaunchesTheNextStepWhileTheLaterStagesHoldThisOne) {
+  KIMIRT_REQUIRE_FIXTURE("tiny-a");
+  const std::vector<int32_t> decode_ids = {5, 6}, chunk0 = {1, 2, 3}, chunk1 = {4, 5, 6, 7};
+  for (int pp : {2, 3}) {
+    SCOPED_TRACE("PP " + std::to_string(pp));
+    PipelineLog log;
+    int64_t hidden = 0;
+    StepLogits got_a, got_b;
+    const std::vector<std::string> errors = RunGatedStages(pp, log, [&](Model& m) -> Status {
+      std::vector<SequenceState> seqs;
+      for (int i = 0; i < 4; ++i) seqs.push_back(m.NewSequence());
+      SequenceState* rows[2] = {&seqs[0], &seqs[1]};
+      const PrefillChunk chunks[2] = {{&seqs[2], chunk0, false, nullptr}, {&seqs[3], chunk1, true, nullptr}};
+      KIMIRT_ASSIGN_OR_RETURN(const StepInFlight a, m.LaunchStep(DecodeRows{rows, decode_ids}, {}));
+      KIMIRT_ASSIGN_OR_RETURN(const StepInFlight b, m.LaunchStep(DecodeRows{}, chunks));
+      StepLogits la = m.CollectStep(a), lb = m.CollectStep(b);
+      if (m.stage().is_first()) {
+        got_a = std::move(la);
+        got_b = std::move(lb);
+      }
+      return Status::Ok();
+    }, &hidden);
+    for (const std::string& e : errors) ASSERT_EQ(e, "");
+    EXPECT_FALSE(log.gate_timed_out) << "stage 0 did not launch step B while stage 1 held step A (stage 0 had sent "
+                                     << log.stage0_sends_at_release << " messages)";
+    EXPECT_GT(log.gated_recvs_at_gate, 0);
+    ASSERT_EQ(got_b.chunks.size(), 2u);
+    OnOneStage([&](Model& model) {
+      for (int b = 0; b < 2; ++b) {
+        SequenceState st = model.NewSequence();
+        auto row = model.Forward(&st, std::span(&decode_ids[static_cast<size_t>(b)], 1));
+        ASSERT_TRUE(row.ok());
+        EXPECT_TRUE(SameBits(got_a.decode.Rows(b, 1), *row)) << "decode row " << b;
+      }
+      int i = 0;
+      for (const std::vector<int32_t>* ids : {&chunk0, &chunk1}) {
+        SequenceState st = model.NewSequence();
+        ForwardOptions o;
+        o.all_logits = i == 1;
+        auto logits = model.Forward(&st, *ids, o);
+        ASSERT_TRUE(logits.ok());
+        EXPECT_TRUE(SameBits(got_b.chunks[static_cast<size_t>(i)], *logits)) << "chunk " << i;
+        ++i;
+      }
+    });
+  }
+}
+
 // Prefill chunks in flight (Model::ForwardChunks; docs/distributed.md "Prefill chunks in
 // flight"): a step's chunks of three sequences, twice (the second round with the logits of every
 // position for one of them), at PP 3. The same gate as above holds stage 1's first send (the end
