@@ -250,9 +250,9 @@ class ThreadRanksRunner final : public ModelRunner {
     if (!s.ok()) return s;
     return out;
   }
-  // Steps in flight: every rank queues the step's launch (Model::LaunchStep) and the first
-  // stage's TP followers their share of its logits; the caller waits for rank 0's launch only —
-  // stage 0's part of the step — and collects rank 0's logits later, in a job of its own.
+  // Steps in flight: every rank queues the step's launch (Model::LaunchStep); the caller waits
+  // for rank 0's only — stage 0's part of the step — and collects rank 0's logits later, in a job
+  // of its own (only rank 0 receives them: Model::gets_logits).
   int steps_in_flight() const override { return steps_in_flight_; }
   Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
     if (steps_in_flight_ == 1) return ModelRunner::SubmitStep(decodes, chunks);
@@ -260,11 +260,7 @@ class ThreadRanksRunner final : public ModelRunner {
     Status s = Post([decodes, chunks = std::vector<Chunk>(chunks.begin(), chunks.end()), launched](
                         Rank& r, int rank) -> Status {
       KIMIRT_ASSIGN_OR_RETURN(StepInFlight step, r.LaunchStep(decodes, chunks, rank == 0));
-      if (rank == 0) {
-        *launched = std::move(step);
-      } else if (r.model->stage().is_first()) {
-        (void)r.CollectStep(step);  // ReceiveLogits: the TP group's share, which rank 0 assembles alone
-      }
+      if (rank == 0) *launched = std::move(step);
       return Status::Ok();
     }, Wait::kRankZero);
     if (!s.ok()) return s;

@@ -285,7 +285,7 @@ StepLogits Model::CollectStep(const StepInFlight& step) {
   StepLogits out;
   const size_t calls = step.logit_rows.size();
   out.chunks.resize(calls - step.decode_calls);
-  if (!stage_.is_first()) return out;
+  if (!gets_logits()) return out;
   std::vector<Tensor> parts;
   for (size_t i = 0; i < calls; ++i) parts.push_back(ReceiveLogits(step.logit_rows[i]));
   std::move(parts.begin() + static_cast<std::ptrdiff_t>(step.decode_calls), parts.end(), out.chunks.begin());
@@ -626,23 +626,29 @@ Tensor Model::AssembleLogits(const Tensor& all_ranks, int64_t R) {
 }
 
 // Pipeline stages: the last stage's TP ranks gather their vocabulary slices as without
-// pipelining and each sends the [tp, R, Vl] block to its tp rank of the first stage, whose ranks
-// assemble the logits rank 0 samples from. The argmax shortcut stays with one-stage models (the
-// request is rank 0's, the logits the last stage's).
+// pipelining, and its TP rank 0 sends the [tp, R, Vl] block to rank 0 (the first stage's TP rank
+// 0, on their pipeline group), which assembles the logits it samples from. Only rank 0 samples:
+// the first stage's other TP ranks wait for no logits, so with steps in flight they go on to the
+// next step at once (docs/distributed.md "Steps in flight"). The argmax shortcut stays with
+// one-stage models (the request is rank 0's, the logits the last stage's).
 Tensor Model::PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax) {
   if (argmax != nullptr) argmax->taken = false;
   if (stage_.is_last()) {
     SendLogits(GatherRanks(local));
     return Tensor();
   }
-  return stage_.is_first() ? ReceiveLogits(R) : Tensor();
+  return ReceiveLogits(R);
 }
 
+bool Model::gets_logits() const { return !pipelined() || (stage_.is_first() && comm_.rank() == 0); }
+
 void Model::SendLogits(const Tensor& all_ranks) {
+  if (comm_.rank() != 0) return;
   pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
 }
 
 Tensor Model::ReceiveLogits(int64_t R) {
+  if (!gets_logits()) return Tensor();
   // The head's vocabulary slice is the embedding's (both vocab-parallel, ceil(V/tp) rows).
   Tensor all_ranks = be_.Empty({comm_.size() * R, w_.embed.dim(0)});
   pipeline_->Recv(static_cast<float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), stage_.pp - 1);

@@ -76,7 +76,7 @@ struct DecodeRows {
 };
 
 // Model::ForwardStep's logits: the decode rows' [B, vocab] (undefined without decode rows) and
-// each prefill chunk's. Pipeline stages other than the first: undefined tensors.
+// each prefill chunk's. Pipeline stages: undefined tensors on every rank but rank 0 (gets_logits).
 struct StepLogits {
   Tensor decode;
   std::vector<Tensor> chunks;
@@ -122,6 +122,9 @@ class Model {
   SequenceState NewSequence(LatentKvCache* kv = nullptr, KdaStateSlots* kda = nullptr);
   // This rank's pipeline stage (stage 0 of 1, every layer, without pipeline parallelism).
   const PipelineStage& stage() const { return stage_; }
+  // Whether this rank's forwards return the logits: every TP rank of a one-stage model; under
+  // pipeline stages rank 0 only (the first stage's TP rank 0; the others return undefined ones).
+  bool gets_logits() const;
 
   // KDA state slots shaped for this model (every KDA layer of its stage), `slots` to begin with
   // (they grow).
@@ -225,8 +228,8 @@ class Model {
   // Host [R, vocab] from GatherRanks's block.
   Tensor AssembleLogits(const Tensor& all_ranks, int64_t R);
   Tensor PipelineLogits(const Tensor& local, int64_t R, ArgmaxRequest* argmax);
-  // PipelineLogits' halves: the last stage sends its TP ranks' [tp·R, V_local] block to the first
-  // stage, whose ranks receive it (R rows) and assemble the host logits.
+  // PipelineLogits' halves: the last stage's TP rank 0 sends the TP ranks' [tp·R, V_local] block
+  // to rank 0, which receives it (R rows) and assembles the host logits (the others: nothing).
   void SendLogits(const Tensor& all_ranks);
   Tensor ReceiveLogits(int64_t R);
   // Pipeline stages: the residual stream's state before this stage's first layer, from the

@@ -77,13 +77,13 @@ Result<Tensor> DecodeBatch(Model& m, const std::vector<int32_t>& ids, int64_t B)
 
 Status RunStage(Model& m, const std::vector<int32_t>& ids, StageOutput* out) {
   const int64_t V = m.config().vocab_size;
-  const bool first = m.stage().is_first();
+  const bool first = m.gets_logits();
   out->logits = Tensor::Host({static_cast<int64_t>(ids.size()), V});
   SequenceState st = m.NewSequence();
   for (size_t at = 0; at < ids.size(); at += 33) {
     const size_t n = std::min<size_t>(33, ids.size() - at);
     KIMIRT_ASSIGN_OR_RETURN(Tensor part, m.Forward(&st, std::span<const int32_t>(ids).subspan(at, n)));
-    if (part.defined() != first) return Internal("logits on a stage other than the first, or none on the first");
+    if (part.defined() != first) return Internal("logits on a rank other than rank 0, or none on rank 0");
     if (first) std::copy_n(part.f32(), n * static_cast<size_t>(V), out->logits.f32() + at * static_cast<size_t>(V));
   }
   ForwardOptions o;
@@ -95,7 +95,7 @@ Status RunStage(Model& m, const std::vector<int32_t>& ids, StageOutput* out) {
   }
   for (int64_t B : kBatches) {
     KIMIRT_ASSIGN_OR_RETURN(Tensor batch, DecodeBatch(m, ids, B));
-    if (batch.defined() != first) return Internal("a decode step's logits on a stage other than the first");
+    if (batch.defined() != first) return Internal("a decode step's logits on a rank other than rank 0");
     if (first) out->batches.push_back(batch);
   }
   out->got_logits = first;
@@ -135,14 +135,13 @@ class PipelineParallelTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     layers_ = c->num_hidden_layers;
   }
-  // Every rank of the first stage got the reference's bits; the other ranks got no logits.
-  void ExpectEqualsReference(const std::vector<StageOutput>& got, int tp, const std::vector<StageOutput>& ref) {
+  // Rank 0 got the reference's bits (rank 0's of `ref`); the other ranks got no logits.
+  void ExpectEqualsReference(const std::vector<StageOutput>& got, const std::vector<StageOutput>& ref) {
     for (size_t w = 0; w < got.size(); ++w) {
       SCOPED_TRACE("world rank " + std::to_string(w));
       ASSERT_TRUE(got[w].error.empty()) << got[w].error;
-      const bool first_stage = static_cast<int>(w) < tp;
-      ASSERT_EQ(got[w].got_logits, first_stage);
-      if (!first_stage) continue;
+      ASSERT_EQ(got[w].got_logits, w == 0);
+      if (w != 0) continue;
       const StageOutput& want = ref[w];
       EXPECT_TRUE(SameBits(got[w].logits, want.logits)) << "max |diff| " << testing::MaxAbsDiff(got[w].logits, want.logits);
       ASSERT_EQ(got[w].batches.size(), want.batches.size());
@@ -166,7 +165,7 @@ TEST_P(PipelineParallelTest, LogitsEqualOneStageBitForBit) {
   if (layers_ == 9) degrees.push_back(9);  // tiny-b: a stage per layer
   for (int pp : degrees) {
     SCOPED_TRACE("PP" + std::to_string(pp));
-    ExpectEqualsReference(RunGrid(GetParam(), 1, pp, ids_), 1, one);
+    ExpectEqualsReference(RunGrid(GetParam(), 1, pp, ids_), one);
   }
 }
 
@@ -179,7 +178,7 @@ TEST_P(TensorPipelineTest, EqualsTensorParallelBitForBit) {
   for (const StageOutput& r : tp2) ASSERT_TRUE(r.error.empty()) << r.error;
   for (int pp : {2, 3}) {
     SCOPED_TRACE("TP2 x PP" + std::to_string(pp));
-    ExpectEqualsReference(RunGrid(GetParam(), 2, pp, ids_), 2, tp2);
+    ExpectEqualsReference(RunGrid(GetParam(), 2, pp, ids_), tp2);
   }
 }
 
