@@ -653,6 +653,12 @@ TEST(EnginePipelineParallel, BadDegreesAreRefusedNamingThem) {
   ASSERT_FALSE(runner.ok());
   EXPECT_NE(runner.status().message().find("--pp-micro-batches must be >= 0"), std::string::npos)
       << runner.status().message();
+  ro.pp_micro_batches = 0;
+  ro.steps_in_flight = -1;
+  runner = ModelRunner::Create(Fixture("tiny-a"), ro);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("--steps-in-flight must be >= 0"), std::string::npos)
+      << runner.status().message();
 }
 
 }  // namespace
