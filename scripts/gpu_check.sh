@@ -95,6 +95,9 @@
 #             for bit), `bench model -pp 1` and `-pp 2 --device cuda` on the built-in model
 #             ($OUT/bench-model-builtin-cuda-pp{1,2}.json), `-pp 2` at batches 8, 32, 64 with
 #             `--pp-micro-batches 1` (none) and 0 (one per stage: 2) (…-pp2-mb{1,0}.json),
+#             `bench serve` against `serve -pp 2 --steps-in-flight 1` and `2` (steps in flight, the
+#             logits on an NCCL side stream; …-pp2-sif{1,2}.json; the test
+#             Pp2StepsInFlightGreedyGenerationIsOneGpus above checks its tokens),
 #             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
 #             and token logprobs must be the same ("same" expected), and `bench serve` against
 #             -pp 2 (its table last).
@@ -671,6 +674,16 @@ if [[ "$what" == pp2 ]]; then
       --prompt-len 256 --decode-tokens 32 --json "$out/bench-model-builtin-cuda-pp2-mb$mb.json" \
       >"$out/bench-model-pp2-mb$mb.txt" 2>&1 || status=1
     echo "--- bench model -pp 2 --pp-micro-batches $mb --device cuda (0: one per stage)"; tail -4 "$out/bench-model-pp2-mb$mb.txt"
+  done
+  # Steps in flight (docs/distributed.md "Steps in flight"; GPUs: only when asked): serving
+  # throughput with two against one (the logits on an NCCL communicator and stream of their own).
+  for sif in 1 2; do
+    log="$out/serve-cuda-pp2-sif$sif.log"
+    "$root/kimirt" serve -pp 2 --steps-in-flight $sif --device cuda --port 8126 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+    server=$!
+    await_listening "$log" || status=1
+    echo "--- serve -pp 2 --steps-in-flight $sif --device cuda"
+    bench_serve_and_stop 8126 pp2-sif$sif $server
   done
   "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
   ref=$!

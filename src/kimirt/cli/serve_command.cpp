@@ -146,8 +146,8 @@ int RunServeCommand(int argc, char** argv) {
   int steps_in_flight = 0;
   f.Int("steps-in-flight", &steps_in_flight,
         "with -pp: engine steps in flight, the next entering the first stage while the later stages run this "
-        "one (docs/distributed.md \"Steps in flight\"; 0: one per stage, 1: a step at a time); CPU ranks so far, "
-        "GPUs 1");
+        "one (docs/distributed.md \"Steps in flight\"; 0: one per stage, 1: a step at a time); GPUs: 1 unless "
+        "asked for more (not yet run on GPUs)");
   bool expert_parallel = false;
   f.Bool("enable-expert-parallel", &expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");

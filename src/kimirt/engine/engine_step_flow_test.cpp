@@ -308,8 +308,10 @@ TEST(EngineStepFlow, AnAbortOfASequenceInFlightWaitsForItsStep) {
       EXPECT_TRUE(e->Submit(std::move(r)).ok());
     }
     EXPECT_TRUE(c.Wait(abort_y ? std::vector<std::string>{"x", "y"} : std::vector<std::string>{"x"}));
-    for (int i = 0; i < 1000 && e->Stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    EXPECT_EQ(e->Stats().kv_blocks_used, 0);
+    if (abort_y) {  // (the reference's y may still be running: Shutdown ends it)
+      for (int i = 0; i < 5000 && e->Stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      EXPECT_EQ(e->Stats().kv_blocks_used, 0);
+    }
     e->Shutdown(false);
     out["x"] = c.Get("x");
     out["y"] = c.Get("y");

@@ -39,7 +39,8 @@ struct RunnerOptions {
   int pp_micro_batches = 0;
   // Pipeline stages: steps the engine may keep in flight (docs/distributed.md "Steps in flight"):
   // the next step enters the first stage while the later stages still run this one. 0: one per
-  // stage; 1: a step at a time. CPU ranks (threads, processes) so far; GPUs keep 1.
+  // stage; 1: a step at a time. GPUs: 1 unless asked for more (the logits then cross on an NCCL side
+  // stream of their own; not yet run on GPUs).
   int steps_in_flight = 0;
   // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
   // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
@@ -186,7 +187,7 @@ class ModelRunner {
 
   // Steps in flight (docs/distributed.md "Steps in flight"): how many steps the engine may have
   // submitted (SubmitStep) before it collects the oldest (CollectStep). More than 1 only where
-  // the runner overlaps consecutive steps (pipeline stages on CPU ranks: the next step's first
+  // the runner overlaps consecutive steps (pipeline stages: the next step's first
   // stage runs while the later stages finish this one); 1: each step submitted, then collected.
   virtual int steps_in_flight() const { return 1; }
   // Starts a step: ForwardStep's arguments, which (their spans, the argmax requests) must stay

@@ -200,6 +200,17 @@ TEST_P(ProcessRanksCudaPipeline, Pp2GreedyGenerationIsOneGpus) {
   ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), CudaOptions(1, 2));
 }
 
+// Steps in flight on GPUs (docs/distributed.md "Steps in flight"; asked for: --steps-in-flight 2):
+// the engine submits the next step before collecting this one, and the logits cross on an NCCL
+// communicator and stream of their own; the greedy tokens are still one GPU's.
+TEST_P(ProcessRanksCudaPipeline, Pp2StepsInFlightGreedyGenerationIsOneGpus) {
+  KIMIRT_REQUIRE_TWO_GPUS();
+  KIMIRT_REQUIRE_FILE(Fixture(GetParam() + "/config.json"));
+  RunnerOptions o = CudaOptions(1, 2);
+  o.steps_in_flight = 2;
+  ExpectSameGreedyGeneration(Fixture(GetParam()), CudaOptions(1), o);
+}
+
 // Micro-batches in flight (docs/distributed.md "Micro-batches in flight"): a decode step of 5 and
 // of 64 sequences at PP 2 splits into micro-batches (2 by default: 3 + 2 and 32 + 32 rows; 4 asked:
 // 16 rows each) that overlap the two GPUs; the kernels are row-invariant up to 64 rows, so each

@@ -146,7 +146,8 @@ Message OptionsMessage(const ModelSource& source, const RunnerOptions& o, int st
          o.ep,
          std::bit_cast<int64_t>(source.seed),
          o.pp,
-         o.pp_micro_batches};
+         o.pp_micro_batches,
+         o.steps_in_flight};
   m.text = source.dir + '\n' + o.device + '\n' + source.config_path;
   return m;
 }
@@ -160,7 +161,7 @@ struct FollowerOptions {
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
   const size_t nl2 = nl == std::string::npos ? nl : m.text.find('\n', nl + 1);
-  if (m.a.size() != 17 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 18 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -177,6 +178,7 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.ep = static_cast<int>(m.a[13]);
   o.pp = static_cast<int>(m.a[15]);
   o.pp_micro_batches = static_cast<int>(m.a[16]);
+  o.steps_in_flight = static_cast<int>(m.a[17]);
   o.device = m.text.substr(nl + 1, nl2 - nl - 1);
   const ModelSource source{m.text.substr(0, nl), m.text.substr(nl2 + 1), std::bit_cast<uint64_t>(m.a[14])};
   return FollowerOptions{source, o, static_cast<int>(m.a[12])};
@@ -192,6 +194,7 @@ struct LoadedRank {
   StarLinks tp_links, pp_links;            // CPU pipelines: the rank's stage's TP group, its pipeline group
   std::unique_ptr<Communicator> comm;      // the TP group (the stage's, under pipeline parallelism)
   std::unique_ptr<Communicator> pipeline;  // the pipeline group (pp > 1)
+  std::unique_ptr<Communicator> logits;    // GPUs, steps in flight: rank 0 and the last stage's TP rank 0
   std::unique_ptr<Model> model;
   Rank rank;
   CacheSizes sizes;
@@ -200,6 +203,7 @@ struct LoadedRank {
   void Release() {
     { Rank gone = std::move(rank); }  // in its own order: the sequences before the caches
     model.reset();
+    logits.reset();
     pipeline.reset();
     comm.reset();
     tp_links.peers.clear();
@@ -210,13 +214,13 @@ struct LoadedRank {
 
   // Ends the collectives this rank waits in (Communicator::Abort): the group is broken.
   void AbortCollectives(const std::string& why) {
-    for (Communicator* c : {comm.get(), pipeline.get()}) {
+    for (Communicator* c : {comm.get(), pipeline.get(), logits.get()}) {
       if (c != nullptr) c->Abort(why);
     }
   }
   // Why a communicator of the rank was aborted; empty while both work.
   std::string Aborted() const {
-    for (const Communicator* c : {comm.get(), pipeline.get()}) {
+    for (const Communicator* c : {comm.get(), pipeline.get(), logits.get()}) {
       if (c == nullptr) continue;
       if (std::string why = c->aborted(); !why.empty()) return why;
     }
@@ -225,6 +229,15 @@ struct LoadedRank {
 };
 
 bool OnGpus(const RunnerOptions& o) { return o.device != "cpu"; }
+
+// Steps in flight (docs/distributed.md "Steps in flight"): under -pp, CPU ranks keep one per
+// stage unless told (0); GPUs only when asked for more than 1 — their logits then take an NCCL
+// communicator and stream of their own (not yet run on GPUs).
+int StepsInFlight(const RunnerOptions& o) {
+  if (o.pp == 1) return 1;
+  if (OnGpus(o)) return std::max(1, o.steps_in_flight);
+  return o.steps_in_flight > 0 ? o.steps_in_flight : o.pp;
+}
 
 // Ranks of the run: tp × pp, numbered stage-major (rank = stage · tp + tp rank).
 int World(const RunnerOptions& o) { return o.tp * o.pp; }
@@ -278,6 +291,15 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
   no.group_rank = stage;
   no.group_size = o.pp;
   KIMIRT_ASSIGN_OR_RETURN(out->pipeline, MakeNcclCommunicator(*out->store, no));
+  // Steps in flight: the logits' own link, rank 0 and the last stage's TP rank 0 (Model::set_logits_link).
+  const int last = (o.pp - 1) * o.tp;
+  if (StepsInFlight(o) > 1 && (rank == 0 || rank == last)) {
+    no.tag = "pp-logits";
+    no.group_rank = rank == 0 ? 0 : 1;
+    no.group_size = 2;
+    no.side_stream = true;
+    KIMIRT_ASSIGN_OR_RETURN(out->logits, MakeNcclCommunicator(*out->store, no));
+  }
   return Status::Ok();
 }
 
@@ -369,6 +391,7 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo, out->pipeline.get()));
   out->model->set_decode_graphs(!o.enforce_eager);
   out->model->set_pipeline_micro_batches(o.pp_micro_batches);
+  if (out->logits != nullptr) out->model->set_logits_link(out->logits.get());
   if (OnGpus(o) && o.gpu_memory_utilization > 0 && o.num_kv_blocks == 0) {
     // Each GPU's free memory may differ; the ranks take the smallest budget so their block
     // allocators stay in lockstep. A rank without room takes part too (with 0), so none waits.
@@ -600,7 +623,8 @@ class ProcessRanksRunner final : public ModelRunner {
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
     if (r->local_followers_ < world - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
-    if (!OnGpus(o) && o.pp > 1) r->steps_in_flight_ = o.steps_in_flight > 0 ? o.steps_in_flight : o.pp;
+    r->steps_in_flight_ = StepsInFlight(o);
+    r->on_gpus_ = OnGpus(o);
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
@@ -660,14 +684,14 @@ class ProcessRanksRunner final : public ModelRunner {
     }));
     return out;
   }
-  // Steps in flight (CPU ranks; docs/distributed.md "Steps in flight"): the followers run each
-  // step's command as ever (the first stage's TP followers receive their share of its logits in
-  // it); rank 0 launches its part and hands the step to the logits receiver, a thread of its own
-  // that takes the steps' logits from the last stage in submit order. So rank 0 sends step n + 1
-  // on while step n's logits arrive: received only after the next launch, a last stage sending
-  // them into a full socket and rank 0 sending step n + 1's state into another would wait for
-  // each other. GPUs keep one step: NCCL needs the logits on a communicator and stream of their
-  // own for the same reason (not built).
+  // Steps in flight (docs/distributed.md "Steps in flight"): the followers run each step's
+  // command as ever; rank 0 launches its part and the step's logits are received later. On CPUs
+  // the logits receiver, a thread of rank 0's own, takes them from the last stage in submit
+  // order, so rank 0 sends step n + 1 on while step n's logits arrive: received only after the
+  // next launch, a last stage sending them into a full socket and rank 0 sending step n + 1's
+  // state into another would wait for each other. On GPUs (only when asked: StepsInFlight) the
+  // logits cross on a communicator and stream of their own (JoinNccl), for the same reason, and
+  // CollectStep posts the receive.
   int steps_in_flight() const override { return steps_in_flight_; }
   Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
     if (steps_in_flight_ == 1) return ModelRunner::SubmitStep(decodes, chunks);
@@ -678,13 +702,26 @@ class ProcessRanksRunner final : public ModelRunner {
       return Status::Ok();
     }));
     std::lock_guard<std::mutex> lock(logits_mu_);
-    if (!logits_receiver_.joinable()) logits_receiver_ = std::thread([this] { ReceiveLogits(); });
+    if (!on_gpus_ && !logits_receiver_.joinable()) logits_receiver_ = std::thread([this] { ReceiveLogits(); });
     to_receive_.push_back(std::move(launched));
     logits_cv_.notify_all();
     return Status::Ok();
   }
   Result<StepLogits> CollectStep() override {
     if (steps_in_flight_ == 1) return ModelRunner::CollectStep();
+    if (on_gpus_) {
+      // The receive is stream-ordered on the logits' own stream (JoinNccl): posted here, after the
+      // next step's launch, it waits for nothing of that step.
+      if (to_receive_.empty()) return Internal("CollectStep without a step in flight");
+      const StepInFlight step = std::move(to_receive_.front());
+      to_receive_.pop_front();
+      StepLogits logits;
+      KIMIRT_RETURN_IF_ERROR(Local([&]() -> Status {
+        logits = self_.rank.CollectStep(step);
+        return Status::Ok();
+      }));
+      return logits;
+    }
     std::unique_lock<std::mutex> lock(logits_mu_);
     if (to_receive_.empty() && received_.empty()) return Internal("CollectStep without a step in flight");
     logits_cv_.wait(lock, [&] { return !received_.empty(); });
@@ -896,6 +933,7 @@ class ProcessRanksRunner final : public ModelRunner {
   Handle next_ = 0;
   SnapshotId next_snapshot_ = 0;
   int steps_in_flight_ = 1;
+  bool on_gpus_ = false;
 
   // Steps in flight: the logits receiver, the steps it has still to receive (oldest first) and
   // the logits it received and CollectStep has not taken.

@@ -644,6 +644,10 @@ bool Model::gets_logits() const { return !pipelined() || (stage_.is_first() && c
 
 void Model::SendLogits(const Tensor& all_ranks) {
   if (comm_.rank() != 0) return;
+  if (logits_link_ != nullptr) {
+    logits_link_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
+    return;
+  }
   pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
 }
 
@@ -651,7 +655,9 @@ Tensor Model::ReceiveLogits(int64_t R) {
   if (!gets_logits()) return Tensor();
   // The head's vocabulary slice is the embedding's (both vocab-parallel, ceil(V/tp) rows).
   Tensor all_ranks = be_.Empty({comm_.size() * R, w_.embed.dim(0)});
-  pipeline_->Recv(static_cast<float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), stage_.pp - 1);
+  float* into = static_cast<float*>(all_ranks.raw());
+  const size_t n = static_cast<size_t>(all_ranks.numel());
+  logits_link_ != nullptr ? logits_link_->Recv(into, n, 1) : pipeline_->Recv(into, n, stage_.pp - 1);
   return AssembleLogits(all_ranks, R);
 }
 

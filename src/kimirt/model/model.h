@@ -185,6 +185,11 @@ class Model {
   // more where RowInvariantRows needs them). 0, the default: one per stage. Every rank of a run
   // must be given the same.
   void set_pipeline_micro_batches(int n) { micro_batches_ = n; }
+  // Pipeline stages: the logits' own link between rank 0 (its rank 0) and the last stage's TP
+  // rank 0 (its rank 1), set on those two ranks; without one they cross on the pipeline group.
+  // GPUs with steps in flight (docs/distributed.md "Steps in flight"): an NCCL communicator on a
+  // side stream, so a step's logits never queue behind the next step's activations.
+  void set_logits_link(Communicator* link) { logits_link_ = link; }
   int pipeline_micro_batches() const { return micro_batches_ > 0 ? micro_batches_ : stage_.pp; }
 
   // Decode steps as graphs (on by default where the backend has them: Backend::SupportsGraphs;
@@ -258,6 +263,7 @@ class Model {
   std::unique_ptr<KdaStateSlots> private_kda_;
   bool decode_graphs_ = true;
   int micro_batches_ = 0;  // set_pipeline_micro_batches
+  Communicator* logits_link_ = nullptr;  // set_logits_link
   int64_t graph_replays_ = 0;
   std::set<std::string> graph_seen_;  // keys run once eagerly; the next step captures
   // TP > 1: which agreed capture (counted alike on every rank) made the graph under each key.

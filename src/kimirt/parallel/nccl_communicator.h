@@ -45,6 +45,12 @@ struct NcclOptions {
   // place in it and its size; -1: the store's rank and world size. Group rank 0 publishes the id.
   int group_rank = -1;
   int group_size = -1;
+  // Send and Recv on a stream of the communicator's own, ordered against `stream`: each waits for
+  // the work issued on `stream` so far, and `stream` waits for a Recv before what it runs next.
+  // For the pipeline's logits with steps in flight (docs/distributed.md "Steps in flight"): on
+  // `stream` they would queue behind the next step's activations, and a Recv posted after a Send
+  // that waits for the peer's next Recv closes a cycle. Point to point only.
+  bool side_stream = false;
 };
 
 // Whether this build has the NCCL communicator (else the functions below answer Unsupported).

@@ -52,6 +52,14 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o)
       : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {
+    if (o.side_stream) {
+      // The communicator's calls go on a stream of its own, ordered against the user's
+      // (NcclOptions::side_stream): two events, re-recorded for every call.
+      order_ = stream_;
+      CheckCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate (side stream)");
+      CheckCuda(cudaEventCreateWithFlags(&to_side_, cudaEventDisableTiming), "cudaEventCreate");
+      CheckCuda(cudaEventCreateWithFlags(&from_side_, cudaEventDisableTiming), "cudaEventCreate");
+    }
     watchdog_ = std::thread([this] { Watch(); });
   }
 
@@ -78,6 +86,11 @@ class NcclCommunicator final : public Communicator {
     cudaStreamSynchronize(stream_);
     for (const Pending& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (order_ != nullptr) {
+      cudaEventDestroy(to_side_);
+      cudaEventDestroy(from_side_);
+      cudaStreamDestroy(stream_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -108,12 +121,21 @@ class NcclCommunicator final : public Communicator {
   // Point to point on the stream, each call a group of its own (a non-blocking communicator
   // may answer ncclGroupEnd with ncclInProgress: Check waits). Stream-ordered like the
   // collectives: the host does not wait for the peer, the stream does.
+  // With a side stream (NcclOptions::side_stream), each call first waits on the side stream for
+  // the work issued on the user's stream so far (what a Send reads, the buffer a Recv fills is
+  // made there), and the user's stream waits for a Recv before its next work (what reads it).
   void Send(const float* data, size_t n, int peer) override {
+    SideWaitsForOrder();
     PointToPoint("ncclSend", n, peer, [&] { return ncclSend(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
   void Recv(float* data, size_t n, int peer) override {
+    SideWaitsForOrder();
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
+    if (order_ != nullptr) {
+      CheckCuda(cudaEventRecord(from_side_, stream_), "cudaEventRecord (side stream)");
+      CheckCuda(cudaStreamWaitEvent(order_, from_side_, 0), "cudaStreamWaitEvent (user stream)");
+    }
   }
 
   // NCCL's collectives can be captured into a CUDA graph (NCCL >= 2.9): every rank must capture
@@ -289,6 +311,12 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  void SideWaitsForOrder() {
+    if (order_ == nullptr) return;
+    CheckCuda(cudaEventRecord(to_side_, order_), "cudaEventRecord (user stream)");
+    CheckCuda(cudaStreamWaitEvent(stream_, to_side_, 0), "cudaStreamWaitEvent (side stream)");
+  }
+
   void CheckPeer(int peer, const char* what) {
     if (peer < 0 || peer >= size_ || peer == rank_) Fail(what, "no peer rank " + std::to_string(peer));
   }
@@ -331,7 +359,9 @@ class NcclCommunicator final : public Communicator {
   const int rank_;
   const int size_;
   const NcclOptions o_;
-  cudaStream_t stream_;
+  cudaStream_t stream_;             // where the NCCL calls go: the user's, or the side stream
+  cudaStream_t order_ = nullptr;    // with a side stream: the user's (NcclOptions::stream)
+  cudaEvent_t to_side_ = nullptr, from_side_ = nullptr;
   struct Buffer {
     float* p;
     bool stream_ordered;  // cudaMallocAsync (else cudaMalloc)
