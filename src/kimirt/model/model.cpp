@@ -278,6 +278,10 @@ Result<StepInFlight> Model::LaunchStep(const DecodeRows& decode, std::span<const
     step.logit_rows.push_back(each[i].all_logits ? calls[i].T : 1);
   }
   for (const Tensor& all_ranks : last_stage_logits) SendLogits(all_ranks);
+  // Rank 0 with the logits' own link posts their receives now, behind nothing of a later step.
+  if (gets_logits() && logits_link_ != nullptr) {
+    for (const int64_t R : step.logit_rows) step.posted.push_back(PostLogitsRecv(R));
+  }
   return step;
 }
 
@@ -287,7 +291,12 @@ StepLogits Model::CollectStep(const StepInFlight& step) {
   out.chunks.resize(calls - step.decode_calls);
   if (!gets_logits()) return out;
   std::vector<Tensor> parts;
-  for (size_t i = 0; i < calls; ++i) parts.push_back(ReceiveLogits(step.logit_rows[i]));
+  if (!step.posted.empty()) {
+    logits_link_->Join();
+    for (size_t i = 0; i < calls; ++i) parts.push_back(AssembleLogits(step.posted[i], step.logit_rows[i]));
+  } else {
+    for (size_t i = 0; i < calls; ++i) parts.push_back(ReceiveLogits(step.logit_rows[i]));
+  }
   std::move(parts.begin() + static_cast<std::ptrdiff_t>(step.decode_calls), parts.end(), out.chunks.begin());
   if (step.decode_rows == 0) return out;
   const int64_t V = config().vocab_size;
@@ -324,6 +333,11 @@ Status Model::Prepare(const SequenceRows& rows, std::span<const int32_t> ids) {
 }
 
 Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, const ForwardOptions& o) {
+  if (!sent_logits_.empty()) {
+    // The logits' own link (set_logits_link): what comes now may reuse their blocks once sent.
+    logits_link_->Join();
+    sent_logits_.clear();
+  }
   // A decode step (one new token per sequence, absorbed form, one cache): its metadata goes to
   // the cache's storage once here, and every MLA layer attends through the block tables. (On a
   // device the copies are queued on the backend's stream, so a micro-batch's metadata replaces
@@ -645,7 +659,9 @@ bool Model::gets_logits() const { return !pipelined() || (stage_.is_first() && c
 void Model::SendLogits(const Tensor& all_ranks) {
   if (comm_.rank() != 0) return;
   if (logits_link_ != nullptr) {
+    // On the link's own stream: the block stays held until the next Launch has joined it.
     logits_link_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
+    sent_logits_.push_back(all_ranks);
     return;
   }
   pipeline_->Send(static_cast<const float*>(all_ranks.raw()), static_cast<size_t>(all_ranks.numel()), 0);
@@ -653,12 +669,18 @@ void Model::SendLogits(const Tensor& all_ranks) {
 
 Tensor Model::ReceiveLogits(int64_t R) {
   if (!gets_logits()) return Tensor();
+  const Tensor all_ranks = PostLogitsRecv(R);
+  if (logits_link_ != nullptr) logits_link_->Join();
+  return AssembleLogits(all_ranks, R);
+}
+
+Tensor Model::PostLogitsRecv(int64_t R) {
   // The head's vocabulary slice is the embedding's (both vocab-parallel, ceil(V/tp) rows).
   Tensor all_ranks = be_.Empty({comm_.size() * R, w_.embed.dim(0)});
   float* into = static_cast<float*>(all_ranks.raw());
   const size_t n = static_cast<size_t>(all_ranks.numel());
   logits_link_ != nullptr ? logits_link_->Recv(into, n, 1) : pipeline_->Recv(into, n, stage_.pp - 1);
-  return AssembleLogits(all_ranks, R);
+  return all_ranks;
 }
 
 }  // namespace kimirt

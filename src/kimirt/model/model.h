@@ -89,6 +89,9 @@ struct StepInFlight {
   std::vector<int64_t> logit_rows;
   size_t decode_calls = 0;
   int64_t decode_rows = 0;
+  // Rank 0 with the logits' own link (Model::set_logits_link): each call's receive, posted at
+  // launch into these blocks; CollectStep joins them.
+  std::vector<Tensor> posted;
 };
 
 class Model {
@@ -237,6 +240,8 @@ class Model {
   // to rank 0, which receives it (R rows) and assembles the host logits (the others: nothing).
   void SendLogits(const Tensor& all_ranks);
   Tensor ReceiveLogits(int64_t R);
+  // ReceiveLogits' first half: the receive posted into a new block, returned (not yet joined).
+  Tensor PostLogitsRecv(int64_t R);
   // Pipeline stages: the residual stream's state before this stage's first layer, from the
   // stage before (T rows), and after its last layer, to the stage after.
   std::vector<Tensor> ReceiveState(int64_t T);
@@ -264,6 +269,7 @@ class Model {
   bool decode_graphs_ = true;
   int micro_batches_ = 0;  // set_pipeline_micro_batches
   Communicator* logits_link_ = nullptr;  // set_logits_link
+  std::vector<Tensor> sent_logits_;       // sent on logits_link_, not yet joined (the next Launch joins)
   int64_t graph_replays_ = 0;
   std::set<std::string> graph_seen_;  // keys run once eagerly; the next step captures
   // TP > 1: which agreed capture (counted alike on every rank) made the graph under each key.

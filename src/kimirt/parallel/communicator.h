@@ -37,6 +37,11 @@ class Communicator {
   virtual void Send(const float* data, size_t n, int peer) = 0;
   // data[0..n) := the next message rank `peer` sent to this rank.
   virtual void Recv(float* data, size_t n, int peer) = 0;
+  // Where Send and Recv run apart from the work around them (an NCCL communicator on a side
+  // stream: NcclOptions::side_stream), that work waits from here on for every one issued so far:
+  // what reads a received buffer, or reuses a sent one, comes after Join. Elsewhere (the host,
+  // or one stream) they are already in order: nothing to do.
+  virtual void Join() {}
 
   // Failure propagation (docs/distributed.md "Faults inside a step"). Abort ends this rank's
   // collectives that wait on peers, once the caller knows the group is broken (a supervisor saw

@@ -46,7 +46,7 @@ struct NcclOptions {
   int group_rank = -1;
   int group_size = -1;
   // Send and Recv on a stream of the communicator's own, ordered against `stream`: each waits for
-  // the work issued on `stream` so far, and `stream` waits for a Recv before what it runs next.
+  // the work issued on `stream` so far, and `stream` waits for them at Join (Communicator::Join).
   // For the pipeline's logits with steps in flight (docs/distributed.md "Steps in flight"): on
   // `stream` they would queue behind the next step's activations, and a Recv posted after a Send
   // that waits for the peer's next Recv closes a cycle. Point to point only.

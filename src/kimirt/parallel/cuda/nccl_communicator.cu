@@ -122,8 +122,8 @@ class NcclCommunicator final : public Communicator {
   // may answer ncclGroupEnd with ncclInProgress: Check waits). Stream-ordered like the
   // collectives: the host does not wait for the peer, the stream does.
   // With a side stream (NcclOptions::side_stream), each call first waits on the side stream for
-  // the work issued on the user's stream so far (what a Send reads, the buffer a Recv fills is
-  // made there), and the user's stream waits for a Recv before its next work (what reads it).
+  // the work issued on the user's stream so far (what a Send reads, the buffer a Recv fills, is
+  // made there); the user's stream waits for them at Join.
   void Send(const float* data, size_t n, int peer) override {
     SideWaitsForOrder();
     PointToPoint("ncclSend", n, peer, [&] { return ncclSend(data, n, ncclFloat32, peer, comm_, stream_); });
@@ -132,10 +132,12 @@ class NcclCommunicator final : public Communicator {
   void Recv(float* data, size_t n, int peer) override {
     SideWaitsForOrder();
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
-    if (order_ != nullptr) {
-      CheckCuda(cudaEventRecord(from_side_, stream_), "cudaEventRecord (side stream)");
-      CheckCuda(cudaStreamWaitEvent(order_, from_side_, 0), "cudaStreamWaitEvent (user stream)");
-    }
+  }
+
+  void Join() override {
+    if (order_ == nullptr) return;
+    CheckCuda(cudaEventRecord(from_side_, stream_), "cudaEventRecord (side stream)");
+    CheckCuda(cudaStreamWaitEvent(order_, from_side_, 0), "cudaStreamWaitEvent (user stream)");
   }
 
   // NCCL's collectives can be captured into a CUDA graph (NCCL >= 2.9): every rank must capture
