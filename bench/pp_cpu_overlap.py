@@ -45,6 +45,16 @@ def two_cores_free():
     return two / one < 1.2, two / one
 
 
+def bracketed(measure):
+    """measure() between two checks of the free cores: its dict, with two_cores_free and busy_ratio."""
+    free_before, ratio_before = two_cores_free()
+    rep = measure()
+    free_after, ratio_after = two_cores_free()
+    rep["two_cores_free"] = free_before and free_after
+    rep["busy_ratio"] = [round(ratio_before, 3), round(ratio_after, 3)]
+    return rep
+
+
 def bench(kimirt, pp, args):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [kimirt, "bench", "model", "-pp", str(pp), "--threads", str(args.threads), "--batch-sizes",
@@ -71,11 +81,7 @@ def main():
         runs.append(("pp2-base", args.base, 2))
     reps = []
     for r in range(args.reps):
-        free_before, ratio_before = two_cores_free()
-        rep = {name: bench(binary, pp, args) for name, binary, pp in runs}
-        free_after, ratio_after = two_cores_free()
-        rep["two_cores_free"] = free_before and free_after
-        rep["busy_ratio"] = [round(ratio_before, 3), round(ratio_after, 3)]
+        rep = bracketed(lambda: {name: bench(binary, pp, args) for name, binary, pp in runs})
         reps.append(rep)
         print(f"rep {r}: {rep}", file=sys.stderr)
     clean = [rep for rep in reps if rep["two_cores_free"]]

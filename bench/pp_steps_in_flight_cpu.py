@@ -23,7 +23,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pp_cpu_overlap import two_cores_free  # noqa: E402
+from pp_cpu_overlap import bracketed  # noqa: E402
 
 
 def free_port():
@@ -84,11 +84,8 @@ def main():
     modes = [("one_step_at_a_time", 1), ("steps_in_flight", 0)]
     reps = []
     for i in range(args.reps):
-        free_before, ratio_before = two_cores_free()
-        rep = {name: run(args.kimirt, n, args) for name, n in (modes if i % 2 == 0 else modes[::-1])}
-        free_after, ratio_after = two_cores_free()
-        rep["two_cores_free"] = free_before and free_after
-        rep["busy_ratio"] = [round(ratio_before, 3), round(ratio_after, 3)]
+        order = modes if i % 2 == 0 else modes[::-1]
+        rep = bracketed(lambda: {name: run(args.kimirt, n, args) for name, n in order})
         reps.append(rep)
         print(f"rep {i}: {rep}", file=sys.stderr)
     clean = [rep for rep in reps if rep["two_cores_free"]]
