@@ -690,8 +690,8 @@ class ProcessRanksRunner final : public ModelRunner {
   // order, so rank 0 sends step n + 1 on while step n's logits arrive: received only after the
   // next launch, a last stage sending them into a full socket and rank 0 sending step n + 1's
   // state into another would wait for each other. On GPUs (only when asked: StepsInFlight) the
-  // logits cross on a communicator and stream of their own (JoinNccl), for the same reason, and
-  // CollectStep posts the receive.
+  // logits cross on a communicator and stream of their own (JoinNccl), for the same reason:
+  // the launch posts their receives there and CollectStep joins them (Model::CollectStep).
   int steps_in_flight() const override { return steps_in_flight_; }
   Status SubmitStep(const Decodes& decodes, std::span<const Chunk> chunks) override {
     if (steps_in_flight_ == 1) return ModelRunner::SubmitStep(decodes, chunks);
@@ -710,8 +710,8 @@ class ProcessRanksRunner final : public ModelRunner {
   Result<StepLogits> CollectStep() override {
     if (steps_in_flight_ == 1) return ModelRunner::CollectStep();
     if (on_gpus_) {
-      // The receive is stream-ordered on the logits' own stream (JoinNccl): posted here, after the
-      // next step's launch, it waits for nothing of that step.
+      // The receives were posted at launch on the logits' own stream (JoinNccl): the collect
+      // joins them, waiting for nothing of a later step.
       if (to_receive_.empty()) return Internal("CollectStep without a step in flight");
       const StepInFlight step = std::move(to_receive_.front());
       to_receive_.pop_front();
