@@ -279,6 +279,10 @@ class EngineImpl final : public Engine {
     std::vector<ArgmaxRequest> argmax;  // the chunks'
     std::vector<ModelRunner::Chunk> chunks;
     ModelRunner::Decodes decodes() { return ModelRunner::Decodes{d.handles, d.ids, &d.argmax}; }
+    void set_in_flight(bool on) {
+      for (Request* r : d.reqs) r->seq.in_flight = on;
+      for (Request* r : reqs) r->seq.in_flight = on;
+    }
   };
   std::unique_ptr<RunnerStep> RunnerStepOf(std::span<Sequence* const> decodes, std::span<const StepPlan::Chunk> plan) {
     auto step = std::make_unique<RunnerStep>();
@@ -336,8 +340,7 @@ class EngineImpl final : public Engine {
       StepForwarded(*step, s);
       return;
     }
-    for (Request* r : step->d.reqs) r->seq.in_flight = true;
-    for (Request* r : step->reqs) r->seq.in_flight = true;
+    step->set_in_flight(true);
     in_flight_.push_back(std::move(step));
   }
 
@@ -345,8 +348,7 @@ class EngineImpl final : public Engine {
   void CollectStep() {
     const std::unique_ptr<RunnerStep> step = std::move(in_flight_.front());
     in_flight_.pop_front();
-    for (Request* r : step->d.reqs) r->seq.in_flight = false;
-    for (Request* r : step->reqs) r->seq.in_flight = false;
+    step->set_in_flight(false);
     StepForwarded(*step, runner_.CollectStep());
     std::vector<std::string> aborts;
     aborts.swap(deferred_aborts_);

@@ -180,7 +180,7 @@ class ThreadRanksRunner final : public ModelRunner {
         raw->ranks_[k].model = raw->models_[k].get();
         raw->ranks_[k].kv = raw->models_[k]->MakeKvCache(sizes.blocks, o.block_size, o.kv_cache_dtype, false);
         raw->ranks_[k].kda = raw->models_[k]->MakeKdaStates(kInitialKdaSlots);
-        if (k == 0) raw->steps_in_flight_ = o.pp == 1 ? 1 : (o.steps_in_flight > 0 ? o.steps_in_flight : o.pp);
+        if (k == 0) raw->steps_in_flight_ = runner::StepsInFlight(o);
         {
           std::lock_guard<std::mutex> lock(sync->mu);
           ++sync->made;

@@ -230,15 +230,6 @@ struct LoadedRank {
 
 bool OnGpus(const RunnerOptions& o) { return o.device != "cpu"; }
 
-// Steps in flight (docs/distributed.md "Steps in flight"): under -pp, CPU ranks keep one per
-// stage unless told (0); GPUs only when asked for more than 1 — their logits then take an NCCL
-// communicator and stream of their own (not yet run on GPUs).
-int StepsInFlight(const RunnerOptions& o) {
-  if (o.pp == 1) return 1;
-  if (OnGpus(o)) return std::max(1, o.steps_in_flight);
-  return o.steps_in_flight > 0 ? o.steps_in_flight : o.pp;
-}
-
 // Ranks of the run: tp × pp, numbered stage-major (rank = stage · tp + tp rank).
 int World(const RunnerOptions& o) { return o.tp * o.pp; }
 // Whether the ranks meet in rank 0's rendezvous store: NCCL's ids come through it, and on CPUs
@@ -293,7 +284,7 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
   KIMIRT_ASSIGN_OR_RETURN(out->pipeline, MakeNcclCommunicator(*out->store, no));
   // Steps in flight: the logits' own link, rank 0 and the last stage's TP rank 0 (Model::set_logits_link).
   const int last = (o.pp - 1) * o.tp;
-  if (StepsInFlight(o) > 1 && (rank == 0 || rank == last)) {
+  if (runner::StepsInFlight(o) > 1 && (rank == 0 || rank == last)) {
     no.tag = "pp-logits";
     no.group_rank = rank == 0 ? 0 : 1;
     no.group_size = 2;
@@ -623,7 +614,7 @@ class ProcessRanksRunner final : public ModelRunner {
     if (!loaded.ok()) return r->Fail(loaded);
     KIMIRT_RETURN_IF_ERROR(r->AwaitFollowers(kReady, "loading"));
     if (r->local_followers_ < world - 1) r->watcher_ = std::thread([raw = r.get()] { raw->WatchRemoteFollowers(); });
-    r->steps_in_flight_ = StepsInFlight(o);
+    r->steps_in_flight_ = runner::StepsInFlight(o);
     r->on_gpus_ = OnGpus(o);
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
@@ -689,7 +680,7 @@ class ProcessRanksRunner final : public ModelRunner {
   // the logits receiver, a thread of rank 0's own, takes them from the last stage in submit
   // order, so rank 0 sends step n + 1 on while step n's logits arrive: received only after the
   // next launch, a last stage sending them into a full socket and rank 0 sending step n + 1's
-  // state into another would wait for each other. On GPUs (only when asked: StepsInFlight) the
+  // state into another would wait for each other. On GPUs (only when asked: runner::StepsInFlight) the
   // logits cross on a communicator and stream of their own (JoinNccl), for the same reason:
   // the launch posts their receives there and CollectStep joins them (Model::CollectStep).
   int steps_in_flight() const override { return steps_in_flight_; }

@@ -3,6 +3,7 @@
 // Internal to engine/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -101,6 +102,15 @@ struct Rank {
 // splits it into micro-batches that overlap the stages, each row its own bits).
 inline int64_t DecodeBatchLimit(const Model& m) {
   return m.stage().pp > 1 ? std::numeric_limits<int32_t>::max() : m.backend().RowInvariantRows();
+}
+
+// ModelRunner::steps_in_flight of a runner under `o` (docs/distributed.md "Steps in flight"):
+// under -pp, CPU ranks keep one per stage unless told (0); GPUs only when asked for more than 1 —
+// their logits then take an NCCL communicator and stream of their own (not yet run on GPUs).
+inline int StepsInFlight(const RunnerOptions& o) {
+  if (o.pp == 1) return 1;
+  if (o.device != "cpu") return std::max(1, o.steps_in_flight);
+  return o.steps_in_flight > 0 ? o.steps_in_flight : o.pp;
 }
 
 // How the cache budget splits: latent blocks, and KDA snapshots for the prefix cache (one

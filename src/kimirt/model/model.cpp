@@ -180,8 +180,8 @@ Status Model::CheckStep(const DecodeRows& decode, std::span<const PrefillChunk> 
 
 Result<StepLogits> Model::ForwardStep(const DecodeRows& decode, std::span<const PrefillChunk> chunks,
                                       const ForwardOptions& o) {
+  if (pipelined()) return RunStepInFlight(decode, chunks, o);  // LaunchStep checks the step
   KIMIRT_RETURN_IF_ERROR(CheckStep(decode, chunks));
-  if (pipelined()) return RunStepInFlight(decode, chunks, o);
   StepLogits out;
   if (!decode.states.empty()) {
     ForwardOptions d;
