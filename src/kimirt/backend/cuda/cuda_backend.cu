@@ -662,6 +662,7 @@ class CudaBackend final : public Backend {
     bool aligned16 = false;        // every weight (codes) 16-byte aligned: the tensor-core kernels' loads
     bool scales_aligned4 = false;  // every MXFP4 scale pointer 4-byte aligned: the decode's scale words
     bool tiled = false;            // every weight decode-tiled (HoldExpertWeights)
+    uint64_t tiled_version = 0;    // TiledSet::version when `tiled` was counted
     cuda::ExpertPointerTable view() const {
       const void* const* p = static_cast<const void* const*>(table.raw());
       auto scales = [&](int64_t at) { return reinterpret_cast<const uint8_t* const*>(p + at * E); };
@@ -683,17 +684,23 @@ class CudaBackend final : public Backend {
       for (const Tensor& w : list) host.push_back(mxfp4 ? Codes(w) : W(w));
       if (shared != nullptr) host.push_back(W(m == 0 ? shared->gate : m == 1 ? shared->up : shared->down));
     }
-    // One layout for the table (HoldExpertWeights tiles a layer's experts and its shared one
-    // together; MoeSharedAsExpert declines a shared expert of the other layout).
-    const size_t weights = 3 * E;
-    const auto tiled = static_cast<size_t>(std::count_if(host.begin(), host.end(), [&](const void* p) { return Tiled(p); }));
-    KIMIRT_CHECK_MSG(tiled == 0 || tiled == weights, "an expert table mixes decode-tiled and row-major weights");
     for (const auto* list : {&ex.gate_scales, &ex.up_scales, &ex.down_scales}) {
       KIMIRT_CHECK(!mxfp4 || list->size() == E);
       for (size_t e = 0; e < E; ++e) host.push_back(mxfp4 ? Codes((*list)[e]) : nullptr);
     }
+    // A table made for these pointers while the tiled set was as it is now holds: counting the
+    // tiled ones again took a locked set lookup a pointer, ~2,700 for a K3 layer (~0.2 ms of host
+    // time every MoE call, which eager steps and prefill pay).
     ExpertPointers& ptrs = expert_pointers_[{host.front(), E}];
-    if (ptrs.host == host && ptrs.tiled == (tiled == weights)) return ptrs;
+    const uint64_t version = TiledVersion();
+    if (ptrs.host == host && ptrs.tiled_version == version) return ptrs;
+    // One layout for the table (HoldExpertWeights tiles a layer's experts and its shared one
+    // together; MoeSharedAsExpert declines a shared expert of the other layout).
+    const size_t weights = 3 * E;
+    const auto tiled = static_cast<size_t>(
+        std::count_if(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(weights), [&](const void* p) { return Tiled(p); }));
+    KIMIRT_CHECK_MSG(tiled == 0 || tiled == weights, "an expert table mixes decode-tiled and row-major weights");
+    ptrs.tiled_version = version;
     ptrs.E = static_cast<int64_t>(E);
     ptrs.scales_aligned4 = std::all_of(host.begin() + static_cast<std::ptrdiff_t>(3 * E), host.end(),
                                        [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 4 == 0; });
@@ -897,10 +904,12 @@ class CudaBackend final : public Backend {
       {
         std::lock_guard<std::mutex> lock(tiled_->mu);
         tiled_->ptrs.insert(p);
+        ++tiled_->version;
       }
       std::shared_ptr<void> owner(p, [old = *w, tiled = tiled_](void* q) {
         std::lock_guard<std::mutex> lock(tiled->mu);
         tiled->ptrs.erase(q);
+        ++tiled->version;
       });
       *w = Tensor(std::move(owner), p, w->shape(), w->dtype(), Device::kCuda);
     }
@@ -910,6 +919,10 @@ class CudaBackend final : public Backend {
   bool Tiled(const void* w) const {
     std::lock_guard<std::mutex> lock(tiled_->mu);
     return tiled_->ptrs.count(w) != 0;
+  }
+  uint64_t TiledVersion() const {
+    std::lock_guard<std::mutex> lock(tiled_->mu);
+    return tiled_->version;
   }
 
   // A weight held as F32 or BF16 on this device.
@@ -1109,6 +1122,7 @@ class CudaBackend final : public Backend {
   struct TiledSet {
     std::mutex mu;
     std::set<const void*> ptrs;
+    uint64_t version = 0;  // counts the changes to ptrs (PointersOf's cached tables check it)
   };
   std::shared_ptr<TiledSet> tiled_ = std::make_shared<TiledSet>();
   // PrefetchWeights' stream and its fork and join events (made at the first call); whether it has
