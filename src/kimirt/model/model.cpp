@@ -98,10 +98,12 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelSource& source, Backend& b
     KIMIRT_ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(source.dir));
     weights_source = CheckpointWeightSource(*ckpt);
   }
+  // BF16-held weights mean BF16 tensor-core prefill; F32 ones the exact F32 mode (issue 14). Set
+  // before the weights load: how the backend holds them may depend on it (MXFP4 codes are tiled
+  // for the decode kernel only where prefill reads BF16, CudaBackend::TileMxfp4Experts).
+  backend.set_bf16_prefill(options.matrix_dtype == DType::kBF16);
   KIMIRT_ASSIGN_OR_RETURN(ModelWeights weights,
                           LoadModelWeights(layout, *weights_source, comm.size(), comm.rank(), backend, lo));
-  // BF16-held weights mean BF16 tensor-core prefill; F32 ones the exact F32 mode (issue 14).
-  backend.set_bf16_prefill(options.matrix_dtype == DType::kBF16);
   return std::unique_ptr<Model>(
       new Model(std::move(layout), std::move(weights), backend, comm, lo.pp > 1 ? pipeline : nullptr, stage));
 }
