@@ -80,8 +80,8 @@ KIMIRT_MXFP4_TILED_FN Mxfp4Placed Mxfp4PlaceTiled(uint32_t w) {
 }
 
 // A tiled word back in row-major order, read from where the placement puts each code (sign at
-// 15, exponent and mantissa at 8..6 of its half of A word e % 4): the prefill tile's decode, and
-// (against Mxfp4TileWord) the check that the placement and the stored order agree.
+// 15, exponent and mantissa at 8..6 of its half of A word e % 4): the emulations check with it
+// that the placement and the stored order agree (against Mxfp4TileWord and the row-major codes).
 KIMIRT_MXFP4_TILED_FN uint32_t Mxfp4UntileWord(uint32_t w) {
   const Mxfp4Placed p = Mxfp4PlaceTiled(w);
   uint32_t r = 0;

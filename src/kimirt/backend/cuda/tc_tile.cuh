@@ -37,13 +37,18 @@ constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 3, kThreads = 256;
 constexpr int kRowBytes = kBK * 2;              // one tile row of BF16
 constexpr int kTileBytes = kBM * kRowBytes;     // 16 KB (a and b tiles are the same size)
 constexpr int kRawBytes = kBN * kBK / 2;        // an MXFP4 b tile's codes: 4 KB
+// MXFP4 codes as they arrive: row-major, kStages k tiles; tiled (mxfp4_tiled.cuh), two pairs of k
+// tiles, a pair being each row's 128 k (64 bytes) of one tile of the layout (TileMma's load).
+constexpr int kPairBytes = 2 * kRawBytes;
+constexpr int kRawAreaBytes = 2 * kPairBytes;   // 16 KB
+static_assert(kStages * kRawBytes <= kRawAreaBytes, "row-major stages fit the raw area");
 constexpr int kLoadRows = kThreads / 8;         // rows one pass of the 256 threads loads (8 chunks a row)
 constexpr int kRowsPerThread = kBM / kLoadRows; // 4
 static_assert(kBM == kBN && kBN * 2 == kThreads, "MXFP4 decode: one thread per (row, scale group) of a k tile");
 // Dynamic shared memory of a kernel using the tile (above the 48 KB default: the kernel sets
 // cudaFuncAttributeMaxDynamicSharedMemorySize). Two blocks fit a Hopper SM (227 KB) either way.
 constexpr size_t kSmemBf16 = static_cast<size_t>(kStages) * 2 * kTileBytes;                  // 96 KB
-constexpr size_t kSmemMxfp4 = static_cast<size_t>(kStages) * (kTileBytes + kRawBytes) + kTileBytes;  // 76 KB
+constexpr size_t kSmemMxfp4 = static_cast<size_t>(kStages) * kTileBytes + kRawAreaBytes + kTileBytes;  // 80 KB
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (the attribute is
 // per device, so callers set it before every launch: a host-side write, no launch).
@@ -102,6 +107,24 @@ __device__ __forceinline__ uint4 DecodeMxfp4x8(uint32_t codes, float scale) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// 8 tiled codes (mxfp4_tiled.cuh's bit order) × scale → what DecodeMxfp4x8 gives for the same
+// codes row-major, without putting them back in row-major order (Mxfp4UntileWord: ~50
+// instructions a word, which cost the tiled prefill 14%). The placement holds element e as the
+// BF16 bits of E2M1 × 2^−126 in half e / 4 of A word e % 4; × 2^126 is exact (|x| ≤ 6 · 2^−126,
+// F32 subnormals kept: no -ftz) and gives E2M1ToFloat's float, then the same multiply by scale.
+__device__ __forceinline__ uint4 DecodeMxfp4TiledX8(uint32_t tiled, float scale) {
+  const Mxfp4Placed p = Mxfp4PlaceTiled(tiled);
+  const auto value = [&](uint32_t bits) { return __float_as_uint(__uint_as_float(bits) * 0x1p126f * scale); };
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // elements 2i and 2i + 1
+    const uint32_t a = p.a[2 * i % 4], b = p.a[(2 * i + 1) % 4];
+    const uint32_t lo = value(i < 2 ? a << 16 : a & 0xFFFF0000u), hi = value(i < 2 ? b << 16 : b & 0xFFFF0000u);
+    w[i] = (lo >> 16) | (hi & 0xFFFF0000u);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Where a block's b tile comes from. BF16: rows[i] is the global row of tile row
 // (tid / 8 + 32 i) (null: a row past the weight, zeros), k contiguous. MXFP4: the codes and
 // scales of tile row tid / 2 (null: zeros); the thread loads and decodes its scale group tid % 2
@@ -128,7 +151,7 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
   uint8_t* const a_base = smem;
   uint8_t* const b_base = smem + kStages * kTileBytes;  // BF16 b stages, or MXFP4 raw stages
-  uint8_t* const b_dec = b_base + kStages * kRawBytes;  // MXFP4: the decoded b tile
+  uint8_t* const b_dec = b_base + kRawAreaBytes;      // MXFP4: the decoded b tile
   const int64_t ktiles = (kp + kBK - 1) / kBK;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
@@ -155,12 +178,27 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
       const int group = tid & 1;
       const int64_t k = kt * kBK + group * 32;
       const bool ok = b.codes != nullptr && k < kp;
-      const uint32_t raw = SharedAddr(b_base + slot * kRawBytes + (tid >> 1) * (kBK / 2) + group * 16);
-      if (b.tiled) {  // the group's 4 words lie 16 bytes apart (one per lane t of the decode)
+      if (b.tiled) {
+        // A k tile's words of a row lie in four 16-byte chunks (a decode lane's each) beside the
+        // next k tile's (mxfp4_tiled.cuh): copying them apart took four times the sector requests
+        // (K3's prefill 0.82x). So an even k tile brings its pair's 64 bytes a row in whole
+        // chunks, chunks 2·group and 2·group + 1 by this thread, into pair buffer kt / 2 % 2 (in
+        // use until the odd tile's decode, two iterations before the next load there); chunk c
+        // at (c ^ (r / 2 % 4)) · 16, so the decode's loads of rows r .. r + 7 spread over the
+        // banks. The odd tile's copies come with the even one's group. K % 128 == 0 (tiled
+        // codes): the pair lies inside the weight when its first tile does.
+        if (kt % 2 == 0) {
+          const int r = tid >> 1;
+          const bool in = b.codes != nullptr && kt * kBK < kp;
+          uint8_t* const row = b_base + kt / 2 % 2 * kPairBytes + r * (2 * kBK / 2);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) CpAsync4(raw + 4 * q, ok ? b.codes + Mxfp4TiledK(k + 8 * q) : any, ok);
+          for (int c = 2 * group; c < 2 * group + 2; ++c) {
+            CpAsync16(SharedAddr(row + (c ^ (r >> 1 & 3)) * 16), in ? b.codes + Mxfp4TiledK(kt * kBK + 8 * c) : any, in);
+          }
+        }
       } else {
-        CpAsync16(raw, ok ? b.codes + k / 2 : any, ok);
+        CpAsync16(SharedAddr(b_base + slot * kRawBytes + (tid >> 1) * (kBK / 2) + group * 16), ok ? b.codes + k / 2 : any,
+                  ok);
       }
       if (ok) scale = __ldg(b.scales + k / 32);
     } else {
@@ -188,13 +226,21 @@ __device__ __forceinline__ void TileMma(uint8_t* smem, const uint16_t* const (&a
     uint32_t b_s;
     if constexpr (kMxfp4) {
       const int r = tid >> 1, group = tid & 1;
-      const uint4 q = *reinterpret_cast<const uint4*>(b_base + slot * kRawBytes + r * (kBK / 2) + group * 16);
       const float scale = E8M0ToFloat(scale_ring[0]);
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+      uint32_t words[4];
+      if (b.tiled) {  // step c's word of scale group gg of the pair (load above)
+        const uint8_t* row = b_base + kt / 2 % 2 * kPairBytes + r * (2 * kBK / 2);
+        const int gg = 2 * static_cast<int>(kt % 2) + group;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) words[c] = *reinterpret_cast<const uint32_t*>(row + (c ^ (r >> 1 & 3)) * 16 + 4 * gg);
+      } else {
+        const uint4 q = *reinterpret_cast<const uint4*>(b_base + slot * kRawBytes + r * (kBK / 2) + group * 16);
+        words[0] = q.x, words[1] = q.y, words[2] = q.z, words[3] = q.w;
+      }
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
         *reinterpret_cast<uint4*>(b_dec + Swz(r, group * 4 + wd)) =
-            DecodeMxfp4x8(b.tiled ? Mxfp4UntileWord(words[wd]) : words[wd], scale);  // tiled: mxfp4_tiled.cuh's bits
+            b.tiled ? DecodeMxfp4TiledX8(words[wd], scale) : DecodeMxfp4x8(words[wd], scale);
       }
 #pragma unroll
       for (int s = 0; s + 1 < kStages - 1; ++s) scale_ring[s] = scale_ring[s + 1];
