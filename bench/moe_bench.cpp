@@ -186,8 +186,8 @@ int Run(int argc, char** argv) {
     ExpertWeights ex;
     const uint64_t expert_bytes = MakeExperts(be, c, rng, &ex);
     // Held as the model's loader holds them (LoadModelWeights → HoldExpertWeights): on CUDA BF16
-    // experts decode-tiled unless KIMIRT_DECODE_TILED=0, MXFP4 codes tiled with
-    // KIMIRT_MXFP4_TILED=1 (which wants bf16_prefill, serve's default with BF16 weights).
+    // experts decode-tiled unless KIMIRT_DECODE_TILED=0, MXFP4 codes tiled unless
+    // KIMIRT_MXFP4_TILED=0 (which wants bf16_prefill, serve's default with BF16 weights).
     be.set_bf16_prefill(true);
     be.HoldExpertWeights(&ex, nullptr, nullptr, nullptr);
     const Tensor router = be.Upload(RandomF32({c.experts, c.hidden}, rng, 0.02f));

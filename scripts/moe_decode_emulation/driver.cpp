@@ -588,7 +588,7 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
     ++g_tiled_checks;
     if (!SameBits(out->f(), outs[0]->f(), want.size())) Fail("decode " + name + ": tiled experts' bits differ");
   }
-  // MXFP4 codes tiled (CudaBackend::TileMxfp4Experts, KIMIRT_MXFP4_TILED=1), both scale loads: the
+  // MXFP4 codes tiled (CudaBackend::TileMxfp4Experts, the default), both scale loads: the
   // row-major experts' bits; and one token alone.
   if (!w1.tiled_codes.empty() && !w2.tiled_codes.empty()) {
     for (const bool vec : {false, true}) {

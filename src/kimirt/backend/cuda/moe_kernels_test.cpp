@@ -151,10 +151,10 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
   }
 }
 
-// MXFP4 codes tiled for the decode kernel (KIMIRT_MXFP4_TILED=1: CudaBackend::TileMxfp4Experts,
-// mxfp4_tiled.cuh) give the row-major codes' bits at K3's widths: decode steps (1, 16, 64 tokens)
-// and a prefill-sized one (100: the mma.sync prefill tile reading tiled codes). The bytes moved;
-// without the switch, or with bf16_prefill off, nothing is tiled.
+// MXFP4 codes tiled for the decode kernel (CudaBackend::TileMxfp4Experts, mxfp4_tiled.cuh; the
+// default) give the row-major codes' bits at K3's widths: decode steps (1, 16, 64 tokens) and a
+// prefill-sized one (100: the mma.sync prefill tile reading tiled codes). The bytes moved; with
+// KIMIRT_MXFP4_TILED=0, or with bf16_prefill off, nothing is tiled.
 TEST_F(CudaBackendMoe, TiledMxfp4CodesGiveTheRowMajorBits) {
   const int64_t E = 20, De = 3584, I = 3072, k = 16;
   const Experts ex = RandomExperts(E, De, I);
@@ -179,17 +179,16 @@ TEST_F(CudaBackendMoe, TiledMxfp4CodesGiveTheRowMajorBits) {
   const bool was = gpu_->bf16_prefill();
   gpu_->set_bf16_prefill(true);
   ExpertWeights off = copies();
-  unsetenv("KIMIRT_MXFP4_TILED");
+  setenv("KIMIRT_MXFP4_TILED", "0", 1);
   gpu_->HoldExpertWeights(&off, nullptr, nullptr, nullptr);
-  EXPECT_FALSE(moved(off)) << "tiled without KIMIRT_MXFP4_TILED=1";
-  setenv("KIMIRT_MXFP4_TILED", "1", 1);
+  EXPECT_FALSE(moved(off)) << "tiled with KIMIRT_MXFP4_TILED=0";
+  unsetenv("KIMIRT_MXFP4_TILED");
   ExpertWeights tiled = copies();
   gpu_->set_bf16_prefill(false);
   gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
   EXPECT_FALSE(moved(tiled)) << "tiled with bf16_prefill off (the F32 grouped path reads row-major codes)";
   gpu_->set_bf16_prefill(true);
   gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
-  unsetenv("KIMIRT_MXFP4_TILED");
   EXPECT_TRUE(moved(tiled)) << "the codes were not re-laid out";
   Tensor z_all = Random({100, De}), idx_all, w_all;
   RandomChoice(100, E, k, &idx_all, &w_all);

@@ -1,5 +1,5 @@
 // The decode-tiled layout of MXFP4 expert codes (kernels.h TileMxfp4Codes; docs/cuda.md "MXFP4
-// codes tiled"), an experiment of issue 13, off unless KIMIRT_MXFP4_TILED=1.
+// codes tiled"), issue 13's default (KIMIRT_MXFP4_TILED=0: row-major).
 //
 // Row-major, an [n, k] expert weight's codes are k/2 bytes a row, element k in nibble k % 2 of
 // byte k / 2 (bits 4e .. 4e+3 of a 32-bit word for its 8 elements e). The decode kernel's lane
