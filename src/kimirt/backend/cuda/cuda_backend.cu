@@ -744,10 +744,16 @@ class CudaBackend final : public Backend {
     const bool mxfp4 = ex.mxfp4();
     const int64_t T = Rows(z), De = Cols(z), I = Rows(ex.gate[0]);
     const int format = mxfp4 ? 2 : 1;
+    // Token tiles by the routed load, unless a shared expert rides last (it takes every token)
+    // or KIMIRT_MOE_TILES_BY_LOAD=0 (by T, as before: A/B runs).
+    const auto E = static_cast<int64_t>(ex.gate.size());
+    static const bool by_load_on = cuda::EnvSwitchOn("KIMIRT_MOE_TILES_BY_LOAD");
+    const bool by_load = ptrs.E == E && by_load_on;
     cuda::MoeDecodeExperts(F(z), T, k, g.groups, g.max_active, De, I, ptrs.view(), format,
                            mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
                            p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
-                           p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done);
+                           p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done,
+                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0));
   }
 
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).

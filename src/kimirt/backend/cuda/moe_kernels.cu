@@ -1294,6 +1294,17 @@ size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I) {
   return p.z_bytes + p.gu_bytes + p.h_bytes + p.dn_bytes;
 }
 
+int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E) {
+  // By T: an expert has at most T tokens (a token chooses distinct experts), so up to 32 tokens
+  // one pass covers any expert of the step; at 33..64 an expert chosen by more than 32 tokens
+  // (rare: k/E of them on average) takes a second pass, while 8 tiles' registers would cost every
+  // block occupancy.
+  const int by_t = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+  if (E <= 0) return by_t;
+  const int64_t tiles = (4 * T * k + 8 * E - 1) / (8 * E);  // 4x the mean group, in tiles of 8
+  return tiles <= 1 ? 1 : std::min(tiles <= 2 ? 2 : 4, by_t);
+}
+
 int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
   return gate_up ? SplitK(kRowsPerBlock<true>, I, De, k).splits : SplitK(kRowsPerBlock<false>, De, I, k).splits;
 }
@@ -1301,7 +1312,7 @@ int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done) {
+                      cudaStream_t s, bool z_split_done, int token_tiles) {
   if (T == 0) return;
   if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
     std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
@@ -1319,11 +1330,7 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
     LaunchPdl("MoE split z", SplitRowsKernel, dim3(GridFor(T * De)), dim3(256), 0, s, z, T, De, z_parts);
     CheckLaunch("MoE split z");
   }
-  // Token tiles of 8 per pass: an expert has at most T tokens (a token chooses distinct experts),
-  // so up to 32 tokens one pass covers any expert of the step; at 33..64 an expert chosen by more
-  // than 32 tokens (rare: k/E of them on average) takes a second pass, while 8 tiles' registers
-  // would cost every block occupancy. The tile count changes no token's sums.
-  const int tt = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+  const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0);
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
   if (format == kMxfp4) {
     LaunchDecode<kMxfp4>(p, tt, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,

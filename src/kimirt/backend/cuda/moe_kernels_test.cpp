@@ -151,6 +151,21 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
   }
 }
 
+// The decode's token tiles follow the routed load (MoeDecodeTokenTiles): K3's 16 of 896 and
+// Kimi-Linear's 8 of 256 take one tile up to 64 tokens; a few experts take T's count, never more.
+TEST(MoeDecodeTokenTiles, FollowTheRoutedLoadUpToTsCount) {
+  for (int64_t T : {1, 8, 9, 16, 17, 32, 64}) {
+    const int by_t = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0), by_t) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 896), 1) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 8, 256), 1) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 2, 4), by_t) << T;  // mean T / 2: 4x it needs T's count
+  }
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 64), 4);  // mean 8 tokens: 4x is 4 tiles
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 128), 2);  // mean 4: 2 tiles
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(12, 8, 16), 2);  // 3 tiles wanted, T's count is 2
+}
+
 // MXFP4 codes tiled for the decode kernel (CudaBackend::TileMxfp4Experts, mxfp4_tiled.cuh; the
 // default) give the row-major codes' bits at K3's widths: decode steps (1, 16, 64 tokens) and a
 // prefill-sized one (100: the mma.sync prefill tile reading tiled codes). The bytes moved; with
