@@ -6,14 +6,16 @@
 # configs). cuBLAS and the CUDA runtime are not packed (hundreds of MB): scripts/gpu_check.sh
 # finds the GPU machine's own.
 #
-# Usage: scripts/gpu_bundle.sh   (then run scripts/gpu_check.sh on the GPU machine, carrying .carry)
+# Usage: scripts/gpu_bundle.sh   (then scripts/gpu_run.sh MODE... on the GPU machine, carrying .carry)
+# KIMIRT_BUNDLE_BENCHES="decode_gemm_bench moe_bench" packs only those benches: a device call
+# carries 64 MiB with the tracked tree (~28 MB), and every bench makes the bundle ~38 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" >/dev/null
 # The CUDA kernel benches, and the plain programs that take --device cuda (moe_bench,
 # mla_decode_bench).
-benches="$(cd bench && ls *_bench.cu | sed 's/\.cu$//') moe_bench mla_decode_bench"
+benches="${KIMIRT_BUNDLE_BENCHES:-$(cd bench && ls *_bench.cu | sed 's/\.cu$//') moe_bench mla_decode_bench}"
 # shellcheck disable=SC2086
 ninja -C build-cuda kimirt kimirt_tests $benches
 stage=$(mktemp -d)

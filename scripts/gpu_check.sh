@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine (the device tool), from the repository root, with .carry carried:
+# Runs on a GPU machine (the device tool), from the repository root, with .carry carried (one
+# mode; scripts/gpu_run.sh runs several in one call and packs $OUT into one file to bring back):
 # unpacks .carry/gpu/bundle.tar.xz (scripts/gpu_bundle.sh), then
 #   1. the CUDA backend's op tests and the fixtures' goldens on CUDA (GoogleTest JSON to $OUT),
 #   2. the same tests under compute-sanitizer memcheck (when the machine has it; `tests` runs 1
@@ -31,6 +32,10 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
+#   moeab     the MoE decode's two switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
+#             kimi-linear; batches 1-64) with KIMIRT_MXFP4_TILED=0/1 and KIMIRT_MOE_TILES_BY_LOAD=0/1,
+#             each off against the default, after the MoE tests with each switch off
+#             ($OUT/moe-bench-{mxfp4-tiled,tiles-by-load}{0,1}-{1,2}.json; medians last).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
@@ -104,7 +109,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -412,6 +417,35 @@ if [[ "$what" == moe ]]; then
   cat "$out/moe-bench.txt"
   echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
   tail -5 "$out/bench-model-k3-2layer-cuda.txt"
+fi
+if [[ "$what" == moeab ]]; then
+  f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
+  for sw in KIMIRT_MXFP4_TILED KIMIRT_MOE_TILES_BY_LOAD; do
+    env "$sw=0" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$sw-0.txt" 2>&1 || status=1
+    echo "MoE tests with $sw=0: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$sw-0.txt" | tr '\n' ' ')"
+  done
+  for r in 1 2; do
+    for sw in mxfp4-tiled tiles-by-load; do
+      var=KIMIRT_MXFP4_TILED; [[ $sw == tiles-by-load ]] && var=KIMIRT_MOE_TILES_BY_LOAD
+      for v in 0 1; do
+        env "$var=$v" timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
+          --iters 50 --peak-gbps 4800 --json "$out/moe-bench-$sw$v-$r.json" >"$out/moe-bench-$sw$v-$r.txt" 2>&1 || status=1
+      done
+    done
+  done
+  python3 - "$out" <<'PY' || true
+import glob, json, statistics, sys, collections
+for sw in ("mxfp4-tiled", "tiles-by-load"):
+    t = collections.defaultdict(list)
+    for f in glob.glob(f"{sys.argv[1]}/moe-bench-{sw}*.json"):
+        v = f.split(f"moe-bench-{sw}")[1][0]
+        for c in json.load(open(f))["configs"]:
+            for p in c["points"]: t[(c["config"], p["batch"], v)].append((p["seconds_per_call"], p["bytes"]))
+    print(f"--- {sw}: us a layer, off / on (of 4.8 TB/s on)")
+    for (c, b, v) in sorted(k for k in t if k[2] == "1"):
+        on = statistics.median(s for s, _ in t[(c, b, "1")]); off = statistics.median(s for s, _ in t.get((c, b, "0"), [(float("nan"), 0)]))
+        print(f"{c:12} {b:3} {off*1e6:9.1f} / {on*1e6:9.1f} = {off/on:5.2f}x  ({t[(c, b, '1')][0][1]/on/4.8e12:.3f})")
+PY
 fi
 if [[ "$what" == hbmread ]]; then
   timeout 120 "$root/hbm_read_bench" --json "$out/hbm-read.json" 2>&1 | tail -20
