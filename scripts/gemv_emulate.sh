@@ -2,7 +2,7 @@
 # Checks cuda::Gemv (src/kimirt/backend/cuda/weight_kernels.cu: the staged kernel for aligned F32
 # weights, the general one for the rest) without a GPU, as scripts/kda_chunk_emulate.sh does the
 # chunked KDA kernel: the kernel file is turned into host C++ (scripts/gemv_emulation/gemv_host.h:
-# blocks as 256 std::threads, cp.async landing only at its wait, the L2 prefetch as a range
+# blocks as 256 fibers, cp.async landing only at its wait, the L2 prefetch as a range
 # check), and driver.cpp checks every (row, column) bit for bit against the order the kernel
 # promises (lane sums k = j, j + 32, ... with fmaf, then the xor butterfly), each row alone
 # against the batch. It checks the kernels' indexing, pipeline and sum order, not the GPU's

@@ -2,7 +2,7 @@
 # Checks the chunked KDA prefill kernel (src/kimirt/backend/cuda/kda_chunk_kernels.cu) without a
 # GPU: the kernel's source is turned into host C++ (its inline-PTX MMA replaced by an emulation,
 # its L2 prefetch by nothing, shared memory by a buffer, the launcher dropped), its thread blocks run as 256
-# std::threads with barriers (scripts/kda_chunk_emulation/shim.h), and driver.cpp compares it with
+# fibers with barriers (scripts/kda_chunk_emulation/shim.h), and driver.cpp compares it with
 # a float64 recurrence and checks batch invariance. It checks indexing, tiling, synchronization
 # and the algorithm, not the GPU's rounding or speed (the CUDA tests do: CudaBackendKdaChunk*).
 # About a minute on two cores. Usage: bash scripts/kda_chunk_emulate.sh
@@ -52,7 +52,7 @@ assert prefetch in src and "extern __shared__ float4 smem_f4[];" in src
 src = src.replace(prefetch, "(void)p;")
 src = src.replace("extern __shared__ float4 smem_f4[];", "float4* smem_f4 = g_smem;")
 src = src.replace('#include "kimirt/backend/cuda/kda_activations.cuh"',
-                  '#include "shim.h"\ninline thread_local float4* g_smem;\n' + cp_async +
+                  '#include "shim.h"\ninline float4* g_smem;\n' + cp_async +
                   '#include "kimirt/backend/cuda/kda_activations.cuh"')
 open(sys.argv[2], "w").write(src)
 PY

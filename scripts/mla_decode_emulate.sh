@@ -4,7 +4,7 @@
 # KDA kernel: the kernel file is turned into host C++ (ldmatrix_mma.cuh's inline PTX replaced by the
 # emulated ldmatrix / ldmatrix.trans / MMA of scripts/kda_chunk_emulation/shim.h, cp.async by
 # memcpy, the FP8 widening by a host E4M3 decode, shared memory by a buffer, the launcher dropped),
-# a block's 256 threads run as std::threads with barriers, and driver.cpp runs chosen (sequence,
+# a block's 256 threads run as fibers with barriers, and driver.cpp runs chosen (sequence,
 # split) blocks over random paged latents (BF16, and FP8 with per-row scales; a non-contiguous
 # block table, an odd context, splits that start mid-block and wrap the rings) against a float64
 # reference, and checks ring2's outputs bit-identical to ring4's. It checks indexing, which stage

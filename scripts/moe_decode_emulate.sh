@@ -7,7 +7,7 @@
 # mul.rn.bf16x2 by a host BF16 multiply, `__shared__` arrays by statics (one block runs at a time),
 # __syncwarp by the warp's barrier, the weight loads and L2 prefetches by range-checked host
 # versions, pdl.cuh's launch and `<<<>>>` by host launches that run a 128-thread block as
-# std::threads: scripts/moe_decode_emulation/moe_decode_host.h), and driver.cpp checks every
+# fibers: scripts/moe_decode_emulation/moe_decode_host.h), and driver.cpp checks every
 # output bit-identical to a host computation of the kernel's MMA order, MXFP4 experts against the
 # same experts held as BF16, BF16 experts decode-tiled (decode_tiled.cuh, where the widths allow)
 # against the row-major ones, each token against itself alone, and that nothing outside the

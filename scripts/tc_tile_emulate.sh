@@ -4,7 +4,7 @@
 # scripts/mla_decode_emulate.sh does the MLA decode split: the header is turned into host C++
 # (ldmatrix and the MMA emulated by scripts/kda_chunk_emulation/shim.h, shared memory as one
 # buffer addressed by 32-bit offsets, cp.async queued per thread until its wait:
-# tc_tile_emulation/tc_tile_host.h), a block's 256 threads run as std::threads, and driver.cpp
+# tc_tile_emulation/tc_tile_host.h), a block's 256 threads run as fibers, and driver.cpp
 # checks that MXFP4 codes row-major, MXFP4 codes tiled (mxfp4_tiled.cuh) and their values held as
 # BF16 give every accumulator the same bits, for plain and GLU column maps, a tile with rows past
 # the weight and both scale ranges; and the BF16 tile against a float64 reference. It checks

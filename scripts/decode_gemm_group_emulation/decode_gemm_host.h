@@ -3,7 +3,7 @@
 // dynamic shared memory, the runtime's function attributes, and pdl.cuh's launch, which runs a
 // kernel's blocks (grids of up to three dimensions) one after another (cp.async:
 // cp_async_host.h). A block of 128 threads (the GEMM's, and the MoE decode's: MMAs are
-// warp-collective, the GEMM's x staging has __syncthreads) runs as 128 std::threads
+// warp-collective, the GEMM's x staging has __syncthreads) runs as 128 fibers
 // (shim.h's warp and block barriers), a one-warp block (the MoE grouping's) as 32; other
 // blocks (SplitXKernel, the sums: grid-stride loops with no barriers) run their threads in turn
 // on the calling thread.
@@ -38,7 +38,7 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-inline thread_local Dim3 blockDim;
+inline Dim3 blockDim;
 
 // The runtime calls decode_gemm.cu makes for its shared memory: the dynamic size a kernel was
 // allowed is recorded, and the launch below refuses more than that (or than 48 KB unasked), as
@@ -65,7 +65,7 @@ cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int val
 // Dynamic shared memory: the running block's buffer (the script turns the kernel's
 // `extern __shared__ uint4 x_smem[]` into this pointer), filled with 0xff bytes (BF16 NaNs) at the
 // start of each block, so a read of a chunk no copy wrote shows as NaN.
-inline thread_local uint4* g_dyn_smem;
+inline uint4* g_dyn_smem;
 
 namespace kimirt::cuda {
 
@@ -86,25 +86,21 @@ void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 bloc
   }
   std::vector<uint4> shared((smem + sizeof(uint4) - 1) / sizeof(uint4));
   const std::tuple<Params...> params(static_cast<Params>(args)...);
-  auto run = [&](unsigned bx, unsigned by, unsigned bz, unsigned tx) {
-    blockIdx = {bx, by, bz};
+  for (unsigned b = 0; b < grid.x * grid.y * grid.z; ++b) {
+    blockIdx = {b % grid.x, b / grid.x % grid.y, b / grid.x / grid.y};
     gridDim = {grid.x, grid.y, grid.z};
     blockDim = {block.x, 1, 1};
-    threadIdx = {tx, 0, 0};
     g_dyn_smem = shared.data();
-    std::apply(kernel, params);
-  };
-  for (unsigned b = 0; b < grid.x * grid.y * grid.z; ++b) {
-    const unsigned bx = b % grid.x, by = b / grid.x % grid.y, bz = b / grid.x / grid.y;
     if (!shared.empty()) std::memset(shared.data(), 0xff, shared.size() * sizeof(uint4));
     if (block.x == 128 || block.x == 32) {  // warp collectives: the lanes as threads
       BlockCtx ctx(static_cast<int>(block.x));
       g_ctx = &ctx;
-      std::vector<std::thread> threads;
-      for (unsigned tx = 0; tx < block.x; ++tx) threads.emplace_back(run, bx, by, bz, tx);
-      for (auto& t : threads) t.join();
+      RunBlockThreads(block.x, [&](unsigned) { std::apply(kernel, params); });
     } else {
-      for (unsigned tx = 0; tx < block.x; ++tx) run(bx, by, bz, tx);
+      for (unsigned tx = 0; tx < block.x; ++tx) {
+        threadIdx = {tx, 0, 0};
+        std::apply(kernel, params);
+      }
     }
   }
 }

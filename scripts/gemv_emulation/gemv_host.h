@@ -2,7 +2,7 @@
 // (see ../gemv_emulate.sh): kernels.h's few names, cp.async that lands only when a wait says it
 // must (so a read before its wait, or a copy into a slot still being read, shows up as wrong bits
 // or NaN), the bulk L2 prefetch as a range check, and a launch that runs each block as 256
-// std::threads with its own NaN-filled dynamic shared memory, one block after another.
+// fibers (shim.h's RunBlockThreads) with its own NaN-filled dynamic shared memory, one block after another.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -26,7 +26,7 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-inline thread_local Dim3 blockDim;
+inline Dim3 blockDim;
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 using std::min;
 
@@ -69,8 +69,8 @@ struct Copy {
   void* dst;
   const void* src;
 };
-inline thread_local std::vector<std::vector<Copy>> t_groups;
-inline thread_local std::vector<Copy> t_open;
+inline PerThread<std::vector<std::vector<Copy>>> t_groups;
+inline PerThread<std::vector<Copy>> t_open;
 inline void CpAsync16(void* dst, const void* src) {
   CheckInput(src, 16, "cp.async source outside x and w, or unaligned");
   const char* d = static_cast<const char*>(dst);
@@ -78,16 +78,16 @@ inline void CpAsync16(void* dst, const void* src) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || d < s || d + 16 > s + g_smem_bytes) {
     Fail("cp.async destination outside the dynamic shared memory, or unaligned");
   }
-  t_open.push_back({dst, src});
+  t_open->push_back({dst, src});
 }
 inline void CpAsyncCommit() {
-  t_groups.push_back(std::move(t_open));
-  t_open.clear();
+  t_groups->push_back(std::move(*t_open));
+  t_open->clear();
 }
 inline void LandOldest(size_t keep) {
-  while (t_groups.size() > keep) {
-    for (const Copy& c : t_groups.front()) std::memcpy(c.dst, c.src, 16);
-    t_groups.erase(t_groups.begin());
+  while (t_groups->size() > keep) {
+    for (const Copy& c : t_groups->front()) std::memcpy(c.dst, c.src, 16);
+    t_groups->erase(t_groups->begin());
   }
 }
 template <int N>
@@ -95,7 +95,7 @@ inline void CpAsyncWait() {
   LandOldest(N);
 }
 inline void CpAsyncWaitAll() {
-  if (!t_open.empty()) Fail("cp.async copies never committed");
+  if (!t_open->empty()) Fail("cp.async copies never committed");
   LandOldest(0);
 }
 
@@ -130,20 +130,15 @@ void LaunchPdl(const char*, void (*kernel)(Params...), dim3 grid, dim3 block, si
     g_smem_bytes = smem;
     BlockCtx ctx;
     g_ctx = &ctx;
-    std::vector<std::thread> threads;
-    for (unsigned tx = 0; tx < block.x; ++tx) {
-      threads.emplace_back([&, bx, by, tx] {
-        blockIdx = {bx, by, 0};
-        gridDim = {grid.x, grid.y, 1};
-        blockDim = {block.x, 1, 1};
-        threadIdx = {tx, 0, 0};
-        t_groups.clear();
-        t_open.clear();
-        std::apply(kernel, params);
-        if (!t_open.empty() || !t_groups.empty()) Fail("cp.async copies left in flight at the kernel's end");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    blockIdx = {bx, by, 0};
+    gridDim = {grid.x, grid.y, 1};
+    blockDim = {block.x, 1, 1};
+    RunBlockThreads(block.x, [&](unsigned) {
+      t_groups->clear();
+      t_open->clear();
+      std::apply(kernel, params);
+      if (!t_open->empty() || !t_groups->empty()) Fail("cp.async copies left in flight at the kernel's end");
+    });
   }
 }
 

@@ -24,17 +24,10 @@ void RunGrid(unsigned gx, unsigned gy, size_t smem_bytes, F&& kernel) {
       std::vector<float4> smem(smem_bytes / 16 + 1, float4{NAN, NAN, NAN, NAN});
       BlockCtx ctx;
       g_ctx = &ctx;
-      std::vector<std::thread> threads;
-      for (unsigned t = 0; t < 256; ++t) {
-        threads.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
-          blockIdx = {bx, by, 0};
-          gridDim = {gx, gy, 1};
-          g_smem = smem.data();
-          kernel();
-        });
-      }
-      for (auto& th : threads) th.join();
+      blockIdx = {bx, by, 0};
+      gridDim = {gx, gy, 1};
+      g_smem = smem.data();
+      RunBlockThreads(256, [&](unsigned) { kernel(); });
     }
   }
 }

@@ -1,23 +1,40 @@
 // Host emulation of the CUDA features kda_chunk_kernels.cu uses (see ../kda_chunk_emulate.sh):
-// a thread block is 256 std::threads with std::barrier for __syncthreads and per-warp barriers
+// a thread block is 256 fibers (fibers.h) with a barrier for __syncthreads and per-warp barriers
 // for the warp-collective operations (shuffles, mma.sync). The MMA follows the PTX ISA's
 // m16n8k16 fragment layouts (the ones decode_gemm.cu runs on the H200): it checks the kernel's
 // indexing, tiling, synchronization and math, not the tensor cores' rounding.
 #pragma once
+#include <array>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
+
+#include "fibers.h"
 #define __global__
 #define __device__
 #define __forceinline__
 #define __launch_bounds__(a, b)
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local Dim3 threadIdx, blockIdx, gridDim;
+inline Dim3 threadIdx, blockIdx, gridDim;  // the running thread's, set at each of its turns
+// A block's n threads: body(t) as fiber t, threadIdx set to t on each of its turns.
+template <class Body>
+void RunBlockThreads(unsigned n, Body&& body) {
+  emu::RunFibers(n, [](unsigned t) { threadIdx = {t, 0, 0}; }, body);
+}
+// A value each thread of the running block has its own of (the fibers share the OS thread, so
+// thread_local is the block's): t->... is thread threadIdx.x's.
+template <class T>
+class PerThread {
+ public:
+  T* operator->() { return &of_[threadIdx.x]; }
+  T& operator*() { return of_[threadIdx.x]; }
+
+ private:
+  std::vector<T> of_ = std::vector<T>(1024);
+};
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -30,15 +47,15 @@ inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); retu
 [[noreturn]] inline void __trap() { std::abort(); }
 #include <math.h>
 struct BlockCtx {
-  std::barrier<> block;  // __syncthreads: the block's threads (256 unless the launcher says)
-  std::vector<std::barrier<>*> warp;
+  emu::Barrier block;  // __syncthreads: the block's threads (256 unless the launcher says)
+  std::vector<emu::Barrier*> warp;
   std::atomic<int> or_acc{0};
   float shfl[8][32];
   uint32_t fa[8][32][4], fb[8][32][2];
   const void* ptr[8][32];
   float fc[8][32][4];
   explicit BlockCtx(int threads = 256) : block(threads) {
-    for (int i = 0; i < 8; ++i) warp.push_back(new std::barrier<>(32));
+    for (int i = 0; i < 8; ++i) warp.push_back(new emu::Barrier(32));
   }
   ~BlockCtx() { for (auto* b : warp) delete b; }
 };

@@ -63,15 +63,8 @@ void RunBlock(Kernel kernel, size_t smem_bytes, const PagedDecodeArgs& a, const 
   g_smem = smem;
   BlockCtx ctx;
   g_ctx = &ctx;
-  std::vector<std::thread> threads;
-  for (unsigned tx = 0; tx < kThreadsPerBlock; ++tx) {
-    threads.emplace_back([&, tx] {
-      blockIdx = {bx, by, 0};
-      threadIdx = {tx, 0, 0};
-      kernel(a, qc, part_o, part_ml);
-    });
-  }
-  for (auto& t : threads) t.join();
+  blockIdx = {bx, by, 0};
+  RunBlockThreads(kThreadsPerBlock, [&](unsigned) { kernel(a, qc, part_o, part_ml); });
   std::free(smem);
 }
 

@@ -1,5 +1,5 @@
 // What moe_kernels.cu needs beyond ../decode_gemm_group_emulation/decode_gemm_host.h (BF16, dim3,
-// pdl.cuh's launch running 128-thread blocks as std::threads) and ../kda_chunk_emulation/shim.h
+// pdl.cuh's launch running 128-thread blocks as fibers) and ../kda_chunk_emulation/shim.h
 // (the emulated MMA, warp barriers) in its host emulation (see ../moe_decode_emulate.sh):
 // __syncwarp as the warp's own barrier (warps of ExpertMmaKernel return early, so a block-wide
 // barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),

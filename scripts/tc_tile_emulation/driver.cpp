@@ -99,7 +99,6 @@ Result Run(const Operands& o, BForm form) {
   BlockCtx ctx(256);
   g_ctx = &ctx;
   auto thread = [&](unsigned tid) {
-    threadIdx = {tid, 0, 0};
     const uint16_t* a_rows[tc::kRowsPerThread];
     for (int i = 0; i < tc::kRowsPerThread; ++i) a_rows[i] = o.a.data() + (tid / 8 + 32 * i) * o.kp;
     float acc[4][4][4];
@@ -131,9 +130,7 @@ Result Run(const Operands& o, BForm form) {
       }
     }
   };
-  std::vector<std::thread> threads;
-  for (unsigned tid = 0; tid < 256; ++tid) threads.emplace_back(thread, tid);
-  for (auto& t : threads) t.join();
+  RunBlockThreads(256, thread);
   return res;
 }
 

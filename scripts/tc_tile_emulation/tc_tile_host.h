@@ -33,28 +33,28 @@ struct TcCopy {
   const void* src;    // nullptr: zeros (src-size 0)
   int bytes;
 };
-inline thread_local std::vector<TcCopy> g_tc_open;
-inline thread_local std::vector<std::vector<TcCopy>> g_tc_groups;
+inline PerThread<std::vector<TcCopy>> g_tc_open;
+inline PerThread<std::vector<std::vector<TcCopy>>> g_tc_groups;
 inline void TcCopyAsync(uint32_t dst, const void* src, bool valid, int bytes) {
-  g_tc_open.push_back({dst, valid ? src : nullptr, bytes});
+  g_tc_open->push_back({dst, valid ? src : nullptr, bytes});
 }
 inline void CpAsync16(uint32_t dst, const void* src, bool valid = true) { TcCopyAsync(dst, src, valid, 16); }
 inline void CpAsync4(uint32_t dst, const void* src, bool valid = true) { TcCopyAsync(dst, src, valid, 4); }
 inline void CpAsyncCommit() {
-  g_tc_groups.push_back(std::move(g_tc_open));
-  g_tc_open.clear();
+  g_tc_groups->push_back(std::move(*g_tc_open));
+  g_tc_open->clear();
 }
 template <int kPending>
 void CpAsyncWait() {
-  while (g_tc_groups.size() > static_cast<size_t>(kPending)) {
-    for (const TcCopy& c : g_tc_groups.front()) {
+  while (g_tc_groups->size() > static_cast<size_t>(kPending)) {
+    for (const TcCopy& c : g_tc_groups->front()) {
       if (c.src != nullptr) {
         std::memcpy(g_smem + c.dst, c.src, static_cast<size_t>(c.bytes));
       } else {
         std::memset(g_smem + c.dst, 0, static_cast<size_t>(c.bytes));
       }
     }
-    g_tc_groups.erase(g_tc_groups.begin());
+    g_tc_groups->erase(g_tc_groups->begin());
   }
 }
 
