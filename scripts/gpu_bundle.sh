@@ -25,7 +25,7 @@ cp build-cuda/kimirt build-cuda/kimirt_tests "$stage/"
 for b in $benches; do cp "build-cuda/bench/$b" "$stage/"; done
 strip "$stage/kimirt" "$stage/kimirt_tests"
 for b in $benches; do strip "$stage/$b"; done
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libpcre2-8.so.0 libcpp-httplib.so.0.11 \
+for lib in libpcre2-8.so.0 libcpp-httplib.so.0.11 \
            libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$stage/lib/"
 done

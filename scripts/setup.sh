@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev libpcre2-dev libcpp-httplib-dev libboost1.81-dev gnuplot-nox python3-pip)
+packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev libboost1.81-dev gnuplot-nox python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,8 +3,6 @@
 // small ops are here.
 #include "kimirt/backend/cpu/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -213,7 +211,6 @@ std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(
 
 void SetCpuBackendThreads(int threads) {
   if (threads <= 0) return;
-  openblas_set_num_threads(threads);
   SetParallelForThreads(threads - 1);  // the caller is the other thread
 }
 

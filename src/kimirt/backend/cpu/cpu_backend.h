@@ -11,7 +11,7 @@ namespace kimirt {
 
 std::unique_ptr<Backend> MakeCpuBackend();
 
-// Threads the CPU backend uses (OpenBLAS GEMMs and the per-head ParallelFor loops); 0 leaves
+// Threads the CPU backend uses (its ParallelFor loops: GEMM blocks, heads); 0 leaves
 // the defaults (all cores). Call before the first forward.
 void SetCpuBackendThreads(int threads);
 

@@ -1,15 +1,21 @@
-// The CPU backend's GEMM (OpenBLAS), shared by its ops and kernels.
+// The CPU backend's GEMM (gemm.cpp), shared by its ops and kernels.
 #pragma once
 
 #include <cstdint>
 
 namespace kimirt::cpu {
 
-// Rows a BLAS call takes: every call has exactly this many (gemm.cpp says why).
-inline constexpr int64_t kGemmRowBlock = 64;
+// kAuto: the AVX2 kernel where the CPU has AVX2 and FMA, else the portable one. kPortable: the
+// portable one always (the tests hold the two to the same bits).
+enum class GemmKernel { kAuto, kPortable };
 
-// y [m, n] = x [m, k] · w [n, k]ᵀ, all F32 row-major (k = 0 gives zeros). Row-invariant: a row's
-// bits depend on that row of x and on w alone, never on m or the other rows.
-void Gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
+// y [m, n] = x [m, k] · w [n, k]ᵀ, all F32 row-major (k = 0 gives zeros). Row-invariant: each
+// output's bits depend on its row of x and its row of w alone, never on m, n, where the row sits
+// or the thread count (gemm.cpp gives the order of the sums).
+void Gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+          GemmKernel kernel = GemmKernel::kAuto);
+
+// Whether kAuto runs the AVX2 kernel here.
+bool GemmHasAvx2();
 
 }  // namespace kimirt::cpu
