@@ -218,8 +218,7 @@ class Backend {
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
   // Up to how many rows every per-token op computes each row exactly as it would alone (same
   // bits whatever the other rows are): the engine batches decode steps of up to this many
-  // sequences into one forward without giving up batch invariance. 1: never batch (the CPU's
-  // BLAS picks kernels by row count).
+  // sequences into one forward without giving up batch invariance. 1: never batch.
   virtual int64_t RowInvariantRows() const { return 1; }
   // Prefill math (issue 14, docs/numerics.md). Off (the default): F32 throughout, the mode the
   // F32 goldens pin. On: a backend may run prefill (calls of more than RowInvariantRows() rows)

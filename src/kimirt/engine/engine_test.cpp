@@ -533,8 +533,8 @@ TEST(EnginePipelineParallel, StagesGenerateWhatOneRankDoesAloneOrAmongOthers) {
 }
 
 // Micro-batches in flight through the engine: the runner takes a step's decodes in one call
-// (decode_batch_limit) and the stages split it into micro-batches, one sequence each on the CPU
-// (RowInvariantRows 1). Sixteen requests of different prompt and output lengths (joining the
+// (decode_batch_limit) and the stages split it into micro-batches, one per stage (MicroBatchRows).
+// Sixteen requests of different prompt and output lengths (joining the
 // batch as their prefills finish, leaving it as they end; half submitted only once the first is
 // decoding) give one rank's tokens and logprobs, every request bit for bit, at PP 2, 3 and 4, and
 // TP 2 × PP 2 gives TP 2's.

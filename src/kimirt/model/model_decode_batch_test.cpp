@@ -1,7 +1,7 @@
 // Model::ForwardDecode (several sequences, one token each, one forward) against each sequence
 // decoded alone, over two steps so the carried KDA states, conv windows and latent rows are
-// checked too. On a row-invariant backend (CUDA) the rows must match alone bit for bit; on the
-// CPU, whose BLAS picks kernels by row count, within rounding (rel-L2 1e-5).
+// checked too. Up to the backend's RowInvariantRows (CPU and CUDA: 64) the rows must match alone
+// bit for bit; beyond, within rounding (rel-L2 1e-5).
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -24,6 +24,9 @@ class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
+  // Every op computes a row as it would alone (cpu::Gemm's fixed order of sums, the rest per row
+  // or per sequence), so the engine may batch decode steps; 64 as on CUDA.
+  int64_t RowInvariantRows() const override { return 64; }
 
   Tensor Empty(Shape shape, DType dtype) override { return Tensor::Host(std::move(shape), dtype); }
   Tensor Zeros(Shape shape, DType dtype) override { return Tensor::Host(std::move(shape), dtype); }
