@@ -3,7 +3,7 @@
 # AddressSanitizer + UBSan build of `kimirt` (issues 5 and 11: the soak passes under ASan).
 # Builds into build-asan (only the binary), then runs tests/python/test_openai_server.py and
 # test_tool_calls.py against it; a leak or memory error makes the server exit non-zero, which the
-# fixture asserts against. Takes ~15 min to build and ~10 min to run on 2 cores.
+# fixture asserts against. Takes ~25 min to build and ~10 min to run on 2 cores (measured 2026-12-05).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKIMIRT_SANITIZE=ON \
