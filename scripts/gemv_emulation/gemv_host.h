@@ -134,8 +134,6 @@ void LaunchPdl(const char*, void (*kernel)(Params...), dim3 grid, dim3 block, si
     gridDim = {grid.x, grid.y, 1};
     blockDim = {block.x, 1, 1};
     RunBlockThreads(block.x, [&](unsigned) {
-      t_groups->clear();
-      t_open->clear();
       std::apply(kernel, params);
       if (!t_open->empty() || !t_groups->empty()) Fail("cp.async copies left in flight at the kernel's end");
     });

@@ -25,15 +25,25 @@ void RunBlockThreads(unsigned n, Body&& body) {
   emu::RunFibers(n, [](unsigned t) { threadIdx = {t, 0, 0}; }, body);
 }
 // A value each thread of the running block has its own of (the fibers share the OS thread, so
-// thread_local is the block's): t->... is thread threadIdx.x's.
+// thread_local is the block's): t->... is thread threadIdx.x's, a fresh T at each block's start
+// (as a thread_local died with its std::thread).
 template <class T>
 class PerThread {
  public:
-  T* operator->() { return &of_[threadIdx.x]; }
-  T& operator*() { return of_[threadIdx.x]; }
+  T* operator->() { return &Mine(); }
+  T& operator*() { return Mine(); }
 
  private:
-  std::vector<T> of_ = std::vector<T>(1024);
+  struct Slot {
+    uint64_t block = 0;
+    T value{};
+  };
+  T& Mine() {
+    Slot& s = of_[threadIdx.x];
+    if (s.block != emu::g_blocks) s = Slot{emu::g_blocks, T{}};
+    return s.value;
+  }
+  std::vector<Slot> of_ = std::vector<Slot>(1024);
 };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };

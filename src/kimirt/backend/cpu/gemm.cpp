@@ -4,7 +4,7 @@
 // row's sums are ordered depends on the call's row count (the kernels' tails, GEMV forwarding for
 // one row) and, with the row count fixed, on the row's position in the call: under Debian 12's
 // OpenBLAS 0.3.21 (Haswell and Zen kernels, 1 or 2 threads) rows 6-11 of every 12 of a 64-row
-// call summed differently from rows 0-5, in 118 of 120 shapes, so a prompt's bits moved with
+// call summed differently from rows 0-5, in 118-119 of 120 shapes, so a prompt's bits moved with
 // where its chunk began. Padding every call to 64 rows (this file's earlier answer) also made a
 // one-row decode pay for 64.
 //
@@ -128,14 +128,6 @@ TileFn PickTile(GemmKernel kernel) {
 }
 
 }  // namespace
-
-bool GemmHasAvx2() {
-#ifdef KIMIRT_GEMM_AVX2
-  return HasAvx2();
-#else
-  return false;
-#endif
-}
 
 void Gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, GemmKernel kernel) {
   if (m == 0 || n == 0) return;

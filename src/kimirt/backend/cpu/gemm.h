@@ -15,7 +15,4 @@ enum class GemmKernel { kAuto, kPortable };
 void Gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
           GemmKernel kernel = GemmKernel::kAuto);
 
-// Whether kAuto runs the AVX2 kernel here.
-bool GemmHasAvx2();
-
 }  // namespace kimirt::cpu
