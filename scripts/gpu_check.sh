@@ -32,11 +32,10 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   moeab     the MoE decode's three switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
-#             kimi-linear; batches 1-64) with KIMIRT_MXFP4_TILED, KIMIRT_MOE_TILES_BY_LOAD and
-#             KIMIRT_MXFP4_RING (the code ring, off by default until timed) each 0 and 1, after the
-#             MoE tests with each switch at its other value
-#             ($OUT/moe-bench-{mxfp4-tiled,tiles-by-load,mxfp4-ring}{0,1}-{1,2}.json; medians last).
+#   moeab     the MoE decode's two switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
+#             kimi-linear; batches 1-64) with KIMIRT_MXFP4_TILED=0/1 and KIMIRT_MOE_TILES_BY_LOAD=0/1,
+#             each off against the default, after the MoE tests with each switch off
+#             ($OUT/moe-bench-{mxfp4-tiled,tiles-by-load}{0,1}-{1,2}.json; medians last).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
@@ -421,15 +420,13 @@ if [[ "$what" == moe ]]; then
 fi
 if [[ "$what" == moeab ]]; then
   f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
-  # Each switch at the value that is not its default (the MoE tests), then each off and on.
-  for sv in KIMIRT_MXFP4_TILED=0 KIMIRT_MOE_TILES_BY_LOAD=0 KIMIRT_MXFP4_RING=1; do
-    env "$sv" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$sv.txt" 2>&1 || status=1
-    echo "MoE tests with $sv: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$sv.txt" | tr '\n' ' ')"
+  for sw in KIMIRT_MXFP4_TILED KIMIRT_MOE_TILES_BY_LOAD; do
+    env "$sw=0" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$sw-0.txt" 2>&1 || status=1
+    echo "MoE tests with $sw=0: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$sw-0.txt" | tr '\n' ' ')"
   done
   for r in 1 2; do
-    for sw in mxfp4-tiled tiles-by-load mxfp4-ring; do
+    for sw in mxfp4-tiled tiles-by-load; do
       var=KIMIRT_MXFP4_TILED; [[ $sw == tiles-by-load ]] && var=KIMIRT_MOE_TILES_BY_LOAD
-      [[ $sw == mxfp4-ring ]] && var=KIMIRT_MXFP4_RING
       for v in 0 1; do
         env "$var=$v" timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
           --iters 50 --peak-gbps 4800 --json "$out/moe-bench-$sw$v-$r.json" >"$out/moe-bench-$sw$v-$r.txt" 2>&1 || status=1
@@ -438,7 +435,7 @@ if [[ "$what" == moeab ]]; then
   done
   python3 - "$out" <<'PY' || true
 import glob, json, statistics, sys, collections
-for sw in ("mxfp4-tiled", "tiles-by-load", "mxfp4-ring"):
+for sw in ("mxfp4-tiled", "tiles-by-load"):
     t = collections.defaultdict(list)
     for f in glob.glob(f"{sys.argv[1]}/moe-bench-{sw}*.json"):
         v = f.split(f"moe-bench-{sw}")[1][0]

@@ -32,12 +32,9 @@ from mma_host import cut, host_mma
 # mma_bf16.cuh: the shim's MMA, and moe_decode_host.h's range-checked load and prefetch.
 mma = host_mma(cuda_dir, "return HostLoadStreaming(p);", "HostPrefetchL2(p, bytes);")
 src = open(cuda_dir + "/moe_kernels.cu").read()
-for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
-            '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
+for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
     assert inc in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
-# The MXFP4 code ring's copies wait in each thread's queue until its CpAsyncWait (cp_async_host.h).
-src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp_async_host.h"\n')
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")

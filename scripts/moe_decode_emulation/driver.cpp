@@ -298,12 +298,12 @@ struct MmaProblem {
   const ExpertSet* wb;
 };
 void CheckMma(const MmaProblem& p, int fmt, int tt, int64_t slice, bool scales_vec, const std::vector<float>& want,
-              bool alone, bool tiled = false, bool ring = false) {
+              bool alone, bool tiled = false) {
   const Groups& g = *p.g;
   const int64_t splits = (p.K + slice - 1) / slice, out_w = p.gate_up ? 2 * p.N : p.N;
   const size_t part_elems = static_cast<size_t>(splits * g.n * out_w);
   const std::string where = std::string(p.gate_up ? "gate/up" : "down") + (fmt == kc::kMxfp4 ? " mxfp4" : " bf16") +
-                            (scales_vec ? " (vector scales)" : "") + (tiled ? " tiled" : "") + (ring ? " ring" : "") +
+                            (scales_vec ? " (vector scales)" : "") + (tiled ? " tiled" : "") +
                             " tiles=" + std::to_string(tt) +
                             " N=" + std::to_string(p.N) + " K=" + std::to_string(p.K) +
                             " slice=" + std::to_string(slice);
@@ -322,7 +322,6 @@ void CheckMma(const MmaProblem& p, int fmt, int tt, int64_t slice, bool scales_v
     a.wa = p.wa->W(fmt, tiled);
     a.wb = p.gate_up ? p.wb->W(fmt, tiled) : p.wa->W(fmt, tiled);
     a.tiled = tiled;
-    a.ring = ring;  // with tiled codes and vector scales, the code ring
     a.sa = fmt == kc::kMxfp4 ? p.wa->scales.data() : nullptr;
     a.sb = fmt == kc::kMxfp4 ? (p.gate_up ? p.wb->scales.data() : p.wa->scales.data()) : nullptr;
     a.scales_vec = scales_vec;
@@ -380,9 +379,8 @@ void CheckMma(const MmaProblem& p, int fmt, int tt, int64_t slice, bool scales_v
 
 // The mma part: gate/up over N = 96 rows (blocks of 64: the second block's last two warps
 // return at once), down over N = 160 (blocks of 128: three of the second block's warps return).
-// MXFP4 codes tiled (with vector scales: the code ring, kCodeRing; without: read directly)
-// where K allows; the ring also over a whole K of 512 (4 rounds: the ring filled) and of 1,152
-// (9 rounds in one slice: each stage reused twice).
+// MXFP4 codes tiled (mxfp4_tiled.cuh), with and without vector scales, where K allows, also
+// over a whole K of 512 in one slice.
 void RunMmaChecks() {
   constexpr int kE = 8;
   const int64_t T = 18, k = 2;
@@ -399,7 +397,7 @@ void RunMmaChecks() {
   const Groups g = MakeGroups(T, k, idx, kE);
   for (const bool gate_up : {true, false}) {
     const int64_t N = gate_up ? 96 : 160;
-    for (const int64_t K : gate_up ? std::vector<int64_t>{288, 352, 512, 1152} : std::vector<int64_t>{96, 288, 512, 1152}) {
+    for (const int64_t K : gate_up ? std::vector<int64_t>{288, 352, 512} : std::vector<int64_t>{96, 288, 512}) {
       const int64_t x_rows = gate_up ? T : g.n;
       Buffer x(static_cast<size_t>(x_rows * K) * 4);
       for (int64_t i = 0; i < x_rows * K; ++i) x.f()[i] = static_cast<float>((Uniform() * 2 - 1) * 4);
@@ -411,10 +409,7 @@ void RunMmaChecks() {
       if (gate_up) wb = std::make_unique<ExpertSet>(kE, N, K);
       const MmaProblem p{&g, gate_up, N, K, x_rows, x_parts.get(), &wa, wb.get()};
       const int64_t split_k = kc::SplitK(gate_up ? kc::kRowsPerBlock<true> : kc::kRowsPerBlock<false>, N, K, k).slice;
-      // K = 1,152 is for the ring alone: tiled codes with vector scales, whole K in one slice.
-      const bool ring_only = K == 1152;
       std::set<int64_t> slices{split_k, 128, K > 256 ? int64_t{256} : int64_t{128}};
-      if (ring_only) slices = {K};
       if (K == 512) slices.insert(K);
       for (const int64_t slice : slices) {
         const std::vector<float> want = ReferenceParts(g, gate_up, parts, x_rows, wa, wb.get(), N, K, slice);
@@ -422,17 +417,12 @@ void RunMmaChecks() {
         // into; where the rows go does not depend on the slice): the run time of CI.
         const bool alone = slice == 128;
         for (const int tt : {1, 2, 4}) {
-          if (!ring_only) {
-            CheckMma(p, kc::kBf16, tt, slice, false, want, alone);
-            CheckMma(p, kc::kMxfp4, tt, slice, false, want, alone);
-          }
+          CheckMma(p, kc::kBf16, tt, slice, false, want, alone);
+          CheckMma(p, kc::kMxfp4, tt, slice, false, want, alone);
           if (K % 128 == 0) {
-            if (!ring_only) {
-              CheckMma(p, kc::kMxfp4, tt, slice, true, want, alone);
-              CheckMma(p, kc::kMxfp4, tt, slice, true, want, alone, true);  // tiled, read directly
-              CheckMma(p, kc::kMxfp4, tt, slice, false, want, alone, true);
-            }
-            CheckMma(p, kc::kMxfp4, tt, slice, true, want, alone, true, true);
+            CheckMma(p, kc::kMxfp4, tt, slice, true, want, alone);
+            CheckMma(p, kc::kMxfp4, tt, slice, true, want, alone, true);
+            CheckMma(p, kc::kMxfp4, tt, slice, false, want, alone, true);
           }
         }
       }
@@ -770,9 +760,6 @@ void RunRouteChecks() {
 
 int main(int argc, char** argv) {  // argv[1]: "mma", "decode" or "route" runs that part only
   const std::string only = argc > 1 ? argv[1] : "";
-  // The decode checks take the code ring (off by default until timed on a GPU; the mma checks
-  // run tiled codes with and without it).
-  setenv("KIMIRT_MXFP4_RING", "1", 1);
   if (argc > 2 || (!only.empty() && only != "mma" && only != "decode" && only != "route")) {
     std::fprintf(stderr, "usage: moe_decode_emulation [mma|decode|route] (got %s)\n", argv[argc - 1]);
     return 2;

@@ -4,7 +4,6 @@
 // The router follows the CPU reference exactly: sigmoid scores, the correction bias for the
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
-#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
@@ -16,7 +15,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace kimirt::cuda {
@@ -910,34 +908,9 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
 // Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers), 4 (≤ 128) for one
 // tile, the decode's case: ncu found the MXFP4 kernel latency-bound at 3 warps a scheduler.
 // ptxas -v, sm_90a: 1 tile 128 registers, 2 and 4 tiles 148-168; BF16 up to 20 bytes spilled,
-// MXFP4 up to 128 (its ring, tiled and row-major round loops side by side), none inside a round
-// loop (the SASS).
+// MXFP4 up to 112 (its tiled and row-major round loops side by side), none inside a round loop
+// (the SASS).
 constexpr int kMmaMinBlocks = 3;
-
-// Tiled MXFP4 codes come through a ring of kCodeRing rounds in shared memory, kCodeRing − 1 of
-// them in flight (cp.async) while a round is decoded. A round of a warp is 2 KB of codes: loaded
-// as it is decoded, a warp has 2 KB in flight against the BF16 kernels' 8 KB, and at 16 warps a
-// multiprocessor 32 KB is less than 4.8 TB/s × a loaded latency of ~1 µs asks of each (36 KB):
-// ncu found the MXFP4 kernel latency-bound (docs/cuda.md). Each lane copies its own chunks and
-// scales and reads back only those, so its own cp.async wait is the only synchronization. The
-// copy of round i + kCodeRing − 1 goes into the stage round i − 1 was read from (its words are
-// decoded by then: no copy lands over a word still to be read).
-constexpr int kCodeRing = 4;
-// Off unless KIMIRT_MXFP4_RING=1 until it has been timed on a GPU (built in the twenty-second
-// session, which no GPU reached; docs/cuda.md "The code ring"). Read once a process.
-bool Mxfp4RingOn() {
-  static const bool on = [] {
-    const char* v = std::getenv("KIMIRT_MXFP4_RING");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return on;
-}
-// A warp's ring: [stage][tile c · 2 + half h][lane] 16-byte code chunks, then as many 4-byte
-// scale words (the lane's round of 4 scale groups) — 10 KB; the row-major codes' quad exchange
-// (8 row groups × kTransposeStride words × 4) uses the same memory (a launch takes one layout).
-constexpr int kRingCodeWords = kCodeRing * 4 * 32 * 4;
-constexpr int kRingWords = kRingCodeWords + kCodeRing * 4 * 32;
-static_assert(kRingWords >= 4 * 8 * kTransposeStride, "the quad exchange fits a warp's ring");
 
 struct MmaArgs {
   const uint16_t* x_parts = nullptr;  // [3, x_rows, K] split x, PackedPos order
@@ -952,7 +925,6 @@ struct MmaArgs {
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
-  bool ring = false;   // tiled MXFP4 codes with vector scales through the code ring (kCodeRing)
 };
 
 template <int kFmt, bool kGateUp, int kTT>
@@ -967,7 +939,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const uint8_t* const* sb = args.sb;
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
-  __shared__ __align__(16) uint32_t warp_smem[kMmaWarps][kFmt == kMxfp4 ? kRingWords : 1];  // MXFP4 only
+  __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
   const int num_active = *ga.num_active;
   if (static_cast<int>(blockIdx.z) >= num_active) return;
   // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
@@ -1042,26 +1014,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // kTiled: the weights decode-tiled (BF16) or the codes tiled (MXFP4). Each layout's rounds
     // are a loop of their own (below), so the tiled loads' offsets are constants: with the
     // strides chosen at run time the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
-    // MXFP4 ring (kCodeRing): the stage this round reads.
-    [[maybe_unused]] int stage = 0;
-    [[maybe_unused]] uint32_t* const ring = warp_smem[warp];
-    // The next round's codes and scales of this lane into ring stage `at` (tiled codes, 4-byte
-    // aligned scale rows), its pointers moved on. Row g + 8's chunk lies 512 bytes after row g's
-    // in a tiled code tile (mxfp4_tiled.cuh), so only qp[c][0] is used and moved.
-    [[maybe_unused]] const auto copy_round = [&](int at) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int slot = (at * 4 + 2 * c + h) * 32 + lane;
-          CpAsync16(ring + 4 * slot, qp[c][0] + 512 * h);
-          CpAsync4(ring + kRingCodeWords + slot, sp[c][h]);
-          sp[c][h] += kRoundK / 32;
-        }
-        qp[c][0] += 1024;
-      }
-    };
-    auto round = [&](int64_t kb, auto full, auto tiled, auto from_ring) {
+    auto round = [&](int64_t kb, auto full, auto tiled) {
       constexpr bool kFull = decltype(full)::value;
       constexpr bool kTiled = decltype(tiled)::value;
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
@@ -1071,48 +1024,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         // This lane's scale group is in the slice (row-major); a tiled chunk spans the round's
         // four groups, all inside the weight (k % 128 == 0), so it is loaded whole.
         const bool mine = kFull || kTiled || kb + 32 * t < k_end;
-        if constexpr (decltype(from_ring)::value) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
+        }
+        if (scales_vec) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int slot = (stage * 4 + 2 * c + h) * 32 + lane;
-              q[c][h] = *reinterpret_cast<const uint4*>(ring + 4 * slot);
-              sc[c][h] = ring[kRingCodeWords + slot];
-            }
+            for (int h = 0; h < 2; ++h) sc[c][h] = __ldg(reinterpret_cast<const uint32_t*>(sp[c][h]));
           }
         } else {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
-          }
-          if (scales_vec) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) sc[c][h] = __ldg(reinterpret_cast<const uint32_t*>(sp[c][h]));
-            }
-          } else {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                uint32_t v = 0;
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                  if (in_slice(u)) v |= static_cast<uint32_t>(__ldg(sp[c][h] + u)) << (8 * u);
-                }
-                sc[c][h] = v;
-              }
-            }
-          }
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-#pragma unroll
             for (int h = 0; h < 2; ++h) {
-              qp[c][h] += kTiled ? 1024 : kRoundK / 2;
-              sp[c][h] += kRoundK / 32;
+              uint32_t v = 0;
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (in_slice(u)) v |= static_cast<uint32_t>(__ldg(sp[c][h] + u)) << (8 * u);
+              }
+              sc[c][h] = v;
             }
           }
         }
@@ -1122,7 +1055,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         // 0..3, so its word u holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         // Tiled codes come in that order.
         if constexpr (!kTiled) {
-          uint32_t* ex = ring;
+          uint32_t* ex = xchg[warp][0];
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
 #pragma unroll
@@ -1187,6 +1120,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
           if (u < 3) x0 = x0_next;
         }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            qp[c][h] += kTiled ? 1024 : kRoundK / 2;
+            sp[c][h] += kRoundK / 32;
+          }
+        }
       } else {
         // The round's weights: [step][tile][half] as A words (rows g and g + 8 of each tile);
         // elements from row g to row g + 8, from step u to u + 1, from a round to the next.
@@ -1218,34 +1159,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     const int64_t full_end = k_begin + (k_end - k_begin) / kRoundK * kRoundK;
     int64_t kb = k_begin;
     const auto rounds = [&](auto tiled) {
-      for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{}, tiled, std::false_type{});
-      if (kb < k_end) round(kb, std::false_type{}, tiled, std::false_type{});
+      for (; kb < full_end; kb += kRoundK) round(kb, std::true_type{}, tiled);
+      if (kb < k_end) round(kb, std::false_type{}, tiled);
     };
-    bool ringed = false;
-    if constexpr (kFmt == kMxfp4) ringed = args.tiled && scales_vec && args.ring;
-    if (ringed) {
-      // The rounds through the ring (kCodeRing): round i waits for its own copies (each commit
-      // one round's, possibly none), and the copy of round i + kCodeRing − 1 goes out before
-      // round i is decoded. Tiled codes have K % 128 == 0 and slices are whole rounds, so every
-      // round is full.
-      const int64_t n_full = (k_end - k_begin) / kRoundK;
-      int64_t copied = 0;
-      const auto copy_next = [&] {
-        if (copied < n_full) {
-          copy_round(static_cast<int>(copied % kCodeRing));
-          ++copied;
-        }
-        CpAsyncCommit();
-      };
-      for (int i = 0; i < kCodeRing - 1; ++i) copy_next();
-      for (int64_t i = 0; i < n_full; ++i, kb += kRoundK) {
-        CpAsyncWait<kCodeRing - 2>();
-        stage = static_cast<int>(i % kCodeRing);
-        copy_next();
-        round(kb, std::true_type{}, std::true_type{}, std::true_type{});
-      }
-      CpAsyncWait<0>();  // the empty groups of the last rounds
-    } else if (args.tiled) {
+    if (args.tiled) {
       rounds(std::true_type{});
     } else {
       rounds(std::false_type{});
@@ -1306,7 +1223,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                      static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
   LaunchMmaTiles<kFmt, true>(tt, gu_grid,
                              MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
-                                     p.gate_up.slice, p.n, gu_part, w.tiled, Mxfp4RingOn()},
+                                     p.gate_up.slice, p.n, gu_part, w.tiled},
                              s);
   CheckLaunch("ExpertMma gate/up");
   LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
@@ -1316,7 +1233,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
                      static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
   LaunchMmaTiles<kFmt, false>(tt, dn_grid,
                               MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
-                                      scales_vec, p.down.slice, p.n, dn_part, w.tiled, Mxfp4RingOn()},
+                                      scales_vec, p.down.slice, p.n, dn_part, w.tiled},
                               s);
   CheckLaunch("ExpertMma down");
 }
