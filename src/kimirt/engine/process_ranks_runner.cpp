@@ -759,9 +759,22 @@ class ProcessRanksRunner final : public ModelRunner {
       if (failed_.ok()) failed_ = s;
       first = failed_;
     }
+    cv_.notify_all();  // a FailLink waiting for the supervisor's word
     std::lock_guard<std::mutex> lock(comms_mu_);
     if (comms_live_) self_.AbortCollectives(first.message());
     return first;
+  }
+
+  // A link to a follower broke (a send, a receive or a collective on it failed). The rank at its
+  // other end may not be the one that died: a pipeline stage exits when the stage before it dies,
+  // and rank 0 may hear from it first. The supervisor, told within its 20 ms poll, names the rank
+  // that died, so its word is awaited briefly and, recorded first, is the runner's failure.
+  Status FailLink(const Status& s) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !failed_.ok() || supervisor_done_; });
+    }
+    return Fail(s);
   }
 
   // Each follower's next frame, which must be `op` (an error frame carries its failure).
@@ -769,7 +782,7 @@ class ProcessRanksRunner final : public ModelRunner {
     const Deadline d = links_.deadline();
     for (int k = 1; k < links_.size; ++k) {
       Result<FrameHeader> h = RecvHeader(links_.peers[static_cast<size_t>(k)].fd(), k, what, d);
-      if (!h.ok()) return Fail(h.status());
+      if (!h.ok()) return FailLink(h.status());
       if (h->op != op) {
         return Fail(Internal("rank " + std::to_string(k) + " sent op " + std::to_string(h->op) + " while " + what));
       }
@@ -827,15 +840,13 @@ class ProcessRanksRunner final : public ModelRunner {
     const Deadline d = links_.deadline();
     for (int k = 1; k < links_.size; ++k) {
       Status s = SendMessage(links_.peers[static_cast<size_t>(k)].fd(), op, 0, m, d);
-      if (!s.ok()) return Fail(Internal("rank " + std::to_string(k) + " failed or died: " + s.message()));
+      if (!s.ok()) return FailLink(Internal("rank " + std::to_string(k) + " failed or died: " + s.message()));
     }
     return Status::Ok();
   }
 
   // Runs rank 0's part; a collective that fails (a follower died or failed) throws, which fails
-  // the runner. The link that failed may be a rank that another's death ended (a pipeline stage
-  // exits when the stage before it dies, and rank 0 hears from it first): the supervisor, told
-  // within its 20 ms poll, names the rank that died, so its word is awaited briefly and comes first.
+  // the runner through FailLink (the supervisor's word first).
   // A step that ran while its collectives were aborted (the supervisor's word, or the NCCL
   // watchdog's) returns without an error, but its outputs are not the step's: it fails too.
   template <typename F>
@@ -845,11 +856,7 @@ class ProcessRanksRunner final : public ModelRunner {
       if (std::string why = self_.Aborted(); s.ok() && !why.empty()) return Fail(Internal(why));
       return s;
     } catch (const std::exception& e) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !failed_.ok() || supervisor_done_; });
-      }
-      return Fail(Internal(e.what()));
+      return FailLink(Internal(e.what()));
     }
   }
 
