@@ -32,10 +32,10 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   moeab     the MoE decode's two switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
-#             kimi-linear; batches 1-64) with KIMIRT_MXFP4_TILED=0/1 and KIMIRT_MOE_TILES_BY_LOAD=0/1,
-#             each off against the default, after the MoE tests with each switch off
-#             ($OUT/moe-bench-{mxfp4-tiled,tiles-by-load}{0,1}-{1,2}.json; medians last).
+#   moeab     the MoE decode's switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
+#             kimi-linear; batches 1-64) with each of $KIMIRT_MOEAB (VAR=TRIAL pairs; default
+#             KIMIRT_MOE_X_STAGE=1, the open trial) at its trial value and the other, after the MoE
+#             tests with it at the trial value ($OUT/moe-bench-VAR{0,1}-{1,2}.json; medians last).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
@@ -420,31 +420,33 @@ if [[ "$what" == moe ]]; then
 fi
 if [[ "$what" == moeab ]]; then
   f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
-  for sw in KIMIRT_MXFP4_TILED KIMIRT_MOE_TILES_BY_LOAD; do
-    env "$sw=0" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$sw-0.txt" 2>&1 || status=1
-    echo "MoE tests with $sw=0: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$sw-0.txt" | tr '\n' ' ')"
+  trials="${KIMIRT_MOEAB:-KIMIRT_MOE_X_STAGE=1}"
+  for tv in $trials; do
+    env "$tv" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$tv.txt" 2>&1 || status=1
+    echo "MoE tests with $tv: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$tv.txt" | tr '\n' ' ')"
   done
   for r in 1 2; do
-    for sw in mxfp4-tiled tiles-by-load; do
-      var=KIMIRT_MXFP4_TILED; [[ $sw == tiles-by-load ]] && var=KIMIRT_MOE_TILES_BY_LOAD
+    for tv in $trials; do
       for v in 0 1; do
-        env "$var=$v" timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
-          --iters 50 --peak-gbps 4800 --json "$out/moe-bench-$sw$v-$r.json" >"$out/moe-bench-$sw$v-$r.txt" 2>&1 || status=1
+        env "${tv%%=*}=$v" timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
+          --iters 50 --peak-gbps 4800 --json "$out/moe-bench-${tv%%=*}$v-$r.json" >"$out/moe-bench-${tv%%=*}$v-$r.txt" 2>&1 || status=1
       done
     done
   done
-  python3 - "$out" <<'PY' || true
+  python3 - "$out" $trials <<'PY' || true
 import glob, json, statistics, sys, collections
-for sw in ("mxfp4-tiled", "tiles-by-load"):
+for tv in sys.argv[2:]:
+    var, trial = tv.split("=")
     t = collections.defaultdict(list)
-    for f in glob.glob(f"{sys.argv[1]}/moe-bench-{sw}*.json"):
-        v = f.split(f"moe-bench-{sw}")[1][0]
+    for f in glob.glob(f"{sys.argv[1]}/moe-bench-{var}*.json"):
+        v = f.split(f"moe-bench-{var}")[1][0]
         for c in json.load(open(f))["configs"]:
             for p in c["points"]: t[(c["config"], p["batch"], v)].append((p["seconds_per_call"], p["bytes"]))
-    print(f"--- {sw}: us a layer, off / on (of 4.8 TB/s on)")
-    for (c, b, v) in sorted(k for k in t if k[2] == "1"):
-        on = statistics.median(s for s, _ in t[(c, b, "1")]); off = statistics.median(s for s, _ in t.get((c, b, "0"), [(float("nan"), 0)]))
-        print(f"{c:12} {b:3} {off*1e6:9.1f} / {on*1e6:9.1f} = {off/on:5.2f}x  ({t[(c, b, '1')][0][1]/on/4.8e12:.3f})")
+    other = "0" if trial == "1" else "1"
+    print(f"--- {var}: us a layer, {other} / {trial} (of 4.8 TB/s at {trial})")
+    for (c, b, v) in sorted(k for k in t if k[2] == trial):
+        on = statistics.median(s for s, _ in t[(c, b, trial)]); off = statistics.median(s for s, _ in t.get((c, b, other), [(float("nan"), 0)]))
+        print(f"{c:12} {b:3} {off*1e6:9.1f} / {on*1e6:9.1f} = {off/on:5.2f}x  ({t[(c, b, trial)][0][1]/on/4.8e12:.3f})")
 PY
 fi
 if [[ "$what" == hbmread ]]; then

@@ -13,8 +13,10 @@
 # against the row-major ones, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
-# (CudaBackend MoE tests do). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
-# and ballot through the warp's barrier; MoeRouteSerial) against a sort here, ties included.
+# (CudaBackend MoE tests do); the decode checks run twice, the second time with one-token
+# passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1). `route`: the router's top-k
+# (MoeRouteWarpKernel, its warp shuffles and ballot through the warp's barrier; MoeRouteSerial)
+# against a sort here, ties included.
 # About two minutes on two cores.
 # Usage: bash scripts/moe_decode_emulate.sh [mma|decode|route]
 set -euo pipefail
@@ -55,3 +57,9 @@ g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wall -Wextra -Wno-unknown-prag
   -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" "$here/moe_decode_emulation/driver.cpp" \
   -o "$work/moe_decode_emulation"
 timeout 1200 "$work/moe_decode_emulation" "$@"
+# The decode again with one-token passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1, off by
+# default until timed; read once a process, hence a second run).
+if [[ $# -eq 0 || "$1" == decode ]]; then
+  echo "decode with KIMIRT_MOE_X_STAGE=1:"
+  KIMIRT_MOE_X_STAGE=1 timeout 1200 "$work/moe_decode_emulation" decode
+fi

@@ -1,10 +1,11 @@
 // What moe_kernels.cu needs beyond ../decode_gemm_group_emulation/decode_gemm_host.h (BF16, dim3,
 // pdl.cuh's launch running 128-thread blocks as fibers) and ../kda_chunk_emulation/shim.h
 // (the emulated MMA, warp barriers) in its host emulation (see ../moe_decode_emulate.sh):
-// __syncwarp as the warp's own barrier (warps of ExpertMmaKernel return early, so a block-wide
-// barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),
-// `<<<>>>` launches, and the weight loads (and any L2 prefetch: the expert kernels issue none, the
-// driver fails on one) checked to stay inside the experts' weights; the router's warp collectives
+// __syncwarp as the warp's own barrier (warps of ExpertMmaKernel may return early, so a block-wide
+// one would hang; its one __syncthreads, for a staged x slice, comes with none returned),
+// __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept), `<<<>>>` launches,
+// and the weight loads (and any L2 prefetch: the expert kernels issue none, the driver fails on
+// one) checked to stay inside the experts' weights; the router's warp collectives
 // (shuffles, ballot, match) and the one-warp grouping's. The block grouping kernels compile but
 // are not run here: their shared-memory atomics abort if called.
 #pragma once

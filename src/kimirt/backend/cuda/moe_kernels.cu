@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace kimirt::cuda {
@@ -891,13 +892,28 @@ __device__ __forceinline__ void ForEachRoundWord(F&& f) {
 }
 
 // The split x of one token at p (k = kk + 8t .. +7 of its row); the three parts lie `plane`
-// elements apart.
+// elements apart. kGeneric: p is the split x in global memory or its slice staged in shared
+// memory (StageXSlice), read by the same generic loads either way.
+template <bool kGeneric = false>
 __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t plane) {
-  mma::XParts xp;
-  xp.hi = __ldg(reinterpret_cast<const uint4*>(p));
-  xp.mid = __ldg(reinterpret_cast<const uint4*>(p + plane));
-  xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * plane));
-  return xp;
+  const auto load = [](const uint16_t* q) {
+    if constexpr (kGeneric) {
+      return *reinterpret_cast<const uint4*>(q);
+    } else {
+      return __ldg(reinterpret_cast<const uint4*>(q));
+    }
+  };
+  return mma::XParts{load(p), load(p + plane), load(p + 2 * plane)};
+}
+
+// One token's split x over a k slice of `len` (a multiple of 32) at src, its parts `plane` apart,
+// copied by the block to dst as [3][len]: 16 bytes a thread at a time.
+__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* src, int64_t plane, int64_t len) {
+  const int64_t chunks = len / 8;
+  for (int64_t i = threadIdx.x; i < 3 * chunks; i += blockDim.x) {
+    const int64_t part = i / chunks, j = i % chunks;
+    *reinterpret_cast<uint4*>(dst + part * len + 8 * j) = __ldg(reinterpret_cast<const uint4*>(src + part * plane + 8 * j));
+  }
 }
 
 // Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
@@ -927,7 +943,28 @@ struct MmaArgs {
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
 };
 
-template <int kFmt, bool kGateUp, int kTT>
+// Off unless KIMIRT_MOE_X_STAGE=1 until it has been timed on a GPU (built in the twenty-third
+// session after its device time was spent; docs/cuda.md "x staged in shared memory"). Read once
+// a process.
+bool MoeXStageOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("KIMIRT_MOE_X_STAGE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+// The dynamic shared memory of a one-tile launch whose one-token passes stage their x slice
+// (kXStage): 3 parts × `slice` BF16 (K3's gate/up at batch 1: 21 KB a block, 4 blocks a
+// multiprocessor); 0, no staging, past the 48 KB a launch gets unasked.
+size_t XStageBytes(int64_t slice) {
+  const size_t bytes = static_cast<size_t>(3 * slice) * sizeof(uint16_t);
+  return MoeXStageOn() && bytes <= 48 * 1024 ? bytes : 0;
+}
+
+// kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a one-token pass reads its x slice from shared
+// memory (XStageBytes of it, dynamic).
+template <int kFmt, bool kGateUp, int kTT, bool kXStage = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
@@ -940,6 +977,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
+  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][slice]: kXStage
   const int num_active = *ga.num_active;
   if (static_cast<int>(blockIdx.z) >= num_active) return;
   // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
@@ -949,7 +987,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const int a = blockIdx.z == 0 ? num_active - 1 : static_cast<int>(blockIdx.z) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * kRowsPerWarp<kGateUp>;
-  if (r0 >= N) return;  // the whole warp; nothing below syncs the block
+  // A warp past the rows has nothing to do but its share of a staged x slice (the block's one
+  // barrier, below); else it returns here, the whole warp.
+  if (r0 >= N && !kXStage) return;
   const int32_t e = ga.active[a];
   const void* const w_tile[2] = {wa[e], kGateUp ? wb[e] : wa[e]};
   const uint8_t* const s_tile[2] = {kFmt == kMxfp4 ? sa[e] : nullptr,
@@ -967,12 +1007,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // round at a time. A padding column (no token) reads the group's first token: an MMA output
     // column depends on its own B column alone, and a padding column's outputs are never stored.
     const uint16_t* x_lane[kTT];
+    int64_t x_plane = plane;
 #pragma unroll
     for (int r = 0; r < kTT; ++r) {
       const int32_t gr = p0 + 8 * r + g < g1 ? p0 + 8 * r + g : p0;
       const int64_t xrow = kGateUp ? ga.order[gr] / ga.k : gr;
       x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
     }
+    // A pass of one token (a group of one, or a group's last token past whole tiles: most of
+    // K3's passes up to batch 64, 0.6 tokens an expert at 32) reads its x slice from shared
+    // memory, copied once by the block: each step's three x loads then wait on shared memory,
+    // not on L1/L2 behind the weights' misses (the long-scoreboard stall of docs/cuda.md "Tried
+    // and dropped: a ring of codes"). Only a group's last pass has one token, so a block stages
+    // at most once and needs no barrier before. The same values, so the same bits.
+    if (kXStage && g1 - p0 == 1) {
+      StageXSlice(x_slice, x_lane[0] - 8 * t, plane, k_end - k_begin);
+      __syncthreads();
+      x_lane[0] = x_slice + 8 * t;
+      x_plane = k_end - k_begin;
+    }
+    if (r0 >= N) continue;  // a warp past the rows (staging only)
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
     // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way
     // (tiled codes: the lane's 16-byte chunk of the round's tile, mxfp4_tiled.cuh).
@@ -1050,7 +1104,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
         // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
-        mma::XParts x0 = LoadXParts(x_lane[0], plane);
+        mma::XParts x0 = LoadXParts<kXStage>(x_lane[0], x_plane);
         // Row-major: exchange within each quad, lane t getting word t of the groups of lanes
         // 0..3, so its word u holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         // Tiled codes come in that order.
@@ -1088,7 +1142,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         for (int u = 0; u < 4; ++u) {
           if (!in_slice(u)) break;  // past the slice: the same for every token
           mma::XParts x0_next;
-          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts(x_lane[0] + 32 * (u + 1), plane);
+          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts<kXStage>(x_lane[0] + 32 * (u + 1), x_plane);
           uint4 w[2][2];
           const auto word = [&](int c, int h) {
             return u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
@@ -1113,7 +1167,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = r == 0 ? x0 : LoadXParts(x_lane[r] + 32 * u, plane);
+              const mma::XParts xp = r == 0 ? x0 : LoadXParts<kXStage>(x_lane[r] + 32 * u, x_plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], w[c][0], w[c][1], xp);
             }
@@ -1144,7 +1198,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = LoadXParts(x_lane[r] + 32 * u, plane);
+              const mma::XParts xp = LoadXParts<kXStage>(x_lane[r] + 32 * u, x_plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
             }
@@ -1207,8 +1261,15 @@ unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_
 
 template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
+  const size_t smem = XStageBytes(a.slice);
   switch (tt) {
-    case 1: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
+    case 1:
+      if (smem > 0) {
+        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, true>, grid, dim3(kMmaWarps * 32), smem, s, a);
+      } else {
+        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a);
+      }
+      break;
     case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
     default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
   }
