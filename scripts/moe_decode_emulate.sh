@@ -37,7 +37,11 @@ src = open(cuda_dir + "/moe_kernels.cu").read()
 for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
     assert inc in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
-src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma)
+# dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute calls (they check the sizes).
+dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
+assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma + dyn)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs

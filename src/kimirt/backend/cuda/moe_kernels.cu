@@ -5,6 +5,7 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/decode_tiled.cuh"
+#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
@@ -906,13 +907,20 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
   return mma::XParts{load(p), load(p + plane), load(p + 2 * plane)};
 }
 
-// One token's split x over a k slice of `len` (a multiple of 32) at src, its parts `plane` apart,
-// copied by the block to dst as [3][len]: 16 bytes a thread at a time.
-__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* src, int64_t plane, int64_t len) {
-  const int64_t chunks = len / 8;
-  for (int64_t i = threadIdx.x; i < 3 * chunks; i += blockDim.x) {
-    const int64_t part = i / chunks, j = i % chunks;
-    *reinterpret_cast<uint4*>(dst + part * len + 8 * j) = __ldg(reinterpret_cast<const uint4*>(src + part * plane + 8 * j));
+// Up to this many tokens of a pass staged (kXStage): 95% of K3's expert groups at batch 32
+// (0.57 tokens an expert on average: 74% of the active ones hold one token, 21% two).
+constexpr int kXStageTokens = 2;
+
+// The split x of m ≤ kXStageTokens tokens over a k slice of `len` (a multiple of 32), token i's
+// at src[i], its parts `plane` apart, copied by the block to dst as [3][m][len], 16 bytes a thread
+// at a time.
+__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* const (&src)[kXStageTokens], int m,
+                                            int64_t plane, int64_t len) {
+  const int chunks = static_cast<int>(len / 8);  // 32-bit: a slice is at most K
+  for (int c = static_cast<int>(threadIdx.x); c < 3 * m * chunks; c += static_cast<int>(blockDim.x)) {
+    const int row = c / chunks, j = c % chunks;  // row = part · m + token
+    const int part = row / m, i = row % m;
+    *reinterpret_cast<uint4*>(dst + row * len + 8 * j) = __ldg(reinterpret_cast<const uint4*>(src[i] + part * plane + 8 * j));
   }
 }
 
@@ -941,6 +949,7 @@ struct MmaArgs {
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
+  int x_stage_tokens = 0;  // kXStage: a pass of up to this many tokens stages its x (XStageTokens)
 };
 
 // Off unless KIMIRT_MOE_X_STAGE=1 until it has been timed on a GPU (built in the twenty-third
@@ -954,16 +963,19 @@ bool MoeXStageOn() {
   return on;
 }
 
-// The dynamic shared memory of a one-tile launch whose one-token passes stage their x slice
-// (kXStage): 3 parts × `slice` BF16 (K3's gate/up at batch 1: 21 KB a block, 4 blocks a
-// multiprocessor); 0, no staging, past the 48 KB a launch gets unasked.
-size_t XStageBytes(int64_t slice) {
-  const size_t bytes = static_cast<size_t>(3 * slice) * sizeof(uint16_t);
-  return MoeXStageOn() && bytes <= 48 * 1024 ? bytes : 0;
+// How many tokens a one-tile launch's passes may stage (kXStage) for a step of T tokens (no
+// group holds more): up to kXStageTokens while their 3 parts × `slice` BF16 each fit the 48 KB a
+// launch gets unasked (K3's gate/up: 21 KB a token, 4 blocks a multiprocessor still fit at two);
+// 0, no staging.
+int XStageTokens(int64_t slice, int64_t T) {
+  if (!MoeXStageOn()) return 0;
+  int m = static_cast<int>(std::min<int64_t>(T, kXStageTokens));
+  while (m > 0 && static_cast<size_t>(3 * m * slice) * sizeof(uint16_t) > 48 * 1024) --m;
+  return m;
 }
 
-// kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a one-token pass reads its x slice from shared
-// memory (XStageBytes of it, dynamic).
+// kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a pass of up to args.x_stage_tokens tokens
+// reads its x slice from shared memory (3 × x_stage_tokens × slice BF16, dynamic).
 template <int kFmt, bool kGateUp, int kTT, bool kXStage = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -977,7 +989,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
-  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][slice]: kXStage
+  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][m][slice]: kXStage
   const int num_active = *ga.num_active;
   if (static_cast<int>(blockIdx.z) >= num_active) return;
   // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
@@ -1014,17 +1026,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
       const int64_t xrow = kGateUp ? ga.order[gr] / ga.k : gr;
       x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
     }
-    // A pass of one token (a group of one, or a group's last token past whole tiles: most of
-    // K3's passes up to batch 64, 0.6 tokens an expert at 32) reads its x slice from shared
-    // memory, copied once by the block: each step's three x loads then wait on shared memory,
-    // not on L1/L2 behind the weights' misses (the long-scoreboard stall of docs/cuda.md "Tried
-    // and dropped: a ring of codes"). Only a group's last pass has one token, so a block stages
-    // at most once and needs no barrier before. The same values, so the same bits.
-    if (kXStage && g1 - p0 == 1) {
-      StageXSlice(x_slice, x_lane[0] - 8 * t, plane, k_end - k_begin);
+    // A pass of m ≤ x_stage_tokens tokens (a group of one or two, or a group's last tokens
+    // past whole tiles: most of K3's passes up to batch 64) reads its x slice from shared memory,
+    // copied once by the block: each step's three x loads then wait on shared memory, not on
+    // L1/L2 behind the weights' misses (the long-scoreboard stall of docs/cuda.md "Tried and
+    // dropped: a ring of codes"). Only a group's last pass has so few tokens, so a block stages
+    // at most once and needs no barrier before. Column g reads token g, a padding column token
+    // 0, as above. The same values, so the same bits.
+    if (const int m = g1 - p0; kXStage && m <= args.x_stage_tokens) {
+      const int64_t len = k_end - k_begin;
+      const uint16_t* src[kXStageTokens];
+#pragma unroll
+      for (int i = 0; i < kXStageTokens; ++i) {
+        const int32_t gr = p0 + (i < m ? i : 0);
+        src[i] = x_parts + (kGateUp ? ga.order[gr] / ga.k : gr) * K + k_begin;
+      }
+      StageXSlice(x_slice, src, m, plane, len);
       __syncthreads();
-      x_lane[0] = x_slice + 8 * t;
-      x_plane = k_end - k_begin;
+      x_lane[0] = x_slice + (g < m ? g : 0) * len + 8 * t;
+      x_plane = m * len;
     }
     if (r0 >= N) continue;  // a warp past the rows (staging only)
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
@@ -1259,13 +1279,20 @@ DecodePlan MakeDecodePlan(int64_t T, int64_t k, int64_t De, int64_t I) {
 
 unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536)); }
 
+// tt token tiles; T tokens in the step (no expert's group holds more).
 template <int kFmt, bool kGateUp>
-void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
-  const size_t smem = XStageBytes(a.slice);
+void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t s) {
+  MmaArgs staged = a;
+  staged.x_stage_tokens = XStageTokens(a.slice, T);
   switch (tt) {
     case 1:
-      if (smem > 0) {
-        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, true>, grid, dim3(kMmaWarps * 32), smem, s, a);
+      if (staged.x_stage_tokens > 0) {
+        // All of the L1 as shared memory if need be: 4 blocks of two staged tokens of K3's gate/up
+        // take 4 × (42 + 10) KB.
+        static std::atomic<uint64_t> configured{0};
+        AllowDynamicSmem(ExpertMmaKernel<kFmt, kGateUp, 1, true>, 48 * 1024, true, "ExpertMma", &configured);
+        const size_t smem = static_cast<size_t>(3 * staged.x_stage_tokens * a.slice) * sizeof(uint16_t);
+        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, true>, grid, dim3(kMmaWarps * 32), smem, s, staged);
       } else {
         LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a);
       }
@@ -1285,7 +1312,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
   LaunchMmaTiles<kFmt, true>(tt, gu_grid,
                              MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
                                      p.gate_up.slice, p.n, gu_part, w.tiled},
-                             s);
+                             T, s);
   CheckLaunch("ExpertMma gate/up");
   LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
             p.gate_up.splits, p.n, I, kind, beta, has_linear_beta, linear_beta, h_parts);
@@ -1295,7 +1322,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
   LaunchMmaTiles<kFmt, false>(tt, dn_grid,
                               MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
                                       scales_vec, p.down.slice, p.n, dn_part, w.tiled},
-                              s);
+                              T, s);
   CheckLaunch("ExpertMma down");
 }
 
