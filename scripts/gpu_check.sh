@@ -32,10 +32,11 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   moeab     the MoE decode's switches A/B, alternating twice in one run: moe_bench (k3, k3-tp8,
-#             kimi-linear; batches 1-64) with each of $KIMIRT_MOEAB (VAR=TRIAL pairs; default
-#             KIMIRT_MOE_X_STAGE=1, the open trial) at its trial value and the other, after the MoE
-#             tests with it at the trial value ($OUT/moe-bench-VAR{0,1}-{1,2}.json; medians last).
+#   moeab     the MoE decode's trial switches A/B, alternating twice in one run: moe_bench (k3,
+#             k3-tp8, kimi-linear; batches 1-64) under each variant of $KIMIRT_MOEAB (NAME or
+#             NAME:VAR=V,VAR=V; default base, stage: KIMIRT_MOE_X_STAGE=1, ahead:
+#             KIMIRT_MOE_CODE_AHEAD=1, both), after the MoE tests under each but the first
+#             ($OUT/moe-bench-NAME-{1,2}.json; medians against the first last).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
@@ -420,33 +421,44 @@ if [[ "$what" == moe ]]; then
 fi
 if [[ "$what" == moeab ]]; then
   f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
-  trials="${KIMIRT_MOEAB:-KIMIRT_MOE_X_STAGE=1}"
-  for tv in $trials; do
-    env "$tv" timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-$tv.txt" 2>&1 || status=1
-    echo "MoE tests with $tv: $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-$tv.txt" | tr '\n' ' ')"
+  variants="${KIMIRT_MOEAB:-base stage:KIMIRT_MOE_X_STAGE=1 ahead:KIMIRT_MOE_CODE_AHEAD=1 both:KIMIRT_MOE_X_STAGE=1,KIMIRT_MOE_CODE_AHEAD=1}"
+  envs() { [[ "$1" == *:* ]] && echo "${1#*:}" | tr ',' ' '; }  # a variant's VAR=V words
+  first=1
+  for v in $variants; do
+    (( first )) && { first=0; continue; }
+    # shellcheck disable=SC2046
+    env $(envs "$v") timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-${v%%:*}.txt" 2>&1 || status=1
+    echo "MoE tests under ${v%%:*} ($(envs "$v")): $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-${v%%:*}.txt" | tr '\n' ' ')"
   done
   for r in 1 2; do
-    for tv in $trials; do
-      for v in 0 1; do
-        env "${tv%%=*}=$v" timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
-          --iters 50 --peak-gbps 4800 --json "$out/moe-bench-${tv%%=*}$v-$r.json" >"$out/moe-bench-${tv%%=*}$v-$r.txt" 2>&1 || status=1
-      done
+    for v in $variants; do
+      # shellcheck disable=SC2046
+      env $(envs "$v") timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
+        --iters 50 --peak-gbps 4800 --json "$out/moe-bench-${v%%:*}-$r.json" >"$out/moe-bench-${v%%:*}-$r.txt" 2>&1 || status=1
     done
   done
-  python3 - "$out" $trials <<'PY' || true
-import glob, json, statistics, sys, collections
-for tv in sys.argv[2:]:
-    var, trial = tv.split("=")
-    t = collections.defaultdict(list)
-    for f in glob.glob(f"{sys.argv[1]}/moe-bench-{var}*.json"):
-        v = f.split(f"moe-bench-{var}")[1][0]
-        for c in json.load(open(f))["configs"]:
-            for p in c["points"]: t[(c["config"], p["batch"], v)].append((p["seconds_per_call"], p["bytes"]))
-    other = "0" if trial == "1" else "1"
-    print(f"--- {var}: us a layer, {other} / {trial} (of 4.8 TB/s at {trial})")
-    for (c, b, v) in sorted(k for k in t if k[2] == trial):
-        on = statistics.median(s for s, _ in t[(c, b, trial)]); off = statistics.median(s for s, _ in t.get((c, b, other), [(float("nan"), 0)]))
-        print(f"{c:12} {b:3} {off*1e6:9.1f} / {on*1e6:9.1f} = {off/on:5.2f}x  ({t[(c, b, trial)][0][1]/on/4.8e12:.3f})")
+  # shellcheck disable=SC2046
+  python3 - "$out" $(for v in $variants; do echo "${v%%:*}"; done) <<'PY' || true
+import json, statistics, sys, collections
+out, names = sys.argv[1], sys.argv[2:]
+t = collections.defaultdict(list)
+for n in names:
+    for r in (1, 2):
+        try:
+            for c in json.load(open(f"{out}/moe-bench-{n}-{r}.json"))["configs"]:
+                for p in c["points"]: t[(c["config"], p["batch"], n)].append((p["seconds_per_call"], p["bytes"]))
+        except (OSError, ValueError):
+            pass
+med = lambda k: statistics.median(s for s, _ in t[k]) if t[k] else float("nan")
+print(f"--- us a layer (median of 2), speedup over {names[0]}, fraction of 4.8 TB/s")
+print(f"{'config':12} {'batch':>5} " + " ".join(f"{n:>22}" for n in names))
+for (c, b) in sorted({(k[0], k[1]) for k in t}):
+    base = med((c, b, names[0]))
+    cells = []
+    for n in names:
+        m = med((c, b, n)); by = t[(c, b, n)][0][1] if t[(c, b, n)] else 0
+        cells.append(f"{m*1e6:8.1f} {base/m:5.2f}x {by/m/4.8e12:5.3f}")
+    print(f"{c:12} {b:5} " + " ".join(f"{x:>22}" for x in cells))
 PY
 fi
 if [[ "$what" == hbmread ]]; then

@@ -13,8 +13,8 @@
 # against the row-major ones, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
-# (CudaBackend MoE tests do); the decode checks run twice, the second time with one-token
-# passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1). `route`: the router's top-k
+# (CudaBackend MoE tests do); the decode checks run again with each trial switch on
+# (KIMIRT_MOE_X_STAGE=1, KIMIRT_MOE_CODE_AHEAD=1). `route`: the router's top-k
 # (MoeRouteWarpKernel, its warp shuffles and ballot through the warp's barrier; MoeRouteSerial)
 # against a sort here, ties included.
 # About two minutes on two cores.
@@ -42,6 +42,8 @@ dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").
 assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma + dyn)
+src = cut(src, "__device__ __forceinline__ uint2 LoadStreaming8(",
+          "inline uint2 LoadStreaming8(const void* p) { return HostLoadStreaming8(p); }\n")
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs
@@ -61,9 +63,12 @@ g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wall -Wextra -Wno-unknown-prag
   -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" "$here/moe_decode_emulation/driver.cpp" \
   -o "$work/moe_decode_emulation"
 timeout 1200 "$work/moe_decode_emulation" "$@"
-# The decode again with one-token passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1, off by
-# default until timed; read once a process, hence a second run).
+# The decode again with few-token passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1), and
+# with tiled codes loaded a half-round ahead (KIMIRT_MOE_CODE_AHEAD=1): both off by default until
+# timed, and read once a process, hence more runs.
 if [[ $# -eq 0 || "$1" == decode ]]; then
   echo "decode with KIMIRT_MOE_X_STAGE=1:"
   KIMIRT_MOE_X_STAGE=1 timeout 1200 "$work/moe_decode_emulation" decode
+  echo "decode with KIMIRT_MOE_CODE_AHEAD=1:"
+  KIMIRT_MOE_CODE_AHEAD=1 timeout 1200 "$work/moe_decode_emulation" decode
 fi

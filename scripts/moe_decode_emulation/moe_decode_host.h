@@ -120,7 +120,7 @@ inline uint32_t HostMulBf16x2(uint32_t a, uint32_t b) {
 }
 
 // The experts' weight buffers (the driver registers each, its exact bytes): every streaming load
-// and L2 prefetch of the kernel must fall inside one of them, 16-byte aligned.
+// and L2 prefetch of the kernel must fall inside one of them, aligned to its size (up to 16).
 struct WeightRange {
   const char* begin;
   size_t bytes;
@@ -129,7 +129,8 @@ inline std::vector<WeightRange> g_weights;
 inline std::atomic<long> g_prefetches{0};
 inline void CheckWeightRange(const void* p, size_t bytes, const char* what) {
   const char* c = static_cast<const char*>(p);
-  bool inside = reinterpret_cast<uintptr_t>(p) % 16 == 0 && bytes % 16 == 0;
+  const size_t align = bytes < 16 ? bytes : 16;  // an 8-byte load: 8
+  bool inside = reinterpret_cast<uintptr_t>(p) % align == 0 && bytes % align == 0;
   if (inside) {
     inside = false;
     for (const WeightRange& r : g_weights) inside |= c >= r.begin && c + bytes <= r.begin + r.bytes;
@@ -144,6 +145,12 @@ inline uint4 HostLoadStreaming(const void* p) {
   CheckWeightRange(p, 16, "streaming load");
   uint4 v;
   std::memcpy(&v, p, 16);
+  return v;
+}
+inline uint2 HostLoadStreaming8(const void* p) {
+  CheckWeightRange(p, 8, "streaming load (8 bytes)");
+  uint2 v;
+  std::memcpy(&v, p, 8);
   return v;
 }
 inline void HostPrefetchL2(const void* p, uint32_t bytes) {

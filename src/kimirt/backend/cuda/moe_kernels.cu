@@ -907,6 +907,14 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
   return mma::XParts{load(p), load(p + plane), load(p + 2 * plane)};
 }
 
+// 8 bytes of a weight, read once (mma::LoadStreaming's cache policy): half a lane's round of tiled
+// MXFP4 codes, two steps' words (kCodeAhead).
+__device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 // Up to this many tokens of a pass staged (kXStage): 95% of K3's expert groups at batch 32
 // (0.57 tokens an expert on average: 74% of the active ones hold one token, 21% two).
 constexpr int kXStageTokens = 2;
@@ -974,9 +982,20 @@ int XStageTokens(int64_t slice, int64_t T) {
   return m;
 }
 
+// Off unless KIMIRT_MOE_CODE_AHEAD=1, until timed (as KIMIRT_MOE_X_STAGE). Read once a process.
+bool MoeCodeAheadOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("KIMIRT_MOE_CODE_AHEAD");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 // kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a pass of up to args.x_stage_tokens tokens
 // reads its x slice from shared memory (3 × x_stage_tokens × slice BF16, dynamic).
-template <int kFmt, bool kGateUp, int kTT, bool kXStage = false>
+// kCodeAhead (one tile, tiled MXFP4 codes, KIMIRT_MOE_CODE_AHEAD=1): each half of a lane's next
+// round of codes is loaded two steps before its use, into the registers of the half just decoded.
+template <int kFmt, bool kGateUp, int kTT, bool kXStage = false, bool kCodeAhead = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
@@ -1088,9 +1107,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // kTiled: the weights decode-tiled (BF16) or the codes tiled (MXFP4). Each layout's rounds
     // are a loop of their own (below), so the tiled loads' offsets are constants: with the
     // strides chosen at run time the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
+    // kCodeAhead: the next round's tiled codes, [tile][half][steps 0-1 | 2-3], loaded during this
+    // round (after step 1, then after step 3: each half two steps before its use, ~1,700 cycles
+    // at the kernel's batch-1 issue rate, in the registers of the half just decoded), and whether
+    // they were. The codes otherwise arrive a round's first step late: its decode waits on HBM.
+    [[maybe_unused]] uint2 q_ahead[2][2][2];
+    [[maybe_unused]] bool ahead_loaded = false;
     auto round = [&](int64_t kb, auto full, auto tiled) {
       constexpr bool kFull = decltype(full)::value;
       constexpr bool kTiled = decltype(tiled)::value;
+      [[maybe_unused]] constexpr bool kAhead = kCodeAhead && kTiled;
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
@@ -1101,7 +1127,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
+          for (int h = 0; h < 2; ++h) {
+            if (kAhead && ahead_loaded) {
+              q[c][h] = make_uint4(q_ahead[c][h][0].x, q_ahead[c][h][0].y, q_ahead[c][h][1].x, q_ahead[c][h][1].y);
+            } else {
+              q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
+            }
+          }
         }
         if (scales_vec) {
 #pragma unroll
@@ -1193,7 +1225,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
             }
           }
           if (u < 3) x0 = x0_next;
+          if constexpr (kAhead) {
+            if ((u == 1 || u == 3) && kb + kRoundK < k_end) {  // the next round is in the slice
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) q_ahead[c][h][u / 2] = LoadStreaming8(qp[c][h] + 1024 + 8 * (u / 2));
+              }
+            }
+          }
         }
+        if constexpr (kAhead) ahead_loaded = kb + kRoundK < k_end;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
@@ -1284,17 +1326,26 @@ template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t s) {
   MmaArgs staged = a;
   staged.x_stage_tokens = XStageTokens(a.slice, T);
+  const bool ahead = kFmt == kMxfp4 && a.tiled && MoeCodeAheadOn();
+  // The one-tile kernel with x staged (All of the L1 as shared memory if need be: 4 blocks of two
+  // staged tokens of K3's gate/up take 4 × (42 + 10) KB) and/or the codes ahead.
+  const auto one_tile = [&](auto stage, auto code_ahead) {
+    constexpr bool kStage = decltype(stage)::value, kAhead = decltype(code_ahead)::value;
+    const auto kernel = ExpertMmaKernel<kFmt, kGateUp, 1, kStage, kAhead && kFmt == kMxfp4>;
+    size_t smem = 0;
+    if constexpr (kStage) {
+      static std::atomic<uint64_t> configured{0};
+      AllowDynamicSmem(kernel, 48 * 1024, true, "ExpertMma", &configured);
+      smem = static_cast<size_t>(3 * staged.x_stage_tokens * a.slice) * sizeof(uint16_t);
+    }
+    LaunchPdl("ExpertMma", kernel, grid, dim3(kMmaWarps * 32), smem, s, staged);
+  };
   switch (tt) {
     case 1:
       if (staged.x_stage_tokens > 0) {
-        // All of the L1 as shared memory if need be: 4 blocks of two staged tokens of K3's gate/up
-        // take 4 × (42 + 10) KB.
-        static std::atomic<uint64_t> configured{0};
-        AllowDynamicSmem(ExpertMmaKernel<kFmt, kGateUp, 1, true>, 48 * 1024, true, "ExpertMma", &configured);
-        const size_t smem = static_cast<size_t>(3 * staged.x_stage_tokens * a.slice) * sizeof(uint16_t);
-        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, true>, grid, dim3(kMmaWarps * 32), smem, s, staged);
+        ahead ? one_tile(std::true_type{}, std::true_type{}) : one_tile(std::true_type{}, std::false_type{});
       } else {
-        LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a);
+        ahead ? one_tile(std::false_type{}, std::true_type{}) : one_tile(std::false_type{}, std::false_type{});
       }
       break;
     case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
