@@ -38,7 +38,8 @@
 #             KIMIRT_MOE_CODE_AHEAD=1, both), after the MoE tests under each but the first
 #             ($OUT/moe-bench-NAME-{1,2}.json; medians against the first last).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
-#             then the batch-1 gate/up launch's warp stalls by reason ($OUT/ncu-moe-stalls.txt).
+#             then the batch-1 gate/up launch's warp stalls by reason under each moeab variant
+#             ($OUT/ncu-moe-stalls-NAME.txt).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
 #             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
@@ -135,6 +136,9 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
+# The MoE decode's trial variants (moeab, moeprof): NAME or NAME:VAR=V,VAR=V, the first the base.
+moe_variants="${KIMIRT_MOEAB:-base stage:KIMIRT_MOE_X_STAGE=1 ahead:KIMIRT_MOE_CODE_AHEAD=1 both:KIMIRT_MOE_X_STAGE=1,KIMIRT_MOE_CODE_AHEAD=1}"
+envs() { [[ "$1" == *:* ]] && echo "${1#*:}" | tr ',' ' '; }  # a variant's VAR=V words
 # Servers started by the multi-GPU modes (tp2, pp2, mnode).
 # Text and token logprobs of one greedy completion from the server on port $1.
 complete() {
@@ -308,11 +312,16 @@ if [[ "$what" == moeprof ]]; then
     grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-moe-b$b.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -80
   done
   # The gate/up launch's warp stalls by reason (cycles per issued instruction) at batch 1, which the
-  # sections above only summarize; informational, so a metric-name mismatch does not fail the mode.
-  timeout 150 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 1 \
-    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' "$root/moe_bench" --device cuda \
-    --configs k3 --batch-sizes 1 --iters 2 >"$out/ncu-moe-stalls.txt" 2>&1 || true
-  grep -E 'stalled' "$out/ncu-moe-stalls.txt" | sort -k3 -g -r | head -14
+  # sections above only summarize, under each of the MoE trial variants (moe_variants);
+  # informational, so a metric-name mismatch does not fail the mode.
+  for v in $moe_variants; do
+    # shellcheck disable=SC2046
+    env $(envs "$v") timeout 150 "$ncu" --clock-control none -k regex:ExpertMma -s 4 -c 1 \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' "$root/moe_bench" --device cuda \
+      --configs k3 --batch-sizes 1 --iters 2 >"$out/ncu-moe-stalls-${v%%:*}.txt" 2>&1 || true
+    echo "--- warp stalls, K3 gate/up at batch 1, ${v%%:*}"
+    grep -E 'stalled' "$out/ncu-moe-stalls-${v%%:*}.txt" | sort -k3 -g -r | head -8
+  done
 fi
 if [[ "$what" == kdaprof ]]; then
   # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call
@@ -421,8 +430,7 @@ if [[ "$what" == moe ]]; then
 fi
 if [[ "$what" == moeab ]]; then
   f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
-  variants="${KIMIRT_MOEAB:-base stage:KIMIRT_MOE_X_STAGE=1 ahead:KIMIRT_MOE_CODE_AHEAD=1 both:KIMIRT_MOE_X_STAGE=1,KIMIRT_MOE_CODE_AHEAD=1}"
-  envs() { [[ "$1" == *:* ]] && echo "${1#*:}" | tr ',' ' '; }  # a variant's VAR=V words
+  variants="$moe_variants"
   first=1
   for v in $variants; do
     (( first )) && { first=0; continue; }
