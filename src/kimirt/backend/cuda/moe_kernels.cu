@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace kimirt::cuda {
@@ -964,10 +963,7 @@ struct MmaArgs {
 // session after its device time was spent; docs/cuda.md "x staged in shared memory"). Read once
 // a process.
 bool MoeXStageOn() {
-  static const bool on = [] {
-    const char* v = std::getenv("KIMIRT_MOE_X_STAGE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvTrialOn("KIMIRT_MOE_X_STAGE");
   return on;
 }
 
@@ -984,10 +980,7 @@ int XStageTokens(int64_t slice, int64_t T) {
 
 // Off unless KIMIRT_MOE_CODE_AHEAD=1, until timed (as KIMIRT_MOE_X_STAGE). Read once a process.
 bool MoeCodeAheadOn() {
-  static const bool on = [] {
-    const char* v = std::getenv("KIMIRT_MOE_CODE_AHEAD");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvTrialOn("KIMIRT_MOE_CODE_AHEAD");
   return on;
 }
 
@@ -1327,7 +1320,7 @@ void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t
   MmaArgs staged = a;
   staged.x_stage_tokens = XStageTokens(a.slice, T);
   const bool ahead = kFmt == kMxfp4 && a.tiled && MoeCodeAheadOn();
-  // The one-tile kernel with x staged (All of the L1 as shared memory if need be: 4 blocks of two
+  // The one-tile kernel with x staged (all of the L1 as shared memory if need be: 4 blocks of two
   // staged tokens of K3's gate/up take 4 × (42 + 10) KB) and/or the codes ahead.
   const auto one_tile = [&](auto stage, auto code_ahead) {
     constexpr bool kStage = decltype(stage)::value, kAhead = decltype(code_ahead)::value;
