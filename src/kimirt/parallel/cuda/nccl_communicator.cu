@@ -153,8 +153,14 @@ class NcclCommunicator final : public Communicator {
 
   // From another thread (the runner's supervisor saw a peer die): NCCL's kernels waiting on the
   // peer return and the stream drains at once, instead of at the watchdog's timeout. call_mu_
-  // waits out an NCCL call the rank's thread is making (never a wait on the device).
+  // waits out an NCCL call the rank's thread is making (never a wait on the device); a call
+  // waiting on a peer inside NCCL (WaitCall) sees the request and aborts itself.
   void Abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requested_reason_ = why;
+    }
+    abort_requested_ = true;
     std::lock_guard<std::mutex> call_lock(call_mu_);
     AbortLocked(why);
   }
@@ -234,10 +240,7 @@ class NcclCommunicator final : public Communicator {
           free_events_.push_back(pending_.front().event);
           pending_.pop_front();
         }
-        if (!pending_.empty() && Clock::now() >= pending_.front().deadline) {
-          stalled = std::string(pending_.front().what) + " did not complete within " +
-                    std::to_string(o_.timeout.count()) + " ms (a peer rank stalled or died)";
-        }
+        if (!pending_.empty() && Clock::now() >= pending_.front().deadline) stalled = StallMessage(pending_.front().what);
       }
       if (stalled.empty() && !aborted_) {
         ncclResult_t async = ncclSuccess;
@@ -275,8 +278,40 @@ class NcclCommunicator final : public Communicator {
     Fail("aborted", why);
   }
 
-  // The non-blocking communicator may answer ncclInProgress; poll until done or `limit`.
-  // Returns an error message, empty on success.
+  std::string StallMessage(const char* what) const {
+    return std::string(what) + " did not complete within " + std::to_string(o_.timeout.count()) +
+           " ms (a peer rank stalled or died)";
+  }
+
+  // A call answered ncclInProgress: the communicator is non-blocking, and since NCCL 2.27 every
+  // group end on one is; connections are made at a pair's first call (NCCL_RUNTIME_CONNECT), so
+  // a first collective or send waits here until the peer makes it too. call_mu_ is held, so
+  // Abort and the watchdog cannot take it: an abort asked for meanwhile, or the call outliving
+  // the timeout, aborts the communicator here and the call throws, as a stalled stream does.
+  void WaitCall(const char* what) {
+    const Deadline deadline = Clock::now() + o_.timeout;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) Fail(what, NcclMessage(state, comm_));
+      if (abort_requested_) {
+        std::string why;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          why = requested_reason_;
+        }
+        AbortLocked(why);
+      } else if (Clock::now() >= deadline) {
+        AbortLocked(StallMessage(what));
+      }
+      ThrowIfAborted();
+      std::this_thread::yield();
+    }
+  }
+
+  // The non-blocking communicator may answer ncclInProgress; poll until done or `limit` (the
+  // destructor's finalize). Returns an error message, empty on success.
   std::string Wait(std::chrono::milliseconds limit) {
     const Deadline deadline = Clock::now() + limit;
     for (;;) {
@@ -291,11 +326,7 @@ class NcclCommunicator final : public Communicator {
 
   void Check(ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return;
-    if (r == ncclInProgress) {
-      const std::string err = Wait(o_.timeout);
-      if (err.empty()) return;
-      Fail(what, err);
-    }
+    if (r == ncclInProgress) return WaitCall(what);
     Fail(what, NcclMessage(r, comm_));
   }
 
@@ -380,8 +411,10 @@ class NcclCommunicator final : public Communicator {
   std::deque<Pending> pending_;     // collectives in flight, oldest first
   std::vector<cudaEvent_t> free_events_;
   std::string abort_reason_;
+  std::string requested_reason_;  // Abort's, for a WaitCall that sees abort_requested_
   bool stop_ = false;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> abort_requested_{false};
   std::thread watchdog_;
 };
 

@@ -263,7 +263,9 @@ TEST(NcclComm, AbortFromAnotherThreadEndsACollectiveWaitingOnAPeer) {
   // What the process-ranks runner's supervisor does when it sees a rank die: rank 1 never joins
   // rank 0's all-reduce; rank 0's host waits on the stream, as a step's download does, and another
   // thread calls Abort. The wait ends within seconds (the watchdog's timeout is 60 s here),
-  // aborted() says why, and the next collective throws with it.
+  // aborted() says why, and the next collective throws with it. A first collective may also wait
+  // for the peer inside the call (NCCL connects a pair at its first call: WaitCall), so the
+  // aborter starts first and the call and the stream's wait are timed together.
   std::string reason, next_error, sync_result;
   double waited = -1;
   std::vector<std::string> errors;
@@ -272,13 +274,17 @@ TEST(NcclComm, AbortFromAnotherThreadEndsACollectiveWaitingOnAPeer) {
         DeviceFloats d(kWidth, s);
         d.Up(Random(kWidth, 600));
         EXPECT_EQ(c.aborted(), "");
-        c.AllReduceSum(d.p, kWidth);
         std::thread aborter([&] {
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
           c.Abort("rank 1 died (test)");
         });
         const auto w0 = std::chrono::steady_clock::now();
-        sync_result = cudaGetErrorString(cudaStreamSynchronize(s));  // NCCL's kernels return
+        try {
+          c.AllReduceSum(d.p, kWidth);
+          sync_result = cudaGetErrorString(cudaStreamSynchronize(s));  // NCCL's kernels return
+        } catch (const std::exception& e) {
+          sync_result = e.what();  // the call itself was waiting on rank 1
+        }
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
         aborter.join();
         reason = c.aborted();
