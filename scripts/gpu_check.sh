@@ -132,6 +132,8 @@ nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null ||
 export LD_LIBRARY_PATH="$root/lib:$(dirname "$cublas"):$(dirname "$cudart"):${nccl:+$(dirname "$nccl"):}${LD_LIBRARY_PATH:-}"
 # NVLink multicast stays off in everything we start (KINDS.md; issue 15 item 5).
 export NCCL_NVLS_ENABLE=0
+# Pairs connected in NCCL's init, as MakeNcclCommunicator sets in every process it runs in.
+export NCCL_RUNTIME_CONNECT=0
 export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <cstring>
@@ -422,7 +423,23 @@ class NcclCommunicator final : public Communicator {
 
 bool NcclCommunicatorBuilt() { return true; }
 
+namespace {
+
+// NCCL connects a pair of ranks at their first call by default (NCCL_RUNTIME_CONNECT=1, 2.22+):
+// the first collective of a kind, or a stage's first send, then waits inside the call for the
+// peer, and a graph captured before every connection exists would capture the connecting. Set
+// to 0 once a process, before its first NCCL init and forced (every rank must agree, or one
+// waits in init for connections the other makes later), it connects them in init, under init's
+// deadline.
+void ConnectInInit() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("NCCL_RUNTIME_CONNECT", "0", 1); });
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& o) {
+  ConnectInInit();
   const int rank = o.group_rank >= 0 ? o.group_rank : store.rank();
   const int size = o.group_size >= 0 ? o.group_size : store.world_size();
   const std::string who = "NCCL init (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
