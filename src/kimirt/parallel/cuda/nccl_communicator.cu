@@ -425,12 +425,12 @@ bool NcclCommunicatorBuilt() { return true; }
 
 namespace {
 
-// NCCL connects a pair of ranks at their first call by default (NCCL_RUNTIME_CONNECT=1, 2.22+):
-// the first collective of a kind, or a stage's first send, then waits inside the call for the
-// peer, and a graph captured before every connection exists would capture the connecting. Set
-// to 0 once a process, before its first NCCL init and forced (every rank must agree, or one
-// waits in init for connections the other makes later), it connects them in init, under init's
-// deadline.
+// NCCL connects ranks for a collective at its first call by default (NCCL_RUNTIME_CONNECT=1,
+// 2.22+): the first collective of a kind then waits inside the call for the peer (WaitCall), and
+// a graph captured before every connection exists would capture the connecting. Set to 0 once a
+// process, before its first NCCL init and forced (every rank must agree, or one waits in init for
+// connections the other makes later), the collectives' connections are made in init, under
+// init's deadline (point-to-point ones may still come at a pair's first send and receive).
 void ConnectInInit() {
   static std::once_flag once;
   std::call_once(once, [] { setenv("NCCL_RUNTIME_CONNECT", "0", 1); });
