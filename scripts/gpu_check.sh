@@ -37,6 +37,8 @@
 #             NAME:VAR=V,VAR=V; default base, stage: KIMIRT_MOE_X_STAGE=1, ahead:
 #             KIMIRT_MOE_CODE_AHEAD=1, both), after the MoE tests under each but the first
 #             ($OUT/moe-bench-NAME-{1,2}.json; medians against the first last).
+#   moesan    compute-sanitizer memcheck, racecheck and synccheck of the MoE decode tests under the
+#             last moeab variant (every trial switch on).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason under each moeab variant
 #             ($OUT/ncu-moe-stalls-NAME.txt).
@@ -111,7 +113,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -372,6 +374,22 @@ if [[ "$what" == gemmrace ]]; then
     rc=$?
     echo "$tool exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-gemm.txt") tests passed"
     grep -E 'hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-gemm.txt" | head -10
+    [[ $rc -eq 0 ]] || status=1
+  done
+fi
+if [[ "$what" == moesan ]]; then
+  # The MoE decode trials under compute-sanitizer (the last moeab variant: all trial switches on):
+  # memcheck (the 8-byte code loads ahead, the staged slice's bounds), racecheck and synccheck (the
+  # staged slice's copies, barrier and reads). Small widths (odd ones: warps past the rows) and
+  # K3 widths' tiled codes.
+  last="${moe_variants##* }"
+  for tool in memcheck racecheck synccheck; do
+    # shellcheck disable=SC2046
+    env $(envs "$last") timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$root/kimirt_tests" \
+      --gtest_filter='CudaBackendMoe.DecodeExperts*:CudaBackendMoe.TiledMxfp4*' >"$out/$tool-moe.txt" 2>&1
+    rc=$?
+    echo "$tool under ${last%%:*} exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-moe.txt") tests passed"
+    grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-moe.txt" | head -10
     [[ $rc -eq 0 ]] || status=1
   done
 fi

@@ -34,9 +34,12 @@ from mma_host import cut, host_mma
 # mma_bf16.cuh: the shim's MMA, and moe_decode_host.h's range-checked load and prefetch.
 mma = host_mma(cuda_dir, "return HostLoadStreaming(p);", "HostPrefetchL2(p, bytes);")
 src = open(cuda_dir + "/moe_kernels.cu").read()
-for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
+for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
+            '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
     assert inc in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
+# A staged x slice's copies wait in each thread's queue until its CpAsyncWait (cp_async_host.h).
+src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp_async_host.h"\n')
 # dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute calls (they check the sizes).
 dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
 assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src

@@ -4,6 +4,7 @@
 // The router follows the CPU reference exactly: sigmoid scores, the correction bias for the
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
@@ -917,18 +918,26 @@ __device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
 // Up to this many tokens of a pass staged (kXStage): 95% of K3's expert groups at batch 32
 // (0.57 tokens an expert on average: 74% of the active ones hold one token, 21% two).
 constexpr int kXStageTokens = 2;
+// A staged row's pitch is its slice and this many elements: K3's rows (3,584 and 3,072) are
+// multiples of 128 bytes, so without it lanes reading two tokens' rows would share banks.
+constexpr int64_t kXStagePad = 8;
 
-// The split x of m ≤ kXStageTokens tokens over a k slice of `len` (a multiple of 32), token i's
-// at src[i], its parts `plane` apart, copied by the block to dst as [3][m][len], 16 bytes a thread
-// at a time.
-__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* const (&src)[kXStageTokens], int m,
+// The split x of m ≤ kXStageTokens tokens over a k slice of `len` (a multiple of 32) at src0 and
+// src1 (token 1, if m = 2), their parts `plane` apart, copied by the block to dst as [3][m] rows
+// of len + kXStagePad: every thread's 16-byte copies in flight at once (cp.async), then waited.
+// The caller's barrier makes them the block's.
+__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* src0, const uint16_t* src1, int m,
                                             int64_t plane, int64_t len) {
-  const int chunks = static_cast<int>(len / 8);  // 32-bit: a slice is at most K
-  for (int c = static_cast<int>(threadIdx.x); c < 3 * m * chunks; c += static_cast<int>(blockDim.x)) {
-    const int row = c / chunks, j = c % chunks;  // row = part · m + token
-    const int part = row / m, i = row % m;
-    *reinterpret_cast<uint4*>(dst + row * len + 8 * j) = __ldg(reinterpret_cast<const uint4*>(src[i] + part * plane + 8 * j));
+  const int64_t pitch = len + kXStagePad;
+  for (int part = 0; part < 3; ++part) {
+    for (int i = 0; i < m; ++i) {
+      const uint16_t* src = (i == 0 ? src0 : src1) + part * plane;
+      uint16_t* row = dst + (part * m + i) * pitch;
+      for (int64_t j = 8 * int64_t{threadIdx.x}; j < len; j += 8 * int64_t{blockDim.x}) CpAsync16(row + j, src + j);
+    }
   }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
 }
 
 // Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
@@ -967,14 +976,21 @@ bool MoeXStageOn() {
   return on;
 }
 
+// The dynamic shared memory of m staged tokens: 3 parts × m rows of slice + kXStagePad BF16.
+size_t XStageBytes(int64_t slice, int m) {
+  return static_cast<size_t>(3 * m * (slice + kXStagePad)) * sizeof(uint16_t);
+}
+// At most this much, so that 4 one-tile blocks still fit a multiprocessor: 228 KB / 4, less the
+// 10 KB of the static exchange and the 1 KB reserved a block.
+constexpr size_t kXStageMaxBytes = 46 * 1024;
+
 // How many tokens a one-tile launch's passes may stage (kXStage) for a step of T tokens (no
-// group holds more): up to kXStageTokens while their 3 parts × `slice` BF16 each fit the 48 KB a
-// launch gets unasked (K3's gate/up: 21 KB a token, 4 blocks a multiprocessor still fit at two);
+// group holds more): up to kXStageTokens within kXStageMaxBytes (K3's gate/up: 21 KB a token);
 // 0, no staging.
 int XStageTokens(int64_t slice, int64_t T) {
   if (!MoeXStageOn()) return 0;
   int m = static_cast<int>(std::min<int64_t>(T, kXStageTokens));
-  while (m > 0 && static_cast<size_t>(3 * m * slice) * sizeof(uint16_t) > 48 * 1024) --m;
+  while (m > 0 && XStageBytes(slice, m) > kXStageMaxBytes) --m;
   return m;
 }
 
@@ -985,7 +1001,7 @@ bool MoeCodeAheadOn() {
 }
 
 // kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a pass of up to args.x_stage_tokens tokens
-// reads its x slice from shared memory (3 × x_stage_tokens × slice BF16, dynamic).
+// reads its x slice from shared memory (XStageBytes, dynamic).
 // kCodeAhead (one tile, tiled MXFP4 codes, KIMIRT_MOE_CODE_AHEAD=1): each half of a lane's next
 // round of codes is loaded two steps before its use, into the registers of the half just decoded.
 template <int kFmt, bool kGateUp, int kTT, bool kXStage = false, bool kCodeAhead = false>
@@ -1001,7 +1017,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
-  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][m][slice]: kXStage
+  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][m][slice + kXStagePad]: kXStage
   const int num_active = *ga.num_active;
   if (static_cast<int>(blockIdx.z) >= num_active) return;
   // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
@@ -1046,17 +1062,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // at most once and needs no barrier before. Column g reads token g, a padding column token
     // 0, as above. The same values, so the same bits.
     if (const int m = g1 - p0; kXStage && m <= args.x_stage_tokens) {
-      const int64_t len = k_end - k_begin;
-      const uint16_t* src[kXStageTokens];
-#pragma unroll
-      for (int i = 0; i < kXStageTokens; ++i) {
-        const int32_t gr = p0 + (i < m ? i : 0);
-        src[i] = x_parts + (kGateUp ? ga.order[gr] / ga.k : gr) * K + k_begin;
-      }
-      StageXSlice(x_slice, src, m, plane, len);
+      const int64_t len = k_end - k_begin, pitch = len + kXStagePad;
+      const auto token_x = [&](int i) {  // token i of the pass at the slice's start
+        const int32_t gr = p0 + i;
+        return x_parts + (kGateUp ? ga.order[gr] / ga.k : gr) * K + k_begin;
+      };
+      StageXSlice(x_slice, token_x(0), token_x(m > 1 ? 1 : 0), m, plane, len);
       __syncthreads();
-      x_lane[0] = x_slice + (g < m ? g : 0) * len + 8 * t;
-      x_plane = m * len;
+      x_lane[0] = x_slice + (g < m ? g : 0) * pitch + 8 * t;
+      x_plane = m * pitch;
     }
     if (r0 >= N) continue;  // a warp past the rows (staging only)
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
@@ -1327,9 +1341,10 @@ void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t
     const auto kernel = ExpertMmaKernel<kFmt, kGateUp, 1, kStage, kAhead && kFmt == kMxfp4>;
     size_t smem = 0;
     if constexpr (kStage) {
+      // Past 48 KB less the static exchange a launch needs the attribute, so it is always set.
       static std::atomic<uint64_t> configured{0};
-      AllowDynamicSmem(kernel, 48 * 1024, true, "ExpertMma", &configured);
-      smem = static_cast<size_t>(3 * staged.x_stage_tokens * a.slice) * sizeof(uint16_t);
+      AllowDynamicSmem(kernel, kXStageMaxBytes, true, "ExpertMma", &configured);
+      smem = XStageBytes(a.slice, staged.x_stage_tokens);
     }
     LaunchPdl("ExpertMma", kernel, grid, dim3(kMmaWarps * 32), smem, s, staged);
   };
