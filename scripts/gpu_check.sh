@@ -367,14 +367,21 @@ if [[ "$what" == gemm ]]; then
     tee "$out/decode-gemm.txt" | tail -90
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
+# One compute-sanitizer tool over the tests of a filter, its log in $out/TOOL-NAME.txt, a summary
+# line and the findings. Arguments: tool, timeout (s), gtest filter, name, then VAR=V words.
+sanitize() {
+  local tool=$1 limit=$2 filter=$3 name=$4 rc
+  shift 4
+  env "$@" timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 "$root/kimirt_tests" \
+    --gtest_filter="$filter" >"$out/$tool-$name.txt" 2>&1
+  rc=$?
+  echo "$tool${*:+ ($*)} exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-$name.txt") tests passed"
+  grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-$name.txt" | head -10
+  [[ $rc -eq 0 ]] || status=1
+}
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
-    timeout 270 compute-sanitizer --tool "$tool" --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter='CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' >"$out/$tool-gemm.txt" 2>&1
-    rc=$?
-    echo "$tool exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-gemm.txt") tests passed"
-    grep -E 'hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-gemm.txt" | head -10
-    [[ $rc -eq 0 ]] || status=1
+    sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm
   done
 fi
 if [[ "$what" == moesan ]]; then
@@ -385,12 +392,7 @@ if [[ "$what" == moesan ]]; then
   last="${moe_variants##* }"
   for tool in memcheck racecheck synccheck; do
     # shellcheck disable=SC2046
-    env $(envs "$last") timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter='CudaBackendMoe.DecodeExperts*:CudaBackendMoe.TiledMxfp4*' >"$out/$tool-moe.txt" 2>&1
-    rc=$?
-    echo "$tool under ${last%%:*} exit $rc (124: timed out); $(grep -c '^\[       OK' "$out/$tool-moe.txt") tests passed"
-    grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-moe.txt" | head -10
-    [[ $rc -eq 0 ]] || status=1
+    sanitize "$tool" 150 'CudaBackendMoe.DecodeExperts*:CudaBackendMoe.TiledMxfp4*' moe $(envs "$last")
   done
 fi
 if [[ "$what" == kdabench ]]; then
