@@ -387,12 +387,12 @@ fi
 if [[ "$what" == moesan ]]; then
   # The MoE decode trials under compute-sanitizer (the last moeab variant: all trial switches on):
   # memcheck (the 8-byte code loads ahead, the staged slice's bounds), racecheck and synccheck (the
-  # staged slice's copies, barrier and reads). Small widths (odd ones: warps past the rows) and
-  # K3 widths' tiled codes.
+  # staged slice's copies, barrier and reads). Small widths (odd ones: warps past the rows; tiled
+  # codes in slices of two and three rounds).
   last="${moe_variants##* }"
   for tool in memcheck racecheck synccheck; do
     # shellcheck disable=SC2046
-    sanitize "$tool" 150 'CudaBackendMoe.DecodeExperts*:CudaBackendMoe.TiledMxfp4*' moe $(envs "$last")
+    sanitize "$tool" 150 'CudaBackendMoe.DecodeExperts*:CudaBackendMoe.TiledMxfp4CodesAtSmallWidths*' moe $(envs "$last")
   done
 fi
 if [[ "$what" == kdabench ]]; then

@@ -63,6 +63,50 @@ class CudaBackendMoe : public testing::CudaCpuTest {
                          << ")";
   }
 
+  // Body of the TiledMxfp4Codes tests below: E experts of [I, De] and [De, I], top-k.
+  void ExpectTiledMxfp4GivesRowMajorBits(int64_t E, int64_t De, int64_t I, int64_t k) {
+    const Experts ex = RandomExperts(E, De, I);
+    const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
+    auto copy = [&](const Tensor& t) { return gpu_->Upload(gpu_->Download(t)); };
+    auto copies = [&]() {
+      ExpertWeights c;
+      for (int64_t e = 0; e < E; ++e) {
+        c.gate.push_back(copy(ex.packed.gate[e]));
+        c.up.push_back(copy(ex.packed.up[e]));
+        c.down.push_back(copy(ex.packed.down[e]));
+        c.gate_scales.push_back(ex.packed.gate_scales[e]);
+        c.up_scales.push_back(ex.packed.up_scales[e]);
+        c.down_scales.push_back(ex.packed.down_scales[e]);
+      }
+      return c;
+    };
+    const auto moved = [&](const ExpertWeights& c) {
+      const Tensor a = gpu_->Download(ex.packed.down[5]), b = gpu_->Download(c.down[5]);
+      return std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0;
+    };
+    const bool was = gpu_->bf16_prefill();
+    gpu_->set_bf16_prefill(true);
+    ExpertWeights off = copies();
+    setenv("KIMIRT_MXFP4_TILED", "0", 1);
+    gpu_->HoldExpertWeights(&off, nullptr, nullptr, nullptr);
+    EXPECT_FALSE(moved(off)) << "tiled with KIMIRT_MXFP4_TILED=0";
+    unsetenv("KIMIRT_MXFP4_TILED");
+    ExpertWeights tiled = copies();
+    gpu_->set_bf16_prefill(false);
+    gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
+    EXPECT_FALSE(moved(tiled)) << "tiled with bf16_prefill off (the F32 grouped path reads row-major codes)";
+    gpu_->set_bf16_prefill(true);
+    gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
+    EXPECT_TRUE(moved(tiled)) << "the codes were not re-laid out";
+    Tensor z_all = Random({100, De}), idx_all, w_all;
+    RandomChoice(100, E, k, &idx_all, &w_all);
+    for (int64_t T : {int64_t{1}, int64_t{16}, gpu_->RowInvariantRows(), int64_t{100}}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+      ExpectSameBits(RunMoeExperts(z, idx, w, tiled, situ), RunMoeExperts(z, idx, w, ex.packed, situ), "tiled codes");
+    }
+    gpu_->set_bf16_prefill(was);
+  }
 };
 
 TEST_F(CudaBackendMoe, DecodesEveryMxfp4CodeAsTheCpu) {
@@ -170,50 +214,11 @@ TEST(MoeDecodeTokenTiles, FollowTheRoutedLoadUpToTsCount) {
 // default) give the row-major codes' bits at K3's widths: decode steps (1, 16, 64 tokens) and a
 // prefill-sized one (100: the mma.sync prefill tile reading tiled codes). The bytes moved; with
 // KIMIRT_MXFP4_TILED=0, or with bf16_prefill off, nothing is tiled.
-TEST_F(CudaBackendMoe, TiledMxfp4CodesGiveTheRowMajorBits) {
-  const int64_t E = 20, De = 3584, I = 3072, k = 16;
-  const Experts ex = RandomExperts(E, De, I);
-  const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
-  auto copy = [&](const Tensor& t) { return gpu_->Upload(gpu_->Download(t)); };
-  auto copies = [&]() {
-    ExpertWeights c;
-    for (int64_t e = 0; e < E; ++e) {
-      c.gate.push_back(copy(ex.packed.gate[e]));
-      c.up.push_back(copy(ex.packed.up[e]));
-      c.down.push_back(copy(ex.packed.down[e]));
-      c.gate_scales.push_back(ex.packed.gate_scales[e]);
-      c.up_scales.push_back(ex.packed.up_scales[e]);
-      c.down_scales.push_back(ex.packed.down_scales[e]);
-    }
-    return c;
-  };
-  const auto moved = [&](const ExpertWeights& c) {
-    const Tensor a = gpu_->Download(ex.packed.down[5]), b = gpu_->Download(c.down[5]);
-    return std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0;
-  };
-  const bool was = gpu_->bf16_prefill();
-  gpu_->set_bf16_prefill(true);
-  ExpertWeights off = copies();
-  setenv("KIMIRT_MXFP4_TILED", "0", 1);
-  gpu_->HoldExpertWeights(&off, nullptr, nullptr, nullptr);
-  EXPECT_FALSE(moved(off)) << "tiled with KIMIRT_MXFP4_TILED=0";
-  unsetenv("KIMIRT_MXFP4_TILED");
-  ExpertWeights tiled = copies();
-  gpu_->set_bf16_prefill(false);
-  gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
-  EXPECT_FALSE(moved(tiled)) << "tiled with bf16_prefill off (the F32 grouped path reads row-major codes)";
-  gpu_->set_bf16_prefill(true);
-  gpu_->HoldExpertWeights(&tiled, nullptr, nullptr, nullptr);
-  EXPECT_TRUE(moved(tiled)) << "the codes were not re-laid out";
-  Tensor z_all = Random({100, De}), idx_all, w_all;
-  RandomChoice(100, E, k, &idx_all, &w_all);
-  for (int64_t T : {int64_t{1}, int64_t{16}, gpu_->RowInvariantRows(), int64_t{100}}) {
-    SCOPED_TRACE("T = " + std::to_string(T));
-    const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
-    ExpectSameBits(RunMoeExperts(z, idx, w, tiled, situ), RunMoeExperts(z, idx, w, ex.packed, situ), "tiled codes");
-  }
-  gpu_->set_bf16_prefill(was);
-}
+TEST_F(CudaBackendMoe, TiledMxfp4CodesGiveTheRowMajorBits) { ExpectTiledMxfp4GivesRowMajorBits(20, 3584, 3072, 16); }
+
+// The same at small widths (slices of two and three rounds, groups of several tokens): quick
+// enough for compute-sanitizer (gpu_check.sh moesan), with the MoE trial switches on.
+TEST_F(CudaBackendMoe, TiledMxfp4CodesAtSmallWidthsGiveTheRowMajorBits) { ExpectTiledMxfp4GivesRowMajorBits(6, 256, 384, 2); }
 
 // Awkward sizes: one expert chosen by every token (a group of many tiles), SiLU, widths of a
 // few scale groups, many more tokens than one tile; against the CPU reference and bit-equal to
