@@ -452,23 +452,20 @@ if [[ "$what" == moe ]]; then
 fi
 if [[ "$what" == moeab ]]; then
   f='CudaBackendMoe*:CudaBackendMoePrefill*:MoeDecodeTokenTiles*:Fixtures/GoldenTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*'
-  variants="$moe_variants"
-  first=1
-  for v in $variants; do
-    (( first )) && { first=0; continue; }
+  for v in ${moe_variants#* }; do  # all but the base
     # shellcheck disable=SC2046
     env $(envs "$v") timeout 200 "$root/kimirt_tests" --gtest_filter="$f" >"$out/gtest-moe-${v%%:*}.txt" 2>&1 || status=1
     echo "MoE tests under ${v%%:*} ($(envs "$v")): $(grep -E '^\[ +(PASSED|FAILED) +\]' "$out/gtest-moe-${v%%:*}.txt" | tr '\n' ' ')"
   done
   for r in 1 2; do
-    for v in $variants; do
+    for v in $moe_variants; do
       # shellcheck disable=SC2046
       env $(envs "$v") timeout 100 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,8,32,64 \
         --iters 50 --peak-gbps 4800 --json "$out/moe-bench-${v%%:*}-$r.json" >"$out/moe-bench-${v%%:*}-$r.txt" 2>&1 || status=1
     done
   done
   # shellcheck disable=SC2046
-  python3 - "$out" $(for v in $variants; do echo "${v%%:*}"; done) <<'PY' || true
+  python3 - "$out" $(for v in $moe_variants; do echo "${v%%:*}"; done) <<'PY' || true
 import json, statistics, sys, collections
 out, names = sys.argv[1], sys.argv[2:]
 t = collections.defaultdict(list)

@@ -32,7 +32,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[3])
 from mma_host import cut, host_mma
 # mma_bf16.cuh: the shim's MMA, and moe_decode_host.h's range-checked load and prefetch.
-mma = host_mma(cuda_dir, "return HostLoadStreaming(p);", "HostPrefetchL2(p, bytes);")
+mma = host_mma(cuda_dir, "return HostLoadStreaming<uint4>(p);", "HostPrefetchL2(p, bytes);")
 src = open(cuda_dir + "/moe_kernels.cu").read()
 for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
             '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
@@ -46,7 +46,7 @@ assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma + dyn)
 src = cut(src, "__device__ __forceinline__ uint2 LoadStreaming8(",
-          "inline uint2 LoadStreaming8(const void* p) { return HostLoadStreaming8(p); }\n")
+          "inline uint2 LoadStreaming8(const void* p) { return HostLoadStreaming<uint2>(p); }\n")
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs

@@ -141,16 +141,12 @@ inline void CheckWeightRange(const void* p, size_t bytes, const char* what) {
     std::abort();
   }
 }
-inline uint4 HostLoadStreaming(const void* p) {
-  CheckWeightRange(p, 16, "streaming load");
-  uint4 v;
-  std::memcpy(&v, p, 16);
-  return v;
-}
-inline uint2 HostLoadStreaming8(const void* p) {
-  CheckWeightRange(p, 8, "streaming load (8 bytes)");
-  uint2 v;
-  std::memcpy(&v, p, 8);
+// A streaming load of a V (uint4: LoadStreaming, uint2: LoadStreaming8).
+template <class V>
+V HostLoadStreaming(const void* p) {
+  CheckWeightRange(p, sizeof(V), "streaming load");
+  V v;
+  std::memcpy(&v, p, sizeof(V));
   return v;
 }
 inline void HostPrefetchL2(const void* p, uint32_t bytes) {

@@ -915,8 +915,9 @@ __device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
   return v;
 }
 
-// Up to this many tokens of a pass staged (kXStage): 95% of K3's expert groups at batch 32
-// (0.57 tokens an expert on average: 74% of the active ones hold one token, 21% two).
+// Up to this many tokens of a pass staged (kXStage): ~95% of K3's active experts at batch 32
+// by a Poisson estimate of uniform routing (0.57 tokens an expert: of the active ones ~74% hold
+// one token, ~21% two; not measured on a routed model).
 constexpr int kXStageTokens = 2;
 // A staged row's pitch is its slice and this many elements: K3's rows (3,584 and 3,072) are
 // multiples of 128 bytes, so without it lanes reading two tokens' rows would share banks.
@@ -1116,7 +1117,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // strides chosen at run time the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
     // kCodeAhead: the next round's tiled codes, [tile][half][steps 0-1 | 2-3], loaded during this
     // round (after step 1, then after step 3: each half two steps before its use, ~1,700 cycles
-    // at the kernel's batch-1 issue rate, in the registers of the half just decoded), and whether
+    // at batch 1's issue rate by estimate, in the registers of the half just decoded), and whether
     // they were. The codes otherwise arrive a round's first step late: its decode waits on HBM.
     [[maybe_unused]] uint2 q_ahead[2][2][2];
     [[maybe_unused]] bool ahead_loaded = false;
@@ -1331,8 +1332,8 @@ unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_
 // tt token tiles; T tokens in the step (no expert's group holds more).
 template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t s) {
-  MmaArgs staged = a;
-  staged.x_stage_tokens = XStageTokens(a.slice, T);
+  MmaArgs args = a;
+  args.x_stage_tokens = XStageTokens(a.slice, T);
   const bool ahead = kFmt == kMxfp4 && a.tiled && MoeCodeAheadOn();
   // The one-tile kernel with x staged (all of the L1 as shared memory if need be: 4 blocks of two
   // staged tokens of K3's gate/up take 4 × (42 + 10) KB) and/or the codes ahead.
@@ -1344,13 +1345,13 @@ void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t
       // Past 48 KB less the static exchange a launch needs the attribute, so it is always set.
       static std::atomic<uint64_t> configured{0};
       AllowDynamicSmem(kernel, kXStageMaxBytes, true, "ExpertMma", &configured);
-      smem = XStageBytes(a.slice, staged.x_stage_tokens);
+      smem = XStageBytes(a.slice, args.x_stage_tokens);
     }
-    LaunchPdl("ExpertMma", kernel, grid, dim3(kMmaWarps * 32), smem, s, staged);
+    LaunchPdl("ExpertMma", kernel, grid, dim3(kMmaWarps * 32), smem, s, args);
   };
   switch (tt) {
     case 1:
-      if (staged.x_stage_tokens > 0) {
+      if (args.x_stage_tokens > 0) {
         ahead ? one_tile(std::true_type{}, std::true_type{}) : one_tile(std::true_type{}, std::false_type{});
       } else {
         ahead ? one_tile(std::false_type{}, std::true_type{}) : one_tile(std::false_type{}, std::false_type{});

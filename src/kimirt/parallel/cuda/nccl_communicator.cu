@@ -285,8 +285,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   // A call answered ncclInProgress: the communicator is non-blocking, and since NCCL 2.27 every
-  // group end on one is; connections are made at a pair's first call (NCCL_RUNTIME_CONNECT), so
-  // a first collective or send waits here until the peer makes it too. call_mu_ is held, so
+  // group end on one is; a connection still made at a pair's first call (a send and receive's:
+  // ConnectInInit has the collectives' made in init) waits here until the peer makes it too, as
+  // would any call if a peer never comes. call_mu_ is held, so
   // Abort and the watchdog cannot take it: an abort asked for meanwhile, or the call outliving
   // the timeout, aborts the communicator here and the call throws, as a stalled stream does.
   void WaitCall(const char* what) {
