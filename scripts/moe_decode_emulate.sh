@@ -13,10 +13,8 @@
 # against the row-major ones, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
-# (CudaBackend MoE tests do); the decode checks run again with each trial switch on
-# (KIMIRT_MOE_X_STAGE=1, KIMIRT_MOE_CODE_AHEAD=1). `route`: the router's top-k
-# (MoeRouteWarpKernel, its warp shuffles and ballot through the warp's barrier; MoeRouteSerial)
-# against a sort here, ties included.
+# (CudaBackend MoE tests do). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
+# and ballot through the warp's barrier; MoeRouteSerial) against a sort here, ties included.
 # About two minutes on two cores.
 # Usage: bash scripts/moe_decode_emulate.sh [mma|decode|route]
 set -euo pipefail
@@ -32,21 +30,12 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[3])
 from mma_host import cut, host_mma
 # mma_bf16.cuh: the shim's MMA, and moe_decode_host.h's range-checked load and prefetch.
-mma = host_mma(cuda_dir, "return HostLoadStreaming<uint4>(p);", "HostPrefetchL2(p, bytes);")
+mma = host_mma(cuda_dir, "return HostLoadStreaming(p);", "HostPrefetchL2(p, bytes);")
 src = open(cuda_dir + "/moe_kernels.cu").read()
-for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
-            '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
+for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n'):
     assert inc in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
-# A staged x slice's copies wait in each thread's queue until its CpAsyncWait (cp_async_host.h).
-src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp_async_host.h"\n')
-# dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute calls (they check the sizes).
-dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
-assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
-src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
-src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma + dyn)
-src = cut(src, "__device__ __forceinline__ uint2 LoadStreaming8(",
-          "inline uint2 LoadStreaming8(const void* p) { return HostLoadStreaming<uint2>(p); }\n")
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs
@@ -66,12 +55,3 @@ g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wall -Wextra -Wno-unknown-prag
   -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" "$here/moe_decode_emulation/driver.cpp" \
   -o "$work/moe_decode_emulation"
 timeout 1200 "$work/moe_decode_emulation" "$@"
-# The decode again with few-token passes' x staged in shared memory (KIMIRT_MOE_X_STAGE=1), and
-# with tiled codes loaded a half-round ahead (KIMIRT_MOE_CODE_AHEAD=1): both off by default until
-# timed, and read once a process, hence more runs.
-if [[ $# -eq 0 || "$1" == decode ]]; then
-  echo "decode with KIMIRT_MOE_X_STAGE=1:"
-  KIMIRT_MOE_X_STAGE=1 timeout 1200 "$work/moe_decode_emulation" decode
-  echo "decode with KIMIRT_MOE_CODE_AHEAD=1:"
-  KIMIRT_MOE_CODE_AHEAD=1 timeout 1200 "$work/moe_decode_emulation" decode
-fi

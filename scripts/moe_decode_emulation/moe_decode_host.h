@@ -1,11 +1,10 @@
 // What moe_kernels.cu needs beyond ../decode_gemm_group_emulation/decode_gemm_host.h (BF16, dim3,
 // pdl.cuh's launch running 128-thread blocks as fibers) and ../kda_chunk_emulation/shim.h
 // (the emulated MMA, warp barriers) in its host emulation (see ../moe_decode_emulate.sh):
-// __syncwarp as the warp's own barrier (warps of ExpertMmaKernel may return early, so a block-wide
-// one would hang; its one __syncthreads, for a staged x slice, comes with none returned),
-// __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept), `<<<>>>` launches,
-// and the weight loads (and any L2 prefetch: the expert kernels issue none, the driver fails on
-// one) checked to stay inside the experts' weights; the router's warp collectives
+// __syncwarp as the warp's own barrier (warps of ExpertMmaKernel return early, so a block-wide
+// barrier would hang), __byte_perm, mul.rn.bf16x2 (BF16 round to nearest even, subnormals kept),
+// `<<<>>>` launches, and the weight loads (and any L2 prefetch: the expert kernels issue none, the
+// driver fails on one) checked to stay inside the experts' weights; the router's warp collectives
 // (shuffles, ballot, match) and the one-warp grouping's. The block grouping kernels compile but
 // are not run here: their shared-memory atomics abort if called.
 #pragma once
@@ -120,7 +119,7 @@ inline uint32_t HostMulBf16x2(uint32_t a, uint32_t b) {
 }
 
 // The experts' weight buffers (the driver registers each, its exact bytes): every streaming load
-// and L2 prefetch of the kernel must fall inside one of them, aligned to its size (up to 16).
+// and L2 prefetch of the kernel must fall inside one of them, 16-byte aligned.
 struct WeightRange {
   const char* begin;
   size_t bytes;
@@ -129,8 +128,7 @@ inline std::vector<WeightRange> g_weights;
 inline std::atomic<long> g_prefetches{0};
 inline void CheckWeightRange(const void* p, size_t bytes, const char* what) {
   const char* c = static_cast<const char*>(p);
-  const size_t align = bytes < 16 ? bytes : 16;  // an 8-byte load: 8
-  bool inside = reinterpret_cast<uintptr_t>(p) % align == 0 && bytes % align == 0;
+  bool inside = reinterpret_cast<uintptr_t>(p) % 16 == 0 && bytes % 16 == 0;
   if (inside) {
     inside = false;
     for (const WeightRange& r : g_weights) inside |= c >= r.begin && c + bytes <= r.begin + r.bytes;
@@ -141,12 +139,10 @@ inline void CheckWeightRange(const void* p, size_t bytes, const char* what) {
     std::abort();
   }
 }
-// A streaming load of a V (uint4: LoadStreaming, uint2: LoadStreaming8).
-template <class V>
-V HostLoadStreaming(const void* p) {
-  CheckWeightRange(p, sizeof(V), "streaming load");
-  V v;
-  std::memcpy(&v, p, sizeof(V));
+inline uint4 HostLoadStreaming(const void* p) {
+  CheckWeightRange(p, 16, "streaming load");
+  uint4 v;
+  std::memcpy(&v, p, 16);
   return v;
 }
 inline void HostPrefetchL2(const void* p, uint32_t bytes) {

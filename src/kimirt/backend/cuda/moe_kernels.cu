@@ -4,9 +4,7 @@
 // The router follows the CPU reference exactly: sigmoid scores, the correction bias for the
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
-#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
-#include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
@@ -893,52 +891,13 @@ __device__ __forceinline__ void ForEachRoundWord(F&& f) {
 }
 
 // The split x of one token at p (k = kk + 8t .. +7 of its row); the three parts lie `plane`
-// elements apart. kGeneric: p is the split x in global memory or its slice staged in shared
-// memory (StageXSlice), read by the same generic loads either way.
-template <bool kGeneric = false>
+// elements apart.
 __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t plane) {
-  const auto load = [](const uint16_t* q) {
-    if constexpr (kGeneric) {
-      return *reinterpret_cast<const uint4*>(q);
-    } else {
-      return __ldg(reinterpret_cast<const uint4*>(q));
-    }
-  };
-  return mma::XParts{load(p), load(p + plane), load(p + 2 * plane)};
-}
-
-// 8 bytes of a weight, read once (mma::LoadStreaming's cache policy): half a lane's round of tiled
-// MXFP4 codes, two steps' words (kCodeAhead).
-__device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
-// Up to this many tokens of a pass staged (kXStage): ~95% of K3's active experts at batch 32
-// by a Poisson estimate of uniform routing (0.57 tokens an expert: of the active ones ~74% hold
-// one token, ~21% two; not measured on a routed model).
-constexpr int kXStageTokens = 2;
-// A staged row's pitch is its slice and this many elements: K3's rows (3,584 and 3,072) are
-// multiples of 128 bytes, so without it lanes reading two tokens' rows would share banks.
-constexpr int64_t kXStagePad = 8;
-
-// The split x of m ≤ kXStageTokens tokens over a k slice of `len` (a multiple of 32) at src0 and
-// src1 (token 1, if m = 2), their parts `plane` apart, copied by the block to dst as [3][m] rows
-// of len + kXStagePad: every thread's 16-byte copies in flight at once (cp.async), then waited.
-// The caller's barrier makes them the block's.
-__device__ __forceinline__ void StageXSlice(uint16_t* dst, const uint16_t* src0, const uint16_t* src1, int m,
-                                            int64_t plane, int64_t len) {
-  const int64_t pitch = len + kXStagePad;
-  for (int part = 0; part < 3; ++part) {
-    for (int i = 0; i < m; ++i) {
-      const uint16_t* src = (i == 0 ? src0 : src1) + part * plane;
-      uint16_t* row = dst + (part * m + i) * pitch;
-      for (int64_t j = 8 * int64_t{threadIdx.x}; j < len; j += 8 * int64_t{blockDim.x}) CpAsync16(row + j, src + j);
-    }
-  }
-  CpAsyncCommit();
-  CpAsyncWait<0>();
+  mma::XParts xp;
+  xp.hi = __ldg(reinterpret_cast<const uint4*>(p));
+  xp.mid = __ldg(reinterpret_cast<const uint4*>(p + plane));
+  xp.lo = __ldg(reinterpret_cast<const uint4*>(p + 2 * plane));
+  return xp;
 }
 
 // Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
@@ -966,46 +925,9 @@ struct MmaArgs {
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
-  int x_stage_tokens = 0;  // kXStage: a pass of up to this many tokens stages its x (XStageTokens)
 };
 
-// Off unless KIMIRT_MOE_X_STAGE=1 until it has been timed on a GPU (built in the twenty-third
-// session after its device time was spent; docs/cuda.md "x staged in shared memory"). Read once
-// a process.
-bool MoeXStageOn() {
-  static const bool on = EnvTrialOn("KIMIRT_MOE_X_STAGE");
-  return on;
-}
-
-// The dynamic shared memory of m staged tokens: 3 parts × m rows of slice + kXStagePad BF16.
-size_t XStageBytes(int64_t slice, int m) {
-  return static_cast<size_t>(3 * m * (slice + kXStagePad)) * sizeof(uint16_t);
-}
-// At most this much, so that 4 one-tile blocks still fit a multiprocessor: 228 KB / 4, less the
-// 10 KB of the static exchange and the 1 KB reserved a block.
-constexpr size_t kXStageMaxBytes = 46 * 1024;
-
-// How many tokens a one-tile launch's passes may stage (kXStage) for a step of T tokens (no
-// group holds more): up to kXStageTokens within kXStageMaxBytes (K3's gate/up: 21 KB a token);
-// 0, no staging.
-int XStageTokens(int64_t slice, int64_t T) {
-  if (!MoeXStageOn()) return 0;
-  int m = static_cast<int>(std::min<int64_t>(T, kXStageTokens));
-  while (m > 0 && XStageBytes(slice, m) > kXStageMaxBytes) --m;
-  return m;
-}
-
-// Off unless KIMIRT_MOE_CODE_AHEAD=1, until timed (as KIMIRT_MOE_X_STAGE). Read once a process.
-bool MoeCodeAheadOn() {
-  static const bool on = EnvTrialOn("KIMIRT_MOE_CODE_AHEAD");
-  return on;
-}
-
-// kXStage (one tile only, KIMIRT_MOE_X_STAGE=1): a pass of up to args.x_stage_tokens tokens
-// reads its x slice from shared memory (XStageBytes, dynamic).
-// kCodeAhead (one tile, tiled MXFP4 codes, KIMIRT_MOE_CODE_AHEAD=1): each half of a lane's next
-// round of codes is loaded two steps before its use, into the registers of the half just decoded.
-template <int kFmt, bool kGateUp, int kTT, bool kXStage = false, bool kCodeAhead = false>
+template <int kFmt, bool kGateUp, int kTT>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
@@ -1018,7 +940,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const bool scales_vec = args.scales_vec;
   float* __restrict__ part = args.part;
   __shared__ __align__(16) uint32_t xchg[kMmaWarps][4][8 * kTransposeStride];  // MXFP4 only
-  extern __shared__ __align__(16) uint16_t x_slice[];  // [3][m][slice + kXStagePad]: kXStage
   const int num_active = *ga.num_active;
   if (static_cast<int>(blockIdx.z) >= num_active) return;
   // The last active expert's blocks first: with the shared expert as expert E (MoeSharedAsExpert)
@@ -1028,9 +949,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const int a = blockIdx.z == 0 ? num_active - 1 : static_cast<int>(blockIdx.z) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * kRowsPerWarp<kGateUp>;
-  // A warp past the rows has nothing to do but its share of a staged x slice (the block's one
-  // barrier, below); else it returns here, the whole warp.
-  if (r0 >= N && !kXStage) return;
+  if (r0 >= N) return;  // the whole warp; nothing below syncs the block
   const int32_t e = ga.active[a];
   const void* const w_tile[2] = {wa[e], kGateUp ? wb[e] : wa[e]};
   const uint8_t* const s_tile[2] = {kFmt == kMxfp4 ? sa[e] : nullptr,
@@ -1048,32 +967,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // round at a time. A padding column (no token) reads the group's first token: an MMA output
     // column depends on its own B column alone, and a padding column's outputs are never stored.
     const uint16_t* x_lane[kTT];
-    int64_t x_plane = plane;
 #pragma unroll
     for (int r = 0; r < kTT; ++r) {
       const int32_t gr = p0 + 8 * r + g < g1 ? p0 + 8 * r + g : p0;
       const int64_t xrow = kGateUp ? ga.order[gr] / ga.k : gr;
       x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
     }
-    // A pass of m ≤ x_stage_tokens tokens (a group of one or two, or a group's last tokens
-    // past whole tiles: most of K3's passes up to batch 64) reads its x slice from shared memory,
-    // copied once by the block: each step's three x loads then wait on shared memory, not on
-    // L1/L2 behind the weights' misses (the long-scoreboard stall of docs/cuda.md "Tried and
-    // dropped: a ring of codes"). Only a group's last pass has so few tokens, so a block stages
-    // at most once and needs no barrier before. Column g reads token g, a padding column token
-    // 0, as above. The same values, so the same bits.
-    if (const int m = g1 - p0; kXStage && m <= args.x_stage_tokens) {
-      const int64_t len = k_end - k_begin, pitch = len + kXStagePad;
-      const auto token_x = [&](int i) {  // token i of the pass at the slice's start
-        const int32_t gr = p0 + i;
-        return x_parts + (kGateUp ? ga.order[gr] / ga.k : gr) * K + k_begin;
-      };
-      StageXSlice(x_slice, token_x(0), token_x(m > 1 ? 1 : 0), m, plane, len);
-      __syncthreads();
-      x_lane[0] = x_slice + (g < m ? g : 0) * pitch + 8 * t;
-      x_plane = m * pitch;
-    }
-    if (r0 >= N) continue;  // a warp past the rows (staging only)
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
     // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way
     // (tiled codes: the lane's 16-byte chunk of the round's tile, mxfp4_tiled.cuh).
@@ -1115,16 +1014,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     // kTiled: the weights decode-tiled (BF16) or the codes tiled (MXFP4). Each layout's rounds
     // are a loop of their own (below), so the tiled loads' offsets are constants: with the
     // strides chosen at run time the 1-tile kernels spilled inside the loop (ptxas -v, 68 bytes).
-    // kCodeAhead: the next round's tiled codes, [tile][half][steps 0-1 | 2-3], loaded during this
-    // round (after step 1, then after step 3: each half two steps before its use, ~1,700 cycles
-    // at batch 1's issue rate by estimate, in the registers of the half just decoded), and whether
-    // they were. The codes otherwise arrive a round's first step late: its decode waits on HBM.
-    [[maybe_unused]] uint2 q_ahead[2][2][2];
-    [[maybe_unused]] bool ahead_loaded = false;
     auto round = [&](int64_t kb, auto full, auto tiled) {
       constexpr bool kFull = decltype(full)::value;
       constexpr bool kTiled = decltype(tiled)::value;
-      [[maybe_unused]] constexpr bool kAhead = kCodeAhead && kTiled;
       const auto in_slice = [&](int u) { return kFull || kb + 32 * u < k_end; };  // step u of the round
       if constexpr (kFmt == kMxfp4) {
         uint4 q[2][2];
@@ -1135,13 +1027,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (kAhead && ahead_loaded) {
-              q[c][h] = make_uint4(q_ahead[c][h][0].x, q_ahead[c][h][0].y, q_ahead[c][h][1].x, q_ahead[c][h][1].y);
-            } else {
-              q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
-            }
-          }
+          for (int h = 0; h < 2; ++h) q[c][h] = mine ? mma::LoadStreaming(qp[c][h]) : make_uint4(0, 0, 0, 0);
         }
         if (scales_vec) {
 #pragma unroll
@@ -1164,7 +1050,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
         // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
-        mma::XParts x0 = LoadXParts<kXStage>(x_lane[0], x_plane);
+        mma::XParts x0 = LoadXParts(x_lane[0], plane);
         // Row-major: exchange within each quad, lane t getting word t of the groups of lanes
         // 0..3, so its word u holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         // Tiled codes come in that order.
@@ -1202,7 +1088,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
         for (int u = 0; u < 4; ++u) {
           if (!in_slice(u)) break;  // past the slice: the same for every token
           mma::XParts x0_next;
-          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts<kXStage>(x_lane[0] + 32 * (u + 1), x_plane);
+          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts(x_lane[0] + 32 * (u + 1), plane);
           uint4 w[2][2];
           const auto word = [&](int c, int h) {
             return u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
@@ -1227,23 +1113,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = r == 0 ? x0 : LoadXParts<kXStage>(x_lane[r] + 32 * u, x_plane);
+              const mma::XParts xp = r == 0 ? x0 : LoadXParts(x_lane[r] + 32 * u, plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], w[c][0], w[c][1], xp);
             }
           }
           if (u < 3) x0 = x0_next;
-          if constexpr (kAhead) {
-            if ((u == 1 || u == 3) && kb + kRoundK < k_end) {  // the next round is in the slice
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) q_ahead[c][h][u / 2] = LoadStreaming8(qp[c][h] + 1024 + 8 * (u / 2));
-              }
-            }
-          }
         }
-        if constexpr (kAhead) ahead_loaded = kb + kRoundK < k_end;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
@@ -1268,7 +1144,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = LoadXParts<kXStage>(x_lane[r] + 32 * u, x_plane);
+              const mma::XParts xp = LoadXParts(x_lane[r] + 32 * u, plane);
 #pragma unroll
               for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
             }
@@ -1329,34 +1205,10 @@ DecodePlan MakeDecodePlan(int64_t T, int64_t k, int64_t De, int64_t I) {
 
 unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536)); }
 
-// tt token tiles; T tokens in the step (no expert's group holds more).
 template <int kFmt, bool kGateUp>
-void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, int64_t T, cudaStream_t s) {
-  MmaArgs args = a;
-  args.x_stage_tokens = XStageTokens(a.slice, T);
-  const bool ahead = kFmt == kMxfp4 && a.tiled && MoeCodeAheadOn();
-  // The one-tile kernel with x staged (all of the L1 as shared memory if need be: 4 blocks of two
-  // staged tokens of K3's gate/up take 4 × (42 + 10) KB) and/or the codes ahead.
-  const auto one_tile = [&](auto stage, auto code_ahead) {
-    constexpr bool kStage = decltype(stage)::value, kAhead = decltype(code_ahead)::value;
-    const auto kernel = ExpertMmaKernel<kFmt, kGateUp, 1, kStage, kAhead && kFmt == kMxfp4>;
-    size_t smem = 0;
-    if constexpr (kStage) {
-      // Past 48 KB less the static exchange a launch needs the attribute, so it is always set.
-      static std::atomic<uint64_t> configured{0};
-      AllowDynamicSmem(kernel, kXStageMaxBytes, true, "ExpertMma", &configured);
-      smem = XStageBytes(a.slice, args.x_stage_tokens);
-    }
-    LaunchPdl("ExpertMma", kernel, grid, dim3(kMmaWarps * 32), smem, s, args);
-  };
+void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
   switch (tt) {
-    case 1:
-      if (args.x_stage_tokens > 0) {
-        ahead ? one_tile(std::true_type{}, std::true_type{}) : one_tile(std::true_type{}, std::false_type{});
-      } else {
-        ahead ? one_tile(std::false_type{}, std::true_type{}) : one_tile(std::false_type{}, std::false_type{});
-      }
-      break;
+    case 1: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
     case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
     default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
   }
@@ -1372,7 +1224,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
   LaunchMmaTiles<kFmt, true>(tt, gu_grid,
                              MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
                                      p.gate_up.slice, p.n, gu_part, w.tiled},
-                             T, s);
+                             s);
   CheckLaunch("ExpertMma gate/up");
   LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
             p.gate_up.splits, p.n, I, kind, beta, has_linear_beta, linear_beta, h_parts);
@@ -1382,7 +1234,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
   LaunchMmaTiles<kFmt, false>(tt, dn_grid,
                               MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
                                       scales_vec, p.down.slice, p.n, dn_part, w.tiled},
-                              T, s);
+                              s);
   CheckLaunch("ExpertMma down");
 }
 
