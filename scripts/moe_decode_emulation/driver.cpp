@@ -216,21 +216,34 @@ std::vector<uint16_t> PackedParts(const float* x, int64_t rows, int64_t K) {
 // t = s % 8 / 2, A word j = 2h + s / 8 of the lane's 8 k 8t .. 8t + 7, whose low / high BF16 is
 // element j / j + 4 (s % 2): k = 8t + 2h + s / 8 + 4 (s % 2). The step's sum is added to the
 // slice's in F32. No tiling, exchange or indexing of the kernel's: an independent account.
+//
+// With part columns (KIMIRT_MOE_PART_COLUMNS=1) each part has a sum of its own: per step its two
+// MMAs from zero, added in F32; the three sums then added as (lo + mid) + hi.
 float Reference(const std::vector<float>& parts, int64_t rows, int64_t K, int64_t xrow, const float* w, int64_t k0,
                 int64_t k1) {
+  const auto mma = [&](double e, const float* xp, int64_t kb, int h) {
+    for (int s = 0; s < 16; ++s) {
+      const int64_t kk = kb + 8 * (s % 8 / 2) + 2 * h + s / 8 + 4 * (s % 2);
+      e += static_cast<double>(w[kk]) * xp[kk];
+    }
+    return static_cast<float>(e);
+  };
+  if (kc::MoePartColumnsOn()) {
+    float sum[3] = {0.0f, 0.0f, 0.0f};  // lo, mid, hi
+    for (int64_t kb = k0; kb < k1; kb += 32) {
+      for (int q = 0; q < 3; ++q) {
+        const float* xp = &parts[static_cast<size_t>((q * rows + xrow) * K)];
+        sum[q] += mma(mma(0.0, xp, kb, 0), xp, kb, 1);
+      }
+    }
+    return (sum[0] + sum[1]) + sum[2];
+  }
   float acc = 0.0f;
   for (int64_t kb = k0; kb < k1; kb += 32) {
     float d = 0.0f;
     for (int q = 0; q < 3; ++q) {
       const float* xp = &parts[static_cast<size_t>((q * rows + xrow) * K)];
-      for (int h = 0; h < 2; ++h) {
-        double e = d;
-        for (int s = 0; s < 16; ++s) {
-          const int64_t kk = kb + 8 * (s % 8 / 2) + 2 * h + s / 8 + 4 * (s % 2);
-          e += static_cast<double>(w[kk]) * xp[kk];
-        }
-        d = static_cast<float>(e);
-      }
+      for (int h = 0; h < 2; ++h) d = mma(d, xp, kb, h);
     }
     acc += d;
   }
@@ -259,7 +272,12 @@ std::vector<float> ReferenceParts(const Groups& g, bool gate_up, const std::vect
 
 template <int kFmt, bool kGateUp, int kTT>
 void LaunchMma(const kc::MmaArgs& a, dim3 grid) {
-  kc::LaunchPdl("ExpertMma", kc::ExpertMmaKernel<kFmt, kGateUp, kTT>, grid, dim3(kc::kMmaWarps * 32), 0, nullptr, a);
+  if (kc::MoePartColumnsOn()) {
+    kc::LaunchPdl("ExpertMma", kc::ExpertMmaKernel<kFmt, kGateUp, kTT, true>, grid, dim3(kc::kMmaWarps * 32), 0,
+                  nullptr, a);
+  } else {
+    kc::LaunchPdl("ExpertMma", kc::ExpertMmaKernel<kFmt, kGateUp, kTT>, grid, dim3(kc::kMmaWarps * 32), 0, nullptr, a);
+  }
 }
 template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, const kc::MmaArgs& a, dim3 grid) {

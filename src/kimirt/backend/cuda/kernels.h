@@ -430,6 +430,9 @@ int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up);
 // group T·k/E, at most T's count, since the 4-tile kernels' registers cost every block occupancy
 // while few groups are that large (K3, 16 of 896: a mean of 0.6 tokens at T = 32).
 int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E);
+// Tokens an expert kernel's tile holds: 8, or 2 with part columns (KIMIRT_MOE_PART_COLUMNS=1, a
+// trial: a token's three x parts in three MMA columns).
+int MoeDecodeTileTokens();
 // z_split_done: `scratch` already holds z's split (MoeRouteGroupSplit wrote it); z is not read.
 // token_tiles: MoeDecodeTokenTiles's count (0: by T).
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,

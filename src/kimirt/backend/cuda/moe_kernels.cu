@@ -5,6 +5,7 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/decode_tiled.cuh"
+#include "kimirt/backend/cuda/env_switch.h"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
@@ -900,6 +901,41 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
   return xp;
 }
 
+// Part columns (kPartCols; KIMIRT_MOE_PART_COLUMNS=1, a trial until timed): an MMA tile's 8
+// columns hold 2 tokens, token i's three x parts in columns 3i (hi), 3i + 1 (mid), 3i + 2 (lo),
+// 6 and 7 padding, instead of 8 tokens whose parts are three chained MMAs (mma::Step). Most of
+// K3's active experts hold one or two tokens up to batch 64 (16 of 896), so 7 of 8 columns were
+// padding: now a 32-k step is 2 MMAs and one 16-byte x load a tile where it was 6 and 3. Each part
+// is summed on its own (a step's two MMAs from zero, added in F32), the three added at the end
+// (lo + mid, then hi): another fixed order, the same for every token whatever the batch.
+template <bool kPartCols>
+constexpr int kTileTokens = kPartCols ? 2 : 8;
+template <bool kPartCols>
+using XTile = std::conditional_t<kPartCols, uint4, mma::XParts>;
+
+template <bool kPartCols>
+__device__ __forceinline__ XTile<kPartCols> LoadXTile(const uint16_t* p, int64_t plane) {
+  if constexpr (kPartCols) {
+    return __ldg(reinterpret_cast<const uint4*>(p));  // this lane's column's part: one load
+  } else {
+    return LoadXParts(p, plane);
+  }
+}
+
+// A step of 32 k on a tile: mma::Step's six MMAs, or for part columns its two of one part (words
+// .x/.y, then .z/.w, from zero), their sum added to acc in F32.
+__device__ __forceinline__ void StepTile(float (&acc)[4], const uint4& row_g, const uint4& row_g8,
+                                         const mma::XParts& xp) {
+  mma::Step(acc, row_g, row_g8, xp);
+}
+__device__ __forceinline__ void StepTile(float (&acc)[4], const uint4& row_g, const uint4& row_g8, const uint4& x) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma::Mma(d, row_g.x, row_g8.x, row_g.y, row_g8.y, x.x, x.y);
+  mma::Mma(d, row_g.z, row_g8.z, row_g.w, row_g8.w, x.z, x.w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] += d[i];
+}
+
 // Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
 // (more tokens: more passes, each a re-read of the slice; the host sizes kTT so a decode step
 // rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
@@ -927,8 +963,23 @@ struct MmaArgs {
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
 };
 
-template <int kFmt, bool kGateUp, int kTT>
-__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+// Off unless KIMIRT_MOE_PART_COLUMNS=1 until timed on a GPU. Read once a process.
+bool MoePartColumnsOn() {
+  static const bool on = EnvTrialOn("KIMIRT_MOE_PART_COLUMNS");
+  return on;
+}
+
+// Off unless KIMIRT_MOE_FIVE_BLOCKS=1 (with part columns, a trial): the one-tile part-column
+// kernels built for 5 blocks a multiprocessor (≤ 96 registers: 5 warps a scheduler, not 4; ptxas,
+// sm_90a: the MXFP4 round loops without spills).
+bool MoeFiveBlocksOn() {
+  static const bool on = EnvTrialOn("KIMIRT_MOE_FIVE_BLOCKS");
+  return on;
+}
+
+template <int kFmt, bool kGateUp, int kTT, bool kPartCols = false, bool kFiveBlocks = false>
+__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 + kFiveBlocks : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+  constexpr int kTok = kTileTokens<kPartCols>;
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
   const int64_t x_rows = args.x_rows, N = args.N, K = args.K, slice = args.slice, n = args.n;
@@ -961,17 +1012,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   part += int64_t{blockIdx.y} * n * out_w;
   const int32_t g0 = ga.begin[a], g1 = ga.begin[a + 1];
   const int64_t plane = x_rows * K;
-  for (int32_t p0 = g0; p0 < g1; p0 += 8 * kTT) {
-    const int tiles = min(kTT, (g1 - p0 + 7) / 8);  // the same for the whole warp
+  for (int32_t p0 = g0; p0 < g1; p0 += kTok * kTT) {
+    const int tiles = min(kTT, (g1 - p0 + kTok - 1) / kTok);  // the same for the whole warp
     // This lane's x row of each token tile at the slice's start, k = k_begin + 8t, advanced a
-    // round at a time. A padding column (no token) reads the group's first token: an MMA output
-    // column depends on its own B column alone, and a padding column's outputs are never stored.
+    // round at a time: column g's token (part columns: token g / 3's part g % 3). A padding column
+    // (no token) reads the group's first token: an MMA output column depends on its own B column
+    // alone, and a padding column's outputs are never stored.
     const uint16_t* x_lane[kTT];
 #pragma unroll
     for (int r = 0; r < kTT; ++r) {
-      const int32_t gr = p0 + 8 * r + g < g1 ? p0 + 8 * r + g : p0;
+      const int col_token = kPartCols ? g / 3 : g;
+      const bool real = (!kPartCols || g < 6) && p0 + kTok * r + col_token < g1;
+      const int32_t gr = real ? p0 + kTok * r + col_token : p0;
       const int64_t xrow = kGateUp ? ga.order[gr] / ga.k : gr;
-      x_lane[r] = x_parts + xrow * K + k_begin + 8 * t;
+      x_lane[r] = x_parts + (kPartCols && real ? g % 3 * plane : 0) + xrow * K + k_begin + 8 * t;
     }
     // BF16: this lane's weight row g of each tile at k = k_begin + 8t (row g + 8: + 8K), advanced
     // a round at a time. MXFP4: its code and scale pointers of each (tile, half), the same way
@@ -1050,7 +1104,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
           }
         }
         // Step 0's x (tile 0) now, so its latency passes under the exchange and the decode.
-        mma::XParts x0 = LoadXParts(x_lane[0], plane);
+        XTile<kPartCols> x0 = LoadXTile<kPartCols>(x_lane[0], plane);
         // Row-major: exchange within each quad, lane t getting word t of the groups of lanes
         // 0..3, so its word u holds k = kb + 32u + 8t .. +7 (step u's codes at BF16's positions).
         // Tiled codes come in that order.
@@ -1087,8 +1141,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           if (!in_slice(u)) break;  // past the slice: the same for every token
-          mma::XParts x0_next;
-          if (u < 3 && in_slice(u + 1)) x0_next = LoadXParts(x_lane[0] + 32 * (u + 1), plane);
+          XTile<kPartCols> x0_next;
+          if (u < 3 && in_slice(u + 1)) x0_next = LoadXTile<kPartCols>(x_lane[0] + 32 * (u + 1), plane);
           uint4 w[2][2];
           const auto word = [&](int c, int h) {
             return u == 0 ? q[c][h].x : u == 1 ? q[c][h].y : u == 2 ? q[c][h].z : q[c][h].w;
@@ -1113,9 +1167,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = r == 0 ? x0 : LoadXParts(x_lane[r] + 32 * u, plane);
+              const XTile<kPartCols> xp = r == 0 ? x0 : LoadXTile<kPartCols>(x_lane[r] + 32 * u, plane);
 #pragma unroll
-              for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], w[c][0], w[c][1], xp);
+              for (int c = 0; c < 2; ++c) StepTile(acc[c][r], w[c][0], w[c][1], xp);
             }
           }
           if (u < 3) x0 = x0_next;
@@ -1144,9 +1198,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
 #pragma unroll
           for (int r = 0; r < kTT; ++r) {
             if (r < tiles) {
-              const mma::XParts xp = LoadXParts(x_lane[r] + 32 * u, plane);
+              const XTile<kPartCols> xp = LoadXTile<kPartCols>(x_lane[r] + 32 * u, plane);
 #pragma unroll
-              for (int c = 0; c < 2; ++c) mma::Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+              for (int c = 0; c < 2; ++c) StepTile(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
             }
           }
         }
@@ -1167,16 +1221,34 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
     } else {
       rounds(std::false_type{});
     }
-    // D fragment: regs 0, 1 are output row g, tokens 2t and 2t+1 of the tile; regs 2, 3 row g + 8.
+    // D fragment: regs 0, 1 are output row g, columns 2t and 2t+1 of the tile; regs 2, 3 row g + 8.
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
 #pragma unroll
       for (int r = 0; r < kTT; ++r) {
+        if constexpr (kPartCols) {
+          // Token 0's parts are columns 0, 1 (lane t = 0) and 2 (t = 1's reg 0 / 2); token 1's
+          // column 3 (t = 1's reg 1 / 3), 4 and 5 (t = 2's). Lane t takes lane t + 1's sums and
+          // t = 0, 1 store token t.
+          float nb[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int32_t gr = p0 + 8 * r + 2 * t + (i & 1);
-          const int64_t row = row_tile[c] + g + (i >> 1) * 8;
-          if (r < tiles && gr < g1) part[gr * out_w + (kGateUp && c == 1 ? N : 0) + row] = acc[c][r][i];
+          for (int i = 0; i < 4; ++i) nb[i] = __shfl_sync(0xffffffffu, acc[c][r][i], lane + 1);
+          const int32_t gr = p0 + kTok * r + t;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float hi = t == 0 ? acc[c][r][2 * h] : acc[c][r][2 * h + 1];
+            const float mid = t == 0 ? acc[c][r][2 * h + 1] : nb[2 * h];
+            const float lo = t == 0 ? nb[2 * h] : nb[2 * h + 1];
+            const int64_t row = row_tile[c] + g + 8 * h;
+            if (t < 2 && r < tiles && gr < g1) part[gr * out_w + (kGateUp && c == 1 ? N : 0) + row] = (lo + mid) + hi;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int32_t gr = p0 + 8 * r + 2 * t + (i & 1);
+            const int64_t row = row_tile[c] + g + (i >> 1) * 8;
+            if (r < tiles && gr < g1) part[gr * out_w + (kGateUp && c == 1 ? N : 0) + row] = acc[c][r][i];
+          }
         }
       }
     }
@@ -1207,11 +1279,21 @@ unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_
 
 template <int kFmt, bool kGateUp>
 void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
-  switch (tt) {
-    case 1: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
-    case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
-    default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
-  }
+  const auto launch = [&](auto part_cols) {
+    constexpr bool kCols = decltype(part_cols)::value;
+    switch (tt) {
+      case 1:
+        if (kCols && MoeFiveBlocksOn()) {
+          LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, kCols, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a);
+        } else {
+          LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a);
+        }
+        break;
+      case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
+      default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
+    }
+  };
+  MoePartColumnsOn() ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 template <int kFmt>
@@ -1294,14 +1376,21 @@ size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I) {
   return p.z_bytes + p.gu_bytes + p.h_bytes + p.dn_bytes;
 }
 
+int MoeDecodeTileTokens() { return MoePartColumnsOn() ? kTileTokens<true> : kTileTokens<false>; }
+
 int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E) {
   // By T: an expert has at most T tokens (a token chooses distinct experts), so up to 32 tokens
   // one pass covers any expert of the step; at 33..64 an expert chosen by more than 32 tokens
   // (rare: k/E of them on average) takes a second pass, while 8 tiles' registers would cost every
-  // block occupancy.
-  const int by_t = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+  // block occupancy. Part columns (2 tokens a tile): up to 8 tokens, then more passes.
+  const int64_t tok = MoeDecodeTileTokens();
+  const int by_t = T <= tok ? 1 : T <= 2 * tok ? 2 : 4;
   if (E <= 0) return by_t;
-  const int64_t tiles = (4 * T * k + 8 * E - 1) / (8 * E);  // 4x the mean group, in tiles of 8
+  // Tiles for 4x the mean group T·k/E (part columns: 2x, so K3's 16 of 896 keeps one tile up to
+  // batch 56; a group past it takes a second pass, ~5% of the active experts at batch 32 by a
+  // Poisson estimate, rather than every block the registers of two tiles).
+  const int64_t want = MoePartColumnsOn() ? 2 : 4;
+  const int64_t tiles = (want * T * k + tok * E - 1) / (tok * E);
   return tiles <= 1 ? 1 : std::min(tiles <= 2 ? 2 : 4, by_t);
 }
 

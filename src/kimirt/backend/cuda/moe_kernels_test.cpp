@@ -198,6 +198,15 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
 // The decode's token tiles follow the routed load (MoeDecodeTokenTiles): K3's 16 of 896 and
 // Kimi-Linear's 8 of 256 take one tile up to 64 tokens; a few experts take T's count, never more.
 TEST(MoeDecodeTokenTiles, FollowTheRoutedLoadUpToTsCount) {
+  if (cuda::MoeDecodeTileTokens() == 2) {  // part columns (KIMIRT_MOE_PART_COLUMNS=1): 2x the mean group
+    for (int64_t T : {1, 2, 3, 4, 5, 64}) EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0), T <= 2 ? 1 : T <= 4 ? 2 : 4) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(56, 16, 896), 1);  // 2x the mean is 2 tokens: one tile
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 16, 896), 2);
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(32, 8, 256), 1);
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 64), 4);  // mean 8 tokens: 2x it is 8 tiles, at most 4
+    return;
+  }
+  ASSERT_EQ(cuda::MoeDecodeTileTokens(), 8);
   for (int64_t T : {1, 8, 9, 16, 17, 32, 64}) {
     const int by_t = T <= 8 ? 1 : T <= 16 ? 2 : 4;
     EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0), by_t) << T;
