@@ -190,6 +190,7 @@ int Run(int argc, char** argv) {
     // KIMIRT_MXFP4_TILED=0 (which wants bf16_prefill, serve's default with BF16 weights).
     be.set_bf16_prefill(true);
     be.HoldExpertWeights(&ex, nullptr, nullptr, nullptr);
+    ex.light_load = LightRoutedLoad(c.top_k, c.experts);  // as the loader sets it from the config
     const Tensor router = be.Upload(RandomF32({c.experts, c.hidden}, rng, 0.02f));
     const Tensor bias = be.Upload(RandomF32({c.experts}, rng, 0.01f));
     RouteParams rp;
@@ -198,6 +199,7 @@ int Run(int argc, char** argv) {
                                  {"experts", c.experts},
                                  {"latent", c.latent},
                                  {"intermediate", c.inter},
+                                 {"part_columns", ex.light_load},
                                  {"top_k", c.top_k},
                                  {"weights", c.mxfp4 ? "MXFP4" : "BF16"},
                                  {"decode_tiled_env", EnvValue("KIMIRT_DECODE_TILED")},

@@ -34,9 +34,8 @@
 #             `kimirt bench model`.
 #   moeab     the MoE decode's trial switches A/B, alternating twice in one run: moe_bench (k3,
 #             k3-tp8, kimi-linear; batches 1-64) under each variant of $KIMIRT_MOEAB (NAME or
-#             NAME:VAR=V,VAR=V; default base, cols: KIMIRT_MOE_PART_COLUMNS=1, and cols5: with
-#             KIMIRT_MOE_FIVE_BLOCKS=1 too), after the
-#             MoE tests under each but the first
+#             NAME:VAR=V,VAR=V; default tok8: KIMIRT_MOE_PART_COLUMNS=0, 8 tokens a tile, and main),
+#             after the MoE tests under each but the first
 #             ($OUT/moe-bench-NAME-{1,2}.json; medians against the first last).
 #   moesan    compute-sanitizer memcheck, racecheck and synccheck of the MoE decode tests under the
 #             last moeab variant (every trial switch on).
@@ -142,7 +141,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
 # The MoE decode's trial variants (moeab, moeprof): NAME or NAME:VAR=V,VAR=V, the first the base.
-moe_variants="${KIMIRT_MOEAB:-base cols:KIMIRT_MOE_PART_COLUMNS=1 cols5:KIMIRT_MOE_PART_COLUMNS=1,KIMIRT_MOE_FIVE_BLOCKS=1}"
+moe_variants="${KIMIRT_MOEAB:-tok8:KIMIRT_MOE_PART_COLUMNS=0 main}"
 envs() { [[ "$1" == *:* ]] && echo "${1#*:}" | tr ',' ' '; }  # a variant's VAR=V words
 # Servers started by the multi-GPU modes (tp2, pp2, mnode).
 # Text and token logprobs of one greedy completion from the server on port $1.

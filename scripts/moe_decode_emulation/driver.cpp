@@ -45,6 +45,13 @@ int RandInt(int n) { return static_cast<int>(Uniform() * n); }
 
 constexpr uint32_t kPoison = 0x7fc00000u;  // the NaN every buffer starts as
 
+// Part columns (moe_kernels.cu kPartCols), KIMIRT_MOE_PART_COLUMNS=1: the kernels launched with
+// them and the reference in their order (moe_decode_emulate.sh runs the checks both ways).
+const bool g_part_columns = [] {
+  const char* v = std::getenv("KIMIRT_MOE_PART_COLUMNS");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}();
+
 // 256-byte aligned host memory (the device pool's alignment), NaN-filled, with `guard` poisoned
 // bytes after the `bytes` in use.
 struct Buffer {
@@ -228,7 +235,7 @@ float Reference(const std::vector<float>& parts, int64_t rows, int64_t K, int64_
     }
     return static_cast<float>(e);
   };
-  if (kc::MoePartColumnsOn()) {
+  if (g_part_columns) {
     float sum[3] = {0.0f, 0.0f, 0.0f};  // lo, mid, hi
     for (int64_t kb = k0; kb < k1; kb += 32) {
       for (int q = 0; q < 3; ++q) {
@@ -272,7 +279,7 @@ std::vector<float> ReferenceParts(const Groups& g, bool gate_up, const std::vect
 
 template <int kFmt, bool kGateUp, int kTT>
 void LaunchMma(const kc::MmaArgs& a, dim3 grid) {
-  if (kc::MoePartColumnsOn()) {
+  if (g_part_columns) {
     kc::LaunchPdl("ExpertMma", kc::ExpertMmaKernel<kFmt, kGateUp, kTT, true>, grid, dim3(kc::kMmaWarps * 32), 0,
                   nullptr, a);
   } else {
@@ -521,7 +528,7 @@ std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int6
   const kc::ExpertPointerTable table{W(w1), W(w3), W(w2), w1.scales.data(), w3.scales.data(), w2.scales.data(), tiled};
   kc::MoeDecodeExperts(z, g.T, g.k, eg, std::min<int64_t>(static_cast<int64_t>(w1.m.size()), g.n), De, I, table, fmt,
                        scales_vec, glu.kind, glu.beta, glu.has_linear_beta, glu.linear_beta, weights, scratch.p,
-                       out->f(), nullptr);
+                       out->f(), nullptr, false, 0, g_part_columns);
   return out;
 }
 

@@ -63,8 +63,20 @@ struct ExpertWeights {
   std::vector<Tensor> up;    // w3
   std::vector<Tensor> down;  // w2
   std::vector<Tensor> gate_scales, up_scales, down_scales;  // MXFP4 only
+  // The model's routed load is light (LightRoutedLoad: K3's 16 of 896), set at load from the
+  // config: the CUDA decode then puts 2 tokens in a tile where it put 8 (part columns,
+  // docs/cuda.md), another fixed order of the same sums. Never set by the batch, so a token's bits
+  // stay the same at every batch size; the CPU ignores it.
+  bool light_load = false;
   bool mxfp4() const { return !gate.empty() && gate.front().dtype() == DType::kU8; }
 };
+
+// Whether k of E routed experts a token make a light load: a decode step's mean group at the
+// decode range's top (64 tokens) is at most 1.5 tokens (K3: 16 of 896, 1.14; Kimi-Linear-48B: 8
+// of 256, 2). Measured on an H100 (docs/cuda.md "Part columns"): part columns gained 1.13x at
+// K3's batch 32 and lost 0.90x / 0.72x on Kimi-Linear's routed experts at 32 / 64, whose groups
+// of 3+ tokens take more passes over their weights.
+inline bool LightRoutedLoad(int64_t k, int64_t E) { return E > 0 && 128 * k <= 3 * E; }
 
 // One KDA layer's per-sequence state for `slots` sequences, indexed by slot (spec §5.7, §9): the
 // short-conv windows of q, k, v and the recurrent state. A new pool is all zeros (Zeros()).

@@ -406,6 +406,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& 
   KIMIRT_RETURN_IF_ERROR(AddExpertStandIns(layout, ld.par(), rank, backend, &w));
   for (size_t i = 0; i < w.layers.size(); ++i) {
     KIMIRT_RETURN_IF_ERROR(CheckExperts(w.layers[i].moe.experts, static_cast<int>(i)));
+    w.layers[i].moe.experts.light_load = LightRoutedLoad(c.num_experts_per_token, c.num_experts);
   }
   if (layout.config().tie_word_embeddings) w.lm_head = w.embed;
   HoldGemmWeights(backend, layout.config().tie_word_embeddings, &w);

@@ -102,6 +102,41 @@ TEST_F(Mxfp4LoadTest, CpuWidensEachExpertToItsDequantizedValues) {
   }
 }
 
+// The loader marks each MoE layer's experts with the config's routed load (light_load: the CUDA
+// decode's part columns), K3's 16 of 896 light and Kimi-Linear-48B's 8 of 256 not, from the
+// published configs.
+TEST_F(Mxfp4LoadTest, ExpertsCarryTheConfigsRoutedLoad) {
+  const auto moe_layers_light = [&]() -> std::vector<bool> {
+    Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    std::vector<bool> light;
+    if (!w.ok()) return light;
+    for (const LayerWeights& l : w->layers) {
+      if (!l.moe.experts.gate.empty()) light.push_back(l.moe.experts.light_load);
+    }
+    return light;
+  };
+  const std::vector<bool> tiny = moe_layers_light();  // tiny-a: 2 of 8 experts
+  ASSERT_FALSE(tiny.empty());
+  for (const bool l : tiny) EXPECT_FALSE(l);
+  ModelConfig c = layout_->config();  // 1 of 48: light
+  c.num_experts = 48;
+  c.num_experts_per_token = 1;
+  auto l = Layout::Build(c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  layout_.emplace(std::move(l).value());
+  const std::vector<bool> light = moe_layers_light();
+  ASSERT_EQ(light.size(), tiny.size());
+  for (const bool b : light) EXPECT_TRUE(b);
+  for (const auto& [name, light] : {std::pair{"kimi-k3.json", true}, std::pair{"kimi-linear-48b-a3b.json", false}}) {
+    const std::string path = testing::TestDataPath(std::string("configs/") + name);
+    KIMIRT_REQUIRE_FILE(path);
+    auto pc = LoadModelConfig(path);
+    ASSERT_TRUE(pc.ok()) << pc.status().ToString();
+    EXPECT_EQ(LightRoutedLoad(pc->num_experts_per_token, pc->num_experts), light) << name;
+  }
+}
+
 TEST_F(Mxfp4LoadTest, ScaleTensorOfTheWrongShapeNamesIt) {
   const std::string name = kExpert + "w1.weight_scale";
   ExpectErrorNaming(

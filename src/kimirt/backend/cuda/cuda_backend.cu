@@ -745,15 +745,20 @@ class CudaBackend final : public Backend {
     const int64_t T = Rows(z), De = Cols(z), I = Rows(ex.gate[0]);
     const int format = mxfp4 ? 2 : 1;
     // Token tiles by the routed load, unless a shared expert rides last (it takes every token)
-    // or KIMIRT_MOE_TILES_BY_LOAD=0 (by T, as before: A/B runs).
+    // or KIMIRT_MOE_TILES_BY_LOAD=0 (by T, as before: A/B runs). Part columns for a light load
+    // (ExpertWeights::light_load, from the config: never from T, so a token's bits stay the same
+    // at every batch) when only routed experts run (KIMIRT_MOE_PART_COLUMNS=0: 8 tokens a tile,
+    // for A/B runs).
     const auto E = static_cast<int64_t>(ex.gate.size());
     static const bool by_load_on = cuda::EnvSwitchOn("KIMIRT_MOE_TILES_BY_LOAD");
+    static const bool part_columns_on = cuda::EnvSwitchOn("KIMIRT_MOE_PART_COLUMNS");
     const bool by_load = ptrs.E == E && by_load_on;
+    const bool part_columns = ex.light_load && ptrs.E == E && part_columns_on;
     cuda::MoeDecodeExperts(F(z), T, k, g.groups, g.max_active, De, I, ptrs.view(), format,
                            mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
                            p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
                            p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done,
-                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0));
+                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns);
   }
 
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).

@@ -13,11 +13,4 @@ inline bool EnvSwitchOn(const char* name) {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// A trial's switch, off until it has been timed: on only if the variable is "1"
-// (KIMIRT_MOE_X_STAGE, KIMIRT_MOE_CODE_AHEAD in moe_kernels.cu).
-inline bool EnvTrialOn(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
 }  // namespace kimirt::cuda

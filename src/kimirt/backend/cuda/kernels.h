@@ -423,22 +423,24 @@ bool MoeDecodeSupported(int64_t De, int64_t I, int format, bool weights_aligned)
 size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I);
 // Slices the k of gate/up (or down) is split across (1 = none); for tests and benches.
 int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up);
-// Token tiles of 8 an expert kernel pass covers (1, 2 or 4; a group of more tokens takes more
-// passes, each a re-read of its weights; the count changes no token's sums). E = 0: by T alone
-// (T <= 8: 1, <= 16: 2, else 4: one pass covers any expert up to 32 tokens). E > 0 routed experts,
-// k picks a token, none taking every token (no shared expert appended): enough for 4x the mean
-// group T·k/E, at most T's count, since the 4-tile kernels' registers cost every block occupancy
-// while few groups are that large (K3, 16 of 896: a mean of 0.6 tokens at T = 32).
-int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E);
-// Tokens an expert kernel's tile holds: 8, or 2 with part columns (KIMIRT_MOE_PART_COLUMNS=1, a
-// trial: a token's three x parts in three MMA columns).
-int MoeDecodeTileTokens();
+// Token tiles an expert kernel pass covers (1, 2 or 4; a group of more tokens takes more passes,
+// each a re-read of its weights; the count changes no token's sums), of 8 tokens, or of 2 with
+// part_columns (MoeDecodeExperts). E = 0: by T alone (T <= 8: 1, <= 16: 2, else 4 tiles of 8: one
+// pass covers any expert up to 32 tokens; of 2: T <= 2, <= 4). E > 0 routed experts, k picks a
+// token, none taking every token (no shared expert appended): enough for 4x the mean group T·k/E
+// (part columns: for the mean group), at most T's count, since the 2- and 4-tile kernels'
+// registers cost every block occupancy while few groups are that large (K3, 16 of 896: a mean of
+// 0.6 tokens at T = 32).
+int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E, bool part_columns);
 // z_split_done: `scratch` already holds z's split (MoeRouteGroupSplit wrote it); z is not read.
-// token_tiles: MoeDecodeTokenTiles's count (0: by T).
+// token_tiles: MoeDecodeTokenTiles's count (0: by T). part_columns: a tile's 8 MMA columns hold 2
+// tokens' three x parts (moe_kernels.cu kPartCols; for launches of routed experts only, where
+// groups are small), else 8 tokens; another order of the same sums, fixed for the launch's
+// configuration, so it may not change with T.
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0);
+                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0, bool part_columns = false);
 // MoeRoute (append ≥ 0: expert `append` after each token's k), MoeGroupByExpert of its choice
 // over E_group experts into g, and MoeDecodeExperts's split of z [T, De] into `decode_scratch`
 // (its scratch for T tokens, k + 1 or k slots, De), as one launch: a decode step's route chain

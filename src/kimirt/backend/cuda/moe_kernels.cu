@@ -5,7 +5,6 @@
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/decode_tiled.cuh"
-#include "kimirt/backend/cuda/env_switch.h"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
@@ -901,13 +900,15 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
   return xp;
 }
 
-// Part columns (kPartCols; KIMIRT_MOE_PART_COLUMNS=1, a trial until timed): an MMA tile's 8
-// columns hold 2 tokens, token i's three x parts in columns 3i (hi), 3i + 1 (mid), 3i + 2 (lo),
-// 6 and 7 padding, instead of 8 tokens whose parts are three chained MMAs (mma::Step). Most of
-// K3's active experts hold one or two tokens up to batch 64 (16 of 896), so 7 of 8 columns were
-// padding: now a 32-k step is 2 MMAs and one 16-byte x load a tile where it was 6 and 3. Each part
-// is summed on its own (a step's two MMAs from zero, added in F32), the three added at the end
-// (lo + mid, then hi): another fixed order, the same for every token whatever the batch.
+// Part columns (kPartCols: launches of routed experts only, MoeDecodeExperts' part_columns): an
+// MMA tile's 8 columns hold 2 tokens, token i's three x parts in columns 3i (hi), 3i + 1 (mid),
+// 3i + 2 (lo), 6 and 7 padding, instead of 8 tokens whose parts are three chained MMAs
+// (mma::Step). Most of K3's active experts hold one or two tokens (16 of 896), so 7 of 8 columns
+// were padding: now a 32-k step is 2 MMAs and one 16-byte x load a tile where it was 6 and 3.
+// Each part is summed on its own (a step's two MMAs from zero, added in F32), the three added at
+// the end (lo + mid, then hi): another fixed order, the same for every token whatever the batch.
+// A launch with a shared expert riding as expert E (every token) keeps 8 tokens a tile, which
+// its one large group needs (docs/cuda.md "Part columns").
 template <bool kPartCols>
 constexpr int kTileTokens = kPartCols ? 2 : 8;
 template <bool kPartCols>
@@ -963,22 +964,8 @@ struct MmaArgs {
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
 };
 
-// Off unless KIMIRT_MOE_PART_COLUMNS=1 until timed on a GPU. Read once a process.
-bool MoePartColumnsOn() {
-  static const bool on = EnvTrialOn("KIMIRT_MOE_PART_COLUMNS");
-  return on;
-}
-
-// Off unless KIMIRT_MOE_FIVE_BLOCKS=1 (with part columns, a trial): the one-tile part-column
-// kernels built for 5 blocks a multiprocessor (≤ 96 registers: 5 warps a scheduler, not 4; ptxas,
-// sm_90a: the MXFP4 round loops without spills).
-bool MoeFiveBlocksOn() {
-  static const bool on = EnvTrialOn("KIMIRT_MOE_FIVE_BLOCKS");
-  return on;
-}
-
-template <int kFmt, bool kGateUp, int kTT, bool kPartCols = false, bool kFiveBlocks = false>
-__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 + kFiveBlocks : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+template <int kFmt, bool kGateUp, int kTT, bool kPartCols = false>
+__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
   constexpr int kTok = kTileTokens<kPartCols>;
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
@@ -1278,32 +1265,26 @@ DecodePlan MakeDecodePlan(int64_t T, int64_t k, int64_t De, int64_t I) {
 unsigned GridFor(int64_t total) { return static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536)); }
 
 template <int kFmt, bool kGateUp>
-void LaunchMmaTiles(int tt, dim3 grid, const MmaArgs& a, cudaStream_t s) {
+void LaunchMmaTiles(int tt, bool part_columns, dim3 grid, const MmaArgs& a, cudaStream_t s) {
   const auto launch = [&](auto part_cols) {
     constexpr bool kCols = decltype(part_cols)::value;
     switch (tt) {
-      case 1:
-        if (kCols && MoeFiveBlocksOn()) {
-          LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, kCols, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a);
-        } else {
-          LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a);
-        }
-        break;
+      case 1: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 1, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
       case 2: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 2, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
       default: LaunchPdl("ExpertMma", ExpertMmaKernel<kFmt, kGateUp, 4, kCols>, grid, dim3(kMmaWarps * 32), 0, s, a); break;
     }
   };
-  MoePartColumnsOn() ? launch(std::true_type{}) : launch(std::false_type{});
+  part_columns ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 template <int kFmt>
-void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t T, const GroupArgs& ga,
+void LaunchDecode(const DecodePlan& p, int tt, bool part_columns, const uint16_t* z_parts, int64_t T, const GroupArgs& ga,
                   int64_t max_active, int64_t De, int64_t I, const ExpertPointerTable& w, bool scales_vec,
                   float* gu_part, uint16_t* h_parts, float* dn_part, int kind, float beta, bool has_linear_beta,
                   float linear_beta, cudaStream_t s) {
   const dim3 gu_grid(static_cast<unsigned>((I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>),
                      static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
-  LaunchMmaTiles<kFmt, true>(tt, gu_grid,
+  LaunchMmaTiles<kFmt, true>(tt, part_columns, gu_grid,
                              MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
                                      p.gate_up.slice, p.n, gu_part, w.tiled},
                              s);
@@ -1313,7 +1294,7 @@ void LaunchDecode(const DecodePlan& p, int tt, const uint16_t* z_parts, int64_t 
   CheckLaunch("GluSplit");
   const dim3 dn_grid(static_cast<unsigned>((De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>),
                      static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
-  LaunchMmaTiles<kFmt, false>(tt, dn_grid,
+  LaunchMmaTiles<kFmt, false>(tt, part_columns, dn_grid,
                               MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
                                       scales_vec, p.down.slice, p.n, dn_part, w.tiled},
                               s);
@@ -1376,20 +1357,19 @@ size_t MoeDecodeScratchBytes(int64_t T, int64_t k, int64_t De, int64_t I) {
   return p.z_bytes + p.gu_bytes + p.h_bytes + p.dn_bytes;
 }
 
-int MoeDecodeTileTokens() { return MoePartColumnsOn() ? kTileTokens<true> : kTileTokens<false>; }
-
-int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E) {
+int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E, bool part_columns) {
   // By T: an expert has at most T tokens (a token chooses distinct experts), so up to 32 tokens
   // one pass covers any expert of the step; at 33..64 an expert chosen by more than 32 tokens
   // (rare: k/E of them on average) takes a second pass, while 8 tiles' registers would cost every
   // block occupancy. Part columns (2 tokens a tile): up to 8 tokens, then more passes.
-  const int64_t tok = MoeDecodeTileTokens();
+  const int64_t tok = part_columns ? kTileTokens<true> : kTileTokens<false>;
   const int by_t = T <= tok ? 1 : T <= 2 * tok ? 2 : 4;
   if (E <= 0) return by_t;
-  // Tiles for 4x the mean group T·k/E (part columns: 2x, so K3's 16 of 896 keeps one tile up to
-  // batch 56; a group past it takes a second pass, ~5% of the active experts at batch 32 by a
-  // Poisson estimate, rather than every block the registers of two tiles).
-  const int64_t want = MoePartColumnsOn() ? 2 : 4;
+  // Tiles for 4x the mean group T·k/E; part columns: for the mean group, so K3's 16 of 896 keeps
+  // one tile (two tokens) up to batch 64 — the two-tile kernel's registers (3 blocks a
+  // multiprocessor) cost 0.77x at batch 64 on an H100, more than the second passes of the groups
+  // of three or more tokens (their re-read: ~16% more bytes at batch 64 by a Poisson estimate).
+  const int64_t want = part_columns ? 1 : 4;
   const int64_t tiles = (want * T * k + tok * E - 1) / (tok * E);
   return tiles <= 1 ? 1 : std::min(tiles <= 2 ? 2 : 4, by_t);
 }
@@ -1401,7 +1381,7 @@ int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done, int token_tiles) {
+                      cudaStream_t s, bool z_split_done, int token_tiles, bool part_columns) {
   if (T == 0) return;
   if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
     std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
@@ -1419,13 +1399,13 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
     LaunchPdl("MoE split z", SplitRowsKernel, dim3(GridFor(T * De)), dim3(256), 0, s, z, T, De, z_parts);
     CheckLaunch("MoE split z");
   }
-  const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0);
+  const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0, part_columns);
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
   if (format == kMxfp4) {
-    LaunchDecode<kMxfp4>(p, tt, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,
+    LaunchDecode<kMxfp4>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,
                          beta, has_linear_beta, linear_beta, s);
   } else {
-    LaunchDecode<kBf16>(p, tt, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part, kind, beta,
+    LaunchDecode<kBf16>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part, kind, beta,
                         has_linear_beta, linear_beta, s);
   }
   const dim3 combine_grid(static_cast<unsigned>(T),

@@ -100,10 +100,14 @@ class CudaBackendMoe : public testing::CudaCpuTest {
     EXPECT_TRUE(moved(tiled)) << "the codes were not re-laid out";
     Tensor z_all = Random({100, De}), idx_all, w_all;
     RandomChoice(100, E, k, &idx_all, &w_all);
-    for (int64_t T : {int64_t{1}, int64_t{16}, gpu_->RowInvariantRows(), int64_t{100}}) {
-      SCOPED_TRACE("T = " + std::to_string(T));
-      const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
-      ExpectSameBits(RunMoeExperts(z, idx, w, tiled, situ), RunMoeExperts(z, idx, w, ex.packed, situ), "tiled codes");
+    ExpertWeights row_major = ex.packed;
+    for (const bool light : {false, true}) {  // 8 tokens a tile, and part columns
+      tiled.light_load = row_major.light_load = light;
+      for (int64_t T : {int64_t{1}, int64_t{16}, gpu_->RowInvariantRows(), int64_t{100}}) {
+        SCOPED_TRACE("T = " + std::to_string(T) + (light ? ", light load" : ""));
+        const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+        ExpectSameBits(RunMoeExperts(z, idx, w, tiled, situ), RunMoeExperts(z, idx, w, row_major, situ), "tiled codes");
+      }
     }
     gpu_->set_bf16_prefill(was);
   }
@@ -163,60 +167,75 @@ TEST_F(CudaBackendMoe, DecodesEveryMxfp4CodeAsTheCpu) {
 }
 
 // K3's routed experts (routed_expert_hidden_size 3584, moe_intermediate_size 3072, top-16; 20 of
-// the 896 experts here), SiTU with both betas as K3 configures them.
+// the 896 experts here), SiTU with both betas as K3 configures them; held as K3's loader holds
+// them (light_load: part columns in the decode) and not.
 TEST_F(CudaBackendMoe, Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths) {
   const int64_t E = 20, De = 3584, I = 3072, k = 16;
-  const Experts ex = RandomExperts(E, De, I);
+  EXPECT_TRUE(LightRoutedLoad(k, 896)) << "K3's 16 of 896";
+  EXPECT_FALSE(LightRoutedLoad(8, 256)) << "Kimi-Linear-48B's 8 of 256";
+  Experts ex = RandomExperts(E, De, I);
   const GluParams situ{GluKind::kSitu, 4.0f, 25.0f};
   Tensor z_all = Random({100, De}), idx_all, w_all;
   RandomChoice(100, E, k, &idx_all, &w_all);
-  constexpr int64_t kAlone = 12;  // the first rows of every step, each also computed alone
-  Tensor alone = Tensor::Host({kAlone, De});
-  for (int64_t t = 0; t < kAlone; ++t) {
-    Tensor row = RunMoeExperts(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
-    std::memcpy(alone.f32() + t * De, row.f32(), static_cast<size_t>(De) * sizeof(float));
-  }
-  for (int64_t T : {1, 7, 40, 64, 100}) {
-    SCOPED_TRACE("T = " + std::to_string(T));
-    const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
-    const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, situ);
-    ExpectSameBits(packed, RunMoeExperts(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
-    // Row invariance: each token as computed alone, over the range the backend promises it
-    // (RowInvariantRows: decode steps; more tokens take the prefill path).
-    if (T <= gpu_->RowInvariantRows()) {
-      const int64_t rows = std::min<int64_t>(T, kAlone);
-      ExpectSameBits(packed.Rows(0, rows), alone.Rows(0, rows), "each row vs the row alone");
+  std::vector<Tensor> step64;  // each way's 64-token step: they must differ (the path changed)
+  for (const bool light : {true, false}) {
+    SCOPED_TRACE(light ? "light load (part columns)" : "8 tokens a tile");
+    ex.packed.light_load = ex.bf16.light_load = light;
+    constexpr int64_t kAlone = 12;  // the first rows of every step, each also computed alone
+    Tensor alone = Tensor::Host({kAlone, De});
+    for (int64_t t = 0; t < kAlone; ++t) {
+      Tensor row = RunMoeExperts(z_all.Rows(t, 1), idx_all.Rows(t, 1), w_all.Rows(t, 1), ex.packed, situ);
+      std::memcpy(alone.f32() + t * De, row.f32(), static_cast<size_t>(De) * sizeof(float));
     }
-    if (T == 7) {
-      Tensor want = cpu_->Empty({T, De});
-      cpu_->MoeExperts(z, idx, w, ex.f32, situ, &want);
-      EXPECT_LE(RelL2(packed, want), 1e-5) << "against the CPU reference";
+    for (int64_t T : {1, 7, 40, 64, 100}) {
+      SCOPED_TRACE("T = " + std::to_string(T));
+      const Tensor z = z_all.Rows(0, T), idx = idx_all.Rows(0, T), w = w_all.Rows(0, T);
+      const Tensor packed = RunMoeExperts(z, idx, w, ex.packed, situ);
+      ExpectSameBits(packed, RunMoeExperts(z, idx, w, ex.bf16, situ), "MXFP4 vs BF16-held");
+      // Row invariance: each token as computed alone, over the range the backend promises it
+      // (RowInvariantRows: decode steps; more tokens take the prefill path).
+      if (T <= gpu_->RowInvariantRows()) {
+        const int64_t rows = std::min<int64_t>(T, kAlone);
+        ExpectSameBits(packed.Rows(0, rows), alone.Rows(0, rows), "each row vs the row alone");
+      }
+      if (T == 7) {
+        Tensor want = cpu_->Empty({T, De});
+        cpu_->MoeExperts(z, idx, w, ex.f32, situ, &want);
+        EXPECT_LE(RelL2(packed, want), 1e-5) << "against the CPU reference";
+      }
+      if (T == 64) step64.push_back(packed);
     }
   }
+  ASSERT_EQ(step64.size(), 2u);
+  EXPECT_NE(std::memcmp(step64[0].raw(), step64[1].raw(), step64[0].nbytes()), 0)
+      << "light_load changed no bit: the part-column kernels did not run";
 }
 
 // The decode's token tiles follow the routed load (MoeDecodeTokenTiles): K3's 16 of 896 and
 // Kimi-Linear's 8 of 256 take one tile up to 64 tokens; a few experts take T's count, never more.
 TEST(MoeDecodeTokenTiles, FollowTheRoutedLoadUpToTsCount) {
-  if (cuda::MoeDecodeTileTokens() == 2) {  // part columns (KIMIRT_MOE_PART_COLUMNS=1): 2x the mean group
-    for (int64_t T : {1, 2, 3, 4, 5, 64}) EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0), T <= 2 ? 1 : T <= 4 ? 2 : 4) << T;
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(56, 16, 896), 1);  // 2x the mean is 2 tokens: one tile
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 16, 896), 2);
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(32, 8, 256), 1);
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 64), 4);  // mean 8 tokens: 2x it is 8 tiles, at most 4
-    return;
-  }
-  ASSERT_EQ(cuda::MoeDecodeTileTokens(), 8);
   for (int64_t T : {1, 8, 9, 16, 17, 32, 64}) {
     const int by_t = T <= 8 ? 1 : T <= 16 ? 2 : 4;
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0), by_t) << T;
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 896), 1) << T;
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 8, 256), 1) << T;
-    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 2, 4), by_t) << T;  // mean T / 2: 4x it needs T's count
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0, false), by_t) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 896, false), 1) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 8, 256, false), 1) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 2, 4, false), by_t) << T;  // mean T / 2: 4x it needs T's count
   }
-  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 64), 4);  // mean 8 tokens: 4x is 4 tiles
-  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 128), 2);  // mean 4: 2 tiles
-  EXPECT_EQ(cuda::MoeDecodeTokenTiles(12, 8, 16), 2);  // 3 tiles wanted, T's count is 2
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 64, false), 4);  // mean 8 tokens: 4x is 4 tiles
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 128, false), 2);  // mean 4: 2 tiles
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(12, 8, 16, false), 2);  // 3 tiles wanted, T's count is 2
+}
+
+// Part columns: tiles of 2 tokens, enough for the mean group, T's count at most.
+TEST(MoeDecodeTokenTiles, PartColumnsTakeTilesOfTwoForTheMeanGroup) {
+  for (int64_t T : {1, 2, 3, 4, 5, 64}) {
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 0, true), T <= 2 ? 1 : T <= 4 ? 2 : 4) << T;
+    EXPECT_EQ(cuda::MoeDecodeTokenTiles(T, 16, 896, true), 1) << T;  // K3: a mean of 1.14 tokens at 64
+  }
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 256, true), 1);  // mean 2 tokens: one tile
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 128, true), 2);  // mean 4: 2 tiles
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(64, 8, 32, true), 4);   // mean 16: 8 tiles wanted, 4 at most
+  EXPECT_EQ(cuda::MoeDecodeTokenTiles(3, 8, 4, true), 2);     // mean 6: 3 wanted, T's count is 2
 }
 
 // MXFP4 codes tiled for the decode kernel (CudaBackend::TileMxfp4Experts, mxfp4_tiled.cuh; the
@@ -269,11 +288,13 @@ TEST_F(CudaBackendMoe, DecodeExpertsGiveEachTokenItsBitsAloneAtEveryBatchSize) {
       EXPECT_GT(cuda::MoeDecodeSplits(wd.De, wd.I, wd.k, true), 1) << "the k split is what this width set covers";
       EXPECT_GT(cuda::MoeDecodeSplits(wd.De, wd.I, wd.k, false), 1);
     }
-    const Experts ex = RandomExperts(wd.E, wd.De, wd.I);
+    Experts ex = RandomExperts(wd.E, wd.De, wd.I);
     const int64_t max_t = gpu_->RowInvariantRows();
     Tensor z_all = Random({max_t, wd.De}), idx_all, w_all;
     RandomChoice(max_t, wd.E, wd.k, &idx_all, &w_all);
     for (const GluParams& glu : {silu, situ}) {
+      // SiLU with 8 tokens a tile, SiTU with part columns (ExpertWeights::light_load).
+      ex.packed.light_load = ex.bf16.light_load = glu.kind == GluKind::kSitu;
       // Every third token (and the last) also alone: they sit in every tile and column position
       // across the batch sizes below, at a third of the runs (the suite also runs under memcheck).
       std::vector<int64_t> sampled;
