@@ -623,12 +623,13 @@ void LaunchExperts(const float* z, const GroupArgs& ga, int64_t max_active, int6
 // tokens), x split into three BF16 parts (hi + mid + lo = x) so every product is exact and the
 // sums are F32's. A warp holds two 16-row tiles (gate/up: the same 16 rows of W1 and W3, so the
 // GLU pairs sit in one lane; down: 32 rows of W2) for all the expert's tokens, 8 per MMA column
-// tile, and walks its k slice in rounds of 128 (4 steps of 32). The weight is read once per call
+// tile (2 with part columns, below), and walks its k slice in rounds of 128 (4 steps of 32). The weight is read once per call
 // for all the expert's tokens, spread over every multiprocessor: an expert's rows over
 // blocks (grid x), its k over `splits` slices (grid y), the chosen experts over grid z.
 //
 // Batch invariance: a token's sums are the same MMAs in the same order (k ascending within a
-// slice, per 32-k step the six MMAs of mma::Step then one F32 add; slices summed in slice order
+// slice, per 32-k step the six MMAs of mma::Step then one F32 add — or with part columns, per
+// part its step's two MMAs then one F32 add, the parts added last; slices summed in slice order
 // by the next kernel), whatever other tokens the expert has and whichever MMA column the token
 // lands in; the split of k depends on the widths and top-k only, never on the tokens.
 //
@@ -900,7 +901,7 @@ __device__ __forceinline__ mma::XParts LoadXParts(const uint16_t* p, int64_t pla
   return xp;
 }
 
-// Part columns (kPartCols: launches of routed experts only, MoeDecodeExperts' part_columns): an
+// Part columns (kPartCols: a light routed load, MoeDecodeExperts' part_columns): an
 // MMA tile's 8 columns hold 2 tokens, token i's three x parts in columns 3i (hi), 3i + 1 (mid),
 // 3i + 2 (lo), 6 and 7 padding, instead of 8 tokens whose parts are three chained MMAs
 // (mma::Step). Most of K3's active experts hold one or two tokens (16 of 896), so 7 of 8 columns
@@ -937,9 +938,9 @@ __device__ __forceinline__ void StepTile(float (&acc)[4], const uint4& row_g, co
   for (int i = 0; i < 4; ++i) acc[i] += d[i];
 }
 
-// Grid (row blocks, k splits, max active experts); kTT token tiles of 8 per pass over the k slice
-// (more tokens: more passes, each a re-read of the slice; the host sizes kTT so a decode step
-// rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
+// Grid (row blocks, k splits, max active experts); kTT token tiles of kTileTokens per pass over
+// the k slice (more tokens: more passes, each a re-read of the slice; the host sizes kTT so a
+// decode step rarely needs two). part: [splits, n, 2N] (gate at [.., i], up at [.., N + i]) or [splits, n, N].
 // Needs N and K multiples of 32 and 16-byte aligned weights (MoeDecodeSupported); scales_vec:
 // K a multiple of 128 and 4-byte aligned scale rows, so a round's 4 scales are one load.
 // Blocks per multiprocessor the registers must allow: 3 (≤ 168 registers), 4 (≤ 128) for one
