@@ -32,13 +32,13 @@
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
 #             then a random K3 2-layer checkpoint (bench/configs/kimi-k3-2layer.json) through
 #             `kimirt bench model`.
-#   moeab     the MoE decode's trial switches A/B, alternating twice in one run: moe_bench (k3,
+#   moeab     the MoE decode's switches A/B, alternating twice in one run: moe_bench (k3,
 #             k3-tp8, kimi-linear; batches 1-64) under each variant of $KIMIRT_MOEAB (NAME or
 #             NAME:VAR=V,VAR=V; default tok8: KIMIRT_MOE_PART_COLUMNS=0, 8 tokens a tile, and main),
 #             after the MoE tests under each but the first
 #             ($OUT/moe-bench-NAME-{1,2}.json; medians against the first last).
 #   moesan    compute-sanitizer memcheck, racecheck and synccheck of the MoE decode tests under the
-#             last moeab variant (every trial switch on).
+#             last moeab variant (default: main, part columns for the light-load cases).
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason under each moeab variant
 #             ($OUT/ncu-moe-stalls-NAME.txt).
@@ -140,7 +140,7 @@ export XDG_CACHE_HOME=/tmp/kimirt-cache
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 echo "cublas: $cublas  cudart: $cudart  nccl: $nccl"
 status=0
-# The MoE decode's trial variants (moeab, moeprof): NAME or NAME:VAR=V,VAR=V, the first the base.
+# The MoE decode's variants (moeab, moeprof, moesan): NAME or NAME:VAR=V,VAR=V, the first the base.
 moe_variants="${KIMIRT_MOEAB:-tok8:KIMIRT_MOE_PART_COLUMNS=0 main}"
 envs() { [[ "$1" == *:* ]] && echo "${1#*:}" | tr ',' ' '; }  # a variant's VAR=V words
 # Servers started by the multi-GPU modes (tp2, pp2, mnode).
@@ -385,7 +385,7 @@ if [[ "$what" == gemmrace ]]; then
   done
 fi
 if [[ "$what" == moesan ]]; then
-  # The MoE decode trials under compute-sanitizer (the last moeab variant: all trial switches on):
+  # The MoE decode under compute-sanitizer (the last moeab variant, main by default):
   # memcheck, racecheck and synccheck (part columns: the shuffles of the last pass, where warps
   # past the rows have returned). Small widths (odd ones: warps past the rows; tiled codes in
   # slices of two and three rounds).

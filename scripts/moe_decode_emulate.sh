@@ -13,8 +13,8 @@
 # against the row-major ones, each token against itself alone, and that nothing outside the
 # expert's group rows and weight rows is written. It checks indexing, the MXFP4 exchange and
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
-# (CudaBackend MoE tests do); the MMA and decode checks run again with part columns
-# (KIMIRT_MOE_PART_COLUMNS=1). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
+# (CudaBackend MoE tests do); the MMA and decode checks run twice, 8 tokens a tile and part
+# columns (a light routed load). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
 # and ballot through the warp's barrier; MoeRouteSerial) against a sort here, ties included.
 # About two minutes on two cores.
 # Usage: bash scripts/moe_decode_emulate.sh [mma|decode|route]
@@ -56,9 +56,3 @@ g++ -std=c++20 -O2 -pthread -fno-strict-aliasing -Wall -Wextra -Wno-unknown-prag
   -I"$here/kda_chunk_emulation" -I"$work" -I"$repo/src" "$here/moe_decode_emulation/driver.cpp" \
   -o "$work/moe_decode_emulation"
 timeout 1200 "$work/moe_decode_emulation" "$@"
-# The MMA and decode checks again with part columns (KIMIRT_MOE_PART_COLUMNS=1, read once a
-# process: another run), against the reference's order for them.
-if [[ $# -eq 0 || "$1" != route ]]; then
-  echo "with KIMIRT_MOE_PART_COLUMNS=1:"
-  KIMIRT_MOE_PART_COLUMNS=1 timeout 1200 "$work/moe_decode_emulation" "$@"
-fi

@@ -45,12 +45,9 @@ int RandInt(int n) { return static_cast<int>(Uniform() * n); }
 
 constexpr uint32_t kPoison = 0x7fc00000u;  // the NaN every buffer starts as
 
-// Part columns (moe_kernels.cu kPartCols), KIMIRT_MOE_PART_COLUMNS=1: the kernels launched with
-// them and the reference in their order (moe_decode_emulate.sh runs the checks both ways).
-const bool g_part_columns = [] {
-  const char* v = std::getenv("KIMIRT_MOE_PART_COLUMNS");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}();
+// Part columns (moe_kernels.cu kPartCols): the kernels launched with them and the reference in
+// their order. main runs the mma and decode checks without, then with them.
+bool g_part_columns = false;
 
 // 256-byte aligned host memory (the device pool's alignment), NaN-filled, with `guard` poisoned
 // bytes after the `bytes` in use.
@@ -224,7 +221,7 @@ std::vector<uint16_t> PackedParts(const float* x, int64_t rows, int64_t K) {
 // element j / j + 4 (s % 2): k = 8t + 2h + s / 8 + 4 (s % 2). The step's sum is added to the
 // slice's in F32. No tiling, exchange or indexing of the kernel's: an independent account.
 //
-// With part columns (KIMIRT_MOE_PART_COLUMNS=1) each part has a sum of its own: per step its two
+// With part columns (g_part_columns) each part has a sum of its own: per step its two
 // MMAs from zero, added in F32; the three sums then added as (lo + mid) + hi.
 float Reference(const std::vector<float>& parts, int64_t rows, int64_t K, int64_t xrow, const float* w, int64_t k0,
                 int64_t k1) {
@@ -791,8 +788,11 @@ int main(int argc, char** argv) {  // argv[1]: "mma", "decode" or "route" runs t
   }
   CheckSplitK();
   CheckWaveSliceRounds();
-  if (only.empty() || only == "mma") RunMmaChecks();
-  if (only.empty() || only == "decode") RunDecodeChecks();
+  for (const bool part_columns : {false, true}) {
+    g_part_columns = part_columns;
+    if (only.empty() || only == "mma") RunMmaChecks();
+    if (only.empty() || only == "decode") RunDecodeChecks();
+  }
   if (only.empty() || only == "route") RunRouteChecks();
   // The expert kernels ask nothing into L2 ahead of their loads (moe_kernels.cu, kTargetBlocks).
   if (g_prefetches != 0) Fail("an L2 prefetch issued by the expert kernels");
