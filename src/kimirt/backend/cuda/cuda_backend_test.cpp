@@ -630,6 +630,16 @@ TEST_F(CudaBackendTest, PagedDecodeKimiLinearHeadsWithBf16HeldKvB) {
   }
 }
 
+// A batch of 19 sequences: the absorb GEMVs deal their rows' chunks of 8 over several blocks
+// (AbsorbChunkBlocks), and each sequence alone still gets its row's bits. Kimi-Linear's widths
+// (32 heads, nope 128, latent 512), so the 16-byte kernels run.
+TEST_F(CudaBackendTest, PagedDecodeNineteenSequencesGiveEachItsBitsAlone) {
+  std::vector<int64_t> contexts;
+  for (int64_t i = 0; i < 19; ++i) contexts.push_back(1 + 53 * i);
+  CheckPagedDecode(testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kBF16, 19, /*block_size=*/64),
+                   /*bf16_weights=*/true);
+}
+
 // ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
 // bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
 // (one split to the most; splits of 1 .. 16 tiles, partial last tiles).

@@ -96,17 +96,32 @@ constexpr int kAbsorbSplit = 4;    // AbsorbQuery: dn split over this many threa
 constexpr int kAbsorbOutWarps = 8;  // AbsorbOutput: output dims per block, one per warp
 constexpr int kAbsorbMaxLatent = static_cast<int>(kMlaDecodeMaxLatent);
 
-// The absorb kernels' shared steps. q_s of head h, every row, copied after qc's r columns.
-__device__ __forceinline__ void CopyRope(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t r,
-                                         int64_t h, float* qc) {
-  for (int64_t t = 0; t < T; ++t) {
+// The 16-byte kernels below deal the rows' chunks over grid z as well (AbsorbChunkBlocks): a chunk's
+// sums are the same code whichever block runs it, so the bits do not move; one block walking all
+// of a batch's chunks in turn made the two GEMVs grow with the batch (Nsight Compute, 2-layer
+// Kimi-Linear-48B on an H100: 5.2 and 5.4 µs at batch 1, 25.0 and 47.9 at batch 32, where the
+// weights they read are the same 4.25 MB). Each block reads its weights again: from L2, since
+// the chunks' blocks run together.
+constexpr int64_t kAbsorbMaxChunkBlocks = 64;
+unsigned AbsorbChunkBlocks(int64_t T) {
+  return static_cast<unsigned>(std::clamp<int64_t>((T + kAbsorbRows - 1) / kAbsorbRows, 1, kAbsorbMaxChunkBlocks));
+}
+
+// The absorb kernels' shared steps. q_s of head h, rows t0 .. t1 − 1, copied after qc's r columns.
+__device__ __forceinline__ void CopyRope(const float* q, int64_t t0, int64_t t1, int64_t H, int64_t dn, int64_t dr,
+                                         int64_t r, int64_t h, float* qc) {
+  for (int64_t t = t0; t < t1; ++t) {
     for (int64_t i = threadIdx.x; i < dr; i += blockDim.x) qc[(t * H + h) * (r + dr) + r + i] = q[(t * H + h) * (dn + dr) + dn + i];
   }
 }
-// ō of head h, rows t0 .. t0 + rows − 1, into shared memory (the block's threads strided).
+// ō of head h, rows t0 .. t0 + rows − 1, into shared memory (the block's threads strided; a row's
+// elements in 32-bit index math: no 64-bit division an element).
 __device__ __forceinline__ void StageRows(const float* o_bar, int64_t t0, int rows, int64_t H, int64_t h, int64_t r,
                                           float (*ob)[kAbsorbMaxLatent]) {
-  for (int64_t e = threadIdx.x; e < rows * r; e += blockDim.x) ob[e / r][e % r] = o_bar[((t0 + e / r) * H + h) * r + e % r];
+  for (int b = 0; b < rows; ++b) {
+    const float* src = o_bar + ((t0 + b) * H + h) * r;
+    for (int j = threadIdx.x; j < static_cast<int>(r); j += blockDim.x) ob[b][j] = src[j];
+  }
 }
 
 // qc[t,h,j] = Σ_i q_n[t,h,i] W_UK,h[i,j] for j < r; then q_s copied after it. Block (h, 64
@@ -149,7 +164,7 @@ __global__ void __launch_bounds__(kAbsorbCols* kAbsorbSplit)
     }
     __syncthreads();
   }
-  if (blockIdx.y == 0) CopyRope(q, T, H, dn, dr, r, h, qc);
+  if (blockIdx.y == 0) CopyRope(q, 0, T, H, dn, dr, r, h, qc);
 }
 
 // o[t,h,i] = Σ_j W_UV,h[i,j] ō[t,h,j]. Block (h, 8 output dims), warp per dim: lane holds the
@@ -222,7 +237,7 @@ __global__ void __launch_bounds__(kAq8Groups * 8)
   }
   PdlWait();  // launched with LaunchPdl (pdl.cuh)
   PdlTrigger();
-  for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
+  for (int64_t t0 = blockIdx.z * int64_t{kAbsorbRows}; t0 < T; t0 += gridDim.z * int64_t{kAbsorbRows}) {
     const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
     float acc[kAbsorbRows][8] = {};
     if (j < r) {
@@ -254,9 +269,9 @@ __global__ void __launch_bounds__(kAq8Groups * 8)
       for (int k = 1; k < kAq8Groups; ++k) sum += part[k][b][col];
       qc[((t0 + b) * H + h) * (r + dr) + jj] = sum;
     }
+    if (blockIdx.y == 0) CopyRope(q, t0, t0 + rows, H, dn, dr, r, h, qc);
     __syncthreads();
   }
-  if (blockIdx.y == 0) CopyRope(q, T, H, dn, dr, r, h, qc);
 }
 
 // o[t,h,i]: block (h, 8 output dims), warp per dim; lane holds the weight row's elements
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
   }
   PdlWait();  // launched with LaunchPdl (pdl.cuh); the weights above are no kernel's output
   PdlTrigger();
-  for (int64_t t0 = 0; t0 < T; t0 += kAbsorbRows) {
+  for (int64_t t0 = blockIdx.z * int64_t{kAbsorbRows}; t0 < T; t0 += gridDim.z * int64_t{kAbsorbRows}) {
     const int rows = static_cast<int>(T - t0 < kAbsorbRows ? T - t0 : kAbsorbRows);
     __syncthreads();  // the last chunk is consumed
     StageRows(o_bar, t0, rows, H, h, r, ob);
@@ -538,7 +553,7 @@ void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, i
                  const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
   if (r % 8 == 0 && dn == 128) {  // 16-byte weight loads (the models' widths)
-    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAq8Cols - 1) / kAq8Cols));
+    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAq8Cols - 1) / kAq8Cols), AbsorbChunkBlocks(T));
     LaunchPdl("AbsorbQuery", AbsorbQuery8Kernel<128>, grid, dim3(kAq8Groups * 8), 0, s, q, T, H, dr, dv, r, w_kvb, w_bf16, qc);
     CheckLaunch("AbsorbQuery");
     return;
@@ -556,7 +571,9 @@ void AbsorbOutput(const float* o_bar, int64_t T, int64_t H, int64_t dn, int64_t 
                  static_cast<long long>(r), kAbsorbMaxLatent);
     std::abort();
   }
-  const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((dv + kAbsorbOutWarps - 1) / kAbsorbOutWarps));
+  // Row chunks over grid z for the 16-byte kernel only (the element-wise one walks them all).
+  const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((dv + kAbsorbOutWarps - 1) / kAbsorbOutWarps),
+                  r % 8 == 0 ? AbsorbChunkBlocks(T) : 1u);
   LaunchPdl("AbsorbOutput", r % 8 == 0 ? AbsorbOutput8Kernel : AbsorbOutputKernel, grid, dim3(kAbsorbOutWarps * 32), 0, s,
             o_bar, T, H, dn, dv, r, w_kvb, w_bf16, o);  // 16-byte weight loads where the latent allows
   CheckLaunch("AbsorbOutput");
