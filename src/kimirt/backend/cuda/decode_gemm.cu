@@ -20,6 +20,9 @@
 // At 4 and 8 tiles a block copies each round's x parts from scratch into shared memory once
 // (StageX, cp.async, double-buffered) and its four warps read their B fragments there: read by
 // every warp from global memory, x was 4 × 24 KB of L2 traffic per 32 KB weight round at 32 rows.
+// At 8 tiles (33-64 rows: 192 MMA columns a weight tile, where mma.sync left the GEMM bound by
+// the tensor cores' issue, not HBM) the four warps issue the same MMAs as one warpgroup's wgmmas,
+// x as their B operand from shared memory (WgmmaStep): the same bits.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
@@ -52,6 +55,7 @@
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/wave_splits.h"
+#include "kimirt/backend/cuda/wgmma.cuh"
 
 namespace kimirt::cuda {
 namespace {
@@ -93,7 +97,8 @@ struct Plan {
   int64_t k_pad = 0;     // k rounded up to a step
   int64_t slice = 0;     // k per split, a multiple of kSliceQuantum
   int64_t splits = 1;    // from n and k only
-  size_t x_bytes = 0;    // x_hi, x_mid, x_lo: m_pad · k_pad BF16 each (SplitXKernel; none ≤ 2 tiles)
+  int64_t x_part = 0;    // BF16 elements of one part of x in scratch: m_pad · k rounded up to a round
+  size_t x_bytes = 0;    // x_hi, x_mid, x_lo: x_part each (SplitXKernel; none ≤ 2 tiles)
   size_t part_bytes = 0; // partial sums [splits, m, n] F32 when splits > 1
 };
 
@@ -111,28 +116,51 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
     p.slice = WaveSliceRounds(col_blocks, CeilDiv(p.k_pad, kSliceQuantum), p.splits, kTargetBlocks) * kSliceQuantum;
     p.splits = CeilDiv(p.k_pad, p.slice);
   }
-  const auto x_part_bytes = static_cast<int64_t>(p.m_pad * p.k_pad * sizeof(uint16_t));
-  p.x_bytes = p.tiles <= kMaxTilesSplitInKernel ? 0 : static_cast<size_t>(CeilDiv(kParts * x_part_bytes, 256) * 256);
+  // Whole rounds of x, so a round's parts are copied whole (StageX) even where a slice ends mid-round.
+  p.x_part = p.tiles <= kMaxTilesSplitInKernel ? 0 : p.m_pad * CeilDiv(k, kSliceQuantum) * kSliceQuantum;
+  p.x_bytes = static_cast<size_t>(CeilDiv(kParts * p.x_part * static_cast<int64_t>(sizeof(uint16_t)), 256) * 256);
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
 }
 
-// x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to [m_pad, k_pad], stored in the order the
-// warps read them: for each 32-k step s and 8-row tile, 32 lanes × 8 values, lane g·4 + t holding
-// row tile·8 + g at k = 32s + 8t .. +7 (Step). So a warp's load of one tile is 512 contiguous
-// bytes. For 4 and 8 tiles; up to 2 the GEMM splits x itself (LoadX + SplitX8).
-__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t k_pad, uint16_t* hi,
+// At 8 tiles (33-64 rows) the GEMM's MMAs are wgmmas (WgmmaStep); up to 4, mma.sync (mma::Step).
+template <int kTiles>
+constexpr bool kWgmma = kTiles == 8;
+
+// x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to whole rounds of k (a round of a part is
+// one contiguous run of N · 256 bytes, N = 8 · tiles rows, copied as is into shared memory), in
+// the order the GEMM reads them:
+// - 4 tiles (mma.sync): for each 32-k step and 8-row tile, 32 lanes × 8 values, lane g·4 + t
+//   holding row tile·8 + g at k = 32s + 8t .. +7 (Step), so a warp's read of one tile-part is
+//   512 contiguous bytes;
+// - 8 tiles (wgmma's B operand): per round of 128 k, two 128-byte-swizzled K-major panels
+//   (wgmma.cuh) of 64 "slots" for each row. Slot L of a round is MMA k slot L % 16 of k16 step
+//   L / 16 = (step u, half h) and holds the element Step pairs with that slot: lane t's 8
+//   consecutive k of a step go to slots 2t, 2t + 1 (words .x), 2t + 8, 2t + 9 (.y) of half 0,
+//   and the same slots of half 1 (.z, .w).
+__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t x_part, uint16_t* hi,
                              uint16_t* mid, uint16_t* lo) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int64_t total = tiles * 8 * k_pad;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
-    const int64_t r = tile * 8 + lane / 4, c = step * kStepK + lane % 4 * 8 + e;
-    uint32_t h, md, l;
-    SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, h, md, l);
-    hi[i] = static_cast<uint16_t>(h);
-    mid[i] = static_cast<uint16_t>(md);
-    lo[i] = static_cast<uint16_t>(l);
+  const int64_t rows = tiles * 8;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_part; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t r, c;
+    if (tiles == 8) {
+      const int64_t round = i / (rows * 128), in_round = i % (rows * 128);
+      const int64_t panel = in_round / (rows * 64), at = in_round % 64;
+      r = in_round % (rows * 64) / 64;
+      const int64_t slot = panel * 64 + ((at / 8) ^ (r % 8)) * 8 + at % 8;  // the swizzle undone
+      const int64_t u = slot / 32, h = slot % 32 / 16, q = slot % 16;
+      c = round * kSliceQuantum + u * kStepK + 8 * (q % 8 / 2) + q % 2 + 2 * (q / 8) + 4 * h;
+    } else {
+      const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
+      r = tile * 8 + lane / 4;
+      c = step * kStepK + lane % 4 * 8 + e;
+    }
+    uint32_t hv, mv, lv;
+    SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, hv, mv, lv);
+    hi[i] = static_cast<uint16_t>(hv);
+    mid[i] = static_cast<uint16_t>(mv);
+    lo[i] = static_cast<uint16_t>(lv);
   }
 }
 
@@ -200,38 +228,82 @@ template <int kTiles>
 constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 
 // Above kMaxTilesSplitInKernel a round's x parts go through shared memory, copied once per
-// block: kUnroll steps × kTiles tiles × kParts parts, 512 bytes (32 lanes × 16) each, in
-// SplitXKernel's order, so one round of one part is one contiguous run of scratch and a warp's
-// read of one tile-part is 512 contiguous bytes of shared memory (16 bytes a lane: no bank
-// conflict). Two buffers: the next round's copy lands while this round's MMAs run.
+// block: kTiles · 8 rows × 128 k of each part (SplitXKernel's layout, one contiguous run of
+// scratch a part), read by the warps' mma.sync B fragments (16 bytes a lane, 512 contiguous bytes
+// a warp: no bank conflict) or the block's wgmmas (their B operand). Two buffers: the next round's
+// copy lands while this round's MMAs run; 1 KB more to align them (wgmma's swizzle is on address
+// bits).
 template <int kTiles>
 constexpr int kXChunks = kUnroll * kTiles * 32;  // 16-byte chunks of one part in one round
 template <int kTiles>
-constexpr size_t kXSmemBytes = kTiles <= kMaxTilesSplitInKernel ? 0 : 2 * kParts * kXChunks<kTiles> * sizeof(uint4);
-static_assert(kXSmemBytes<4> == 48 * 1024 && kXSmemBytes<8> == 96 * 1024, "x buffers: 2 × 24 KB, 2 × 48 KB");
+constexpr size_t kXSmemBytes =
+    kTiles <= kMaxTilesSplitInKernel ? 0 : 2 * kParts * kXChunks<kTiles> * sizeof(uint4) + 1024;
+static_assert(kXSmemBytes<4> == 49 * 1024 && kXSmemBytes<8> == 97 * 1024, "x buffers: 2 × 24 KB, 2 × 48 KB");
 // kMinBlocks of them an SM (an H200 SM has 228 KB of shared memory, 1 KB of it reserved a block).
 static_assert(kMinBlocks<8> * (kXSmemBytes<8> + 1024) <= 228 * 1024, "8 tiles: 2 blocks an SM");
 
 // The x parts of the round at kb (SplitXKernel's scratch) into buffer `dst` (kParts ×
-// kXChunks of it), 16 bytes a copy, thread i copying chunks i, i + 128, ..., so each j below
-// lies in one step (kTiles · 32 chunks a step, a multiple of 128) and its step is a constant.
-// Steps past the slice's end are not copied (nor read: GemmBlock skips them; past k_pad scratch
-// has none).
+// kXChunks of it), 16 bytes a copy. Whole rounds: scratch holds them, and steps past the slice's
+// end are never read (GemmBlock skips them).
 template <int kTiles>
 __device__ __forceinline__ void StageX(uint4* dst, const uint16_t* x_hi, const uint16_t* x_mid, const uint16_t* x_lo,
-                                       int64_t kb, int64_t k_end) {
+                                       int64_t kb) {
   constexpr int kThreads = kWarps * 32;
-  static_assert(kTiles * 32 % kThreads == 0, "a thread's copy j lies in step j / kPerStep");
-  constexpr int kPerStep = kTiles * 32 / kThreads;
-  const int steps = k_end - kb < kSliceQuantum ? static_cast<int>((k_end - kb) / kStepK) : kUnroll;
-  const int64_t first = kb / kStepK * kTiles * 256 + threadIdx.x * 8;  // this thread's first element
+  const int64_t first = kb / kSliceQuantum * (kXChunks<kTiles> * 8) + threadIdx.x * 8;  // this thread's first element
 #pragma unroll
   for (int part = 0; part < kParts; ++part) {
     const auto* src = reinterpret_cast<const uint4*>((part == 0 ? x_hi : part == 1 ? x_mid : x_lo) + first);
     uint4* d = dst + part * kXChunks<kTiles> + threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < kXChunks<kTiles> / kThreads; ++j) {
-      if (j / kPerStep < steps) CpAsync16(d + j * kThreads, src + j * kThreads);
+    for (int j = 0; j < kXChunks<kTiles> / kThreads; ++j) CpAsync16(d + j * kThreads, src + j * kThreads);
+  }
+}
+
+// Step u of a round at 8 tiles on wgmma: the warpgroup (the block's four warps) multiplies
+// its 128 weight columns (two M tiles of 64: warp w's column tile c is rows 16w .. 16w + 15 of M
+// tile c, A from the same registers mma::Step takes) by the round's x parts in shared memory
+// (B, N = 8 · kTiles rows of x). Per M tile the six MMAs of mma::Step in Step's order — lo, mid,
+// hi, each k16 half .x/.y then .z/.w, chained from zero — then one F32 add into acc: the sums of
+// the mma.sync kernel, which Hopper's wgmma rounds the same way (CudaBackendTest.DecodeGemmRows-
+// AreBitIdenticalToAlone holds 33-64 rows to 1 row's bits). D of M tile c is column tile c's
+// mma.sync D for every 8-row tile r at d[4r .. 4r + 3]. mma.sync ran 64 rows at ~0.3 of the
+// tensor cores' rate (the lm_head: 0.32 of 4.8 TB/s on an H200); on an H100 in one run
+// (bench/results/2026-12-06-h100-decode-gemm-wgmma-ab.json) wgmma takes the lm_head at 64 rows
+// from 504 to 333 µs and the other shapes' 1.03-1.41x; at 32 rows (4 tiles) it was 0.57-1.2x
+// (the small GEMMs' short slices wait for each chain), so 4 tiles keep mma.sync.
+// `d`: one M tile's D, the caller's (one array for every step, so the compiler cannot give the
+// steps' chains registers of their own: with a fresh, zeroed D a step, the 8-tile kernel spilled
+// ~1.2 KB inside its loop). A chain starts with scale-d 0 (D = A·B), which is Step's MMA from
+// zero: its sum of products plus +0, the same value unless that is −0, and −0 added to acc (which
+// starts at +0) leaves what +0 leaves. M tiles one after the other.
+template <int kTiles>
+__device__ __forceinline__ void WgmmaStep(float (&acc)[kColTiles][kTiles][4], const uint4 (&w)[kColTiles][2],
+                                          uint32_t xs_addr, int u, float (&d)[4 * kTiles]) {
+  static_assert(kTiles == 8, "N = 64: m64n64k16");
+  constexpr uint32_t kPanelBytes = kTiles * 8 * 128, kPartBytes = 2 * kPanelBytes;
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    wgmma::FenceRegs(d);
+    wgmma::Fence();
+#pragma unroll
+    for (int part = kParts - 1; part >= 0; --part) {  // lo, mid, hi: Step's order
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t desc =
+            wgmma::Desc128B(xs_addr + part * kPartBytes + u / 2 * kPanelBytes + (2 * (u % 2) + h) * 32, 16, 1024);
+        const unsigned a[4] = {h == 0 ? w[c][0].x : w[c][0].z, h == 0 ? w[c][1].x : w[c][1].z,
+                               h == 0 ? w[c][0].y : w[c][0].w, h == 0 ? w[c][1].y : w[c][1].w};
+        const int scale_d = part == kParts - 1 && h == 0 ? 0 : 1;
+        wgmma::WgmmaRS_m64n64k16<0>(d, a, desc, scale_d);
+      }
+    }
+    wgmma::Commit();
+    wgmma::Wait<0>();
+    wgmma::FenceRegs(d);
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][r][i] += d[4 * r + i];
     }
   }
 }
@@ -277,13 +349,15 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   // first round's copy now (x is SplitXKernel's output: after PdlWait).
   [[maybe_unused]] uint4 *xs = nullptr, *xs_next = nullptr;  // this round's buffer, the other
   if constexpr (kTiles > kMaxTilesSplitInKernel) {
-    extern __shared__ uint4 x_smem[];
-    xs = x_smem;
-    xs_next = x_smem + kParts * kXChunks<kTiles>;
-    StageX<kTiles>(xs, x_hi, x_mid, x_lo, k_begin, k_end);
+    extern __shared__ __align__(16) uint4 x_smem[];
+    const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(x_smem));
+    xs = x_smem + ((raw + 1023u) / 1024u * 1024u - raw) / sizeof(uint4);  // 1 KB-aligned (kXSmemBytes' slack)
+    xs_next = xs + kParts * kXChunks<kTiles>;
+    StageX<kTiles>(xs, x_hi, x_mid, x_lo, k_begin);
     CpAsyncCommit();
   }
 
+  [[maybe_unused]] float d_step[kWgmma<kTiles> ? 4 * kTiles : 1];  // WgmmaStep's D
   float acc[kColTiles][kTiles][4];
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
@@ -302,7 +376,9 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   // of it these checks and 64-bit addresses.) The full rounds get their own loop so that the
   // checked one's registers do not add to theirs. An x row past m reads row m − 1 instead: an
   // MMA output's column depends on its own B column alone, and those outputs are never stored.
-  const bool fast = kVec && col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec);
+  // On wgmma the whole block (one warpgroup) takes one path: all its columns in n.
+  const bool fast = kVec && (kWgmma<kTiles> ? (cb + 1) * kBlockCols <= n
+                                            : col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec));
   // Row-major: lane (g, t) starts at row col0 + g, k + 8t; load (u, c, h) is (2c + h)·8 rows and
   // u steps on. Tiled: the lane's chunk of the round's tile; load (u, c, h) is chunk row
   // (u·2 + c)·2 + h of it (DecodeTiledOffset; col0 is a multiple of 32, so the warp's loads are
@@ -371,36 +447,41 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     // while this round's MMAs run.
     if constexpr (kTiles > kMaxTilesSplitInKernel) {
       CpAsyncWait<0>();
+      if constexpr (kWgmma<kTiles>) wgmma::FenceProxyAsync();  // the copies → the wgmmas' reads (async proxy)
       __syncthreads();
       if (kb + kSliceQuantum < k_end) {
-        StageX<kTiles>(xs_next, x_hi, x_mid, x_lo, kb + kSliceQuantum, k_end);
+        StageX<kTiles>(xs_next, x_hi, x_mid, x_lo, kb + kSliceQuantum);
         CpAsyncCommit();
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (!kFull && kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
+      if constexpr (kWgmma<kTiles>) {
+        WgmmaStep<kTiles>(acc, wr[u], static_cast<uint32_t>(__cvta_generic_to_shared(xs)), u, d_step);
+      } else {
 #pragma unroll
-      for (int r = 0; r < kTiles; ++r) {
-        XParts xp;
-        if constexpr (kTiles == 1) {
-          xp = SplitX8(xr[u]);
-        } else if constexpr (kTiles <= kMaxTilesSplitInKernel) {
-          float v[8];
-          if constexpr (kFull) {
-            LoadX8(x_lane[r] + u * kStepK, v);
+        for (int r = 0; r < kTiles; ++r) {
+          XParts xp;
+          if constexpr (kTiles == 1) {
+            xp = SplitX8(xr[u]);
+          } else if constexpr (kTiles > kMaxTilesSplitInKernel) {
+            const int xi = (u * kTiles + r) * 32 + lane;  // SplitXKernel's mma.sync order
+            xp.hi = xs[xi];
+            xp.mid = xs[kXChunks<kTiles> + xi];
+            xp.lo = xs[2 * kXChunks<kTiles> + xi];
           } else {
-            LoadX(x, r * 8 + g, kb + u * kStepK + 8 * t, m, k, x_vec, v);
+            float v[8];
+            if constexpr (kFull) {
+              LoadX8(x_lane[r] + u * kStepK, v);
+            } else {
+              LoadX(x, r * 8 + g, kb + u * kStepK + 8 * t, m, k, x_vec, v);
+            }
+            xp = SplitX8(v);
           }
-          xp = SplitX8(v);
-        } else {
-          const int xi = (u * kTiles + r) * 32 + lane;  // StageX's order (SplitXKernel's)
-          xp.hi = xs[xi];
-          xp.mid = xs[kXChunks<kTiles> + xi];
-          xp.lo = xs[2 * kXChunks<kTiles> + xi];
-        }
 #pragma unroll
-        for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+          for (int c = 0; c < kColTiles; ++c) Step(acc[c][r], wr[u][c][0], wr[u][c][1], xp);
+        }
       }
     }
     if constexpr (kTiles > kMaxTilesSplitInKernel) {
@@ -618,8 +699,8 @@ __global__ void TileWeightKernel(const uint4* __restrict__ src, uint4* __restric
 void SplitX(const float* x, int64_t m, int64_t k, const Plan& p, void* parts, cudaStream_t s) {
   if (p.tiles <= kMaxTilesSplitInKernel) return;
   uint16_t* hi = static_cast<uint16_t*>(parts);
-  LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.m_pad * p.k_pad)), dim3(256), 0, s, x, m, k, p.tiles,
-            p.k_pad, hi, hi + p.m_pad * p.k_pad, hi + 2 * p.m_pad * p.k_pad);
+  LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.x_part)), dim3(256), 0, s, x, m, k, p.tiles,
+            p.x_part, hi, hi + p.x_part, hi + 2 * p.x_part);
   CheckLaunch("DecodeGemm split x");
 }
 
@@ -695,8 +776,8 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   const Plan p = MakePlan(m, n, k);
   SplitX(x, m, k, p, scratch, s);
   uint16_t* hi = p.x_bytes ? static_cast<uint16_t*>(scratch) : nullptr;
-  uint16_t* mid = p.x_bytes ? hi + p.m_pad * p.k_pad : nullptr;
-  uint16_t* lo = p.x_bytes ? mid + p.m_pad * p.k_pad : nullptr;
+  uint16_t* mid = p.x_bytes ? hi + p.x_part : nullptr;
+  uint16_t* lo = p.x_bytes ? mid + p.x_part : nullptr;
   const auto* w = static_cast<const uint16_t*>(w_bf16);
   const bool vec = Vec(w, k), x_vec = Vec(x, k);
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
@@ -756,7 +837,7 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
       CheckTiled(q.w_tiled, q.w, q.n, q.k);
       g.tiled = q.w_tiled;
       g.x_hi = p.x_bytes ? reinterpret_cast<const uint16_t*>(base + l.x_at[i]) : nullptr;
-      g.x_part = p.x_bytes ? p.m_pad * p.k_pad : 0;
+      g.x_part = p.x_part;
       g.out = p.splits > 1 ? reinterpret_cast<float*>(base + l.part_at[i]) : q.y;
       g.n = q.n;
       g.k = q.k;

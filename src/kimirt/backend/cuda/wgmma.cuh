@@ -1,6 +1,6 @@
 // Hopper's warpgroup MMA (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate",
 // sm_90a): the pieces the wgmma kernels share (mla_prefill_wgmma.cu, mla_decode_wgmma.cu, the
-// prefill GEMM tile). A warpgroup is four consecutive warps (128 threads) that issue one wgmma
+// prefill GEMM tile, the decode GEMM at 33-64 rows). A warpgroup is four consecutive warps (128 threads) that issue one wgmma
 // together; operands in shared memory are named by a 64-bit descriptor, and the MMA runs
 // asynchronously until wgmma.wait_group.
 //
@@ -76,15 +76,17 @@ __device__ __forceinline__ void WgmmaRS_m64n128k16(float (&d)[64], const unsigne
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kTransB));
 }
 
-// d += a · b, m64n64k16: A in registers (as WgmmaRS_m64n128k16), B in shared memory.
+// d += a · b, m64n64k16: A in registers (as WgmmaRS_m64n128k16), B in shared memory. scale_d 0:
+// d = a · b (d's old values not read: a chain started without zeroing d first).
 template <int kTransB>
-__device__ __forceinline__ void WgmmaRS_m64n64k16(float (&d)[32], const unsigned (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void WgmmaRS_m64n64k16(float (&d)[32], const unsigned (&a)[4], uint64_t desc_b,
+                                                  int scale_d = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kTransB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
 // d += a · b, m64n128k16: A and B in shared memory (as WgmmaSS_m64n64k16).
