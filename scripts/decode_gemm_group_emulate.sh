@@ -2,7 +2,7 @@
 # Checks the grouped decode GEMM (src/kimirt/backend/cuda/decode_gemm.cu: DecodeGemmGroup) without
 # a GPU, as scripts/kda_chunk_emulate.sh does the chunked KDA kernel: the kernel file is turned into
 # host C++ (mma_bf16.cuh's inline PTX replaced by the emulated MMA of
-# scripts/kda_chunk_emulation/shim.h, its L2 prefetch by nothing, cp.async by copies that land at
+# scripts/kda_chunk_emulation/shim.h, wgmma.cuh's by wgmma_host.h's, its L2 prefetch by nothing, cp.async by copies that land at
 # their wait (cp_async_host.h), dynamic shared memory and pdl.cuh's launch by host versions that run
 # the blocks as threads: scripts/decode_gemm_group_emulation/decode_gemm_host.h), and driver.cpp
 # checks every output bit-identical to a host computation of the kernel's MMA order and every group
@@ -20,15 +20,21 @@ import sys
 cuda_dir, out = sys.argv[1], sys.argv[2]
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[3])
-from mma_host import host_mma
+from mma_host import host_mma, host_wgmma
 mma = host_mma(cuda_dir, "uint4 v; std::memcpy(&v, p, 16); return v;", "")
 src = open(cuda_dir + "/decode_gemm.cu").read()
+# wgmma (the 8-tile kernels): wgmma_host.h's emulation; shared addresses as offsets into the block's
+# dynamic shared memory, which is what the descriptors encode.
+assert '#include "kimirt/backend/cuda/wgmma.cuh"\n' in src
+src = src.replace('#include "kimirt/backend/cuda/wgmma.cuh"\n', '#include "wgmma_host.h"\n' + host_wgmma(cuda_dir))
+assert src.count("__cvta_generic_to_shared(") == 2
+src = src.replace("__cvta_generic_to_shared(", "EmuSmemOffset(")
 for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
             '#include "kimirt/backend/cuda/cp_async.cuh"\n'):
     assert inc in src
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/cp_async.cuh"\n', '#include "cp_async_host.h"\n')
-smem = "extern __shared__ uint4 x_smem[];"
+smem = "extern __shared__ __align__(16) uint4 x_smem[];"
 assert src.count(smem) == 1
 src = src.replace(smem, "uint4* const x_smem = g_dyn_smem;")
 # dynamic_smem.cuh's AllowDynamicSmem over the host header's attribute calls (they check the sizes).
@@ -36,7 +42,7 @@ dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").
 assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma + dyn)
-assert "asm" not in src
+assert "asm volatile" not in src and "asm(" not in src
 open(out, "w").write(src)
 PY
 g++ -std=c++20 -O2 -pthread -Wno-unknown-pragmas -I"$here/decode_gemm_group_emulation" -I"$here/kda_chunk_emulation" \
