@@ -238,7 +238,7 @@ constexpr int kXChunks = kUnroll * kTiles * 32;  // 16-byte chunks of one part i
 template <int kTiles>
 constexpr size_t kXSmemBytes =
     kTiles <= kMaxTilesSplitInKernel ? 0 : 2 * kParts * kXChunks<kTiles> * sizeof(uint4) + 1024;
-static_assert(kXSmemBytes<4> == 49 * 1024 && kXSmemBytes<8> == 97 * 1024, "x buffers: 2 × 24 KB, 2 × 48 KB");
+static_assert(kXSmemBytes<4> == 49 * 1024 && kXSmemBytes<8> == 97 * 1024, "x buffers: 2 × 24 KB, 2 × 48 KB, + 1 KB");
 // kMinBlocks of them an SM (an H200 SM has 228 KB of shared memory, 1 KB of it reserved a block).
 static_assert(kMinBlocks<8> * (kXSmemBytes<8> + 1024) <= 228 * 1024, "8 tiles: 2 blocks an SM");
 
@@ -268,8 +268,8 @@ __device__ __forceinline__ void StageX(uint4* dst, const uint16_t* x_hi, const u
 // AreBitIdenticalToAlone holds 33-64 rows to 1 row's bits). D of M tile c is column tile c's
 // mma.sync D for every 8-row tile r at d[4r .. 4r + 3]. mma.sync ran 64 rows at ~0.3 of the
 // tensor cores' rate (the lm_head: 0.32 of 4.8 TB/s on an H200); on an H100 in one run
-// (bench/results/2026-12-06-h100-decode-gemm-wgmma-ab.json) wgmma takes the lm_head at 64 rows
-// from 504 to 333 µs and the other shapes' 1.03-1.41x; at 32 rows (4 tiles) it was 0.57-1.2x
+// (bench/results/2026-12-06-h100-decode-gemm-wgmma-ab.json) wgmma takes the 48B's lm_head at 64
+// rows from 508 to 363 µs and the other shapes 1.02-1.40x; at 32 rows (4 tiles) it was 0.57-1.2x
 // (the small GEMMs' short slices wait for each chain), so 4 tiles keep mma.sync.
 // `d`: one M tile's D, the caller's (one array for every step, so the compiler cannot give the
 // steps' chains registers of their own: with a fresh, zeroed D a step, the 8-tile kernel spilled
