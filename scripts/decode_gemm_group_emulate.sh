@@ -27,7 +27,7 @@ src = open(cuda_dir + "/decode_gemm.cu").read()
 # dynamic shared memory, which is what the descriptors encode.
 assert '#include "kimirt/backend/cuda/wgmma.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/wgmma.cuh"\n', '#include "wgmma_host.h"\n' + host_wgmma(cuda_dir))
-assert src.count("__cvta_generic_to_shared(") == 2
+assert "__cvta_generic_to_shared(" in src
 src = src.replace("__cvta_generic_to_shared(", "EmuSmemOffset(")
 for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/backend/cuda/pdl.cuh"\n',
             '#include "kimirt/backend/cuda/cp_async.cuh"\n'):

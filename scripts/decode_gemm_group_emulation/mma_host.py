@@ -49,15 +49,15 @@ inline void Mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
 def host_wgmma(cuda_dir):
     """wgmma.cuh as host C++ for the decode GEMM's emulation: the descriptor and swizzle helpers as
     they are, the fences, commit and wait as nothing (an emulated wgmma is done when it returns),
-    WgmmaRS_m64n64k16 as wgmma_host.h's EmuWgmmaRS_m64n64k16, the kernels' other shapes gone."""
+    WgmmaRS_m64n64k16 and _m64n32k16 as wgmma_host.h's EmuWgmmaRS, the kernels' other shapes gone."""
     header = open(cuda_dir + "/wgmma.cuh").read().replace("#pragma once\n", "")
     for fn in ("void Fence(", "void Commit(", "void FenceProxyAsync("):  # one-line functions
         header = "".join(line for line in header.splitlines(keepends=True)
                          if not line.startswith("__device__ __forceinline__ " + fn))
     for tmpl, fn in (("template <int kPending>\n", "void Wait("), ("template <int N>\n", "void FenceRegs(")):
         header = cut(header, tmpl + "__device__ __forceinline__ " + fn, "")
-    for fn in ("WgmmaSS_m64n64k16", "WgmmaRS_m64n128k16", "WgmmaRS_m64n64k16", "WgmmaSS_m64n128k16",
-               "WgmmaSS_m64n32k16"):
+    for fn in ("WgmmaSS_m64n64k16", "WgmmaRS_m64n128k16", "WgmmaRS_m64n64k16", "WgmmaRS_m64n32k16",
+               "WgmmaSS_m64n128k16", "WgmmaSS_m64n32k16"):
         header = cut(header, "template <int kTransB>\n__device__ __forceinline__ void " + fn + "(", "")
     header = header.replace("}  // namespace kimirt::cuda::wgmma", """\
 inline void Fence() {}
@@ -70,7 +70,12 @@ inline void FenceRegs(float (&)[N]) {}
 template <int kTransB>
 inline void WgmmaRS_m64n64k16(float (&d)[32], const unsigned (&a)[4], uint64_t desc_b, int scale_d = 1) {
   static_assert(kTransB == 0, "the decode GEMM's B is K-major");
-  EmuWgmmaRS_m64n64k16(d, a, desc_b, scale_d);
+  EmuWgmmaRS(d, a, desc_b, scale_d);
+}
+template <int kTransB>
+inline void WgmmaRS_m64n32k16(float (&d)[16], const unsigned (&a)[4], uint64_t desc_b, int scale_d = 1) {
+  static_assert(kTransB == 0, "the decode GEMM's B is K-major");
+  EmuWgmmaRS(d, a, desc_b, scale_d);
 }
 }  // namespace kimirt::cuda::wgmma""")
     assert "asm volatile" not in header and "asm(" not in header

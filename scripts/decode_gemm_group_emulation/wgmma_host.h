@@ -1,5 +1,5 @@
 // Hopper's wgmma for the decode GEMM's host emulation (../decode_gemm_group_emulate.sh; the kernel's
-// WgmmaStep): m64n64k16 with A from the warpgroup's registers (warp w: rows 16w .. 16w + 15 as the
+// WgmmaStep and WgmmaIssue): m64n64k16 and m64n32k16 with A from the warpgroup's registers (warp w: rows 16w .. 16w + 15 as the
 // m16n8k16 A fragment) and B K-major in 128-byte-swizzled shared memory, named by a descriptor
 // (wgmma.cuh) whose start address is an offset into the block's dynamic shared memory: the kernel's
 // __cvta_generic_to_shared becomes EmuSmemOffset. Each output sums its 16 products as shim.h's
@@ -19,7 +19,9 @@ inline uint32_t EmuSmemOffset(const void* p) {
 
 inline uint32_t g_wg_a[4][32][4];  // the warpgroup's A fragments (one block runs at a time)
 
-inline void EmuWgmmaRS_m64n64k16(float (&d)[32], const unsigned (&a)[4], uint64_t desc, int scale_d) {
+// m64nNk16, N = 2 · D (D: the thread's accumulators).
+template <int D>
+inline void EmuWgmmaRS(float (&d)[D], const unsigned (&a)[4], uint64_t desc, int scale_d) {
   if (blockDim.x != 128 || (desc >> 62) != 1) {
     std::fprintf(stderr, "emulated wgmma: a block of %u threads (128: one warpgroup), swizzle mode %u (1: 128 B)\n",
                  blockDim.x, static_cast<unsigned>(desc >> 62));
@@ -42,7 +44,7 @@ inline void EmuWgmmaRS_m64n64k16(float (&d)[32], const unsigned (&a)[4], uint64_
     std::memcpy(&v, reinterpret_cast<const char*>(g_dyn_smem) + phys, 2);
     return BfToF(v);
   };
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < D / 4; ++j) {
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * w + g + (e >= 2 ? 8 : 0), col = 8 * j + 2 * t + (e & 1);
       double s = scale_d != 0 ? d[4 * j + e] : 0.0;

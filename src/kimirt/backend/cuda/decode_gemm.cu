@@ -123,39 +123,32 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-// At 8 tiles (33-64 rows) the GEMM's MMAs are wgmmas (WgmmaStep); up to 4, mma.sync (mma::Step).
+// At 4 and 8 tiles (17-64 rows) the GEMM's MMAs are wgmmas (WgmmaStep, WgmmaIssue); up to 2,
+// mma.sync (mma::Step).
 template <int kTiles>
-constexpr bool kWgmma = kTiles == 8;
+constexpr bool kWgmma = kTiles >= 4;
 
 // x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to whole rounds of k (a round of a part is
 // one contiguous run of N · 256 bytes, N = 8 · tiles rows, copied as is into shared memory), in
-// the order the GEMM reads them:
-// - 4 tiles (mma.sync): for each 32-k step and 8-row tile, 32 lanes × 8 values, lane g·4 + t
-//   holding row tile·8 + g at k = 32s + 8t .. +7 (Step), so a warp's read of one tile-part is
-//   512 contiguous bytes;
-// - 8 tiles (wgmma's B operand): per round of 128 k, two 128-byte-swizzled K-major panels
-//   (wgmma.cuh) of 64 "slots" for each row. Slot L of a round is MMA k slot L % 16 of k16 step
-//   L / 16 = (step u, half h) and holds the element Step pairs with that slot: lane t's 8
-//   consecutive k of a step go to slots 2t, 2t + 1 (words .x), 2t + 8, 2t + 9 (.y) of half 0,
-//   and the same slots of half 1 (.z, .w).
-__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int tiles, int64_t x_part, uint16_t* hi,
-                             uint16_t* mid, uint16_t* lo) {
+// the order the GEMM's wgmmas read them as their B operand: per round of 128 k, two
+// 128-byte-swizzled K-major panels (wgmma.cuh) of 64 "slots" for each row. Slot L of a round is
+// MMA k slot L % 16 of k16 step L / 16 = (step u, half h) and holds the element Step pairs with
+// that slot: lane t's 8 consecutive k of a step go to slots 2t, 2t + 1 (words .x), 2t + 8, 2t + 9
+// (.y) of half 0, and the same slots of half 1 (.z, .w).
+// The tile count a template argument: every division below by a constant power of two (a
+// 64-bit division by a run-time count made the call of a small GEMM, x's split included, a few
+// µs slower).
+template <int kTiles>
+__global__ void SplitXKernel(const float* x, int64_t m, int64_t k, int64_t x_part, uint16_t* hi, uint16_t* mid,
+                             uint16_t* lo) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int64_t rows = tiles * 8;
+  constexpr int64_t kRows = kTiles * 8;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_part; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t r, c;
-    if (tiles == 8) {
-      const int64_t round = i / (rows * 128), in_round = i % (rows * 128);
-      const int64_t panel = in_round / (rows * 64), at = in_round % 64;
-      r = in_round % (rows * 64) / 64;
-      const int64_t slot = panel * 64 + ((at / 8) ^ (r % 8)) * 8 + at % 8;  // the swizzle undone
-      const int64_t u = slot / 32, h = slot % 32 / 16, q = slot % 16;
-      c = round * kSliceQuantum + u * kStepK + 8 * (q % 8 / 2) + q % 2 + 2 * (q / 8) + 4 * h;
-    } else {
-      const int64_t e = i % 8, lane = i / 8 % 32, tile = i / 256 % tiles, step = i / (256 * tiles);
-      r = tile * 8 + lane / 4;
-      c = step * kStepK + lane % 4 * 8 + e;
-    }
+    const int64_t round = i / (kRows * 128), in_round = i % (kRows * 128);
+    const int64_t panel = in_round / (kRows * 64), at = in_round % 64, r = in_round % (kRows * 64) / 64;
+    const int64_t slot = panel * 64 + ((at / 8) ^ (r % 8)) * 8 + at % 8;  // the swizzle undone
+    const int64_t u = slot / 32, h = slot % 32 / 16, q = slot % 16;
+    const int64_t c = round * kSliceQuantum + u * kStepK + 8 * (q % 8 / 2) + q % 2 + 2 * (q / 8) + 4 * h;
     uint32_t hv, mv, lv;
     SplitOne(r < m && c < k ? x[r * k + c] : 0.0f, hv, mv, lv);
     hi[i] = static_cast<uint16_t>(hv);
@@ -308,6 +301,47 @@ __device__ __forceinline__ void WgmmaStep(float (&acc)[kColTiles][kTiles][4], co
   }
 }
 
+// At 4 tiles (N = 32) the steps are pipelined instead: step u's MMAs for both M tiles go out as
+// one commit group into D buffer u % 2 (WgmmaIssue), and step u − 1's are waited for and added
+// (WgmmaRetire) while they run; the adds stay in step order, so the sums are WgmmaStep's. Run
+// one after the other, the chains' waits cost the small GEMMs' short slices up to 1.7x.
+template <int kTiles>
+__device__ __forceinline__ void WgmmaIssue(float (&d)[kColTiles][4 * kTiles], const uint4 (&w)[kColTiles][2],
+                                           uint32_t xs_addr, int u) {
+  static_assert(kTiles == 4, "N = 32: m64n32k16");
+  constexpr uint32_t kPanelBytes = kTiles * 8 * 128, kPartBytes = 2 * kPanelBytes;
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) wgmma::FenceRegs(d[c]);
+  wgmma::Fence();
+#pragma unroll
+  for (int part = kParts - 1; part >= 0; --part) {  // lo, mid, hi: Step's order
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint64_t desc =
+          wgmma::Desc128B(xs_addr + part * kPartBytes + u / 2 * kPanelBytes + (2 * (u % 2) + h) * 32, 16, 1024);
+#pragma unroll
+      for (int c = 0; c < kColTiles; ++c) {
+        const unsigned a[4] = {h == 0 ? w[c][0].x : w[c][0].z, h == 0 ? w[c][1].x : w[c][1].z,
+                               h == 0 ? w[c][0].y : w[c][0].w, h == 0 ? w[c][1].y : w[c][1].w};
+        wgmma::WgmmaRS_m64n32k16<0>(d[c], a, desc, part == kParts - 1 && h == 0 ? 0 : 1);
+      }
+    }
+  }
+  wgmma::Commit();
+}
+template <int kTiles>
+__device__ __forceinline__ void WgmmaRetire(float (&acc)[kColTiles][kTiles][4], float (&d)[kColTiles][4 * kTiles]) {
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    wgmma::FenceRegs(d[c]);
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][r][i] += d[c][4 * r + i];
+    }
+  }
+}
+
 // One block's work, the same in DecodeGemmKernel (one GEMM) and DecodeGemmGroupKernel (a group):
 // 128 columns (column block `cb`) × k slice `split`; warp: 32 columns (two MMA tiles) × all
 // kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
@@ -357,7 +391,8 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     CpAsyncCommit();
   }
 
-  [[maybe_unused]] float d_step[kWgmma<kTiles> ? 4 * kTiles : 1];  // WgmmaStep's D
+  [[maybe_unused]] float d_step[kTiles == 8 ? 4 * kTiles : 1];                           // WgmmaStep's D
+  [[maybe_unused]] float d_pipe[kTiles == 4 ? 2 : 1][kColTiles][kTiles == 4 ? 4 * kTiles : 1];  // WgmmaIssue's
   float acc[kColTiles][kTiles][4];
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
@@ -397,8 +432,12 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       x_lane[r] = x + (row < m ? row : m - 1) * k + k_begin + 8 * t;
     }
   }
-  auto round = [&](int64_t kb, auto full, auto tiled_full) {
+  // kWhole: all four steps of the round inside the slice (every full round; a checked one too
+  // when only the columns need checks, as in a block partly past n), so the 4-tile wgmmas' waits
+  // are fixed at compile time.
+  auto round = [&](int64_t kb, auto full, auto tiled_full, auto whole) {
     constexpr bool kFull = decltype(full)::value, kTiledFull = decltype(tiled_full)::value;
+    constexpr bool kWhole = kFull || decltype(whole)::value;
     // Elements from load (u, c, h) to (u, c, h + 1) and to (u + 1, c, h), full rounds only.
     [[maybe_unused]] const int64_t w_ch = kTiledFull ? 256 : 8 * k;
     constexpr int64_t w_u = kTiledFull ? 1024 : kStepK;
@@ -456,20 +495,30 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (!kFull && kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
-      if constexpr (kWgmma<kTiles>) {
+      if (!kWhole && kb + u * kStepK >= k_end) break;  // a step past the slice: skipped, the same for every m
+      if constexpr (kTiles == 8) {
         WgmmaStep<kTiles>(acc, wr[u], static_cast<uint32_t>(__cvta_generic_to_shared(xs)), u, d_step);
+      } else if constexpr (kTiles == 4) {
+        WgmmaIssue<kTiles>(d_pipe[u % 2], wr[u], static_cast<uint32_t>(__cvta_generic_to_shared(xs)), u);
+        if constexpr (kWhole) {  // where each wait is fixed at compile time (else ptxas serializes them all)
+          if (u > 0) {
+            wgmma::Wait<1>();  // step u − 1's group
+            WgmmaRetire<kTiles>(acc, d_pipe[(u + 1) % 2]);
+          }
+          if (u == kUnroll - 1) {
+            wgmma::Wait<0>();
+            WgmmaRetire<kTiles>(acc, d_pipe[u % 2]);
+          }
+        } else {  // a round the slice or k cuts: each step waited for
+          wgmma::Wait<0>();
+          WgmmaRetire<kTiles>(acc, d_pipe[u % 2]);
+        }
       } else {
 #pragma unroll
         for (int r = 0; r < kTiles; ++r) {
           XParts xp;
           if constexpr (kTiles == 1) {
             xp = SplitX8(xr[u]);
-          } else if constexpr (kTiles > kMaxTilesSplitInKernel) {
-            const int xi = (u * kTiles + r) * 32 + lane;  // SplitXKernel's mma.sync order
-            xp.hi = xs[xi];
-            xp.mid = xs[kXChunks<kTiles> + xi];
-            xp.lo = xs[2 * kXChunks<kTiles> + xi];
           } else {
             float v[8];
             if constexpr (kFull) {
@@ -496,7 +545,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   auto full_rounds = [&](auto tiled_full) {
     constexpr int64_t w_round = decltype(tiled_full)::value ? 4096 : kSliceQuantum;
     for (; kb < full_end; kb += kSliceQuantum) {
-      round(kb, std::true_type{}, tiled_full);
+      round(kb, std::true_type{}, tiled_full, std::true_type{});
       w_lane += w_round;
       if constexpr (kTiles <= kMaxTilesSplitInKernel) {
 #pragma unroll
@@ -510,7 +559,15 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     full_rounds(std::false_type{});
   }
   for (; kb < k_end; kb += kSliceQuantum) {
-    round(kb, std::false_type{}, std::false_type{});
+    if constexpr (kTiles == 4) {  // whole rounds apart: WgmmaIssue's pipeline
+      if (kb + kSliceQuantum <= k_end) {
+        round(kb, std::false_type{}, std::false_type{}, std::true_type{});
+      } else {
+        round(kb, std::false_type{}, std::false_type{}, std::false_type{});
+      }
+    } else {
+      round(kb, std::false_type{}, std::false_type{}, std::false_type{});
+    }
     if (tiled) w_lane += 4096;
   }
 
@@ -699,8 +756,8 @@ __global__ void TileWeightKernel(const uint4* __restrict__ src, uint4* __restric
 void SplitX(const float* x, int64_t m, int64_t k, const Plan& p, void* parts, cudaStream_t s) {
   if (p.tiles <= kMaxTilesSplitInKernel) return;
   uint16_t* hi = static_cast<uint16_t*>(parts);
-  LaunchPdl("DecodeGemm split x", SplitXKernel, dim3(GridFor(p.x_part)), dim3(256), 0, s, x, m, k, p.tiles,
-            p.x_part, hi, hi + p.x_part, hi + 2 * p.x_part);
+  LaunchPdl("DecodeGemm split x", p.tiles == 4 ? SplitXKernel<4> : SplitXKernel<8>, dim3(GridFor(p.x_part)), dim3(256),
+            0, s, x, m, k, p.x_part, hi, hi + p.x_part, hi + 2 * p.x_part);
   CheckLaunch("DecodeGemm split x");
 }
 

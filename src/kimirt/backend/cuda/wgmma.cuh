@@ -89,6 +89,19 @@ __device__ __forceinline__ void WgmmaRS_m64n64k16(float (&d)[32], const unsigned
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
+// d += a · b, m64n32k16: A in registers (as WgmmaRS_m64n128k16), B in shared memory; scale_d as
+// WgmmaRS_m64n64k16's.
+template <int kTransB>
+__device__ __forceinline__ void WgmmaRS_m64n32k16(float (&d)[16], const unsigned (&a)[4], uint64_t desc_b,
+                                                  int scale_d = 1) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+}
+
 // d += a · b, m64n128k16: A and B in shared memory (as WgmmaSS_m64n64k16).
 template <int kTransB>
 __device__ __forceinline__ void WgmmaSS_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
