@@ -20,9 +20,9 @@
 // At 4 and 8 tiles a block copies each round's x parts from scratch into shared memory once
 // (StageX, cp.async, double-buffered) and its four warps read their B fragments there: read by
 // every warp from global memory, x was 4 × 24 KB of L2 traffic per 32 KB weight round at 32 rows.
-// At 8 tiles (33-64 rows: 192 MMA columns a weight tile, where mma.sync left the GEMM bound by
-// the tensor cores' issue, not HBM) the four warps issue the same MMAs as one warpgroup's wgmmas,
-// x as their B operand from shared memory (WgmmaStep): the same bits.
+// At 4 and 8 tiles (17-64 rows: 96 and 192 MMA columns a weight tile, where mma.sync left the GEMM
+// bound by the tensor cores' issue, not HBM) the four warps issue the same MMAs as one warpgroup's
+// wgmmas, x as their B operand from shared memory (WgmmaStep, WgmmaIssue): the same bits.
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
@@ -258,12 +258,11 @@ __device__ __forceinline__ void StageX(uint4* dst, const uint16_t* x_hi, const u
 // (B, N = 8 · kTiles rows of x). Per M tile the six MMAs of mma::Step in Step's order — lo, mid,
 // hi, each k16 half .x/.y then .z/.w, chained from zero — then one F32 add into acc: the sums of
 // the mma.sync kernel, which Hopper's wgmma rounds the same way (CudaBackendTest.DecodeGemmRows-
-// AreBitIdenticalToAlone holds 33-64 rows to 1 row's bits). D of M tile c is column tile c's
+// AreBitIdenticalToAlone holds 17-64 rows to 1 row's bits). D of M tile c is column tile c's
 // mma.sync D for every 8-row tile r at d[4r .. 4r + 3]. mma.sync ran 64 rows at ~0.3 of the
 // tensor cores' rate (the lm_head: 0.32 of 4.8 TB/s on an H200); on an H100 in one run
 // (bench/results/2026-12-06-h100-decode-gemm-wgmma-ab.json) wgmma takes the 48B's lm_head at 64
-// rows from 508 to 363 µs and the other shapes 1.02-1.40x; at 32 rows (4 tiles) it was 0.57-1.2x
-// (the small GEMMs' short slices wait for each chain), so 4 tiles keep mma.sync.
+// rows from 508 to 363 µs and the other shapes 1.02-1.40x. 4 tiles: WgmmaIssue below.
 // `d`: one M tile's D, the caller's (one array for every step, so the compiler cannot give the
 // steps' chains registers of their own: with a fresh, zeroed D a step, the 8-tile kernel spilled
 // ~1.2 KB inside its loop). A chain starts with scale-d 0 (D = A·B), which is Step's MMA from
