@@ -252,6 +252,33 @@ __device__ __forceinline__ void StageX(uint4* dst, const uint16_t* x_hi, const u
   }
 }
 
+// The wgmma operands of a step's MMAs: the B descriptor of x part `part`, step u, k16 half h in
+// the x buffer at xs_addr (SplitXKernel's layout: per part two panels of kTiles · 8 rows), and
+// column tile c's weight words as the A fragment of half h (mma::Step's .x/.y or .z/.w), the chain
+// started (scale-d 0) by its first MMA.
+template <int kTiles>
+__device__ __forceinline__ uint64_t XDesc(uint32_t xs_addr, int part, int u, int h) {
+  constexpr uint32_t kPanelBytes = kTiles * 8 * 128, kPartBytes = 2 * kPanelBytes;
+  return wgmma::Desc128B(xs_addr + part * kPartBytes + u / 2 * kPanelBytes + (2 * (u % 2) + h) * 32, 16, 1024);
+}
+__device__ __forceinline__ void WeightFragment(const uint4 (&w)[2], int h, unsigned (&a)[4]) {
+  a[0] = h == 0 ? w[0].x : w[0].z;
+  a[1] = h == 0 ? w[1].x : w[1].z;
+  a[2] = h == 0 ? w[0].y : w[0].w;
+  a[3] = h == 0 ? w[1].y : w[1].w;
+}
+__device__ __forceinline__ int ScaleD(int part, int h) { return part == kParts - 1 && h == 0 ? 0 : 1; }
+// acc[r][i] += d[4r + i]: one M tile's D added (after its wait) into its column tile's sums.
+template <int kTiles>
+__device__ __forceinline__ void AddD(float (&acc)[kTiles][4], float (&d)[4 * kTiles]) {
+  wgmma::FenceRegs(d);
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[r][i] += d[4 * r + i];
+  }
+}
+
 // Step u of a round at 8 tiles on wgmma: the warpgroup (the block's four warps) multiplies
 // its 128 weight columns (two M tiles of 64: warp w's column tile c is rows 16w .. 16w + 15 of M
 // tile c, A from the same registers mma::Step takes) by the round's x parts in shared memory
@@ -272,7 +299,6 @@ template <int kTiles>
 __device__ __forceinline__ void WgmmaStep(float (&acc)[kColTiles][kTiles][4], const uint4 (&w)[kColTiles][2],
                                           uint32_t xs_addr, int u, float (&d)[4 * kTiles]) {
   static_assert(kTiles == 8, "N = 64: m64n64k16");
-  constexpr uint32_t kPanelBytes = kTiles * 8 * 128, kPartBytes = 2 * kPanelBytes;
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
     wgmma::FenceRegs(d);
@@ -281,22 +307,14 @@ __device__ __forceinline__ void WgmmaStep(float (&acc)[kColTiles][kTiles][4], co
     for (int part = kParts - 1; part >= 0; --part) {  // lo, mid, hi: Step's order
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint64_t desc =
-            wgmma::Desc128B(xs_addr + part * kPartBytes + u / 2 * kPanelBytes + (2 * (u % 2) + h) * 32, 16, 1024);
-        const unsigned a[4] = {h == 0 ? w[c][0].x : w[c][0].z, h == 0 ? w[c][1].x : w[c][1].z,
-                               h == 0 ? w[c][0].y : w[c][0].w, h == 0 ? w[c][1].y : w[c][1].w};
-        const int scale_d = part == kParts - 1 && h == 0 ? 0 : 1;
-        wgmma::WgmmaRS_m64n64k16<0>(d, a, desc, scale_d);
+        unsigned a[4];
+        WeightFragment(w[c], h, a);
+        wgmma::WgmmaRS_m64n64k16<0>(d, a, XDesc<kTiles>(xs_addr, part, u, h), ScaleD(part, h));
       }
     }
     wgmma::Commit();
     wgmma::Wait<0>();
-    wgmma::FenceRegs(d);
-#pragma unroll
-    for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[c][r][i] += d[4 * r + i];
-    }
+    AddD<kTiles>(acc[c], d);
   }
 }
 
@@ -308,7 +326,6 @@ template <int kTiles>
 __device__ __forceinline__ void WgmmaIssue(float (&d)[kColTiles][4 * kTiles], const uint4 (&w)[kColTiles][2],
                                            uint32_t xs_addr, int u) {
   static_assert(kTiles == 4, "N = 32: m64n32k16");
-  constexpr uint32_t kPanelBytes = kTiles * 8 * 128, kPartBytes = 2 * kPanelBytes;
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) wgmma::FenceRegs(d[c]);
   wgmma::Fence();
@@ -316,13 +333,11 @@ __device__ __forceinline__ void WgmmaIssue(float (&d)[kColTiles][4 * kTiles], co
   for (int part = kParts - 1; part >= 0; --part) {  // lo, mid, hi: Step's order
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint64_t desc =
-          wgmma::Desc128B(xs_addr + part * kPartBytes + u / 2 * kPanelBytes + (2 * (u % 2) + h) * 32, 16, 1024);
 #pragma unroll
       for (int c = 0; c < kColTiles; ++c) {
-        const unsigned a[4] = {h == 0 ? w[c][0].x : w[c][0].z, h == 0 ? w[c][1].x : w[c][1].z,
-                               h == 0 ? w[c][0].y : w[c][0].w, h == 0 ? w[c][1].y : w[c][1].w};
-        wgmma::WgmmaRS_m64n32k16<0>(d[c], a, desc, part == kParts - 1 && h == 0 ? 0 : 1);
+        unsigned a[4];
+        WeightFragment(w[c], h, a);
+        wgmma::WgmmaRS_m64n32k16<0>(d[c], a, XDesc<kTiles>(xs_addr, part, u, h), ScaleD(part, h));
       }
     }
   }
@@ -331,14 +346,7 @@ __device__ __forceinline__ void WgmmaIssue(float (&d)[kColTiles][4 * kTiles], co
 template <int kTiles>
 __device__ __forceinline__ void WgmmaRetire(float (&acc)[kColTiles][kTiles][4], float (&d)[kColTiles][4 * kTiles]) {
 #pragma unroll
-  for (int c = 0; c < kColTiles; ++c) {
-    wgmma::FenceRegs(d[c]);
-#pragma unroll
-    for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[c][r][i] += d[c][4 * r + i];
-    }
-  }
+  for (int c = 0; c < kColTiles; ++c) AddD<kTiles>(acc[c], d[c]);
 }
 
 // One block's work, the same in DecodeGemmKernel (one GEMM) and DecodeGemmGroupKernel (a group):
