@@ -21,6 +21,7 @@ struct Child {
   pid_t pid = -1;
   int local_rank = 0;
   bool done = false;
+  bool failed = false;
   int wstatus = 0;
 };
 
@@ -34,10 +35,13 @@ std::string Describe(int wstatus) {
   return "ended with wait status " + std::to_string(wstatus);
 }
 
-bool Failed(int wstatus) { return !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0); }
+// A rank's end is a failure unless it exited 0 — and, with an `exit_expected` flag still false,
+// even then (SpawnOptions::exit_expected).
+bool Failed(int wstatus, bool zero_fails) { return zero_fails || !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0); }
 
-// Reaps children that have exited; returns the first failed one's index, or -1.
-int Reap(std::vector<Child>& children) {
+// Reaps children that have exited; returns the first failed one's index, or -1. Each child's
+// `failed` is decided when it is reaped.
+int Reap(std::vector<Child>& children, const std::atomic<bool>* exit_expected) {
   int failed = -1;
   for (size_t i = 0; i < children.size(); ++i) {
     Child& c = children[i];
@@ -46,7 +50,8 @@ int Reap(std::vector<Child>& children) {
     if (r == c.pid || (r < 0 && errno == ECHILD)) {
       c.done = true;
       if (r < 0) c.wstatus = 0;  // reaped elsewhere: nothing to report
-      if (failed < 0 && Failed(c.wstatus)) failed = static_cast<int>(i);
+      c.failed = r == c.pid && Failed(c.wstatus, exit_expected != nullptr && !exit_expected->load());
+      if (failed < 0 && c.failed) failed = static_cast<int>(i);
     }
   }
   return failed;
@@ -65,7 +70,7 @@ void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace) {
     if (!c.done) kill(c.pid, SIGTERM);
   }
   const Deadline deadline = Clock::now() + grace;
-  while (Reap(children), !AllDone(children) && Clock::now() < deadline) {
+  while (Reap(children, nullptr), !AllDone(children) && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   for (Child& c : children) {
@@ -169,15 +174,16 @@ Status SpawnAndSupervise(SpawnOptions o) {
     children.push_back(Child{*pid, i});
   }
   for (;;) {
-    if (Reap(children) >= 0) {
+    if (Reap(children, o.exit_expected) >= 0) {
       // Every rank that failed by itself (in this poll: which came first is unknowable), before
       // the others are stopped.
       std::string msg;
       for (const Child& c : children) {
-        if (!c.done || !Failed(c.wstatus)) continue;
+        if (!c.done || !c.failed) continue;
+        const bool early = WIFEXITED(c.wstatus) && WEXITSTATUS(c.wstatus) == 0;
         msg += (msg.empty() ? "" : "; ") + ("rank " + std::to_string(o.first_rank + c.local_rank) + " (local rank " +
                                             std::to_string(o.first_local_rank + c.local_rank) + ", pid " + std::to_string(c.pid) + ") " +
-                                            Describe(c.wstatus));
+                                            Describe(c.wstatus) + (early ? " before the group was told to stop" : ""));
       }
       StopAll(children, o.grace);
       return Internal(msg + "; the other ranks were stopped");

@@ -6,8 +6,9 @@
 //   NCCL_NVLS_ENABLE=0 (NVLink multicast stays off in every process we start: issue 15 item 5).
 // CUDA_VISIBLE_DEVICES is passed through untouched; a rank's device index is its LOCAL_RANK.
 //
-// Supervision: if any rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after
-// `grace`, and the call returns an error naming the rank and its exit status or signal. Each
+// Supervision: if any rank exits non-zero or is killed (or exits at all before `exit_expected`),
+// the others get SIGTERM, then SIGKILL after `grace`, and the call returns an error naming the
+// rank and its exit status or signal. Each
 // child also gets SIGKILL if the supervisor itself dies (PR_SET_PDEATHSIG), so ranks never
 // outlive it.
 #pragma once
@@ -39,6 +40,10 @@ struct SpawnOptions {
   // When set (e.g. by the supervisor's SIGINT/SIGTERM handler), the ranks are stopped the same
   // way and the call returns OK.
   const std::atomic<bool>* stop = nullptr;
+  // For ranks that run until they are told to end (a server's followers exit 0 only on rank 0's
+  // quit): while this is set and false, a rank exiting with status 0 has failed too ("before the
+  // group was told to stop"). The caller sets it true just before telling the ranks to end.
+  const std::atomic<bool>* exit_expected = nullptr;
 };
 
 // The environment of local rank `local_rank`: `base` (NAME=value strings, e.g. environ) with the

@@ -136,6 +136,28 @@ TEST_F(RankSpawner, RankIgnoringSigtermIsKilledAfterTheGrace) {
   ExpectGone(2);
 }
 
+// A server's ranks run until told to end: with `exit_expected` still false, a rank that exits 0
+// has failed, is named, and the others are stopped; once it is set, exits 0 are the normal end.
+TEST_F(RankSpawner, RankExitingZeroBeforeItIsExpectedIsAFailure) {
+  std::atomic<bool> expected{false};
+  SpawnOptions o = Sh("echo $$ > \"$OUT/pid.$RANK\"; if [ $RANK = 1 ]; then sleep 0.3; exit 0; fi; exec sleep 60", 3);
+  o.exit_expected = &expected;
+  const auto t0 = Clock::now();
+  Status s = SpawnAndSupervise(o);
+  EXPECT_LT(Seconds(t0), 10.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1 (local rank 1, pid "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("exited with status 0 before the group was told to stop"), std::string::npos)
+      << s.message();
+  ExpectGone(3);
+
+  expected = true;
+  EXPECT_TRUE(SpawnAndSupervise(Sh("sleep 0.2", 3)).ok());  // no flag: exits 0 are the end
+  SpawnOptions done = Sh("sleep 0.2", 2);
+  done.exit_expected = &expected;
+  EXPECT_TRUE(SpawnAndSupervise(done).ok());
+}
+
 TEST_F(RankSpawner, MissingBinaryIsAStartError) {
   SpawnOptions o = Sh("", 2);
   o.argv = {(dir_ / "no-such-kimirt").string()};

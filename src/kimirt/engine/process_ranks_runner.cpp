@@ -527,8 +527,10 @@ std::string RankList(const std::vector<int>& ranks) {
 class ProcessRanksRunner final : public ModelRunner {
  public:
   ~ProcessRanksRunner() override {
-    // The followers' links close below on purpose: the watcher must not take that for a death.
+    // The followers' links close below on purpose: the watcher must not take that for a death,
+    // nor the supervisor their exits (status 0 on kQuit) for failures.
     watch_stop_ = true;
+    followers_may_exit_ = true;
     if (watcher_.joinable()) watcher_.join();
     const bool quit = health().ok();
     if (quit) {
@@ -574,6 +576,9 @@ class ProcessRanksRunner final : public ModelRunner {
       // This process is local rank 0: rank r of this node takes GPU r.
       SpawnOptions so = FollowerSpawn(o.rank_worker_binary, 1, r->local_followers_, 1, world, "127.0.0.1", port);
       so.stop = &r->stop_;
+      // A follower runs until rank 0's kQuit: one that exits before, even with status 0, has
+      // failed (the server then fails loudly instead of finding out at its next step).
+      so.exit_expected = &r->followers_may_exit_;
       // The supervisor thread lives as long as the followers: PR_SET_PDEATHSIG follows the
       // thread that forked, so they die with it, and with this process.
       r->supervisor_ = std::thread([raw = r.get(), so] {
@@ -943,6 +948,7 @@ class ProcessRanksRunner final : public ModelRunner {
   bool logits_stop_ = false;
 
   std::atomic<bool> stop_{false};
+  std::atomic<bool> followers_may_exit_{false};  // SpawnOptions::exit_expected: set as the runner ends
   std::thread supervisor_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
