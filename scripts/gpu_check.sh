@@ -110,10 +110,15 @@
 #             then `serve --device cuda` and `serve -pp 2 --device cuda`: one greedy completion's text
 #             and token logprobs must be the same ("same" expected), and `bench serve` against
 #             -pp 2 (its table last).
+#   abbin     this tree's binaries against saved ones (scripts/gpu_save_base.sh, before the change:
+#             .carry/base/*.xz): the decode GEMM tests, then decode_gemm_bench (if both were
+#             bundled and saved) and the 2-layer Kimi-Linear-48B decode sweep (batches 1-64,
+#             prompt 256), base / new / new / base in one run, medians last
+#             ($OUT/dg-{base,new}-{1,2}.json, kl2-{base,new}-{1,2}.json).
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -509,6 +514,43 @@ if [[ "$what" == decode48 ]]; then
     --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --enforce-eager \
     --json "$out/bench-model-kimi-linear-2layer-prompt256-eager.json" 2>&1 | tail -3
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == abbin ]]; then
+  # Base binaries (scripts/gpu_save_base.sh) beside this tree's, alternated: a change timed against
+  # the tree before it on the same GPU in one run (the machines vary run to run by a few %).
+  [[ -f .carry/base/kimirt.xz ]] || { echo "abbin: no .carry/base/kimirt.xz (run scripts/gpu_save_base.sh before the change)"; exit 1; }
+  for b in .carry/base/*.xz; do xz -dc "$b" > "$root/base-$(basename "$b" .xz)" && chmod +x "$root/base-$(basename "$b" .xz)"; done
+  timeout 120 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' 2>&1 | grep -E '^\[ +(FAILED|PASSED) +\]'
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for run in base-1 new-1 new-2 base-2; do
+    pre=""; [[ $run == base-* ]] && pre="base-"
+    if [[ -x "$root/base-decode_gemm_bench" && -x "$root/decode_gemm_bench" ]]; then
+      timeout 90 "$root/${pre}decode_gemm_bench" --rows 1,8,32,64 --reps 30 --tiled --json "$out/dg-$run.json" >/dev/null 2>&1 || status=1
+    fi
+    timeout 120 "$root/${pre}kimirt" bench model --device cuda --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" \
+      --random-weights --batch-sizes 1,8,32,64 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
+      --json "$out/kl2-$run.json" >/dev/null 2>&1 || status=1
+  done
+  python3 - "$out" <<'PY'
+import glob, json, statistics, sys, collections
+out = sys.argv[1]
+def load(pattern):
+    return {f: json.load(open(f)) for f in sorted(glob.glob(f"{out}/{pattern}"))}
+kl, dg = collections.defaultdict(list), collections.defaultdict(list)
+for f, d in load("kl2-*.json").items():
+    v = f.split("kl2-")[1].split("-")[0]
+    for p in d["points"]: kl[(v, p["batch"])].append(p["decode_step_ms"])
+for f, d in load("dg-*.json").items():
+    v = f.split("dg-")[1].split("-")[0]
+    for m in sorted({p["m"] for p in d["points"]}):
+        dg[(v, m)].append(sum(p["ms_graph"] for p in d["points"] if p["m"] == m))
+print("--- base vs new, medians (ms): 2-layer decode step by batch, then decode_gemm_bench's shapes summed by rows")
+for (what, table) in (("step, batch", kl), ("gemm, rows", dg)):
+    for key in sorted({k for (_, k) in table}):
+        b, n = table.get(("base", key)), table.get(("new", key))
+        if b and n:
+            print(f"{what} {key:3d}: base {statistics.median(b):8.3f}  new {statistics.median(n):8.3f}  {statistics.median(b) / statistics.median(n):.3f}x")
+PY
 fi
 if [[ "$what" == prefprof ]]; then
   # Where an 8K prefill's time goes (issue 14): each kernel's GPU time under ncu, grouped by kernel,
