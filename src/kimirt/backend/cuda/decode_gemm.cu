@@ -17,12 +17,12 @@
 // MMAs' k slots by the same permutation for A and B (Step below), so they multiply matching
 // pairs. x is split once per call into scratch (SplitXKernel) for 4 and 8 tiles; for 1 and 2 the
 // GEMM splits it in registers (LoadX + SplitX8), one launch fewer, with the same SplitOne.
-// At 4 and 8 tiles a block copies each round's x parts from scratch into shared memory once
-// (StageX, cp.async, double-buffered) and its four warps read their B fragments there: read by
-// every warp from global memory, x was 4 × 24 KB of L2 traffic per 32 KB weight round at 32 rows.
 // At 4 and 8 tiles (17-64 rows: 96 and 192 MMA columns a weight tile, where mma.sync left the GEMM
 // bound by the tensor cores' issue, not HBM) the four warps issue the same MMAs as one warpgroup's
-// wgmmas, x as their B operand from shared memory (WgmmaStep, WgmmaIssue): the same bits.
+// wgmmas (WgmmaStep, WgmmaIssue: the same bits), x as their B operand, which a block copies a
+// round at a time from scratch into shared memory (StageX, cp.async, double-buffered; read by
+// every warp from global memory, x was once 4 × 24 KB of L2 traffic per 32 KB weight round at 32
+// rows).
 //
 // Row invariance: a row is one column of the B tile; its accumulator sees the same MMAs in the
 // same order (k slices ascending; per 32-k step the six MMAs of Step, then one F32 add) in every
@@ -222,10 +222,8 @@ constexpr int kMinBlocks = kTiles <= 2 ? 4 : 2;
 
 // Above kMaxTilesSplitInKernel a round's x parts go through shared memory, copied once per
 // block: kTiles · 8 rows × 128 k of each part (SplitXKernel's layout, one contiguous run of
-// scratch a part), read by the warps' mma.sync B fragments (16 bytes a lane, 512 contiguous bytes
-// a warp: no bank conflict) or the block's wgmmas (their B operand). Two buffers: the next round's
-// copy lands while this round's MMAs run; 1 KB more to align them (wgmma's swizzle is on address
-// bits).
+// scratch a part), read by the block's wgmmas as their B operand. Two buffers: the next round's
+// copy lands while this round's MMAs run; 1 KB more to align them (the swizzle is on address bits).
 template <int kTiles>
 constexpr int kXChunks = kUnroll * kTiles * 32;  // 16-byte chunks of one part in one round
 template <int kTiles>
