@@ -86,7 +86,9 @@ constexpr int64_t kMinSliceK = 256;
 constexpr int kParts = 3;  // x = hi + mid + lo
 // Up to this many 8-row tiles the GEMM splits x itself: at 2 tiles the split's ~10 instructions
 // per element and lane stay well under the weight's memory time (~450 issue cycles per 2 KB
-// warp-step per scheduler at 4.8 TB/s); at 8 they would outgrow the MMAs, so SplitXKernel.
+// warp-step per scheduler at 4.8 TB/s); at 8 they would outgrow the MMAs, so SplitXKernel. Past
+// it (4 and 8 tiles, 17-64 rows) x goes through shared memory and the MMAs are wgmmas
+// (WgmmaStep, WgmmaIssue); up to it, mma.sync (mma::Step).
 constexpr int kMaxTilesSplitInKernel = 2;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -122,11 +124,6 @@ Plan MakePlan(int64_t m, int64_t n, int64_t k) {
   p.part_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m * n) * sizeof(float) : 0;
   return p;
 }
-
-// At 4 and 8 tiles (17-64 rows) the GEMM's MMAs are wgmmas (WgmmaStep, WgmmaIssue); up to 2,
-// mma.sync (mma::Step).
-template <int kTiles>
-constexpr bool kWgmma = kTiles >= 4;
 
 // x [m, k] F32 → x_hi, x_mid, x_lo, BF16, zero-padded to whole rounds of k (a round of a part is
 // one contiguous run of N · 256 bytes, N = 8 · tiles rows, copied as is into shared memory), in
@@ -417,8 +414,8 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
   // checked one's registers do not add to theirs. An x row past m reads row m − 1 instead: an
   // MMA output's column depends on its own B column alone, and those outputs are never stored.
   // On wgmma the whole block (one warpgroup) takes one path: all its columns in n.
-  const bool fast = kVec && (kWgmma<kTiles> ? (cb + 1) * kBlockCols <= n
-                                            : col0 + kColTiles * 16 <= n && (kTiles > kMaxTilesSplitInKernel || x_vec));
+  const bool fast = kVec && (kTiles > kMaxTilesSplitInKernel ? (cb + 1) * kBlockCols <= n
+                                                             : col0 + kColTiles * 16 <= n && x_vec);
   // Row-major: lane (g, t) starts at row col0 + g, k + 8t; load (u, c, h) is (2c + h)·8 rows and
   // u steps on. Tiled: the lane's chunk of the round's tile; load (u, c, h) is chunk row
   // (u·2 + c)·2 + h of it (DecodeTiledOffset; col0 is a multiple of 32, so the warp's loads are
@@ -491,7 +488,7 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
     // while this round's MMAs run.
     if constexpr (kTiles > kMaxTilesSplitInKernel) {
       CpAsyncWait<0>();
-      if constexpr (kWgmma<kTiles>) wgmma::FenceProxyAsync();  // the copies → the wgmmas' reads (async proxy)
+      wgmma::FenceProxyAsync();  // the copies → the wgmmas' reads (async proxy)
       __syncthreads();
       if (kb + kSliceQuantum < k_end) {
         StageX<kTiles>(xs_next, x_hi, x_mid, x_lo, kb + kSliceQuantum);

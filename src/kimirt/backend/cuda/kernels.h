@@ -435,8 +435,8 @@ int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E, bool part_columns);
 // z_split_done: `scratch` already holds z's split (MoeRouteGroupSplit wrote it); z is not read.
 // token_tiles: MoeDecodeTokenTiles's count (0: by T). part_columns: a tile's 8 MMA columns hold 2
 // tokens' three x parts (moe_kernels.cu kPartCols; for a light routed load, ExpertWeights::
-// light_load, with no shared expert riding), else 8 tokens; another order of the same sums, fixed for the launch's
-// configuration, so it may not change with T.
+// light_load, with no shared expert riding), else 8 tokens; another order of the same sums, fixed
+// for the launch's configuration, so it may not change with T.
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,

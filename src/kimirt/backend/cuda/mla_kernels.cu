@@ -553,7 +553,8 @@ void AbsorbQuery(const float* q, int64_t T, int64_t H, int64_t dn, int64_t dr, i
                  const void* w_kvb, bool w_bf16, float* qc, cudaStream_t s) {
   if (T == 0 || H == 0) return;
   if (r % 8 == 0 && dn == 128) {  // 16-byte weight loads (the models' widths)
-    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAq8Cols - 1) / kAq8Cols), AbsorbChunkBlocks(T));
+    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((r + kAq8Cols - 1) / kAq8Cols),
+                    AbsorbChunkBlocks(T));
     LaunchPdl("AbsorbQuery", AbsorbQuery8Kernel<128>, grid, dim3(kAq8Groups * 8), 0, s, q, T, H, dr, dv, r, w_kvb, w_bf16, qc);
     CheckLaunch("AbsorbQuery");
     return;

@@ -623,9 +623,10 @@ void LaunchExperts(const float* z, const GroupArgs& ga, int64_t max_active, int6
 // tokens), x split into three BF16 parts (hi + mid + lo = x) so every product is exact and the
 // sums are F32's. A warp holds two 16-row tiles (gate/up: the same 16 rows of W1 and W3, so the
 // GLU pairs sit in one lane; down: 32 rows of W2) for all the expert's tokens, 8 per MMA column
-// tile (2 with part columns, below), and walks its k slice in rounds of 128 (4 steps of 32). The weight is read once per call
-// for all the expert's tokens, spread over every multiprocessor: an expert's rows over
-// blocks (grid x), its k over `splits` slices (grid y), the chosen experts over grid z.
+// tile (2 with part columns, below), and walks its k slice in rounds of 128 (4 steps of 32). The
+// weight is read once per call for all the expert's tokens, spread over every multiprocessor: an
+// expert's rows over blocks (grid x), its k over `splits` slices (grid y), the chosen experts over
+// grid z.
 //
 // Batch invariance: a token's sums are the same MMAs in the same order (k ascending within a
 // slice, per 32-k step the six MMAs of mma::Step then one F32 add — or with part columns, per
@@ -966,7 +967,8 @@ struct MmaArgs {
 };
 
 template <int kFmt, bool kGateUp, int kTT, bool kPartCols = false>
-__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks) ExpertMmaKernel(MmaArgs args) {
+__global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks)
+    ExpertMmaKernel(MmaArgs args) {
   constexpr int kTok = kTileTokens<kPartCols>;
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const uint16_t* __restrict__ x_parts = args.x_parts;
@@ -1279,10 +1281,10 @@ void LaunchMmaTiles(int tt, bool part_columns, dim3 grid, const MmaArgs& a, cuda
 }
 
 template <int kFmt>
-void LaunchDecode(const DecodePlan& p, int tt, bool part_columns, const uint16_t* z_parts, int64_t T, const GroupArgs& ga,
-                  int64_t max_active, int64_t De, int64_t I, const ExpertPointerTable& w, bool scales_vec,
-                  float* gu_part, uint16_t* h_parts, float* dn_part, int kind, float beta, bool has_linear_beta,
-                  float linear_beta, cudaStream_t s) {
+void LaunchDecode(const DecodePlan& p, int tt, bool part_columns, const uint16_t* z_parts, int64_t T,
+                  const GroupArgs& ga, int64_t max_active, int64_t De, int64_t I, const ExpertPointerTable& w,
+                  bool scales_vec, float* gu_part, uint16_t* h_parts, float* dn_part, int kind, float beta,
+                  bool has_linear_beta, float linear_beta, cudaStream_t s) {
   const dim3 gu_grid(static_cast<unsigned>((I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>),
                      static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
   LaunchMmaTiles<kFmt, true>(tt, part_columns, gu_grid,
@@ -1403,11 +1405,11 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0, part_columns);
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
   if (format == kMxfp4) {
-    LaunchDecode<kMxfp4>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts, dn_part, kind,
-                         beta, has_linear_beta, linear_beta, s);
+    LaunchDecode<kMxfp4>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts,
+                         dn_part, kind, beta, has_linear_beta, linear_beta, s);
   } else {
-    LaunchDecode<kBf16>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part, kind, beta,
-                        has_linear_beta, linear_beta, s);
+    LaunchDecode<kBf16>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part,
+                        kind, beta, has_linear_beta, linear_beta, s);
   }
   const dim3 combine_grid(static_cast<unsigned>(T),
                           static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));

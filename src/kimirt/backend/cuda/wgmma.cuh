@@ -1,8 +1,8 @@
 // Hopper's warpgroup MMA (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate",
 // sm_90a): the pieces the wgmma kernels share (mla_prefill_wgmma.cu, mla_decode_wgmma.cu, the
-// prefill GEMM tile, the decode GEMM at 33-64 rows). A warpgroup is four consecutive warps (128 threads) that issue one wgmma
-// together; operands in shared memory are named by a 64-bit descriptor, and the MMA runs
-// asynchronously until wgmma.wait_group.
+// prefill GEMM tile, the decode GEMM at 17-64 rows). A warpgroup is four consecutive warps (128
+// threads) that issue one wgmma together; operands in shared memory are named by a 64-bit
+// descriptor, and the MMA runs asynchronously until wgmma.wait_group.
 //
 // Shared-memory layout (the "128-byte swizzle" canonical layouts; PTX ISA "Shared Memory Matrix
 // Layout"): a tile is stored as panels of 64 BF16 (128 bytes) per row, 8 rows to a 1,024-byte
