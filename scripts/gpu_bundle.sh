@@ -29,6 +29,10 @@ for lib in libpcre2-8.so.0 libcpp-httplib.so.0.11 \
            libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$stage/lib/"
 done
+# The kernel tracer (bench/kernel_trace.cpp, gpu_check.sh trace) and the CUPTI it was built with.
+ninja -C build-cuda kimirt_kernel_trace >/dev/null
+cp build-cuda/bench/libkimirt_kernel_trace.so "$stage/" && strip "$stage/libkimirt_kernel_trace.so"
+cp -L "$(dirname "$(readlink -f "${CUDACXX:-/usr/local/cuda/bin/nvcc}")")/../lib/libcupti.so.13" "$stage/lib/"
 # The shared layout the tests read through KIMIRT_SHARED_DIR (testing/test_data.h).
 cp -r tests/fixtures configs "$stage/shared/"
 mkdir -p "$stage/shared/bench" && cp -r bench/configs "$stage/shared/bench/"

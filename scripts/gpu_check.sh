@@ -115,10 +115,17 @@
 #             bundled and saved) and the 2-layer Kimi-Linear-48B decode sweep (batches 1-64,
 #             prompt 256), base / new / new / base in one run, medians last
 #             ($OUT/dg-{base,new}-{1,2}.json, kl2-{base,new}-{1,2}.json).
+#   trace     each kernel's GPU start and end inside the decode graphs (bench/kernel_trace.cpp, a
+#             CUPTI injection library), charged per kernel by scripts/kernel_trace_summary.py: the
+#             2-layer Kimi-Linear-48B at batch 1 and 32, the 2-layer K3 at batch 1
+#             ($OUT/trace-*.csv.xz, trace-*-summary.json).
+#   cut48     the whole 48B's first 16 layers on one H100 (bench/configs/kimi-linear-48b-h100-16layer.json):
+#             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
+#             the L2 prefetches on (16 MB) and off.
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -551,6 +558,46 @@ for (what, table) in (("step, batch", kl), ("gemm, rows", dg)):
         if b and n:
             print(f"{what} {key:3d}: base {statistics.median(b):8.3f}  new {statistics.median(n):8.3f}  {statistics.median(b) / statistics.median(n):.3f}x")
 PY
+fi
+if [[ "$what" == trace ]]; then
+  # Where a decode step's time goes inside its CUDA graph (issue 12): bench/kernel_trace.cpp
+  # (CUPTI, injected by the driver) records every kernel's GPU start and end, graph replays
+  # included, and scripts/kernel_trace_summary.py charges each kernel the time from the end of
+  # the one before it to its own end. The 2-layer Kimi-Linear-48B at batch 1 and 32 and the
+  # 2-layer K3 at batch 1 (`bench model`, prompt 256, 16 decode steps; the traced step times are
+  # in the JSONs, to compare with untraced runs for CUPTI's own cost).
+  for run in "kl2 kimi-linear-48b-2layer 1" "kl2 kimi-linear-48b-2layer 32" "k3l2 kimi-k3-2layer 1"; do
+    set -- $run
+    tag="$1-b$3"
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$tag.csv" \
+      timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$root/shared/bench/configs/$2.json" \
+      --random-weights --batch-sizes "$3" --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
+      --json "$out/bench-model-$tag-traced.json" >"$out/trace-$tag.txt" 2>&1 || status=1
+    tail -2 "$out/trace-$tag.txt"
+    python3 scripts/kernel_trace_summary.py "$out/trace-$tag.csv" --top 30 --json "$out/trace-$tag-summary.json" ||
+      status=1
+    xz -T4 "$out/trace-$tag.csv"
+  done
+fi
+if [[ "$what" == cut48 ]]; then
+  # The whole 48B's layers on a GPU it does not fit (an H100): its first 16 layers
+  # (bench/configs/kimi-linear-48b-h100-16layer.json), `bench model` as full48 runs it, then one
+  # batch-1 decode under the kernel tracer (trace above) with the L2 prefetches on and off.
+  cfg="$root/shared/bench/configs/kimi-linear-48b-h100-16layer.json"
+  timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights \
+    --batch-sizes 1,8,32,64 --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 \
+    --json "$out/bench-model-kimi-linear-48b-h100-16layer-prompt1024.json" >"$out/bench-model-cut48.txt" 2>&1 || status=1
+  tail -6 "$out/bench-model-cut48.txt"
+  for mb in 16 0; do
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-cut48-b1-pf$mb.csv" \
+      KIMIRT_L2_PREFETCH_MB=$mb timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
+      --random-weights --batch-sizes 1 --prompt-len 1024 --decode-tokens 16 --peak-gbps 4800 \
+      --json "$out/bench-model-cut48-b1-pf$mb-traced.json" >"$out/trace-cut48-b1-pf$mb.txt" 2>&1 || status=1
+    echo "--- KIMIRT_L2_PREFETCH_MB=$mb"
+    python3 scripts/kernel_trace_summary.py "$out/trace-cut48-b1-pf$mb.csv" --top 30 \
+      --json "$out/trace-cut48-b1-pf$mb-summary.json" || status=1
+    xz -T4 "$out/trace-cut48-b1-pf$mb.csv"
+  done
 fi
 if [[ "$what" == prefprof ]]; then
   # Where an 8K prefill's time goes (issue 14): each kernel's GPU time under ncu, grouped by kernel,

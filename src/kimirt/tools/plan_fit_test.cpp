@@ -146,6 +146,32 @@ TEST_F(PlanFitK3, WrittenConfigIsThePublishedOneCutToLLayers) {
   EXPECT_EQ(ReadText(bench), fit->config_json);
 }
 
+// The whole Kimi-Linear-48B's first layers on one H100 (bench/configs/README.md has the command:
+// `--gpu h100 --max-model-len 4096 --max-num-seqs 64 --gpu-memory-utilization 0.8`, the rest the
+// CLI's defaults): 16 of its 27 layers, 12 KDA + 4 MLA in its own 3:1 pattern; 20 would not fit.
+// The committed file is this cut.
+TEST(PlanFitKimiLinear, TheH100CutIsTheCommittedConfig) {
+  const std::string path = TestDataPath("configs/kimi-linear-48b-a3b.json");
+  KIMIRT_REQUIRE_FILE(path);
+  PlanOptions o;
+  o.context_tokens = 4096;
+  o.num_seqs = 64;
+  o.gpu = FindGpu("h100");
+  o.gpu_memory_utilization = 0.8;
+  o.suggest = false;
+  Result<LayerFit> fit = FitLayers(ReadText(path), path, o);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_EQ(fit->layers, 16);
+  Result<ModelConfig> full = ParseModelConfig(ReadText(path), path);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  Result<PlanReport> next = PlanFirstLayers(*full, 20, o);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_FALSE(next->fits);
+  const std::string bench = TestDataPath("bench/configs/kimi-linear-48b-h100-16layer.json");
+  KIMIRT_REQUIRE_FILE(bench);
+  EXPECT_EQ(ReadText(bench), fit->config_json);
+}
+
 TEST_F(PlanFitK3, AGpuTooSmallForTheSmallestCutIsNamed) {
   PlanOptions o = H200x8Tp8();
   o.gpu = GpuSpec{"custom", "16 GiB", 16ull << 30, "test", 0.0, 8};
