@@ -433,6 +433,38 @@ TEST_F(CudaBackendTest, AttnResMixAndGatedNorm) {
   }
 }
 
+// The AttnRes mix's held kernel (rows up to 8,192 in registers) against the loop kernel it
+// replaced, bit for bit: K3's width and the widths around the held kernel's edges, 1 to 20
+// candidates (odd counts end its two-row pipeline on the first row), rows of different scale.
+TEST_F(CudaBackendTest, AttnResMixHeldKernelGivesTheLoopKernelsBits) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  for (int64_t D : {300, 7168, 8192}) {
+    for (int n : {1, 2, 3, 9, 20}) {
+      SCOPED_TRACE("D=" + std::to_string(D) + " n=" + std::to_string(n));
+      const int64_t T = 3;
+      std::vector<Tensor> dev;
+      cuda::AttnResCandidates c;
+      c.n = n;
+      for (int i = 0; i < n; ++i) {
+        dev.push_back(Up(Random({T, D}, 0.5f + 0.25f * static_cast<float>(i % 5))));
+        c.p[i] = static_cast<const float*>(dev.back().raw());
+      }
+      const Tensor proj = Up(Random({D}, 0.1f)), norm = Up(Random({D}, 0.3f, 1.0f));
+      Tensor held = Poisoned({T, D}), loop = Poisoned({T, D});
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads and poisoning (the backend's stream)
+      cuda::AttnResMix(c, static_cast<const float*>(proj.raw()), static_cast<const float*>(norm.raw()), 1e-6f, T, D,
+                       static_cast<float*>(held.raw()), s);
+      cuda::AttnResMixLoop(c, static_cast<const float*>(proj.raw()), static_cast<const float*>(norm.raw()), 1e-6f, T,
+                           D, static_cast<float*>(loop.raw()), s);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor h = Down(held), l = Down(loop);
+      EXPECT_EQ(std::memcmp(h.f32(), l.f32(), static_cast<size_t>(T * D) * sizeof(float)), 0);
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 // KDA: conv with its carried window, both decay gates, and the core with its carried state,
 // over two calls (a prefill chunk, then one decode token).
 TEST_F(CudaBackendTest, KdaPipelineWithCarriedState) {

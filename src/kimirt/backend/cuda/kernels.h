@@ -120,6 +120,11 @@ struct AttnResCandidates {
 };
 void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s);
+// The first AttnResMix kernel (a block a row, read in loops): what AttnResMix runs for rows wider
+// than 8,192, and the reference its held kernel must match bit for bit (CudaBackendTest.
+// AttnResMixHeldKernelGivesTheLoopKernelsBits).
+void AttnResMixLoop(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
+                    int64_t D, float* y, cudaStream_t s);
 
 // --- kda_kernels.cu (spec §5) ---
 void CausalConvSilu(const float* x, int64_t T, int64_t C, const float* w, int64_t W, float* window, float* y,

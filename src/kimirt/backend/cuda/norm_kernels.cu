@@ -171,6 +171,111 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
   }
 }
 
+// AttnResMixKernel's arithmetic in its order, so its bits, for rows of up to kThreads · kHeld
+// (K3's 7,168): thread i's elements i, i + 256, ... held in registers, so a candidate's row goes
+// out as one batch of loads (the next candidate's while this one is summed) instead of one L2 or
+// HBM round trip per element a thread owns — the loop kernel above took ~26 µs a call at K3's
+// width with one or two candidates (the kernel tracer, 2-layer K3 decode on an H100), and its
+// mix loop one round trip per (element, candidate), which a real depth of ~9 candidates
+// multiplies. The per-thread sums are the loop's (ascending, one FMA a term, the key-norm gain
+// times the pseudo-query rounded first); each candidate's warp butterflies are BlockSum's first
+// stage, its per-warp sums wait in shared memory, and the second stage (the 8 warp sums through
+// one warp's butterfly) runs for every candidate after one barrier, candidate i in warp i % 8:
+// BlockSum's tree, so BlockSum's results. The softmax is thread 0's as before; the mix sums the
+// candidates in order, one FMA each.
+template <int kHeld>
+__global__ void __launch_bounds__(kThreads)
+    AttnResMixHeldKernel(const AttnResCandidates cands, const float* __restrict__ proj,
+                         const float* __restrict__ norm_w, float eps, int64_t D, float* __restrict__ y) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float warp_ss[kAttnResMaxCandidates][kWarps], warp_dot[kAttnResMaxCandidates][kWarps];
+  __shared__ float score[kAttnResMaxCandidates];
+  const int64_t t = blockIdx.x;
+  const int n = cands.n, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto in = [&](int j) { return threadIdx.x + int64_t{j} * kThreads < D; };
+  float q[kHeld];  // the pseudo-query with the key-norm gain folded in: weights, read before the wait
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    const int64_t d = threadIdx.x + int64_t{j} * kThreads;
+    q[j] = in(j) ? norm_w[d] * proj[d] : 0.0f;
+  }
+  PdlWait();
+  PdlTrigger();
+  auto load = [&](int i, float(&v)[kHeld]) {
+    const float* row = cands.p[i] + t * D;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) v[j] = in(j) ? row[threadIdx.x + int64_t{j} * kThreads] : 0.0f;
+  };
+  auto warp_sums = [&](int i, const float(&v)[kHeld]) {
+    float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      if (in(j)) {
+        ss += v[j] * v[j];
+        dot += q[j] * v[j];
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    }
+    if (lane == 0) warp_ss[i][warp] = ss, warp_dot[i][warp] = dot;
+  };
+  // Candidates two at a time through two register rows (a and b), the next one's loads in
+  // flight while one is summed (constant indices: a run-time row index would put them in local
+  // memory).
+  float a[kHeld], b[kHeld];
+  load(0, a);
+  for (int i = 0; i < n; i += 2) {
+    if (i + 1 < n) load(i + 1, b);
+    warp_sums(i, a);
+    if (i + 1 < n) {
+      if (i + 2 < n) load(i + 2, a);
+      warp_sums(i + 1, b);
+    }
+  }
+  __syncthreads();
+  for (int i = warp; i < n; i += kWarps) {
+    float ss = lane < kWarps ? warp_ss[i][lane] : 0.0f, dot = lane < kWarps ? warp_dot[i][lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    }
+    if (lane == 0) score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; ++i) mx = fmaxf(mx, score[i]);
+    float z = 0.0f;
+    for (int i = 0; i < n; ++i) z += (score[i] = expf(score[i] - mx));
+    for (int i = 0; i < n; ++i) score[i] /= z;
+  }
+  __syncthreads();
+  float o[kHeld];
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) o[j] = 0.0f;
+  auto mix = [&](int i, const float(&v)[kHeld]) {
+    const float p = score[i];
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
+  };
+  load(0, a);
+  for (int i = 0; i < n; i += 2) {
+    if (i + 1 < n) load(i + 1, b);
+    mix(i, a);
+    if (i + 1 < n) {
+      if (i + 2 < n) load(i + 2, a);
+      mix(i + 1, b);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    if (in(j)) y[t * D + threadIdx.x + int64_t{j} * kThreads] = o[j];
+  }
+}
+constexpr int kAttnResHeld = 32;  // up to 8,192 wide (K3: 7,168)
+
 }  // namespace
 
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s) {
@@ -218,14 +323,31 @@ void GatedRmsNorm(const float* x, const float* g, const float* w, float eps, int
   CheckLaunch("GatedRmsNorm");
 }
 
-void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
-                int64_t D, float* y, cudaStream_t s) {
-  if (T == 0) return;
+namespace {
+void CheckCandidates(const AttnResCandidates& cands) {
   if (cands.n < 1 || cands.n > kAttnResMaxCandidates) {
     std::fprintf(stderr, "kimirt: AttnResMix of %d candidates (1..%d supported)\n", cands.n, kAttnResMaxCandidates);
     std::abort();
   }
-  LaunchPdl("AttnResMix", AttnResMixKernel, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s, cands, proj, norm_w, eps, D, y);
+}
+}  // namespace
+
+void AttnResMixLoop(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
+                    int64_t D, float* y, cudaStream_t s) {
+  if (T == 0) return;
+  CheckCandidates(cands);
+  LaunchPdl("AttnResMix", AttnResMixKernel, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s, cands, proj, norm_w,
+            eps, D, y);
+  CheckLaunch("AttnResMix");
+}
+
+void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
+                int64_t D, float* y, cudaStream_t s) {
+  if (D > int64_t{kThreads} * kAttnResHeld) return AttnResMixLoop(cands, proj, norm_w, eps, T, D, y, s);
+  if (T == 0) return;
+  CheckCandidates(cands);
+  LaunchPdl("AttnResMix", AttnResMixHeldKernel<kAttnResHeld>, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s,
+            cands, proj, norm_w, eps, D, y);
   CheckLaunch("AttnResMix");
 }
 
