@@ -14,6 +14,8 @@
 //
 // Columns: start_ns, end_ns, stream, graph_id, correlation_id, blocks, threads_per_block,
 // registers, dynamic_shared_bytes, name (demangled; commas replaced so the CSV stays simple).
+// Copies and memsets (graph nodes too, and never PDL-overlapped) are rows named
+// "[memcpy kind K N B]" and "[memset N B]" with zero grid columns.
 #include <cuda.h>
 #include <cupti.h>
 
@@ -72,11 +74,20 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   CUpti_Activity* record = nullptr;
   std::vector<Row> rows;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    rows.push_back(Row{k->start, k->end, k->streamId, k->graphId, k->correlationId,
-                       int64_t{k->gridX} * k->gridY * k->gridZ, k->blockX * k->blockY * k->blockZ,
-                       k->registersPerThread, k->dynamicSharedMemory, Demangled(k->name)});
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      rows.push_back(Row{k->start, k->end, k->streamId, k->graphId, k->correlationId,
+                         int64_t{k->gridX} * k->gridY * k->gridZ, k->blockX * k->blockY * k->blockZ,
+                         k->registersPerThread, k->dynamicSharedMemory, Demangled(k->name)});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {  // copies are graph nodes too
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      rows.push_back(Row{m->start, m->end, m->streamId, m->graphId, m->correlationId, 0, 0, 0, 0,
+                         "[memcpy kind " + std::to_string(m->copyKind) + " " + std::to_string(m->bytes) + " B]"});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      rows.push_back(Row{m->start, m->end, m->streamId, m->graphId, m->correlationId, 0, 0, 0, 0,
+                         "[memset " + std::to_string(m->bytes) + " B]"});
+    }
   }
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -113,6 +124,8 @@ extern "C" int InitializeInjection(void) {
   // The concurrent kind: kernels keep running as the program launches them (the plain kernel
   // kind would serialize them, hiding the overlap this is for).
   Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(memcpy)");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(memset)");
   std::atexit(WriteAtExit);
   return 1;
 }

@@ -310,9 +310,7 @@ class CudaBackend final : public Backend {
   void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) override {
     const int64_t T = Rows(x), C = Cols(x);
     KIMIRT_CHECK(begin >= 0 && begin + count <= C && Rows(*y) == T && Cols(*y) == count);
-    if (T == 0 || count == 0) return;
-    KIMIRT_CUDA_OK(cudaMemcpy2DAsync(y->raw(), count * sizeof(float), F(x) + begin, C * sizeof(float),
-                                     count * sizeof(float), T, cudaMemcpyDeviceToDevice, stream_));
+    cuda::CopyColumns(F(x), T, C, begin, count, F(*y), stream_);
   }
 
   void Linear(const Tensor& x, const Tensor& w, Tensor* y) override {

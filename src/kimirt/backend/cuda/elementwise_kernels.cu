@@ -26,6 +26,14 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
   }
 }
 
+// y [T, count] = columns [begin, begin + count) of x [T, C].
+__global__ void CopyColumnsKernel(const float* x, int64_t C, int64_t begin, int64_t count, float* y, int64_t n) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = x[i / count * C + begin + i % count];
+  }
+}
+
 __global__ void SigmoidMulKernel(const float* x, const float* g, float* y, int64_t n) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -95,6 +103,13 @@ void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   LaunchPdl("Add", AddKernel, dim3(Blocks(n)), dim3(kThreads), 0, s, a, b, y, n);
   CheckLaunch("Add");
+}
+
+void CopyColumns(const float* x, int64_t T, int64_t C, int64_t begin, int64_t count, float* y, cudaStream_t s) {
+  const int64_t n = T * count;
+  if (n == 0) return;
+  LaunchPdl("CopyColumns", CopyColumnsKernel, dim3(Blocks(n)), dim3(kThreads), 0, s, x, C, begin, count, y, n);
+  CheckLaunch("CopyColumns");
 }
 
 void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_t s) {

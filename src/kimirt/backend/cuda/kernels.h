@@ -17,6 +17,11 @@ namespace kimirt::cuda {
 
 // --- elementwise_kernels.cu ---
 void Add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+// y [T, count] = columns [begin, begin + count) of x [T, C]: a kernel under PDL, where a 2-D
+// copy is a graph node that ends the chain's overlap (the next kernel waits for it to finish,
+// then launches: the kernel tracer charged the MLA layer's kv_a norm after the two copies of
+// the latent and rope columns 4-8 µs, a norm elsewhere 2.5).
+void CopyColumns(const float* x, int64_t T, int64_t C, int64_t begin, int64_t count, float* y, cudaStream_t s);
 void SigmoidMul(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
 // kind 0: silu(gate)·up; kind 1: SiTU with beta and, if has_linear_beta, the up soft cap.
 void Glu(const float* gate, const float* up, float* y, int64_t n, int kind, float beta, bool has_linear_beta,
