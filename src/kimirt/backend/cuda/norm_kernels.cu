@@ -136,6 +136,15 @@ __global__ void __launch_bounds__(32 * kGatedRowsPerBlock)
   }
 }
 
+// The candidates' weights from their scores, by one thread, in place (spec §8.2).
+__device__ void SoftmaxInPlace(float* score, int n) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = fmaxf(mx, score[i]);
+  float z = 0.0f;
+  for (int i = 0; i < n; ++i) z += (score[i] = expf(score[i] - mx));
+  for (int i = 0; i < n; ++i) score[i] /= z;
+}
+
 __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -156,13 +165,7 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
     if (threadIdx.x == 0) score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; ++i) mx = fmaxf(mx, score[i]);
-    float z = 0.0f;
-    for (int i = 0; i < n; ++i) z += (score[i] = expf(score[i] - mx));
-    for (int i = 0; i < n; ++i) score[i] /= z;
-  }
+  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.0f;
@@ -221,19 +224,22 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (lane == 0) warp_ss[i][warp] = ss, warp_dot[i][warp] = dot;
   };
-  // Candidates two at a time through two register rows (a and b), the next one's loads in
-  // flight while one is summed (constant indices: a run-time row index would put them in local
-  // memory).
-  float a[kHeld], b[kHeld];
-  load(0, a);
-  for (int i = 0; i < n; i += 2) {
-    if (i + 1 < n) load(i + 1, b);
-    warp_sums(i, a);
-    if (i + 1 < n) {
-      if (i + 2 < n) load(i + 2, a);
-      warp_sums(i + 1, b);
+  // f(i, candidate i's row) for every candidate, two at a time through two register rows (a
+  // and b), the next one's loads in flight while one is used (constant indices: a run-time row
+  // index would put them in local memory).
+  auto each_candidate = [&](auto&& f) {
+    float a[kHeld], b[kHeld];
+    load(0, a);
+    for (int i = 0; i < n; i += 2) {
+      if (i + 1 < n) load(i + 1, b);
+      f(i, a);
+      if (i + 1 < n) {
+        if (i + 2 < n) load(i + 2, a);
+        f(i + 1, b);
+      }
     }
-  }
+  };
+  each_candidate(warp_sums);
   __syncthreads();
   for (int i = warp; i < n; i += kWarps) {
     float ss = lane < kWarps ? warp_ss[i][lane] : 0.0f, dot = lane < kWarps ? warp_dot[i][lane] : 0.0f;
@@ -244,13 +250,7 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; ++i) mx = fmaxf(mx, score[i]);
-    float z = 0.0f;
-    for (int i = 0; i < n; ++i) z += (score[i] = expf(score[i] - mx));
-    for (int i = 0; i < n; ++i) score[i] /= z;
-  }
+  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
   __syncthreads();
   float o[kHeld];
 #pragma unroll
@@ -260,15 +260,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
   };
-  load(0, a);
-  for (int i = 0; i < n; i += 2) {
-    if (i + 1 < n) load(i + 1, b);
-    mix(i, a);
-    if (i + 1 < n) {
-      if (i + 2 < n) load(i + 2, a);
-      mix(i + 1, b);
-    }
-  }
+  each_candidate(mix);
 #pragma unroll
   for (int j = 0; j < kHeld; ++j) {
     if (in(j)) y[t * D + threadIdx.x + int64_t{j} * kThreads] = o[j];
