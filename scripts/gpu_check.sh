@@ -122,10 +122,11 @@
 #   cut48     the whole 48B's first 16 layers on one H100 (bench/configs/kimi-linear-48b-h100-16layer.json):
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
+#   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -579,24 +580,26 @@ if [[ "$what" == trace ]]; then
     xz -T4 "$out/trace-$tag.csv"
   done
 fi
-if [[ "$what" == cut48 ]]; then
-  # The whole 48B's layers on a GPU it does not fit (an H100): its first 16 layers
+if [[ "$what" == cut48 || "$what" == trace48 ]]; then
+  # cut48: the whole 48B's layers on a GPU it does not fit (an H100): its first 16 layers
   # (bench/configs/kimi-linear-48b-h100-16layer.json), `bench model` as full48 runs it, then one
   # batch-1 decode under the kernel tracer (trace above) with the L2 prefetches on and off.
+  # trace48: the same for the whole 48B (an H200: 98 GB).
   cfg="$root/shared/bench/configs/kimi-linear-48b-h100-16layer.json"
+  [[ "$what" == trace48 ]] && cfg="$root/shared/configs/kimi-linear-48b-a3b.json"
   timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights \
     --batch-sizes 1,8,32,64 --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 \
-    --json "$out/bench-model-kimi-linear-48b-h100-16layer-prompt1024.json" >"$out/bench-model-cut48.txt" 2>&1 || status=1
-  tail -6 "$out/bench-model-cut48.txt"
+    --json "$out/bench-model-$(basename "$cfg" .json)-prompt1024.json" >"$out/bench-model-$what.txt" 2>&1 || status=1
+  tail -6 "$out/bench-model-$what.txt"
   for mb in 16 0; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-cut48-b1-pf$mb.csv" \
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$what-b1-pf$mb.csv" \
       KIMIRT_L2_PREFETCH_MB=$mb timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
       --random-weights --batch-sizes 1 --prompt-len 1024 --decode-tokens 16 --peak-gbps 4800 \
-      --json "$out/bench-model-cut48-b1-pf$mb-traced.json" >"$out/trace-cut48-b1-pf$mb.txt" 2>&1 || status=1
+      --json "$out/bench-model-$what-b1-pf$mb-traced.json" >"$out/trace-$what-b1-pf$mb.txt" 2>&1 || status=1
     echo "--- KIMIRT_L2_PREFETCH_MB=$mb"
-    python3 scripts/kernel_trace_summary.py "$out/trace-cut48-b1-pf$mb.csv" --top 30 \
-      --json "$out/trace-cut48-b1-pf$mb-summary.json" || status=1
-    xz -T4 "$out/trace-cut48-b1-pf$mb.csv"
+    python3 scripts/kernel_trace_summary.py "$out/trace-$what-b1-pf$mb.csv" --top 30 \
+      --json "$out/trace-$what-b1-pf$mb-summary.json" || status=1
+    xz -T4 "$out/trace-$what-b1-pf$mb.csv"
   done
 fi
 if [[ "$what" == prefprof ]]; then
