@@ -590,6 +590,7 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
   timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" --random-weights \
     --batch-sizes 1,8,32,64 --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 \
     --json "$out/bench-model-$(basename "$cfg" .json)-prompt1024.json" >"$out/bench-model-$what.txt" 2>&1 || status=1
+  grep -E '^weight bytes|^the load took' "$out/bench-model-$what.txt"
   tail -6 "$out/bench-model-$what.txt"
   for mb in 16 0; do
     CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$what-b1-pf$mb.csv" \
@@ -665,7 +666,7 @@ if [[ "$what" == full48 ]]; then
   done
   wait $bench || status=1
   echo "--- full Kimi-Linear-48B-A3B, random weights made at load: peak host RSS $((rss / 1024)) MiB, peak GPU memory $gpu MiB"
-  grep -E '^weight bytes|^load:' "$out/bench-model-48b-full.txt"
+  grep -E '^weight bytes|^the load took|^load:' "$out/bench-model-48b-full.txt"
   tail -5 "$out/bench-model-48b-full.txt"
 fi
 if [[ "$what" == chunksweep ]]; then

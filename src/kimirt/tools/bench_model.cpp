@@ -140,16 +140,19 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Model> model;
   std::unique_ptr<ModelRunner> runner;
-  uint64_t held_bytes = 0;
+  uint64_t held_bytes = 0, loading_took = 0;
   const Clock::time_point load_start = Clock::now();
   if (opt.tp == 1 && opt.pp == 1 && (opt.device != "cpu" || opt.matrix_dtype == DType::kF32)) {
     KIMIRT_ASSIGN_OR_RETURN(backend, MakeBackend(opt.device));
     comm = MakeSingleRankCommunicator();
     LoadOptions lo;
     lo.matrix_dtype = opt.matrix_dtype;
+    const std::optional<Backend::MemoryInfo> before = backend->DeviceMemory();
     KIMIRT_ASSIGN_OR_RETURN(model, Model::Load(source, *backend, *comm, lo));
     model->set_decode_graphs(!opt.enforce_eager);
     held_bytes = HeldBytes(model->weights());
+    const std::optional<Backend::MemoryInfo> after = backend->DeviceMemory();
+    if (before && after && before->free > after->free) loading_took = before->free - after->free;
     KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::ForModel(*model, ro));
   } else {
     KIMIRT_ASSIGN_OR_RETURN(runner, ModelRunner::Create(source, ro));
@@ -180,6 +183,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, opt.pp));
   report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep, opt.pp);
   report.weight_bytes_on_device = held_bytes;
+  report.device_bytes_loading_took = loading_took;
   report.load_seconds = load_seconds;
   report.max_abs_logit = max_logit;
   report.tp = opt.tp;
@@ -297,6 +301,12 @@ std::string BenchModelReport::ToText() const {
                                                          static_cast<double>(weight_bytes_planned) - 1.0)
                                              : 0.0);
     s += held;
+    if (device_bytes_loading_took > 0) {
+      std::snprintf(held, sizeof(held), "the load took %.3f GB of the GPU by the driver's count (%+.2f%% of planned)\n",
+                    static_cast<double>(device_bytes_loading_took) / 1e9,
+                    100.0 * (static_cast<double>(device_bytes_loading_took) / static_cast<double>(weight_bytes_planned) - 1.0));
+      s += held;
+    }
   }
   char line[160];
   std::snprintf(line, sizeof(line), "load: %.1f s (backends, weights, caches); logits finite, max |logit| %.2f\n",
@@ -328,6 +338,7 @@ std::string BenchModelReport::ToJson() const {
   j["kv_cache_dtype"] = KvCacheDTypeName(kv_cache_dtype);
   j["weight_bytes_planned"] = weight_bytes_planned;
   j["weight_bytes_on_device"] = weight_bytes_on_device;
+  j["device_bytes_loading_took"] = device_bytes_loading_took;
   j["load_seconds"] = load_seconds;
   j["max_abs_logit"] = max_abs_logit;
   j["tp"] = tp;

@@ -70,6 +70,10 @@ struct BenchModelReport {
   std::string weights;                 // how the weights are held: "MXFP4 experts + BF16", "F32", ...
   uint64_t weight_bytes_planned = 0;   // `kimirt plan`'s per-GPU weight bytes for this config and TP
   uint64_t weight_bytes_on_device = 0; // bytes of the tensors rank 0 holds after loading (0: not known)
+  // What loading the model took from the GPU by the driver's count (cudaMemGetInfo's in-use bytes
+  // after Model::Load less before it; 0: not known): the tensors' bytes plus what the allocator
+  // rounds them up to, the CUDA context and libraries' workspaces (TP 1 and PP 1 only).
+  uint64_t device_bytes_loading_took = 0;
   double load_seconds = 0;             // making the runner: backends, weights (read or made), caches
   float max_abs_logit = 0;             // of a probe prompt's last logits (all finite, or the bench fails)
   int tp = 1;
