@@ -123,10 +123,13 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
+#   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
+#             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
+#             driver's count) against the planned weight bytes, and the step times.
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -205,7 +208,7 @@ print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(int(sys.argv[2])): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
 }
-filter='CudaBackend*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
+filter='CudaBackend*:CudaWeightSlabs.*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease.
   timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
@@ -601,6 +604,26 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
     python3 scripts/kernel_trace_summary.py "$out/trace-$what-b1-pf$mb.csv" --top 30 \
       --json "$out/trace-$what-b1-pf$mb-summary.json" || status=1
     xz -T4 "$out/trace-$what-b1-pf$mb.csv"
+  done
+fi
+if [[ "$what" == slabs ]]; then
+  # What loading takes from the GPU by the driver's count (bench model's device_bytes_loading_took)
+  # with the weights in the caching pool's size classes and packed into slabs
+  # (KIMIRT_WEIGHT_SLABS=1), against the planned weight bytes: the 2-layer K3 (MXFP4 codes of
+  # 5.25 MiB, classed 6), the 2-layer 48B and its 16 layers (BF16 experts of 4.5 MiB, classed 5);
+  # then the same step times both ways. The slabs test first.
+  timeout 120 "$root/kimirt_tests" --gtest_filter='CudaWeightSlabs.*' 2>&1 | grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure'
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for cfg in kimi-k3-2layer kimi-linear-48b-2layer kimi-linear-48b-h100-16layer; do
+    for on in 0 1; do
+      KIMIRT_WEIGHT_SLABS=$on timeout 200 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+        --config "$root/shared/bench/configs/$cfg.json" --random-weights --batch-sizes 1,32 --prompt-len 256 \
+        --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-$cfg-slabs$on.json" >"$out/slabs-$cfg-$on.txt" 2>&1 ||
+        status=1
+      echo "--- $cfg, KIMIRT_WEIGHT_SLABS=$on"
+      grep -E '^weight bytes|^the load took' "$out/slabs-$cfg-$on.txt"
+      tail -2 "$out/slabs-$cfg-$on.txt"
+    done
   done
 fi
 if [[ "$what" == prefprof ]]; then

@@ -264,6 +264,12 @@ class Backend {
     uint64_t free = 0, total = 0;
   };
   virtual std::optional<MemoryInfo> DeviceMemory() { return std::nullopt; }
+  // Between BeginWeights and EndWeights the tensors this backend makes are a model's weights:
+  // held as long as the model, never one step's scratch, so a device backend may place them
+  // densely instead of in its caching pool's size classes (CUDA: slabs, KIMIRT_WEIGHT_SLABS).
+  // LoadModelWeights brackets its loading with them (WeightAllocationScope).
+  virtual void BeginWeights() {}
+  virtual void EndWeights() {}
   // Latent cache storage on this backend's device, initially for 0 blocks.
   virtual std::unique_ptr<KvStorage> MakeKvStorage(const KvStorageShape& shape) = 0;
 
@@ -390,6 +396,18 @@ class Backend {
     MoeRoute(y, router, bias, p, &idx, &weights);
     MoeExpertsWithShared(y, idx, weights, experts, shared, glu, out);
   }
+};
+
+// BeginWeights / EndWeights for a scope (Backend::BeginWeights).
+class WeightAllocationScope {
+ public:
+  explicit WeightAllocationScope(Backend& be) : be_(be) { be_.BeginWeights(); }
+  ~WeightAllocationScope() { be_.EndWeights(); }
+  WeightAllocationScope(const WeightAllocationScope&) = delete;
+  WeightAllocationScope& operator=(const WeightAllocationScope&) = delete;
+
+ private:
+  Backend& be_;
 };
 
 }  // namespace kimirt

@@ -371,6 +371,7 @@ Result<ModelWeights> LoadModelWeights(const Layout& layout, const WeightSource& 
   }
   // The CPU is the F32 reference: it widens MXFP4 experts at load. CUDA holds them as stored.
   const bool mxfp4_as_stored = backend.device() != Device::kCpu;
+  const WeightAllocationScope weights_scope(backend);
   Loader ld(layout, source, tp, rank, backend, options, mxfp4_as_stored);
   KIMIRT_RETURN_IF_ERROR(ld.Check());
   const ModelConfig& c = layout.config();

@@ -107,6 +107,60 @@ class DevicePool {
   std::multimap<size_t, void*> free_;
 };
 
+// A model's weights packed into slabs (Backend::BeginWeights; on with KIMIRT_WEIGHT_SLABS=1): the
+// caching pool rounds a block up to its size class, up to a quarter more (a Kimi-Linear expert
+// matrix of 4.5 MiB takes 5 MiB: ~9.8 GiB over the whole 48B's tensor bytes; K3's TP-8 expert
+// codes of 672 KiB take 768 KiB), and the driver maps large allocations in 2 MiB pages. Here a
+// weight under kSlabTensorBytes is placed at the next 256-byte boundary of a kSlabBytes slab (a
+// new slab when it does not fit: at most one such tensor's bytes lost a slab) and a larger one
+// gets an allocation of its own; weights are never freed one by one, only with their model, so
+// no slab space is ever handed out again. Each tensor shares ownership of its slab (an aliasing
+// shared_ptr), which is freed with the last of them.
+class WeightSlabs {
+ public:
+  static constexpr size_t kSlabBytes = size_t{128} << 20;
+  static constexpr size_t kSlabTensorBytes = size_t{8} << 20;
+  static constexpr size_t kAlign = 256;
+
+  explicit WeightSlabs(int device) : device_(device) {}
+  std::shared_ptr<void> Get(size_t bytes) {
+    const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (need >= kSlabTensorBytes) return Allocate(need);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slab_ == nullptr || used_ + need > kSlabBytes) {
+      slab_ = Allocate(kSlabBytes);
+      used_ = 0;
+    }
+    void* p = static_cast<char*>(slab_.get()) + used_;
+    used_ += need;
+    return std::shared_ptr<void>(slab_, p);
+  }
+  // The last slab goes with its tensors from now on (EndWeights).
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    slab_.reset();
+    used_ = 0;
+  }
+
+ private:
+  std::shared_ptr<void> Allocate(size_t bytes) {
+    void* p = nullptr;
+    KIMIRT_CUDA_OK(cudaSetDevice(device_));
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "kimirt: allocating %.3f GiB of weights on device %d failed: %s\n",
+                   static_cast<double>(bytes) / (1 << 30), device_, cudaGetErrorString(e));
+      std::abort();
+    }
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+
+  int device_;
+  std::mutex mu_;
+  std::shared_ptr<void> slab_;
+  size_t used_ = 0;
+};
+
 class CudaBackend;
 
 // The latent cache's rows on the GPU (backend.h KvStorage): one device buffer of
@@ -294,6 +348,17 @@ class CudaBackend final : public Backend {
     };
     put(ids, &decode_ids_, &decode_ids_host_);
     put(slots, &decode_slots_, &decode_slots_host_);
+  }
+
+  // Weights into slabs while a model loads (WeightSlabs), with KIMIRT_WEIGHT_SLABS=1 (off by
+  // default until measured on a GPU: bench model's device_bytes_loading_took, on and off).
+  void BeginWeights() override {
+    const char* on = std::getenv("KIMIRT_WEIGHT_SLABS");  // read at each load, so a test can set it
+    if (on != nullptr && std::strcmp(on, "1") == 0) weight_slabs_ = std::make_unique<WeightSlabs>(device_);
+  }
+  void EndWeights() override {
+    if (weight_slabs_ != nullptr) weight_slabs_->Close();
+    weight_slabs_.reset();
   }
 
   std::optional<MemoryInfo> DeviceMemory() override {
@@ -1020,6 +1085,11 @@ class CudaBackend final : public Backend {
   Tensor Raw(Shape shape, DType dtype) {
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
     if (bytes == 0) return Tensor(nullptr, nullptr, std::move(shape), dtype, Device::kCuda);
+    if (weight_slabs_ != nullptr && !capture_pool_) {
+      std::shared_ptr<void> owner = weight_slabs_->Get(bytes);
+      void* p = owner.get();
+      return Tensor(std::move(owner), p, std::move(shape), dtype, Device::kCuda);
+    }
     const std::shared_ptr<DevicePool>& from = capture_pool_ ? capture_pool_ : pool_;
     void* p = from->Get(bytes);
     std::shared_ptr<void> owner(p, [pool = from, bytes](void* q) { pool->Put(q, bytes); });
@@ -1144,6 +1214,7 @@ class CudaBackend final : public Backend {
   std::map<std::string, Graph> graphs_;
   uint64_t graph_tick_ = 0;
   std::shared_ptr<DevicePool> capture_pool_;  // set while capturing
+  std::unique_ptr<WeightSlabs> weight_slabs_;  // set while a model's weights load (BeginWeights)
   std::string capture_key_;
   bool capture_slot_bound_ = false;
   std::set<std::string> slot_bound_keys_;
