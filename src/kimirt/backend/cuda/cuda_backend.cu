@@ -49,8 +49,13 @@ namespace {
   } while (0)
 
 // Size classes: 512 bytes, then steps of a quarter of the power of two below (at most 25% waste),
-// so a buffer that grows by a row per decode step reuses the same block most of the time.
+// so a buffer that grows by a row per decode step reuses the same block most of the time. From
+// 1 GiB (in practice the latent cache, one block sized by SizeFromGpuMemory to the memory left
+// after the weights) the driver's 2 MiB pages instead: a quarter-power step there is up to 16 GiB,
+// which could round the cache past what is free.
+constexpr size_t kPageClassFrom = size_t{1} << 30, kDriverPage = size_t{2} << 20;
 size_t SizeClass(size_t bytes) {
+  if (bytes >= kPageClassFrom) return (bytes + kDriverPage - 1) / kDriverPage * kDriverPage;
   if (bytes <= 512) return 512;
   size_t p = 1;
   while (p * 2 <= bytes) p *= 2;
