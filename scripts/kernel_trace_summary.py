@@ -8,7 +8,8 @@ replay's main stream form a chain: under programmatic dependent launch a kernel 
 while the one before it runs (its blocks resident, its weight loads out, then waiting), but it
 *ends* after it. So the replay's wall time is the sum over the chain of end(i) - end(i-1), and
 that difference is what each kernel costs the step ("charged" below); end(i-1) - start(i) is how
-early it started ("lead": what PDL overlapped). Kernels on other streams (the L2 prefetches
+early it started ("lead": what PDL overlapped), and when negative, time the chain ran nothing
+("idle": launch latency, a dependency that is not programmatic). Kernels on other streams (the L2 prefetches
 beside the chain) are counted apart. Per graph: the replays' median wall time, then per kernel
 name the calls a replay and the charged time summed over them (median over replays).
 """
@@ -55,7 +56,7 @@ def main():
         if len(reps) < 3:
             continue  # captured but barely replayed (a warm-up)
         reps = reps[1:]  # the first replay may still load code and fill caches
-        walls, charged, lead, side = [], collections.defaultdict(list), collections.defaultdict(list), []
+        walls, charged, lead, side, gaps = [], collections.defaultdict(list), collections.defaultdict(list), [], []
         calls = collections.Counter()
         for rows in reps:
             main_stream = collections.Counter(r["stream"] for r in rows).most_common(1)[0][0]
@@ -66,10 +67,13 @@ def main():
             per = collections.defaultdict(float)
             per_lead = collections.defaultdict(float)
             prev_end = begin
+            gap = 0.0
             for r in chain:
                 per[r["name"]] += (r["end"] - max(prev_end, begin)) / 1e3
                 per_lead[r["name"]] += max(0, prev_end - r["start"]) / 1e3
+                gap += max(0, r["start"] - prev_end) / 1e3
                 prev_end = r["end"]
+            gaps.append(gap)
             for name, v in per.items():
                 charged[name].append(v)
                 lead[name].append(per_lead[name])
@@ -81,7 +85,8 @@ def main():
         kernels = len(next(iter(reps)))
         print(f"=== graph {graph}: {len(reps)} replays, {kernels} kernels a replay, wall median {wall:.1f} us "
               f"(min {min(walls):.1f}, max {max(walls):.1f}); beside the chain: {side[0][0]} kernels, "
-              f"{statistics.median(s for _, s in side):.1f} us of their own time")
+              f"{statistics.median(s for _, s in side):.1f} us of their own time; the chain idle "
+              f"{statistics.median(gaps):.1f} us (a kernel starting after the one before it ended)")
         print(f"{'charged us':>11} {'share':>6} {'calls':>5} {'us a call':>9} {'lead us':>8}  kernel")
         rows_out = []
         for v, name in table[: args.top]:
@@ -91,7 +96,8 @@ def main():
         rest = sum(v for v, _ in table[args.top:])
         if rest:
             print(f"{rest:11.1f} {rest / wall:6.1%}        (the other {len(table) - args.top} kernels)")
-        report.append(dict(graph=graph, replays=len(reps), kernels=kernels, wall_us_median=wall, kernels_by_charge=rows_out))
+        report.append(dict(graph=graph, replays=len(reps), kernels=kernels, wall_us_median=wall,
+                           idle_us_median=statistics.median(gaps), kernels_by_charge=rows_out))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
