@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kimirt/model/config.h"
+#include "kimirt/testing/devices.h"
 #include "kimirt/testing/test_data.h"
 #include "kimirt/tools/bench_model.h"
 #include "kimirt/tools/plan.h"
@@ -51,6 +52,35 @@ TEST(BenchModel, PlannedWeightBytesArePlansPerGpuWeights) {
     EXPECT_LT(PlannedWeightBytes(*layout, 2, 1, 2), PlannedWeightBytes(*layout, 2));
   }
 }
+
+// What loading took from the device by the driver's count (device_bytes_loading_took): unknown
+// (0) for host memory; on CUDA at least the bytes of the tensors the model holds, which the
+// driver's count includes with whatever the allocator rounds them up to.
+class BenchModelFootprint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BenchModelFootprint, LoadTakesTheDriversCount) {
+  const std::string config = testing::FixtureDir("kimi-linear-tiny") + "/config.json";
+  KIMIRT_REQUIRE_FILE(config);
+  const std::string& device = GetParam();
+  BenchModelOptions o;
+  o.config_path = config;
+  o.device = device;
+  o.matrix_dtype = device == "cpu" ? DType::kF32 : DType::kBF16;
+  o.batch_sizes = {1};
+  o.prompt_len = 8;
+  o.decode_tokens = 2;
+  Result<BenchModelReport> r = RunBenchModel(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GT(r->weight_bytes_on_device, 0u);
+  if (device == "cpu") {
+    EXPECT_EQ(r->device_bytes_loading_took, 0u);
+  } else {
+    EXPECT_GE(r->device_bytes_loading_took, r->weight_bytes_on_device);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, BenchModelFootprint, ::testing::ValuesIn(testing::BuiltDevices()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace kimirt
