@@ -57,7 +57,6 @@ def main():
             continue  # captured but barely replayed (a warm-up)
         reps = reps[1:]  # the first replay may still load code and fill caches
         walls, charged, lead, side, gaps = [], collections.defaultdict(list), collections.defaultdict(list), [], []
-        calls = collections.Counter()
         for rows in reps:
             main_stream = collections.Counter(r["stream"] for r in rows).most_common(1)[0][0]
             chain = sorted((r for r in rows if r["stream"] == main_stream), key=lambda r: r["end"])
@@ -77,9 +76,9 @@ def main():
             for name, v in per.items():
                 charged[name].append(v)
                 lead[name].append(per_lead[name])
-            if rows is reps[0]:
-                calls = collections.Counter(r["name"] for r in chain)
             side.append((len(others), sum(r["end"] - r["start"] for r in others) / 1e3))
+        main_stream = collections.Counter(r["stream"] for r in reps[0]).most_common(1)[0][0]
+        calls = collections.Counter(r["name"] for r in reps[0] if r["stream"] == main_stream)  # the same each replay
         wall = statistics.median(walls)
         table = sorted(((statistics.median(v), name) for name, v in charged.items()), reverse=True)
         kernels = len(next(iter(reps)))

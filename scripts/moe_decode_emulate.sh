@@ -37,6 +37,10 @@ for inc in ('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "kimirt/b
     assert inc in src, inc
 src = src.replace('#include "kimirt/backend/cuda/pdl.cuh"\n', "")
 src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "moe_decode_host.h"\n' + mma)
+# block_reduce.cuh (WarpSum) after the host header that defines __device__ and the shuffles.
+block_reduce = '#include "kimirt/backend/cuda/block_reduce.cuh"\n'
+assert block_reduce in src
+src = src.replace(block_reduce, "").replace('#include "moe_decode_host.h"\n', '#include "moe_decode_host.h"\n' + block_reduce, 1)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs

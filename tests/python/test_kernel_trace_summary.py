@@ -44,6 +44,7 @@ def test_charges_leads_and_idle_time(tmp_path):
     assert graph["idle_us_median"] == 3.0
     by_name = {k["name"]: k for k in graph["kernels_by_charge"]}
     assert set(by_name) == {"EmbeddingKernel", "RmsNormHeldKernel<false, 12>", "DecodeGemmKernel<1, true>"}
+    assert all(k["calls"] == 1 for k in graph["kernels_by_charge"])
     assert by_name["EmbeddingKernel"]["charged_us"] == 2.0
     assert by_name["RmsNormHeldKernel<false, 12>"]["charged_us"] == 7.0  # 9 - 2: its 3 us wait included
     assert by_name["DecodeGemmKernel<1, true>"]["charged_us"] == 21.0

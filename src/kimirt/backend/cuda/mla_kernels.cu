@@ -25,11 +25,6 @@ namespace {
 
 constexpr int kTile = 128;  // = threads per block
 
-// Butterfly sum: every lane ends with the same bits (each step adds the same two values).
-__device__ __forceinline__ float WarpSumAll(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 __device__ __forceinline__ float WarpMaxAll(float v) {
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
@@ -198,7 +193,7 @@ __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
       for (int k = 0; k < kPerLane; ++k) {
         if (lane + 32 * k < r) sum += w[k] * ob[b][lane + 32 * k];
       }
-      sum = WarpSumAll(sum);
+      sum = WarpSum(sum);
       if (lane == 0) o[((t0 + b) * H + h) * dv + i] = sum;
     }
   }
@@ -312,7 +307,7 @@ __global__ void __launch_bounds__(kAbsorbOutWarps * 32)
         sum += w[u][0] * x.x, sum += w[u][1] * x.y, sum += w[u][2] * x.z, sum += w[u][3] * x.w;
         sum += w[u][4] * y.x, sum += w[u][5] * y.y, sum += w[u][6] * y.z, sum += w[u][7] * y.w;
       }
-      sum = WarpSumAll(sum);
+      sum = WarpSum(sum);
       if (lane == 0) o[((t0 + b) * H + h) * dv + i] = sum;
     }
   }
@@ -424,7 +419,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int k = 0; k < kRowPerLane; ++k) {
           if (lane + 32 * k < w) dot += qr[k] * tile[j][lane + 32 * k];
         }
-        sc[j] = a.scale * WarpSumAll(dot);
+        sc[j] = a.scale * WarpSum(dot);
         m_new = fmaxf(m_new, sc[j]);
       }
     }
@@ -486,7 +481,7 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
       e[j] = expf(ml[0] - mx);
       sum += e[j] * ml[1];
     }
-    sum = WarpSumAll(sum);
+    sum = WarpSum(sum);
     if (threadIdx.x == 0) inv_sum = 1.0f / sum;
   }
   __syncthreads();

@@ -4,6 +4,7 @@
 // The router follows the CPU reference exactly: sigmoid scores, the correction bias for the
 // choice only, top-k by (biased score desc, expert id asc), combine weights from the unbiased
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
+#include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
@@ -203,11 +204,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
   if (t >= T) return;  // whole warps
   RouteTokenWarp<kPerLane>(logits, b, t, E, k, renormalize, scaling, combine_biased, append, idx, weights, sm[warp]);
-}
-
-__device__ float WarpSum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 __device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float b2) {

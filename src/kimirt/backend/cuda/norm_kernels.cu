@@ -181,7 +181,7 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
 // width with one or two candidates (the kernel tracer, 2-layer K3 decode on an H100), and its
 // mix loop one round trip per (element, candidate), which a real depth of ~9 candidates
 // multiplies. The per-thread sums are the loop's (ascending, one FMA a term, the key-norm gain
-// times the pseudo-query rounded first); each candidate's warp butterflies are BlockSum's first
+// times the pseudo-query rounded first); each candidate's warp sums (WarpSum) are BlockSum's first
 // stage, its per-warp sums wait in shared memory, and the second stage (the 8 warp sums through
 // one warp's butterfly) runs for every candidate after one barrier, candidate i in warp i % 8:
 // BlockSum's tree, so BlockSum's results. The softmax is thread 0's as before; the mix sums the
@@ -218,10 +218,8 @@ __global__ void __launch_bounds__(kThreads)
         dot += q[j] * v[j];
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    }
+    ss = WarpSum(ss);
+    dot = WarpSum(dot);
     if (lane == 0) warp_ss[i][warp] = ss, warp_dot[i][warp] = dot;
   };
   // f(i, candidate i's row) for every candidate, two at a time through two register rows (a
@@ -242,11 +240,8 @@ __global__ void __launch_bounds__(kThreads)
   each_candidate(warp_sums);
   __syncthreads();
   for (int i = warp; i < n; i += kWarps) {
-    float ss = lane < kWarps ? warp_ss[i][lane] : 0.0f, dot = lane < kWarps ? warp_dot[i][lane] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) {
-      ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    }
+    const float ss = WarpSum(lane < kWarps ? warp_ss[i][lane] : 0.0f);
+    const float dot = WarpSum(lane < kWarps ? warp_dot[i][lane] : 0.0f);
     if (lane == 0) score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
   }
   __syncthreads();
