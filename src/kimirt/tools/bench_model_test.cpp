@@ -54,8 +54,9 @@ TEST(BenchModel, PlannedWeightBytesArePlansPerGpuWeights) {
 }
 
 // What loading took from the device by the driver's count (device_bytes_loading_took): unknown
-// (0) for host memory; on CUDA at least the bytes of the tensors the model holds, which the
-// driver's count includes with whatever the allocator rounds them up to.
+// (0) for host memory; on CUDA at least the bytes of the tensors the model holds: they go into
+// fresh 128 MiB slabs, which the driver maps and counts (pool blocks, KIMIRT_WEIGHT_SLABS=0, can
+// land a small model in pages the driver mapped for an earlier test, and its count then stays).
 class BenchModelFootprint : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BenchModelFootprint, LoadTakesTheDriversCount) {

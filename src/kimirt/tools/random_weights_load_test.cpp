@@ -84,19 +84,19 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RandomWeightsLoadOnDevice,
                          });
 
 #if KIMIRT_TEST_CUDA
-// KIMIRT_WEIGHT_SLABS=1: the CUDA backend packs a model's weights into slabs (Backend::
-// BeginWeights) instead of its caching pool's size classes; the kernels read the same values at
-// other addresses, so the logits keep their bits (MXFP4 codes tiled, BF16 matrices tiled and not).
+// The CUDA backend packs a model's weights into slabs (Backend::BeginWeights; the default) or,
+// with KIMIRT_WEIGHT_SLABS=0, into its caching pool's size classes; the kernels read the same
+// values at other addresses, so the logits keep their bits (MXFP4 codes tiled, BF16 matrices
+// tiled and not).
 TEST(CudaWeightSlabs, PackedWeightsGiveThePoolsBits) {
   for (const std::string fixture : {"tiny-a", "kimi-linear-tiny"}) {
     SCOPED_TRACE(fixture);
     KIMIRT_REQUIRE_FILE(Config(fixture));
     const ModelSource source = ModelSource::RandomWeights(Config(fixture), kSeed);
-    ASSERT_EQ(unsetenv("KIMIRT_WEIGHT_SLABS"), 0);
+    ASSERT_EQ(setenv("KIMIRT_WEIGHT_SLABS", "0", 1), 0);
     const auto pool = TraceOf(source, Options("cuda", 1, false, false));
-    ASSERT_EQ(setenv("KIMIRT_WEIGHT_SLABS", "1", 1), 0);
-    const auto slabs = TraceOf(source, Options("cuda", 1, false, false));
     ASSERT_EQ(unsetenv("KIMIRT_WEIGHT_SLABS"), 0);
+    const auto slabs = TraceOf(source, Options("cuda", 1, false, false));
     ASSERT_FALSE(pool.empty());
     ExpectSameBits(slabs, pool);
   }
