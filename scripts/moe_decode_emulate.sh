@@ -41,6 +41,12 @@ src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "mo
 block_reduce = '#include "kimirt/backend/cuda/block_reduce.cuh"\n'
 assert block_reduce in src
 src = src.replace(block_reduce, "").replace('#include "moe_decode_host.h"\n', '#include "moe_decode_host.h"\n' + block_reduce, 1)
+# last_block.cuh inline (its __shared__ flag becomes a static below, as the kernel's arrays do).
+last_block = '#include "kimirt/backend/cuda/last_block.cuh"\n'
+assert last_block in src
+body = open(cuda_dir + "/last_block.cuh").read()
+body = body.replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
+src = src.replace(last_block, "").replace("namespace kimirt::cuda {\nnamespace {\n", body + "\nnamespace kimirt::cuda {\nnamespace {\n", 1)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs

@@ -220,9 +220,16 @@ class CudaKvStorage final : public KvStorage {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
-      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
+      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {
+    // The fused tails' counters (last_block.cuh), zeroed here, outside any capture: each launch
+    // leaves them zero, so every later step and graph replay on this stream finds them so.
+    KIMIRT_CUDA_OK(cudaSetDevice(device_));
+    KIMIRT_CUDA_OK(cudaMalloc(&tail_counters_, kTailCounters * sizeof(unsigned)));
+    KIMIRT_CUDA_OK(cudaMemset(tail_counters_, 0, kTailCounters * sizeof(unsigned)));
+  }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudaFree(tail_counters_);
     if (prefetch_stream_ != nullptr) {
       cudaStreamSynchronize(prefetch_stream_);
       cudaStreamDestroy(prefetch_stream_);
@@ -824,11 +831,15 @@ class CudaBackend final : public Backend {
     static const bool part_columns_on = cuda::EnvSwitchOn("KIMIRT_MOE_PART_COLUMNS");
     const bool by_load = ptrs.E == E && by_load_on;
     const bool part_columns = ex.light_load && ptrs.E == E && part_columns_on;
+    // The GLU split and the combine as the expert kernels' tails at batch 1-2 (the same bits;
+    // KIMIRT_MOE_FUSED_TAILS=0: their own launches, for A/B runs).
+    static const bool tails_on = cuda::EnvSwitchOn("KIMIRT_MOE_FUSED_TAILS");
     cuda::MoeDecodeExperts(F(z), T, k, g.groups, g.max_active, De, I, ptrs.view(), format,
                            mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
                            p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
                            p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done,
-                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns);
+                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns,
+                           tails_on ? tail_counters_ : nullptr, kTailCounters);
   }
 
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).
@@ -1213,6 +1224,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<TiledSet> tiled_ = std::make_shared<TiledSet>();
   // PrefetchWeights' stream and its fork and join events (made at the first call); whether it has
   // work since the last join.
+  // LastBlockOf's counters for the fused tails: K3's gate/up tiles at batch 2 are 48 row blocks
+  // (3,072-wide experts) times up to 32 active experts; 16K leave room for wider and more.
+  static constexpr int64_t kTailCounters = int64_t{1} << 14;
+  unsigned* tail_counters_ = nullptr;
   cudaStream_t prefetch_stream_ = nullptr;
   cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
   bool prefetch_forked_ = false;

@@ -447,10 +447,16 @@ int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E, bool part_columns);
 // tokens' three x parts (moe_kernels.cu kPartCols; for a light routed load, ExpertWeights::
 // light_load, with no shared expert riding), else 8 tokens; another order of the same sums, fixed
 // for the launch's configuration, so it may not change with T.
+// tail_counters (tail_capacity of them, zero; last_block.cuh): for T <= kMoeFusedTailMaxTokens,
+// the GLU split and the combine run as the expert kernels' fused tails (their last blocks) instead
+// of two launches of their own, the same sums in the same order (the same bits); the counters are
+// zero again after. Without them, or for larger T, the two kernels.
+constexpr int64_t kMoeFusedTailMaxTokens = 2;
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0, bool part_columns = false);
+                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0, bool part_columns = false,
+                      unsigned* tail_counters = nullptr, int64_t tail_capacity = 0);
 // MoeRoute (append ≥ 0: expert `append` after each token's k), MoeGroupByExpert of its choice
 // over E_group experts into g, and MoeDecodeExperts's split of z [T, De] into `decode_scratch`
 // (its scratch for T tokens, k + 1 or k slots, De), as one launch: a decode step's route chain
