@@ -123,7 +123,8 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
-#   tails     the MoE decode's fused tails (KIMIRT_MOE_FUSED_TAILS=0/1/1/0): `bench model` at batch 1
+#   tails     the decode kernels' fused tails (the MoE's GLU split and combine, the decode GEMMs'
+#             split sums; KIMIRT_FUSED_TAILS=0/1/1/0): `bench model` at batch 1
 #             and 2 on the 2-layer 48B, the 2-layer K3 and the 16-layer 48B (the whole 48B on an
 #             H200), then the 2-layer 48B's batch-1 step traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
@@ -610,8 +611,8 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
   done
 fi
 if [[ "$what" == tails ]]; then
-  # The MoE decode's GLU split and combine as the expert kernels' fused tails (last_block.cuh)
-  # against their own launches: KIMIRT_MOE_FUSED_TAILS=0 / 1 / 1 / 0 in one run, `bench model` at
+  # The decode kernels' fused tails (last_block.cuh: the MoE's GLU split and combine in the expert
+  # kernels, the decode GEMMs' split sums in the GEMMs) against their own launches: KIMIRT_FUSED_TAILS=0 / 1 / 1 / 0 in one run, `bench model` at
   # batch 1 and 2 on the 2-layer 48B, the 2-layer K3 and the 48B's first 16 layers (H100) or the
   # whole 48B (H200), then the 2-layer 48B's batch-1 step under the kernel tracer both ways.
   big=kimi-linear-48b-h100-16layer
@@ -622,20 +623,20 @@ if [[ "$what" == tails ]]; then
     n=0
     for on in 0 1 1 0; do
       n=$((n + 1))
-      KIMIRT_MOE_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+      KIMIRT_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
         --config "$path" --random-weights --batch-sizes 1,2 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
         --json "$out/bench-model-$cfg-tails$on-$n.json" >"$out/tails-$cfg-$on-$n.txt" 2>&1 || status=1
-      echo "--- $cfg, KIMIRT_MOE_FUSED_TAILS=$on"
+      echo "--- $cfg, KIMIRT_FUSED_TAILS=$on"
       tail -2 "$out/tails-$cfg-$on-$n.txt"
     done
   done
   for on in 0 1; do
     CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-tails$on.csv" \
-      KIMIRT_MOE_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
+      KIMIRT_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
       --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
       --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-tails$on-traced.json" \
       >"$out/trace-tails$on.txt" 2>&1 || status=1
-    echo "--- traced, KIMIRT_MOE_FUSED_TAILS=$on"
+    echo "--- traced, KIMIRT_FUSED_TAILS=$on"
     python3 scripts/kernel_trace_summary.py "$out/trace-tails$on.csv" --top 40 --json "$out/trace-tails$on-summary.json" |
       head -30 || status=1
     xz -T4 "$out/trace-tails$on.csv"

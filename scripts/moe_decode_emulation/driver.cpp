@@ -516,7 +516,7 @@ bool SameBits(const float* got, const float* want, size_t n) { return std::memcm
 // The fused tails' counters (last_block.cuh), zero between launches.
 constexpr int64_t kTailCounters = 4096;
 std::vector<unsigned> g_tail_counters(kTailCounters, 0);
-int g_fused_checks = 0;  // decode checks with the fused tails (T <= kMoeFusedTailMaxTokens)
+int g_fused_checks = 0;  // decode checks with the fused tails (T <= TailCounters::kFusedTailMaxRows)
 int g_decode_launches = 0;  // the last Decode's kernel launches
 void CheckCountersZero(const std::string& where) {
   if (std::any_of(g_tail_counters.begin(), g_tail_counters.end(), [](unsigned c) { return c != 0; })) {
@@ -526,7 +526,7 @@ void CheckCountersZero(const std::string& where) {
 
 // Runs MoeDecodeExperts; returns out [T, De] and (in scratch) its intermediate stages. fused:
 // with the tails' counters (the GLU split and the combine in the expert kernels' last blocks
-// at T <= kMoeFusedTailMaxTokens).
+// at T <= TailCounters::kFusedTailMaxRows).
 std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int64_t I, const ExpertSet& w1,
                                const ExpertSet& w3, const ExpertSet& w2, int fmt, bool scales_vec, const Glu& glu,
                                const float* weights, Buffer& scratch, bool tiled = false, bool fused = false) {
@@ -541,8 +541,8 @@ std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int6
   const kc::ExpertPointerTable table{W(w1), W(w3), W(w2), w1.scales.data(), w3.scales.data(), w2.scales.data(), tiled};
   kc::MoeDecodeExperts(z, g.T, g.k, eg, std::min<int64_t>(static_cast<int64_t>(w1.m.size()), g.n), De, I, table, fmt,
                        scales_vec, glu.kind, glu.beta, glu.has_linear_beta, glu.linear_beta, weights, scratch.p,
-                       out->f(), nullptr, false, 0, g_part_columns, fused ? g_tail_counters.data() : nullptr,
-                       kTailCounters);
+                       out->f(), nullptr, false, 0, g_part_columns,
+                       fused ? kc::TailCounters{g_tail_counters.data(), kTailCounters} : kc::TailCounters{});
   g_decode_launches = kc::g_launches - launches_before;
   return out;
 }
@@ -614,7 +614,7 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
       bool guard = true;
       for (size_t i = want.size(); i < out.total / 4; ++i) guard &= out.Bits(i) == kPoison;
       if (!guard) Fail(where + ": written past the output");
-      // The fused tails (at T <= kMoeFusedTailMaxTokens; larger T takes the kernels): the same
+      // The fused tails (at T <= TailCounters::kFusedTailMaxRows; larger T takes the kernels): the same
       // h parts and output.
       {
         const int unfused_launches = g_decode_launches;
@@ -622,14 +622,14 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
         const auto fused = Decode(z.f(), g, De, I, w1, w3, w2, fmt, vec, glu, weights.f(), scratch_f, false, true);
         const char* base_f = static_cast<const char*>(scratch_f.p);
         g_checks += 3;
-        g_fused_checks += T <= kc::kMoeFusedTailMaxTokens ? 1 : 0;
+        g_fused_checks += T <= kc::TailCounters::kFusedTailMaxRows ? 1 : 0;
         if (std::memcmp(base_f + plan.z_bytes + plan.gu_bytes, h_packed.data(), h_packed.size() * 2) != 0) {
           Fail(where + ": the fused GLU tail's h parts differ");
         }
         if (!SameBits(fused->f(), want.data(), want.size())) Fail(where + ": the fused tails' output differs");
         CheckCountersZero(where);
         // Fused: no GluSplit and no combine launch.
-        const int want_launches = unfused_launches - (T <= kc::kMoeFusedTailMaxTokens ? 2 : 0);
+        const int want_launches = unfused_launches - (T <= kc::TailCounters::kFusedTailMaxRows ? 2 : 0);
         if (g_decode_launches != want_launches) {
           Fail(where + ": " + std::to_string(g_decode_launches) + " launches with the fused tails, want " +
                std::to_string(want_launches));

@@ -96,16 +96,6 @@ inline unsigned __match_any_sync(unsigned, int v) {
 }
 inline int __ffs(unsigned v) { return v == 0 ? 0 : std::countr_zero(v) + 1; }
 inline int atomicAdd(int*, int) { NotEmulated("atomicAdd"); }
-// last_block.cuh's counter: the host launch runs one block at a time and its threads as fibers
-// that yield only at barriers, so a plain add is atomic here. The fences order nothing on one
-// thread; an L2 load is a load.
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  *p = old + v;
-  return old;
-}
-inline void __threadfence() {}
-inline float __ldcg(const float* p) { return *p; }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __clz(unsigned v) { return std::countl_zero(v); }
 

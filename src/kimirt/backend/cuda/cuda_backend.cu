@@ -420,7 +420,7 @@ class CudaBackend final : public Backend {
     }
     const int count = static_cast<int>(dp.size());
     Tensor scratch = Scratch(cuda::DecodeGemmGroupScratchBytes(T, dp.data(), count));
-    cuda::DecodeGemmGroup(T, dp.data(), count, scratch.raw(), stream_);
+    cuda::DecodeGemmGroup(T, dp.data(), count, scratch.raw(), stream_, Tails());
   }
 
   // The weights in order, up to L2PrefetchBudget() bytes in all (the L2 holds ~50 MB; asking for
@@ -831,15 +831,12 @@ class CudaBackend final : public Backend {
     static const bool part_columns_on = cuda::EnvSwitchOn("KIMIRT_MOE_PART_COLUMNS");
     const bool by_load = ptrs.E == E && by_load_on;
     const bool part_columns = ex.light_load && ptrs.E == E && part_columns_on;
-    // The GLU split and the combine as the expert kernels' tails at batch 1-2 (the same bits;
-    // KIMIRT_MOE_FUSED_TAILS=0: their own launches, for A/B runs).
-    static const bool tails_on = cuda::EnvSwitchOn("KIMIRT_MOE_FUSED_TAILS");
     cuda::MoeDecodeExperts(F(z), T, k, g.groups, g.max_active, De, I, ptrs.view(), format,
                            mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
                            p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
                            p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done,
                            cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns,
-                           tails_on ? tail_counters_ : nullptr, kTailCounters);
+                           Tails());
   }
 
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).
@@ -1048,7 +1045,7 @@ class CudaBackend final : public Backend {
         for (int64_t r = 0; r < m; r += cuda::kGemvMaxRows) {
           const int64_t rows = std::min(cuda::kGemvMaxRows, m - r);
           Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(rows, n, k));
-          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, tiled);
+          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, tiled, Tails());
         }
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
@@ -1228,6 +1225,12 @@ class CudaBackend final : public Backend {
   // (3,072-wide experts) times up to 32 active experts; 16K leave room for wider and more.
   static constexpr int64_t kTailCounters = int64_t{1} << 14;
   unsigned* tail_counters_ = nullptr;
+  // The decode kernels' fused tails (cuda::TailCounters: the same bits as the small kernels they
+  // replace); KIMIRT_FUSED_TAILS=0 runs those kernels instead, for A/B runs.
+  cuda::TailCounters Tails() const {
+    static const bool on = cuda::EnvSwitchOn("KIMIRT_FUSED_TAILS");
+    return on ? cuda::TailCounters{tail_counters_, kTailCounters} : cuda::TailCounters{};
+  }
   cudaStream_t prefetch_stream_ = nullptr;
   cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
   bool prefetch_forked_ = false;

@@ -1462,7 +1462,7 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
                       cudaStream_t s, bool z_split_done, int token_tiles, bool part_columns,
-                      unsigned* tail_counters, int64_t tail_capacity) {
+                      TailCounters tails) {
   if (T == 0) return;
   if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
     std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
@@ -1482,11 +1482,8 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   }
   const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0, part_columns);
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
-  // The fused tails at batch 1-2 only: a last block runs its tile's GLU or combine for every
-  // token alone, one L2 round trip a token, where the kernels spread tokens over blocks.
-  const bool fused = tail_counters != nullptr && T <= kMoeFusedTailMaxTokens &&
-                     GateUpRowBlocks(I) * max_active <= tail_capacity && DownRowBlocks(De) <= tail_capacity;
-  const CombineArgs c{g.pos, weights, T, k, out, fused ? tail_counters : nullptr};
+  const bool fused = tails.Fit(T, std::max(GateUpRowBlocks(I) * max_active, DownRowBlocks(De)));
+  const CombineArgs c{g.pos, weights, T, k, out, fused ? tails.p : nullptr};
   if (format == kMxfp4) {
     LaunchDecode<kMxfp4>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts,
                          dn_part, kind, beta, has_linear_beta, linear_beta, c, s);
