@@ -20,7 +20,7 @@ import sys
 cuda_dir, out = sys.argv[1], sys.argv[2]
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[3])
-from mma_host import host_last_block, host_mma, host_wgmma
+from mma_host import host_mma, host_wgmma
 mma = host_mma(cuda_dir, "uint4 v; std::memcpy(&v, p, 16); return v;", "")
 src = open(cuda_dir + "/decode_gemm.cu").read()
 # wgmma (the 8-tile kernels): wgmma_host.h's emulation; shared addresses as offsets into the block's
@@ -41,11 +41,7 @@ src = src.replace(smem, "uint4* const x_smem = g_dyn_smem;")
 dyn = open(cuda_dir + "/dynamic_smem.cuh").read().replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "")
 assert '#include "kimirt/backend/cuda/dynamic_smem.cuh"\n' in src
 src = src.replace('#include "kimirt/backend/cuda/dynamic_smem.cuh"\n', "")
-# last_block.cuh (the split sums' fused tail) after the host header too.
-assert '#include "kimirt/backend/cuda/last_block.cuh"\n' in src
-src = src.replace('#include "kimirt/backend/cuda/last_block.cuh"\n', "")
-src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n',
-                  '#include "decode_gemm_host.h"\n' + mma + dyn + host_last_block(cuda_dir))
+src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "decode_gemm_host.h"\n' + mma + dyn)
 assert "asm volatile" not in src and "asm(" not in src
 open(out, "w").write(src)
 PY

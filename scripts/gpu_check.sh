@@ -123,17 +123,13 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
-#   tails     the decode kernels' fused tails (the MoE's GLU split and combine, the decode GEMMs'
-#             split sums; KIMIRT_FUSED_TAILS=0/1/1/0): `bench model` at batch 1
-#             and 2 on the 2-layer 48B, the 2-layer K3 and the 16-layer 48B (the whole 48B on an
-#             H200), then the 2-layer 48B's batch-1 step traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
 #             driver's count) against the planned weight bytes, and the step times.
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|tails]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -608,38 +604,6 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
     python3 scripts/kernel_trace_summary.py "$out/trace-$what-b1-pf$mb.csv" --top 30 \
       --json "$out/trace-$what-b1-pf$mb-summary.json" || status=1
     xz -T4 "$out/trace-$what-b1-pf$mb.csv"
-  done
-fi
-if [[ "$what" == tails ]]; then
-  # The decode kernels' fused tails (last_block.cuh: the MoE's GLU split and combine in the expert
-  # kernels, the decode GEMMs' split sums in the GEMMs) against their own launches: KIMIRT_FUSED_TAILS=0 / 1 / 1 / 0 in one run, `bench model` at
-  # batch 1 and 2 on the 2-layer 48B, the 2-layer K3 and the 48B's first 16 layers (H100) or the
-  # whole 48B (H200), then the 2-layer 48B's batch-1 step under the kernel tracer both ways.
-  big=kimi-linear-48b-h100-16layer
-  [[ $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) -gt 100000 ]] && big=full48
-  for cfg in kimi-linear-48b-2layer kimi-k3-2layer $big; do
-    path="$root/shared/bench/configs/$cfg.json"
-    [[ $cfg == full48 ]] && path="$root/shared/configs/kimi-linear-48b-a3b.json"
-    n=0
-    for on in 0 1 1 0; do
-      n=$((n + 1))
-      KIMIRT_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
-        --config "$path" --random-weights --batch-sizes 1,2 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
-        --json "$out/bench-model-$cfg-tails$on-$n.json" >"$out/tails-$cfg-$on-$n.txt" 2>&1 || status=1
-      echo "--- $cfg, KIMIRT_FUSED_TAILS=$on"
-      tail -2 "$out/tails-$cfg-$on-$n.txt"
-    done
-  done
-  for on in 0 1; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-tails$on.csv" \
-      KIMIRT_FUSED_TAILS=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
-      --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-tails$on-traced.json" \
-      >"$out/trace-tails$on.txt" 2>&1 || status=1
-    echo "--- traced, KIMIRT_FUSED_TAILS=$on"
-    python3 scripts/kernel_trace_summary.py "$out/trace-tails$on.csv" --top 40 --json "$out/trace-tails$on-summary.json" |
-      head -30 || status=1
-    xz -T4 "$out/trace-tails$on.csv"
   done
 fi
 if [[ "$what" == slabs ]]; then

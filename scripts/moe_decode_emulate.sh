@@ -29,7 +29,7 @@ import sys
 cuda_dir, out = sys.argv[1], sys.argv[2]
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[3])
-from mma_host import cut, host_last_block, host_mma
+from mma_host import cut, host_mma
 # mma_bf16.cuh: the shim's MMA, and moe_decode_host.h's range-checked load and prefetch.
 mma = host_mma(cuda_dir, "return HostLoadStreaming(p);", "HostPrefetchL2(p, bytes);")
 src = open(cuda_dir + "/moe_kernels.cu").read()
@@ -41,10 +41,6 @@ src = src.replace('#include "kimirt/backend/cuda/mma_bf16.cuh"\n', '#include "mo
 block_reduce = '#include "kimirt/backend/cuda/block_reduce.cuh"\n'
 assert block_reduce in src
 src = src.replace(block_reduce, "").replace('#include "moe_decode_host.h"\n', '#include "moe_decode_host.h"\n' + block_reduce, 1)
-# last_block.cuh (the fused tails) after the host header too.
-last_block = '#include "kimirt/backend/cuda/last_block.cuh"\n'
-assert last_block in src
-src = src.replace(last_block, "").replace('#include "moe_decode_host.h"\n', '#include "moe_decode_host.h"\n' + host_last_block(cuda_dir), 1)
 src = cut(src, "__device__ __forceinline__ uint32_t MulBf16x2(",
           "inline uint32_t MulBf16x2(uint32_t a, uint32_t b) { return HostMulBf16x2(a, b); }\n")
 # Shared memory: dynamic as the launch's buffer, static arrays as statics (the host launch runs

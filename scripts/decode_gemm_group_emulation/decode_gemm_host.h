@@ -67,17 +67,6 @@ cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int val
 // start of each block, so a read of a chunk no copy wrote shows as NaN.
 inline uint4* g_dyn_smem;
 
-// last_block.cuh's counter: the host launch runs one block at a time and its threads as fibers
-// that yield only at barriers, so a plain add is atomic here. The fences order nothing on one
-// host thread; an L2 load is a load.
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  *p = old + v;
-  return old;
-}
-inline void __threadfence() {}
-inline float __ldcg(const float* p) { return *p; }
-
 namespace kimirt::cuda {
 
 inline void PdlWait() {}

@@ -12,16 +12,6 @@ def cut(s, start, repl):
     return s[:a] + repl + s[b:]
 
 
-def host_last_block(cuda_dir):
-    """last_block.cuh as host C++: the host launches run one block at a time, so its shared flag
-    is a static (the counter's atomicAdd and the fences are decode_gemm_host.h's)."""
-    body = open(cuda_dir + "/last_block.cuh").read()
-    for line in ("#pragma once\n", "#include <cuda_runtime.h>\n", "  __shared__ unsigned last;\n"):
-        assert line in body, line
-    return body.replace("#pragma once\n", "").replace("#include <cuda_runtime.h>\n", "").replace(
-        "  __shared__ unsigned last;\n", "  static unsigned last;\n")
-
-
 def host_mma(cuda_dir, load_streaming, prefetch_l2):
     """The header's text; load_streaming and prefetch_l2 are the host bodies of
     LoadStreaming(const void* p) and PrefetchL2(const void* p, uint32_t bytes)."""

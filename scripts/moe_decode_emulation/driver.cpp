@@ -14,9 +14,7 @@
 // decode: MoeDecodeExperts end to end (split z, gate/up, GluSplit, down, combine) for 5, 12, 18
 // and 36 tokens (1, 2, 4 tiles; one expert of 34 tokens: two passes of 4 tiles), gate/up or down
 // split in two slices or neither, both formats, both GLU kinds: every scratch stage and the output bit-identical to the reference chain, the
-// output of each format the same, and tokens alone (T = 1) the same bits as in the batch; with
-// the fused tails (GLU split and combine in the expert kernels' last blocks, at T = 1 and 2)
-// the same h parts and output, and every counter zero again after.
+// output of each format the same, and tokens alone (T = 1) the same bits as in the batch.
 //
 // route: the router's top-k kernels against a sort (RunRouteChecks below).
 #include <algorithm>
@@ -513,25 +511,11 @@ float GluRef(float a, float u, const Glu& glu) {  // SiLU(a)·u (kind 0) or SiTU
 
 bool SameBits(const float* got, const float* want, size_t n) { return std::memcmp(got, want, n * 4) == 0; }
 
-// The fused tails' counters (last_block.cuh), zero between launches.
-constexpr int64_t kTailCounters = 4096;
-std::vector<unsigned> g_tail_counters(kTailCounters, 0);
-int g_fused_checks = 0;  // decode checks with the fused tails (T <= TailCounters::kFusedTailMaxRows)
-int g_decode_launches = 0;  // the last Decode's kernel launches
-void CheckCountersZero(const std::string& where) {
-  if (std::any_of(g_tail_counters.begin(), g_tail_counters.end(), [](unsigned c) { return c != 0; })) {
-    Fail(where + ": the fused tails left a counter non-zero");
-  }
-}
-
-// Runs MoeDecodeExperts; returns out [T, De] and (in scratch) its intermediate stages. fused:
-// with the tails' counters (the GLU split and the combine in the expert kernels' last blocks
-// at T <= TailCounters::kFusedTailMaxRows).
+// Runs MoeDecodeExperts; returns out [T, De] and (in scratch) its intermediate stages.
 std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int64_t I, const ExpertSet& w1,
                                const ExpertSet& w3, const ExpertSet& w2, int fmt, bool scales_vec, const Glu& glu,
-                               const float* weights, Buffer& scratch, bool tiled = false, bool fused = false) {
+                               const float* weights, Buffer& scratch, bool tiled = false) {
   auto out = std::make_unique<Buffer>(static_cast<size_t>(g.T * De) * 4, 1024);
-  const int launches_before = kc::g_launches;
   std::vector<int32_t> order = g.order, pos = g.pos, active = g.active, begin = g.begin;
   int32_t num = g.num;
   const kc::ExpertGroups eg{order.data(), pos.data(), active.data(), begin.data(), &num};
@@ -541,9 +525,7 @@ std::unique_ptr<Buffer> Decode(const float* z, const Groups& g, int64_t De, int6
   const kc::ExpertPointerTable table{W(w1), W(w3), W(w2), w1.scales.data(), w3.scales.data(), w2.scales.data(), tiled};
   kc::MoeDecodeExperts(z, g.T, g.k, eg, std::min<int64_t>(static_cast<int64_t>(w1.m.size()), g.n), De, I, table, fmt,
                        scales_vec, glu.kind, glu.beta, glu.has_linear_beta, glu.linear_beta, weights, scratch.p,
-                       out->f(), nullptr, false, 0, g_part_columns,
-                       fused ? kc::TailCounters{g_tail_counters.data(), kTailCounters} : kc::TailCounters{});
-  g_decode_launches = kc::g_launches - launches_before;
+                       out->f(), nullptr, false, 0, g_part_columns);
   return out;
 }
 
@@ -614,42 +596,15 @@ void CheckDecode(const std::string& name, int64_t T, int64_t k, const std::vecto
       bool guard = true;
       for (size_t i = want.size(); i < out.total / 4; ++i) guard &= out.Bits(i) == kPoison;
       if (!guard) Fail(where + ": written past the output");
-      // The fused tails (at T <= TailCounters::kFusedTailMaxRows; larger T takes the kernels): the same
-      // h parts and output.
-      {
-        const int unfused_launches = g_decode_launches;
-        Buffer scratch_f(kc::MoeDecodeScratchBytes(T, k, De, I));
-        const auto fused = Decode(z.f(), g, De, I, w1, w3, w2, fmt, vec, glu, weights.f(), scratch_f, false, true);
-        const char* base_f = static_cast<const char*>(scratch_f.p);
-        g_checks += 3;
-        g_fused_checks += T <= kc::TailCounters::kFusedTailMaxRows ? 1 : 0;
-        if (std::memcmp(base_f + plan.z_bytes + plan.gu_bytes, h_packed.data(), h_packed.size() * 2) != 0) {
-          Fail(where + ": the fused GLU tail's h parts differ");
-        }
-        if (!SameBits(fused->f(), want.data(), want.size())) Fail(where + ": the fused tails' output differs");
-        CheckCountersZero(where);
-        // Fused: no GluSplit and no combine launch.
-        const int want_launches = unfused_launches - (T <= kc::TailCounters::kFusedTailMaxRows ? 2 : 0);
-        if (g_decode_launches != want_launches) {
-          Fail(where + ": " + std::to_string(g_decode_launches) + " launches with the fused tails, want " +
-               std::to_string(want_launches));
-        }
-      }
-      // Tokens alone: the first and the last (T = 1: one tile, the same slices), with the fused
-      // tails and without.
+      // Tokens alone: the first and the last (T = 1: one tile, the same slices).
       for (const int64_t t : {int64_t{0}, T - 1}) {
         const std::vector<int32_t> one(idx.begin() + t * k, idx.begin() + (t + 1) * k);
         const Groups g1 = MakeGroups(1, k, one, E);
-        for (const bool fused : {false, true}) {
-          Buffer scratch1(kc::MoeDecodeScratchBytes(1, k, De, I));
-          const auto alone = Decode(z.f() + t * De, g1, De, I, w1, w3, w2, fmt, vec, glu, weights.f() + t * k,
-                                    scratch1, false, fused);
-          ++g_checks;
-          g_fused_checks += fused ? 1 : 0;
-          if (!SameBits(alone->f(), out.f() + t * De, static_cast<size_t>(De))) {
-            Fail(where + ": token " + std::to_string(t) + " alone differs from its batch row" + (fused ? " (fused tails)" : ""));
-          }
-          CheckCountersZero(where);
+        Buffer scratch1(kc::MoeDecodeScratchBytes(1, k, De, I));
+        const auto alone = Decode(z.f() + t * De, g1, De, I, w1, w3, w2, fmt, vec, glu, weights.f() + t * k, scratch1);
+        ++g_checks;
+        if (!SameBits(alone->f(), out.f() + t * De, static_cast<size_t>(De))) {
+          Fail(where + ": token " + std::to_string(t) + " alone differs from its batch row");
         }
       }
     }
@@ -712,10 +667,6 @@ void RunDecodeChecks() {
   many[20] = 0;
   CheckDecode("T=36 k=1", 36, 1, many, kE, 288, 96, silu);
   CheckDecode("T=9 k=2 tileable", 9, 2, random_idx(9, 2), kE, 1024, 384, silu);  // tiled too, k split
-  // The fused tails at T = 2: gate/up and down in 2 slices each; a gate/up row block past I (96).
-  CheckDecode("T=2 k=3", 2, 3, random_idx(2, 3), kE, 512, 512, situ);
-  CheckDecode("T=2 k=2 I=96", 2, 2, random_idx(2, 2), kE, 512, 96, silu);
-  if (g_fused_checks < 39) Fail("decode: " + std::to_string(g_fused_checks) + " checks of the fused tails, want 39");
   if (g_tiled_checks < 2) Fail("decode: " + std::to_string(g_tiled_checks) + " checks of tiled experts, want 2");
   if (g_tiled_mxfp4_checks < 4) {
     Fail("decode: " + std::to_string(g_tiled_mxfp4_checks) + " checks of tiled MXFP4 codes, want 4");

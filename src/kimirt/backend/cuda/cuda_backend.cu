@@ -220,16 +220,9 @@ class CudaKvStorage final : public KvStorage {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
-      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {
-    // The fused tails' counters (last_block.cuh), zeroed here, outside any capture: each launch
-    // leaves them zero, so every later step and graph replay on this stream finds them so.
-    KIMIRT_CUDA_OK(cudaSetDevice(device_));
-    KIMIRT_CUDA_OK(cudaMalloc(&tail_counters_, kTailCounters * sizeof(unsigned)));
-    KIMIRT_CUDA_OK(cudaMemset(tail_counters_, 0, kTailCounters * sizeof(unsigned)));
-  }
+      : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    cudaFree(tail_counters_);
     if (prefetch_stream_ != nullptr) {
       cudaStreamSynchronize(prefetch_stream_);
       cudaStreamDestroy(prefetch_stream_);
@@ -420,7 +413,7 @@ class CudaBackend final : public Backend {
     }
     const int count = static_cast<int>(dp.size());
     Tensor scratch = Scratch(cuda::DecodeGemmGroupScratchBytes(T, dp.data(), count));
-    cuda::DecodeGemmGroup(T, dp.data(), count, scratch.raw(), stream_, Tails());
+    cuda::DecodeGemmGroup(T, dp.data(), count, scratch.raw(), stream_);
   }
 
   // The weights in order, up to L2PrefetchBudget() bytes in all (the L2 holds ~50 MB; asking for
@@ -835,8 +828,7 @@ class CudaBackend final : public Backend {
                            mxfp4 && De % 128 == 0 && I % 128 == 0 && ptrs.scales_aligned4,
                            p.kind == GluKind::kSilu ? 0 : 1, p.beta, p.linear_beta.has_value(),
                            p.linear_beta.value_or(1.0f), weights, scratch, F(*out), stream_, z_split_done,
-                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns,
-                           Tails());
+                           cuda::MoeDecodeTokenTiles(T, k, by_load ? E : 0, part_columns), part_columns);
   }
 
   // MoeExperts over the experts of `ptrs` (ex's, and the shared one last if it was given).
@@ -1045,7 +1037,7 @@ class CudaBackend final : public Backend {
         for (int64_t r = 0; r < m; r += cuda::kGemvMaxRows) {
           const int64_t rows = std::min(cuda::kGemvMaxRows, m - r);
           Tensor scratch = Scratch(cuda::DecodeGemmScratchBytes(rows, n, k));
-          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, tiled, Tails());
+          cuda::DecodeGemm(x + r * k, wb, y + r * n, rows, n, k, scratch.raw(), stream_, tiled);
         }
       } else {
         cuda::Gemv(x, wb, w.dtype() == DType::kBF16, y, m, n, k, stream_);
@@ -1221,16 +1213,6 @@ class CudaBackend final : public Backend {
   std::shared_ptr<TiledSet> tiled_ = std::make_shared<TiledSet>();
   // PrefetchWeights' stream and its fork and join events (made at the first call); whether it has
   // work since the last join.
-  // LastBlockOf's counters for the fused tails: K3's gate/up tiles at batch 2 are 48 row blocks
-  // (3,072-wide experts) times up to 32 active experts; 16K leave room for wider and more.
-  static constexpr int64_t kTailCounters = int64_t{1} << 14;
-  unsigned* tail_counters_ = nullptr;
-  // The decode kernels' fused tails (cuda::TailCounters: the same bits as the small kernels they
-  // replace); KIMIRT_FUSED_TAILS=0 runs those kernels instead, for A/B runs.
-  cuda::TailCounters Tails() const {
-    static const bool on = cuda::EnvSwitchOn("KIMIRT_FUSED_TAILS");
-    return on ? cuda::TailCounters{tail_counters_, kTailCounters} : cuda::TailCounters{};
-  }
   cudaStream_t prefetch_stream_ = nullptr;
   cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
   bool prefetch_forked_ = false;

@@ -52,7 +52,6 @@
 #include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
-#include "kimirt/backend/cuda/last_block.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/wave_splits.h"
@@ -345,50 +344,21 @@ __device__ __forceinline__ void WgmmaRetire(float (&acc)[kColTiles][kTiles][4], 
   for (int c = 0; c < kColTiles; ++c) AddD<kTiles>(acc[c], d[c]);
 }
 
-// y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
-// kSumBatch at a time ahead of their adds (up to 28 slices: a serial load-add chain would cost
-// one L2 latency per slice), through L2 (LoadPart: the GEMM's fused tail reads the slices other
-// blocks of its own launch wrote).
-constexpr int64_t kSumBatch = 8;
-__device__ __forceinline__ void SumSplit(const float* part, int64_t splits, int64_t mn, int64_t i, float* y) {
-  float s = LoadPart(part + i);
-  for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
-    float v[kSumBatch];
-#pragma unroll
-    for (int64_t b = 0; b < kSumBatch; ++b) v[b] = j0 + b < splits ? LoadPart(part + (j0 + b) * mn + i) : 0.0f;
-#pragma unroll
-    for (int64_t b = 0; b < kSumBatch; ++b) {
-      if (j0 + b < splits) s += v[b];
-    }
-  }
-  y[i] = s;
-}
-
-// The k split of one launch's GEMM: its slices' partials and, with `tail` (TailCounters: one
-// counter a column block), the fused tail summing them into y.
-struct SplitSum {
-  float* y = nullptr;
-  int64_t splits = 1;
-  unsigned* tail = nullptr;
-};
-
 // One block's work, the same in DecodeGemmKernel (one GEMM) and DecodeGemmGroupKernel (a group):
 // 128 columns (column block `cb`) × k slice `split`; warp: 32 columns (two MMA tiles) × all
-// kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial; with ss.tail the
-// last of the column block's slices to finish sums them into ss.y (SumSplitsKernel's sums).
+// kTiles row tiles. out: y when splits = 1, else the slice's [m, n] partial.
 template <int kTiles, bool kVec>
 __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
                                           const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                                           const uint16_t* __restrict__ x_lo, float* __restrict__ out, int64_t m,
                                           int64_t n, int64_t k, int64_t k_pad, int64_t slice, int64_t cb,
-                                          int64_t split, int hint_ahead, bool w_tiled, const SplitSum& ss) {
+                                          int64_t split, int hint_ahead, bool w_tiled) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t col0 = cb * kBlockCols + warp * (kColTiles * 16);
   // A tiled weight has 16-byte rows (CheckTiled), so only the kVec kernels read one.
   const bool tiled = kVec && w_tiled;
   const int64_t k_begin = split * slice;
   const int64_t k_end = k_begin + slice < k_pad ? k_begin + slice : k_pad;
-  float* const part = out;
   out += split * m * n;
 
   // L2 hints `hint_ahead` rounds ahead of the weight loads: at 33-64 rows only (HintAhead, with
@@ -615,11 +585,6 @@ __device__ __forceinline__ void GemmBlock(const uint16_t* __restrict__ w, const 
       }
     }
   }
-  if (ss.tail == nullptr || !LastBlockOf(ss.tail, static_cast<unsigned>(ss.splits))) return;
-  for (int64_t e = threadIdx.x; e < m * kBlockCols; e += blockDim.x) {
-    const int64_t row = e / kBlockCols, col = cb * kBlockCols + e % kBlockCols;
-    if (col < n) SumSplit(part, ss.splits, m * n, row * n + col, ss.y);
-  }
 }
 
 // y (or the partials) of one GEMM: block (column block blockIdx.x, split blockIdx.y).
@@ -628,11 +593,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
     DecodeGemmKernel(const uint16_t* __restrict__ w, const float* __restrict__ x, bool x_vec,
                      const uint16_t* __restrict__ x_hi, const uint16_t* __restrict__ x_mid,
                      const uint16_t* __restrict__ x_lo, float* __restrict__ out,
-                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice, int hint_ahead, bool tiled,
-                     SplitSum ss) {
-  if (ss.tail != nullptr) ss.tail += blockIdx.x;
+                     int64_t m, int64_t n, int64_t k, int64_t k_pad, int64_t slice, int hint_ahead, bool tiled) {
   GemmBlock<kTiles, kVec>(w, x, x_vec, x_hi, x_mid, x_lo, out, m, n, k, k_pad, slice, blockIdx.x, blockIdx.y,
-                          hint_ahead, tiled, ss);
+                          hint_ahead, tiled);
 }
 
 // A group of GEMMs of one row count m (DecodeGemmGroup), one launch: problem i owns the blocks
@@ -648,7 +611,6 @@ struct GroupGemm {
   int64_t n, k, k_pad, slice, x_part;
   uint32_t begin, col_blocks;
   bool x_vec, tiled;
-  SplitSum ss;  // its tail's counters from ss.tail + begin (one a column block)
 };
 struct GroupGemmArgs {
   GroupGemm p[kMaxGroup];
@@ -664,10 +626,27 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<kTiles>)
   for (int j = 1; j < a.count; ++j) i = blockIdx.x >= a.p[j].begin ? j : i;
   const GroupGemm& p = a.p[i];
   const uint32_t local = blockIdx.x - p.begin;
-  SplitSum ss = p.ss;
-  if (ss.tail != nullptr) ss.tail += p.begin + local % p.col_blocks;
   GemmBlock<kTiles, kVec>(p.w, p.x, p.x_vec, p.x_hi, p.x_hi + p.x_part, p.x_hi + 2 * p.x_part, p.out, a.m, p.n,
-                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks, a.hint_ahead, p.tiled, ss);
+                          p.k, p.k_pad, p.slice, local % p.col_blocks, local / p.col_blocks, a.hint_ahead, p.tiled);
+}
+
+// y = Σ_s part[s], s ascending: the same order for every element and every m. The loads go out
+// kSumBatch at a time ahead of their adds (up to 28 slices: a serial load-add chain would cost
+// one L2 latency per slice).
+constexpr int64_t kSumBatch = 8;
+__device__ __forceinline__ void SumSplit(const float* __restrict__ part, int64_t splits, int64_t mn, int64_t i,
+                                         float* __restrict__ y) {
+  float s = part[i];
+  for (int64_t j0 = 1; j0 < splits; j0 += kSumBatch) {
+    float v[kSumBatch];
+#pragma unroll
+    for (int64_t b = 0; b < kSumBatch; ++b) v[b] = j0 + b < splits ? part[(j0 + b) * mn + i] : 0.0f;
+#pragma unroll
+    for (int64_t b = 0; b < kSumBatch; ++b) {
+      if (j0 + b < splits) s += v[b];
+    }
+  }
+  y[i] = s;
 }
 
 __global__ void SumSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t mn, float* __restrict__ y) {
@@ -728,12 +707,12 @@ int HintAhead(int tiles) {
 template <int kTiles>
 void Launch(bool vec, dim3 grid, const uint16_t* w, const float* x, bool x_vec, const uint16_t* hi,
             const uint16_t* mid, const uint16_t* lo, float* out, int64_t m, int64_t n, int64_t k, const Plan& p,
-            bool tiled, const SplitSum& ss, cudaStream_t s) {
+            bool tiled, cudaStream_t s) {
   static std::atomic<uint64_t> configured[2];
   const auto kernel = vec ? DecodeGemmKernel<kTiles, true> : DecodeGemmKernel<kTiles, false>;
   AllowXSmem<kTiles>(kernel, configured[vec]);
   LaunchPdl("DecodeGemm", kernel, grid, dim3(kWarps * 32), kXSmemBytes<kTiles>, s, w, x, x_vec, hi, mid, lo, out, m,
-            n, k, p.k_pad, p.slice, HintAhead(kTiles), tiled, ss);
+            n, k, p.k_pad, p.slice, HintAhead(kTiles), tiled);
 }
 
 template <int kTiles>
@@ -849,7 +828,7 @@ void TileWeightForDecode(const void* w_bf16, void* tiled, int64_t n, int64_t k, 
 }
 
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                cudaStream_t s, bool w_tiled, TailCounters tails) {
+                cudaStream_t s, bool w_tiled) {
   if (m == 0 || n == 0) return;
   CheckShape(m, k);
   CheckTiled(w_tiled, w_bf16, n, k);
@@ -862,16 +841,14 @@ void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t
   const bool vec = Vec(w, k), x_vec = Vec(x, k);
   float* out = p.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(scratch) + p.x_bytes) : y;
   const dim3 grid(static_cast<unsigned>(CeilDiv(n, kBlockCols)), static_cast<unsigned>(p.splits));
-  const bool fused = p.splits > 1 && tails.Fit(m, grid.x);
-  const SplitSum ss{y, p.splits, fused ? tails.p : nullptr};
   switch (p.tiles) {
-    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, ss, s); break;
-    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, ss, s); break;
-    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, ss, s); break;
-    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, ss, s); break;
+    case 1: Launch<1>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    case 2: Launch<2>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    case 4: Launch<4>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
+    default: Launch<8>(vec, grid, w, x, x_vec, hi, mid, lo, out, m, n, k, p, w_tiled, s); break;
   }
   CheckLaunch("DecodeGemm");
-  if (p.splits > 1 && !fused) {
+  if (p.splits > 1) {
     LaunchPdl("DecodeGemm sum splits", SumSplitsKernel, dim3(GridFor(m * n)), dim3(256), 0, s,
               static_cast<const float*>(out), p.splits, m * n, y);
   }
@@ -882,14 +859,9 @@ size_t DecodeGemmGroupScratchBytes(int64_t m, const DecodeGemmProblem* problems,
   return LayoutOf(m, problems, count).bytes;
 }
 
-void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s,
-                     TailCounters tails) {
+void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s) {
   if (m == 0) return;
   const GroupLayout l = LayoutOf(m, problems, count);
-  // A launch's split problems sum their slices in its fused tail where the counters fit the
-  // launch's blocks (each problem's column blocks count from its first block), else in
-  // SumSplitsGroupKernel after it.
-  std::vector<bool> fused(static_cast<size_t>(count), false);
   char* base = static_cast<char*>(scratch);
   for (int i = 0; i < count; ++i) {
     if (l.splits_x[i]) SplitX(problems[i].x, m, problems[i].k, l.plan[i], base + l.x_at[i], s);
@@ -933,8 +905,6 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
       g.begin = blocks;
       g.col_blocks = static_cast<uint32_t>(CeilDiv(q.n, kBlockCols));
       blocks += g.col_blocks * static_cast<uint32_t>(p.splits);
-      fused[static_cast<size_t>(i)] = p.splits > 1 && tails.Fit(m, blocks);
-      g.ss = SplitSum{q.y, p.splits, fused[static_cast<size_t>(i)] ? tails.p : nullptr};
       if (a.count == kMaxGroup) flush();
     }
     flush();
@@ -948,7 +918,7 @@ void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, vo
     a.total = 0;
   };
   for (int i = 0; i < count; ++i) {
-    if (problems[i].n == 0 || l.plan[i].splits == 1 || fused[static_cast<size_t>(i)]) continue;
+    if (problems[i].n == 0 || l.plan[i].splits == 1) continue;
     a.p[a.count++] = GroupSum{reinterpret_cast<const float*>(base + l.part_at[i]), problems[i].y, l.plan[i].splits,
                               m * problems[i].n, a.total};
     a.total += m * problems[i].n;

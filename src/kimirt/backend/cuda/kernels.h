@@ -44,19 +44,6 @@ constexpr int64_t kGemvMaxRows = 64;
 void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 
-// Counters for a decode kernel's fused tail (last_block.cuh): `capacity` unsigned of device
-// memory, zero, used on one stream (each launch leaves them zero). With them, up to
-// kFusedTailMaxRows rows, the small kernel that sums a decode kernel's k slices (DecodeGemm's
-// split sums, the MoE's GLU split and combine) runs as that kernel's last blocks instead of a
-// launch of its own: the same sums in the same order, so the same bits. Past that the tail's
-// one block a tile would sum too many rows alone, and the small kernels run.
-struct TailCounters {
-  unsigned* p = nullptr;
-  int64_t capacity = 0;
-  bool Fit(int64_t rows, int64_t tiles) const { return p != nullptr && rows <= kFusedTailMaxRows && tiles <= capacity; }
-  static constexpr int64_t kFusedTailMaxRows = 2;
-};
-
 // --- decode_gemm.cu: BF16-weight GEMM for 1..kGemvMaxRows rows on tensor cores ---
 // y [m, n] = x [m, k] · w [n, k]ᵀ with w BF16, x split into three BF16 parts (all of F32), F32
 // accumulation; the weight is read once whatever m is, and each row's bits are those it gets
@@ -68,9 +55,8 @@ int64_t DecodeGemmSplits(int64_t n, int64_t k);
 // `w_tiled`: w is in the decode-tiled layout TileWeightForDecode makes (the same products in the
 // same order, so the same bits; each warp's loads are contiguous runs instead of 64-byte pieces
 // of 8 rows).
-// `tails`: the split sums as the GEMM's fused tail where they fit (TailCounters).
 void DecodeGemm(const float* x, const void* w_bf16, float* y, int64_t m, int64_t n, int64_t k, void* scratch,
-                cudaStream_t s, bool w_tiled = false, TailCounters tails = {});
+                cudaStream_t s, bool w_tiled = false);
 // Whether an [n, k] weight can be tiled: n % 32 == 0 and k % 128 == 0.
 bool DecodeGemmTileable(int64_t n, int64_t k);
 // w [n, k] BF16 row-major → `tiled` (n · k BF16, another buffer, 16-byte aligned) in the layout
@@ -89,8 +75,7 @@ struct DecodeGemmProblem {
   bool w_tiled = false;  // w in TileWeightForDecode's layout
 };
 size_t DecodeGemmGroupScratchBytes(int64_t m, const DecodeGemmProblem* problems, int count);
-void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s,
-                     TailCounters tails = {});
+void DecodeGemmGroup(int64_t m, const DecodeGemmProblem* problems, int count, void* scratch, cudaStream_t s);
 
 // --- prefill_gemm.cu: BF16-weight GEMM for prefill (more than kGemvMaxRows rows) on tensor cores ---
 // y [m, n] = bf16(x) [m, k] · w [n, k]ᵀ: x rounded to BF16 (nearest even), w BF16, F32
@@ -462,13 +447,10 @@ int MoeDecodeTokenTiles(int64_t T, int64_t k, int64_t E, bool part_columns);
 // tokens' three x parts (moe_kernels.cu kPartCols; for a light routed load, ExpertWeights::
 // light_load, with no shared expert riding), else 8 tokens; another order of the same sums, fixed
 // for the launch's configuration, so it may not change with T.
-// tails: the GLU split and the combine as the expert kernels' fused tails where they fit
-// (TailCounters), two launches fewer.
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0, bool part_columns = false,
-                      TailCounters tails = {});
+                      cudaStream_t s, bool z_split_done = false, int token_tiles = 0, bool part_columns = false);
 // MoeRoute (append ≥ 0: expert `append` after each token's k), MoeGroupByExpert of its choice
 // over E_group experts into g, and MoeDecodeExperts's split of z [T, De] into `decode_scratch`
 // (its scratch for T tokens, k + 1 or k slots, De), as one launch: a decode step's route chain

@@ -7,7 +7,6 @@
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
 #include "kimirt/backend/cuda/kernels.h"
-#include "kimirt/backend/cuda/last_block.cuh"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
@@ -754,26 +753,21 @@ __global__ void __launch_bounds__(kSortThreads)
   GroupByExpertBlock(idx, T * ks, E_group, g.order, g.pos, g.active, g.begin, g.num_active, sm.group);
 }
 
-// h[g, i] = GLU(Σ_s gate part, Σ_s up part) (slices in order), split for the down MMAs: by
-// GluSplitKernel, or by the gate/up kernel's last block of a tile (its fused tail).
-__device__ __forceinline__ void GluSplitAt(const float* part, int64_t splits, int64_t n, int64_t I, int64_t g,
-                                           int64_t i, int kind, float b1, bool has_b2, float b2, uint16_t* h_parts) {
-  const float* p = part + g * 2 * I + i;
-  float gate = LoadPart(p), up = LoadPart(p + I);
-  for (int64_t s = 1; s < splits; ++s) {
-    gate += LoadPart(p + s * n * 2 * I);
-    up += LoadPart(p + s * n * 2 * I + I);
-  }
-  StoreSplit(GluOf(gate, up, kind, b1, has_b2, b2), g, i, n, I, h_parts);
-}
-
+// h[g] = GLU(Σ_s gate part, Σ_s up part) (slices in order), split for the down MMAs.
 __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int64_t I, int kind, float b1,
                                bool has_b2, float b2, uint16_t* h_parts) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
   const int64_t total = n * I;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    GluSplitAt(part, splits, n, I, idx / I, idx % I, kind, b1, has_b2, b2, h_parts);
+    const int64_t g = idx / I, i = idx % I;
+    const float* p = part + g * 2 * I + i;
+    float gate = p[0], up = p[I];
+    for (int64_t s = 1; s < splits; ++s) {
+      gate += p[s * n * 2 * I];
+      up += p[s * n * 2 * I + I];
+    }
+    StoreSplit(GluOf(gate, up, kind, b1, has_b2, b2), g, i, n, I, h_parts);
   }
 }
 
@@ -786,12 +780,14 @@ __global__ void GluSplitKernel(const float* part, int64_t splits, int64_t n, int
 // tens of µs at batch 1). The slots go kCombineBatch at a time: their positions and weights
 // loaded together, then all their slices, then the adds in j order (a slot at a time, each
 // waiting on its position's load, cost ~6 µs at top-8 measured; the arithmetic is unchanged).
-// The same sums run as the down kernel's fused tail (CombineAt, the last block of a column tile).
 constexpr int kCombineThreads = 128;
 constexpr int kCombineBatch = 8;
-__device__ __forceinline__ float CombineAt(const float* __restrict__ part, int64_t splits, int64_t n,
-                                           const int32_t* __restrict__ pos, const float* __restrict__ weights,
-                                           int64_t k, int64_t D, int64_t t, int64_t d) {
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t n, const int32_t* __restrict__ pos,
+                           const float* __restrict__ weights, int64_t k, int64_t D, float* __restrict__ out) {
+  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
+  const int64_t t = blockIdx.x, d = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
+  if (d >= D) return;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < k; j0 += kCombineBatch) {
     const float* p[kCombineBatch];
@@ -803,25 +799,17 @@ __device__ __forceinline__ float CombineAt(const float* __restrict__ part, int64
       wt[u] = weights[t * k + j];
     }
 #pragma unroll
-    for (int u = 0; u < kCombineBatch; ++u) v[u] = LoadPart(p[u]);
+    for (int u = 0; u < kCombineBatch; ++u) v[u] = p[u][0];
     for (int64_t s = 1; s < splits; ++s) {
 #pragma unroll
-      for (int u = 0; u < kCombineBatch; ++u) v[u] += LoadPart(p[u] + s * n * D);
+      for (int u = 0; u < kCombineBatch; ++u) v[u] += p[u][s * n * D];
     }
 #pragma unroll
     for (int u = 0; u < kCombineBatch; ++u) {
       if (j0 + u < k) acc = __fadd_rn(acc, __fmul_rn(wt[u], v[u]));
     }
   }
-  return acc;
-}
-
-__global__ void __launch_bounds__(kCombineThreads)
-    MoeCombineSplitsKernel(const float* __restrict__ part, int64_t splits, int64_t n, const int32_t* __restrict__ pos,
-                           const float* __restrict__ weights, int64_t k, int64_t D, float* __restrict__ out) {
-  PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
-  const int64_t t = blockIdx.x, d = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
-  if (d < D) out[t * D + d] = CombineAt(part, splits, n, pos, weights, k, D, t, d);
+  out[t * D + d] = acc;
 }
 
 __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
@@ -972,21 +960,7 @@ struct MmaArgs {
   int64_t slice = 0, n = 0;                      // k per slice; slots of the step
   float* part = nullptr;
   bool tiled = false;  // BF16 weights decode-tiled (decode_tiled.cuh) or MXFP4 codes tiled (mxfp4_tiled.cuh)
-  // The fused tail, when tail_count is set (LastBlockOf's counters, zero): the last block of a
-  // gate/up tile (row block, expert) over its k slices runs GluSplitKernel's sums for it into
-  // h_parts; the last of a down column tile over every expert and slice runs the combine's for
-  // its columns of the `tokens` tokens (k slots each) into out.
-  unsigned* tail_count = nullptr;
-  int glu_kind = 0;
-  float b1 = 0.0f, b2 = 0.0f;
-  bool has_b2 = false;
-  uint16_t* h_parts = nullptr;
-  const int32_t* pos = nullptr;
-  const float* weights = nullptr;
-  int64_t k = 0, tokens = 0;
-  float* out = nullptr;
 };
-static_assert(kRowsPerBlock<false> == kMmaWarps * 32, "the combine tail: a thread a column of the down's tile");
 
 template <int kFmt, bool kGateUp, int kTT, bool kPartCols = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 : kMmaMinBlocks)
@@ -1012,8 +986,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   const int a = blockIdx.z == 0 ? num_active - 1 : static_cast<int>(blockIdx.z) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t r0 = (int64_t{blockIdx.x} * kMmaWarps + warp) * kRowsPerWarp<kGateUp>;
-  // A warp past N computes nothing (the whole warp: nothing in the loop syncs the block) but
-  // stays for the fused tail's barriers.
+  if (r0 >= N) return;  // the whole warp; nothing below syncs the block
   const int32_t e = ga.active[a];
   const void* const w_tile[2] = {wa[e], kGateUp ? wb[e] : wa[e]};
   const uint8_t* const s_tile[2] = {kFmt == kMxfp4 ? sa[e] : nullptr,
@@ -1025,7 +998,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
   part += int64_t{blockIdx.y} * n * out_w;
   const int32_t g0 = ga.begin[a], g1 = ga.begin[a + 1];
   const int64_t plane = x_rows * K;
-  for (int32_t p0 = g0; r0 < N && p0 < g1; p0 += kTok * kTT) {
+  for (int32_t p0 = g0; p0 < g1; p0 += kTok * kTT) {
     const int tiles = min(kTT, (g1 - p0 + kTok - 1) / kTok);  // the same for the whole warp
     // This lane's x row of each token tile at the slice's start, k = k_begin + 8t, advanced a
     // round at a time: column g's token (part columns: token g / 3's part g % 3). A padding column
@@ -1266,28 +1239,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kTT == 1 ? kMmaMinBlocks + 1 :
       }
     }
   }
-  if (args.tail_count == nullptr) return;
-  if constexpr (kGateUp) {
-    // The tile (rows of this block, expert a) is the gridDim.y slices' blocks.
-    if (!LastBlockOf(args.tail_count + int64_t{a} * gridDim.x + blockIdx.x, gridDim.y)) return;
-    constexpr int64_t kRows = kRowsPerBlock<true>;
-    const int64_t row0 = int64_t{blockIdx.x} * kRows;
-    for (int64_t o = threadIdx.x; o < int64_t{g1 - g0} * kRows; o += blockDim.x) {
-      const int64_t i = row0 + o % kRows;
-      if (i < N) {
-        GluSplitAt(args.part, gridDim.y, n, N, g0 + o / kRows, i, args.glu_kind, args.b1, args.has_b2, args.b2,
-                   args.h_parts);
-      }
-    }
-  } else {
-    // The column tile is every active expert's blocks of it, all slices.
-    if (!LastBlockOf(args.tail_count + blockIdx.x, gridDim.y * static_cast<unsigned>(num_active))) return;
-    const int64_t d = int64_t{blockIdx.x} * kRowsPerBlock<false> + threadIdx.x;
-    if (d >= N) return;
-    for (int64_t tok = 0; tok < args.tokens; ++tok) {
-      args.out[tok * N + d] = CombineAt(args.part, gridDim.y, n, args.pos, args.weights, args.k, N, tok, d);
-    }
-  }
 }
 
 struct DecodePlan {
@@ -1325,60 +1276,28 @@ void LaunchMmaTiles(int tt, bool part_columns, dim3 grid, const MmaArgs& a, cuda
   part_columns ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
-// The decode's row blocks of gate/up (over I) and of down (over De).
-int64_t GateUpRowBlocks(int64_t I) { return (I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>; }
-int64_t DownRowBlocks(int64_t De) { return (De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>; }
-
-// What the combine needs (MoeDecodeExperts's arguments), and with `tail` set the counters for
-// the expert kernels' fused tails: then the GLU split and the combine are their last blocks'.
-struct CombineArgs {
-  const int32_t* pos;
-  const float* weights;
-  int64_t T, k;
-  float* out;
-  unsigned* tail;
-};
-
 template <int kFmt>
 void LaunchDecode(const DecodePlan& p, int tt, bool part_columns, const uint16_t* z_parts, int64_t T,
                   const GroupArgs& ga, int64_t max_active, int64_t De, int64_t I, const ExpertPointerTable& w,
                   bool scales_vec, float* gu_part, uint16_t* h_parts, float* dn_part, int kind, float beta,
-                  bool has_linear_beta, float linear_beta, const CombineArgs& c, cudaStream_t s) {
-  const dim3 gu_grid(static_cast<unsigned>(GateUpRowBlocks(I)), static_cast<unsigned>(p.gate_up.splits),
-                     static_cast<unsigned>(max_active));
-  MmaArgs gu{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
-             p.gate_up.slice, p.n, gu_part, w.tiled};
-  gu.tail_count = c.tail;
-  gu.glu_kind = kind;
-  gu.b1 = beta;
-  gu.has_b2 = has_linear_beta;
-  gu.b2 = linear_beta;
-  gu.h_parts = h_parts;
-  LaunchMmaTiles<kFmt, true>(tt, part_columns, gu_grid, gu, s);
+                  bool has_linear_beta, float linear_beta, cudaStream_t s) {
+  const dim3 gu_grid(static_cast<unsigned>((I + kRowsPerBlock<true> - 1) / kRowsPerBlock<true>),
+                     static_cast<unsigned>(p.gate_up.splits), static_cast<unsigned>(max_active));
+  LaunchMmaTiles<kFmt, true>(tt, part_columns, gu_grid,
+                             MmaArgs{z_parts, T, ga, I, De, w.gate, w.up, w.gate_scales, w.up_scales, scales_vec,
+                                     p.gate_up.slice, p.n, gu_part, w.tiled},
+                             s);
   CheckLaunch("ExpertMma gate/up");
-  if (c.tail == nullptr) {
-    LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
-              p.gate_up.splits, p.n, I, kind, beta, has_linear_beta, linear_beta, h_parts);
-    CheckLaunch("GluSplit");
-  }
-  const dim3 dn_grid(static_cast<unsigned>(DownRowBlocks(De)), static_cast<unsigned>(p.down.splits),
-                     static_cast<unsigned>(max_active));
-  MmaArgs dn{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
-             scales_vec, p.down.slice, p.n, dn_part, w.tiled};
-  dn.tail_count = c.tail;
-  dn.pos = c.pos;
-  dn.weights = c.weights;
-  dn.k = c.k;
-  dn.tokens = c.T;
-  dn.out = c.out;
-  LaunchMmaTiles<kFmt, false>(tt, part_columns, dn_grid, dn, s);
+  LaunchPdl("GluSplit", GluSplitKernel, dim3(GridFor(p.n * I)), dim3(256), 0, s, static_cast<const float*>(gu_part),
+            p.gate_up.splits, p.n, I, kind, beta, has_linear_beta, linear_beta, h_parts);
+  CheckLaunch("GluSplit");
+  const dim3 dn_grid(static_cast<unsigned>((De + kRowsPerBlock<false> - 1) / kRowsPerBlock<false>),
+                     static_cast<unsigned>(p.down.splits), static_cast<unsigned>(max_active));
+  LaunchMmaTiles<kFmt, false>(tt, part_columns, dn_grid,
+                              MmaArgs{h_parts, p.n, ga, De, I, w.down, w.down, w.down_scales, w.down_scales,
+                                      scales_vec, p.down.slice, p.n, dn_part, w.tiled},
+                              s);
   CheckLaunch("ExpertMma down");
-  if (c.tail == nullptr) {
-    const dim3 combine_grid(static_cast<unsigned>(T), static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
-    LaunchPdl("MoeCombine", MoeCombineSplitsKernel, combine_grid, dim3(kCombineThreads), 0, s,
-              static_cast<const float*>(dn_part), p.down.splits, p.n, c.pos, c.weights, c.k, De, c.out);
-    CheckLaunch("MoeCombine");
-  }
 }
 
 }  // namespace
@@ -1461,8 +1380,7 @@ int64_t MoeDecodeSplits(int64_t De, int64_t I, int64_t k, bool gate_up) {
 void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& g, int64_t max_active, int64_t De,
                       int64_t I, const ExpertPointerTable& w, int format, bool scales_vec, int kind, float beta,
                       bool has_linear_beta, float linear_beta, const float* weights, void* scratch, float* out,
-                      cudaStream_t s, bool z_split_done, int token_tiles, bool part_columns,
-                      TailCounters tails) {
+                      cudaStream_t s, bool z_split_done, int token_tiles, bool part_columns) {
   if (T == 0) return;
   if (!MoeDecodeSupported(De, I, format, true) || T > kGemvMaxRows || k < 1) {
     std::fprintf(stderr, "kimirt: decode MoE of %lld tokens, widths %lld x %lld, format %d (needs <= %lld tokens, "
@@ -1482,15 +1400,18 @@ void MoeDecodeExperts(const float* z, int64_t T, int64_t k, const ExpertGroups& 
   }
   const int tt = token_tiles > 0 ? token_tiles : MoeDecodeTokenTiles(T, k, 0, part_columns);
   const GroupArgs ga{g.order, g.active, g.begin, g.num_active, k};
-  const bool fused = tails.Fit(T, std::max(GateUpRowBlocks(I) * max_active, DownRowBlocks(De)));
-  const CombineArgs c{g.pos, weights, T, k, out, fused ? tails.p : nullptr};
   if (format == kMxfp4) {
     LaunchDecode<kMxfp4>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, scales_vec, gu_part, h_parts,
-                         dn_part, kind, beta, has_linear_beta, linear_beta, c, s);
+                         dn_part, kind, beta, has_linear_beta, linear_beta, s);
   } else {
     LaunchDecode<kBf16>(p, tt, part_columns, z_parts, T, ga, max_active, De, I, w, false, gu_part, h_parts, dn_part,
-                        kind, beta, has_linear_beta, linear_beta, c, s);
+                        kind, beta, has_linear_beta, linear_beta, s);
   }
+  const dim3 combine_grid(static_cast<unsigned>(T),
+                          static_cast<unsigned>((De + kCombineThreads - 1) / kCombineThreads));
+  LaunchPdl("MoeCombine", MoeCombineSplitsKernel, combine_grid, dim3(kCombineThreads), 0, s,
+            static_cast<const float*>(dn_part), p.down.splits, p.n, g.pos, weights, k, De, out);
+  CheckLaunch("MoeCombine");
 }
 
 // Row-major word i (codes row, kk .. kk+7) → its place and bit order in mxfp4_tiled.cuh's layout.

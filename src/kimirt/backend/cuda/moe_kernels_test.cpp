@@ -272,9 +272,7 @@ TEST_F(CudaBackendMoe, Mxfp4ExpertsSmallWidthsAgainstTheCpu) {
 
 // The decode path (up to RowInvariantRows tokens) with experts shared by many tokens, so an
 // expert's tokens fill several MMA column tiles and a token's column changes with the batch:
-// at every batch size each token's row is bit-identical to the token alone (alone and at T = 2 the
-// GLU split and the combine run as the expert kernels' fused tails, from T = 8 as kernels of their
-// own: so the tails give the kernels' bits), MXFP4 equals
+// at every batch size each token's row is bit-identical to the token alone, MXFP4 equals
 // BF16-held bit for bit, and both match the CPU. Two width sets: Kimi-Linear-48B's (2304 × 1024,
 // whose k is split across blocks, so the slice sums are covered) and odd small widths (96 × 160:
 // not multiples of 128, so the byte-wise scale loads and a partial last round).
