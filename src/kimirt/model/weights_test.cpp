@@ -2,7 +2,7 @@
 // K3 fixture config (tiny-a: 8 experts of 32 × 32, codes + scales): a good one loads on the CPU
 // with each expert widened to exactly its dequantized values; a broken one (a scale tensor of the
 // wrong shape, codes of the wrong length, an expert without its scales) is a load error that
-// names the tensor.
+// names the tensor, on the GPU too, where a failed load leaves no device memory behind.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -24,6 +24,7 @@ namespace kimirt {
 namespace {
 
 const std::string kExpert = "language_model.model.layers.1.block_sparse_moe.experts.3.";
+using Edit = std::function<bool(const TensorSpec&, Shape*, std::vector<uint8_t>*)>;
 
 class Mxfp4LoadTest : public ::testing::Test {
  protected:
@@ -46,8 +47,7 @@ class Mxfp4LoadTest : public ::testing::Test {
 
   // The config's random checkpoint (make-checkpoint --random's bytes), one shard, with `edit`
   // applied to each tensor first (it may change the shape and bytes; false drops the tensor).
-  using Edit = std::function<bool(const TensorSpec&, Shape*, std::vector<uint8_t>*)>;
-  Result<ModelWeights> WriteAndLoad(const Edit& edit) {
+  Result<ModelWeights> WriteAndLoad(const Edit& edit, Backend* be = nullptr) {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     SafetensorsWriter w;
@@ -67,12 +67,12 @@ class Mxfp4LoadTest : public ::testing::Test {
     KIMIRT_RETURN_IF_ERROR(w.Write(dir_ + "/model.safetensors"));
     KIMIRT_RETURN_IF_ERROR(WriteSafetensorsIndex(dir_, map, total));
     KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir_));
-    return LoadModelWeights(*layout_, *CheckpointWeightSource(*ckpt), 1, 0, *cpu_);
+    return LoadModelWeights(*layout_, *CheckpointWeightSource(*ckpt), 1, 0, be != nullptr ? *be : *cpu_);
   }
 
   // The load fails and its message names `name`.
-  void ExpectErrorNaming(const Edit& edit, const std::string& name) {
-    Result<ModelWeights> r = WriteAndLoad(edit);
+  void ExpectErrorNaming(const Edit& edit, const std::string& name, Backend* be = nullptr) {
+    Result<ModelWeights> r = WriteAndLoad(edit, be);
     ASSERT_FALSE(r.ok()) << "a checkpoint with " << name << " broken loaded";
     EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status().ToString();
   }
@@ -137,36 +137,75 @@ TEST_F(Mxfp4LoadTest, ExpertsCarryTheConfigsRoutedLoad) {
   }
 }
 
-TEST_F(Mxfp4LoadTest, ScaleTensorOfTheWrongShapeNamesIt) {
+// The three broken checkpoints: each the edit that breaks it and the tensor its error names.
+struct Breakage {
+  std::string name;
+  Edit edit;
+};
+Breakage ScaleOfTheWrongShape() {
   const std::string name = kExpert + "w1.weight_scale";
-  ExpectErrorNaming(
-      [&](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
-        if (t.name == name) {
-          (*shape)[1] += 1;  // one scale group too many per row
-          bytes->assign(static_cast<size_t>(NumElements(*shape)), 127);
-        }
-        return true;
-      },
-      name);
+  return {name, [name](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
+            if (t.name == name) {
+              (*shape)[1] += 1;  // one scale group too many per row
+              bytes->assign(static_cast<size_t>(NumElements(*shape)), 127);
+            }
+            return true;
+          }};
+}
+Breakage CodesOfTheWrongLength() {
+  const std::string name = kExpert + "w2.weight_packed";
+  return {name, [name](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
+            if (t.name == name) {
+              (*shape)[1] -= 1;  // a byte (two codes) short per row
+              bytes->resize(static_cast<size_t>(NumElements(*shape)));
+            }
+            return true;
+          }};
+}
+Breakage ExpertWithoutItsScales() {
+  const std::string name = kExpert + "w3.weight_scale";
+  return {name, [name](const TensorSpec& t, Shape*, std::vector<uint8_t>*) { return t.name != name; }};
+}
+
+TEST_F(Mxfp4LoadTest, ScaleTensorOfTheWrongShapeNamesIt) {
+  const Breakage b = ScaleOfTheWrongShape();
+  ExpectErrorNaming(b.edit, b.name);
 }
 
 TEST_F(Mxfp4LoadTest, CodesOfTheWrongLengthNameThem) {
-  const std::string name = kExpert + "w2.weight_packed";
-  ExpectErrorNaming(
-      [&](const TensorSpec& t, Shape* shape, std::vector<uint8_t>* bytes) {
-        if (t.name == name) {
-          (*shape)[1] -= 1;  // a byte (two codes) short per row
-          bytes->resize(static_cast<size_t>(NumElements(*shape)));
-        }
-        return true;
-      },
-      name);
+  const Breakage b = CodesOfTheWrongLength();
+  ExpectErrorNaming(b.edit, b.name);
 }
 
 TEST_F(Mxfp4LoadTest, ExpertWithoutItsScalesNamesThem) {
-  const std::string name = kExpert + "w3.weight_scale";
-  ExpectErrorNaming([&](const TensorSpec& t, Shape*, std::vector<uint8_t>*) { return t.name != name; }, name);
+  const Breakage b = ExpertWithoutItsScales();
+  ExpectErrorNaming(b.edit, b.name);
 }
+
+#if KIMIRT_TEST_CUDA
+// On the GPU the same checkpoints are the same load errors, and a failed load leaves nothing
+// allocated: the weights loaded before the broken tensor go into slabs (Backend::BeginWeights),
+// freed with their last tensor when the load gives up, so by the driver's count (cudaMemGetInfo)
+// every failed load after the first (which may leave the backend's own buffers behind) returns
+// the device's free memory to what it was before it.
+class CudaMxfp4LoadTest : public Mxfp4LoadTest {};
+
+TEST_F(CudaMxfp4LoadTest, FailedLoadsLeaveNothingAllocated) {
+  auto gpu = MakeBackend("cuda");
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  const Breakage breakages[] = {ScaleOfTheWrongShape(), CodesOfTheWrongLength(), ExpertWithoutItsScales()};
+  for (const Breakage& b : breakages) ExpectErrorNaming(b.edit, b.name, gpu->get());
+  for (const Breakage& b : breakages) {
+    SCOPED_TRACE(b.name);
+    const std::optional<Backend::MemoryInfo> before = (*gpu)->DeviceMemory();
+    ASSERT_TRUE(before.has_value());
+    ExpectErrorNaming(b.edit, b.name, gpu->get());
+    const std::optional<Backend::MemoryInfo> after = (*gpu)->DeviceMemory();
+    ASSERT_TRUE(after.has_value());
+    EXPECT_EQ(after->free, before->free) << "a failed load left device memory allocated";
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace kimirt
