@@ -23,6 +23,13 @@ void Backend::AddRmsNorm(const Tensor& a, const Tensor& b, const Tensor& w, floa
   RmsNorm(*h, w, eps, y);
 }
 
+void Backend::AttnResMixNorm(std::span<const Tensor* const> candidates, const Tensor& proj, const Tensor& norm_w,
+                             float eps, const Tensor& out_w, float out_eps, Tensor* y) {
+  Tensor mix = Empty(y->shape());
+  AttnResMix(candidates, proj, norm_w, eps, &mix);
+  RmsNorm(mix, out_w, out_eps, y);
+}
+
 void Backend::KdaDecode(std::span<const int32_t> slots, const Tensor& q_raw, const Tensor& k_raw, const Tensor& v_raw,
                         const Tensor& f, const Tensor& beta_logits, const Tensor& gate, const KdaDecodeWeights& w,
                         KdaStatePool* pool, Tensor* o) {

@@ -322,6 +322,11 @@ class Backend {
   // key-norm gain norm_w [D]; y [T, D] = Σ softmax_i(q·rmsnorm(v_i)) v_i.
   virtual void AttnResMix(std::span<const Tensor* const> candidates, const Tensor& proj,
                           const Tensor& norm_w, float eps, Tensor* y) = 0;
+  // y = RmsNorm(AttnResMix(candidates; proj, norm_w, eps); out_w, out_eps), the mix itself not
+  // kept (a sub-layer's normalized input, spec §4.1). By default the two calls; a backend may
+  // fuse them, with their bits.
+  virtual void AttnResMixNorm(std::span<const Tensor* const> candidates, const Tensor& proj, const Tensor& norm_w,
+                              float eps, const Tensor& out_w, float out_eps, Tensor* y);
 
   // KDA (spec §5). x [T, C], w [C, W], window [W-1, C] carried in place; y [T, C].
   virtual void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) = 0;

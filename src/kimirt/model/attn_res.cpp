@@ -31,7 +31,23 @@ Tensor BlockAttnRes::Mix(const Tensor& proj, const Tensor& norm) {
   for (const Tensor& b : bank_) cands.push_back(&b);
   cands.push_back(&prefix_);  // the prefix is always the last candidate (spec §8.2)
   Tensor y = be_.Empty(prefix_.shape());
-  be_.AttnResMix(cands, proj, norm, eps_, &y);
+  if (norm_next_.w != nullptr) {
+    be_.AttnResMixNorm(cands, proj, norm, eps_, *norm_next_.w, norm_next_.eps, &y);
+    norm_next_ = {};
+  } else {
+    be_.AttnResMix(cands, proj, norm, eps_, &y);
+  }
+  return y;
+}
+
+Tensor BlockAttnRes::AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) {
+  Add(out);
+  norm_next_ = {&w, eps};
+  const Tensor x = next();
+  if (norm_next_.w == nullptr) return x;  // Mix normalized it
+  norm_next_ = {};                        // no mix (the prefix itself): the norm apart
+  Tensor y = be_.Empty(x.shape());
+  be_.RmsNorm(x, w, eps, &y);
   return y;
 }
 

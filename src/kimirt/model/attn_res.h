@@ -36,13 +36,24 @@ class BlockAttnRes final : public ResidualStream {
   void Add(const Tensor& out) override;
   // Spec §4 step 4: the output site's mix (the prefix itself if the bank is empty).
   Tensor Output() override;
+  // Add(out), then the norm of next(): where next() mixes (every site but one with an empty
+  // bank), the mix and the norm are one Backend::AttnResMixNorm (the mix is that norm's input
+  // alone; the same bits as the two calls).
+  Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) override;
   // The closed blocks, oldest first, then the prefix. Between layers the prefix is always there
   // (a layer's FFN output was the last Add), so the bank and prefix are the whole state.
   std::vector<Tensor> State() const override;
 
  private:
-  // AttnResMix([bank..., prefix]; proj, norm) (spec §8.2).
+  // AttnResMix([bank..., prefix]; proj, norm) (spec §8.2); normalized by norm_next_ (and that
+  // cleared) when AddThenNorm has set it.
   Tensor Mix(const Tensor& proj, const Tensor& norm);
+
+  struct NextNorm {
+    const Tensor* w = nullptr;
+    float eps = 0.0f;
+  };
+  NextNorm norm_next_;  // set by AddThenNorm for the one Mix its next() may run
 
   int64_t block_size_;
   float eps_;

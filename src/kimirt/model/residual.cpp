@@ -1,4 +1,4 @@
-// ResidualStream::AddThenNorm and PreNormResidual (residual.h).
+// PreNormResidual (residual.h).
 #include "kimirt/model/residual.h"
 
 namespace kimirt {
@@ -10,14 +10,6 @@ Tensor Sum(Backend& be, const Tensor& a, const Tensor& b) {
 }
 
 void PreNormResidual::Add(const Tensor& out) { h_ = Sum(be_, h_, out); }
-
-Tensor ResidualStream::AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) {
-  Add(out);
-  const Tensor x = next();
-  Tensor y = be_.Empty(x.shape());
-  be_.RmsNorm(x, w, eps, &y);
-  return y;
-}
 
 // Every norm reads h: the new h and its norm in one call.
 Tensor PreNormResidual::AddThenNorm(const Tensor& out, const Tensor& w, float eps,

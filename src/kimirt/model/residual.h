@@ -27,9 +27,10 @@ class ResidualStream {
   // Adds a sub-layer's output [T, D] to the stream.
   virtual void Add(const Tensor& out) = 0;
   // Add(out), then RMSNorm(w, eps) of next() — what the next norm reads (FfnInput, the next
-  // layer's AttentionInput or Output) — as a new tensor. A stream whose norms read the sum itself
-  // (PreNormResidual) does both in one backend call (Backend::AddRmsNorm: the same bits).
-  virtual Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next);
+  // layer's AttentionInput or Output) — as a new tensor. Each stream fuses what it can with the
+  // same bits: PreNormResidual's norms read the sum itself (Backend::AddRmsNorm), BlockAttnRes's
+  // read a mix (Backend::AttnResMixNorm).
+  virtual Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) = 0;
   // What the final norm reads.
   virtual Tensor Output() = 0;
   // The whole state between two layers, as tensors [T, D] (pipeline parallelism: what one stage

@@ -497,10 +497,22 @@ class CudaBackend final : public Backend {
 
   void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
                   Tensor* y) override {
-    KIMIRT_CHECK(!cands.empty() && cands.size() <= static_cast<size_t>(cuda::kAttnResMaxCandidates));
-    cuda::AttnResCandidates c;
-    for (const Tensor* t : cands) c.p[c.n++] = F(*t);
-    cuda::AttnResMix(c, F(proj), F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
+    cuda::AttnResMix(Candidates(cands), F(proj), F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
+  }
+
+  // The mix and its norm in one kernel where the row fits its held registers (K3's 7,168): the
+  // kernel tracer charged the norm after each mix ~8 µs at K3's width, 4 of a 2-layer step's.
+  // KIMIRT_ATTNRES_MIX_NORM=0: the two kernels (the same bits), for A/B runs.
+  void AttnResMixNorm(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
+                      const Tensor& out_w, float out_eps, Tensor* y) override {
+    static const bool fused = cuda::EnvSwitchOn("KIMIRT_ATTNRES_MIX_NORM");
+    const int64_t D = Cols(*y);
+    if (!fused || !cuda::AttnResMixNormSupported(D)) {
+      return Backend::AttnResMixNorm(cands, proj, norm_w, eps, out_w, out_eps, y);
+    }
+    KIMIRT_CHECK(out_w.numel() == D);
+    cuda::AttnResMixNorm(Candidates(cands), F(proj), F(norm_w), eps, F(out_w), out_eps, Rows(*cands[0]), D, F(*y),
+                         stream_);
   }
 
   void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) override {
@@ -1087,6 +1099,14 @@ class CudaBackend final : public Backend {
 
   // Device scratch of `bytes` bytes from the pool (its blocks are cudaMalloc'd: 256-byte aligned).
   Tensor Scratch(size_t bytes) { return Raw({static_cast<int64_t>((bytes + 3) / 4)}, DType::kF32); }
+
+  // AttnResMix's candidates as the launch's by-value pointer list.
+  cuda::AttnResCandidates Candidates(std::span<const Tensor* const> cands) {
+    KIMIRT_CHECK(!cands.empty() && cands.size() <= static_cast<size_t>(cuda::kAttnResMaxCandidates));
+    cuda::AttnResCandidates c;
+    for (const Tensor* t : cands) c.p[c.n++] = F(*t);
+    return c;
+  }
 
   // An uninitialized device tensor from the pool (while capturing, the graph's own pool).
   Tensor Raw(Shape shape, DType dtype) {

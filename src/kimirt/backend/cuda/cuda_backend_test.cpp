@@ -465,6 +465,39 @@ TEST_F(CudaBackendTest, AttnResMixHeldKernelGivesTheLoopKernelsBits) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+// The mix and its norm as one kernel (Backend::AttnResMixNorm, a sub-layer's normalized input
+// under Block AttnRes) against AttnResMix then RmsNorm on the GPU, bit for bit, and against the
+// CPU's two calls: Kimi-Linear's and K3's widths and the held kernel's edges, 1 to 20 candidates.
+TEST_F(CudaBackendTest, AttnResMixNormGivesMixThenNormsBits) {
+  for (int64_t D : {300, 2304, 7168, 8192}) {
+    for (int n : {1, 2, 9, 20}) {
+      SCOPED_TRACE("D=" + std::to_string(D) + " n=" + std::to_string(n));
+      const int64_t T = 3;
+      std::vector<Tensor> host, dev;
+      std::vector<const Tensor*> cpu_cands, gpu_cands;
+      for (int i = 0; i < n; ++i) {
+        host.push_back(Random({T, D}, 0.5f + 0.25f * static_cast<float>(i % 5)));
+        dev.push_back(Up(host.back()));
+      }
+      for (int i = 0; i < n; ++i) cpu_cands.push_back(&host[static_cast<size_t>(i)]);
+      for (int i = 0; i < n; ++i) gpu_cands.push_back(&dev[static_cast<size_t>(i)]);
+      const Tensor proj = Random({D}, 0.1f), norm = Random({D}, 0.3f, 1.0f), out_w = Random({D}, 0.5f, 1.5f);
+      const Tensor proj_d = Up(proj), norm_d = Up(norm), out_w_d = Up(out_w);
+      Tensor fused = Poisoned({T, D}), mix = Poisoned({T, D}), apart = Poisoned({T, D});
+      gpu_->AttnResMixNorm(gpu_cands, proj_d, norm_d, 1e-6f, out_w_d, 1e-5f, &fused);
+      gpu_->AttnResMix(gpu_cands, proj_d, norm_d, 1e-6f, &mix);
+      gpu_->RmsNorm(mix, out_w_d, 1e-5f, &apart);
+      const Tensor f = Down(fused), a = Down(apart);
+      EXPECT_EQ(std::memcmp(f.f32(), a.f32(), static_cast<size_t>(T * D) * sizeof(float)), 0);
+      // Against the CPU's sums in their own order: 20 candidates of 8,192 came to RelL2 1.03e-5
+      // (one H100), so the mix's F32 summation bound of the other tests, doubled.
+      Tensor want = cpu_->Empty({T, D});
+      cpu_->AttnResMixNorm(cpu_cands, proj, norm, 1e-6f, out_w, 1e-5f, &want);
+      ExpectClose(fused, want, 2e-5);
+    }
+  }
+}
+
 // KDA: conv with its carried window, both decay gates, and the core with its carried state,
 // over two calls (a prefill chunk, then one decode token).
 TEST_F(CudaBackendTest, KdaPipelineWithCarriedState) {

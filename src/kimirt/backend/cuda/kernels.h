@@ -125,6 +125,12 @@ struct AttnResCandidates {
 };
 void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s);
+// y = RMSNorm(out_w, out_eps) of AttnResMix's y, as one kernel (the mix not stored): the bits of
+// AttnResMix then RmsNorm (CudaBackendTest.AttnResMixNormGivesMixThenNormsBits). Rows up to
+// 8,192 wide (AttnResMixNormSupported).
+bool AttnResMixNormSupported(int64_t D);
+void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
+                    const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s);
 // The first AttnResMix kernel (a block a row, read in loops): what AttnResMix runs for rows wider
 // than 8,192, and the reference its held kernel must match bit for bit (CudaBackendTest.
 // AttnResMixHeldKernelGivesTheLoopKernelsBits).

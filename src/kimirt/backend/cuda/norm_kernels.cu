@@ -45,6 +45,27 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 // (54-60 µs a call, Nsight Compute); at 12, 48-60 registers.
 constexpr int kNormHeld = 32;
 constexpr int kNormHeldShort = 12;
+
+// The held row's RMSNorm once every thread holds its elements (thread i: i, i + 256, ...): the
+// squares summed in turn, BlockSum, then out[i] = w_of(j) · (x · inv). RmsNormHeldKernel's ending
+// and AttnResMixHeldKernel's (kNorm), one code, so one set of bits.
+template <int kHeld, class W>
+__device__ __forceinline__ void NormHeldRow(const float (&xv)[kHeld], W&& w_of, int64_t n, float eps, float* scratch,
+                                            float* __restrict__ out) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    if (threadIdx.x + int64_t{j} * kThreads < n) ss += xv[j] * xv[j];
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < n) out[i] = w_of(j) * (xv[j] * inv);
+  }
+}
+
 template <bool kAdd, int kHeld>
 __global__ void __launch_bounds__(kThreads)
     RmsNormHeldKernel(const float* __restrict__ x, const float* __restrict__ b, const float* __restrict__ w,
@@ -75,18 +96,7 @@ __global__ void __launch_bounds__(kThreads)
       if (i < n) h[row + i] = xv[j];
     }
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    if (threadIdx.x + int64_t{j} * kThreads < n) ss += xv[j] * xv[j];
-  }
-  ss = BlockSum(ss, scratch);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
-    if (i < n) y[row + i] = wv[j] * (xv[j] * inv);
-  }
+  NormHeldRow<kHeld>(xv, [&](int j) { return wv[j]; }, n, eps, scratch, y + row);
 }
 
 __global__ void GatedRmsNormKernel(const float* x, const float* g, const float* w, float eps, int64_t K, float* y) {
@@ -186,13 +196,21 @@ __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* pro
 // one warp's butterfly) runs for every candidate after one barrier, candidate i in warp i % 8:
 // BlockSum's tree, so BlockSum's results. The softmax is thread 0's as before; the mix sums the
 // candidates in order, one FMA each.
-template <int kHeld>
+//
+// kNorm (AttnResMixNorm): the mix is the next norm's input and nothing else's, so it is not
+// stored: RMSNorm(out_w, out_eps) of it is, by NormHeldRow (RmsNormHeldKernel's ending: its bits).
+// The norm's gains go to shared memory before the wait (each thread its own, so no barrier),
+// where they cost no registers beside the mix's.
+template <int kHeld, bool kNorm = false>
 __global__ void __launch_bounds__(kThreads)
     AttnResMixHeldKernel(const AttnResCandidates cands, const float* __restrict__ proj,
-                         const float* __restrict__ norm_w, float eps, int64_t D, float* __restrict__ y) {
+                         const float* __restrict__ norm_w, float eps, int64_t D, float* __restrict__ y,
+                         const float* __restrict__ out_w = nullptr, float out_eps = 0.0f) {
   constexpr int kWarps = kThreads / 32;
   __shared__ float warp_ss[kAttnResMaxCandidates][kWarps], warp_dot[kAttnResMaxCandidates][kWarps];
   __shared__ float score[kAttnResMaxCandidates];
+  __shared__ float gain[kNorm ? kHeld : 1][kNorm ? kThreads : 1];
+  __shared__ float norm_scratch[kNorm ? 33 : 1];  // BlockSum's (score is still being read by the mix)
   const int64_t t = blockIdx.x;
   const int n = cands.n, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   auto in = [&](int j) { return threadIdx.x + int64_t{j} * kThreads < D; };
@@ -201,6 +219,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kHeld; ++j) {
     const int64_t d = threadIdx.x + int64_t{j} * kThreads;
     q[j] = in(j) ? norm_w[d] * proj[d] : 0.0f;
+    if constexpr (kNorm) gain[j][threadIdx.x] = in(j) ? out_w[d] : 0.0f;
   }
   PdlWait();
   PdlTrigger();
@@ -256,9 +275,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
   };
   each_candidate(mix);
+  if constexpr (kNorm) {
+    NormHeldRow<kHeld>(o, [&](int j) { return gain[j][threadIdx.x]; }, D, out_eps, norm_scratch, y + t * D);
+  } else {
 #pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    if (in(j)) y[t * D + threadIdx.x + int64_t{j} * kThreads] = o[j];
+    for (int j = 0; j < kHeld; ++j) {
+      if (in(j)) y[t * D + threadIdx.x + int64_t{j} * kThreads] = o[j];
+    }
   }
 }
 constexpr int kAttnResHeld = 32;  // up to 8,192 wide (K3: 7,168)
@@ -328,13 +351,29 @@ void AttnResMixLoop(const AttnResCandidates& cands, const float* proj, const flo
   CheckLaunch("AttnResMix");
 }
 
+bool AttnResMixNormSupported(int64_t D) { return D > 0 && D <= int64_t{kThreads} * kAttnResHeld; }
+
+void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
+                    const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s) {
+  if (T == 0) return;
+  if (!AttnResMixNormSupported(D)) {
+    std::fprintf(stderr, "kimirt: AttnResMixNorm of rows %lld wide (up to %d)\n", static_cast<long long>(D),
+                 kThreads * kAttnResHeld);
+    std::abort();
+  }
+  CheckCandidates(cands);
+  LaunchPdl("AttnResMixNorm", AttnResMixHeldKernel<kAttnResHeld, true>, dim3(static_cast<unsigned>(T)), dim3(kThreads),
+            0, s, cands, proj, norm_w, eps, D, y, out_w, out_eps);
+  CheckLaunch("AttnResMixNorm");
+}
+
 void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps, int64_t T,
                 int64_t D, float* y, cudaStream_t s) {
   if (D > int64_t{kThreads} * kAttnResHeld) return AttnResMixLoop(cands, proj, norm_w, eps, T, D, y, s);
   if (T == 0) return;
   CheckCandidates(cands);
   LaunchPdl("AttnResMix", AttnResMixHeldKernel<kAttnResHeld>, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, s,
-            cands, proj, norm_w, eps, D, y);
+            cands, proj, norm_w, eps, D, y, static_cast<const float*>(nullptr), 0.0f);
   CheckLaunch("AttnResMix");
 }
 
