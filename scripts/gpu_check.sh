@@ -123,8 +123,9 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
-#   mixnorm   Block AttnRes's mix + norm as one kernel against two (KIMIRT_ATTNRES_MIX_NORM=0/1/1/0):
-#             the 2-layer K3's `bench model` at batch 1 and 32, then its batch-1 step traced both ways.
+#   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row
+#             (KIMIRT_ATTNRES_CLUSTER=0/1/1/0): the 2-layer K3's `bench model` at batch 1 and 32,
+#             then its batch-1 step traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
 #             driver's count) against the planned weight bytes, and the step times.
@@ -609,29 +610,31 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
   done
 fi
 if [[ "$what" == mixnorm ]]; then
-  # Block AttnRes's mix and the norm after it as one kernel (Backend::AttnResMixNorm) against the
-  # two (KIMIRT_ATTNRES_MIX_NORM=0 / 1 / 1 / 0 in one run): the 2-layer K3's `bench model` at
-  # batch 1 and 32, then its batch-1 step under the kernel tracer both ways.
+  # Block AttnRes's mix (and the norm after it, one kernel) over a cluster of 8 blocks a row
+  # (KIMIRT_ATTNRES_CLUSTER=1, off by default until this has run) against one block a row
+  # (0 / 1 / 1 / 0 in one run): the 2-layer K3's
+  # `bench model` at batch 1 and 32, then its batch-1 step under the kernel tracer both ways.
+  # (The held kernels' fused mix + norm against the two kernels: KIMIRT_ATTNRES_MIX_NORM.)
   cfg="$root/shared/bench/configs/kimi-k3-2layer.json"
   n=0
   for on in 0 1 1 0; do
     n=$((n + 1))
-    KIMIRT_ATTNRES_MIX_NORM=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
+    KIMIRT_ATTNRES_CLUSTER=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
       --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
-      --json "$out/bench-model-k3-2layer-mixnorm$on-$n.json" >"$out/mixnorm-$on-$n.txt" 2>&1 || status=1
-    echo "--- kimi-k3-2layer, KIMIRT_ATTNRES_MIX_NORM=$on"
+      --json "$out/bench-model-k3-2layer-cluster$on-$n.json" >"$out/mixnorm-$on-$n.txt" 2>&1 || status=1
+    echo "--- kimi-k3-2layer, KIMIRT_ATTNRES_CLUSTER=$on"
     tail -2 "$out/mixnorm-$on-$n.txt"
   done
   for on in 0 1; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-mixnorm$on.csv" \
-      KIMIRT_ATTNRES_MIX_NORM=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-cluster$on.csv" \
+      KIMIRT_ATTNRES_CLUSTER=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
       --random-weights --batch-sizes 1 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
-      --json "$out/bench-model-mixnorm$on-traced.json" >"$out/trace-mixnorm$on.txt" 2>&1 || status=1
-    echo "--- traced, KIMIRT_ATTNRES_MIX_NORM=$on"
-    python3 scripts/kernel_trace_summary.py "$out/trace-mixnorm$on.csv" --top 40 --json "$out/trace-mixnorm$on-summary.json" \
-      >"$out/trace-mixnorm$on-summary.txt" || status=1
-    head -24 "$out/trace-mixnorm$on-summary.txt"
-    xz -T4 "$out/trace-mixnorm$on.csv"
+      --json "$out/bench-model-cluster$on-traced.json" >"$out/trace-cluster$on.txt" 2>&1 || status=1
+    echo "--- traced, KIMIRT_ATTNRES_CLUSTER=$on"
+    python3 scripts/kernel_trace_summary.py "$out/trace-cluster$on.csv" --top 40 --json "$out/trace-cluster$on-summary.json" \
+      >"$out/trace-cluster$on-summary.txt" || status=1
+    head -14 "$out/trace-cluster$on-summary.txt"
+    xz -T4 "$out/trace-cluster$on.csv"
   done
 fi
 if [[ "$what" == slabs ]]; then

@@ -495,24 +495,43 @@ class CudaBackend final : public Backend {
                     Cols(table), row_begin, F(*y), stream_);
   }
 
-  void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
-                  Tensor* y) override {
-    cuda::AttnResMix(Candidates(cands), F(proj), F(norm_w), eps, Rows(*cands[0]), Cols(*cands[0]), F(*y), stream_);
+  // A row over a cluster of blocks (cuda::AttnResMixCluster) up to 8,192 wide with
+  // KIMIRT_ATTNRES_CLUSTER=1; by default the held kernels (one block a row). Off until measured:
+  // built in the twenty-seventh session when no GPU time was left to run it (its test,
+  // CudaBackendTest.AttnResMixClusterRowsHaveTheirBitsAlone, calls it directly).
+  static bool AttnResCluster(int64_t D) {
+    static const bool on = [] {
+      const char* v = std::getenv("KIMIRT_ATTNRES_CLUSTER");
+      return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return on && cuda::AttnResMixClusterSupported(D);
   }
 
-  // The mix and its norm in one kernel where the row fits its held registers (K3's 7,168): the
-  // kernel tracer charged the norm after each mix ~8 µs at K3's width, 4 of a 2-layer step's.
-  // KIMIRT_ATTNRES_MIX_NORM=0: the two kernels (the same bits), for A/B runs.
+  void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
+                  Tensor* y) override {
+    const int64_t T = Rows(*cands[0]), D = Cols(*cands[0]);
+    if (AttnResCluster(D)) {
+      return cuda::AttnResMixCluster(Candidates(cands), F(proj), F(norm_w), eps, nullptr, 0.0f, T, D, F(*y), stream_);
+    }
+    cuda::AttnResMix(Candidates(cands), F(proj), F(norm_w), eps, T, D, F(*y), stream_);
+  }
+
+  // The mix and its norm in one kernel: the kernel tracer charged the norm after each mix ~8 µs
+  // at K3's width, 4 of a 2-layer step's. Held (one block a row, the default): the bits of the
+  // mix and the norm kernels; KIMIRT_ATTNRES_MIX_NORM=0 runs those two, for A/B runs.
   void AttnResMixNorm(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
                       const Tensor& out_w, float out_eps, Tensor* y) override {
     static const bool fused = cuda::EnvSwitchOn("KIMIRT_ATTNRES_MIX_NORM");
-    const int64_t D = Cols(*y);
+    const int64_t T = Rows(*cands[0]), D = Cols(*y);
+    KIMIRT_CHECK(out_w.numel() == D);
+    if (fused && AttnResCluster(D)) {
+      return cuda::AttnResMixCluster(Candidates(cands), F(proj), F(norm_w), eps, F(out_w), out_eps, T, D, F(*y),
+                                     stream_);
+    }
     if (!fused || !cuda::AttnResMixNormSupported(D)) {
       return Backend::AttnResMixNorm(cands, proj, norm_w, eps, out_w, out_eps, y);
     }
-    KIMIRT_CHECK(out_w.numel() == D);
-    cuda::AttnResMixNorm(Candidates(cands), F(proj), F(norm_w), eps, F(out_w), out_eps, Rows(*cands[0]), D, F(*y),
-                         stream_);
+    cuda::AttnResMixNorm(Candidates(cands), F(proj), F(norm_w), eps, F(out_w), out_eps, T, D, F(*y), stream_);
   }
 
   void CausalConvSilu(const Tensor& x, const Tensor& w, Tensor* window, Tensor* y) override {

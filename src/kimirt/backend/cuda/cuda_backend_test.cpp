@@ -50,6 +50,18 @@ class MlaDecodeVariantScope {
   cuda::MlaDecodeVariant saved_;
 };
 
+// AttnRes mix cases: n random candidates [T, D] (of different scales) and the mix's and the
+// norm's weights, on both sides (CudaBackendTest::MakeAttnResCase).
+struct AttnResCase {
+  std::vector<Tensor> host, dev;
+  std::vector<const Tensor*> cpu;  // host's
+  cuda::AttnResCandidates gpu;     // dev's
+  Tensor proj, norm, out_w, proj_d, norm_d, out_w_d;
+  const float* P() const { return static_cast<const float*>(proj_d.raw()); }
+  const float* N() const { return static_cast<const float*>(norm_d.raw()); }
+  const float* W() const { return static_cast<const float*>(out_w_d.raw()); }
+};
+
 class CudaBackendTest : public testing::CudaCpuTest {
  protected:
   CudaBackendTest() : CudaCpuTest(20261130) {}
@@ -57,6 +69,7 @@ class CudaBackendTest : public testing::CudaCpuTest {
 
   Tensor Up(const Tensor& h) { return gpu_->Upload(h); }
   Tensor Down(const Tensor& d) { return gpu_->Download(d); }
+  AttnResCase MakeAttnResCase(int64_t T, int64_t D, int n);
 
   static double RelL2(const Tensor& got, const Tensor& want) {
     EXPECT_EQ(got.numel(), want.numel());
@@ -465,37 +478,88 @@ TEST_F(CudaBackendTest, AttnResMixHeldKernelGivesTheLoopKernelsBits) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
-// The mix and its norm as one kernel (Backend::AttnResMixNorm, a sub-layer's normalized input
-// under Block AttnRes) against AttnResMix then RmsNorm on the GPU, bit for bit, and against the
-// CPU's two calls: Kimi-Linear's and K3's widths and the held kernel's edges, 1 to 20 candidates.
+
+AttnResCase CudaBackendTest::MakeAttnResCase(int64_t T, int64_t D, int n) {
+  AttnResCase c;
+  for (int i = 0; i < n; ++i) {
+    c.host.push_back(Random({T, D}, 0.5f + 0.25f * static_cast<float>(i % 5)));
+    c.dev.push_back(Up(c.host.back()));
+  }
+  for (int i = 0; i < n; ++i) {
+    c.cpu.push_back(&c.host[static_cast<size_t>(i)]);
+    c.gpu.p[c.gpu.n++] = static_cast<const float*>(c.dev[static_cast<size_t>(i)].raw());
+  }
+  c.proj = Random({D}, 0.1f);
+  c.norm = Random({D}, 0.3f, 1.0f);
+  c.out_w = Random({D}, 0.5f, 1.5f);
+  c.proj_d = Up(c.proj);
+  c.norm_d = Up(c.norm);
+  c.out_w_d = Up(c.out_w);
+  return c;
+}
+
+// The mix and its norm as one held kernel (cuda::AttnResMixNorm, one block a row) against the
+// held mix then the held RmsNorm, bit for bit, and against the CPU's two calls: Kimi-Linear's and
+// K3's widths and the held kernel's edges, 1 to 20 candidates.
 TEST_F(CudaBackendTest, AttnResMixNormGivesMixThenNormsBits) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   for (int64_t D : {300, 2304, 7168, 8192}) {
     for (int n : {1, 2, 9, 20}) {
       SCOPED_TRACE("D=" + std::to_string(D) + " n=" + std::to_string(n));
       const int64_t T = 3;
-      std::vector<Tensor> host, dev;
-      std::vector<const Tensor*> cpu_cands, gpu_cands;
-      for (int i = 0; i < n; ++i) {
-        host.push_back(Random({T, D}, 0.5f + 0.25f * static_cast<float>(i % 5)));
-        dev.push_back(Up(host.back()));
-      }
-      for (int i = 0; i < n; ++i) cpu_cands.push_back(&host[static_cast<size_t>(i)]);
-      for (int i = 0; i < n; ++i) gpu_cands.push_back(&dev[static_cast<size_t>(i)]);
-      const Tensor proj = Random({D}, 0.1f), norm = Random({D}, 0.3f, 1.0f), out_w = Random({D}, 0.5f, 1.5f);
-      const Tensor proj_d = Up(proj), norm_d = Up(norm), out_w_d = Up(out_w);
+      const AttnResCase c = MakeAttnResCase(T, D, n);
       Tensor fused = Poisoned({T, D}), mix = Poisoned({T, D}), apart = Poisoned({T, D});
-      gpu_->AttnResMixNorm(gpu_cands, proj_d, norm_d, 1e-6f, out_w_d, 1e-5f, &fused);
-      gpu_->AttnResMix(gpu_cands, proj_d, norm_d, 1e-6f, &mix);
-      gpu_->RmsNorm(mix, out_w_d, 1e-5f, &apart);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads and poisoning (the backend's stream)
+      cuda::AttnResMixNorm(c.gpu, c.P(), c.N(), 1e-6f, c.W(), 1e-5f, T, D, static_cast<float*>(fused.raw()), s);
+      cuda::AttnResMix(c.gpu, c.P(), c.N(), 1e-6f, T, D, static_cast<float*>(mix.raw()), s);
+      cuda::RmsNorm(static_cast<const float*>(mix.raw()), c.W(), 1e-5f, T, D, static_cast<float*>(apart.raw()), s);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const Tensor f = Down(fused), a = Down(apart);
       EXPECT_EQ(std::memcmp(f.f32(), a.f32(), static_cast<size_t>(T * D) * sizeof(float)), 0);
       // Against the CPU's sums in their own order: 20 candidates of 8,192 came to RelL2 1.03e-5
       // (one H100), so the mix's F32 summation bound of the other tests, doubled.
       Tensor want = cpu_->Empty({T, D});
-      cpu_->AttnResMixNorm(cpu_cands, proj, norm, 1e-6f, out_w, 1e-5f, &want);
+      cpu_->AttnResMixNorm(c.cpu, c.proj, c.norm, 1e-6f, c.out_w, 1e-5f, &want);
       ExpectClose(fused, want, 2e-5);
     }
   }
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// The mix over a cluster of blocks a row (cuda::AttnResMixCluster, KIMIRT_ATTNRES_CLUSTER=1 in
+// the backend), with and without the norm: each row's bits the same alone as among three rows,
+// and against the CPU's mix (and norm) within F32 summation error.
+TEST_F(CudaBackendTest, AttnResMixClusterRowsHaveTheirBitsAlone) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  for (int64_t D : {300, 2304, 7168, 8192}) {
+    for (int n : {1, 2, 9, 20}) {
+      for (const bool norm_too : {false, true}) {
+        SCOPED_TRACE("D=" + std::to_string(D) + " n=" + std::to_string(n) + (norm_too ? " with the norm" : ""));
+        const int64_t T = 3;
+        const AttnResCase c = MakeAttnResCase(T, D, n);
+        cuda::AttnResCandidates last = c.gpu;
+        for (int i = 0; i < n; ++i) last.p[i] += (T - 1) * D;  // row T - 1 alone
+        const float* W = norm_too ? c.W() : nullptr;
+        Tensor all = Poisoned({T, D}), alone = Poisoned({1, D});
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cuda::AttnResMixCluster(c.gpu, c.P(), c.N(), 1e-6f, W, 1e-5f, T, D, static_cast<float*>(all.raw()), s);
+        cuda::AttnResMixCluster(last, c.P(), c.N(), 1e-6f, W, 1e-5f, 1, D, static_cast<float*>(alone.raw()), s);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const Tensor a = Down(all), one = Down(alone);
+        EXPECT_EQ(std::memcmp(a.f32() + (T - 1) * D, one.f32(), static_cast<size_t>(D) * sizeof(float)), 0);
+        Tensor want = cpu_->Empty({T, D});
+        if (norm_too) {
+          cpu_->AttnResMixNorm(c.cpu, c.proj, c.norm, 1e-6f, c.out_w, 1e-5f, &want);
+        } else {
+          cpu_->AttnResMix(c.cpu, c.proj, c.norm, 1e-6f, &want);
+        }
+        ExpectClose(all, want, 2e-5);
+      }
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 // KDA: conv with its carried window, both decay gates, and the core with its carried state,

@@ -28,6 +28,7 @@
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/kda_activations.cuh"
 #include "kimirt/backend/cuda/cp_async.cuh"
+#include "kimirt/backend/cuda/cluster.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
 
@@ -211,20 +212,6 @@ struct ConvStage {
   float x, tap[kDecodeMaxConvTaps], win[kDecodeMaxConvTaps - 1];
 };
 
-
-__device__ inline void ClusterArrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ inline void ClusterWait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// The float at `p` in the shared memory of the cluster's block `rank` (same offset as in this
-// block's).
-__device__ inline float LoadClusterShared(const float* p, int rank) {
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
 
 // Butterfly sum over the lanes that differ in bits >= `from` (a power of two): every such lane
 // gets the same bits.

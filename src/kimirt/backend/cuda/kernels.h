@@ -131,6 +131,12 @@ void AttnResMix(const AttnResCandidates& cands, const float* proj, const float* 
 bool AttnResMixNormSupported(int64_t D);
 void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
                     const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s);
+// The mix (out_w null) or the mix's RMSNorm (out_w [D], out_eps) with each row over a cluster of 8
+// blocks (the held kernels: one block a row): its own fixed order of the sums (a row's bits the
+// same at every T, not the held kernels'). Rows up to 8,192 wide (AttnResMixClusterSupported).
+bool AttnResMixClusterSupported(int64_t D);
+void AttnResMixCluster(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
+                       const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s);
 // The first AttnResMix kernel (a block a row, read in loops): what AttnResMix runs for rows wider
 // than 8,192, and the reference its held kernel must match bit for bit (CudaBackendTest.
 // AttnResMixHeldKernelGivesTheLoopKernelsBits).

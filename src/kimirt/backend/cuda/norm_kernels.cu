@@ -2,6 +2,7 @@
 // (spec §3.2) and the Block AttnRes mix (spec §8.2). One block per row; the row's sums go
 // through the deterministic block reduction.
 #include "kimirt/backend/cuda/block_reduce.cuh"
+#include "kimirt/backend/cuda/cluster.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
 
@@ -155,6 +156,23 @@ __device__ void SoftmaxInPlace(float* score, int n) {
   for (int i = 0; i < n; ++i) score[i] /= z;
 }
 
+// f(i, candidate i's values) for every candidate, two at a time through two register rows (a
+// and b), the next one's loads (load(i, row)) in flight while one is used (constant indices: a
+// run-time row index would put them in local memory).
+template <int kHeld, class Load, class F>
+__device__ __forceinline__ void EachCandidate(int n, Load&& load, F&& f) {
+  float a[kHeld], b[kHeld];
+  load(0, a);
+  for (int i = 0; i < n; i += 2) {
+    if (i + 1 < n) load(i + 1, b);
+    f(i, a);
+    if (i + 1 < n) {
+      if (i + 2 < n) load(i + 2, a);
+      f(i + 1, b);
+    }
+  }
+}
+
 __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -241,21 +259,7 @@ __global__ void __launch_bounds__(kThreads)
     dot = WarpSum(dot);
     if (lane == 0) warp_ss[i][warp] = ss, warp_dot[i][warp] = dot;
   };
-  // f(i, candidate i's row) for every candidate, two at a time through two register rows (a
-  // and b), the next one's loads in flight while one is used (constant indices: a run-time row
-  // index would put them in local memory).
-  auto each_candidate = [&](auto&& f) {
-    float a[kHeld], b[kHeld];
-    load(0, a);
-    for (int i = 0; i < n; i += 2) {
-      if (i + 1 < n) load(i + 1, b);
-      f(i, a);
-      if (i + 1 < n) {
-        if (i + 2 < n) load(i + 2, a);
-        f(i + 1, b);
-      }
-    }
-  };
+  auto each_candidate = [&](auto&& f) { EachCandidate<kHeld>(n, load, f); };
   each_candidate(warp_sums);
   __syncthreads();
   for (int i = warp; i < n; i += kWarps) {
@@ -285,6 +289,113 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 constexpr int kAttnResHeld = 32;  // up to 8,192 wide (K3: 7,168)
+
+// The mix over a cluster of kMixCluster blocks a row: the held kernel's one block (one SM) read
+// every candidate twice, n × 28 KB × 2 at K3's width through one SM's share of L2 (7-10 µs a call
+// at 2-3 candidates on an H100; K3 has up to 9 and two mixes a layer). Block `rank` owns the
+// slice [rank · slice, + slice) of the row, a thread ≤ kMixClusterHeld elements of it (i, i + 256,
+// ...). Each candidate's squares and dot go thread → warp (WarpSum) → block (the warps in order)
+// → the cluster (the blocks' sums read by rank through distributed shared memory, in rank order):
+// the same sums in every block, so every block computes the same scores and softmax; each then
+// mixes its slice. kNorm: the mixed row's RMSNorm the same way. Another fixed order than the
+// held kernels' (not their bits), the same whatever T: a row's cluster reads nothing of another's.
+constexpr int kMixCluster = 8;
+constexpr int kMixClusterHeld = 4;  // up to 8 · 256 · 4 = 8,192 wide
+template <bool kNorm>
+__global__ void __launch_bounds__(kThreads)
+    AttnResMixClusterKernel(const AttnResCandidates cands, const float* __restrict__ proj,
+                            const float* __restrict__ norm_w, float eps, int64_t D, float* __restrict__ y,
+                            const float* __restrict__ out_w, float out_eps) {
+  constexpr int kWarps = kThreads / 32, kHeld = kMixClusterHeld;
+  __shared__ float warp_ss[kAttnResMaxCandidates][kWarps], warp_dot[kAttnResMaxCandidates][kWarps];
+  __shared__ float block_ss[kAttnResMaxCandidates], block_dot[kAttnResMaxCandidates];  // read by the cluster
+  __shared__ float score[kAttnResMaxCandidates];
+  __shared__ float norm_warp[kWarps], norm_block;  // norm_block read by the cluster
+  const int rank = static_cast<int>(blockIdx.x);    // grid (kMixCluster, T): one cluster a row
+  const int64_t t = blockIdx.y;
+  const int n = cands.n, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t slice = (D + kMixCluster - 1) / kMixCluster;
+  const int64_t begin = rank * slice, end = begin + slice < D ? begin + slice : D;
+  auto at = [&](int j) { return begin + threadIdx.x + int64_t{j} * kThreads; };
+  auto in = [&](int j) { return at(j) < end; };
+  float q[kHeld], g[kHeld];  // weights: read before the wait
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    q[j] = in(j) ? norm_w[at(j)] * proj[at(j)] : 0.0f;
+    g[j] = kNorm && in(j) ? out_w[at(j)] : 0.0f;
+  }
+  PdlWait();
+  PdlTrigger();
+  auto load = [&](int i, float(&v)[kHeld]) {
+    const float* row = cands.p[i] + t * D;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) v[j] = in(j) ? row[at(j)] : 0.0f;
+  };
+  auto each_candidate = [&](auto&& f) { EachCandidate<kHeld>(n, load, f); };
+  each_candidate([&](int i, const float(&v)[kHeld]) {
+    float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      ss += v[j] * v[j];  // zero past the slice
+      dot += q[j] * v[j];
+    }
+    ss = WarpSum(ss);
+    dot = WarpSum(dot);
+    if (lane == 0) warp_ss[i][warp] = ss, warp_dot[i][warp] = dot;
+  });
+  __syncthreads();
+  for (int i = warp; i < n; i += kWarps) {
+    const float ss = WarpSum(lane < kWarps ? warp_ss[i][lane] : 0.0f);
+    const float dot = WarpSum(lane < kWarps ? warp_dot[i][lane] : 0.0f);
+    if (lane == 0) block_ss[i] = ss, block_dot[i] = dot;
+  }
+  ClusterArrive();  // every block's sums written (release) ...
+  ClusterWait();    // ... and visible here (acquire)
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    float ss = LoadClusterShared(&block_ss[i], 0), dot = LoadClusterShared(&block_dot[i], 0);
+    for (int r = 1; r < kMixCluster; ++r) {
+      ss += LoadClusterShared(&block_ss[i], r);
+      dot += LoadClusterShared(&block_dot[i], r);
+    }
+    score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
+  __syncthreads();
+  float o[kHeld];
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) o[j] = 0.0f;
+  each_candidate([&](int i, const float(&v)[kHeld]) {
+    const float p = score[i];
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
+  });
+  float inv = 1.0f;
+  if constexpr (kNorm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) ss += o[j] * o[j];
+    ss = WarpSum(ss);
+    if (lane == 0) norm_warp[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+      const float b = WarpSum(lane < kWarps ? norm_warp[lane] : 0.0f);
+      if (lane == 0) norm_block = b;
+    }
+    ClusterArrive();
+    ClusterWait();
+    float total = LoadClusterShared(&norm_block, 0);
+    for (int r = 1; r < kMixCluster; ++r) total += LoadClusterShared(&norm_block, r);
+    inv = 1.0f / sqrtf(total / static_cast<float>(D) + out_eps);
+  }
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    if (in(j)) y[t * D + at(j)] = kNorm ? g[j] * (o[j] * inv) : o[j];
+  }
+  // No block may leave while another still reads its shared memory.
+  ClusterArrive();
+  ClusterWait();
+}
 
 }  // namespace
 
@@ -352,6 +463,38 @@ void AttnResMixLoop(const AttnResCandidates& cands, const float* proj, const flo
 }
 
 bool AttnResMixNormSupported(int64_t D) { return D > 0 && D <= int64_t{kThreads} * kAttnResHeld; }
+
+bool AttnResMixClusterSupported(int64_t D) { return D > 0 && D <= int64_t{kMixCluster} * kThreads * kMixClusterHeld; }
+
+void AttnResMixCluster(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
+                       const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s) {
+  if (T == 0) return;
+  if (!AttnResMixClusterSupported(D) || T > 65535) {
+    std::fprintf(stderr, "kimirt: AttnResMixCluster of %lld rows %lld wide (up to 65,535 rows of %d)\n",
+                 static_cast<long long>(T), static_cast<long long>(D), kMixCluster * kThreads * kMixClusterHeld);
+    std::abort();
+  }
+  CheckCandidates(cands);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kMixCluster, static_cast<unsigned>(T));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kMixCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PdlEnabled() ? 2 : 1;
+  const auto kernel = out_w != nullptr ? AttnResMixClusterKernel<true> : AttnResMixClusterKernel<false>;
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, cands, proj, norm_w, eps, D, y, out_w, out_eps);
+      e != cudaSuccess) {
+    std::fprintf(stderr, "kimirt: CUDA kernel AttnResMixCluster failed to launch: %s\n", cudaGetErrorString(e));
+    std::abort();
+  }
+}
 
 void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
                     const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s) {
