@@ -324,7 +324,7 @@ class Backend {
                           const Tensor& norm_w, float eps, Tensor* y) = 0;
   // y = RmsNorm(AttnResMix(candidates; proj, norm_w, eps); out_w, out_eps), the mix itself not
   // kept (a sub-layer's normalized input, spec §4.1). By default the two calls; a backend may
-  // fuse them, with their bits.
+  // run them as one kernel (CUDA: with the two kernels' bits; cuda_backend.cu says when not).
   virtual void AttnResMixNorm(std::span<const Tensor* const> candidates, const Tensor& proj, const Tensor& norm_w,
                               float eps, const Tensor& out_w, float out_eps, Tensor* y);
 

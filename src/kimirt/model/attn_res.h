@@ -38,7 +38,7 @@ class BlockAttnRes final : public ResidualStream {
   Tensor Output() override;
   // Add(out), then the norm of next(): where next() mixes (every site but one with an empty
   // bank), the mix and the norm are one Backend::AttnResMixNorm (the mix is that norm's input
-  // alone; the same bits as the two calls).
+  // alone).
   Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) override;
   // The closed blocks, oldest first, then the prefix. Between layers the prefix is always there
   // (a layer's FFN output was the last Add), so the bank and prefix are the whole state.

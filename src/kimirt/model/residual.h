@@ -27,9 +27,9 @@ class ResidualStream {
   // Adds a sub-layer's output [T, D] to the stream.
   virtual void Add(const Tensor& out) = 0;
   // Add(out), then RMSNorm(w, eps) of next() — what the next norm reads (FfnInput, the next
-  // layer's AttentionInput or Output) — as a new tensor. Each stream fuses what it can with the
-  // same bits: PreNormResidual's norms read the sum itself (Backend::AddRmsNorm), BlockAttnRes's
-  // read a mix (Backend::AttnResMixNorm).
+  // layer's AttentionInput or Output) — as a new tensor. Each stream fuses what it can:
+  // PreNormResidual's norms read the sum itself (Backend::AddRmsNorm), BlockAttnRes's read a mix
+  // (Backend::AttnResMixNorm).
   virtual Tensor AddThenNorm(const Tensor& out, const Tensor& w, float eps, const std::function<Tensor()>& next) = 0;
   // What the final norm reads.
   virtual Tensor Output() = 0;
