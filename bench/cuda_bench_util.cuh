@@ -72,4 +72,20 @@ double TimeMs(cudaStream_t s, int warmup, int reps, Fn fn) {
   return Median(ms);
 }
 
+// The median time of one call of `fn`, from replays of a graph of `calls` calls (enqueued by
+// fn(i) on `s`): launch costs as a decode step's graph pays them.
+template <typename Fn>
+double GraphMsPerCall(cudaStream_t s, int reps, int calls, Fn fn) {
+  cudaGraph_t graph = nullptr;
+  BENCH_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(i);
+  BENCH_CUDA_OK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = TimeMs(s, 2, std::max(3, reps / 10), [&](int) { BENCH_CUDA_OK(cudaGraphLaunch(exec, s)); });
+  BENCH_CUDA_OK(cudaGraphExecDestroy(exec));
+  BENCH_CUDA_OK(cudaGraphDestroy(graph));
+  return ms / calls;
+}
+
 }  // namespace kimirt::bench

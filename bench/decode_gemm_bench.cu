@@ -44,6 +44,7 @@
 namespace {
 
 using kimirt::bench::Fill;
+using kimirt::bench::GraphMsPerCall;
 using kimirt::bench::TimeMs;
 
 struct Shape {
@@ -104,21 +105,6 @@ struct GroupPoint {
   int64_t m, problems;
   double weight_mb, ms_separate, ms_grouped;
 };
-
-// The median time of one call of `fn`, from replays of a graph of `calls` calls.
-template <typename Fn>
-double GraphMsPerCall(cudaStream_t s, int reps, int calls, Fn fn) {
-  cudaGraph_t graph = nullptr;
-  BENCH_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) fn(i);
-  BENCH_CUDA_OK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  BENCH_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = TimeMs(s, 2, std::max(3, reps / 10), [&](int) { BENCH_CUDA_OK(cudaGraphLaunch(exec, s)); });
-  BENCH_CUDA_OK(cudaGraphExecDestroy(exec));
-  BENCH_CUDA_OK(cudaGraphDestroy(graph));
-  return ms / calls;
-}
 
 // --tiled: w (row-major, n × k) replaced by its decode-tiled copy. Before that, for m = 1 and
 // max_m, DecodeGemm over both must give the same bytes (the layout moves loads, not sums); a

@@ -123,8 +123,9 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
-#   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row
-#             (KIMIRT_ATTNRES_CLUSTER=0/1/1/0): the 2-layer K3's `bench model` at batch 1 and 32,
+#   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row:
+#             attnres_bench (every variant at K3's width, 2-9 candidates), then
+#             KIMIRT_ATTNRES_CLUSTER=0/1/1/0: the 2-layer K3's `bench model` at batch 1 and 32,
 #             then its batch-1 step traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
@@ -615,6 +616,13 @@ if [[ "$what" == mixnorm ]]; then
   # (0 / 1 / 1 / 0 in one run): the 2-layer K3's
   # `bench model` at batch 1 and 32, then its batch-1 step under the kernel tracer both ways.
   # (The held kernels' fused mix + norm against the two kernels: KIMIRT_ATTNRES_MIX_NORM.)
+  # First the kernels alone at K3's width (bench/attnres_bench.cu: 2, 5 and 9 candidates).
+  if [[ -x "$root/attnres_bench" ]]; then
+    "$root/attnres_bench" --json "$out/attnres-bench.json" 2>&1 | tail -12 || status=1
+  else
+    echo "attnres_bench is not in the bundle (KIMIRT_BUNDLE_BENCHES=\"... attnres_bench\" scripts/gpu_bundle.sh)"
+    status=1
+  fi
   cfg="$root/shared/bench/configs/kimi-k3-2layer.json"
   n=0
   for on in 0 1 1 0; do
