@@ -173,6 +173,22 @@ __device__ __forceinline__ void EachCandidate(int n, Load&& load, F&& f) {
   }
 }
 
+// Once every score is in `score` (by the block's threads): the softmax (thread 0's, in place),
+// then o = Σ_i p_i · v_i over this thread's elements, the candidates in order, one FMA each.
+template <int kHeld, class EachCand>
+__device__ __forceinline__ void SoftmaxThenMix(float* score, int n, EachCand&& each_candidate, float (&o)[kHeld]) {
+  __syncthreads();
+  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) o[j] = 0.0f;
+  each_candidate([&](int i, const float(&v)[kHeld]) {
+    const float p = score[i];
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
+  });
+}
+
 __global__ void AttnResMixKernel(const AttnResCandidates cands, const float* proj, const float* norm_w, float eps,
                                  int64_t D, float* y) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -267,18 +283,8 @@ __global__ void __launch_bounds__(kThreads)
     const float dot = WarpSum(lane < kWarps ? warp_dot[i][lane] : 0.0f);
     if (lane == 0) score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
-  __syncthreads();
   float o[kHeld];
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) o[j] = 0.0f;
-  auto mix = [&](int i, const float(&v)[kHeld]) {
-    const float p = score[i];
-#pragma unroll
-    for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
-  };
-  each_candidate(mix);
+  SoftmaxThenMix<kHeld>(score, n, each_candidate, o);
   if constexpr (kNorm) {
     NormHeldRow<kHeld>(o, [&](int j) { return gain[j][threadIdx.x]; }, D, out_eps, norm_scratch, y + t * D);
   } else {
@@ -359,17 +365,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     score[i] = dot / sqrtf(ss / static_cast<float>(D) + eps);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) SoftmaxInPlace(score, n);
-  __syncthreads();
   float o[kHeld];
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) o[j] = 0.0f;
-  each_candidate([&](int i, const float(&v)[kHeld]) {
-    const float p = score[i];
-#pragma unroll
-    for (int j = 0; j < kHeld; ++j) o[j] += p * v[j];
-  });
+  SoftmaxThenMix<kHeld>(score, n, each_candidate, o);
   float inv = 1.0f;
   if constexpr (kNorm) {
     float ss = 0.0f;
