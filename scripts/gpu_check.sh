@@ -567,6 +567,22 @@ for (what, table) in (("step, batch", kl), ("gemm, rows", dg)):
             print(f"{what} {key:3d}: base {statistics.median(b):8.3f}  new {statistics.median(n):8.3f}  {statistics.median(b) / statistics.median(n):.3f}x")
 PY
 fi
+# `kimirt bench model ARGS...` (BF16, random weights, 16 decode tokens) under the kernel tracer
+# (bench/kernel_trace.cpp): $out/trace-TAG.csv (xz'd after), $out/bench-model-TAG-traced.json, and
+# scripts/kernel_trace_summary.py's summary in trace-TAG-summary.{txt,json}, its head printed.
+# Settings for the run go before the call: KIMIRT_X=1 traced_bench_model TAG ARGS...
+traced_bench_model() {
+  local tag=$1
+  shift
+  CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$tag.csv" \
+    timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --random-weights --decode-tokens 16 \
+    --peak-gbps 4800 --json "$out/bench-model-$tag-traced.json" "$@" >"$out/trace-$tag.txt" 2>&1 || status=1
+  tail -2 "$out/trace-$tag.txt"
+  python3 scripts/kernel_trace_summary.py "$out/trace-$tag.csv" --top 40 --json "$out/trace-$tag-summary.json" \
+    >"$out/trace-$tag-summary.txt" || status=1
+  head -16 "$out/trace-$tag-summary.txt"
+  xz -T4 "$out/trace-$tag.csv"
+}
 if [[ "$what" == trace ]]; then
   # Where a decode step's time goes inside its CUDA graph (issue 12): bench/kernel_trace.cpp
   # (CUPTI, injected by the driver) records every kernel's GPU start and end, graph replays
@@ -576,15 +592,7 @@ if [[ "$what" == trace ]]; then
   # in the JSONs, to compare with untraced runs for CUPTI's own cost).
   for run in "kl2 kimi-linear-48b-2layer 1" "kl2 kimi-linear-48b-2layer 32" "k3l2 kimi-k3-2layer 1"; do
     set -- $run
-    tag="$1-b$3"
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$tag.csv" \
-      timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$root/shared/bench/configs/$2.json" \
-      --random-weights --batch-sizes "$3" --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
-      --json "$out/bench-model-$tag-traced.json" >"$out/trace-$tag.txt" 2>&1 || status=1
-    tail -2 "$out/trace-$tag.txt"
-    python3 scripts/kernel_trace_summary.py "$out/trace-$tag.csv" --top 30 --json "$out/trace-$tag-summary.json" ||
-      status=1
-    xz -T4 "$out/trace-$tag.csv"
+    traced_bench_model "$1-b$3" --config "$root/shared/bench/configs/$2.json" --batch-sizes "$3" --prompt-len 256
   done
 fi
 if [[ "$what" == cut48 || "$what" == trace48 ]]; then
@@ -600,14 +608,8 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
   grep -E '^weight bytes|^the load took' "$out/bench-model-$what.txt"
   tail -6 "$out/bench-model-$what.txt"
   for mb in 16 0; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$what-b1-pf$mb.csv" \
-      KIMIRT_L2_PREFETCH_MB=$mb timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
-      --random-weights --batch-sizes 1 --prompt-len 1024 --decode-tokens 16 --peak-gbps 4800 \
-      --json "$out/bench-model-$what-b1-pf$mb-traced.json" >"$out/trace-$what-b1-pf$mb.txt" 2>&1 || status=1
     echo "--- KIMIRT_L2_PREFETCH_MB=$mb"
-    python3 scripts/kernel_trace_summary.py "$out/trace-$what-b1-pf$mb.csv" --top 30 \
-      --json "$out/trace-$what-b1-pf$mb-summary.json" || status=1
-    xz -T4 "$out/trace-$what-b1-pf$mb.csv"
+    KIMIRT_L2_PREFETCH_MB=$mb traced_bench_model "$what-b1-pf$mb" --config "$cfg" --batch-sizes 1 --prompt-len 1024
   done
 fi
 if [[ "$what" == mixnorm ]]; then
@@ -634,15 +636,8 @@ if [[ "$what" == mixnorm ]]; then
     tail -2 "$out/mixnorm-$on-$n.txt"
   done
   for on in 0 1; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-cluster$on.csv" \
-      KIMIRT_ATTNRES_CLUSTER=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
-      --random-weights --batch-sizes 1 --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 \
-      --json "$out/bench-model-cluster$on-traced.json" >"$out/trace-cluster$on.txt" 2>&1 || status=1
     echo "--- traced, KIMIRT_ATTNRES_CLUSTER=$on"
-    python3 scripts/kernel_trace_summary.py "$out/trace-cluster$on.csv" --top 40 --json "$out/trace-cluster$on-summary.json" \
-      >"$out/trace-cluster$on-summary.txt" || status=1
-    head -14 "$out/trace-cluster$on-summary.txt"
-    xz -T4 "$out/trace-cluster$on.csv"
+    KIMIRT_ATTNRES_CLUSTER=$on traced_bench_model "cluster$on" --config "$cfg" --batch-sizes 1 --prompt-len 256
   done
 fi
 if [[ "$what" == slabs ]]; then

@@ -360,8 +360,8 @@ class CudaBackend final : public Backend {
   // gpu_check.sh slabs): the 48B's first 16 layers took 75.9 GB of the GPU from the pool against
   // 58.4 GB in slabs (57.4 planned), the same decode step either way.
   void BeginWeights() override {
-    const char* off = std::getenv("KIMIRT_WEIGHT_SLABS");  // read at each load, so a test can set it
-    if (off == nullptr || std::strcmp(off, "0") != 0) weight_slabs_ = std::make_unique<WeightSlabs>(device_);
+    // Read at each load, so a test can set it.
+    if (cuda::EnvSwitchOn("KIMIRT_WEIGHT_SLABS")) weight_slabs_ = std::make_unique<WeightSlabs>(device_);
   }
   void EndWeights() override {
     if (weight_slabs_ != nullptr) weight_slabs_->Close();
@@ -500,10 +500,7 @@ class CudaBackend final : public Backend {
   // built in the twenty-seventh session when no GPU time was left to run it (its test,
   // CudaBackendTest.AttnResMixClusterRowsHaveTheirBitsAlone, calls it directly).
   static bool AttnResCluster(int64_t D) {
-    static const bool on = [] {
-      const char* v = std::getenv("KIMIRT_ATTNRES_CLUSTER");
-      return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool on = cuda::EnvOptIn("KIMIRT_ATTNRES_CLUSTER");
     return on && cuda::AttnResMixClusterSupported(D);
   }
 

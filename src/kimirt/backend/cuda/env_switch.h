@@ -13,4 +13,10 @@ inline bool EnvSwitchOn(const char* name) {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// The opposite default, for paths not yet measured: off unless the variable is "1".
+inline bool EnvOptIn(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 }  // namespace kimirt::cuda

@@ -298,7 +298,7 @@ constexpr int kAttnResHeld = 32;  // up to 8,192 wide (K3: 7,168)
 
 // The mix over a cluster of kMixCluster blocks a row: the held kernel's one block (one SM) read
 // every candidate twice, n × 28 KB × 2 at K3's width through one SM's share of L2 (7-10 µs a call
-// at 2-3 candidates on an H100; K3 has up to 9 and two mixes a layer). Block `rank` owns the
+// at the 2-layer K3's 2 candidates on an H100; K3 has up to 9 and two mixes a layer). Block `rank` owns the
 // slice [rank · slice, + slice) of the row, a thread ≤ kMixClusterHeld elements of it (i, i + 256,
 // ...). Each candidate's squares and dot go thread → warp (WarpSum) → block (the warps in order)
 // → the cluster (the blocks' sums read by rank through distributed shared memory, in rank order):
