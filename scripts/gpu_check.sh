@@ -127,17 +127,13 @@
 #             attnres_bench (every variant at K3's width, 2-9 candidates), then
 #             KIMIRT_ATTNRES_CLUSTER=0/1/1/0: the 2-layer K3's `bench model` at batch 1 and 32,
 #             then its batch-1 step traced both ways.
-#   pfchain   the L2 prefetches as a PDL kernel in the decode chain (KIMIRT_L2_PREFETCH_IN_CHAIN=1)
-#             against a stream of their own: the tests with them in the chain, then `bench model`
-#             0/1/1/0 on the 2-layer 48B and the 48B's layers (all on an H200, 16 on an H100),
-#             then both traced.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
 #             driver's count) against the planned weight bytes, and the step times.
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|pfchain]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -642,34 +638,6 @@ if [[ "$what" == mixnorm ]]; then
   for on in 0 1; do
     echo "--- traced, KIMIRT_ATTNRES_CLUSTER=$on"
     KIMIRT_ATTNRES_CLUSTER=$on traced_bench_model "cluster$on" --config "$cfg" --batch-sizes 1 --prompt-len 256
-  done
-fi
-if [[ "$what" == pfchain ]]; then
-  # The L2 prefetches in the decode chain (KIMIRT_L2_PREFETCH_IN_CHAIN=1, l2_prefetch.cu) against
-  # beside it on a stream of their own: the prefetch, graph and goldens tests with them in the
-  # chain, then `bench model` 0 / 1 / 1 / 0 on the 2-layer 48B (batch 1, 32) and the 48B's layers
-  # (whole on an H200, its first 16 on an H100; batch 1, prompt 1024), then both traced at batch 1.
-  KIMIRT_L2_PREFETCH_IN_CHAIN=1 timeout 200 "$root/kimirt_tests" \
-    --gtest_filter='CudaBackendGemv.*:Fixtures/DecodeBatchTest.*cuda*:Fixtures/GoldenTest.*cuda*' 2>&1 |
-    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure' | tail -8
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  big="$root/shared/bench/configs/kimi-linear-48b-h100-16layer.json"
-  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && big="$root/shared/configs/kimi-linear-48b-a3b.json"
-  n=0
-  for on in 0 1 1 0; do
-    n=$((n + 1))
-    for run in "kl2 $root/shared/bench/configs/kimi-linear-48b-2layer.json 1,32 256" "big $big 1 1024"; do
-      set -- $run
-      KIMIRT_L2_PREFETCH_IN_CHAIN=$on timeout 200 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
-        --config "$2" --random-weights --batch-sizes "$3" --prompt-len "$4" --decode-tokens 32 --peak-gbps 4800 \
-        --json "$out/bench-model-$1-inchain$on-$n.json" >"$out/pfchain-$1-$on-$n.txt" 2>&1 || status=1
-      echo "--- $1, KIMIRT_L2_PREFETCH_IN_CHAIN=$on"
-      tail -2 "$out/pfchain-$1-$on-$n.txt"
-    done
-  done
-  for on in 0 1; do
-    echo "--- traced, KIMIRT_L2_PREFETCH_IN_CHAIN=$on"
-    KIMIRT_L2_PREFETCH_IN_CHAIN=$on traced_bench_model "big-b1-inchain$on" --config "$big" --batch-sizes 1 --prompt-len 1024
   done
 fi
 if [[ "$what" == slabs ]]; then

@@ -429,10 +429,6 @@ class CudaBackend final : public Backend {
       left -= bytes;
     }
     if (ranges.empty()) return;
-    if (PrefetchInChain()) {
-      cuda::PrefetchL2Ranges(ranges.data(), static_cast<int>(ranges.size()), /*in_chain=*/true, stream_);
-      return;
-    }
     // Beside the chain (l2_prefetch.cu says why): forked off after the work enqueued so far.
     if (prefetch_stream_ == nullptr) {
       KIMIRT_CUDA_OK(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
@@ -441,7 +437,7 @@ class CudaBackend final : public Backend {
     }
     KIMIRT_CUDA_OK(cudaEventRecord(prefetch_fork_, stream_));
     KIMIRT_CUDA_OK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-    cuda::PrefetchL2Ranges(ranges.data(), static_cast<int>(ranges.size()), /*in_chain=*/false, prefetch_stream_);
+    cuda::PrefetchL2Ranges(ranges.data(), static_cast<int>(ranges.size()), prefetch_stream_);
     prefetch_forked_ = true;
   }
   // The prefetch stream joined back into the main one: a capture must end on one stream.
@@ -450,12 +446,6 @@ class CudaBackend final : public Backend {
     KIMIRT_CUDA_OK(cudaEventRecord(prefetch_join_, prefetch_stream_));
     KIMIRT_CUDA_OK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
     prefetch_forked_ = false;
-  }
-  // KIMIRT_L2_PREFETCH_IN_CHAIN=1: the prefetch kernel in the chain (l2_prefetch.cu), a trial
-  // against the graph's branches; off until measured.
-  static bool PrefetchInChain() {
-    static const bool on = cuda::EnvOptIn("KIMIRT_L2_PREFETCH_IN_CHAIN");
-    return on;
   }
   // KIMIRT_L2_PREFETCH_MB: the bytes one PrefetchWeights call may ask for (0: none). 16 MB: the
   // whole 48B's batch-1 step 2.83 ms against 2.93 with none, 2.86 with 32 MB and 2.87 with 48

@@ -100,16 +100,14 @@ void PrefillGemmMmaSync(const float* x, const void* w_bf16, float* y, int64_t m,
                         cudaStream_t s);
 
 // --- norm_kernels.cu ---
-// Byte ranges of weights asked into L2 (cp.async.bulk.prefetch.L2) by blocks of one warp
-// (Backend::PrefetchWeights). A hint: changes no result.
+// Byte ranges of weights asked into L2 (cp.async.bulk.prefetch.L2) by blocks of one warp, on a
+// stream beside the decode chain (Backend::PrefetchWeights). A hint: changes no result.
 struct L2Range {
   const void* p;
   int64_t bytes;
 };
 constexpr int kMaxL2Ranges = 16;
-// Bulk L2 prefetches of the ranges (l2_prefetch.cu): on a stream of their own beside the chain, or
-// `in_chain` as a PDL kernel in it (the next kernel's PdlWait then covers the one before).
-void PrefetchL2Ranges(const L2Range* ranges, int count, bool in_chain, cudaStream_t s);
+void PrefetchL2Ranges(const L2Range* ranges, int count, cudaStream_t s);
 void RmsNorm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* y, cudaStream_t s);
 // h = a + b (as Add), then y = RmsNorm(h) (as RmsNorm): one kernel for rows up to 8,192 wide.
 // h and y alias neither a nor b.

@@ -14,16 +14,8 @@
 // its multiprocessor's bulk-copy unit (inferred from the step time, not measured apart). Spread
 // over blocks of one warp, each asks for a few 16 KB pieces (16 MB a call: 4-9 µs under Nsight
 // Compute, serialized).
-//
-// In the chain, the many-block kernel (`in_chain`, KIMIRT_L2_PREFETCH_IN_CHAIN=1, a trial): a PDL
-// kernel that lets the next kernel launch at once, asks for its ranges, then waits for the kernel
-// before it, so the next kernel's PdlWait still covers that one. Why try it: the kernel tracer
-// (twenty-sixth session) found a step's first norm starting 5.7-9.8 µs after the embedding with the
-// prefetches on and 1.1 µs with them off, though no prefetch is forked before that norm: the
-// graph's branches, not the prefetches' reads, look like the cost.
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
-#include "kimirt/backend/cuda/pdl.cuh"
 
 #include <algorithm>
 
@@ -39,10 +31,7 @@ struct L2Ranges {
   int count;
 };
 
-template <bool kInChain>
 __global__ void __launch_bounds__(kThreads) PrefetchL2Kernel(const __grid_constant__ L2Ranges a) {
-  // The weights are never an earlier kernel's output: their prefetches need not wait.
-  if constexpr (kInChain) PdlTrigger();
   const int64_t first = (int64_t{blockIdx.x} * kThreads + threadIdx.x) * kChunk;
   const int64_t stride = int64_t{gridDim.x} * kThreads * kChunk;
   for (int i = 0; i < a.count; ++i) {
@@ -53,12 +42,11 @@ __global__ void __launch_bounds__(kThreads) PrefetchL2Kernel(const __grid_consta
       mma::PrefetchL2(p + at, static_cast<uint32_t>(len));
     }
   }
-  if constexpr (kInChain) PdlWait();  // so a kernel that waits on this one has waited on the one before
 }
 
 }  // namespace
 
-void PrefetchL2Ranges(const L2Range* ranges, int count, bool in_chain, cudaStream_t s) {
+void PrefetchL2Ranges(const L2Range* ranges, int count, cudaStream_t s) {
   L2Ranges a{};
   for (int i = 0; i < count; ++i) {
     // The bulk prefetch wants a 16-byte aligned address and a multiple of 16 bytes.
@@ -71,11 +59,7 @@ void PrefetchL2Ranges(const L2Range* ranges, int count, bool in_chain, cudaStrea
   int64_t chunks = 0;
   for (int i = 0; i < a.count; ++i) chunks = std::max(chunks, (a.r[i].bytes + kChunk - 1) / kChunk);
   const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((chunks + kThreads - 1) / kThreads, 1, kMaxBlocks));
-  if (in_chain) {
-    LaunchPdl("PrefetchL2", PrefetchL2Kernel<true>, dim3(blocks), dim3(kThreads), 0, s, a);
-    return;
-  }
-  PrefetchL2Kernel<false><<<blocks, kThreads, 0, s>>>(a);
+  PrefetchL2Kernel<<<blocks, kThreads, 0, s>>>(a);
   CheckLaunch("PrefetchL2");
 }
 
