@@ -495,19 +495,21 @@ class CudaBackend final : public Backend {
                     Cols(table), row_begin, F(*y), stream_);
   }
 
-  // A row over a cluster of blocks (cuda::AttnResMixCluster) up to 8,192 wide with
-  // KIMIRT_ATTNRES_CLUSTER=1; by default the held kernels (one block a row). Off until measured:
-  // built in the twenty-seventh session when no GPU time was left to run it (its test,
-  // CudaBackendTest.AttnResMixClusterRowsHaveTheirBitsAlone, calls it directly).
-  static bool AttnResCluster(int64_t D) {
-    static const bool on = cuda::EnvOptIn("KIMIRT_ATTNRES_CLUSTER");
+  // A row over a cluster of blocks (cuda::AttnResMixCluster, up to 8,192 wide) from
+  // cuda::kAttnResClusterFromCandidates candidates on, below that the held kernels (one block a
+  // row): the count is the layer's (spec §4.1), so a row's bits never depend on the batch.
+  // KIMIRT_ATTNRES_CLUSTER=1 / 0 takes the cluster always / never, for A/B runs.
+  static bool AttnResCluster(int64_t D, size_t candidates) {
+    static const cuda::EnvForce force = cuda::EnvForced("KIMIRT_ATTNRES_CLUSTER");
+    const bool by_count = candidates >= static_cast<size_t>(cuda::kAttnResClusterFromCandidates);
+    const bool on = force == cuda::EnvForce::kOn || (force == cuda::EnvForce::kAuto && by_count);
     return on && cuda::AttnResMixClusterSupported(D);
   }
 
   void AttnResMix(std::span<const Tensor* const> cands, const Tensor& proj, const Tensor& norm_w, float eps,
                   Tensor* y) override {
     const int64_t T = Rows(*cands[0]), D = Cols(*cands[0]);
-    if (AttnResCluster(D)) {
+    if (AttnResCluster(D, cands.size())) {
       return cuda::AttnResMixCluster(Candidates(cands), F(proj), F(norm_w), eps, nullptr, 0.0f, T, D, F(*y), stream_);
     }
     cuda::AttnResMix(Candidates(cands), F(proj), F(norm_w), eps, T, D, F(*y), stream_);
@@ -521,7 +523,7 @@ class CudaBackend final : public Backend {
     static const bool fused = cuda::EnvSwitchOn("KIMIRT_ATTNRES_MIX_NORM");
     const int64_t T = Rows(*cands[0]), D = Cols(*y);
     KIMIRT_CHECK(out_w.numel() == D);
-    if (fused && AttnResCluster(D)) {
+    if (fused && AttnResCluster(D, cands.size())) {
       return cuda::AttnResMixCluster(Candidates(cands), F(proj), F(norm_w), eps, F(out_w), out_eps, T, D, F(*y),
                                      stream_);
     }

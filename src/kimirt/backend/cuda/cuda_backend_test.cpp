@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -527,8 +528,8 @@ TEST_F(CudaBackendTest, AttnResMixNormGivesMixThenNormsBits) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
-// The mix over a cluster of blocks a row (cuda::AttnResMixCluster, KIMIRT_ATTNRES_CLUSTER=1 in
-// the backend), with and without the norm: each row's bits the same alone as among three rows,
+// The mix over a cluster of blocks a row (cuda::AttnResMixCluster, the backend's from 4
+// candidates on), with and without the norm: each row's bits the same alone as among three rows,
 // and against the CPU's mix (and norm) within F32 summation error.
 TEST_F(CudaBackendTest, AttnResMixClusterRowsHaveTheirBitsAlone) {
   cudaStream_t s = nullptr;
@@ -558,6 +559,53 @@ TEST_F(CudaBackendTest, AttnResMixClusterRowsHaveTheirBitsAlone) {
         ExpectClose(all, want, 2e-5);
       }
     }
+  }
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// The backend's choice between the held kernels and the cluster ones: by the candidate count
+// alone (cuda::kAttnResClusterFromCandidates), the same at every batch size. At K3's width, each
+// count's AttnResMix and AttnResMixNorm give the bits of the kernel the rule names; for each count
+// the two kernels' bits differ in some case (so the comparison tells them apart: at 2 candidates
+// and one row they once gave the same bits, two scores summed to the same floats both ways).
+TEST_F(CudaBackendTest, AttnResTakesTheClusterKernelsFromFourCandidates) {
+  ASSERT_EQ(std::getenv("KIMIRT_ATTNRES_CLUSTER"), nullptr) << "KIMIRT_ATTNRES_CLUSTER forces the choice: unset it";
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  const int64_t D = 7168;
+  for (int n : {2, 3, 4, 9}) {
+    int told_apart = 0;
+    for (const int64_t T : {1, 5}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " T=" + std::to_string(T));
+      const AttnResCase c = MakeAttnResCase(T, D, n);
+      std::vector<const Tensor*> cands;
+      for (const Tensor& d : c.dev) cands.push_back(&d);
+      for (const bool norm_too : {false, true}) {
+        Tensor got = Poisoned({T, D}), held = Poisoned({T, D}), cluster = Poisoned({T, D});
+        if (norm_too) {
+          gpu_->AttnResMixNorm(cands, c.proj_d, c.norm_d, 1e-6f, c.out_w_d, 1e-5f, &got);
+        } else {
+          gpu_->AttnResMix(cands, c.proj_d, c.norm_d, 1e-6f, &got);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const float* W = norm_too ? c.W() : nullptr;
+        if (norm_too) {
+          cuda::AttnResMixNorm(c.gpu, c.P(), c.N(), 1e-6f, W, 1e-5f, T, D, static_cast<float*>(held.raw()), s);
+        } else {
+          cuda::AttnResMix(c.gpu, c.P(), c.N(), 1e-6f, T, D, static_cast<float*>(held.raw()), s);
+        }
+        cuda::AttnResMixCluster(c.gpu, c.P(), c.N(), 1e-6f, W, 1e-5f, T, D, static_cast<float*>(cluster.raw()), s);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const Tensor g = Down(got), h = Down(held), k = Down(cluster);
+        const size_t bytes = static_cast<size_t>(T * D) * sizeof(float);
+        told_apart += std::memcmp(h.f32(), k.f32(), bytes) != 0;
+        const bool want_cluster = n >= cuda::kAttnResClusterFromCandidates;
+        EXPECT_EQ(std::memcmp(g.f32(), (want_cluster ? k : h).f32(), bytes), 0)
+            << (norm_too ? "AttnResMixNorm" : "AttnResMix") << " should give the " << (want_cluster ? "cluster" : "held")
+            << " kernel's bits";
+      }
+    }
+    EXPECT_GT(told_apart, 0) << n << " candidates: the held and cluster kernels gave the same bits in every case";
   }
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }

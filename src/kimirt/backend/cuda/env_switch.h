@@ -13,10 +13,14 @@ inline bool EnvSwitchOn(const char* name) {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// The opposite default, for paths not yet measured: off unless the variable is "1".
-inline bool EnvOptIn(const char* name) {
+// A choice the code makes unless the variable forces it: "1" on, "0" off, anything else (or unset)
+// the code's own.
+enum class EnvForce { kAuto, kOn, kOff };
+inline EnvForce EnvForced(const char* name) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return EnvForce::kOn;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return EnvForce::kOff;
+  return EnvForce::kAuto;
 }
 
 }  // namespace kimirt::cuda

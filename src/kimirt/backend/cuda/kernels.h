@@ -135,6 +135,12 @@ void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const flo
 // blocks (the held kernels: one block a row): its own fixed order of the sums (a row's bits the
 // same at every T, not the held kernels'). Rows up to 8,192 wide (AttnResMixClusterSupported).
 bool AttnResMixClusterSupported(int64_t D);
+// From this many candidates the backend takes the cluster kernels (CudaBackend::AttnResCluster):
+// one H100, K3's width, attnres_bench (bench/results/2026-12-06-h100-attnres-cluster-ab.json), mix
+// + norm µs a call held / cluster at batch 1: 2 candidates 4.70 / 5.39, 5: 7.93 / 6.53, 9: 13.13 /
+// 8.19 (the held block reads the row twice through one multiprocessor; the cluster's barriers cost
+// more than that at 2). A function of the layer, never of the batch.
+constexpr int kAttnResClusterFromCandidates = 4;
 void AttnResMixCluster(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,
                        const float* out_w, float out_eps, int64_t T, int64_t D, float* y, cudaStream_t s);
 // The first AttnResMix kernel (a block a row, read in loops): what AttnResMix runs for rows wider
