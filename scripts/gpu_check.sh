@@ -123,17 +123,21 @@
 #             `bench model` at batches 1-64, prompt 1024, then batch 1 under the kernel tracer with
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
-#   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row:
+#   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row
+#             (each forced for every mix; the default picks by the candidate count):
 #             attnres_bench (every variant at K3's width, 2-9 candidates), then
 #             KIMIRT_ATTNRES_CLUSTER=0/1/1/0: the 2-layer K3's `bench model` at batch 1 and 32,
 #             then its batch-1 step traced both ways.
+#   abstep    a decode-step change against the base kimirt (scripts/gpu_save_base.sh), alternated:
+#             `bench model` on the 2-layer 48B and the 48B's layers (all on an H200, 16 on an H100),
+#             then the latter traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
 #             driver's count) against the planned weight bytes, and the step times.
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -570,19 +574,58 @@ fi
 # `kimirt bench model ARGS...` (BF16, random weights, 16 decode tokens) under the kernel tracer
 # (bench/kernel_trace.cpp): $out/trace-TAG.csv (xz'd after), $out/bench-model-TAG-traced.json, and
 # scripts/kernel_trace_summary.py's summary in trace-TAG-summary.{txt,json}, its head printed.
-# Settings for the run go before the call: KIMIRT_X=1 traced_bench_model TAG ARGS...
+# Settings for the run go before the call: KIMIRT_X=1 traced_bench_model TAG ARGS... (bench_bin=PATH: another kimirt)
 traced_bench_model() {
   local tag=$1
   shift
   CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$tag.csv" \
-    timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --random-weights --decode-tokens 16 \
-    --peak-gbps 4800 --json "$out/bench-model-$tag-traced.json" "$@" >"$out/trace-$tag.txt" 2>&1 || status=1
+    timeout 240 "${bench_bin:-$root/kimirt}" bench model --device cuda --dtype bfloat16 --random-weights \
+    --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-$tag-traced.json" "$@" >"$out/trace-$tag.txt" 2>&1 ||
+    status=1
   tail -2 "$out/trace-$tag.txt"
   python3 scripts/kernel_trace_summary.py "$out/trace-$tag.csv" --top 40 --json "$out/trace-$tag-summary.json" \
     >"$out/trace-$tag-summary.txt" || status=1
   head -16 "$out/trace-$tag-summary.txt"
   xz -T4 "$out/trace-$tag.csv"
 }
+if [[ "$what" == abstep ]]; then
+  # A decode-step change against the base kimirt (scripts/gpu_save_base.sh), alternated in one run:
+  # `bench model` on the 2-layer 48B (batches 1, 32, prompt 256) and on the 48B's layers (all of
+  # them on an H200, the first 16 on an H100; batch 1, prompt 1024), base / new / new / base, then
+  # the latter's batch-1 step traced both ways.
+  [[ -f .carry/base/kimirt.xz ]] || { echo "abstep: no .carry/base/kimirt.xz (run scripts/gpu_save_base.sh before the change)"; exit 1; }
+  xz -dc .carry/base/kimirt.xz > "$root/base-kimirt" && chmod +x "$root/base-kimirt"
+  big="$root/shared/bench/configs/kimi-linear-48b-h100-16layer.json"
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && big="$root/shared/configs/kimi-linear-48b-a3b.json"
+  for run in base-1 new-1 new-2 base-2; do
+    pre=""; [[ $run == base-* ]] && pre="base-"
+    for cfg in "kl2 $root/shared/bench/configs/kimi-linear-48b-2layer.json 1,32 256" "big $big 1 1024"; do
+      set -- $cfg
+      timeout 200 "$root/${pre}kimirt" bench model --device cuda --dtype bfloat16 --config "$2" --random-weights \
+        --batch-sizes "$3" --prompt-len "$4" --decode-tokens 32 --peak-gbps 4800 --json "$out/$1-$run.json" \
+        >"$out/$1-$run.txt" 2>&1 || status=1
+    done
+  done
+  python3 - "$out" <<'PY'
+import glob, json, statistics, sys, collections
+out = sys.argv[1]
+steps = collections.defaultdict(list)
+for f in sorted(glob.glob(f"{out}/*-base-*.json") + glob.glob(f"{out}/*-new-*.json")):
+    name = f.rsplit("/", 1)[1]
+    model, variant = name.split("-")[0], name.split("-")[1]
+    for p in json.load(open(f))["points"]:
+        steps[(model, p["batch"], variant)].append(p["decode_step_ms_median"])
+print("--- base vs new, bench model median ms a step (two runs each)")
+for (model, batch) in sorted({(m, b) for (m, b, _) in steps}):
+    b, n = steps[(model, batch, "base")], steps[(model, batch, "new")]
+    print(f"{model} batch {batch:3d}: base {b}  new {n}  {statistics.median(b) / statistics.median(n):.3f}x")
+PY
+  for v in new base; do
+    pre=""; [[ $v == base ]] && pre="base-"
+    echo "--- traced, $v"
+    bench_bin="$root/${pre}kimirt" traced_bench_model "big-b1-$v" --config "$big" --batch-sizes 1 --prompt-len 1024
+  done
+fi
 if [[ "$what" == trace ]]; then
   # Where a decode step's time goes inside its CUDA graph (issue 12): bench/kernel_trace.cpp
   # (CUPTI, injected by the driver) records every kernel's GPU start and end, graph replays
@@ -614,7 +657,7 @@ if [[ "$what" == cut48 || "$what" == trace48 ]]; then
 fi
 if [[ "$what" == mixnorm ]]; then
   # Block AttnRes's mix (and the norm after it, one kernel) over a cluster of 8 blocks a row
-  # (KIMIRT_ATTNRES_CLUSTER=1, off by default until this has run) against one block a row
+  # (KIMIRT_ATTNRES_CLUSTER=1 forces it; by default from 4 candidates on) against one block a row
   # (0 / 1 / 1 / 0 in one run): the 2-layer K3's
   # `bench model` at batch 1 and 32, then its batch-1 step under the kernel tracer both ways.
   # (The held kernels' fused mix + norm against the two kernels: KIMIRT_ATTNRES_MIX_NORM.)
