@@ -13,7 +13,9 @@
 // weight is its bytes).
 //
 // Usage: moe_bench [--device cuda] [--configs k3,k3-tp8,kimi-linear] [--batch-sizes 1,8,32,64]
-//                  [--iters 50] [--peak-gbps 4800] [--json FILE]
+//                  [--iters 50] [--peak-gbps 4800] [--router-dtype stored|f32] [--json FILE]
+// The router is held as the loader holds it (--router-dtype stored: BF16 where the backend takes
+// it as stored, Backend::RouterAsStored) or widened to F32 (the engine's hold before session 28).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,6 +79,12 @@ Tensor RandomF32(Shape shape, SplitMix64& rng, float scale) {
   return t;
 }
 
+Tensor Bf16ToF32Host(const Tensor& b) {
+  Tensor f = Tensor::Host(b.shape());
+  Bf16ToF32(static_cast<const uint16_t*>(b.raw()), f.f32(), static_cast<size_t>(b.numel()));
+  return f;
+}
+
 Tensor RandomBf16(Shape shape, SplitMix64& rng) {
   const Tensor f = RandomF32(shape, rng, 0.02f);
   Tensor b = Tensor::Host(std::move(shape), DType::kBF16);
@@ -131,6 +139,7 @@ int Run(int argc, char** argv) {
   std::vector<int64_t> batches = {1, 8, 32, 64};
   int iters = 50;
   double peak = 4800;
+  bool router_f32 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--device") {
@@ -141,6 +150,8 @@ int Run(int argc, char** argv) {
       peak = std::atof(v.c_str());
     } else if (a == "--json") {
       json_path = v;
+    } else if (a == "--router-dtype" && (v == "stored" || v == "f32")) {
+      router_f32 = v == "f32";
     } else if (a == "--batch-sizes" || a == "--configs") {
       std::stringstream ss(v);
       if (a == "--configs") {
@@ -191,7 +202,10 @@ int Run(int argc, char** argv) {
     be.set_bf16_prefill(true);
     be.HoldExpertWeights(&ex, nullptr, nullptr, nullptr);
     ex.light_load = LightRoutedLoad(c.top_k, c.experts);  // as the loader sets it from the config
-    const Tensor router = be.Upload(RandomF32({c.experts, c.hidden}, rng, 0.02f));
+    // The router as the loader holds it: as stored (BF16) where the backend's router math takes
+    // it (Backend::RouterAsStored, CUDA), else widened to F32 (--router-dtype f32: F32 anyway).
+    const Tensor router_bf16 = RandomBf16({c.experts, c.hidden}, rng);
+    const Tensor router = be.Upload(be.RouterAsStored() && !router_f32 ? router_bf16 : Bf16ToF32Host(router_bf16));
     const Tensor bias = be.Upload(RandomF32({c.experts}, rng, 0.01f));
     RouteParams rp;
     rp.top_k = c.top_k;
@@ -207,6 +221,7 @@ int Run(int argc, char** argv) {
                                  {"mxfp4_tiled_env", EnvValue("KIMIRT_MXFP4_TILED")},
                                  {"expert_bytes", expert_bytes},
                                  {"router_bytes", router.nbytes()},
+                                 {"router_dtype", DTypeName(router.dtype())},
                                  {"points", nlohmann::ordered_json::array()}};
     for (int64_t T : batches) {
       Tensor z = RandomF32({T, c.latent}, rng, 1.0f), y = RandomF32({T, c.hidden}, rng, 1.0f);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks cuda::Gemv (src/kimirt/backend/cuda/weight_kernels.cu: the staged kernel for aligned F32
-# weights, the general one for the rest) without a GPU, as scripts/kda_chunk_emulate.sh does the
+# or BF16 weights, the general one for the rest) without a GPU, as scripts/kda_chunk_emulate.sh does the
 # chunked KDA kernel: the kernel file is turned into host C++ (scripts/gemv_emulation/gemv_host.h:
 # blocks as 256 fibers, cp.async landing only at its wait, the L2 prefetch as a range
 # check), and driver.cpp checks every (row, column) bit for bit against the order the kernel
@@ -35,7 +35,8 @@ for inc in ("<cuda_bf16.h>", '"kimirt/backend/cuda/cp_async.cuh"', '"kimirt/back
 src = cut(src, "__global__ void Bf16ToF32Kernel(")
 src = cut(src, "void Bf16ToF32(const void* src")
 # Shared memory: the launch's per-block buffer; static arrays shared by the block's threads.
-src = swap(src, "extern __shared__ __align__(16) float smem[];", "float* smem = g_smem;")
+src = swap(src, "extern __shared__ __align__(16) uint8_t staged_smem[];",
+           "uint8_t* staged_smem = reinterpret_cast<uint8_t*>(g_smem);")
 src = swap(src, "__shared__ __align__(16)", "alignas(16) static")
 src = swap(src, "GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(",
            'LaunchPdl("GemvKernel", GemvKernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, s, ')

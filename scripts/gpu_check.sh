@@ -129,8 +129,8 @@
 #             KIMIRT_ATTNRES_CLUSTER=0/1/1/0: the 2-layer K3's `bench model` at batch 1 and 32,
 #             then its batch-1 step traced both ways.
 #   abstep    a decode-step change against the base kimirt (scripts/gpu_save_base.sh), alternated:
-#             `bench model` on the 2-layer 48B and the 48B's layers (all on an H200, 16 on an H100),
-#             then the latter traced both ways.
+#             `bench model` on the 2-layer 48B, the 48B's layers (all on an H200, 16 on an H100)
+#             and the 2-layer K3, then the 48B's layers traced both ways.
 #   slabs     CudaWeightSlabs.*, then `bench model` on the 2-layer K3, the 2-layer 48B and its 16
 #             layers with KIMIRT_WEIGHT_SLABS=0 and 1: what the load took from the GPU (the
 #             driver's count) against the planned weight bytes, and the step times.
@@ -230,7 +230,7 @@ if [[ "$what" == memcheck || "$what" == all ]]; then
     # (~400 launches up to 896 × 7168 × 64 rows); CudaBackendGemv.SmallShapes* runs its plans there.
     # 540 s: most of one device call (memcheck reached 88 of ~94 tests in 330 s on 2026-12-01).
     timeout 540 compute-sanitizer --tool memcheck --error-exitcode 9 "$root/kimirt_tests" \
-      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths:CudaBackendMoePrefill.Mxfp4GivesTheBitsOfBf16AtK3Widths:CudaBackendGemv.EveryRowCountHasTheReferenceOrdersBits:CudaBackendGemv.InAGraphBetweenOtherKernelsKeepsTheBits" \
+      --gtest_filter="$filter-CudaBackendMoe.Mxfp4ExpertsGiveTheBitsOfBf16ExpertsAtK3Widths:CudaBackendMoePrefill.Mxfp4GivesTheBitsOfBf16AtK3Widths:CudaBackendGemv.EveryRowCountHasTheReferenceOrdersBits:CudaBackendGemv.Bf16RoutersHaveTheReferenceOrdersBits:CudaBackendGemv.InAGraphBetweenOtherKernelsKeepsTheBits" \
       >"$out/memcheck.txt" 2>&1
     rc=$?
     echo "memcheck exit $rc ($(grep -c 'Invalid' "$out/memcheck.txt") invalid accesses; $(grep -c '^\[       OK' "$out/memcheck.txt") tests passed)"
@@ -469,8 +469,14 @@ if [[ "$what" == moe ]]; then
     --prompt-len 256 --decode-tokens 16 --peak-gbps 4800 --json "$out/bench-model-k3-2layer-cuda.json" \
     >"$out/bench-model-k3-2layer-cuda.txt" 2>&1 || status=1
   rm -rf "$ck"
+  # The router widened to F32, as the engine held it before session 28 (its column against the above).
+  timeout 200 "$root/moe_bench" --device cuda --configs k3,k3-tp8,kimi-linear --batch-sizes 1,32 --iters 50 \
+    --peak-gbps 4800 --router-dtype f32 --json "$out/moe-bench-router-f32.json" >"$out/moe-bench-router-f32.txt" 2>&1 ||
+    status=1
   echo "--- MoE layer (moe_bench; target: k3 >= 0.60 of 4800 GB/s at batch 1 and 32, 4.25 bits a weight)"
   cat "$out/moe-bench.txt"
+  echo "--- the same, router widened to F32 (--router-dtype f32)"
+  cat "$out/moe-bench-router-f32.txt"
   echo "--- K3 2-layer, bench model (decode ms/step; weight bytes planned vs on the device, within 2%)"
   tail -5 "$out/bench-model-k3-2layer-cuda.txt"
 fi
@@ -590,16 +596,17 @@ traced_bench_model() {
 }
 if [[ "$what" == abstep ]]; then
   # A decode-step change against the base kimirt (scripts/gpu_save_base.sh), alternated in one run:
-  # `bench model` on the 2-layer 48B (batches 1, 32, prompt 256) and on the 48B's layers (all of
-  # them on an H200, the first 16 on an H100; batch 1, prompt 1024), base / new / new / base, then
-  # the latter's batch-1 step traced both ways.
+  # `bench model` on the 2-layer 48B (batches 1, 32, prompt 256), on the 48B's layers (all of
+  # them on an H200, the first 16 on an H100; batch 1, prompt 1024) and on the 2-layer K3 (batches
+  # 1, 32, prompt 256), base / new / new / base, then the 48B's batch-1 step traced both ways.
   [[ -f .carry/base/kimirt.xz ]] || { echo "abstep: no .carry/base/kimirt.xz (run scripts/gpu_save_base.sh before the change)"; exit 1; }
   xz -dc .carry/base/kimirt.xz > "$root/base-kimirt" && chmod +x "$root/base-kimirt"
   big="$root/shared/bench/configs/kimi-linear-48b-h100-16layer.json"
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && big="$root/shared/configs/kimi-linear-48b-a3b.json"
   for run in base-1 new-1 new-2 base-2; do
     pre=""; [[ $run == base-* ]] && pre="base-"
-    for cfg in "kl2 $root/shared/bench/configs/kimi-linear-48b-2layer.json 1,32 256" "big $big 1 1024"; do
+    for cfg in "kl2 $root/shared/bench/configs/kimi-linear-48b-2layer.json 1,32 256" "big $big 1 1024" \
+               "k3l2 $root/shared/bench/configs/kimi-k3-2layer.json 1,32 256"; do
       set -- $cfg
       timeout 200 "$root/${pre}kimirt" bench model --device cuda --dtype bfloat16 --config "$2" --random-weights \
         --batch-sizes "$3" --prompt-len "$4" --decode-tokens 32 --peak-gbps 4800 --json "$out/$1-$run.json" \

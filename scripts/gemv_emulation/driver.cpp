@@ -4,8 +4,9 @@
 // … ascending with fmaf, then v += v[j ^ 16], 8, 4, 2, 1, lane 0's value — and rows 0, m / 2 and
 // m − 1 alone against the batch. The cases cover the staged kernel's four rows-per-item variants
 // and their edges at Kimi-Linear-48B's and K3's router widths, odd k (a partial last step, many
-// chunks), a width whose column count per block is capped, and the general kernel (k % 4 ≠ 0,
-// BF16 weights, x not 16-byte aligned).
+// chunks), a width whose column count per block is capped, BF16 weights through the staged
+// kernel (the routers as stored), and the general kernel (k % 4 ≠ 0, BF16 rows no multiple of
+// 16 bytes, x not 16-byte aligned).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -118,7 +119,8 @@ void PrintPlans() {
       std::printf("%-6s %5lld %5lld %3lld  %dx%-3d %5lld %10lld %5lld %10lld %6lld %7.1f\n", name,
                   static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), t.r, t.c,
                   static_cast<long long>(p.rows), static_cast<long long>(p.row_blocks), static_cast<long long>(p.cols),
-                  static_cast<long long>(p.col_blocks), static_cast<long long>(p.chunk), p.smem / 1024.0);
+                  static_cast<long long>(p.col_blocks), static_cast<long long>(p.chunk),
+                  kimirt::cuda::kStages * kimirt::cuda::StagedSlotBytes<float>(p.cols, p.rows, p.chunk) / 1024.0);
     }
   }
 }
@@ -144,8 +146,12 @@ int main(int argc, char** argv) {
       {"many_chunks", 2, 5, 60000},         // 59 chunks through 3 slots
       {"chunks_then_tail", 3, 7, 5000},     // 5 chunks, the last 904 long: a partial last step
       {"capped_cols", 5, 9000, 128},        // columns a block capped by the tiles a block takes
+      {"k3_m1_bf16", 1, 896, 7168, true},   // the routers as stored: the staged kernel's BF16 slots
+      {"k3_m64_bf16", 64, 896, 7168, true},
+      {"kl48_m9_bf16", 9, 256, 2304, true},
+      {"chunks_then_tail_bf16", 3, 7, 5000, true},
       {"general_k4097", 33, 10, 4097},      // the general kernel
-      {"general_bf16", 9, 10, 2304, true},  // the general kernel, BF16 weights
+      {"general_bf16", 9, 10, 100, true},   // the general kernel, BF16 rows no multiple of 16 bytes
       {"general_x_unaligned", 3, 10, 2304, false, 1},
   };
 

@@ -21,6 +21,7 @@
 
 #undef __launch_bounds__
 #define __launch_bounds__(...)
+#define __host__
 
 struct dim3 {
   unsigned x, y, z;

@@ -369,6 +369,11 @@ class Backend {
   // weights [T, k] (F32), in top-k order.
   virtual void MoeRoute(const Tensor& y, const Tensor& w, const Tensor& bias, const RouteParams& p,
                         Tensor* idx, Tensor* weights) = 0;
+  // Whether MoeRoute's router weight may be held as the checkpoint stores it (BF16 for K3 and
+  // Kimi-Linear) rather than widened to F32 at load: the backend then widens it inside its F32
+  // router math, the same logits bit for bit, from half the bytes (K3: 12.8 MB a layer on every
+  // rank, ~1.2 GB a rank in all). Default: widened at load.
+  virtual bool RouterAsStored() const { return false; }
   // Routed experts (spec §7.2 steps 3-4): out [T, D_e] = Σ_j weights[t,j] · expert_{idx[t,j]}(z[t]).
   virtual void MoeExperts(const Tensor& z, const Tensor& idx, const Tensor& weights,
                           const ExpertWeights& experts, const GluParams& p, Tensor* out) = 0;

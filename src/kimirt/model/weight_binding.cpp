@@ -78,7 +78,7 @@ WeightBinding BindWeight(ModelWeights& w, const TensorSpec& t) {
     case R::kMlpGate: return {&layer().dense.gate, matrix};
     case R::kMlpUp: return {&layer().dense.up, matrix};
     case R::kMlpDown: return {&layer().dense.down, matrix};
-    case R::kRouter: return {&layer().moe.router, f32};
+    case R::kRouter: return {&layer().moe.router, HeldAs::kRouter};
     case R::kRouterBias: return {&layer().moe.bias, f32};
     case R::kLatentDown: return {&layer().moe.latent_down, matrix};
     case R::kLatentUp: return {&layer().moe.latent_up, matrix};

@@ -15,6 +15,8 @@ enum class HeldAs : uint8_t {
   kF32Vector,  // flattened to 1-D: per-head log-rates ([1, 1, H, 1], or K3's padded [128], §2.4),
                // AttnRes pseudo-queries [1, D]
   kF32Taps,    // conv taps [P, 1, W] held as [P, W]
+  kRouter,     // the MoE router: as stored where the backend's router math widens it
+               // (Backend::RouterAsStored), else F32
   kMxfp4,      // MXFP4 expert codes or scales: as stored (U8) where the backend takes them (CUDA);
                // on the CPU the loader widens the pair into the codes' field (spec §2.9)
 };

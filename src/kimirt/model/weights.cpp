@@ -187,6 +187,9 @@ class Loader {
           return backend_.Upload(ToBf16(f32));
         }
         break;
+      case HeldAs::kRouter:
+        if (backend_.RouterAsStored() && exact_bf16 && part.dtype() == DType::kBF16) return backend_.Upload(part);
+        break;
       case HeldAs::kF32:
       case HeldAs::kMxfp4: break;  // MXFP4 widened on the CPU: F32
     }

@@ -2,7 +2,8 @@
 // K3 fixture config (tiny-a: 8 experts of 32 × 32, codes + scales): a good one loads on the CPU
 // with each expert widened to exactly its dequantized values; a broken one (a scale tensor of the
 // wrong shape, codes of the wrong length, an expert without its scales) is a load error that
-// names the tensor, on the GPU too, where a failed load leaves no device memory behind.
+// names the tensor, on the GPU too, where a failed load leaves no device memory behind. And the
+// router: widened to F32 on the CPU, held as stored (BF16) on the GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -75,6 +76,13 @@ class Mxfp4LoadTest : public ::testing::Test {
     Result<ModelWeights> r = WriteAndLoad(edit, be);
     ASSERT_FALSE(r.ok()) << "a checkpoint with " << name << " broken loaded";
     EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status().ToString();
+  }
+
+  // Layer 1's router as WriteAndLoad stores it (BF16 bytes).
+  std::vector<uint8_t> StoredRouterBytes() const {
+    const TensorSpec* t = layout_->Find("language_model.model.layers.1.block_sparse_moe.gate.weight");
+    EXPECT_NE(t, nullptr);
+    return t != nullptr ? RandomTensorBytes(*layout_, *t, 5) : std::vector<uint8_t>{};
   }
 
   std::optional<Layout> layout_;
@@ -182,6 +190,22 @@ TEST_F(Mxfp4LoadTest, ExpertWithoutItsScalesNamesThem) {
   ExpectErrorNaming(b.edit, b.name);
 }
 
+// The router (gate.weight, stored BF16): widened to F32 at load on the CPU, whose router math is
+// F32 on F32 weights (Backend::RouterAsStored false); the values are the stored ones.
+TEST_F(Mxfp4LoadTest, RouterIsWidenedOnTheCpu) {
+  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const std::vector<uint8_t> stored = StoredRouterBytes();
+  const Tensor& r = w->layers[1].moe.router;
+  ASSERT_EQ(r.dtype(), DType::kF32);
+  ASSERT_EQ(static_cast<size_t>(r.numel()) * 2, stored.size());
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    uint16_t b = 0;
+    std::memcpy(&b, stored.data() + 2 * i, 2);
+    ASSERT_EQ(r.f32()[i], Bf16ToF32(b)) << "element " << i;
+  }
+}
+
 #if KIMIRT_TEST_CUDA
 // On the GPU the same checkpoints are the same load errors, and a failed load leaves nothing
 // allocated: the weights loaded before the broken tensor go into slabs (Backend::BeginWeights),
@@ -204,6 +228,23 @@ TEST_F(CudaMxfp4LoadTest, FailedLoadsLeaveNothingAllocated) {
     ASSERT_TRUE(after.has_value());
     EXPECT_EQ(after->free, before->free) << "a failed load left device memory allocated";
   }
+}
+
+// On the GPU the router stays as stored (Backend::RouterAsStored): BF16, the checkpoint's bytes,
+// half of what the F32 copy took (the CUDA router math widens it: CudaBackendMoe.
+// Bf16RouterGivesTheF32RoutersChoices).
+TEST_F(CudaMxfp4LoadTest, RouterIsHeldAsStoredOnTheGpu) {
+  auto gpu = MakeBackend("cuda");
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  ASSERT_TRUE((*gpu)->RouterAsStored());
+  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; }, gpu->get());
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const std::vector<uint8_t> stored = StoredRouterBytes();
+  const Tensor& r = w->layers[1].moe.router;
+  ASSERT_EQ(r.dtype(), DType::kBF16);
+  const Tensor h = (*gpu)->Download(r);
+  ASSERT_EQ(static_cast<size_t>(h.nbytes()), stored.size());
+  EXPECT_EQ(std::memcmp(h.raw(), stored.data(), stored.size()), 0);
 }
 #endif
 

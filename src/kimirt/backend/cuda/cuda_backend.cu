@@ -815,9 +815,26 @@ class CudaBackend final : public Backend {
 
   // The router's F32 logits [T, E] of y [T, D] (spec §7.2 step 1), row-invariant for decode
   // batches like every GEMM.
+  bool RouterAsStored() const override { return true; }
+
+  // Spec §7.2 step 1: logits = float(y) · float(W_router)ᵀ in F32, whatever the router is held as
+  // (RouterAsStored: BF16 as the checkpoint stores it, half the bytes a step). The F32 Gemv up to
+  // kGemvMaxRows rows and cuBLAS's SGEMM past them, on the weight widened to F32 where it is BF16:
+  // the same F32 values in the same sums, so the same logits either way (CudaBackendGemv,
+  // CudaBackendMoe.Bf16RouterGivesTheF32RoutersChoices), never the BF16 tensor-core GEMMs.
   Tensor RouterLogits(const Tensor& y, const Tensor& router) {
-    Tensor logits = Raw({Rows(y), Rows(router)}, DType::kF32);
-    GemmW(F(y), router, F(logits), Rows(y), Rows(router), Cols(y));
+    const int64_t m = Rows(y), n = Rows(router), k = Cols(y);
+    Tensor logits = Raw({m, n}, DType::kF32);
+    const bool bf16 = router.dtype() == DType::kBF16;
+    if (m <= cuda::kGemvMaxRows && k > 0) {
+      cuda::Gemv(F(y), W(router), bf16, F(logits), m, n, k, stream_);
+    } else if (bf16) {
+      Tensor wide = Raw({n, k}, DType::kF32);
+      cuda::Bf16ToF32(W(router), F(wide), n * k, stream_);
+      Gemm(F(y), F(wide), F(logits), m, n, k);
+    } else {
+      Gemm(F(y), F(router), F(logits), m, n, k);
+    }
     return logits;
   }
 

@@ -1,5 +1,5 @@
-// cuda::Gemv, the F32 GEMV of ≤ 64 rows (weight_kernels.cu; the MoE router's logits, every
-// F32-held Linear of a decode step), bit for bit against a host computation of the order its
+// cuda::Gemv, the F32 GEMV of ≤ 64 rows (weight_kernels.cu; the MoE router's logits from its F32
+// or stored BF16 weight, every F32-held Linear of a decode step), bit for bit against a host computation of the order its
 // comment promises (testing/gemv_reference.h: lane sums with fmaf, then the xor butterfly). The
 // router's choices depend on these bits, so they may not change with the kernel (issue 12).
 //   - the staged kernel (F32, 16-byte aligned rows) at m = 1, 2, 7, 8, 9, 31, 32, 33, 64 (each
@@ -7,8 +7,10 @@
 //     (Kimi-Linear-48B's experts), 896 (K3's), k = 2304, 7168 (their hidden sizes) and 100 (no
 //     multiple of 32: a partial last step); rows m / 2 and m − 1 alone (m = 1) as in the batch;
 //     the same at small n and k (every tile, with and without row splits) for memcheck;
-//   - the general kernel at k = 4097 (no multiple of 4), with BF16 weights, and with x not
-//     16-byte aligned: the same reference;
+//   - BF16 weights (the routers as stored) through the staged kernel's BF16 slots, the same
+//     shapes and the same reference on the BF16 values;
+//   - the general kernel at k = 4097 (no multiple of 4), with BF16 weights of rows no multiple of
+//     16 bytes, and with x not 16-byte aligned: the same reference;
 //   - through the backend (PDL launches) after and before other kernels, eagerly and replayed
 //     from a CUDA graph: x is the previous kernel's output, y the next one's input.
 // Outputs are poisoned with NaN first. In the CUDA build only (CMakeLists: backend/cuda/ tests).
@@ -96,23 +98,25 @@ class CudaBackendGemv : public testing::CudaCpuTest {
   // For each k and n: every row count of kRowCounts against the reference, and each row that is
   // the middle or the last of one of them alone. x holds kMaxRows rows; a call of m rows reads its
   // first m, so every m must give the reference's first m rows.
-  void CheckEveryRowCount(std::initializer_list<int64_t> ks, std::initializer_list<int64_t> ns) {
+  // bf16: the weight rounded to BF16 and held so (the router as stored), the reference on the
+  // rounded values: the staged kernel's BF16 slots must give the F32 weight's order and bits.
+  void CheckEveryRowCount(std::initializer_list<int64_t> ks, std::initializer_list<int64_t> ns, bool bf16 = false) {
     for (const int64_t k : ks) {
       const Tensor x = NonZero({kMaxRows, k}, 1.0f);
       const Tensor d_x = gpu_->Upload(x);
       const auto* xp = static_cast<const float*>(d_x.raw());
       for (const int64_t n : ns) {
-        SCOPED_TRACE("n = " + std::to_string(n) + ", k = " + std::to_string(k));
-        const Tensor w = NonZero({n, k}, 0.02f);
-        const Tensor d_w = gpu_->Upload(w);
+        SCOPED_TRACE("n = " + std::to_string(n) + ", k = " + std::to_string(k) + (bf16 ? ", BF16" : ""));
+        Tensor w = NonZero({n, k}, 0.02f);
+        const Tensor d_w = bf16 ? UpBf16(w) : gpu_->Upload(w);  // UpBf16 leaves w the BF16 values
         const std::vector<float> want = Reference(x.f32(), w.f32(), kMaxRows, n, k);
         std::set<int64_t> alone;
         for (const int64_t m : kRowCounts) {
-          ExpectBits(RunGemv(xp, d_w.raw(), false, m, n, k), want, 0, m, n, "m = " + std::to_string(m));
+          ExpectBits(RunGemv(xp, d_w.raw(), bf16, m, n, k), want, 0, m, n, "m = " + std::to_string(m));
           alone.insert({m / 2, m - 1});
         }
         for (const int64_t t : alone) {
-          ExpectBits(RunGemv(xp + t * k, d_w.raw(), false, 1, n, k), want, t, 1, n,
+          ExpectBits(RunGemv(xp + t * k, d_w.raw(), bf16, 1, n, k), want, t, 1, n,
                      "row " + std::to_string(t) + " alone");
         }
       }
@@ -135,7 +139,20 @@ TEST_F(CudaBackendGemv, SmallShapesHaveTheReferenceOrdersBits) {
   CheckEveryRowCount({100, 292, 2052}, {3, 40, 300});
 }
 
-// The general kernel's inputs: BF16-held weights, and x whose rows are not 16-byte aligned.
+// The routers held as stored (Backend::RouterAsStored): BF16 weights through the staged kernel's
+// BF16 slots at the routers' widths and odd ones (k = 2052: a partial last step), the F32
+// weight's order and bits. Not under memcheck (its SmallShapes case is).
+TEST_F(CudaBackendGemv, Bf16RoutersHaveTheReferenceOrdersBits) {
+  CheckEveryRowCount({2304, 7168, 2052}, {3, 256, 896}, /*bf16=*/true);
+}
+
+// The staged kernel's BF16 slots at small shapes, cheap enough for memcheck.
+TEST_F(CudaBackendGemv, SmallShapesBf16HaveTheReferenceOrdersBits) {
+  CheckEveryRowCount({104, 296, 2056}, {3, 40, 300}, /*bf16=*/true);
+}
+
+// The general kernel's inputs: BF16-held weights whose rows are no multiple of 16 bytes (k = 100),
+// and x whose rows are not 16-byte aligned (BF16 weights at k = 2304 take the staged kernel).
 TEST_F(CudaBackendGemv, Bf16WeightsAndUnalignedXHaveTheReferenceOrdersBits) {
   for (const int64_t k : {int64_t{2304}, int64_t{100}}) {
     const int64_t n = 256;

@@ -39,8 +39,10 @@ void ArgmaxRows(const float* x, int64_t R, int64_t V, void* scratch, int32_t* id
 // Up to this many rows, GEMMs run as DecodeGemm (BF16 weights) or Gemv (F32 weights), both
 // row-invariant; more go to cuBLAS.
 constexpr int64_t kGemvMaxRows = 64;
-// y [m, n] = x [m, k] · w [n, k]ᵀ, w F32 or BF16; each row computed as it would be alone.
-// FP32 cores; the BF16 decode path is DecodeGemm, this stays for F32-held weights.
+// y [m, n] = x [m, k] · w [n, k]ᵀ, w F32 or BF16; each row computed as it would be alone, a BF16
+// weight's bits those of the same weight widened to F32 (CudaBackendGemv tests). FP32 cores: the
+// F32-held weights and the router (spec §7.2: F32 math on the stored BF16 weight); other BF16
+// weights decode through DecodeGemm.
 void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
 void Bf16ToF32(const void* src, float* dst, int64_t n, cudaStream_t s);
 

@@ -581,6 +581,39 @@ TEST_F(CudaBackendMoe, RouterGemvRowsAreBitIdenticalToAloneAtK3Widths) {
   EXPECT_LE(RelL2(got, want), 1e-5);
 }
 
+// The router held as stored (Backend::RouterAsStored: BF16, the checkpoint's dtype) against the
+// same values widened to F32 at load, as the CPU holds it: MoeRoute's indices and weights bit for
+// bit, decode rows (the Gemv's BF16 slots) and prefill rows (widened, then the SGEMM the F32
+// router gets), at K3's and Kimi-Linear's widths.
+TEST_F(CudaBackendMoe, Bf16RouterGivesTheF32RoutersChoices) {
+  ASSERT_TRUE(gpu_->RouterAsStored());
+  ASSERT_FALSE(cpu_->RouterAsStored());
+  struct Case {
+    int64_t E, D, k;
+  };
+  for (const Case& c : {Case{896, 7168, 16}, Case{256, 2304, 8}}) {
+    Tensor router = Random({c.E, c.D}, 0.02f);
+    const Tensor d_router16 = UpBf16(router);  // router now holds the BF16 values
+    const Tensor d_router32 = gpu_->Upload(router), d_bias = gpu_->Upload(Random({c.E}, 0.01f));
+    ASSERT_EQ(d_router16.dtype(), DType::kBF16);
+    RouteParams rp;
+    rp.top_k = c.k;
+    rp.scaling = 2.446f;
+    for (const int64_t T : {int64_t{1}, int64_t{7}, gpu_->RowInvariantRows(), int64_t{100}}) {
+      SCOPED_TRACE("E = " + std::to_string(c.E) + ", T = " + std::to_string(T));
+      const Tensor d_y = gpu_->Upload(Random({T, c.D}));
+      Tensor idx[2] = {gpu_->Empty({T, c.k}, DType::kI32), gpu_->Empty({T, c.k}, DType::kI32)};
+      Tensor w[2] = {Poisoned({T, c.k}), Poisoned({T, c.k})};
+      gpu_->MoeRoute(d_y, d_router16, d_bias, rp, &idx[0], &w[0]);
+      gpu_->MoeRoute(d_y, d_router32, d_bias, rp, &idx[1], &w[1]);
+      const Tensor i16 = gpu_->Download(idx[0]), i32 = gpu_->Download(idx[1]);
+      EXPECT_EQ(std::memcmp(i16.raw(), i32.raw(), static_cast<size_t>(T * c.k) * sizeof(int32_t)), 0)
+          << "indices, BF16 vs F32 router";
+      ExpectSameBits(gpu_->Download(w[0]), gpu_->Download(w[1]), "weights, BF16 vs F32 router");
+    }
+  }
+}
+
 // MoeGroupByExpert against a host stable counting sort, every output array exactly: a 2,048-token
 // prefill chunk's choices (top-8 of 256, the placement split over warps in runs), K3's top-16 of
 // 896 plus the shared expert, decode-sized calls (runs shorter than a warp, some empty), one

@@ -1,8 +1,8 @@
 // GEMM kernels for few rows and for BF16-held weights, F32 accumulation (kernels.h): BF16 weights
 // are the checkpoint's own values, so results equal the F32-weight path up to summation order.
-// Few rows (decode, and decode batches) with F32-held weights: Gemv, a warp-per-column dot
-// product order on the FP32 cores, row-invariant (BF16-held weights go to decode_gemm.cu's tensor-core kernel,
-// which reads the weight once for all rows). Many rows (prefill): BF16 weights are widened to F32
+// Few rows (decode, and decode batches) with F32-held weights, and the router held BF16 as stored:
+// Gemv, a warp-per-column dot product order on the FP32 cores, row-invariant (other BF16-held
+// weights go to decode_gemm.cu's tensor-core kernel, which reads the weight once for all rows). Many rows (prefill): BF16 weights are widened to F32
 // chunk by chunk for cuBLAS.
 #include "kimirt/backend/cuda/kernels.h"
 
@@ -31,7 +31,7 @@ namespace {
 // chunks, then the butterfly — whatever m is, so a row's result does not depend on the other rows
 // (row-invariant: Backend::RowInvariantRows), and it has the bits it had before this layout (the
 // router's logits, and so its choices, unchanged).
-// The general kernel (GemvKernel): BF16-held weights, and rows or x not 16-byte aligned.
+// The general kernel (GemvKernel): rows or x not 16-byte aligned.
 constexpr int kWarps = 8;
 constexpr int kCols = 4;
 constexpr int kGroup = 8;                       // rows per pass over a chunk: a warp each
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
   }
 }
 
-// The staged kernel (GemvStagedKernel): F32 weight rows and x rows 16-byte aligned (k % 4 == 0),
-// the router's case. Why a second kernel (issue 12): GemvKernel ran the router at 12 µs for
+// The staged kernel (GemvStagedKernel): weight rows (F32, or BF16 staged as they lie: K3's router
+// as stored) and x rows 16-byte aligned, the router's case. Why a second kernel (issue 12): GemvKernel ran the router at 12 µs for
 // 2.4 MB (Kimi-Linear-48B, batch 1; ~0.5 µs of HBM) and 46 µs at batch 32: 64 blocks, each
 // chunk's weight a dependent round trip through registers, a __syncthreads per chunk and per
 // 8-row group, one warp of eight computing at m ≤ 8, and a plain launch.
@@ -144,54 +144,71 @@ constexpr int64_t kStagedSmemBudget = 192 * 1024;
 // About one block per H200 multiprocessor. A constant, not the device's count: the plan changes
 // only the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
 constexpr int64_t kTargetBlocks = 132;
-constexpr int64_t kPrefetchFloats = 1024;  // 4 KB a cp.async.bulk.prefetch.L2
+constexpr int64_t kPrefetchBytes = 4096;  // a cp.async.bulk.prefetch.L2
 
 // The chunk [k0, k0 + len) of `count` rows (row r at src + r·k) into dst (row r at dst + r·chunk),
-// 16 bytes a copy; len % 4 == 0, src rows 16-byte aligned.
-__device__ __forceinline__ void CopyChunk(const float* src, int64_t k, int64_t k0, int64_t len, int count,
-                                          float* dst, int chunk) {
+// 16 bytes a copy; len a multiple of 16 bytes' elements, src rows 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void CopyChunk(const T* src, int64_t k, int64_t k0, int64_t len, int count, T* dst,
+                                          int chunk) {
+  constexpr int64_t kPer = 16 / sizeof(T);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t q4 = len / 4;
+  const int64_t q16 = len / kPer;
   for (int r = warp; r < count; r += kStagedWarps) {
-    const float* s = src + r * k + k0;
-    float* d = dst + static_cast<int64_t>(r) * chunk;
-    for (int64_t q = lane; q < q4; q += 32) CpAsync16(d + 4 * q, s + 4 * q);
+    const T* s = src + r * k + k0;
+    T* d = dst + static_cast<int64_t>(r) * chunk;
+    for (int64_t q = lane; q < q16; q += 32) CpAsync16(d + kPer * q, s + kPer * q);
   }
 }
 
+// A staged weight value as F32: F32 as held, BF16 widened (exact: the F32 it stands for).
+__device__ __forceinline__ float StagedWeight(const float* p) { return *p; }
+__device__ __forceinline__ float StagedWeight(const uint16_t* p) { return __uint_as_float(uint32_t{*p} << 16); }
+
+// The bytes of one stage's slot: w [cols][chunk] (TW), then x [rows][chunk] (F32); 16-byte
+// multiples, since chunk is a multiple of 32.
+template <typename TW>
+__host__ __device__ constexpr int64_t StagedSlotBytes(int64_t cols, int64_t rows, int64_t chunk) {
+  return cols * chunk * static_cast<int64_t>(sizeof(TW)) + rows * chunk * static_cast<int64_t>(sizeof(float));
+}
+
 // Block (blockIdx.x, blockIdx.y): columns [blockIdx.x · cols, + cols) of rows [blockIdx.y · rows,
-// + rows) of y [m, n].
-template <int kR, int kC>
+// + rows) of y [m, n]. TW: the weight as held, F32 or BF16 (uint16_t; staged as it lies, half the
+// bytes, and widened as it is read: the same F32 values in the same sums, so the same bits).
+template <typename TW, int kR, int kC>
 __global__ void __launch_bounds__(kStagedThreads, 1)
-    GemvStagedKernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int m,
+    GemvStagedKernel(const float* __restrict__ x, const TW* __restrict__ w, float* __restrict__ y, int m,
                      int64_t n, int64_t k, int rows, int cols, int chunk) {
-  extern __shared__ __align__(16) float smem[];
+  extern __shared__ __align__(16) uint8_t staged_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t col0 = int64_t{blockIdx.x} * cols, row_begin = int64_t{blockIdx.y} * rows;
   const int cv = static_cast<int>(n - col0 < cols ? n - col0 : cols);  // this block's columns and rows
   const int rv = static_cast<int>(m - row_begin < rows ? m - row_begin : rows);
-  const float* wb = w + col0 * k;
+  const TW* wb = w + col0 * k;
   const float* xb = x + row_begin * k;
-  const int64_t slot = static_cast<int64_t>(cols + rows) * chunk;  // w [cols][chunk], then x [rows][chunk]
+  const int64_t slot = StagedSlotBytes<TW>(cols, rows, chunk);
   const int64_t chunks = (k + chunk - 1) / chunk;
+  auto w_slot = [&](int64_t c) { return reinterpret_cast<TW*>(staged_smem + c % kStages * slot); };
+  auto x_slot = [&](int64_t c) {
+    return reinterpret_cast<float*>(staged_smem + c % kStages * slot + int64_t{cols} * chunk * int64_t{sizeof(TW)});
+  };
   auto len_of = [&](int64_t c) { return k - c * chunk < chunk ? k - c * chunk : int64_t{chunk}; };
   auto copy_w = [&](int64_t c) {
-    if (c < chunks) CopyChunk(wb, k, c * chunk, len_of(c), cv, smem + c % kStages * slot, chunk);
+    if (c < chunks) CopyChunk(wb, k, c * chunk, len_of(c), cv, w_slot(c), chunk);
   };
   auto copy_x = [&](int64_t c) {
-    if (c < chunks) {
-      CopyChunk(xb, k, c * chunk, len_of(c), rv, smem + c % kStages * slot + int64_t{cols} * chunk, chunk);
-    }
+    if (c < chunks) CopyChunk(xb, k, c * chunk, len_of(c), rv, x_slot(c), chunk);
   };
 
   // Before PdlWait (pdl.cuh): only the weight. All of it past the first kStages − 1 chunks into
   // L2, 4 KB a request; the first chunks into shared memory.
+  constexpr int64_t kPiece = kPrefetchBytes / sizeof(TW);
   const int64_t ahead = (kStages - 1) * int64_t{chunk};
-  const int64_t pieces = k > ahead ? (k - ahead + kPrefetchFloats - 1) / kPrefetchFloats : 0;
+  const int64_t pieces = k > ahead ? (k - ahead + kPiece - 1) / kPiece : 0;
   for (int64_t i = threadIdx.x; i < cv * pieces; i += kStagedThreads) {
-    const int64_t r = i / pieces, b = ahead + i % pieces * kPrefetchFloats;
-    const int64_t len = k - b < kPrefetchFloats ? k - b : kPrefetchFloats;
-    mma::PrefetchL2(wb + r * k + b, static_cast<uint32_t>(len * sizeof(float)));
+    const int64_t r = i / pieces, b = ahead + i % pieces * kPiece;
+    const int64_t len = k - b < kPiece ? k - b : kPiece;
+    mma::PrefetchL2(wb + r * k + b, static_cast<uint32_t>(len * sizeof(TW)));
   }
   for (int c = 0; c < kStages - 1; ++c) {
     copy_w(c);
@@ -231,13 +248,13 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     copy_w(ch + kStages - 1);
     copy_x(ch + kStages - 1);
     CpAsyncCommit();
-    const float* ws = smem + ch % kStages * slot;
-    const float* xs = ws + int64_t{cols} * chunk;
+    const TW* ws = w_slot(ch);
+    const float* xs = x_slot(ch);
     const int len = static_cast<int>(len_of(ch));
 #pragma unroll
     for (int i = 0; i < kItemsPerWarp; ++i) {
       if (warp + i * kStagedWarps >= items) break;  // the same for the whole warp
-      const float* wr[kC];
+      const TW* wr[kC];
       const float* xr[kR];
 #pragma unroll
       for (int c = 0; c < kC; ++c) wr[c] = ws + static_cast<int64_t>(min(c0[i] + c, cv - 1)) * chunk + lane;
@@ -248,7 +265,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       auto step = [&](int s) {
         float wv[kC], xv[kR];
 #pragma unroll
-        for (int c = 0; c < kC; ++c) wv[c] = wr[c][s];
+        for (int c = 0; c < kC; ++c) wv[c] = StagedWeight(wr[c] + s);
 #pragma unroll
         for (int r = 0; r < kR; ++r) xv[r] = xr[r][s];
 #pragma unroll
@@ -286,7 +303,6 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 struct StagedPlan {
   int tile = 0;  // index into kTiles
   int64_t rows = 0, row_blocks = 0, cols = 0, col_blocks = 0, chunk = 0;
-  int64_t smem = 0;
 };
 struct Tile {
   int r, c;
@@ -341,19 +357,33 @@ StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
   const int64_t half = kStagedSmemBudget / 2 / row_bytes / 32 * 32;
   const int64_t fit = half >= 256 ? half : kStagedSmemBudget / row_bytes / 32 * 32;
   best.chunk = std::min({fit, kMaxChunk, (k + 31) / 32 * 32});
-  best.smem = kStages * (best.cols + best.rows) * best.chunk * int64_t{sizeof(float)};
   return best;
 }
 
-template <int kR, int kC>
-void LaunchStaged(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, const StagedPlan& p,
+template <typename TW, int kR, int kC>
+void LaunchStaged(const float* x, const TW* w, float* y, int64_t m, int64_t n, int64_t k, const StagedPlan& p,
                   cudaStream_t s) {
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(GemvStagedKernel<kR, kC>, kStagedSmemBudget, false, "Gemv", &configured);
-  LaunchPdl("Gemv", GemvStagedKernel<kR, kC>,
+  AllowDynamicSmem(GemvStagedKernel<TW, kR, kC>, kStagedSmemBudget, false, "Gemv", &configured);
+  LaunchPdl("Gemv", GemvStagedKernel<TW, kR, kC>,
             dim3(static_cast<unsigned>(p.col_blocks), static_cast<unsigned>(p.row_blocks)), dim3(kStagedThreads),
-            static_cast<size_t>(p.smem), s, x, w, y, static_cast<int>(m), n, k, static_cast<int>(p.rows),
-            static_cast<int>(p.cols), static_cast<int>(p.chunk));
+            static_cast<size_t>(kStages * StagedSlotBytes<TW>(p.cols, p.rows, p.chunk)), s, x, w, y,
+            static_cast<int>(m), n, k, static_cast<int>(p.rows), static_cast<int>(p.cols), static_cast<int>(p.chunk));
+}
+
+// The plan is made for F32 weights whatever TW is (BF16 slots are smaller, so they fit too): the
+// plan decides only who computes what, never a bit.
+template <typename TW>
+void LaunchStagedPlan(const float* x, const TW* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+  const StagedPlan p = PlanStaged(m, n, k);
+  static_assert(sizeof(kTiles) / sizeof(kTiles[0]) == 5, "a launch for every tile");
+  switch (p.tile) {
+    case 0: LaunchStaged<TW, kTiles[0].r, kTiles[0].c>(x, w, y, m, n, k, p, s); break;
+    case 1: LaunchStaged<TW, kTiles[1].r, kTiles[1].c>(x, w, y, m, n, k, p, s); break;
+    case 2: LaunchStaged<TW, kTiles[2].r, kTiles[2].c>(x, w, y, m, n, k, p, s); break;
+    case 3: LaunchStaged<TW, kTiles[3].r, kTiles[3].c>(x, w, y, m, n, k, p, s); break;
+    default: LaunchStaged<TW, kTiles[4].r, kTiles[4].c>(x, w, y, m, n, k, p, s); break;
+  }
 }
 
 __global__ void Bf16ToF32Kernel(const __nv_bfloat16* src, float* dst, int64_t n) {
@@ -371,22 +401,20 @@ void Gemv(const float* x, const void* w, bool w_bf16, float* y, int64_t m, int64
                  static_cast<long long>(m));
     std::abort();
   }
-  // vec: 16-byte aligned rows, so float4 staging and the L2 prefetch (BF16: element-wise, no hint).
-  const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && !w_bf16;
+  // The staged kernel (the same bits: its comment) where x's and w's rows are 16-byte aligned:
+  // F32 weights, or BF16 ones staged as they lie (K3's router as stored: half the bytes).
+  const bool w_aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0;
   const bool x_vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (vec && x_vec && k > 0) {  // the staged kernel: the same bits (its comment)
-    const float* wf = static_cast<const float*>(w);
-    const StagedPlan p = PlanStaged(m, n, k);
-    static_assert(sizeof(kTiles) / sizeof(kTiles[0]) == 5, "a launch for every tile");
-    switch (p.tile) {
-      case 0: LaunchStaged<kTiles[0].r, kTiles[0].c>(x, wf, y, m, n, k, p, s); break;
-      case 1: LaunchStaged<kTiles[1].r, kTiles[1].c>(x, wf, y, m, n, k, p, s); break;
-      case 2: LaunchStaged<kTiles[2].r, kTiles[2].c>(x, wf, y, m, n, k, p, s); break;
-      case 3: LaunchStaged<kTiles[3].r, kTiles[3].c>(x, wf, y, m, n, k, p, s); break;
-      default: LaunchStaged<kTiles[4].r, kTiles[4].c>(x, wf, y, m, n, k, p, s); break;
+  if (x_vec && w_aligned && k > 0 && k % (w_bf16 ? 8 : 4) == 0) {
+    if (w_bf16) {
+      LaunchStagedPlan(x, static_cast<const uint16_t*>(w), y, m, n, k, s);
+    } else {
+      LaunchStagedPlan(x, static_cast<const float*>(w), y, m, n, k, s);
     }
     return;
   }
+  // vec: float4 staging and the L2 prefetch (BF16: element-wise, no hint).
+  const bool vec = k % 4 == 0 && w_aligned && !w_bf16;
   const int64_t blocks = (n + kCols - 1) / kCols;
   GemvKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(x, x_vec, w, w_bf16, vec, y, m, n, k);
   CheckLaunch("Gemv");
