@@ -139,7 +139,7 @@ constexpr int kStagedThreads = kStagedWarps * 32;
 constexpr int kItemsPerWarp = 2;     // tiles a warp sums at once (accumulators: 2 · kR · kC)
 constexpr int kMaxItems = kItemsPerWarp * kStagedWarps;
 constexpr int kStages = 3;           // chunks in shared memory: one summed, two in flight
-constexpr int64_t kMaxChunk = 1024;  // k per chunk at most (at m = 1, K3: 7 chunks, 96 KB)
+constexpr int64_t kMaxChunk = 1024;  // F32 k per chunk at most (at m = 1, K3: 7 chunks, 96 KB); BF16 twice
 constexpr int64_t kStagedSmemBudget = 192 * 1024;
 // About one block per H200 multiprocessor. A constant, not the device's count: the plan changes
 // only the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
@@ -319,7 +319,7 @@ constexpr Tile kTiles[] = {{1, 1}, {2, 2}, {4, 2}, {8, 2}, {8, 8}};
 // into 8-row groups only past 8 rows: a slice of the rows per block trades re-reading the weight
 // from L2 for reading less of x (at m = 64 and K3's k, x is 1.8 MB a block). Estimates, not
 // measurements: the plan moves time, never bits.
-StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
+StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k, int64_t w_bytes = sizeof(float)) {
   StagedPlan best;
   int64_t best_cost = -1, best_compute = 0;
   for (int64_t rows = m <= 8 ? m : 8;; rows += 8) {
@@ -350,13 +350,16 @@ StagedPlan PlanStaged(int64_t m, int64_t n, int64_t k) {
     }
     if (rows == m) break;
   }
-  // The largest chunk (a multiple of 32, ≤ kMaxChunk, no longer than k needs) whose kStages slots
-  // fit in half the budget, so that under PDL the block starts beside a predecessor holding shared
-  // memory; the whole budget where that would leave chunks under 256.
-  const int64_t row_bytes = kStages * (best.cols + best.rows) * int64_t{sizeof(float)};
+  // The largest chunk (a multiple of 32, ≤ kMaxChunk's bytes of weight a row, no longer than k
+  // needs) whose kStages slots fit in half the budget, so that under PDL the block starts beside a
+  // predecessor holding shared memory; the whole budget where that would leave chunks under 256.
+  // BF16 weights (w_bytes 2) take chunks of up to twice the k: the same bytes a chunk, half the
+  // chunks, each a wait and a barrier (at the same chunks K3's router took 14.7 µs as stored and
+  // 15.0 widened, moe_bench on one H100: the chunk count, not the bytes, set its time).
+  const int64_t row_bytes = kStages * (best.cols * w_bytes + best.rows * int64_t{sizeof(float)});
   const int64_t half = kStagedSmemBudget / 2 / row_bytes / 32 * 32;
   const int64_t fit = half >= 256 ? half : kStagedSmemBudget / row_bytes / 32 * 32;
-  best.chunk = std::min({fit, kMaxChunk, (k + 31) / 32 * 32});
+  best.chunk = std::min({fit, kMaxChunk * int64_t{sizeof(float)} / w_bytes, (k + 31) / 32 * 32});
   return best;
 }
 
@@ -371,11 +374,10 @@ void LaunchStaged(const float* x, const TW* w, float* y, int64_t m, int64_t n, i
             static_cast<int>(m), n, k, static_cast<int>(p.rows), static_cast<int>(p.cols), static_cast<int>(p.chunk));
 }
 
-// The plan is made for F32 weights whatever TW is (BF16 slots are smaller, so they fit too): the
-// plan decides only who computes what, never a bit.
+// The plan decides only who computes what and in which chunks, never a bit.
 template <typename TW>
 void LaunchStagedPlan(const float* x, const TW* w, float* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
-  const StagedPlan p = PlanStaged(m, n, k);
+  const StagedPlan p = PlanStaged(m, n, k, sizeof(TW));
   static_assert(sizeof(kTiles) / sizeof(kTiles[0]) == 5, "a launch for every tile");
   switch (p.tile) {
     case 0: LaunchStaged<TW, kTiles[0].r, kTiles[0].c>(x, w, y, m, n, k, p, s); break;
