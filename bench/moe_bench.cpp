@@ -6,11 +6,12 @@
 //   k3-tp8      the same experts sliced 8 ways along the intermediate width (384), as one rank of
 //               TP 8 holds them;
 //   kimi-linear Kimi-Linear-48B: 256 experts of 2304 × 1024, top-8, BF16, router 256 × 2304.
-// For each batch size, the mean time of one MoeExperts call (--iters calls after warm-up) and its
+// For each batch size, the mean time of one MoeExperts call (--iters calls after warm-up, eager;
+// then the call captured in a CUDA graph and replayed, as a decode step runs it: "graph us") and its
 // bandwidth: the stored bytes (MXFP4: codes + scales, 4.25 bits a weight; BF16: 2 bytes) of the
 // distinct experts the batch chose, each read once, over the time, against --peak-gbps.
-// Activations (a few MB) are not counted. The router's time is reported beside it (its F32
-// weight is its bytes).
+// Activations (a few MB) are not counted. The router's time (MoeRoute: its GEMV and top-k, eager
+// and in a graph) is reported beside it.
 //
 // Usage: moe_bench [--device cuda] [--configs k3,k3-tp8,kimi-linear] [--batch-sizes 1,8,32,64]
 //                  [--iters 50] [--peak-gbps 4800] [--router-dtype stored|f32] [--json FILE]
@@ -133,6 +134,25 @@ double SecondsPerCall(Backend& be, const Tensor& sync, int iters, F call) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
+// The same call captured once as a CUDA graph (Backend::CaptureBegin) and replayed back to back,
+// as a decode step runs it: eager calls at batch 1 measure the host's launches as much as the
+// GPU (a K3 TP-8 rank's layer: ~35 µs eager). 0 where the backend has no graphs or the capture
+// failed. `out` is what the call writes.
+template <typename F>
+double GraphSecondsPerCall(Backend& be, const std::string& key, Tensor* out, int iters, F call) {
+  if (!be.SupportsGraphs()) return 0.0;
+  be.CaptureBegin(key);
+  call();
+  if (!be.CaptureEnd(*out)) return 0.0;
+  Tensor last;
+  for (int i = 0; i < 3; ++i) last = be.Replay(key);
+  be.Download(last);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) last = be.Replay(key);
+  be.Download(last);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+}
+
 int Run(int argc, char** argv) {
   std::string device = "cuda", json_path;
   std::vector<std::string> names = {"k3", "k3-tp8", "kimi-linear"};
@@ -185,8 +205,8 @@ int Run(int argc, char** argv) {
   report["device"] = device;
   report["peak_gb_per_s"] = peak;
   report["configs"] = nlohmann::ordered_json::array();
-  std::printf("%-12s %6s %8s %10s %10s %10s %9s %10s\n", "config", "batch", "experts", "MB read", "us/layer", "GB/s",
-              "of peak", "router us");
+  std::printf("%-12s %6s %8s %10s %10s %10s %9s %10s %9s %9s %9s\n", "config", "batch", "experts", "MB read", "us/layer",
+              "GB/s", "of peak", "router us", "graph us", "of peak", "router g");
   for (const std::string& name : names) {
     const auto it = std::find_if(Configs().begin(), Configs().end(), [&](const Config& c) { return c.name == name; });
     if (it == Configs().end()) {
@@ -243,10 +263,18 @@ int Run(int argc, char** argv) {
       Tensor ridx = be.Empty({T, c.top_k}, DType::kI32), rw = be.Empty({T, c.top_k});
       const double s = SecondsPerCall(be, out, iters, [&] { be.MoeExperts(dz, didx, dw, ex, c.glu, &out); });
       const double rs = SecondsPerCall(be, rw, iters, [&] { be.MoeRoute(dy, router, bias, rp, &ridx, &rw); });
+      const std::string key = "moe_bench:" + c.name + ":" + std::to_string(T);
+      Tensor gout = be.Empty({T, c.latent}), grw = be.Empty({T, c.top_k});
+      const double sg = GraphSecondsPerCall(be, key + ":experts", &gout, iters,
+                                            [&] { be.MoeExperts(dz, didx, dw, ex, c.glu, &gout); });
+      const double rsg = GraphSecondsPerCall(be, key + ":route", &grw, iters,
+                                             [&] { be.MoeRoute(dy, router, bias, rp, &ridx, &grw); });
       const uint64_t bytes = distinct.size() * expert_bytes;
       const double gbps = static_cast<double>(bytes) / s / 1e9;
-      std::printf("%-12s %6lld %8zu %10.1f %10.1f %10.1f %9.3f %10.1f\n", c.name.c_str(), static_cast<long long>(T),
-                  distinct.size(), static_cast<double>(bytes) / 1e6, s * 1e6, gbps, gbps / peak, rs * 1e6);
+      const double gbps_graph = sg > 0 ? static_cast<double>(bytes) / sg / 1e9 : 0.0;
+      std::printf("%-12s %6lld %8zu %10.1f %10.1f %10.1f %9.3f %10.1f %9.1f %9.3f %9.1f\n", c.name.c_str(),
+                  static_cast<long long>(T), distinct.size(), static_cast<double>(bytes) / 1e6, s * 1e6, gbps,
+                  gbps / peak, rs * 1e6, sg * 1e6, gbps_graph / peak, rsg * 1e6);
       cj["points"].push_back({{"batch", T},
                               {"distinct_experts", distinct.size()},
                               {"bytes", bytes},
@@ -254,6 +282,9 @@ int Run(int argc, char** argv) {
                               {"gb_per_s", gbps},
                               {"bandwidth_fraction", gbps / peak},
                               {"router_seconds_per_call", rs},
+                              {"seconds_per_call_graph", sg},
+                              {"bandwidth_fraction_graph", gbps_graph / peak},
+                              {"router_seconds_per_call_graph", rsg},
                               {"router_bandwidth_fraction", static_cast<double>(router.nbytes()) / rs / 1e9 / peak}});
     }
     report["configs"].push_back(cj);
