@@ -237,7 +237,8 @@ TEST_F(CudaMxfp4LoadTest, RouterIsHeldAsStoredOnTheGpu) {
   auto gpu = MakeBackend("cuda");
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_TRUE((*gpu)->RouterAsStored());
-  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; }, gpu->get());
+  const Edit keep = [](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; };
+  Result<ModelWeights> w = WriteAndLoad(keep, gpu->get());
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const std::vector<uint8_t> stored = StoredRouterBytes();
   const Tensor& r = w->layers[1].moe.router;

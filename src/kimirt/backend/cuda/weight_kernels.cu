@@ -2,8 +2,8 @@
 // are the checkpoint's own values, so results equal the F32-weight path up to summation order.
 // Few rows (decode, and decode batches) with F32-held weights, and the router held BF16 as stored:
 // Gemv, a warp-per-column dot product order on the FP32 cores, row-invariant (other BF16-held
-// weights go to decode_gemm.cu's tensor-core kernel, which reads the weight once for all rows). Many rows (prefill): BF16 weights are widened to F32
-// chunk by chunk for cuBLAS.
+// weights go to decode_gemm.cu's tensor-core kernel, which reads the weight once for all rows).
+// Many rows (prefill): BF16 weights are widened to F32 chunk by chunk for cuBLAS.
 #include "kimirt/backend/cuda/kernels.h"
 
 #include <cuda_bf16.h>
@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const float* x, bool x
 }
 
 // The staged kernel (GemvStagedKernel): weight rows (F32, or BF16 staged as they lie: K3's router
-// as stored) and x rows 16-byte aligned, the router's case. Why a second kernel (issue 12): GemvKernel ran the router at 12 µs for
-// 2.4 MB (Kimi-Linear-48B, batch 1; ~0.5 µs of HBM) and 46 µs at batch 32: 64 blocks, each
+// as stored) and x rows 16-byte aligned, the router's case. Why a second kernel (issue 12):
+// GemvKernel ran the router at 12 µs for 2.4 MB (Kimi-Linear-48B, batch 1; ~0.5 µs of HBM) and
+// 46 µs at batch 32: 64 blocks, each
 // chunk's weight a dependent round trip through registers, a __syncthreads per chunk and per
 // 8-row group, one warp of eight computing at m ≤ 8, and a plain launch.
 //
@@ -139,7 +140,7 @@ constexpr int kStagedThreads = kStagedWarps * 32;
 constexpr int kItemsPerWarp = 2;     // tiles a warp sums at once (accumulators: 2 · kR · kC)
 constexpr int kMaxItems = kItemsPerWarp * kStagedWarps;
 constexpr int kStages = 3;           // chunks in shared memory: one summed, two in flight
-constexpr int64_t kMaxChunk = 1024;  // F32 k per chunk at most (at m = 1, K3: 7 chunks, 96 KB); BF16 twice
+constexpr int64_t kMaxChunk = 1024;  // F32 k per chunk at most (m = 1, K3: 7 chunks); BF16 twice
 constexpr int64_t kStagedSmemBudget = 192 * 1024;
 // About one block per H200 multiprocessor. A constant, not the device's count: the plan changes
 // only the work's split, never a bit, but a fixed plan keeps runs comparable across GPUs.
