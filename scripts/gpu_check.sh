@@ -124,7 +124,8 @@
 #             the L2 prefetches on (16 MB) and off.
 #   trace48   cut48 on the whole 48B (configs/kimi-linear-48b-a3b.json: an H200).
 #   mixnorm   Block AttnRes's mix (+ norm) over a cluster of blocks a row against one block a row
-#             (each forced for every mix; the default picks by the candidate count):
+#             (each forced for every mix; the default picks by the candidate count; then 8 K3-width
+#             layers in AttnRes blocks of one, 2-9 candidates, held against the default rule):
 #             attnres_bench (every variant at K3's width, 2-9 candidates), then
 #             KIMIRT_ATTNRES_CLUSTER=0/1/1/0: the 2-layer K3's `bench model` at batch 1 and 32,
 #             then its batch-1 step traced both ways.
@@ -689,6 +690,25 @@ if [[ "$what" == mixnorm ]]; then
     echo "--- traced, KIMIRT_ATTNRES_CLUSTER=$on"
     KIMIRT_ATTNRES_CLUSTER=$on traced_bench_model "cluster$on" --config "$cfg" --batch-sizes 1 --prompt-len 256
   done
+  # Mixes at K3's real candidate counts in a step: 8 K3-width layers whose AttnRes blocks are one
+  # layer each (bench/configs/kimi-k3-8layer-attnres1.json: 2 to 9 candidates, as K3's 93 layers in
+  # blocks of 12 reach), the held kernels for every mix (0) against the default rule (auto:
+  # the cluster from 4 candidates), 0 / auto / auto / 0, then both traced.
+  deep="$root/shared/bench/configs/kimi-k3-8layer-attnres1.json"
+  n=0
+  for on in 0 auto auto 0; do
+    n=$((n + 1))
+    env $([[ $on == 0 ]] && echo KIMIRT_ATTNRES_CLUSTER=0) timeout 240 "$root/kimirt" bench model --device cuda \
+      --dtype bfloat16 --config "$deep" --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 32 \
+      --peak-gbps 4800 --json "$out/bench-model-k3-8layer-attnres1-cluster$on-$n.json" >"$out/deep-$on-$n.txt" 2>&1 ||
+      status=1
+    echo "--- kimi-k3-8layer-attnres1, KIMIRT_ATTNRES_CLUSTER=$on"
+    tail -2 "$out/deep-$on-$n.txt"
+  done
+  echo "--- traced, 8 layers, KIMIRT_ATTNRES_CLUSTER=0"
+  KIMIRT_ATTNRES_CLUSTER=0 traced_bench_model "deep-cluster0" --config "$deep" --batch-sizes 1 --prompt-len 256
+  echo "--- traced, 8 layers, the default rule"
+  traced_bench_model "deep-auto" --config "$deep" --batch-sizes 1 --prompt-len 256
 fi
 if [[ "$what" == slabs ]]; then
   # What loading takes from the GPU by the driver's count (bench model's device_bytes_loading_took)
