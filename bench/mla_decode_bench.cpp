@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_timing.h"
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
@@ -133,21 +134,9 @@ int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows
       be.Download(o);
       const double us = (Now() - t0) / static_cast<double>(iters) * 1e6;
       // The same call as a graph, replayed back to back.
-      double us_graph = 0;
-      if (be.SupportsGraphs()) {
-        const std::string key = "mla_decode_bench:" + dt + ":" + cs;
-        be.CaptureBegin(key);
-        kv->AttendDecode(0, q, w, mla, &o);
-        if (be.CaptureEnd(o)) {
-          for (int i = 0; i < 5; ++i) be.Replay(key);
-          be.Download(o);
-          const double g0 = Now();
-          Tensor out;
-          for (int64_t i = 0; i < iters; ++i) out = be.Replay(key);
-          be.Download(out);
-          us_graph = (Now() - g0) / static_cast<double>(iters) * 1e6;
-        }
-      }
+      const std::string key = "mla_decode_bench:" + dt + ":" + cs;
+      const auto attend = [&] { kv->AttendDecode(0, q, w, mla, &o); };
+      const double us_graph = 1e6 * GraphSecondsPerCall(be, key, o, static_cast<int>(iters), attend, /*warmup=*/5);
       const double row_bytes = 576.0 * static_cast<double>(DTypeSize(ks.dtype)) + (ks.dtype == DType::kF8E4M3 ? 8.0 : 0.0);
       const double bytes = row_bytes * static_cast<double>(ctx * batch);
       const double gbps = bytes / (us * 1e-6) / 1e9;

@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend_timing.h"
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/core/dtype_convert.h"
 #include "kimirt/core/random.h"
@@ -124,34 +125,6 @@ uint64_t MakeExperts(Backend& be, const Config& c, SplitMix64& rng, ExpertWeight
   return bytes;
 }
 
-template <typename F>
-double SecondsPerCall(Backend& be, const Tensor& sync, int iters, F call) {
-  for (int i = 0; i < 3; ++i) call();
-  be.Download(sync);  // waits for the stream
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) call();
-  be.Download(sync);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-}
-
-// The same call captured once as a CUDA graph (Backend::CaptureBegin) and replayed back to back,
-// as a decode step runs it: eager calls at batch 1 measure the host's launches as much as the
-// GPU (a K3 TP-8 rank's layer: ~35 µs eager). 0 where the backend has no graphs or the capture
-// failed. `out` is what the call writes.
-template <typename F>
-double GraphSecondsPerCall(Backend& be, const std::string& key, Tensor* out, int iters, F call) {
-  if (!be.SupportsGraphs()) return 0.0;
-  be.CaptureBegin(key);
-  call();
-  if (!be.CaptureEnd(*out)) return 0.0;
-  Tensor last;
-  for (int i = 0; i < 3; ++i) last = be.Replay(key);
-  be.Download(last);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) last = be.Replay(key);
-  be.Download(last);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-}
 
 int Run(int argc, char** argv) {
   std::string device = "cuda", json_path;
@@ -205,8 +178,8 @@ int Run(int argc, char** argv) {
   report["device"] = device;
   report["peak_gb_per_s"] = peak;
   report["configs"] = nlohmann::ordered_json::array();
-  std::printf("%-12s %6s %8s %10s %10s %10s %9s %10s %9s %9s %9s\n", "config", "batch", "experts", "MB read", "us/layer",
-              "GB/s", "of peak", "router us", "graph us", "of peak", "router g");
+  std::printf("%-12s %6s %8s %10s %10s %10s %9s %10s %9s %9s %9s\n", "config", "batch", "experts", "MB read",
+              "us/layer", "GB/s", "of peak", "router us", "graph us", "of peak", "router g");
   for (const std::string& name : names) {
     const auto it = std::find_if(Configs().begin(), Configs().end(), [&](const Config& c) { return c.name == name; });
     if (it == Configs().end()) {
@@ -265,9 +238,9 @@ int Run(int argc, char** argv) {
       const double rs = SecondsPerCall(be, rw, iters, [&] { be.MoeRoute(dy, router, bias, rp, &ridx, &rw); });
       const std::string key = "moe_bench:" + c.name + ":" + std::to_string(T);
       Tensor gout = be.Empty({T, c.latent}), grw = be.Empty({T, c.top_k});
-      const double sg = GraphSecondsPerCall(be, key + ":experts", &gout, iters,
+      const double sg = GraphSecondsPerCall(be, key + ":experts", gout, iters,
                                             [&] { be.MoeExperts(dz, didx, dw, ex, c.glu, &gout); });
-      const double rsg = GraphSecondsPerCall(be, key + ":route", &grw, iters,
+      const double rsg = GraphSecondsPerCall(be, key + ":route", grw, iters,
                                              [&] { be.MoeRoute(dy, router, bias, rp, &ridx, &grw); });
       const uint64_t bytes = distinct.size() * expert_bytes;
       const double gbps = static_cast<double>(bytes) / s / 1e9;

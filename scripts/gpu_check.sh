@@ -676,16 +676,22 @@ if [[ "$what" == mixnorm ]]; then
     echo "attnres_bench is not in the bundle (KIMIRT_BUNDLE_BENCHES=\"... attnres_bench\" scripts/gpu_bundle.sh)"
     status=1
   fi
+  # `bench model` on config $1 (tag $2) at batches 1 and 32 under each KIMIRT_ATTNRES_CLUSTER of $3...
+  # in turn (auto: unset, the default rule).
+  attnres_ab() {
+    local cfg=$1 tag=$2 n=0
+    shift 2
+    for on in "$@"; do
+      n=$((n + 1))
+      env $([[ $on != auto ]] && echo KIMIRT_ATTNRES_CLUSTER=$on) timeout 240 "$root/kimirt" bench model --device cuda \
+        --dtype bfloat16 --config "$cfg" --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 32 \
+        --peak-gbps 4800 --json "$out/bench-model-$tag-cluster$on-$n.json" >"$out/$tag-$on-$n.txt" 2>&1 || status=1
+      echo "--- $tag, KIMIRT_ATTNRES_CLUSTER=$on"
+      tail -2 "$out/$tag-$on-$n.txt"
+    done
+  }
   cfg="$root/shared/bench/configs/kimi-k3-2layer.json"
-  n=0
-  for on in 0 1 1 0; do
-    n=$((n + 1))
-    KIMIRT_ATTNRES_CLUSTER=$on timeout 240 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$cfg" \
-      --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 \
-      --json "$out/bench-model-k3-2layer-cluster$on-$n.json" >"$out/mixnorm-$on-$n.txt" 2>&1 || status=1
-    echo "--- kimi-k3-2layer, KIMIRT_ATTNRES_CLUSTER=$on"
-    tail -2 "$out/mixnorm-$on-$n.txt"
-  done
+  attnres_ab "$cfg" k3-2layer 0 1 1 0
   for on in 0 1; do
     echo "--- traced, KIMIRT_ATTNRES_CLUSTER=$on"
     KIMIRT_ATTNRES_CLUSTER=$on traced_bench_model "cluster$on" --config "$cfg" --batch-sizes 1 --prompt-len 256
@@ -695,16 +701,7 @@ if [[ "$what" == mixnorm ]]; then
   # blocks of 12 reach), the held kernels for every mix (0) against the default rule (auto:
   # the cluster from 4 candidates), 0 / auto / auto / 0, then both traced.
   deep="$root/shared/bench/configs/kimi-k3-8layer-attnres1.json"
-  n=0
-  for on in 0 auto auto 0; do
-    n=$((n + 1))
-    env $([[ $on == 0 ]] && echo KIMIRT_ATTNRES_CLUSTER=0) timeout 240 "$root/kimirt" bench model --device cuda \
-      --dtype bfloat16 --config "$deep" --random-weights --batch-sizes 1,32 --prompt-len 256 --decode-tokens 32 \
-      --peak-gbps 4800 --json "$out/bench-model-k3-8layer-attnres1-cluster$on-$n.json" >"$out/deep-$on-$n.txt" 2>&1 ||
-      status=1
-    echo "--- kimi-k3-8layer-attnres1, KIMIRT_ATTNRES_CLUSTER=$on"
-    tail -2 "$out/deep-$on-$n.txt"
-  done
+  attnres_ab "$deep" k3-8layer-attnres1 0 auto auto 0
   echo "--- traced, 8 layers, KIMIRT_ATTNRES_CLUSTER=0"
   KIMIRT_ATTNRES_CLUSTER=0 traced_bench_model "deep-cluster0" --config "$deep" --batch-sizes 1 --prompt-len 256
   echo "--- traced, 8 layers, the default rule"

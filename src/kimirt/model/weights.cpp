@@ -188,7 +188,7 @@ class Loader {
         }
         break;
       case HeldAs::kRouter:
-        if (backend_.RouterAsStored() && exact_bf16 && part.dtype() == DType::kBF16) return backend_.Upload(part);
+        if (backend_.RouterAsStored() && part.dtype() == DType::kBF16) return backend_.Upload(part);  // as stored
         break;
       case HeldAs::kF32:
       case HeldAs::kMxfp4: break;  // MXFP4 widened on the CPU: F32

@@ -26,6 +26,8 @@ namespace {
 
 const std::string kExpert = "language_model.model.layers.1.block_sparse_moe.experts.3.";
 using Edit = std::function<bool(const TensorSpec&, Shape*, std::vector<uint8_t>*)>;
+// Every tensor as written, unchanged.
+const Edit kKeepAll = [](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; };
 
 class Mxfp4LoadTest : public ::testing::Test {
  protected:
@@ -91,7 +93,7 @@ class Mxfp4LoadTest : public ::testing::Test {
 };
 
 TEST_F(Mxfp4LoadTest, CpuWidensEachExpertToItsDequantizedValues) {
-  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+  Result<ModelWeights> w = WriteAndLoad(kKeepAll);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const ExpertWeights& ex = w->layers[1].moe.experts;
   ASSERT_FALSE(ex.mxfp4());
@@ -115,7 +117,7 @@ TEST_F(Mxfp4LoadTest, CpuWidensEachExpertToItsDequantizedValues) {
 // published configs.
 TEST_F(Mxfp4LoadTest, ExpertsCarryTheConfigsRoutedLoad) {
   const auto moe_layers_light = [&]() -> std::vector<bool> {
-    Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+    Result<ModelWeights> w = WriteAndLoad(kKeepAll);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     std::vector<bool> light;
     if (!w.ok()) return light;
@@ -193,7 +195,7 @@ TEST_F(Mxfp4LoadTest, ExpertWithoutItsScalesNamesThem) {
 // The router (gate.weight, stored BF16): widened to F32 at load on the CPU, whose router math is
 // F32 on F32 weights (Backend::RouterAsStored false); the values are the stored ones.
 TEST_F(Mxfp4LoadTest, RouterIsWidenedOnTheCpu) {
-  Result<ModelWeights> w = WriteAndLoad([](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; });
+  Result<ModelWeights> w = WriteAndLoad(kKeepAll);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const std::vector<uint8_t> stored = StoredRouterBytes();
   const Tensor& r = w->layers[1].moe.router;
@@ -237,8 +239,7 @@ TEST_F(CudaMxfp4LoadTest, RouterIsHeldAsStoredOnTheGpu) {
   auto gpu = MakeBackend("cuda");
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_TRUE((*gpu)->RouterAsStored());
-  const Edit keep = [](const TensorSpec&, Shape*, std::vector<uint8_t>*) { return true; };
-  Result<ModelWeights> w = WriteAndLoad(keep, gpu->get());
+  Result<ModelWeights> w = WriteAndLoad(kKeepAll, gpu->get());
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const std::vector<uint8_t> stored = StoredRouterBytes();
   const Tensor& r = w->layers[1].moe.router;

@@ -813,25 +813,24 @@ class CudaBackend final : public Backend {
     return ptrs;
   }
 
-  // The router's F32 logits [T, E] of y [T, D] (spec §7.2 step 1), row-invariant for decode
-  // batches like every GEMM.
   bool RouterAsStored() const override { return true; }
 
-  // Spec §7.2 step 1: logits = float(y) · float(W_router)ᵀ in F32, whatever the router is held as
-  // (RouterAsStored: BF16 as the checkpoint stores it, half the bytes a step). The F32 Gemv up to
-  // kGemvMaxRows rows and cuBLAS's SGEMM past them, on the weight widened to F32 where it is BF16:
-  // the same F32 values in the same sums, so the same logits either way (CudaBackendGemv,
-  // CudaBackendMoe.Bf16RouterGivesTheF32RoutersChoices), never the BF16 tensor-core GEMMs.
+  // Spec §7.2 step 1: logits [T, E] = float(y) · float(W_router)ᵀ in F32, whatever the router is
+  // held as (RouterAsStored: BF16 as the checkpoint stores it, half the bytes a step). The F32 Gemv
+  // up to kGemvMaxRows rows (row-invariant) and cuBLAS's SGEMM past them, on the weight widened to
+  // F32 where it is BF16 (whole: the F32 router's very call): the same F32 values in the same sums,
+  // so the same logits either way (CudaBackendGemv, CudaBackendMoe.Bf16RouterGivesTheF32RoutersChoices),
+  // never the BF16 tensor-core GEMMs.
   Tensor RouterLogits(const Tensor& y, const Tensor& router) {
     const int64_t m = Rows(y), n = Rows(router), k = Cols(y);
     Tensor logits = Raw({m, n}, DType::kF32);
     const bool bf16 = router.dtype() == DType::kBF16;
-    if (m <= cuda::kGemvMaxRows && k > 0) {
+    if (m == 0 || n == 0 || k == 0) {
+      Gemm(F(y), nullptr, F(logits), m, n, k);  // nothing, or zeros
+    } else if (m <= cuda::kGemvMaxRows) {
       cuda::Gemv(F(y), W(router), bf16, F(logits), m, n, k, stream_);
     } else if (bf16) {
-      Tensor wide = Raw({n, k}, DType::kF32);
-      cuda::Bf16ToF32(W(router), F(wide), n * k, stream_);
-      Gemm(F(y), F(wide), F(logits), m, n, k);
+      SgemmWidened(F(y), W(router), F(logits), m, n, k, n);
     } else {
       Gemm(F(y), F(router), F(logits), m, n, k);
     }
@@ -1104,7 +1103,13 @@ class CudaBackend final : public Backend {
       Gemm(x, nullptr, y, m, n, k);
       return;
     }
-    const int64_t chunk_rows = std::max<int64_t>(1, (int64_t{16} << 20) / k);
+    SgemmWidened(x, wb, y, m, n, k, std::max<int64_t>(1, (int64_t{16} << 20) / k));
+  }
+
+  // y [m, n] = x · wᵀ for a BF16 weight w [n, k] (m, n, k > 0): chunk_rows rows of w at a time
+  // widened to F32 into scratch, then cuBLAS's SGEMM of the chunk. With chunk_rows ≥ n, the very
+  // call an F32-held w gets (Gemm).
+  void SgemmWidened(const float* x, const void* wb, float* y, int64_t m, int64_t n, int64_t k, int64_t chunk_rows) {
     Tensor scratch = Raw({std::min(n, chunk_rows) * k}, DType::kF32);
     const float one = 1.0f, zero = 0.0f;
     for (int64_t n0 = 0; n0 < n; n0 += chunk_rows) {

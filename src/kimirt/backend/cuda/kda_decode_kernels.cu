@@ -413,22 +413,8 @@ void LaunchSplit(const KdaDecodeArgs& a, cudaStream_t s) {
   if constexpr (kCluster == 1) {
     LaunchPdl("KdaDecode", kernel, grid, dim3(kThreads), 0, s, a);
   } else {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = s;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a); e != cudaSuccess) {
-      std::fprintf(stderr, "kimirt: KdaDecode launch in clusters of %d failed: %s\n", kCluster,
-                   cudaGetErrorString(e));
-      std::abort();
-    }
+    // Without PDL, as before LaunchEx: this launch never overlapped the kernel before it.
+    LaunchEx("KdaDecode", kernel, grid, dim3(kThreads), 0, s, kCluster, /*pdl=*/false, a);
   }
 }
 

@@ -472,25 +472,9 @@ void AttnResMixCluster(const AttnResCandidates& cands, const float* proj, const 
     std::abort();
   }
   CheckCandidates(cands);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kMixCluster, static_cast<unsigned>(T));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kMixCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = PdlEnabled() ? 2 : 1;
   const auto kernel = out_w != nullptr ? AttnResMixClusterKernel<true> : AttnResMixClusterKernel<false>;
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, cands, proj, norm_w, eps, D, y, out_w, out_eps);
-      e != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: CUDA kernel AttnResMixCluster failed to launch: %s\n", cudaGetErrorString(e));
-    std::abort();
-  }
+  LaunchEx("AttnResMixCluster", kernel, dim3(kMixCluster, static_cast<unsigned>(T)), dim3(kThreads), 0, s, kMixCluster,
+           /*pdl=*/true, cands, proj, norm_w, eps, D, y, out_w, out_eps);
 }
 
 void AttnResMixNorm(const AttnResCandidates& cands, const float* proj, const float* norm_w, float eps,

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "kimirt/backend/cuda/env_switch.h"
 
@@ -39,26 +40,46 @@ inline bool PdlEnabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the stream's previous kernel; a
-// launch error aborts naming `what`, as CheckLaunch does.
+// kernel<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx: blocks in clusters of
+// `cluster_x` along x where it is > 1 (sm_90 thread-block clusters), and allowed to overlap the
+// stream's previous kernel where `pdl` (and KIMIRT_PDL is not 0); a launch error aborts naming
+// `what`, as CheckLaunch does.
 template <typename... Params, typename... Args>
-void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-               Args&&... args) {
+void LaunchEx(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+              unsigned cluster_x, bool pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl && PdlEnabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = PdlEnabled() ? 1 : 0;
+  cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
   if (e != cudaSuccess) {
     std::fprintf(stderr, "kimirt: CUDA kernel %s failed to launch: %s\n", what, cudaGetErrorString(e));
     std::abort();
   }
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the stream's previous kernel.
+template <typename... Params, typename... Args>
+void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+               Args&&... args) {
+  LaunchEx(what, kernel, grid, block, smem, s, 1, true, std::forward<Args>(args)...);
 }
 
 }  // namespace kimirt::cuda
