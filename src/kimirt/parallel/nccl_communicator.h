@@ -10,7 +10,8 @@
 // size, and equal to the thread communicator's (communicator.cpp). It moves (n-1)/n more bytes
 // than a ring all-reduce; at decode sizes (a few rows × hidden) latency dominates, not bytes.
 // `nccl_allreduce_min_elems` lets large messages use ncclAllReduce instead (prefill), which gives
-// up invariance; the default never does.
+// up invariance; the default never does. Decode-sized messages on one host take the peer
+// all-reduce instead (cuda/peer_all_reduce.h): the same sums in one kernel, no NCCL call.
 //
 // Built only with -DKIMIRT_CUDA=ON and NCCL found at configure time; otherwise the factory
 // answers Unsupported.
@@ -51,6 +52,12 @@ struct NcclOptions {
   // `stream` they would queue behind the next step's activations, and a Recv posted after a Send
   // that waits for the peer's next Recv closes a cycle. Point to point only.
   bool side_stream = false;
+  // Messages of up to this many floats take the peer all-reduce (cuda/peer_all_reduce.h: one
+  // kernel over the GPUs' mapped memory, the same bits as the all-gather + rank-ordered sum)
+  // where every rank of the group is on one host and can map the others' memory; 0, a side
+  // stream, or KIMIRT_PEER_ALLREDUCE=0 keep NCCL for every size. 2^19 floats (2 MB) covers a
+  // 64-row decode message at K3's width (64 × 7168).
+  size_t peer_all_reduce_max_elems = size_t{1} << 19;
 };
 
 // Whether this build has the NCCL communicator (else the functions below answer Unsupported).
@@ -75,6 +82,7 @@ struct AllReduceTiming {
   size_t count = 0;
   double invariant_us = 0;  // ncclAllGather + rank-ordered sum
   double nccl_us = 0;       // ncclAllReduce
+  double peer_us = 0;       // the peer all-reduce (0: not available to this group)
 };
 Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
                                                         const std::vector<size_t>& counts, int iters);

@@ -1,6 +1,7 @@
 // NcclCommunicator (nccl_communicator.h): NCCL init from the rendezvous store's unique id, with
-// a deadline (non-blocking communicator, polled); the batch-invariant all-reduce (ncclAllGather,
-// then RankOrderedSum below); a watchdog that aborts a collective stalled past the deadline.
+// a deadline (non-blocking communicator, polled); the batch-invariant all-reduce (the peer
+// all-reduce for decode sizes on one host, else ncclAllGather then RankOrderedSum below); a
+// watchdog that aborts a collective stalled past the deadline.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kimirt/dist/tcp_socket.h"
+#include "kimirt/parallel/cuda/peer_all_reduce.h"
 #include "kimirt/parallel/nccl_communicator.h"
 
 namespace kimirt {
@@ -51,8 +53,13 @@ std::string NcclMessage(ncclResult_t r, ncclComm_t comm) {
 // abort the communicator handle is gone.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o)
-      : comm_(comm), rank_(rank), size_(size), o_(o), stream_(static_cast<cudaStream_t>(o.stream)) {
+  NcclCommunicator(ncclComm_t comm, int rank, int size, const NcclOptions& o, std::unique_ptr<PeerAllReduce> peer)
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        o_(o),
+        stream_(static_cast<cudaStream_t>(o.stream)),
+        peer_(std::move(peer)) {
     if (o.side_stream) {
       // The communicator's calls go on a stream of its own, ordered against the user's
       // (NcclOptions::side_stream): two events, re-recorded for every call.
@@ -81,6 +88,9 @@ class NcclCommunicator final : public Communicator {
     if (!aborted_) ncclCommDestroy(comm_);
     retired_.push_back({scratch_, scratch_async_});
     cudaStreamSynchronize(stream_);
+    // A healthy group's peer regions go after a last barrier of every rank's (~PeerAllReduce); an
+    // aborted one's at once.
+    peer_.reset();
     for (const Buffer& b : retired_) {
       if (b.p != nullptr) b.stream_ordered ? cudaFreeAsync(b.p, stream_) : cudaFree(b.p);
     }
@@ -96,9 +106,17 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool has_peer_all_reduce() const { return peer_ != nullptr; }
 
   void AllReduceSum(float* data, size_t n) override {
     if (n == 0) return;
+    if (peer_ != nullptr && n <= peer_->capacity()) {
+      Enqueue("peer all-reduce", Capturing(), [&] {
+        CheckCuda(peer_->Launch(data, n, stream_), "peer all-reduce launch");
+        return ncclSuccess;
+      });
+      return;
+    }
     if (n >= o_.nccl_allreduce_min_elems) {
       Enqueue("ncclAllReduce", Capturing(),
               [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
@@ -265,6 +283,7 @@ class NcclCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(mu_);
       abort_reason_ = why.empty() ? "the communicator was aborted after an earlier error" : why;
     }
+    if (peer_ != nullptr) peer_->Abort();  // its kernels waiting on a peer return
     ncclCommAbort(comm_);
     aborted_ = true;
   }
@@ -395,6 +414,7 @@ class NcclCommunicator final : public Communicator {
   const int size_;
   const NcclOptions o_;
   cudaStream_t stream_;             // where the NCCL calls go: the user's, or the side stream
+  std::unique_ptr<PeerAllReduce> peer_;  // null: NCCL for every all-reduce
   cudaStream_t order_ = nullptr;    // with a side stream: the user's (NcclOptions::stream)
   cudaEvent_t to_side_ = nullptr, from_side_ = nullptr;
   struct Buffer {
@@ -489,7 +509,21 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
     if (comm != nullptr) ncclCommAbort(comm);
     return Internal(who + ": " + msg);
   }
-  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, size, o));
+  // The peer all-reduce for decode sizes, where the whole group is on one host (every rank
+  // agrees; none of it where one cannot). Point-to-point communicators (a side stream) need none.
+  std::unique_ptr<PeerAllReduce> peer;
+  const char* env = std::getenv("KIMIRT_PEER_ALLREDUCE");
+  const bool peer_off = env != nullptr && std::string(env) == "0";
+  if (size > 1 && !o.side_stream && o.peer_all_reduce_max_elems > 0 && !peer_off) {
+    Result<std::unique_ptr<PeerAllReduce>> made =
+        PeerAllReduce::Make(store, o.tag, rank, size, o.peer_all_reduce_max_elems);
+    if (!made.ok()) {
+      ncclCommAbort(comm);
+      return made.status().WithContext(who);
+    }
+    peer = std::move(*made);
+  }
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, size, o, std::move(peer)));
 }
 
 namespace {
@@ -583,7 +617,15 @@ Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, 
   DeviceScope scope;
   NcclOptions o;
   o.tag = "bench-invariant";
+  o.peer_all_reduce_max_elems = 0;
   KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> ours, SetUp(store, device, scope, o));
+  o.tag = "bench-peer";
+  o.peer_all_reduce_max_elems = NcclOptions{}.peer_all_reduce_max_elems;
+  o.device = device;
+  o.stream = scope.stream;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peer, MakeNcclCommunicator(store, o));
+  const bool has_peer = static_cast<NcclCommunicator*>(peer.get())->has_peer_all_reduce();
+  o.peer_all_reduce_max_elems = 0;
   o.tag = "bench-nccl";
   o.nccl_allreduce_min_elems = 0;
   o.device = device;
@@ -603,7 +645,8 @@ Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, 
     for (size_t c : counts) {
       AllReduceTiming t;
       t.count = c;
-      for (Communicator* comm : {ours.get(), nccl.get()}) {
+      for (Communicator* comm : {ours.get(), nccl.get(), peer.get()}) {
+        if (comm == peer.get() && (!has_peer || c > NcclOptions{}.peer_all_reduce_max_elems)) continue;
         for (int i = 0; i < 5; ++i) comm->AllReduceSum(buf, c);  // warm-up (scratch, NCCL channels)
         comm->Barrier();
         KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(start, scope.stream), rank, "cudaEventRecord"));
@@ -612,7 +655,7 @@ Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, 
         KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventSynchronize(stop), rank, "cudaEventSynchronize"));
         float ms = 0;
         KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventElapsedTime(&ms, start, stop), rank, "cudaEventElapsedTime"));
-        (comm == ours.get() ? t.invariant_us : t.nccl_us) = 1000.0 * ms / iters;
+        (comm == ours.get() ? t.invariant_us : comm == nccl.get() ? t.nccl_us : t.peer_us) = 1000.0 * ms / iters;
       }
       out.push_back(t);
     }

@@ -64,9 +64,11 @@ struct DeviceFloats {
 // Runs fn(comm, stream) on kRanks threads, rank r on GPU r, then a Barrier. With errors_out (a
 // test of failures) there is no final Barrier and each rank's error (an exception's message)
 // goes to *errors_out; else any error fails the test.
+// `peer_max`: NcclOptions::peer_all_reduce_max_elems (0: the all-gather + sum path for every size).
 void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size_t nccl_min = SIZE_MAX,
                 std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                std::vector<std::string>* errors_out = nullptr) {
+                std::vector<std::string>* errors_out = nullptr,
+                size_t peer_max = NcclOptions{}.peer_all_reduce_max_elems) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GE(devices, kRanks) << "the NcclComm tests need " << kRanks << " GPUs; this machine has " << devices
@@ -92,6 +94,7 @@ void OnGpuRanks(const std::function<void(Communicator&, cudaStream_t)>& fn, size
         no.stream = stream;
         no.timeout = timeout;
         no.nccl_allreduce_min_elems = nccl_min;
+        no.peer_all_reduce_max_elems = peer_max;
         Result<std::unique_ptr<Communicator>> comm = MakeNcclCommunicator(**store, no);
         if (!comm.ok()) throw std::runtime_error(comm.status().ToString());
         EXPECT_EQ((*comm)->rank(), r);
@@ -129,17 +132,25 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(NcclComm, AllReduceIsTheRankOrderedSumBitForBit) {
-  for (size_t rows : {1, 3, 64}) {
-    const size_t n = rows * kWidth;
-    const std::vector<float> want = RankOrderSum(n, 100);
-    std::vector<std::vector<float>> got(kRanks);
-    OnGpuRanks([&](Communicator& c, cudaStream_t s) {
-      DeviceFloats d(n, s);
-      d.Up(Random(n, 100 + c.rank()));
-      c.AllReduceSum(d.p, n);
-      got[c.rank()] = d.Down();
-    });
-    for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(BitEqual(got[r], want)) << "rows " << rows << ", rank " << r;
+  // Both batch-invariant paths: the peer all-reduce (decode sizes, the default on one host; 300
+  // rows pass its capacity and take NCCL's) and ncclAllGather + RankOrderedSum (peer_max 0).
+  for (size_t peer_max : {NcclOptions{}.peer_all_reduce_max_elems, size_t{0}}) {
+    for (size_t rows : {1, 3, 64, 300}) {
+      const size_t n = rows * kWidth;
+      const std::vector<float> want = RankOrderSum(n, 100);
+      std::vector<std::vector<float>> got(kRanks);
+      OnGpuRanks(
+          [&](Communicator& c, cudaStream_t s) {
+            DeviceFloats d(n, s);
+            d.Up(Random(n, 100 + c.rank()));
+            c.AllReduceSum(d.p, n);
+            got[c.rank()] = d.Down();
+          },
+          SIZE_MAX, std::chrono::seconds(60), nullptr, peer_max);
+      for (int r = 0; r < kRanks; ++r) {
+        EXPECT_TRUE(BitEqual(got[r], want)) << "rows " << rows << ", rank " << r << ", peer_max " << peer_max;
+      }
+    }
   }
 }
 
@@ -252,8 +263,11 @@ TEST(NcclComm, StalledPeerTimesOutInsteadOfHanging) {
       std::chrono::seconds(3), &errors);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(seconds, 50.0);
-  EXPECT_NE(rank0_error.find("NCCL rank 0 of 2: aborted: ncclAllGather (all-reduce) did not complete within 3000 ms"),
-            std::string::npos)
+  // The peer all-reduce where the two GPUs can map each other's memory, else NCCL's path.
+  EXPECT_TRUE(rank0_error.find("NCCL rank 0 of 2: aborted: peer all-reduce did not complete within 3000 ms") !=
+                  std::string::npos ||
+              rank0_error.find("NCCL rank 0 of 2: aborted: ncclAllGather (all-reduce) did not complete within 3000 ms") !=
+                  std::string::npos)
       << rank0_error;
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");

@@ -1,0 +1,323 @@
+// PeerAllReduce (peer_all_reduce.h): the one-shot kernel, its final barrier, and the IPC setup.
+#include "kimirt/parallel/cuda/peer_all_reduce.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+namespace kimirt {
+namespace {
+
+constexpr int kThreads = 512;
+// Flags and counters after the two halves; the halves are whole float4s (capacity rounded up).
+__host__ __device__ constexpr size_t RoundUp4(size_t n) { return (n + 3) / 4 * 4; }
+size_t FlagsOffset(size_t capacity) { return 2 * RoundUp4(capacity) * sizeof(float); }
+size_t CountersOffset(size_t capacity) { return FlagsOffset(capacity) + kPeerBlocks * kPeerMaxRanks * sizeof(uint32_t); }
+
+// Memory order across GPUs (PTX ISA, memory consistency model): a block's copies are made
+// visible to the peers by the CTA barrier, then one thread's release store at system scope
+// (cumulative over what the barrier ordered before it: cooperative groups' grid sync publishes
+// a block's writes the same way); the peer's acquire load, then its CTA barrier, orders its
+// reads after them.
+__device__ __forceinline__ void StoreRelease(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t LoadVolatile(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Block b's barrier of epoch e: thread t (t < ranks, t ≠ rank) tells peer t that this rank's
+// block b arrived, then waits until peer t's block b has (flags only grow; compared modulo 2^32).
+// `deadline_ns` > 0 bounds the wait (the final barrier). Returns false, on every thread, when an
+// abort or the deadline ended it.
+__device__ bool Meet(const PeerAllReduceArgs& a, uint32_t e, uint64_t deadline_ns) {
+  __shared__ int ended;
+  if (threadIdx.x == 0) ended = 0;
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x);
+  const int b = static_cast<int>(blockIdx.x);
+  if (t < a.ranks && t != a.rank) {
+    StoreRelease(a.flags[t] + b * kPeerMaxRanks + a.rank, e);
+    const uint32_t* f = a.flags[a.rank] + b * kPeerMaxRanks + t;
+    uint64_t start = 0;
+    if (deadline_ns > 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    for (uint32_t spins = 1; static_cast<int32_t>(LoadAcquire(f) - e) < 0; ++spins) {
+      if ((spins & 1023) != 0) continue;
+      // The abort word lies in host memory: read it once every 1024 polls of the flag.
+      if (LoadVolatile(a.abort) != 0) {
+        ended = 1;
+        break;
+      }
+      if (deadline_ns > 0) {
+        uint64_t now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > deadline_ns) {
+          ended = 1;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  return ended == 0;
+}
+
+__global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArgs a, float* data, size_t n) {
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) epoch = a.counters[blockIdx.x] + 1;
+  __syncthreads();
+  const uint32_t e = epoch;
+  const size_t half = (e & 1) * RoundUp4(a.capacity);
+  // Block b's slice, whole float4s but for the message's end: the same slice on every rank.
+  const size_t per = RoundUp4((n + kPeerBlocks - 1) / kPeerBlocks);
+  const size_t lo = blockIdx.x * per < n ? blockIdx.x * per : n;
+  const size_t hi = lo + per < n ? lo + per : n;
+  float* mine = a.buffers[a.rank] + half;
+  const bool vec = (reinterpret_cast<uintptr_t>(data) % 16) == 0;
+  const size_t vhi = vec ? lo + (hi - lo) / 4 * 4 : lo;
+  for (size_t i = lo + 4 * threadIdx.x; i < vhi; i += 4 * kThreads) {
+    *reinterpret_cast<float4*>(mine + i) = *reinterpret_cast<const float4*>(data + i);
+  }
+  for (size_t i = vhi + threadIdx.x; i < hi; i += kThreads) mine[i] = data[i];
+  if (!Meet(a, e, 0)) return;  // aborted: the output is undefined, the counters stay
+  // Every rank's copy, loaded before any is added (the loads in flight together), then summed
+  // in rank order from rank 0's value (RankOrderedSum's expression: a lone -0.0f stays).
+  for (size_t i = lo + 4 * threadIdx.x; i < vhi; i += 4 * kThreads) {
+    float4 v[kPeerMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kPeerMaxRanks; ++r) {
+      if (r < a.ranks) v[r] = __ldcg(reinterpret_cast<const float4*>(a.buffers[r] + half + i));
+    }
+    float4 s = v[0];
+#pragma unroll
+    for (int r = 1; r < kPeerMaxRanks; ++r) {
+      if (r < a.ranks) {
+        s.x = __fadd_rn(s.x, v[r].x);
+        s.y = __fadd_rn(s.y, v[r].y);
+        s.z = __fadd_rn(s.z, v[r].z);
+        s.w = __fadd_rn(s.w, v[r].w);
+      }
+    }
+    *reinterpret_cast<float4*>(data + i) = s;
+  }
+  for (size_t i = vhi + threadIdx.x; i < hi; i += kThreads) {
+    float v[kPeerMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kPeerMaxRanks; ++r) {
+      if (r < a.ranks) v[r] = __ldcg(a.buffers[r] + half + i);
+    }
+    float s = v[0];
+#pragma unroll
+    for (int r = 1; r < kPeerMaxRanks; ++r) {
+      if (r < a.ranks) s = __fadd_rn(s, v[r]);
+    }
+    data[i] = s;
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = e;
+}
+
+// One more barrier and nothing else, bounded by `deadline_ns`: before a rank frees its region,
+// every peer has finished reading it (each has arrived here, after its last call).
+__global__ void __launch_bounds__(kThreads) PeerFinalBarrierKernel(PeerAllReduceArgs a, uint64_t deadline_ns) {
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) epoch = a.counters[blockIdx.x] + 1;
+  __syncthreads();
+  if (Meet(a, epoch, deadline_ns) && threadIdx.x == 0) a.counters[blockIdx.x] = epoch;
+}
+
+// This machine, as the ranks compare it: the host name and the kernel's boot id (two containers
+// or nodes may share a name; they do not share a boot).
+std::string HostIdentity() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  return std::string(name) + "/" + boot;
+}
+
+// What a rank publishes: its region's IPC handle, the region's address and device in its own
+// process (ranks that are threads of one process use the address itself: a process cannot open
+// its own handle), its pid and its host.
+struct Published {
+  cudaIpcMemHandle_t handle;
+  uint64_t address;
+  int32_t pid;
+  int32_t device;
+  std::string host;
+};
+
+std::string Encode(const Published& p) {
+  std::string s(sizeof(p.handle) + 16, '\0');
+  std::memcpy(s.data(), &p.handle, sizeof(p.handle));
+  std::memcpy(s.data() + sizeof(p.handle), &p.address, 8);
+  std::memcpy(s.data() + sizeof(p.handle) + 8, &p.pid, 4);
+  std::memcpy(s.data() + sizeof(p.handle) + 12, &p.device, 4);
+  return s + p.host;
+}
+
+Result<Published> Decode(const std::string& s, const std::string& key) {
+  Published p;
+  if (s.size() < sizeof(p.handle) + 16) return Internal(key + ": " + std::to_string(s.size()) + " bytes, too short");
+  std::memcpy(&p.handle, s.data(), sizeof(p.handle));
+  std::memcpy(&p.address, s.data() + sizeof(p.handle), 8);
+  std::memcpy(&p.pid, s.data() + sizeof(p.handle) + 8, 4);
+  std::memcpy(&p.device, s.data() + sizeof(p.handle) + 12, 4);
+  p.host = s.substr(sizeof(p.handle) + 16);
+  return p;
+}
+
+}  // namespace
+
+size_t PeerRegionBytes(size_t capacity) { return CountersOffset(capacity) + kPeerBlocks * sizeof(uint32_t); }
+
+PeerAllReduceArgs PeerArgsOf(std::span<void* const> regions, int rank, size_t capacity, const uint32_t* abort) {
+  PeerAllReduceArgs a;
+  a.rank = rank;
+  a.ranks = static_cast<int>(regions.size());
+  a.capacity = capacity;
+  a.abort = abort;
+  for (size_t r = 0; r < regions.size() && r < kPeerMaxRanks; ++r) {
+    char* base = static_cast<char*>(regions[r]);
+    a.buffers[r] = reinterpret_cast<float*>(base);
+    a.flags[r] = reinterpret_cast<uint32_t*>(base + FlagsOffset(capacity));
+  }
+  a.counters = reinterpret_cast<uint32_t*>(static_cast<char*>(regions[static_cast<size_t>(rank)]) + CountersOffset(capacity));
+  return a;
+}
+
+cudaError_t LaunchPeerAllReduce(const PeerAllReduceArgs& a, float* data, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (n > a.capacity || a.ranks < 1 || a.ranks > kPeerMaxRanks) return cudaErrorInvalidValue;
+  PeerAllReduceKernel<<<kPeerBlocks, kThreads, 0, s>>>(a, data, n);
+  return cudaGetLastError();
+}
+
+Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::Make(RendezvousStore& store, const std::string& tag, int rank,
+                                                           int ranks, size_t capacity, std::string* why_not) {
+  auto off = [&](std::string why) -> Result<std::unique_ptr<PeerAllReduce>> {
+    if (why_not != nullptr) *why_not = std::move(why);
+    return std::unique_ptr<PeerAllReduce>();
+  };
+  if (ranks < 2 || ranks > kPeerMaxRanks) {
+    return off(std::to_string(ranks) + " ranks (the peer all-reduce takes 2 to " + std::to_string(kPeerMaxRanks) + ")");
+  }
+  const std::string who = "peer all-reduce (rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ")";
+  auto cuda = [&](cudaError_t e, const char* what) -> Status {
+    if (e == cudaSuccess) return Status::Ok();
+    return Internal(who + ": " + what + ": " + cudaGetErrorString(e));
+  };
+  std::unique_ptr<PeerAllReduce> p(new PeerAllReduce);
+  int device = 0;
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaGetDevice(&device), "cudaGetDevice"));
+  const size_t bytes = PeerRegionBytes(capacity);
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaMalloc(&p->region_, bytes), "cudaMalloc (the region)"));
+  // Zeroed before the handle is published: no peer writes a flag before every rank has.
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaMemset(p->region_, 0, bytes), "cudaMemset"));
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  KIMIRT_RETURN_IF_ERROR(
+      cuda(cudaHostAlloc(reinterpret_cast<void**>(&p->abort_host_), sizeof(uint32_t), cudaHostAllocMapped),
+           "cudaHostAlloc (the abort word)"));
+  *p->abort_host_ = 0;
+  uint32_t* abort_device = nullptr;
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_device), p->abort_host_, 0),
+                              "cudaHostGetDevicePointer"));
+
+  Published mine;
+  KIMIRT_RETURN_IF_ERROR(cuda(cudaIpcGetMemHandle(&mine.handle, p->region_), "cudaIpcGetMemHandle"));
+  mine.address = reinterpret_cast<uint64_t>(p->region_);
+  mine.pid = static_cast<int32_t>(getpid());
+  mine.device = device;
+  mine.host = HostIdentity();
+  const std::string prefix = "peer-ar/" + tag + "/";
+  KIMIRT_RETURN_IF_ERROR(store.Set(prefix + std::to_string(rank), Encode(mine)));
+  std::vector<Published> all;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string key = prefix + std::to_string(r);
+    Result<std::string> v = store.Get(key);
+    if (!v.ok()) return v.status().WithContext(who);
+    KIMIRT_ASSIGN_OR_RETURN(Published q, Decode(*v, key));
+    all.push_back(std::move(q));
+  }
+  // Map every peer's region: a thread of this process by its address (with peer access between
+  // the two devices where they differ), another process by its handle.
+  std::string failed;
+  std::vector<void*> regions(static_cast<size_t>(ranks), nullptr);
+  p->mapped_.assign(static_cast<size_t>(ranks), nullptr);
+  for (int r = 0; r < ranks && failed.empty(); ++r) {
+    const Published& q = all[static_cast<size_t>(r)];
+    if (q.host != mine.host) {
+      failed = "rank " + std::to_string(r) + " is on host " + q.host + ", rank " + std::to_string(rank) + " on " +
+               mine.host;
+    } else if (r == rank) {
+      regions[static_cast<size_t>(r)] = p->region_;
+    } else if (q.pid == mine.pid) {
+      if (q.device != device) {
+        const cudaError_t e = cudaDeviceEnablePeerAccess(q.device, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+          failed = "device " + std::to_string(device) + " cannot map device " + std::to_string(q.device) + ": " +
+                   cudaGetErrorString(e);
+        }
+        cudaGetLastError();  // AlreadyEnabled is not an error here
+      }
+      regions[static_cast<size_t>(r)] = reinterpret_cast<void*>(q.address);
+    } else {
+      void* m = nullptr;
+      const cudaError_t e = cudaIpcOpenMemHandle(&m, q.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        failed = "rank " + std::to_string(rank) + " cannot map rank " + std::to_string(r) + "'s memory: " +
+                 cudaGetErrorString(e);
+      } else {
+        p->mapped_[static_cast<size_t>(r)] = m;
+        regions[static_cast<size_t>(r)] = m;
+      }
+    }
+  }
+  // Every rank takes the path only if all can: one rank's failure turns it off everywhere.
+  KIMIRT_RETURN_IF_ERROR(store.Set(prefix + std::to_string(rank) + "/ok", failed.empty() ? "1" : "0" + failed));
+  for (int r = 0; r < ranks; ++r) {
+    Result<std::string> v = store.Get(prefix + std::to_string(r) + "/ok");
+    if (!v.ok()) return v.status().WithContext(who);
+    if (failed.empty() && (v->empty() || (*v)[0] != '1')) failed = v->empty() ? "rank " + std::to_string(r) : v->substr(1);
+  }
+  if (!failed.empty()) return off(failed);  // the destructor closes and frees
+  p->args_ = PeerArgsOf(regions, rank, capacity, abort_device);
+  return Result<std::unique_ptr<PeerAllReduce>>(std::move(p));
+}
+
+PeerAllReduce::~PeerAllReduce() {
+  if (region_ != nullptr && args_.ranks > 1 && abort_host_ != nullptr && *abort_host_ == 0) {
+    // Before this rank's region goes, every peer must be done reading it: one more barrier on a
+    // stream of its own, bounded: a peer is inside its last call for microseconds after this
+    // rank's ended, so 2 s only ever runs out where a peer is gone (then it costs 2 s, not a hang).
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+      PeerFinalBarrierKernel<<<kPeerBlocks, kThreads, 0, s>>>(args_, 2'000'000'000ull);
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+    cudaGetLastError();
+  }
+  for (void* m : mapped_) {
+    if (m != nullptr) cudaIpcCloseMemHandle(m);
+  }
+  if (region_ != nullptr) cudaFree(region_);
+  if (abort_host_ != nullptr) cudaFreeHost(abort_host_);
+}
+
+void PeerAllReduce::Abort() {
+  if (abort_host_ != nullptr) __atomic_store_n(abort_host_, 1u, __ATOMIC_RELEASE);
+}
+
+}  // namespace kimirt
