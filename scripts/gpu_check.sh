@@ -223,6 +223,15 @@ if [[ "$what" == tests || "$what" == all ]]; then
   timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
     tee "$out/gtest-cuda.txt" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' | head -60
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The peer all-reduce's IPC path between processes, every rank on this one GPU (NCCL's own
+  # checks need two: `nccl`). 2 and 4 process ranks, 20 exact calls each.
+  for n in 2 4; do
+    timeout 120 "$root/kimirt" dist-check -tp $n --device cuda --peer-only --count 7168 --timeout-s 60 \
+      >"$out/peer-only-tp$n.txt" 2>&1
+    rc=$?
+    echo "dist-check -tp $n --peer-only: exit $rc: $(grep -E 'peer all-reduce|error|ranks ok' "$out/peer-only-tp$n.txt" | tr '\n' ' ' | cut -c1-300)"
+    [[ $rc -eq 0 ]] || status=1
+  done
 fi
 if [[ "$what" == memcheck || "$what" == all ]]; then
   if command -v compute-sanitizer >/dev/null; then

@@ -44,6 +44,7 @@ struct Options {
   int fail_rank = -1;
   int64_t count = 4096;
   bool bench = false;
+  bool peer_only = false;
   int64_t width = 2304;  // Kimi-Linear-48B's hidden size: one decode row of a row-parallel output
   std::string json;
 };
@@ -111,7 +112,16 @@ int RunRank(const LaunchEnv& env, const Options& o) {
     }
     std::fflush(stdout);
   }
-  if (o.device == "cuda") {
+  if (o.device == "cuda" && o.peer_only) {
+    // Every rank on GPU 0, the peer all-reduce's IPC path without NCCL (which refuses two ranks
+    // on one GPU): where only one GPU is lent.
+    constexpr int kCalls = 20;
+    if (Status st = PeerAllReduceSelfCheck(s, 0, static_cast<size_t>(o.count), kCalls); !st.ok()) return Fail("", st);
+    if (env.rank == 0) {
+      std::printf("peer all-reduce of %lld floats, %d calls, every rank on GPU 0: exact on every rank\n",
+                  (long long)o.count, kCalls);
+    }
+  } else if (o.device == "cuda") {
     // NcclSelfCheck's errors name the rank already.
     if (Status st = NcclSelfCheck(s, env.local_rank, static_cast<size_t>(o.count)); !st.ok()) return Fail("", st);
     if (env.rank == 0) std::printf("NCCL all-reduce and all-gather of %lld floats: exact on every rank\n", (long long)o.count);
@@ -144,6 +154,8 @@ int RunDistCheckCommand(int argc, char** argv) {
   flags.Int("fail-rank", &o.fail_rank, "this rank exits with status 3 after joining (tests the failure path)");
   flags.Int("count", &o.count, "floats in the NCCL check");
   flags.Bool("bench", &o.bench, "with --device cuda: all-reduce latency, invariant form vs ncclAllReduce");
+  flags.Bool("peer-only", &o.peer_only,
+             "with --device cuda: only the peer all-reduce, every rank on GPU 0 (checks its IPC path on one GPU)");
   flags.Int("width", &o.width, "floats per row in --bench (rows 1, 8, 32, 64)");
   flags.String("json", &o.json, "with --bench: rank 0 writes the timings here");
   if (Status s = flags.Parse(argc, argv, 2, nullptr); !s.ok()) {

@@ -75,6 +75,14 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
 // and checks every element exactly (n(n+1)/2 is exact in float for any small n). Collective.
 Status NcclSelfCheck(RendezvousStore& store, int device, size_t count);
 
+// The peer all-reduce alone (cuda/peer_all_reduce.h, no NCCL), as `kimirt dist-check --device
+// cuda --peer-only` runs it: every rank of the store on `device` — on one GPU too, which NCCL
+// refuses, so the IPC path of process ranks is checked where only one GPU is lent (their kernels
+// then take turns on the GPU: milliseconds a call, not the NVLink latency). Each rank
+// contributes r + 1 to `count` floats, `calls` times: every element exact on every rank, every
+// call. Answers Unsupported where the group cannot map each other's memory. Collective.
+Status PeerAllReduceSelfCheck(RendezvousStore& store, int device, size_t count, int calls);
+
 // All-reduce latency, this communicator's batch-invariant form beside ncclAllReduce, for each
 // message size in `counts` (floats): the mean of `iters` back-to-back calls on the device after
 // warm-up (CUDA events). Collective; every rank returns its own table.

@@ -18,6 +18,8 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore&, con
 
 Status NcclSelfCheck(RendezvousStore&, int, size_t) { return NotBuilt(); }
 
+Status PeerAllReduceSelfCheck(RendezvousStore&, int, size_t, int) { return NotBuilt(); }
+
 Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore&, int, const std::vector<size_t>&, int) {
   return NotBuilt();
 }

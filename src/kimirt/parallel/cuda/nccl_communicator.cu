@@ -611,6 +611,38 @@ Status NcclSelfCheck(RendezvousStore& store, int device, size_t count) {
   return Status::Ok();
 }
 
+Status PeerAllReduceSelfCheck(RendezvousStore& store, int device, size_t count, int calls) {
+  const int rank = store.rank();
+  const int size = store.world_size();
+  DeviceScope scope;
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaSetDevice(device), rank, "cudaSetDevice"));
+  KIMIRT_RETURN_IF_ERROR(CudaOk(cudaStreamCreateWithFlags(&scope.stream, cudaStreamNonBlocking), rank, "cudaStreamCreate"));
+  std::string why_not;
+  KIMIRT_ASSIGN_OR_RETURN(std::unique_ptr<PeerAllReduce> peer,
+                          PeerAllReduce::Make(store, "self-check", rank, size, count, &why_not));
+  if (peer == nullptr) return Unsupported("rank " + std::to_string(rank) + ": the peer all-reduce is off: " + why_not);
+  KIMIRT_ASSIGN_OR_RETURN(float* d, DeviceFloats(scope, count, rank));
+  const std::vector<float> mine(count, static_cast<float>(rank + 1));
+  const float want = static_cast<float>(size * (size + 1) / 2);
+  std::vector<float> host(count);
+  for (int call = 0; call < calls; ++call) {
+    KIMIRT_RETURN_IF_ERROR(CudaOk(
+        cudaMemcpyAsync(d, mine.data(), count * 4, cudaMemcpyHostToDevice, scope.stream), rank, "upload"));
+    KIMIRT_RETURN_IF_ERROR(CudaOk(peer->Launch(d, count, scope.stream), rank, "peer all-reduce"));
+    KIMIRT_RETURN_IF_ERROR(
+        CudaOk(cudaMemcpyAsync(host.data(), d, count * 4, cudaMemcpyDeviceToHost, scope.stream), rank, "download"));
+    KIMIRT_RETURN_IF_ERROR(CudaOk(cudaStreamSynchronize(scope.stream), rank, "cudaStreamSynchronize"));
+    for (size_t i = 0; i < count; ++i) {
+      if (host[i] != want) {
+        return Internal("rank " + std::to_string(rank) + ": peer all-reduce call " + std::to_string(call) +
+                        ", element " + std::to_string(i) + " is " + std::to_string(host[i]) + ", want " +
+                        std::to_string(want));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
                                                         const std::vector<size_t>& counts, int iters) {
   const int rank = store.rank();
