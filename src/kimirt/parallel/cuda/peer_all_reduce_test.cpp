@@ -58,11 +58,16 @@ std::vector<float> RankOrderedSum(size_t n, int ranks, int call) {
   return s;
 }
 
-// What each rank's thread gets: its rank, the peer all-reduce, its stream.
+// What each rank's thread gets: its rank, the peer all-reduce, its stream, and Meet — a barrier of
+// the ranks' threads. Ranks that are threads of one process share one CUDA context, where
+// cudaMalloc and cudaFree may wait for the whole device: a rank allocating while a peer's kernel
+// waits for it in the barrier would never get there. So each test allocates, Meets, calls, syncs
+// its stream, Meets, and frees.
 struct Rank {
   int rank;
   PeerAllReduce& peer;
   cudaStream_t stream;
+  std::function<void()> Meet;
 };
 
 // Runs fn on `ranks` threads, all on device 0, each with a PeerAllReduce of kCapacity made
@@ -92,7 +97,11 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
         Result<std::unique_ptr<PeerAllReduce>> peer = PeerAllReduce::Make(**store, "test", r, ranks, kCapacity, &why_not);
         if (!peer.ok()) throw std::runtime_error(peer.status().ToString());
         if (*peer == nullptr) throw std::runtime_error("the peer all-reduce is off: " + why_not);
-        Rank rank{r, **peer, stream};
+        int meetings = 0;
+        Rank rank{r, **peer, stream, [&] {
+                    Status s = (*store)->Barrier("meet " + std::to_string(meetings++));
+                    if (!s.ok()) throw std::runtime_error(s.ToString());
+                  }};
         fn(rank);
         CUDA_OK(cudaStreamSynchronize(stream));
         peer->reset();  // the final barrier: every rank's thread gets here
@@ -133,6 +142,7 @@ TEST(PeerAllReduce, EveryRankGetsTheRankOrderedSumBitForBit) {
     OnRanks(ranks, [&](Rank& k) {
       float* d = nullptr;
       CUDA_OK(cudaMalloc(&d, (kCapacity + 1) * 4));
+      k.Meet();
       int call = 0;
       for (int pass = 0; pass < 2; ++pass) {  // both halves, twice
         for (size_t n : sizes) {
@@ -148,6 +158,8 @@ TEST(PeerAllReduce, EveryRankGetsTheRankOrderedSumBitForBit) {
       CUDA_OK(k.peer.Launch(d + 1, n, k.stream));
       bad[static_cast<size_t>(k.rank)].push_back(Mismatches(Down(d + 1, n, k.stream), RankOrderedSum(n, ranks, call)));
       EXPECT_EQ(k.peer.Launch(d, kCapacity + 1, k.stream), cudaErrorInvalidValue);  // past the capacity
+      CUDA_OK(cudaStreamSynchronize(k.stream));
+      k.Meet();
       CUDA_OK(cudaFree(d));
     });
     for (int r = 0; r < ranks; ++r) {
@@ -171,12 +183,14 @@ TEST(PeerAllReduce, BackToBackCallsWithoutTheHostBetween) {
       Up(d[static_cast<size_t>(c)], Message(kN, k.rank, c), k.stream);
     }
     CUDA_OK(cudaStreamSynchronize(k.stream));
+    k.Meet();
     for (int c = 0; c < kCalls; ++c) CUDA_OK(k.peer.Launch(d[static_cast<size_t>(c)], kN, k.stream));
     for (int c = 0; c < kCalls; ++c) {
       bad[static_cast<size_t>(k.rank)] += Mismatches(Down(d[static_cast<size_t>(c)], kN, k.stream),
                                                      RankOrderedSum(kN, kRanksHere, c));
-      CUDA_OK(cudaFree(d[static_cast<size_t>(c)]));
     }
+    k.Meet();
+    for (int c = 0; c < kCalls; ++c) CUDA_OK(cudaFree(d[static_cast<size_t>(c)]));
   });
   for (int r = 0; r < kRanksHere; ++r) EXPECT_EQ(bad[static_cast<size_t>(r)], 0u) << "rank " << r;
 }
@@ -198,6 +212,7 @@ TEST(PeerAllReduce, CallsInAGraphAdvanceOnEveryReplay) {
     CUDA_OK(k.peer.Launch(b, kB, k.stream));
     CUDA_OK(cudaStreamEndCapture(k.stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    k.Meet();
     int call = 100;
     for (int replay = 0; replay < 3; ++replay) {
       const int ca = ++call, cb = ++call;
@@ -211,6 +226,8 @@ TEST(PeerAllReduce, CallsInAGraphAdvanceOnEveryReplay) {
       CUDA_OK(k.peer.Launch(a, kA, k.stream));
       bad[static_cast<size_t>(k.rank)] += Mismatches(Down(a, kA, k.stream), RankOrderedSum(kA, kRanksHere, ce));
     }
+    CUDA_OK(cudaStreamSynchronize(k.stream));
+    k.Meet();
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaFree(a));
@@ -230,6 +247,7 @@ TEST(PeerAllReduce, AbortEndsCallsWaitingOnARankThatNeverComes) {
     CUDA_OK(cudaMalloc(&d, 7168 * 4));
     CUDA_OK(cudaMemsetAsync(d, 0, 7168 * 4, k.stream));
     CUDA_OK(cudaStreamSynchronize(k.stream));
+    k.Meet();
     if (k.rank != 2) {
       CUDA_OK(k.peer.Launch(d, 7168, k.stream));
       const auto t0 = std::chrono::steady_clock::now();
@@ -242,6 +260,7 @@ TEST(PeerAllReduce, AbortEndsCallsWaitingOnARankThatNeverComes) {
       std::this_thread::sleep_for(std::chrono::milliseconds(600));
       k.peer.Abort();
     }
+    k.Meet();
     CUDA_OK(cudaFree(d));
   });
   for (int r = 0; r < 2; ++r) {
