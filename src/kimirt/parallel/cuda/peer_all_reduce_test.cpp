@@ -14,7 +14,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -63,15 +65,31 @@ std::vector<float> RankOrderedSum(size_t n, int ranks, int call) {
 // cudaMalloc and cudaFree may wait for the whole device: a rank allocating while a peer's kernel
 // waits for it in the barrier would never get there. So each test allocates, Meets, calls, syncs
 // its stream, Meets, and frees.
+// Up and Down copy through pinned host memory allocated before any rank's first call (a
+// pageable copy may allocate staging memory of the driver's), each waiting for its stream.
 struct Rank {
   int rank;
   PeerAllReduce& peer;
   cudaStream_t stream;
   std::function<void()> Meet;
+  float* pinned;  // kCapacity + 1 floats
+
+  void Up(float* d, const std::vector<float>& v) {
+    std::memcpy(pinned, v.data(), v.size() * 4);
+    CUDA_OK(cudaMemcpyAsync(d, pinned, v.size() * 4, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  std::vector<float> Down(const float* d, size_t n) {
+    CUDA_OK(cudaMemcpyAsync(pinned, d, n * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    return std::vector<float>(pinned, pinned + n);
+  }
 };
 
 // Runs fn on `ranks` threads, all on device 0, each with a PeerAllReduce of kCapacity made
-// through one rendezvous store; any exception fails the test, naming the rank.
+// through one rendezvous store; any exception fails the test, naming the rank. A test must not
+// hang the suite: a watchdog aborts every rank's peer all-reduce after 30 s (their waiting
+// kernels return, the streams drain) and fails the test.
 void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
@@ -79,6 +97,19 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
   const Result<int> port = PickFreePort();
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PeerAllReduce*> live(static_cast<size_t>(ranks), nullptr);
+  int finished = 0;
+  bool timed_out = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished == ranks; })) return;
+    timed_out = true;
+    for (PeerAllReduce* p : live) {
+      if (p != nullptr) p->Abort();
+    }
+  });
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -86,6 +117,8 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
         CUDA_OK(cudaSetDevice(0));
         cudaStream_t stream;
         CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        float* pinned = nullptr;
+        CUDA_OK(cudaMallocHost(&pinned, (kCapacity + 1) * 4));
         RendezvousOptions ro;
         ro.master_port = *port;
         ro.rank = r;
@@ -97,34 +130,48 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
         Result<std::unique_ptr<PeerAllReduce>> peer = PeerAllReduce::Make(**store, "test", r, ranks, kCapacity, &why_not);
         if (!peer.ok()) throw std::runtime_error(peer.status().ToString());
         if (*peer == nullptr) throw std::runtime_error("the peer all-reduce is off: " + why_not);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          live[static_cast<size_t>(r)] = peer->get();
+          if (timed_out) (*peer)->Abort();
+        }
+        // Out of the watchdog's list before the peer all-reduce goes (declared after it: destroyed
+        // first, on every path).
+        struct Unlist {
+          std::mutex& mu;
+          PeerAllReduce*& slot;
+          void Now() {
+            std::lock_guard<std::mutex> lock(mu);
+            slot = nullptr;
+          }
+          ~Unlist() { Now(); }
+        } unlist{mu, live[static_cast<size_t>(r)]};
         int meetings = 0;
-        Rank rank{r, **peer, stream, [&] {
+        Rank rank{r, **peer, stream,
+                  [&] {
                     Status s = (*store)->Barrier("meet " + std::to_string(meetings++));
                     if (!s.ok()) throw std::runtime_error(s.ToString());
-                  }};
+                  },
+                  pinned};
         fn(rank);
         CUDA_OK(cudaStreamSynchronize(stream));
+        unlist.Now();
         peer->reset();  // the final barrier: every rank's thread gets here
         if (Status s = (*store)->Barrier("done"); !s.ok()) throw std::runtime_error(s.ToString());
+        CUDA_OK(cudaFreeHost(pinned));
         CUDA_OK(cudaStreamDestroy(stream));
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
+      std::lock_guard<std::mutex> lock(mu);
+      ++finished;
+      cv.notify_all();
     });
   }
   for (std::thread& t : threads) t.join();
+  watchdog.join();
+  EXPECT_FALSE(timed_out) << "the ranks did not finish within 30 s: the watchdog aborted their peer all-reduces";
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
-
-std::vector<float> Down(const float* d, size_t n, cudaStream_t s) {
-  std::vector<float> v(n);
-  CUDA_OK(cudaMemcpyAsync(v.data(), d, n * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_OK(cudaStreamSynchronize(s));
-  return v;
-}
-
-void Up(float* d, const std::vector<float>& v, cudaStream_t s) {
-  CUDA_OK(cudaMemcpyAsync(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice, s));
 }
 
 size_t Mismatches(const std::vector<float>& got, const std::vector<float>& want) {
@@ -147,16 +194,16 @@ TEST(PeerAllReduce, EveryRankGetsTheRankOrderedSumBitForBit) {
       for (int pass = 0; pass < 2; ++pass) {  // both halves, twice
         for (size_t n : sizes) {
           ++call;
-          Up(d, Message(n, k.rank, call), k.stream);
+          k.Up(d, Message(n, k.rank, call));
           CUDA_OK(k.peer.Launch(d, n, k.stream));
-          bad[static_cast<size_t>(k.rank)].push_back(Mismatches(Down(d, n, k.stream), RankOrderedSum(n, ranks, call)));
+          bad[static_cast<size_t>(k.rank)].push_back(Mismatches(k.Down(d, n), RankOrderedSum(n, ranks, call)));
         }
       }
       ++call;
       const size_t n = kCapacity - 1;
-      Up(d + 1, Message(n, k.rank, call), k.stream);
+      k.Up(d + 1, Message(n, k.rank, call));
       CUDA_OK(k.peer.Launch(d + 1, n, k.stream));
-      bad[static_cast<size_t>(k.rank)].push_back(Mismatches(Down(d + 1, n, k.stream), RankOrderedSum(n, ranks, call)));
+      bad[static_cast<size_t>(k.rank)].push_back(Mismatches(k.Down(d + 1, n), RankOrderedSum(n, ranks, call)));
       EXPECT_EQ(k.peer.Launch(d, kCapacity + 1, k.stream), cudaErrorInvalidValue);  // past the capacity
       CUDA_OK(cudaStreamSynchronize(k.stream));
       k.Meet();
@@ -180,13 +227,13 @@ TEST(PeerAllReduce, BackToBackCallsWithoutTheHostBetween) {
     std::vector<float*> d(kCalls);
     for (int c = 0; c < kCalls; ++c) {
       CUDA_OK(cudaMalloc(&d[static_cast<size_t>(c)], kN * 4));
-      Up(d[static_cast<size_t>(c)], Message(kN, k.rank, c), k.stream);
+      k.Up(d[static_cast<size_t>(c)], Message(kN, k.rank, c));
     }
     CUDA_OK(cudaStreamSynchronize(k.stream));
     k.Meet();
     for (int c = 0; c < kCalls; ++c) CUDA_OK(k.peer.Launch(d[static_cast<size_t>(c)], kN, k.stream));
     for (int c = 0; c < kCalls; ++c) {
-      bad[static_cast<size_t>(k.rank)] += Mismatches(Down(d[static_cast<size_t>(c)], kN, k.stream),
+      bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(d[static_cast<size_t>(c)], kN),
                                                      RankOrderedSum(kN, kRanksHere, c));
     }
     k.Meet();
@@ -216,15 +263,15 @@ TEST(PeerAllReduce, CallsInAGraphAdvanceOnEveryReplay) {
     int call = 100;
     for (int replay = 0; replay < 3; ++replay) {
       const int ca = ++call, cb = ++call;
-      Up(a, Message(kA, k.rank, ca), k.stream);
-      Up(b, Message(kB, k.rank, cb), k.stream);
+      k.Up(a, Message(kA, k.rank, ca));
+      k.Up(b, Message(kB, k.rank, cb));
       CUDA_OK(cudaGraphLaunch(exec, k.stream));
-      bad[static_cast<size_t>(k.rank)] += Mismatches(Down(a, kA, k.stream), RankOrderedSum(kA, kRanksHere, ca));
-      bad[static_cast<size_t>(k.rank)] += Mismatches(Down(b, kB, k.stream), RankOrderedSum(kB, kRanksHere, cb));
+      bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(a, kA), RankOrderedSum(kA, kRanksHere, ca));
+      bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(b, kB), RankOrderedSum(kB, kRanksHere, cb));
       const int ce = ++call;
-      Up(a, Message(kA, k.rank, ce), k.stream);
+      k.Up(a, Message(kA, k.rank, ce));
       CUDA_OK(k.peer.Launch(a, kA, k.stream));
-      bad[static_cast<size_t>(k.rank)] += Mismatches(Down(a, kA, k.stream), RankOrderedSum(kA, kRanksHere, ce));
+      bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(a, kA), RankOrderedSum(kA, kRanksHere, ce));
     }
     CUDA_OK(cudaStreamSynchronize(k.stream));
     k.Meet();
