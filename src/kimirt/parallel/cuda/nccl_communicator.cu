@@ -134,6 +134,13 @@ class NcclCommunicator final : public Communicator {
 
   void AllGather(const float* send, size_t n, float* recv) override {
     if (n == 0) return;
+    if (peer_ != nullptr && n <= peer_->capacity()) {
+      Enqueue("peer all-gather", Capturing(), [&] {
+        CheckCuda(peer_->LaunchGather(send, n, recv, stream_), "peer all-gather launch");
+        return ncclSuccess;
+      });
+      return;
+    }
     Enqueue("ncclAllGather", Capturing(), [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
   }
 

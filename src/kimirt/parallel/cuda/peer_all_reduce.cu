@@ -72,31 +72,44 @@ __device__ bool Meet(const PeerAllReduceArgs& a, uint32_t e, uint64_t deadline_n
   return ended == 0;
 }
 
-__global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArgs a, float* data, size_t n) {
+// Block b's part of a call: its slice [lo, hi) of the n floats every rank sends (whole float4s
+// but for the message's end: the same slice on every rank), copied into this rank's buffer half
+// of the call's parity; then the barrier. Returns the half's offset, or SIZE_MAX where an abort
+// ended the barrier (the output is then undefined and the counters stay).
+struct Slice {
+  size_t lo, hi, vhi, half;  // [lo, vhi) in float4s, [vhi, hi) one float at a time
+  uint32_t epoch;
+};
+__device__ bool CopyInAndMeet(const PeerAllReduceArgs& a, const float* send, size_t n, bool vec, Slice* out) {
   __shared__ uint32_t epoch;
   if (threadIdx.x == 0) epoch = a.counters[blockIdx.x] + 1;
   __syncthreads();
-  const uint32_t e = epoch;
-  const size_t half = (e & 1) * RoundUp4(a.capacity);
-  // Block b's slice, whole float4s but for the message's end: the same slice on every rank.
+  Slice sl;
+  sl.epoch = epoch;
+  sl.half = (sl.epoch & 1) * RoundUp4(a.capacity);
   const size_t per = RoundUp4((n + kPeerBlocks - 1) / kPeerBlocks);
-  const size_t lo = blockIdx.x * per < n ? blockIdx.x * per : n;
-  const size_t hi = lo + per < n ? lo + per : n;
-  float* mine = a.buffers[a.rank] + half;
-  const bool vec = (reinterpret_cast<uintptr_t>(data) % 16) == 0;
-  const size_t vhi = vec ? lo + (hi - lo) / 4 * 4 : lo;
-  for (size_t i = lo + 4 * threadIdx.x; i < vhi; i += 4 * kThreads) {
-    *reinterpret_cast<float4*>(mine + i) = *reinterpret_cast<const float4*>(data + i);
+  sl.lo = blockIdx.x * per < n ? blockIdx.x * per : n;
+  sl.hi = sl.lo + per < n ? sl.lo + per : n;
+  sl.vhi = vec ? sl.lo + (sl.hi - sl.lo) / 4 * 4 : sl.lo;
+  float* mine = a.buffers[a.rank] + sl.half;
+  for (size_t i = sl.lo + 4 * threadIdx.x; i < sl.vhi; i += 4 * kThreads) {
+    *reinterpret_cast<float4*>(mine + i) = *reinterpret_cast<const float4*>(send + i);
   }
-  for (size_t i = vhi + threadIdx.x; i < hi; i += kThreads) mine[i] = data[i];
-  if (!Meet(a, e, 0)) return;  // aborted: the output is undefined, the counters stay
+  for (size_t i = sl.vhi + threadIdx.x; i < sl.hi; i += kThreads) mine[i] = send[i];
+  *out = sl;
+  return Meet(a, sl.epoch, 0);
+}
+
+__global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArgs a, float* data, size_t n) {
+  Slice sl;
+  if (!CopyInAndMeet(a, data, n, reinterpret_cast<uintptr_t>(data) % 16 == 0, &sl)) return;
   // Every rank's copy, loaded before any is added (the loads in flight together), then summed
   // in rank order from rank 0's value (RankOrderedSum's expression: a lone -0.0f stays).
-  for (size_t i = lo + 4 * threadIdx.x; i < vhi; i += 4 * kThreads) {
+  for (size_t i = sl.lo + 4 * threadIdx.x; i < sl.vhi; i += 4 * kThreads) {
     float4 v[kPeerMaxRanks];
 #pragma unroll
     for (int r = 0; r < kPeerMaxRanks; ++r) {
-      if (r < a.ranks) v[r] = __ldcg(reinterpret_cast<const float4*>(a.buffers[r] + half + i));
+      if (r < a.ranks) v[r] = __ldcg(reinterpret_cast<const float4*>(a.buffers[r] + sl.half + i));
     }
     float4 s = v[0];
 #pragma unroll
@@ -110,11 +123,11 @@ __global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArg
     }
     *reinterpret_cast<float4*>(data + i) = s;
   }
-  for (size_t i = vhi + threadIdx.x; i < hi; i += kThreads) {
+  for (size_t i = sl.vhi + threadIdx.x; i < sl.hi; i += kThreads) {
     float v[kPeerMaxRanks];
 #pragma unroll
     for (int r = 0; r < kPeerMaxRanks; ++r) {
-      if (r < a.ranks) v[r] = __ldcg(a.buffers[r] + half + i);
+      if (r < a.ranks) v[r] = __ldcg(a.buffers[r] + sl.half + i);
     }
     float s = v[0];
 #pragma unroll
@@ -123,7 +136,26 @@ __global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArg
     }
     data[i] = s;
   }
-  if (threadIdx.x == 0) a.counters[blockIdx.x] = e;
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = sl.epoch;
+}
+
+// recv[r·n + i] := rank r's send[i]. In place (send = recv + rank·n) too: block b reads only its
+// slice of send before the barrier, and writes after it only its slice of each rank's part.
+__global__ void __launch_bounds__(kThreads) PeerAllGatherKernel(PeerAllReduceArgs a, const float* send, size_t n,
+                                                                float* recv) {
+  const bool vec = reinterpret_cast<uintptr_t>(send) % 16 == 0 && reinterpret_cast<uintptr_t>(recv) % 16 == 0 &&
+                   n % 4 == 0;
+  Slice sl;
+  if (!CopyInAndMeet(a, send, n, vec, &sl)) return;
+  for (int r = 0; r < a.ranks; ++r) {
+    const float* src = a.buffers[r] + sl.half;
+    float* dst = recv + static_cast<size_t>(r) * n;
+    for (size_t i = sl.lo + 4 * threadIdx.x; i < sl.vhi; i += 4 * kThreads) {
+      *reinterpret_cast<float4*>(dst + i) = __ldcg(reinterpret_cast<const float4*>(src + i));
+    }
+    for (size_t i = sl.vhi + threadIdx.x; i < sl.hi; i += kThreads) dst[i] = __ldcg(src + i);
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = sl.epoch;
 }
 
 // One more barrier and nothing else, bounded by `deadline_ns`: before a rank frees its region,
@@ -200,6 +232,14 @@ cudaError_t LaunchPeerAllReduce(const PeerAllReduceArgs& a, float* data, size_t 
   if (n == 0) return cudaSuccess;
   if (n > a.capacity || a.ranks < 1 || a.ranks > kPeerMaxRanks) return cudaErrorInvalidValue;
   PeerAllReduceKernel<<<kPeerBlocks, kThreads, 0, s>>>(a, data, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPeerAllGather(const PeerAllReduceArgs& a, const float* send, size_t n, float* recv,
+                                cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (n > a.capacity || a.ranks < 1 || a.ranks > kPeerMaxRanks) return cudaErrorInvalidValue;
+  PeerAllGatherKernel<<<kPeerBlocks, kThreads, 0, s>>>(a, send, n, recv);
   return cudaGetLastError();
 }
 

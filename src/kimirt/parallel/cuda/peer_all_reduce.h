@@ -1,6 +1,6 @@
-// PeerAllReduce: a one-shot all-reduce over the GPUs of one host through each other's memory
-// (CUDA IPC over NVLink), for the small messages of decode (issue 15 item 3; docs/distributed.md
-// "The peer all-reduce"). vLLM's custom all-reduce and TensorRT-LLM's one-shot kernel are the
+// PeerAllReduce: a one-shot all-reduce (and all-gather) over the GPUs of one host through each
+// other's memory (CUDA IPC over NVLink), for the small messages of decode (issue 15 item 3;
+// docs/distributed.md "The peer all-reduce"). vLLM's custom all-reduce and TensorRT-LLM's one-shot kernel are the
 // idea; the sum order is ours:
 //
 //   1. every rank copies its message into a buffer of its own that every peer has mapped;
@@ -69,6 +69,11 @@ PeerAllReduceArgs PeerArgsOf(std::span<void* const> regions, int rank, size_t ca
 // data[0 .. n) := the rank-ordered sum over the ranks of theirs, on `s`; n ≤ a.capacity. Every
 // rank must make the same calls (the same n) in the same order.
 cudaError_t LaunchPeerAllReduce(const PeerAllReduceArgs& a, float* data, size_t n, cudaStream_t s);
+// recv[r·n .. (r+1)·n) := rank r's send[0 .. n), on `s`; n ≤ a.capacity; in place where send is
+// recv + rank·n. The same barrier and halves as the all-reduce (the calls of both kinds share the
+// epochs: every rank makes the same calls of either kind in the same order).
+cudaError_t LaunchPeerAllGather(const PeerAllReduceArgs& a, const float* send, size_t n, float* recv,
+                                cudaStream_t s);
 
 // The IPC plumbing around the kernel, for one communicator of one process per GPU.
 class PeerAllReduce {
@@ -87,6 +92,9 @@ class PeerAllReduce {
 
   size_t capacity() const { return args_.capacity; }
   cudaError_t Launch(float* data, size_t n, cudaStream_t s) const { return LaunchPeerAllReduce(args_, data, n, s); }
+  cudaError_t LaunchGather(const float* send, size_t n, float* recv, cudaStream_t s) const {
+    return LaunchPeerAllGather(args_, send, n, recv, s);
+  }
   // Ends every wait of this rank's calls, now and later (any thread).
   void Abort();
 

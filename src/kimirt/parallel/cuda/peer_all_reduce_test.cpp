@@ -7,7 +7,8 @@
 //   - every rank gets the host's rank-ordered sum bit for bit: 2, 3 and 8 ranks, sizes from 1 to
 //     the capacity, odd tails, a pointer off 16-byte alignment, many calls in a row (both halves);
 //   - each rank's calls captured in a CUDA graph and replayed with new data, between eager calls;
-//   - a rank that never comes: the others' calls end when aborted, their streams drain.
+//   - a rank that never comes: the others' calls end when aborted, their streams drain;
+//   - the all-gather's layout, in place too, between all-reduces.
 #include "kimirt/parallel/cuda/peer_all_reduce.h"
 
 #include <cuda_runtime.h>
@@ -314,6 +315,46 @@ TEST(PeerAllReduce, AbortEndsCallsWaitingOnARankThatNeverComes) {
     EXPECT_GE(waited[static_cast<size_t>(r)], 0.29) << "rank " << r;
     EXPECT_LT(waited[static_cast<size_t>(r)], 5.0) << "rank " << r << ": the abort did not end the wait";
   }
+}
+
+TEST(PeerAllReduce, AllGatherLaysOutTheRanksInOrderInPlaceAndBesideAllReduces) {
+  // recv[r·n + i] = rank r's send[i], bit for bit: aligned (n a multiple of 4), odd n (the scalar
+  // path), in place (send = recv + rank·n), with all-reduces between (the two share the epochs).
+  constexpr int kRanksHere = 3;
+  const std::vector<size_t> sizes = {1, 4, 7168, 7168 + 3, 20'000};
+  std::vector<size_t> bad(kRanksHere, 0);
+  OnRanks(kRanksHere, [&](Rank& k) {
+    float *send = nullptr, *recv = nullptr;
+    CUDA_OK(cudaMalloc(&send, (kCapacity + 1) * 4));
+    CUDA_OK(cudaMalloc(&recv, kRanksHere * (kCapacity + 1) * 4));
+    k.Meet();
+    int call = 200;
+    for (size_t n : sizes) {
+      for (bool in_place : {false, true}) {
+        const int c = ++call;
+        float* from = in_place ? recv + static_cast<size_t>(k.rank) * n : send;
+        k.Up(from, Message(n, k.rank, c));
+        CUDA_OK(k.peer.LaunchGather(from, n, recv, k.stream));
+        const std::vector<float> got = k.Down(recv, kRanksHere * n);
+        for (int r = 0; r < kRanksHere; ++r) {
+          const std::vector<float> want = Message(n, r, c);
+          bad[static_cast<size_t>(k.rank)] +=
+              Mismatches(std::vector<float>(got.begin() + static_cast<std::ptrdiff_t>(r * n),
+                                            got.begin() + static_cast<std::ptrdiff_t>((r + 1) * n)),
+                         want);
+        }
+        const int ca = ++call;  // an all-reduce between gathers
+        k.Up(send, Message(n, k.rank, ca));
+        CUDA_OK(k.peer.Launch(send, n, k.stream));
+        bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(send, n), RankOrderedSum(n, kRanksHere, ca));
+      }
+    }
+    CUDA_OK(cudaStreamSynchronize(k.stream));
+    k.Meet();
+    CUDA_OK(cudaFree(send));
+    CUDA_OK(cudaFree(recv));
+  });
+  for (int r = 0; r < kRanksHere; ++r) EXPECT_EQ(bad[static_cast<size_t>(r)], 0u) << "rank " << r;
 }
 
 TEST(PeerAllReduce, OneRankIsNotAGroup) {
