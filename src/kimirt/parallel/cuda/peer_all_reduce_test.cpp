@@ -156,6 +156,9 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
                   pinned};
         fn(rank);
         CUDA_OK(cudaStreamSynchronize(stream));
+        // Every rank's frees are done before any launches the final barrier: a cudaFree waiting
+        // for the device would otherwise wait for that barrier's kernel, which waits for its rank.
+        rank.Meet();
         unlist.Now();
         peer->reset();  // the final barrier: every rank's thread gets here
         if (Status s = (*store)->Barrier("done"); !s.ok()) throw std::runtime_error(s.ToString());
