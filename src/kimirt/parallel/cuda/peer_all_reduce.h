@@ -1,7 +1,7 @@
 // PeerAllReduce: a one-shot all-reduce (and all-gather) over the GPUs of one host through each
 // other's memory (CUDA IPC over NVLink), for the small messages of decode (issue 15 item 3;
-// docs/distributed.md "The peer all-reduce"). vLLM's custom all-reduce and TensorRT-LLM's one-shot kernel are the
-// idea; the sum order is ours:
+// docs/distributed.md "The peer all-reduce"). vLLM's custom all-reduce and TensorRT-LLM's
+// one-shot kernel are the idea; the sum order is ours:
 //
 //   1. every rank copies its message into a buffer of its own that every peer has mapped;
 //   2. the ranks meet at a barrier of flags, block b of each rank with block b of every other
@@ -43,8 +43,9 @@ namespace kimirt {
 
 constexpr int kPeerMaxRanks = 8;
 // Blocks a call, fixed: block b of every rank meets block b of the others, so every call must
-// launch the same blocks for the counters to stay in step. 32 blocks read peers' memory over
-// NVLink fast enough for a 64-row K3 message (1.8 MB a rank) and keep the barrier small.
+// launch the same blocks for the counters to stay in step. 32: enough loads in flight for a
+// 64-row K3 message (1.8 MB a rank, 8 ranks' copies) by the estimate, a small barrier; not
+// tuned (no two-GPU machine has run it yet).
 constexpr int kPeerBlocks = 32;
 
 // What one rank's kernel reads: every rank's region as this process maps it. A region is the two
