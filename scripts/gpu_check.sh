@@ -42,6 +42,8 @@
 #   moeprof   Nsight Compute sections of the K3-width MXFP4 decode expert kernels (batch 1, 32),
 #             then the batch-1 gate/up launch's warp stalls by reason under each moeab variant
 #             ($OUT/ncu-moe-stalls-NAME.txt).
+#   routeprof Nsight Compute sections of the K3 router chain at batch 1 (the staged GEMV and the
+#             top-k kernel, each alone): $OUT/ncu-route-k3-b1.txt.
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
 #             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
@@ -138,7 +140,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|mla|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -361,6 +363,18 @@ if [[ "$what" == moeprof ]]; then
     echo "--- warp stalls, K3 gate/up at batch 1, ${v%%:*}"
     grep -E 'stalled' "$out/ncu-moe-stalls-${v%%:*}.txt" | sort -k3 -g -r | head -8
   done
+fi
+if [[ "$what" == routeprof ]]; then
+  # Nsight Compute on the K3 router chain at batch 1 (moe_bench k3: the staged GEMV over 896 × 7168
+  # BF16, then MoeRouteWarpKernel's top-16): 6.8 + 5.9 us a layer in the step's trace (session 29),
+  # ~1.1 ms a K3 step on every TP rank. Each kernel alone, caches flushed: its own time, bandwidth,
+  # occupancy and warp stalls (the chain's PDL overlap is not in these numbers).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 "$ncu" --clock-control none -k regex:'GemvStaged|MoeRouteWarp' -s 4 -c 2 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section SourceCounters "$root/moe_bench" --device cuda --configs k3 \
+    --batch-sizes 1 --iters 2 >"$out/ncu-route-k3-b1.txt" 2>&1 || status=1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-route-k3-b1.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -120
 fi
 if [[ "$what" == kdaprof ]]; then
   # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call
