@@ -44,7 +44,8 @@
 #             then the batch-1 gate/up launch's warp stalls by reason under each moeab variant
 #             ($OUT/ncu-moe-stalls-NAME.txt).
 #   routeprof Nsight Compute sections of the K3 router chain at batch 1 (the staged GEMV and the
-#             top-k kernel, each alone): $OUT/ncu-route-k3-b1.txt.
+#             top-k kernel, each alone): $OUT/ncu-route-k3-b1.txt; then moe_bench's K3 TP-8 slice
+#             and K3 at batch 1 under the kernel tracer (each kernel's share of a layer).
 #   kdaprof   Nsight Compute sections of one chunked-KDA call in the BF16 mode: its prep and
 #             state kernels at T = 8192, H = 96 ($OUT/ncu-kda-chunk.txt), and the prep kernel's
 #             warp stalls by reason ($OUT/ncu-kda-prep-stalls.txt).
@@ -376,6 +377,18 @@ if [[ "$what" == routeprof ]]; then
     --section MemoryWorkloadAnalysis --section SourceCounters "$root/moe_bench" --device cuda --configs k3 \
     --batch-sizes 1 --iters 2 >"$out/ncu-route-k3-b1.txt" 2>&1 || status=1
   grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-route-k3-b1.txt" | grep -E '[0-9]' | grep -vE '^ *(OPT|INF|WRN)' | tail -120
+  # The K3 TP-8 slice's MoE layer at batch 1 (27.7 us in a graph, session 29) kernel by kernel, in
+  # moe_bench's graphs of 20 calls (the kernel tracer: a replay's charges are 20 calls' worth).
+  for c in k3-tp8 k3; do
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-moe-$c.csv" \
+      timeout 120 "$root/moe_bench" --device cuda --configs $c --batch-sizes 1 --iters 20 >"$out/trace-moe-$c.txt" 2>&1 ||
+      status=1
+    python3 scripts/kernel_trace_summary.py "$out/trace-moe-$c.csv" --top 20 --json "$out/trace-moe-$c-summary.json" \
+      >"$out/trace-moe-$c-summary.txt" || status=1
+    echo "--- traced moe_bench $c, batch 1 (each replay: 20 calls)"
+    head -24 "$out/trace-moe-$c-summary.txt"
+    xz -T4 "$out/trace-moe-$c.csv"
+  done
 fi
 if [[ "$what" == kdaprof ]]; then
   # Nsight Compute on the BF16 mode's prep and state kernels of kda_chunk_bench's first call
