@@ -62,16 +62,19 @@ int Bench(RendezvousStore& s, const LaunchEnv& env, const Options& o) {
   Json j = {{"tp", env.world_size}, {"width", o.width}, {"iters", 200}, {"points", Json::array()}};
   std::printf("all-reduce of rows x %lld floats over %d ranks (us per call, mean of 200)\n", (long long)o.width,
               env.world_size);
-  std::printf("%6s %12s %16s %14s %8s %10s\n", "rows", "bytes", "invariant (us)", "ncclAllReduce", "ratio", "peer (us)");
+  std::printf("%6s %12s %16s %14s %8s %10s %14s %14s\n", "rows", "bytes", "invariant (us)", "ncclAllReduce", "ratio",
+              "peer (us)", "ncclAllGather", "peer gather");
   for (size_t i = 0; i < t->size(); ++i) {
     const AllReduceTiming& p = (*t)[i];
-    std::printf("%6d %12zu %16.2f %14.2f %8.2f %10.2f\n", rows[i], p.count * 4, p.invariant_us, p.nccl_us,
-                p.invariant_us / p.nccl_us, p.peer_us);
+    std::printf("%6d %12zu %16.2f %14.2f %8.2f %10.2f %14.2f %14.2f\n", rows[i], p.count * 4, p.invariant_us,
+                p.nccl_us, p.invariant_us / p.nccl_us, p.peer_us, p.allgather_nccl_us, p.allgather_peer_us);
     j["points"].push_back({{"rows", rows[i]},
                            {"floats", p.count},
                            {"invariant_allgather_sum_us", p.invariant_us},
                            {"nccl_allreduce_us", p.nccl_us},
-                           {"peer_allreduce_us", p.peer_us > 0 ? Json(p.peer_us) : Json(nullptr)}});
+                           {"peer_allreduce_us", p.peer_us > 0 ? Json(p.peer_us) : Json(nullptr)},
+                           {"nccl_allgather_us", p.allgather_nccl_us},
+                           {"peer_allgather_us", p.allgather_peer_us > 0 ? Json(p.allgather_peer_us) : Json(nullptr)}});
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

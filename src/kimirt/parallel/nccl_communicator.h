@@ -83,14 +83,17 @@ Status NcclSelfCheck(RendezvousStore& store, int device, size_t count);
 // call. Answers Unsupported where the group cannot map each other's memory. Collective.
 Status PeerAllReduceSelfCheck(RendezvousStore& store, int device, size_t count, int calls);
 
-// All-reduce latency, this communicator's batch-invariant form beside ncclAllReduce, for each
-// message size in `counts` (floats): the mean of `iters` back-to-back calls on the device after
-// warm-up (CUDA events). Collective; every rank returns its own table.
+// All-reduce latency, this communicator's batch-invariant forms (all-gather + sum; the peer
+// all-reduce where the group has it) beside ncclAllReduce, and the all-gather's (NCCL's, the
+// peer one), for each message size in `counts` (floats): the mean of `iters` back-to-back calls
+// on the device after warm-up (CUDA events). Collective; every rank returns its own table.
 struct AllReduceTiming {
   size_t count = 0;
   double invariant_us = 0;  // ncclAllGather + rank-ordered sum
   double nccl_us = 0;       // ncclAllReduce
   double peer_us = 0;       // the peer all-reduce (0: not available to this group)
+  double allgather_nccl_us = 0;  // ncclAllGather of the same message (recv: ranks × count)
+  double allgather_peer_us = 0;  // the peer all-gather (0: not available)
 };
 Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, int device,
                                                         const std::vector<size_t>& counts, int iters);

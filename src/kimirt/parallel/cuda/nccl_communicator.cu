@@ -674,6 +674,8 @@ Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, 
   for (size_t c : counts) most = std::max(most, c);
   KIMIRT_ASSIGN_OR_RETURN(float* buf, DeviceFloats(scope, most, rank));
   KIMIRT_RETURN_IF_ERROR(CudaOk(cudaMemsetAsync(buf, 0, most * sizeof(float), scope.stream), rank, "cudaMemset"));
+  const size_t ranks = static_cast<size_t>(store.world_size());
+  KIMIRT_ASSIGN_OR_RETURN(float* gathered, DeviceFloats(scope, most * ranks, rank));
   cudaEvent_t start, stop;
   KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventCreate(&start), rank, "cudaEventCreate"));
   scope.events.push_back(start);
@@ -686,15 +688,29 @@ Result<std::vector<AllReduceTiming>> NcclAllReduceBench(RendezvousStore& store, 
       t.count = c;
       for (Communicator* comm : {ours.get(), nccl.get(), peer.get()}) {
         if (comm == peer.get() && (!has_peer || c > NcclOptions{}.peer_all_reduce_max_elems)) continue;
-        for (int i = 0; i < 5; ++i) comm->AllReduceSum(buf, c);  // warm-up (scratch, NCCL channels)
-        comm->Barrier();
-        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(start, scope.stream), rank, "cudaEventRecord"));
-        for (int i = 0; i < iters; ++i) comm->AllReduceSum(buf, c);
-        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(stop, scope.stream), rank, "cudaEventRecord"));
-        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventSynchronize(stop), rank, "cudaEventSynchronize"));
-        float ms = 0;
-        KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventElapsedTime(&ms, start, stop), rank, "cudaEventElapsedTime"));
-        (comm == ours.get() ? t.invariant_us : comm == nccl.get() ? t.nccl_us : t.peer_us) = 1000.0 * ms / iters;
+        // The mean of `iters` back-to-back calls of `call` after a warm-up (scratch, NCCL channels).
+        auto time_us = [&](const std::function<void()>& call, double* us) -> Status {
+          for (int i = 0; i < 5; ++i) call();
+          comm->Barrier();
+          KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(start, scope.stream), rank, "cudaEventRecord"));
+          for (int i = 0; i < iters; ++i) call();
+          KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventRecord(stop, scope.stream), rank, "cudaEventRecord"));
+          KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventSynchronize(stop), rank, "cudaEventSynchronize"));
+          float ms = 0;
+          KIMIRT_RETURN_IF_ERROR(CudaOk(cudaEventElapsedTime(&ms, start, stop), rank, "cudaEventElapsedTime"));
+          *us = 1000.0 * ms / iters;
+          return Status::Ok();
+        };
+        KIMIRT_RETURN_IF_ERROR(time_us([&] { comm->AllReduceSum(buf, c); },
+                                       comm == ours.get()   ? &t.invariant_us
+                                       : comm == nccl.get() ? &t.nccl_us
+                                                            : &t.peer_us));
+        // The all-gather of the same message: ncclAllGather (the invariant form's first half, the
+        // same call in `nccl`), or the peer kernel.
+        if (comm != nccl.get()) {
+          KIMIRT_RETURN_IF_ERROR(time_us([&] { comm->AllGather(buf, c, gathered); },
+                                         comm == ours.get() ? &t.allgather_nccl_us : &t.allgather_peer_us));
+        }
       }
       out.push_back(t);
     }
