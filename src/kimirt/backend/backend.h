@@ -383,7 +383,8 @@ class Backend {
   // one as expert E, chosen by every token with weight 1 after its k (MoeRoute with append_expert
   // = E). Its output then comes last in the combine's sum, Σ_j w_j·e_j + 1·shared: the Add of
   // steps 7-8 (×1 is exact), in one pass over the weights instead of the dense MLP's launches.
-  // Only where the shared expert needs no all-reduce of its own (one rank). Default: no.
+  // Under TP the output is the rank's partial sum of both, which the caller all-reduces once
+  // (model/moe.cpp). Default: no.
   virtual bool MoeSharedAsExpert(const ExpertWeights& /*experts*/, const MlpTensors& /*shared*/, int64_t /*T*/) {
     return false;
   }

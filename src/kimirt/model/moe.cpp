@@ -36,16 +36,23 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   rp.scaling = static_cast<float>(c.routed_scaling_factor);
   rp.combine_biased = c.RouterCombineUsesBiasedScores();
   // Steps 7-8 folded into steps 3-4 where the backend offers it (Backend::MoeSharedAsExpert): the
-  // shared expert reads the experts' input (no latent projection) and needs no all-reduce of its
-  // own (one rank), so it can be expert E, chosen by every token with weight 1 after its k. Not
-  // when the caller records the choices: they are the k routed ones.
+  // shared expert reads the experts' input (no latent projection), so it can be expert E, chosen
+  // by every token with weight 1 after its k. Under TP the shared expert is sliced along its
+  // intermediate width as the routed ones are (spec §11), so each rank's output is its partial
+  // sum of both and one all-reduce, in rank order, finishes them together (one collective a
+  // layer fewer than routed and shared apart: a different F32 rounding of the same sum, a
+  // function of the widths and the rank count alone). Under EP too, where the backend takes it
+  // (the shapes match): a routed expert whole on one rank and zero stand-ins elsewhere, the
+  // shared one sliced — the partials still sum to the whole. Not when the caller records the
+  // choices: they are the k routed ones.
   const MlpTensors shared{w.shared.gate, w.shared.up, w.shared.down};
-  const bool shared_as_expert = w.shared.defined() && !c.UsesLatentMoe() && m.comm.size() == 1 &&
-                                route_idx == nullptr && be.MoeSharedAsExpert(w.experts, shared, T);
+  const bool shared_as_expert = w.shared.defined() && !c.UsesLatentMoe() && route_idx == nullptr &&
+                                be.MoeSharedAsExpert(w.experts, shared, T);
   if (shared_as_expert) {
     rp.append_expert = static_cast<int32_t>(w.experts.gate.size());
     Tensor out = be.Empty({T, y.dim(1)});
     be.MoeRouteExpertsWithShared(y, w.router, w.bias, rp, w.experts, shared, m.glu, &out);
+    m.AllReduce(&out);
     return out;
   }
   Tensor idx = be.Empty({T, k}, DType::kI32);
