@@ -37,7 +37,8 @@ struct NcclOptions {
   // peer stalled or died: the watchdog aborts the communicator) fail; the error names this rank
   // and the collective.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Messages of at least this many floats use ncclAllReduce (not batch-invariant).
+  // Messages of at least this many floats use ncclAllReduce (not batch-invariant), unless the
+  // peer all-reduce below takes them first (it does up to its capacity).
   size_t nccl_allreduce_min_elems = std::numeric_limits<size_t>::max();
   // Names this communicator's unique id in the store ("nccl/unique-id/<tag>"): each
   // communicator of one store (a TP group, a PP pair, a bench's second one) needs its own.

@@ -90,6 +90,19 @@ struct RouteCand {
   int32_t e;  // expert id
 };
 
+// Candidate `me`'s place among cand[0 .. n) in the (value desc, id asc) order: how many come
+// before it. Both route kernels pick by it (any candidate type with c and e).
+template <typename Cand>
+__device__ __forceinline__ int RankAmong(const Cand* cand, int n, const Cand& me) {
+  int rank = 0;
+#pragma unroll 4
+  for (int o = 0; o < n; ++o) {
+    const Cand other = cand[o];
+    rank += other.c > me.c || (other.c == me.c && other.e < me.e);
+  }
+  return rank;
+}
+
 // A warp's shared memory for one token's choice.
 template <int kPerLane>
 struct RouteWarpSmem {
@@ -161,12 +174,7 @@ __device__ __forceinline__ void RouteTokenWarp(const float* logits, const float 
 #pragma unroll 1
   for (int q = lane; q < n; q += 32) {
     const RouteCand me = cand[q];
-    int rank = 0;
-#pragma unroll 4
-    for (int o = 0; o < n; ++o) {
-      const RouteCand other = cand[o];
-      rank += other.c > me.c || (other.c == me.c && other.e < me.e);
-    }
+    const int rank = RankAmong(cand, n, me);
     if (rank < k) {
       pick_e[rank] = me.e;
       pick_w[rank] = combine_biased ? me.c : Sigmoid(row[me.e]);
@@ -213,13 +221,15 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // work: 28 sigmoids a lane, a second L2 round trip for the picked experts' logits, a serial
 // sum from shared memory. Here:
 //   1. thread i holds experts i, i + 128, ... (7 at E = 896): choice value c and sigmoid s;
-//   2. τ = the k-th largest of the 128 threads' maxima (k ≤ 128): every top-k value is ≥ τ;
+//   2. τ = the k-th largest of the 128 threads' maxima (k ≤ kMaxTopK < 128): every top-k value
+//      is ≥ τ;
 //   3. the values ≥ τ go to shared memory with their sigmoid (in any order: a rank is a count);
 //   4. candidate q's rank is the count of candidates before it in (value desc, id asc); rank
 //      r < k is pick r, its weight c (combine_biased) or s — the same expression on the same
 //      logit as the serial kernel's Sigmoid(row[e]);
 //   5. the weights summed in pick order (all loaded first, then added in order).
 constexpr int kRouteBlockThreads = 128;
+static_assert(kMaxTopK < kRouteBlockThreads, "τ is a thread maximum: k may not exceed the threads");
 
 struct RouteBlockCand {
   float c, s;
@@ -272,7 +282,6 @@ __global__ void __launch_bounds__(kRouteBlockThreads)
   tau = tau_part[0];
 #pragma unroll
   for (int w = 1; w < kRouteBlockThreads / 32; ++w) tau = fminf(tau, tau_part[w]);
-  if (k > kRouteBlockThreads) tau = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     if (tid + kRouteBlockThreads * i < E && c[i] >= tau) {
@@ -283,12 +292,7 @@ __global__ void __launch_bounds__(kRouteBlockThreads)
   const int n = count;
   for (int q = tid; q < n; q += kRouteBlockThreads) {
     const RouteBlockCand me = cand[q];
-    int rank = 0;
-#pragma unroll 4
-    for (int o = 0; o < n; ++o) {
-      const RouteBlockCand other = cand[o];
-      rank += other.c > me.c || (other.c == me.c && other.e < me.e);
-    }
+    const int rank = RankAmong(cand, n, me);
     if (rank < k) {
       pick_e[rank] = me.e;
       pick_w[rank] = combine_biased ? me.c : me.s;

@@ -131,6 +131,21 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+// Each rank's AllReduceSum of Random(n, seed + rank), as the rank downloads it.
+std::vector<std::vector<float>> ReducedOnEveryRank(size_t n, uint64_t seed, size_t nccl_min,
+                                                   size_t peer_max = NcclOptions{}.peer_all_reduce_max_elems) {
+  std::vector<std::vector<float>> got(kRanks);
+  OnGpuRanks(
+      [&](Communicator& c, cudaStream_t s) {
+        DeviceFloats d(n, s);
+        d.Up(Random(n, seed + c.rank()));
+        c.AllReduceSum(d.p, n);
+        got[c.rank()] = d.Down();
+      },
+      nccl_min, std::chrono::seconds(60), nullptr, peer_max);
+  return got;
+}
+
 TEST(NcclComm, AllReduceIsTheRankOrderedSumBitForBit) {
   // Both batch-invariant paths: the peer all-reduce (decode sizes, the default on one host; 300
   // rows pass its capacity and take NCCL's) and ncclAllGather + RankOrderedSum (peer_max 0).
@@ -138,15 +153,7 @@ TEST(NcclComm, AllReduceIsTheRankOrderedSumBitForBit) {
     for (size_t rows : {1, 3, 64, 300}) {
       const size_t n = rows * kWidth;
       const std::vector<float> want = RankOrderSum(n, 100);
-      std::vector<std::vector<float>> got(kRanks);
-      OnGpuRanks(
-          [&](Communicator& c, cudaStream_t s) {
-            DeviceFloats d(n, s);
-            d.Up(Random(n, 100 + c.rank()));
-            c.AllReduceSum(d.p, n);
-            got[c.rank()] = d.Down();
-          },
-          SIZE_MAX, std::chrono::seconds(60), nullptr, peer_max);
+      const std::vector<std::vector<float>> got = ReducedOnEveryRank(n, 100, SIZE_MAX, peer_max);
       for (int r = 0; r < kRanks; ++r) {
         EXPECT_TRUE(BitEqual(got[r], want)) << "rows " << rows << ", rank " << r << ", peer_max " << peer_max;
       }
@@ -205,15 +212,8 @@ TEST(NcclComm, NcclsOwnAllReduceAgreesWithinRounding) {
   // The opt-in path for large messages: NCCL's ring/tree order, so within rounding, not bits.
   const size_t n = 64 * kWidth;
   const std::vector<float> want = RankOrderSum(n, 400);
-  std::vector<std::vector<float>> got(kRanks);
-  OnGpuRanks(
-      [&](Communicator& c, cudaStream_t s) {
-        DeviceFloats d(n, s);
-        d.Up(Random(n, 400 + c.rank()));
-        c.AllReduceSum(d.p, n);
-        got[c.rank()] = d.Down();
-      },
-      /*nccl_min=*/1);
+  // peer_max 0: the peer all-reduce would take this size before ncclAllReduce.
+  const std::vector<std::vector<float>> got = ReducedOnEveryRank(n, 400, /*nccl_min=*/1, /*peer_max=*/0);
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_EQ(got[r].size(), n);
     double worst = 0;
