@@ -3,7 +3,7 @@
 //
 //   mla_decode_bench [--device cuda] [--contexts 4096,8192,32768,131072] [--dtypes bf16,fp8]
 //                    [--heads 32] [--batch 1] [--iters 100] [--peak-gbps 4800] [--json OUT.json]
-//                    [--variants ring4,ring2,wgmma] [--kvb-dtype f32|bf16]
+//                    [--variants ring4,ring2,wgmma,wgmma-item] [--kvb-dtype f32|bf16]
 //
 // One MLA layer at K3 / Kimi-Linear widths (latent 512 + shared key 64, head dims 128), a pool
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random
@@ -141,7 +141,7 @@ int Measure(const Options& opt, const std::string& variant, nlohmann::json& rows
       const double bytes = row_bytes * static_cast<double>(ctx * batch);
       const double gbps = bytes / (us * 1e-6) / 1e9;
       const double gbps_graph = us_graph > 0 ? bytes / (us_graph * 1e-6) / 1e9 : 0.0;
-      std::printf("%-7s %-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f %10.1f %8.3f\n", variant.c_str(), dt.c_str(),
+      std::printf("%-10s %-5s %8lld %6lld %6lld %10.1f %9.0f %8.3f %10.1f %8.3f\n", variant.c_str(), dt.c_str(),
                   static_cast<long long>(ctx), static_cast<long long>(heads), static_cast<long long>(batch), us, gbps,
                   gbps / peak_gbps, us_graph, gbps_graph / peak_gbps);
       std::fflush(stdout);
@@ -191,7 +191,7 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "mla_decode_bench: --variants names none\n");
     return 2;
   }
-  std::printf("%-7s %-5s %8s %6s %6s %10s %9s %8s %10s %8s\n", "variant", "dtype", "context", "heads", "batch", "us/call",
+  std::printf("%-10s %-5s %8s %6s %6s %10s %9s %8s %10s %8s\n", "variant", "dtype", "context", "heads", "batch", "us/call",
               "GB/s", "of peak", "graph us", "of peak");
   std::fflush(stdout);
   nlohmann::json rows = nlohmann::json::array();

@@ -190,8 +190,9 @@ class CudaKvStorage final : public KvStorage {
  private:
   // The step's metadata on the device, one int32 array uploaded once per step into a buffer
   // that only grows (so graphs can bake its address): work count ‖ context [B] ‖ table_begin
-  // [B + 1] ‖ split_begin [B + 1] ‖ work [work capacity, 3] ‖ tables [table capacity]. The
-  // capacities are powers of two, so the layout (and a graph's launch shapes) change rarely.
+  // [B + 1] ‖ split_begin [B + 1] ‖ work [work capacity, 3] ‖ tables [table capacity] ‖
+  // block_work [SmCount() + 1]. The capacities are powers of two, so the layout (and a graph's
+  // launch shapes) change rarely.
   cuda::PagedDecodeArgs StepArgs(int layer) const;
   Tensor step_meta_;
   int64_t step_b_ = 0, step_work_cap_ = 0, step_tables_cap_ = 0;
@@ -1365,10 +1366,15 @@ void CudaKvStorage::SetDecodeStep(const PagedDecodeStep& step) {
   for (int64_t len : step.context) meta.push_back(static_cast<int32_t>(len));
   meta.insert(meta.end(), step.table_begin.begin(), step.table_begin.end());
   meta.insert(meta.end(), split_begin.begin(), split_begin.end());
+  const std::vector<int32_t> runs = cuda::MlaDecodePersistSchedule(work, cuda::SmCount());
   work.resize(static_cast<size_t>(3 * step_work_cap_), 0);
   meta.insert(meta.end(), work.begin(), work.end());
   meta.insert(meta.end(), step.tables.begin(), step.tables.end());
-  const int64_t need = static_cast<int64_t>(meta.size()) + step_tables_cap_ - static_cast<int64_t>(step.tables.size());
+  // The persistent split's runs of items (kernels.h MlaDecodePersistSchedule) after the tables'
+  // capacity: a constant block count, so one captured launch shape serves every step.
+  meta.resize(static_cast<size_t>(meta.size() + step_tables_cap_ - static_cast<int64_t>(step.tables.size())), 0);
+  meta.insert(meta.end(), runs.begin(), runs.end());
+  const int64_t need = static_cast<int64_t>(meta.size());
   if (step_meta_.raw() == nullptr || need > step_meta_.numel()) step_meta_ = be_.Raw({NextPow2(need)}, DType::kI32);
   be_.CopyToDevice(step_meta_.raw(), meta.data(), meta.size() * sizeof(int32_t));
 }
@@ -1400,6 +1406,8 @@ cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
   a.work = a.split_begin + step_b_ + 1;
   a.num_work = step_work_cap_;
   a.tables = a.work + 3 * step_work_cap_;
+  a.block_work = a.tables + step_tables_cap_;
+  a.persist_blocks = cuda::SmCount();
   return a;
 }
 

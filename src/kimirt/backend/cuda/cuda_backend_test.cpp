@@ -123,6 +123,32 @@ class CudaBackendTest : public testing::CudaCpuTest {
       CheckPagedDecodeGpu(c, *gpu_kv, gpu_w, want);
     }
   }
+  // The whole paged decode op under variants v0 and v1, bit for bit, for BF16 and FP8 latents and
+  // each head count (finite, so a NaN in both cannot pass).
+  void ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant v0, cuda::MlaDecodeVariant v1,
+                                    const std::vector<int64_t>& contexts, const std::vector<int64_t>& head_counts) {
+    const int layer = 1;
+    for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+      for (int64_t heads : head_counts) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " heads " + std::to_string(heads) + " " +
+                     cuda::MlaDecodeVariantName(v0) + " vs " + cuda::MlaDecodeVariantName(v1));
+        const testing::PagedDecodeCase c =
+            testing::MakePagedDecodeCase(contexts, heads, dtype, 70 + static_cast<uint64_t>(heads));
+        auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
+        const Tensor q = Up(c.q), w = Up(c.w_kvb);
+        const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
+        std::vector<Tensor> got;
+        for (cuda::MlaDecodeVariant v : {v0, v1}) {
+          MlaDecodeVariantScope scope(v);
+          Tensor o = Poisoned({static_cast<int64_t>(c.step.size()), c.mla.heads * c.mla.v_dim});
+          kv->AttendDecode(layer, q, w, c.mla, &o);
+          got.push_back(Down(o));
+        }
+        for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[0].f32()[i])) << "element " << i;
+        EXPECT_EQ(std::memcmp(got[0].f32(), got[1].f32(), static_cast<size_t>(n) * sizeof(float)), 0);
+      }
+    }
+  }
   // The GPU side of CheckPagedDecode with the current variant (the step of `c` set on `gpu_kv`).
   void CheckPagedDecodeGpu(const testing::PagedDecodeCase& c, KvStorage& gpu_kv, const Tensor& gpu_w,
                            const Tensor& want) {
@@ -821,26 +847,49 @@ TEST_F(CudaBackendTest, PagedDecodeNineteenSequencesGiveEachItsBitsAlone) {
 // bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
 // (one split to the most; splits of 1 .. 16 tiles, partial last tiles).
 TEST_F(CudaBackendTest, PagedDecodeRing2GivesRing4sBits) {
-  const int layer = 1;
-  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
-    for (int64_t heads : {12, 32}) {
-      SCOPED_TRACE(std::string(DTypeName(dtype)) + " heads " + std::to_string(heads));
-      const testing::PagedDecodeCase c = testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, dtype,
-                                                                      70 + static_cast<uint64_t>(heads));
-      auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
-      const Tensor q = Up(c.q), w = Up(c.w_kvb);
-      const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
-      std::vector<Tensor> got;
-      for (cuda::MlaDecodeVariant v : {cuda::MlaDecodeVariant::kRing4, cuda::MlaDecodeVariant::kRing2}) {
-        MlaDecodeVariantScope scope(v);
-        Tensor o = Poisoned({static_cast<int64_t>(c.step.size()), c.mla.heads * c.mla.v_dim});
-        kv->AttendDecode(layer, q, w, c.mla, &o);
-        got.push_back(Down(o));
-      }
-      for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[0].f32()[i])) << "ring4 element " << i;
-      EXPECT_EQ(std::memcmp(got[0].f32(), got[1].f32(), static_cast<size_t>(n) * sizeof(float)), 0);
+  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kRing4, cuda::MlaDecodeVariant::kRing2,
+                               {1, 100, 4097, 32768, 33, 1000}, {12, 32});
+}
+
+// The persistent wgmma split runs each work item as a block of its own would (wgmma-item), so the
+// same bits, with blocks walking runs of items across sequences: 212 items, then 3 × 128 + 90 on
+// the device's ~132 blocks; 48 heads make two head blocks (a second wave of the schedule).
+TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
+  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaItem, cuda::MlaDecodeVariant::kWgmma,
+                               {1, 100, 4097, 32768, 33, 1000}, {12, 48});
+  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaItem, cuda::MlaDecodeVariant::kWgmma,
+                               {32768, 65, 32768, 2049, 9000, 32768, 640}, {32});
+}
+
+// The persistent split's schedule: every item in exactly one run, runs in order, and no block's
+// cost (tiles of 32 positions + 1 an item) past its share by more than one item's.
+TEST(MlaDecodePersistSchedule, CoversEveryItemOnceInBalancedRuns) {
+  std::vector<int32_t> work;
+  int64_t total = 0, most = 0;
+  auto cost = [](int32_t s0, int32_t s1) { return int64_t{(s1 - s0 + 31) / 32 + 1}; };
+  for (int32_t b = 0; b < 9; ++b) {
+    const int32_t len = 1 + 4111 * b * b, split = static_cast<int32_t>(cuda::MlaDecodeSplitLen(len));
+    for (int32_t s0 = 0; s0 < len; s0 += split) {
+      work.insert(work.end(), {b, s0, std::min(len, s0 + split)});
+      total += cost(s0, std::min(len, s0 + split));
+      most = std::max(most, cost(s0, std::min(len, s0 + split)));
     }
   }
+  const int64_t n = static_cast<int64_t>(work.size() / 3);
+  for (int64_t blocks : {1, 7, 132, 1000}) {
+    SCOPED_TRACE("blocks " + std::to_string(blocks));
+    const std::vector<int32_t> runs = cuda::MlaDecodePersistSchedule(work, blocks);
+    ASSERT_EQ(static_cast<int64_t>(runs.size()), blocks + 1);
+    EXPECT_EQ(runs.front(), 0);
+    EXPECT_EQ(runs.back(), n);
+    for (int64_t p = 0; p < blocks; ++p) {
+      ASSERT_LE(runs[p], runs[p + 1]);
+      int64_t c = 0;
+      for (int32_t i = runs[p]; i < runs[p + 1]; ++i) c += cost(work[3 * i + 1], work[3 * i + 2]);
+      EXPECT_LE(c * blocks, total + most * blocks) << "block " << p;
+    }
+  }
+  EXPECT_EQ(cuda::MlaDecodePersistSchedule({}, 4), (std::vector<int32_t>{0, 0, 0, 0, 0}));
 }
 
 // A KDA layer at K3's head width (K 128; 8 heads), conv width 4, six slots of random state.

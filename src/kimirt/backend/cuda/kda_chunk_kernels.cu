@@ -1459,17 +1459,6 @@ void Launch(const KdaChunkArgs& a, cudaStream_t s) {
   CheckLaunch("KdaChunked");
 }
 
-int SmCount() {
-  static const int count = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 132;
-    }
-    return n;
-  }();
-  return count;
-}
-
 // Σ_b ceil(T_b / 64) ≤ tokens / 64 + batch: the chunks a call can have (the map's capacity).
 int64_t ChunkCapacity(int64_t tokens, int64_t batch) { return tokens / kChunk + batch; }
 
@@ -1542,6 +1531,17 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool sta
 }
 
 }  // namespace
+
+int SmCount() {
+  static const int count = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 132;
+    }
+    return n;
+  }();
+  return count;
+}
 
 int KdaChunkValueBlock(int64_t batch, int64_t heads, bool bf16_operands) {
   if (bf16_operands) {

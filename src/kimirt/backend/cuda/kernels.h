@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kimirt/backend/kda_decode_args.h"
@@ -300,9 +301,22 @@ struct PagedDecodeArgs {
   const int32_t* split_begin = nullptr;
   const int32_t* work = nullptr;
   int64_t num_work = 0;
+  // The persistent split's schedule (MlaDecodeVariant::kWgmma): block p of persist_blocks walks
+  // work items block_work[p] .. block_work[p + 1] − 1 (MlaDecodePersistSchedule). Which block runs
+  // an item never changes its sums, so this may look at the whole step.
+  const int32_t* block_work = nullptr;
+  int64_t persist_blocks = 0;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
 int64_t MlaDecodeSplitLen(int64_t context);
+// The current device's multiprocessors (132 where it cannot say).
+int SmCount();
+// The persistent split's schedule (one block an SM: its shared memory allows no second):
+// block_work [blocks + 1] for the work list `work` (triples of sequence, first, end position):
+// contiguous runs of items, cut where each block's share of the step's cost (tiles of 32
+// positions, plus one a item for its stores) is reached, so a block keeps one sequence's query
+// across consecutive splits and its copy ring runs on from one item into the next.
+std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int64_t blocks);
 // ō [B, H, r] of the absorbed queries qc [B, H, r + dr] (AbsorbQuery). part_o [num_work, H, r]
 // and part_ml [num_work, H, 2] are scratch for the splits.
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
@@ -318,9 +332,11 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // sums, held to the CPU at the same bar; BF16 and FP8 latents.
 // Measured on an H200 (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32
 // heads): BF16 34 against 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132.
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2 };
+// wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one): the
+// same sums, so the same bits.
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
-                                                          MlaDecodeVariant::kWgmma};
+                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem};
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
@@ -330,8 +346,9 @@ void SetMlaDecodeVariant(MlaDecodeVariant v);
 void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s);
 // --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 and FP8 latents of 512 + 64 ---
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
+// persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              cudaStream_t s);
+                              bool persistent, cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -593,14 +593,21 @@ std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment'
 
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
   if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma") == 0) return MlaDecodeVariant::kWgmma;
+  if (std::strcmp(name, "wgmma-item") == 0) return MlaDecodeVariant::kWgmmaItem;
   if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma)\n", name);
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item)\n", name);
   std::abort();
 }
 
 const char* MlaDecodeVariantName(MlaDecodeVariant v) {
-  return v == MlaDecodeVariant::kWgmma ? "wgmma" : v == MlaDecodeVariant::kRing2 ? "ring2" : "ring4";
+  switch (v) {
+    case MlaDecodeVariant::kWgmma: return "wgmma";
+    case MlaDecodeVariant::kWgmmaItem: return "wgmma-item";
+    case MlaDecodeVariant::kRing2: return "ring2";
+    case MlaDecodeVariant::kRing4: break;
+  }
+  return "ring4";
 }
 
 MlaDecodeVariant CurrentMlaDecodeVariant() {
@@ -622,8 +629,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     std::abort();
   }
   const MlaDecodeVariant v = CurrentMlaDecodeVariant();
-  if (v == MlaDecodeVariant::kWgmma && MlaPagedDecodeWgmmaSupported(a)) {
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, s);
+  if ((v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem) && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, v == MlaDecodeVariant::kWgmma, s);
     return;
   }
   const bool ring2 = v == MlaDecodeVariant::kRing2;

@@ -115,6 +115,48 @@ struct RowCursor {
   }
 };
 
+// A work item (sequence, first position, end position) of the step's list.
+struct Item {
+  int b, s0, s1;  // the list's int32s
+  __device__ static Item Load(const PagedDecodeArgs& a, int w) {
+    return {a.work[3 * w], a.work[3 * w + 1], a.work[3 * w + 2]};
+  }
+  __device__ int Tiles() const { return (s1 - s0 + kTile - 1) / kTile; }
+};
+
+// A thread's row of every tile of the block's items w0 .. w1 − 1, in order: the copy ring runs on
+// from one item's last tile into the next item's first, so a block walking several items pays
+// the chain work list → block table → first rows once, not an item.
+struct TileStream {
+  RowCursor cur;
+  int item, end, tiles_left, row;
+  __device__ void Begin(const PagedDecodeArgs& a, int w0, int w1, int row_in_tile) {
+    item = w0, end = w1, row = row_in_tile;
+    Open(a);
+  }
+  __device__ void Open(const PagedDecodeArgs& a) {
+    tiles_left = 0;
+    if (item < end) {
+      const Item it = Item::Load(a, item);
+      cur.Start(a, it.b, it.s0 + row, it.s1);
+      tiles_left = it.Tiles();
+    }
+  }
+  // False past the last item's last tile; else the pool row of this thread's row of the next
+  // tile (−1 past its item's end).
+  __device__ bool Next(const PagedDecodeArgs& a, int64_t* at) {
+    if (tiles_left == 0) {
+      if (item >= end) return false;
+      ++item;
+      Open(a);
+      if (tiles_left == 0) return false;
+    }
+    --tiles_left;
+    *at = cur.Next(a);
+    return true;
+  }
+};
+
 // S's k steps kStep0 .. kStep0 + 17 (of 36), from zero, issued and committed: those below
 // kRopeFrom into s, the others into s_rope (FP8 rows scale their latent and rope parts apart). q̄
 // and the tile by descriptors whose start addresses advance by constants from the panels' bases
@@ -157,6 +199,41 @@ __device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// q̄ of sequence b's heads h0 .. h0 + 31 as hi and lo rows, swizzled into the panels at base_ptr:
+// 32 heads × 72 chunks of 8 values, 9 a thread, all loads before the conversions. Heads past H
+// are zeros (never stored).
+__device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float* qc, int64_t b, int64_t h0, int tid,
+                                          unsigned char* base_ptr) {
+  constexpr int kChunks = kW / 8, kPer = kHeads * kChunks / kThreads;
+  float4 v[kPer][2];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+    if (h0 + hh < a.H) {
+      const float4* src = reinterpret_cast<const float4*>(qc + ((b * a.H + h0 + hh) * kW + e8 * 8));
+      v[i][0] = src[0], v[i][1] = src[1];
+    } else {
+      v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+    uint4 hi, lo;
+    SplitPair(v[i][0].x, v[i][0].y, hi.x, lo.x);
+    SplitPair(v[i][0].z, v[i][0].w, hi.y, lo.y);
+    SplitPair(v[i][1].x, v[i][1].y, hi.z, lo.z);
+    SplitPair(v[i][1].z, v[i][1].w, hi.w, lo.w);
+    unsigned char* panel = base_ptr + (e8 / 8) * kQPanelBytes;
+    *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 0), e8 % 8)) = hi;
+    *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 1), e8 % 8)) = lo;
+  }
+  wgmma::FenceProxyAsync();  // these stores → the wgmmas' reads (after the next tile's barrier)
+}
+
+// One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
+// a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
+// l from zero, the tiles of its split in order), so the schedule never changes a bit.
 template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
@@ -168,9 +245,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = base, ring = base + L::kRingAt;  // stage s at ring + s · kStageBytes
   unsigned char* const base_ptr = smem_raw + (base - raw);
   float4* const swap = reinterpret_cast<float4*>(base_ptr + L::kSwapAt);
-  const int64_t work = blockIdx.x;
-  if (work >= *a.work_count) return;  // the whole block: past this step's work list
-  const int64_t b = a.work[3 * work], s0 = a.work[3 * work + 1], s1 = a.work[3 * work + 2];
+  int w0 = static_cast<int>(blockIdx.x), w1 = w0 + 1;
+  if (a.block_work != nullptr) {
+    w0 = a.block_work[blockIdx.x], w1 = a.block_work[blockIdx.x + 1];
+  } else if (w0 >= *a.work_count) {
+    w1 = w0;
+  }
+  if (w0 >= w1) return;  // the whole block: no work this step
   const int64_t h0 = int64_t{blockIdx.y} * kHeads;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, c = lane % 4;
 
@@ -182,9 +263,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kRowBytes = kKind == 1 ? kW * 2 : kW;
   const int row = tid / 8, sub = tid % 8;
   const uint32_t sw = wgmma::SwizzledOffset(row, sub);
-  RowCursor copy;
-  copy.Start(a, b, s0 + row, s1);
-  int64_t row_ahead = copy.Next(a);
+  TileStream copy;
+  copy.Begin(a, w0, w1, row);
+  int64_t row_ahead = -1;
+  bool ahead = copy.Next(a, &row_ahead);  // the same in every thread: all walk the same tiles
   auto issue = [&](int stage) {
     const bool valid = row_ahead >= 0;
     const int64_t at = valid ? row_ahead : 0;
@@ -200,12 +282,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (sub == 0) CpAsync8(base_ptr + (st - base) + L::kCodeBytes + row * 8, a.scales + at * 2, valid);
     }
-    row_ahead = copy.Next(a);
+    ahead = copy.Next(a, &row_ahead);
   };
-  const int ntiles = static_cast<int>((s1 - s0 + kTile - 1) / kTile);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < ntiles) issue(i);
+    if (ahead) issue(i);
     CpAsyncCommit();  // one group a tile, empty past the end: the wait count is the same each tile
   }
   // Launched with LaunchPdl (pdl.cuh). The step's metadata and the latent rows were written
@@ -214,182 +295,168 @@ __global__ void __launch_bounds__(kThreads, 1)
   PdlWait();
   PdlTrigger();
 
-  // q̄ of the block's heads as hi and lo rows, swizzled: 32 heads × 72 chunks of 8 values, 9 a
-  // thread, all loads before the conversions. Heads past H are zeros (never stored).
-  {
-    constexpr int kChunks = kW / 8, kPer = kHeads * kChunks / kThreads;
-    float4 v[kPer][2];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
-      if (h0 + hh < a.H) {
-        const float4* src = reinterpret_cast<const float4*>(qc + ((b * a.H + h0 + hh) * kW + e8 * 8));
-        v[i][0] = src[0], v[i][1] = src[1];
-      } else {
-        v[i][0] = v[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
-      uint4 hi, lo;
-      SplitPair(v[i][0].x, v[i][0].y, hi.x, lo.x);
-      SplitPair(v[i][0].z, v[i][0].w, hi.y, lo.y);
-      SplitPair(v[i][1].x, v[i][1].y, hi.z, lo.z);
-      SplitPair(v[i][1].z, v[i][1].w, hi.w, lo.w);
-      unsigned char* panel = base_ptr + (e8 / 8) * kQPanelBytes;
-      *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 0), e8 % 8)) = hi;
-      *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 1), e8 % 8)) = lo;
-    }
-    wgmma::FenceProxyAsync();  // these stores → the wgmmas' reads (after the first tile's barrier)
-  }
-
-  float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o0[i] = o1[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
   const uint64_t desc_q = wgmma::Desc128B(q_addr, 16, 1024);
-
-  for (int it = 0; it < ntiles; ++it) {
-    CpAsyncWait<kStages - 2>();  // this thread's copies of tile it have landed ...
-    if constexpr (kKind == 1) wgmma::FenceProxyAsync();
-    __syncthreads();  // ... everyone's; and both warpgroups are done with tile it − 1's stage
-    if (it + kStages - 1 < ntiles) issue((it + kStages - 1) % kStages);
-    CpAsyncCommit();
-    const uint32_t stage = ring + (it % kStages) * L::kStageBytes;
-    // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the tile
-    // (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
-    uint32_t st = stage;
-    if constexpr (kKind == 2) {
-      st = base + kQBytes;
-      const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
-#pragma unroll
-      for (int i = 0; i < kPanels; ++i) {
-        *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
-            WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
-      }
-      wgmma::FenceProxyAsync();
-      __syncthreads();
+  int q_of = -1;  // the sequence whose q̄ the panels hold
+  int t = 0;          // the block's tile count so far: the ring's stage
+  for (int work = w0; work < w1; ++work) {
+    const Item item = Item::Load(a, work);
+    const int64_t b = item.b;
+    if (b != q_of) {
+      // Every thread is past the previous tile's score barrier, so no wgmma still reads q̄.
+      LoadQuery(a, qc, b, h0, tid, base_ptr);
+      q_of = b;
     }
+    float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o0[i] = o1[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
+    const int ntiles = item.Tiles();
 
-    // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
-    // steps apart).
-    float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
-    constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;
-    const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
-    if (wg == 0) {
-      IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
-    } else {
-      IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
-    }
-    wgmma::Wait<0>();
-    wgmma::FenceRegs(s);
-    if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
+    for (int it = 0; it < ntiles; ++it, ++t) {
+      CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
+      if constexpr (kKind == 1) wgmma::FenceProxyAsync();
+      __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
+      if (ahead) issue((t + kStages - 1) % kStages);
+      CpAsyncCommit();
+      const uint32_t stage = ring + (t % kStages) * L::kStageBytes;
+      // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the tile
+      // (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
+      uint32_t st = stage;
+      if constexpr (kKind == 2) {
+        st = base + kQBytes;
+        const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-      if (kKind == 2 && wg == 1) {
-        swap[(8 + j) * 128 + tid % 128] = make_float4(s_rope[4 * j], s_rope[4 * j + 1], s_rope[4 * j + 2], s_rope[4 * j + 3]);
-      }
-    }
-    __syncthreads();
-
-    // 2. The head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e), the online
-    // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps. Kind 2:
-    // s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's
-    // latent scale (ō sums p · scale · code; l sums p alone), as the mma.sync split does.
-    const int valid = static_cast<int>(s1 - s0) - it * kTile;
-    const float* scales = reinterpret_cast<const float*>(base_ptr + (stage - base) + L::kCodeBytes);
-    float x[8], lat_scale[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
-      const float t[4] = {s[4 * j] + y.x, s[4 * j + 1] + y.y, s[4 * j + 2] + y.z, s[4 * j + 3] + y.w};
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * j + 2 * c + e;
-        float sc = t[e] + t[e + 2];  // hi row + lo row
-        if constexpr (kKind == 2) {
-          const float4 r = swap[(8 + j) * 128 + tid % 128];  // warpgroup 1's rope, the same in both
-          const float rope = (e == 0 ? r.x + r.z : r.y + r.w);
-          const float2 rs = *reinterpret_cast<const float2*>(scales + 2 * col);
-          sc = rs.x * sc + rs.y * rope;
-          lat_scale[2 * j + e] = rs.x;
+        for (int i = 0; i < kPanels; ++i) {
+          *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
+              WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
         }
-        x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
+        wgmma::FenceProxyAsync();
+        __syncthreads();
       }
-    }
-    float mx = x[0];
+
+      // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
+      // steps apart).
+      float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
+      constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;
+      const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
+      if (wg == 0) {
+        IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
+      } else {
+        IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
+      }
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
 #pragma unroll
-    for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
-    const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    float sum = 0.0f;
+      for (int j = 0; j < 4; ++j) {
+        swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+        if (kKind == 2 && wg == 1) {
+          swap[(8 + j) * 128 + tid % 128] = make_float4(s_rope[4 * j], s_rope[4 * j + 1], s_rope[4 * j + 2], s_rope[4 * j + 3]);
+        }
+      }
+      __syncthreads();
+
+      // 2. The head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e), the online
+      // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps. Kind 2:
+      // s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's
+      // latent scale (ō sums p · scale · code; l sums p alone), as the mma.sync split does.
+      const int valid = item.s1 - item.s0 - it * kTile;
+      const float* scales = reinterpret_cast<const float*>(base_ptr + (stage - base) + L::kCodeBytes);
+      float x[8], lat_scale[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = expf(x[i] - m_new);
-      sum += x[i];
-      if constexpr (kKind == 2) x[i] *= lat_scale[i];
-    }
-    l = l * corr + sum;
-    m = m_new;
-    // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
-    // bits are the same either way; after the first tiles the max rarely moves).
-    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+      for (int j = 0; j < 4; ++j) {
+        const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
+        const float t[4] = {s[4 * j] + y.x, s[4 * j + 1] + y.y, s[4 * j + 2] + y.z, s[4 * j + 3] + y.w};
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
-    }
-    unsigned pa[2][4];  // k step kk: columns 16kk .. 16kk + 15, rows g (hi) and g + 8 (lo)
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * c + e;
+          float sc = t[e] + t[e + 2];  // hi row + lo row
+          if constexpr (kKind == 2) {
+            const float4 r = swap[(8 + j) * 128 + tid % 128];  // warpgroup 1's rope, the same in both
+            const float rope = (e == 0 ? r.x + r.z : r.y + r.w);
+            const float2 rs = *reinterpret_cast<const float2*>(scales + 2 * col);
+            sc = rs.x * sc + rs.y * rope;
+            lat_scale[2 * j + e] = rs.x;
+          }
+          x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
+        }
+      }
+      float mx = x[0];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk][0], pa[kk][1]);
-      SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
+      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
+      const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = expf(x[i] - m_new);
+        sum += x[i];
+        if constexpr (kKind == 2) x[i] *= lat_scale[i];
+      }
+      l = l * corr + sum;
+      m = m_new;
+      // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
+      // bits are the same either way; after the first tiles the max rarely moves).
+      if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
+      }
+      unsigned pa[2][4];  // k step kk: columns 16kk .. 16kk + 15, rows g (hi) and g + 8 (lo)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk][0], pa[kk][1]);
+        SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
+      }
+
+      // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
+      // once both warpgroups pass the next tile's barrier.
+      wgmma::FenceRegs(o0);
+      wgmma::FenceRegs(o1);
+      wgmma::Fence();
+      const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
+        wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
+        wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(o0);
+      wgmma::FenceRegs(o1);
     }
 
-    // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
-    // once both warpgroups pass the next tile's barrier.
-    wgmma::FenceRegs(o0);
-    wgmma::FenceRegs(o1);
-    wgmma::Fence();
-    const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+    // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int64_t head = h0 + 8 * warp + g;
+    if (head < a.H) {
+      float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
-      wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
-      wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+      for (int n = 0; n < 16; ++n) {
+        *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
+        *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
+      }
+      if (wg == 0 && c == 0) {
+        part_ml[(work * a.H + head) * 2] = m;
+        part_ml[(work * a.H + head) * 2 + 1] = l;
+      }
     }
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    wgmma::FenceRegs(o0);
-    wgmma::FenceRegs(o1);
   }
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
-
-  // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  const int64_t head = h0 + 8 * warp + g;
-  if (head >= a.H) return;
-  float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
-    *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
-  }
-  if (wg == 0 && c == 0) {
-    part_ml[(work * a.H + head) * 2] = m;
-    part_ml[(work * a.H + head) * 2 + 1] = l;
-  }
 }
 
 template <int kKind>
-void Launch(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
   constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
   AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
-  const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  const bool walk = persistent && a.block_work != nullptr;
+  if (!walk) a.block_work = nullptr;
+  const int64_t blocks = walk ? a.persist_blocks : a.num_work;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
   LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
@@ -401,13 +468,13 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
 }
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              cudaStream_t s) {
+                              bool persistent, cudaStream_t s) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
     std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, s) : Launch<2>(a, qc, part_o, part_ml, s);
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda

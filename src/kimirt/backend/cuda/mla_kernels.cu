@@ -510,6 +510,26 @@ int64_t MlaDecodeSplitLen(int64_t context) {
   return std::max(kMinSplit, (per_split + 63) / 64 * 64);
 }
 
+std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int64_t blocks) {
+  // An item's cost: its tiles (mla_decode_wgmma.cu's 32 positions) and one more for writing its
+  // ō and (max, sum), 64 KB at 32 heads against a tile's 36 KB read.
+  constexpr int64_t kTilePositions = 32;
+  const size_t n = work.size() / 3;
+  std::vector<int64_t> before(n + 1, 0);  // the cost of the items ahead of each
+  for (size_t i = 0; i < n; ++i) {
+    before[i + 1] = before[i] + (work[3 * i + 2] - work[3 * i + 1] + kTilePositions - 1) / kTilePositions + 1;
+  }
+  // Block p starts at the first item whose cost ahead reaches p shares of the total.
+  std::vector<int32_t> begin(static_cast<size_t>(blocks) + 1);
+  size_t i = 0;
+  for (int64_t p = 0; p < blocks; ++p) {
+    while (i < n && before[i] * blocks < p * before[n]) ++i;
+    begin[static_cast<size_t>(p)] = static_cast<int32_t>(i);
+  }
+  begin[static_cast<size_t>(blocks)] = static_cast<int32_t>(n);
+  return begin;
+}
+
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s) {
   if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
