@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // (a function of the context: batch-invariant). Measured on an H200 at 32K context, 128 splits,
 // 32 heads (Nsight Compute, base clocks): 15.3 µs with one thread summing the denominator and
 // each thread walking all splits of its dim; the loads were a serial chain.
-constexpr int kCombineDims = 128, kCombineGroups = 4;
+constexpr int kCombineDims = 128, kCombineGroups = 4, kCombineAhead = 16;
 __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
     MlaPagedDecodeCombineKernel(PagedDecodeArgs a, const float* part_o, const float* part_ml, float* o_bar) {
   PdlEnter();  // launched with LaunchPdl: wait for the kernel before, let the next one launch (pdl.cuh)
@@ -471,6 +471,18 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
   __shared__ float inv_sum;
   const int64_t b = blockIdx.x / a.H, h = blockIdx.x % a.H;
   const int64_t j0 = a.split_begin[b], n = a.split_begin[b + 1] - j0;  // n <= kMaxSplits (MlaDecodeSplitLen)
+  const int q = threadIdx.x / kCombineDims, d = threadIdx.x % kCombineDims;
+  const int64_t dim = int64_t{blockIdx.y} * kCombineDims + d;
+  const float* po = part_o + (j0 * a.H + h) * a.r + dim;
+  const int64_t stride = a.H * a.r;
+  // This thread's first kCombineAhead parts, loaded while warp 0 works out the weights (they do
+  // not need them): 32 splits all ahead, 128 (32K) half. The sum below keeps its order.
+  float ahead[kCombineAhead];
+#pragma unroll
+  for (int i = 0; i < kCombineAhead; ++i) {
+    const int64_t j = q + int64_t{i} * kCombineGroups;
+    ahead[i] = dim < a.r && j < n ? po[j * stride] : 0.0f;
+  }
   if (threadIdx.x < 32) {
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < n; j += 32) mx = fmaxf(mx, part_ml[((j0 + j) * a.H + h) * 2]);
@@ -485,14 +497,15 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
     if (threadIdx.x == 0) inv_sum = 1.0f / sum;
   }
   __syncthreads();
-  const int q = threadIdx.x / kCombineDims, d = threadIdx.x % kCombineDims;
-  const int64_t dim = int64_t{blockIdx.y} * kCombineDims + d;
   float v = 0.0f;
   if (dim < a.r) {
-    const float* po = part_o + (j0 * a.H + h) * a.r + dim;
-    const int64_t stride = a.H * a.r;
+#pragma unroll
+    for (int i = 0; i < kCombineAhead; ++i) {
+      const int64_t j = q + int64_t{i} * kCombineGroups;
+      if (j < n) v += e[j] * ahead[i];
+    }
 #pragma unroll 8
-    for (int64_t j = q; j < n; j += kCombineGroups) v += e[j] * po[j * stride];
+    for (int64_t j = q + int64_t{kCombineAhead} * kCombineGroups; j < n; j += kCombineGroups) v += e[j] * po[j * stride];
   }
   if (q > 0) partial[q - 1][d] = v;
   __syncthreads();
