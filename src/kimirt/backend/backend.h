@@ -228,6 +228,9 @@ class Backend {
   virtual std::vector<int32_t> ArgmaxRows(const Tensor& logits) = 0;
   // y [T, count] := x [T, :][begin, begin + count)
   virtual void CopyColumns(const Tensor& x, int64_t begin, int64_t count, Tensor* y) = 0;
+  // y [T, :][begin, begin + C) := x [T, C]: the other way (a TP all-gather's rank blocks into
+  // their columns).
+  virtual void CopyColumnsTo(const Tensor& x, int64_t begin, Tensor* y) = 0;
   // Up to how many rows every per-token op computes each row exactly as it would alone (same
   // bits whatever the other rows are): the engine batches decode steps of up to this many
   // sequences into one forward without giving up batch invariance. 1: never batch.

@@ -37,6 +37,8 @@ int RunBenchModelCommand(int argc, char** argv) {
         "more where the backend's row invariance needs them, on the CPU one per sequence)");
   f.Bool("enable-expert-parallel", &o.expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
+  f.Bool("shard-latent-moe", &o.shard_latent_moe,
+         "LatentMoE's latent projections split over the -tp ranks (down column-, up row-parallel) instead of replicated on each (docs/plan.md \"Weights\")");
   f.String("batch-sizes", &batch_sizes, "comma-separated batch sizes");
   f.Int("prompt-len", &o.prompt_len, "prompt tokens per request");
   f.Int("decode-tokens", &o.decode_tokens, "tokens generated per request");

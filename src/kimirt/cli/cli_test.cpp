@@ -243,6 +243,13 @@ TEST_F(CliTest, SeedCommandLinePrintsTheSeedTotals) {
   for (const char* n : {"KDA prefix snapshots", "7.318 GB", "22.809 GB", "FITS"}) {
     EXPECT_NE(r.output.find(n), std::string::npos) << n << " missing from:\n" << r.output;
   }
+  // The latent projections split over the ranks: "Other" drops from 11.231 to 2.959 GB
+  // (plan_test.cpp has the arithmetic) and says where they went.
+  r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp 8 --shard-latent-moe");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* n : {"2.959 GB", "196.784 GB", "LatentMoE down column / up row parallel"}) {
+    EXPECT_NE(r.output.find(n), std::string::npos) << n << " missing from:\n" << r.output;
+  }
   r = Kimirt("plan --config " + Shared("configs/kimi-k3.json") + " -tp 8 --gpu h200 --kv-cache-dtype fp8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"fits\": false"), std::string::npos);
@@ -325,7 +332,8 @@ TEST(CliModel, GenerateReproducesTheReferenceGreedyContinuation) {
   // Also with the routed experts split by id (8 experts: 4 or 2 whole ones a rank), in pipeline
   // stages, and with the ranks as processes (the runner serve uses: generate_command.cpp).
   for (const char* tp : {"1", "2", "2 --enable-expert-parallel", "4 --enable-expert-parallel", "1 -pp 3",
-                         "2 -pp 2 --distributed-executor-backend mp"}) {
+                         "2 -pp 2 --distributed-executor-backend mp", "4 --shard-latent-moe",
+                         "2 --shard-latent-moe --distributed-executor-backend mp"}) {
     CmdResult r = Kimirt("generate --model " + Shared("fixtures/tiny-a") + " --ids " + ids +
                          " --max-tokens 24 --ignore-eos --tp " + tp);
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -36,6 +36,7 @@ struct CommonFlags {
   std::string model_dir, ids_text, device = "cpu", executor = "threads";
   int tp = 1, pp = 1;
   bool expert_parallel = false;
+  bool shard_latent_moe = false;
   void Register(FlagSet& f) {
     f.String("model", &model_dir, "model directory (config.json + safetensors checkpoint)");
     f.String("device", &device, "cpu or cuda (a build with -DKIMIRT_CUDA=ON; -tp/-pp > 1: one GPU a rank)");
@@ -44,6 +45,8 @@ struct CommonFlags {
     f.Int("pp,pipeline-parallel-size", &pp, "pipeline stages of -tp ranks each");
     f.Bool("enable-expert-parallel", &expert_parallel,
            "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
+    f.Bool("shard-latent-moe", &shard_latent_moe,
+           "LatentMoE's latent projections split over the -tp ranks (down column-, up row-parallel) instead of replicated on each (docs/plan.md \"Weights\")");
     f.String("distributed-executor-backend", &executor,
              "CPU ranks as threads (the default) or mp: one process per rank, as serve runs them");
   }
@@ -61,6 +64,7 @@ struct CommonFlags {
     ro.tp = tp;
     ro.pp = pp;
     ro.ep = expert_parallel ? tp : 1;
+    ro.shard_latent_moe = shard_latent_moe;
     ro.process_ranks = executor == "mp" && tp * pp > 1;
     ro.num_kv_blocks = tokens / ro.block_size + 2;
     return ModelRunner::Create(ModelSource::Directory(model_dir), ro);

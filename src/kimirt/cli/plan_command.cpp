@@ -48,7 +48,7 @@ int RunPlanCommand(int argc, char** argv) {
   int tp = 1, pp = 1, ep = 1, pad_align = 128;
   int64_t context = 0, num_seqs = 1, chunk = 8192;
   double gpu_mem_gib = 0, util = 0.9;
-  bool with_vision = false, json = false, prefix_caching = true, fit_layers = false;
+  bool with_vision = false, shard_latent_moe = false, json = false, prefix_caching = true, fit_layers = false;
   int64_t kda_snapshots = -1;
 
   FlagSet flags("plan",
@@ -68,6 +68,8 @@ int RunPlanCommand(int argc, char** argv) {
   flags.Int("attn-res-chunk", &chunk, "prefill chunk tokens the AttnRes bank is sized for");
   flags.Int("moe-pad-align", &pad_align, "per-rank MoE intermediate padding (ATOM uses 128 for Kimi)");
   flags.Bool("with-vision", &with_vision, "load the vision tower and projector (replicated)");
+  flags.Bool("shard-latent-moe", &shard_latent_moe,
+             "LatentMoE's latent projections split over the -tp ranks (down column-, up row-parallel) instead of replicated on each (docs/plan.md \"Weights\")");
   flags.Bool("enable-prefix-caching", &prefix_caching,
              "count the prefix cache's KDA snapshots, as serve allocates them (default on, as in serve; "
              "--no-enable-prefix-caching plans without)");
@@ -109,6 +111,7 @@ int RunPlanCommand(int argc, char** argv) {
   o.par.ep = ep;
   o.par.pad_align = pad_align;
   o.par.load_vision = with_vision;
+  o.par.shard_latent_moe = shard_latent_moe;
   o.pp = pp;
   o.context_tokens = context;
   o.num_seqs = num_seqs;

@@ -151,6 +151,9 @@ int RunServeCommand(int argc, char** argv) {
   bool expert_parallel = false;
   f.Bool("enable-expert-parallel", &expert_parallel,
          "routed experts split by ID over the -tp ranks (each holds E/tp whole) instead of sliced on every rank");
+  bool shard_latent_moe = false;
+  f.Bool("shard-latent-moe", &shard_latent_moe,
+         "LatentMoE's latent projections split over the -tp ranks (down column-, up row-parallel) instead of replicated on each (docs/plan.md \"Weights\")");
   f.String("kv-cache-dtype", &kv_dtype, "latent cache dtype: auto (cuda: bf16, cpu: f32), f32, bf16, fp8");
   std::string dtype = "auto";
   f.String("dtype", &dtype, "GEMM weights on the device: auto (cuda: bfloat16, cpu: float32), float32, bfloat16");
@@ -287,6 +290,7 @@ int RunServeCommand(int argc, char** argv) {
   ro.pp_micro_batches = pp_micro_batches;
   ro.steps_in_flight = steps_in_flight;
   ro.ep = expert_parallel ? tp : 1;
+  ro.shard_latent_moe = shard_latent_moe;
   ro.block_size = block_size;
   ro.kv_cache_dtype = kv;
   ro.kv_cache_bytes = static_cast<uint64_t>(cpu_mem_gib * 1073741824.0);

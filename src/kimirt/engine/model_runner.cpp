@@ -158,6 +158,7 @@ class ThreadRanksRunner final : public ModelRunner {
           LoadOptions lo;
           lo.matrix_dtype = o.matrix_dtype;
           lo.ep = o.ep;
+          lo.shard_latent_moe = o.shard_latent_moe;
           KIMIRT_ASSIGN_OR_RETURN(raw->models_[k], Model::Load(source, *raw->backends_[k], comm, lo, &pipeline));
           raw->models_[k]->set_pipeline_micro_batches(o.pp_micro_batches);
           KIMIRT_ASSIGN_OR_RETURN(sync->sizes[k], SizeCaches(*raw->models_[k], o));

@@ -45,6 +45,8 @@ struct RunnerOptions {
   // Expert parallelism: 1, or tp (vLLM's --enable-expert-parallel): each rank holds E / tp
   // routed experts whole instead of a slice of every one (weights.h LoadOptions::ep).
   int ep = 1;
+  // LatentMoE's latent projections split over the TP ranks (weights.h LoadOptions).
+  bool shard_latent_moe = false;
   int64_t num_kv_blocks = 0; // latent cache blocks per rank; 0: from kv_cache_bytes
   uint64_t kv_cache_bytes = 0;
   // GPU devices: when > 0, the latent cache gets what this fraction of the GPU's memory leaves

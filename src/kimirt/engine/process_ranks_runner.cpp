@@ -147,7 +147,8 @@ Message OptionsMessage(const ModelSource& source, const RunnerOptions& o, int st
          std::bit_cast<int64_t>(source.seed),
          o.pp,
          o.pp_micro_batches,
-         o.steps_in_flight};
+         o.steps_in_flight,
+         o.shard_latent_moe ? 1 : 0};
   m.text = source.dir + '\n' + o.device + '\n' + source.config_path;
   return m;
 }
@@ -161,7 +162,7 @@ struct FollowerOptions {
 Result<FollowerOptions> OptionsFrom(const Message& m) {
   const size_t nl = m.text.find('\n');
   const size_t nl2 = nl == std::string::npos ? nl : m.text.find('\n', nl + 1);
-  if (m.a.size() != 18 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
+  if (m.a.size() != 19 || nl2 == std::string::npos) return Corrupt("rank options: malformed message");
   RunnerOptions o;
   o.tp = static_cast<int>(m.a[0]);
   o.num_kv_blocks = m.a[1];
@@ -179,6 +180,7 @@ Result<FollowerOptions> OptionsFrom(const Message& m) {
   o.pp = static_cast<int>(m.a[15]);
   o.pp_micro_batches = static_cast<int>(m.a[16]);
   o.steps_in_flight = static_cast<int>(m.a[17]);
+  o.shard_latent_moe = m.a[18] != 0;
   o.device = m.text.substr(nl + 1, nl2 - nl - 1);
   const ModelSource source{m.text.substr(0, nl), m.text.substr(nl2 + 1), std::bit_cast<uint64_t>(m.a[14])};
   return FollowerOptions{source, o, static_cast<int>(m.a[12])};
@@ -379,6 +381,7 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
   LoadOptions lo;
   lo.matrix_dtype = o.matrix_dtype;
   lo.ep = o.ep;
+  lo.shard_latent_moe = o.shard_latent_moe;
   KIMIRT_ASSIGN_OR_RETURN(out->model, Model::Load(source, *out->backend, *out->comm, lo, out->pipeline.get()));
   out->model->set_decode_graphs(!o.enforce_eager);
   out->model->set_pipeline_micro_batches(o.pp_micro_batches);

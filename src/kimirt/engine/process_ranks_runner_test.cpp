@@ -64,6 +64,23 @@ TEST(ProcessRanksExpertParallel, LogitsEqualThreadRanksBitForBit) {
   }
 }
 
+// The latent projections' split (LoadOptions::shard_latent_moe) travels to the followers too: a
+// follower that held them whole would skip the latent's all-gather that rank 0 runs.
+TEST(ProcessRanksLatentSharding, LogitsEqualThreadRanksBitForBit) {
+  KIMIRT_REQUIRE_FILE(Fixture("tiny-a/config.json"));
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    RunnerOptions o = Options(false, tp);
+    o.shard_latent_moe = true;
+    auto threads = ModelRunner::Create(Fixture("tiny-a"), o);
+    ASSERT_TRUE(threads.ok()) << threads.status().ToString();
+    o.process_ranks = true;
+    auto procs = ModelRunner::Create(Fixture("tiny-a"), o);
+    ASSERT_TRUE(procs.ok()) << procs.status().ToString();
+    ASSERT_NO_FATAL_FAILURE(ExpectSameBits(Trace(**procs), Trace(**threads)));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ProcessRanks,
                          ::testing::Values(std::make_pair(std::string("tiny-a"), 2), std::make_pair(std::string("tiny-a"), 4),
                                            std::make_pair(std::string("kimi-linear-tiny"), 2),

@@ -109,7 +109,7 @@ Status Layout::CheckParallelism(const Parallelism& par) const {
                            std::to_string(par.pad_align));
   }
   for (const TensorSpec& t : tensors_) {
-    const Placement& p = t.placement;
+    const Placement p = PlacementOf(t, par);
     const int64_t size = p.kind == PlacementKind::kReplicated || p.kind == PlacementKind::kSkipped
                              ? 0
                              : t.shape[static_cast<size_t>(p.dim)];
@@ -146,9 +146,15 @@ Status Layout::CheckParallelism(const Parallelism& par) const {
   return Status::Ok();
 }
 
+Placement Layout::PlacementOf(const TensorSpec& t, const Parallelism& par) {
+  if (par.shard_latent_moe && t.role == TensorRole::kLatentDown) return {PlacementKind::kColumn, 0};
+  if (par.shard_latent_moe && t.role == TensorRole::kLatentUp) return {PlacementKind::kRow, 1};
+  return t.placement;
+}
+
 TensorSlice Layout::SliceFor(const TensorSpec& t, const Parallelism& par, int rank) const {
   TensorSlice s;
-  const Placement& p = t.placement;
+  const Placement p = PlacementOf(t, par);
   const uint64_t total = t.nbytes();
   auto whole = [&] {
     s.dim = -1;

@@ -87,6 +87,12 @@ struct Parallelism {
                       // the degree must divide the routed expert count)
   int pad_align = 128;  // FusedMoE per-rank intermediate padding (ATOM pad_align for Kimi, §11)
   bool load_vision = false;  // load the vision tower (replicated) instead of skipping it
+  // LatentMoE's latent projections split over the TP ranks instead of replicated (the seed's and
+  // ATOM's placement, spec §11): routed_expert_down_proj column-parallel (each rank its Dl / tp
+  // latent rows; the latent is all-gathered), routed_expert_up_proj row-parallel (its Dl / tp
+  // input columns; the output's partial sums join the shared expert's one all-reduce). At TP8
+  // 103 MB a K3 MoE layer a rank becomes 13 (docs/plan.md "Weights").
+  bool shard_latent_moe = false;
   // The loader widens MXFP4 experts before slicing them (CPU backend), so a slice may cut a
   // 32-element scale group; the planner counts stored bytes and may not.
   bool experts_dequantized = false;
@@ -127,6 +133,9 @@ class Layout {
   // The slice of `t` that `rank` loads. Call CheckParallelism first; a split that does not
   // divide is then a programmer error.
   TensorSlice SliceFor(const TensorSpec& t, const Parallelism& par, int rank) const;
+  // Where `par` places `t`: its table placement, but for the latent projections under
+  // shard_latent_moe.
+  static Placement PlacementOf(const TensorSpec& t, const Parallelism& par);
 
  private:
   Layout() = default;

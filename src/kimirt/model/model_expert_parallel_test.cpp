@@ -21,6 +21,7 @@
 #include "kimirt/core/random.h"
 #include "kimirt/model/model_test_util.h"
 #include "kimirt/model/moe.h"
+#include "kimirt/model/rank_test_util.h"
 #include "kimirt/tools/plan.h"
 
 namespace kimirt {
@@ -28,71 +29,15 @@ namespace {
 
 using testing::FixtureDir;
 using testing::Goldens;
+using testing::RankOutput;
+using testing::RunRank;
 
-constexpr int kGreedyTokens = 12;
-
-// What one rank produced: every prompt position's logits (prefilled in chunks of 33, so the
-// 70-token prompt crosses the 64-token KDA chunk), then a greedy continuation.
-struct RankOutput {
-  std::string error;
-  Tensor logits;
-  std::vector<int32_t> greedy;
-};
-
-RankOutput RunRank(Model& m, const std::vector<int32_t>& ids) {
-  RankOutput out;
-  const int64_t V = m.config().vocab_size;
-  out.logits = Tensor::Host({static_cast<int64_t>(ids.size()), V});
-  SequenceState st = m.NewSequence();
-  for (size_t at = 0; at < ids.size(); at += 33) {
-    const size_t n = std::min<size_t>(33, ids.size() - at);
-    auto part = m.Forward(&st, std::span<const int32_t>(ids).subspan(at, n));
-    if (!part.ok()) {
-      out.error = part.status().ToString();
-      return out;
-    }
-    std::copy_n(part->f32(), n * static_cast<size_t>(V), out.logits.f32() + at * static_cast<size_t>(V));
-  }
-  const float* last = out.logits.f32() + (ids.size() - 1) * static_cast<size_t>(V);
-  int32_t next = testing::ArgMax(last, V);
-  ForwardOptions o;
-  o.all_logits = false;
-  for (int i = 0; i < kGreedyTokens; ++i) {
-    out.greedy.push_back(next);
-    auto step = m.Forward(&st, std::vector<int32_t>{next}, o);
-    if (!step.ok()) {
-      out.error = step.status().ToString();
-      return out;
-    }
-    next = testing::ArgMax(step->f32(), V);
-  }
-  return out;
-}
-
-// `fn` on every rank of `fixture` loaded at TP `tp` with expert parallelism `ep` (1 or tp), each
-// rank on its own CPU backend. Returns the ranks' load errors (empty strings: loaded).
+// `fn` on every rank of `fixture` at TP `tp` with expert parallelism `ep` (1 or tp).
 std::vector<std::string> OnRanks(const std::string& fixture, int tp, int ep,
                                  const std::function<void(Model&, Communicator&)>& fn) {
-  std::vector<std::string> errors(static_cast<size_t>(tp));
-  auto body = [&](Communicator& comm) {
-    auto backend = MakeCpuBackend();
-    LoadOptions lo;
-    lo.ep = ep;
-    auto m = Model::Load(FixtureDir(fixture), *backend, comm, lo);
-    // Every rank loads the same checkpoint at the same degrees: all fail or none.
-    if (!m.ok()) {
-      errors[static_cast<size_t>(comm.rank())] = m.status().ToString();
-      return;
-    }
-    fn(**m, comm);
-  };
-  if (tp == 1) {
-    auto comm = MakeSingleRankCommunicator();
-    body(*comm);
-  } else {
-    RunOnThreadRanks(tp, body);
-  }
-  return errors;
+  LoadOptions lo;
+  lo.ep = ep;
+  return testing::OnThreadRanks(fixture, tp, lo, fn);
 }
 
 class ExpertParallelTest : public ::testing::TestWithParam<std::string> {

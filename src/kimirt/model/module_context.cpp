@@ -53,4 +53,15 @@ void ModuleContext::AllReduce(Tensor* t) const {
   if (comm.size() > 1) comm.AllReduceSum(static_cast<float*>(t->raw()), static_cast<size_t>(t->numel()));
 }
 
+Tensor ModuleContext::AllGatherColumns(const Tensor& local) const {
+  const int tp = comm.size();
+  if (tp == 1) return local;
+  const int64_t T = local.dim(0), C = local.dim(1);
+  Tensor blocks = be.Empty({tp * T, C});  // rank r's [T, C] at rows r·T
+  comm.AllGather(static_cast<const float*>(local.raw()), static_cast<size_t>(T * C), static_cast<float*>(blocks.raw()));
+  Tensor all = be.Empty({T, tp * C});
+  for (int r = 0; r < tp; ++r) be.CopyColumnsTo(blocks.Rows(r * T, T), r * C, &all);
+  return all;
+}
+
 }  // namespace kimirt

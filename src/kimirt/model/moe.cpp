@@ -16,11 +16,20 @@ GluParams FfnActivation(const ModelConfig& c) {
   return glu;
 }
 
-Tensor RunMlp(const ModuleContext& m, const MlpWeights& w, const Tensor& y) {
+namespace {
+
+// This rank's partial sum of the MLP's output (its slice of the intermediate width under TP).
+Tensor MlpPartial(const ModuleContext& m, const MlpWeights& w, const Tensor& y) {
   std::vector<Tensor> gu = m.LinearGroup({{y, w.gate}, {y, w.up}});
   Tensor h = m.be.Empty(gu[0].shape());
   m.be.Glu(gu[0], gu[1], m.glu, &h);
-  Tensor out = m.Linear(h, w.down);
+  return m.Linear(h, w.down);
+}
+
+}  // namespace
+
+Tensor RunMlp(const ModuleContext& m, const MlpWeights& w, const Tensor& y) {
+  Tensor out = MlpPartial(m, w, y);
   m.AllReduce(&out);
   return out;
 }
@@ -59,8 +68,15 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   Tensor weights = be.Empty({T, k});
   be.MoeRoute(y, w.router, w.bias, rp, &idx, &weights);
   if (route_idx != nullptr) *route_idx = idx;
-  // Steps 2-4: latent down-projection, experts in latent space, FP32 combine.
-  Tensor z = c.UsesLatentMoe() ? m.Linear(y, w.latent_down) : y;
+  // The latent projections as the loader placed them (Parallelism::shard_latent_moe): whole on
+  // every rank, or split over the TP ranks — down column-parallel, up row-parallel.
+  const int64_t Dl = c.ExpertHiddenSize();
+  const bool latent_split = c.UsesLatentMoe() && w.latent_down.dim(0) != Dl;
+  // Steps 2-4: latent down-projection, experts in latent space, FP32 combine. Split, each rank
+  // computes its Dl / tp latent columns and the latent is gathered whole (its elements are
+  // the same dot products either way).
+  Tensor z = !c.UsesLatentMoe() ? y : latent_split ? m.AllGatherColumns(m.Linear(y, w.latent_down))
+                                                   : m.Linear(y, w.latent_down);
   Tensor routed = be.Empty({T, z.dim(1)});
   be.MoeExperts(z, idx, weights, w.experts, m.glu, &routed);
   // Each rank holds a slice of every expert's intermediate width (TP), or its E/N experts whole
@@ -70,6 +86,18 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   // Steps 5-6: latent norm and up-projection.
   if (c.UsesLatentMoe()) {
     if (c.latent_moe_use_norm) routed = m.Norm(routed, w.latent_norm, static_cast<float>(c.rms_norm_eps));
+    if (latent_split) {
+      // Row-parallel: this rank's Dl / tp latent columns against its slice of the projection's
+      // input width give a partial sum of the output, which the shared expert's partial joins
+      // in ONE all-reduce (rank order) instead of two collectives.
+      const int64_t per = w.latent_up.dim(1);
+      Tensor mine = be.Empty({T, per});
+      be.CopyColumns(routed, m.comm.rank() * per, per, &mine);
+      Tensor out = m.Linear(mine, w.latent_up);
+      if (w.shared.defined()) be.Add(out, MlpPartial(m, w.shared, y), &out);
+      m.AllReduce(&out);
+      return out;
+    }
     routed = m.Linear(routed, w.latent_up);
   }
   // Steps 7-8: the shared expert on the original y, added.

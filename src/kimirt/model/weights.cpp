@@ -85,6 +85,7 @@ class Loader {
       : layout_(layout), source_(source), rank_(rank), backend_(backend), options_(o) {
     par_.tp = tp;
     par_.ep = o.ep;
+    par_.shard_latent_moe = o.shard_latent_moe;
     par_.experts_dequantized = !mxfp4_as_stored;
   }
 

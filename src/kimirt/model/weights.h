@@ -89,6 +89,8 @@ struct LoadOptions {
   // parallelism"): 1, or the TP degree — each rank then holds E / tp routed experts whole
   // (Layout::ExpertsOf) instead of every expert's slice of the intermediate width.
   int ep = 1;
+  // Parallelism::shard_latent_moe: LatentMoE's latent projections split over the TP ranks.
+  bool shard_latent_moe = false;
   // Pipeline parallelism (model/pipeline_stages.h): the rank loads only the tensors of stage
   // `stage` of `pp` — its layers, and the embedding on the first, the final norm, output
   // AttnRes and head on the last. The other layers' entries stay empty.

@@ -53,10 +53,11 @@ Result<float> ProbeLogits(ModelRunner& runner, int64_t prompt_len) {
 }  // namespace
 
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         int weight_bytes, bool mxfp4_as_stored) {
+                         int weight_bytes, bool mxfp4_as_stored, bool shard_latent_moe) {
   const ModelConfig& c = layout.config();
   Parallelism par;
   par.tp = tp;
+  par.shard_latent_moe = shard_latent_moe;
   par.experts_dequantized = true;  // count the stored bytes of each rank's slice
   double shared = 0, experts = 0;
   for (const TensorSpec& t : layout.tensors()) {
@@ -85,10 +86,11 @@ uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t contex
   return static_cast<uint64_t>(shared + touched * experts + latent + kda);
 }
 
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep, int pp) {
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep, int pp, bool shard_latent_moe) {
   Parallelism par;
   par.tp = tp;  // experts as stored, vision not loaded: as `kimirt plan` places them
   par.ep = ep;
+  par.shard_latent_moe = shard_latent_moe;
   const std::vector<PipelineStage> stages = PipelineStages(layout.config().num_hidden_layers, pp);
   std::vector<uint64_t> per_stage(stages.size(), 0);
   for (const TensorSpec& t : layout.tensors()) {
@@ -129,6 +131,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   ro.pp = opt.pp;
   ro.pp_micro_batches = opt.pp_micro_batches;
   ro.ep = opt.expert_parallel ? opt.tp : 1;
+  ro.shard_latent_moe = opt.shard_latent_moe;
   ro.block_size = 64;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
   // Every sequence's whole context, plus the engine's admission check of one prefill chunk.
@@ -181,7 +184,7 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
   const bool mxfp4_as_stored = opt.device != "cpu" && c.quantization.routed_experts_mxfp4;
   report.weights = (mxfp4_as_stored ? "MXFP4 experts + " : "") + std::string(opt.matrix_dtype == DType::kBF16 ? "BF16" : "F32");
   KIMIRT_RETURN_IF_ERROR(CheckPipelineDegree(c.num_hidden_layers, opt.pp));
-  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep, opt.pp);
+  report.weight_bytes_planned = PlannedWeightBytes(layout, opt.tp, ro.ep, opt.pp, opt.shard_latent_moe);
   report.weight_bytes_on_device = held_bytes;
   report.device_bytes_loading_took = loading_took;
   report.load_seconds = load_seconds;
@@ -276,7 +279,8 @@ Result<BenchModelReport> RunBenchModel(const BenchModelOptions& opt) {
     // The latent cache's values as stored; weights as the loader holds them.
     p.decode_step_bytes = DecodeStepBytes(layout, opt.tp, batch, opt.prompt_len + opt.decode_tokens / 2,
                                           KvCacheValueBytes(opt.kv_cache_dtype),
-                                          opt.matrix_dtype == DType::kBF16 ? 2 : 4, mxfp4_as_stored);
+                                          opt.matrix_dtype == DType::kBF16 ? 2 : 4, mxfp4_as_stored,
+                                          opt.shard_latent_moe);
     p.decode_gb_per_s = static_cast<double>(p.decode_step_bytes) / (p.decode_step_ms * 1e-3) / 1e9;
     p.bandwidth_fraction = opt.peak_gb_per_s > 0 ? p.decode_gb_per_s / opt.peak_gb_per_s : 0.0;
     ++round;

@@ -26,12 +26,12 @@ namespace kimirt {
 // as BF16, F32-stored ones as F32. `mxfp4_as_stored`: MXFP4 experts count their stored bytes
 // (4.25 bits a weight) whatever `weight_bytes` says — the CUDA backend holds them so.
 uint64_t DecodeStepBytes(const Layout& layout, int tp, int batch, int64_t context, int kv_bytes_per_value,
-                         int weight_bytes, bool mxfp4_as_stored = false);
+                         int weight_bytes, bool mxfp4_as_stored = false, bool shard_latent_moe = false);
 
 // Rank 0's weight bytes as `kimirt plan` counts them per GPU (tools/plan.h: the slices as placed,
 // padding included, experts as stored, the vision tower not loaded); `ep` as plan's -ep; with
 // `pp` stages, the heaviest stage's rank (plan's -pp).
-uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1, int pp = 1);
+uint64_t PlannedWeightBytes(const Layout& layout, int tp, int ep = 1, int pp = 1, bool shard_latent_moe = false);
 
 struct BenchModelOptions {
   std::string model_dir;       // or
@@ -43,6 +43,7 @@ struct BenchModelOptions {
   int pp = 1;  // pipeline stages (RunnerOptions::pp)
   int pp_micro_batches = 0;  // micro-batches a decode step asks for (RunnerOptions::pp_micro_batches)
   bool expert_parallel = false;  // routed experts split by id over the tp ranks (ep = tp)
+  bool shard_latent_moe = false;  // LatentMoE's latent projections split over the tp ranks
   std::vector<int> batch_sizes = {1, 8};
   int64_t prompt_len = 128;
   int64_t decode_tokens = 16;

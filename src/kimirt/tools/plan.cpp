@@ -331,7 +331,9 @@ std::string PlacementText(Category cat, const PlanOptions& o) {
     case Category::kNorm:
       return o.par.load_vision ? "replicated (vision norms too)" : "replicated; vision norms skipped";
     case Category::kOther:
-      return std::string("embedding and LM head vocab-sharded; router, LatentMoE, AttnRes replicated; ") +
+      return std::string("embedding and LM head vocab-sharded; ") +
+             (o.par.shard_latent_moe ? "LatentMoE down column / up row parallel; router, AttnRes replicated; "
+                                     : "router, LatentMoE, AttnRes replicated; ") +
              (o.par.load_vision ? "vision replicated" : "vision skipped");
   }
   return "";

@@ -61,6 +61,27 @@ TEST(Plan, ReproducesTheSeedWeightTable) {
   EXPECT_EQ(h.loaded_weights, h.weights);  // no padding at TP8
 }
 
+// --shard-latent-moe: K3's 92 MoE layers each hold routed_expert_down_proj and _up_proj, 7168 ×
+// 3584 BF16 apiece; split over TP8 a rank keeps 1/8 of them, so "Other" loses 7/8 of 92 · 2 ·
+// 7168 · 3584 · 2 bytes and nothing else moves.
+TEST(Plan, ShardingTheLatentProjectionsTakesSevenEighthsOfThemAtTp8) {
+  KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
+  Layout l = K3Layout();
+  Result<PlanReport> seed = PlanFromLayout(l, SeedOptions(), "test");
+  PlanOptions o = SeedOptions();
+  o.par.shard_latent_moe = true;
+  Result<PlanReport> split = PlanFromLayout(l, o, "test");
+  ASSERT_TRUE(seed.ok() && split.ok());
+  const uint64_t latent = 92ull * 2 * 7168 * 3584 * 2;
+  const int other = static_cast<int>(Category::kOther);
+  EXPECT_EQ(split->heaviest().weight_bytes[other], seed->heaviest().weight_bytes[other] - latent / 8 * 7);
+  EXPECT_EQ(GB(split->heaviest().weight_bytes[other]), "2.959");
+  for (int k = 0; k < kNumCategories; ++k) {
+    if (k != other) EXPECT_EQ(split->heaviest().weight_bytes[k], seed->heaviest().weight_bytes[k]) << k;
+  }
+  EXPECT_EQ(split->heaviest().weights, seed->heaviest().weights - latent / 8 * 7);
+}
+
 TEST(Plan, ReproducesTheSeedRuntimeAndCombinedTables) {
   KIMIRT_REQUIRE_FILE(TestDataPath("configs/kimi-k3.json"));
   Layout l = K3Layout();

@@ -49,6 +49,14 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void CopyColumnsTo(const Tensor& x, int64_t begin, Tensor* y) override {
+    const int64_t T = Rows(x), C = Cols(x), N = Cols(*y);
+    KIMIRT_CHECK(begin >= 0 && begin + C <= N && Rows(*y) == T);
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(y->f32() + t * N + begin, x.f32() + t * C, static_cast<size_t>(C) * sizeof(float));
+    }
+  }
+
   void Linear(const Tensor& x, const Tensor& w, Tensor* y) override {
     const int64_t T = Rows(x), K = Cols(x), N = Rows(w);
     KIMIRT_CHECK_MSG(Cols(w) == K && Rows(*y) == T && Cols(*y) == N, "Linear shapes");

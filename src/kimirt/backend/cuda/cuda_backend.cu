@@ -386,6 +386,15 @@ class CudaBackend final : public Backend {
     cuda::CopyColumns(F(x), T, C, begin, count, F(*y), stream_);
   }
 
+  void CopyColumnsTo(const Tensor& x, int64_t begin, Tensor* y) override {
+    const int64_t T = Rows(x), C = Cols(x), N = Cols(*y);
+    KIMIRT_CHECK(begin >= 0 && begin + C <= N && Rows(*y) == T);
+    if (T == 0 || C == 0) return;
+    KIMIRT_CUDA_OK(cudaMemcpy2DAsync(F(*y) + begin, static_cast<size_t>(N) * sizeof(float), F(x),
+                                 static_cast<size_t>(C) * sizeof(float), static_cast<size_t>(C) * sizeof(float),
+                                 static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream_));
+  }
+
   void Linear(const Tensor& x, const Tensor& w, Tensor* y) override {
     const int64_t T = Rows(x), K = Cols(x), N = Rows(w);
     KIMIRT_CHECK_MSG(Cols(w) == K && Rows(*y) == T && Cols(*y) == N, "Linear shapes");

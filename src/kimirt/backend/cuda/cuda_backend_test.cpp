@@ -253,6 +253,13 @@ TEST_F(CudaBackendTest, LinearNormsAndElementwise) {
   cpu_->CopyColumns(a, 40, 21, &cols_want);
   gpu_->CopyColumns(Up(a), 40, 21, &cols_got);
   ExpectClose(cols_got, cols_want, 0.0);
+  // ... and back into columns 40 .. 60 of another [33, C] tensor, the rest of it untouched.
+  Tensor into_want = cpu_->Empty(a.shape());
+  std::memcpy(into_want.raw(), b.raw(), b.nbytes());
+  Tensor into_got = Up(b);
+  cpu_->CopyColumnsTo(cols_want, 40, &into_want);
+  gpu_->CopyColumnsTo(cols_got, 40, &into_got);
+  ExpectClose(into_got, into_want, 0.0);
 }
 
 // BF16-held weights: the decode GEMM for up to 64 rows, chunked widening + SGEMM for more (three
