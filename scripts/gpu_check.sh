@@ -91,7 +91,8 @@
 #             `serve -tp 2 --device cuda` answering `bench serve` (its table last).
 #   k3tp8     issue 17 on nvidia-h200-x8: K3 cut to 36 layers served with the seed's command line at
 #             TP8 (weights made at load), GPU memory vs `kimirt plan`, bench serve at 1/8/64, then the
-#             2-layer K3's bench model at TP8 and scripts/tp_compare.py (TP1 vs TP8, batch invariance).
+#             2-layer K3's bench model at TP8 (latent projections replicated, then --shard-latent-moe)
+#             and scripts/tp_compare.py (TP1 vs TP8, batch invariance).
 #   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
 #   mnode     (also in nccl) multi-node on one host (docs/distributed.md "Multi-node"): two
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
@@ -832,6 +833,11 @@ if [[ "$what" == k3tp8 ]]; then
   k2="$root/shared/bench/configs/kimi-k3-2layer.json"
   timeout 900 "$root/kimirt" bench model -tp 8 --device cuda --config "$k2" --random-weights --batch-sizes 1,8,32,64 \
     --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 --json "$out/bench-model-k3-2layer-tp8.json" 2>&1 | tail -6
+  # The latent projections split over the ranks (docs/distributed.md "LatentMoE's latent
+  # projections split"): the same bench, 7/8 of 103 MB a MoE layer a rank fewer, one all-gather more.
+  timeout 900 "$root/kimirt" bench model -tp 8 --device cuda --config "$k2" --random-weights --batch-sizes 1,8,32,64 \
+    --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 --shard-latent-moe \
+    --json "$out/bench-model-k3-2layer-tp8-shard-latent.json" 2>&1 | tail -6
   timeout 1800 python3 scripts/tp_compare.py --kimirt "$root/kimirt" --config "$k2" --tp 1 8 \
     --out "$out/tp-compare-k3-2layer.json" -- --device cuda --gpu-memory-utilization 0.5 2>&1 | tail -1 || status=1
 fi
