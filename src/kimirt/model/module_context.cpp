@@ -59,6 +59,8 @@ Tensor ModuleContext::AllGatherColumns(const Tensor& local) const {
   const int64_t T = local.dim(0), C = local.dim(1);
   Tensor blocks = be.Empty({tp * T, C});  // rank r's [T, C] at rows r·T
   comm.AllGather(static_cast<const float*>(local.raw()), static_cast<size_t>(T * C), static_cast<float*>(blocks.raw()));
+  // One row (a batch-1 decode step): the blocks already lie as the row's columns, no copy.
+  if (T == 1) return blocks.Reshape({1, tp * C});
   Tensor all = be.Empty({T, tp * C});
   for (int r = 0; r < tp; ++r) be.CopyColumnsTo(blocks.Rows(r * T, T), r * C, &all);
   return all;

@@ -39,8 +39,8 @@ struct ModuleContext {
   // one rank.
   void AllReduce(Tensor* t) const;
   // The whole [T, tp·C] of a column-parallel output whose rank r holds columns [r·C, (r+1)·C)
-  // as `local` [T, C] (an all-gather, then each rank's block into its columns); `local` itself on
-  // one rank.
+  // as `local` [T, C] (an all-gather, then each rank's block into its columns: tp copies, none
+  // for one row); `local` itself on one rank.
   Tensor AllGatherColumns(const Tensor& local) const;
   // Backend::PrefetchWeights for a decode step's next weights: only in calls of `rows` within the
   // decode GEMMs' range (a prefill chunk's GEMMs are compute-bound and read each weight once).
