@@ -15,8 +15,7 @@
 # decode (both scale paths), k slices and partial rounds, not the GPU's rounding or speed
 # (CudaBackend MoE tests do); the MMA and decode checks run twice, 8 tokens a tile and part
 # columns (a light routed load). `route`: the router's top-k (MoeRouteWarpKernel, its warp shuffles
-# and ballot through the warp's barrier; MoeRouteBlockKernel, its candidate count by the emulated
-# atomicAdd; MoeRouteSerial) against a sort here, ties included.
+# and ballot through the warp's barrier; MoeRouteSerial) against a sort here, ties included.
 # About two minutes on two cores.
 # Usage: bash scripts/moe_decode_emulate.sh [mma|decode|route]
 set -euo pipefail

@@ -674,8 +674,7 @@ void RunDecodeChecks() {
 }
 
 
-// route: MoeRoute's warp kernel (top-k by rank: E ≤ 1024), MoeRouteBlock (a block of 128 threads
-// a token: the KIMIRT_MOE_ROUTE_BLOCK trial) and MoeRouteSerial (one thread a token, k passes) on
+// route: MoeRoute's warp kernel (top-k by rank: E ≤ 1024) and MoeRouteSerial (one thread a token, k passes) on
 // the same logits, against a third computation here (std::stable_sort by value desc,
 // id asc, then the same weight arithmetic): indices and weights bit for bit, for Kimi-Linear's
 // and K3's expert counts, E under 32 and k over 32, logits on a coarse grid (many exact ties: the
@@ -692,12 +691,8 @@ void CheckRoute(const char* name, int64_t T, int64_t E, int k, bool ties) {
         const int ks = append >= 0 ? k + 1 : k;
         std::vector<int32_t> idx_w(static_cast<size_t>(T * ks), -7), idx_s(static_cast<size_t>(T * ks), -7);
         std::vector<float> w_w(static_cast<size_t>(T * ks), NAN), w_s(static_cast<size_t>(T * ks), NAN);
-        std::vector<int32_t> idx_b(static_cast<size_t>(T * ks), -7);
-        std::vector<float> w_b(static_cast<size_t>(T * ks), NAN);
         kc::MoeRoute(logits.data(), bias.data(), T, E, k, renormalize, 2.5f, combine_biased, append, idx_w.data(),
                      w_w.data(), nullptr);
-        kc::MoeRouteBlock(logits.data(), bias.data(), T, E, k, renormalize, 2.5f, combine_biased, append,
-                          idx_b.data(), w_b.data(), nullptr);
         kc::MoeRouteSerial(logits.data(), bias.data(), T, E, k, renormalize, 2.5f, combine_biased, append,
                            idx_s.data(), w_s.data(), nullptr);
         int bad = 0;
@@ -729,8 +724,7 @@ void CheckRoute(const char* name, int64_t T, int64_t E, int k, bool ties) {
             }
             const size_t at = static_cast<size_t>(t * ks + j);
             for (const auto& [got_e, got_w, which] :
-                 {std::tuple{idx_w[at], w_w[at], "warp kernel"}, std::tuple{idx_s[at], w_s[at], "serial kernel"},
-                  std::tuple{idx_b[at], w_b[at], "block kernel"}}) {
+                 {std::tuple{idx_w[at], w_w[at], "warp kernel"}, std::tuple{idx_s[at], w_s[at], "serial kernel"}}) {
               if (got_e != want_e || std::bit_cast<uint32_t>(got_w) != std::bit_cast<uint32_t>(want_w)) {
                 if (bad++ < 3) {
                   Fail(std::string(name) + " " + which + (combine_biased ? " biased" : " plain") +

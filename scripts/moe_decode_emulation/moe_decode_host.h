@@ -43,7 +43,7 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // The calling warp's barrier: the lanes of one warp only, like the device's __syncwarp().
 inline void __syncwarp() { g_ctx->warp[threadIdx.x / 32]->arrive_and_wait(); }
 
-// Used by the block grouping kernels, which this emulation does not run.
+// Used by the block grouping kernels only, which this emulation does not run.
 [[noreturn]] inline void NotEmulated(const char* what) {
   std::fprintf(stderr, "emulation: %s is not emulated (the block grouping kernels are not run here)\n", what);
   std::abort();
@@ -95,13 +95,7 @@ inline unsigned __match_any_sync(unsigned, int v) {
   return r;
 }
 inline int __ffs(unsigned v) { return v == 0 ? 0 : std::countr_zero(v) + 1; }
-// A block's fibers run one at a time, switching only at barriers: a plain read-modify-write is
-// atomic among them (MoeRouteBlockKernel's candidate count).
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p += v;
-  return old;
-}
+inline int atomicAdd(int*, int) { NotEmulated("atomicAdd"); }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __clz(unsigned v) { return std::countl_zero(v); }
 

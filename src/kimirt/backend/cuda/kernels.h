@@ -415,11 +415,6 @@ void ToBf16(const float* x, void* y, int64_t n, cudaStream_t s);
 // idx / weights rows of k + 1, the last (append, 1) (RouteParams::append_expert).
 void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
               float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights, cudaStream_t s);
-// The same choice a block of 128 threads per token (E ≤ 1024): the warp kernel's picks and
-// weights bit for bit. A trial for K3's 896 experts: MoeRoute takes it for E > 256 where
-// KIMIRT_MOE_ROUTE_BLOCK=1 (not yet timed).
-void MoeRouteBlock(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-                   float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights, cudaStream_t s);
 // The same choice one thread per token, expert by expert (the reference order; the warp kernel
 // must give its bits: tests).
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,

@@ -215,116 +215,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   RouteTokenWarp<kPerLane>(logits, b, t, E, k, renormalize, scaling, combine_biased, append, idx, weights, sm[warp]);
 }
 
-// One block per token for large E (K3's 896): RouteTokenWarp's selection spread over kRouteBlockThreads
-// threads, the same picks and weights bit for bit (trial behind KIMIRT_MOE_ROUTE_BLOCK=1). The
-// warp kernel spends a K3 token's ~6 µs (the step's trace, session 29) on one warp's serial
-// work: 28 sigmoids a lane, a second L2 round trip for the picked experts' logits, a serial
-// sum from shared memory. Here:
-//   1. thread i holds experts i, i + 128, ... (7 at E = 896): choice value c and sigmoid s;
-//   2. τ = the k-th largest of the 128 threads' maxima (k ≤ kMaxTopK < 128): every top-k value
-//      is ≥ τ;
-//   3. the values ≥ τ go to shared memory with their sigmoid (in any order: a rank is a count);
-//   4. candidate q's rank is the count of candidates before it in (value desc, id asc); rank
-//      r < k is pick r, its weight c (combine_biased) or s — the same expression on the same
-//      logit as the serial kernel's Sigmoid(row[e]);
-//   5. the weights summed in pick order (all loaded first, then added in order).
-constexpr int kRouteBlockThreads = 128;
-static_assert(kMaxTopK < kRouteBlockThreads, "τ is a thread maximum: k may not exceed the threads");
-
-struct RouteBlockCand {
-  float c, s;
-  int32_t e;
-};
-
-__global__ void __launch_bounds__(kRouteBlockThreads)
-    MoeRouteBlockKernel(const float* logits, const float* bias, int64_t E, int k, bool renormalize, float scaling,
-                        bool combine_biased, int32_t append, int32_t* idx, float* weights) {
-  constexpr int kPer = static_cast<int>(kRouteMaxE / kRouteBlockThreads);
-  __shared__ RouteBlockCand cand[kRouteMaxE];
-  __shared__ float thread_max[kRouteBlockThreads];
-  __shared__ float tau_part[kRouteBlockThreads / 32];
-  __shared__ int32_t count;
-  __shared__ int32_t pick_e[kMaxTopK];
-  __shared__ float pick_w[kMaxTopK];
-  __shared__ float sum_all;
-  const int tid = static_cast<int>(threadIdx.x);
-  float b[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) b[i] = tid + kRouteBlockThreads * i < E ? bias[tid + kRouteBlockThreads * i] : 0.0f;
-  PdlEnter();  // launched with LaunchPdl: the bias (a weight) before the wait, the logits after
-  const int64_t t = blockIdx.x;
-  const float* row = logits + t * E;
-  float c[kPer], sg[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) c[i] = tid + kRouteBlockThreads * i < E ? row[tid + kRouteBlockThreads * i] : 0.0f;
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    sg[i] = Sigmoid(c[i]);
-    c[i] = tid + kRouteBlockThreads * i < E ? sg[i] + b[i] : -INFINITY;
-    m = fmaxf(m, c[i]);
-  }
-  for (int j = tid; j < k; j += kRouteBlockThreads) {  // picks a NaN could leave unwritten
-    pick_e[j] = 0;
-    pick_w[j] = NAN;
-  }
-  if (tid == 0) count = 0;
-  thread_max[tid] = m;
-  __syncthreads();
-  int above = 0;
-#pragma unroll 8
-  for (int l = 0; l < kRouteBlockThreads; ++l) above += thread_max[l] > m;
-  float tau = above < k ? m : INFINITY;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) tau = fminf(tau, __shfl_xor_sync(0xffffffffu, tau, off));
-  if (tid % 32 == 0) tau_part[tid / 32] = tau;
-  __syncthreads();
-  tau = tau_part[0];
-#pragma unroll
-  for (int w = 1; w < kRouteBlockThreads / 32; ++w) tau = fminf(tau, tau_part[w]);
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    if (tid + kRouteBlockThreads * i < E && c[i] >= tau) {
-      cand[atomicAdd(&count, 1)] = RouteBlockCand{c[i], sg[i], tid + kRouteBlockThreads * i};
-    }
-  }
-  __syncthreads();
-  const int n = count;
-  for (int q = tid; q < n; q += kRouteBlockThreads) {
-    const RouteBlockCand me = cand[q];
-    const int rank = RankAmong(cand, n, me);
-    if (rank < k) {
-      pick_e[rank] = me.e;
-      pick_w[rank] = combine_biased ? me.c : me.s;
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float w[kMaxTopK];
-#pragma unroll
-    for (int j = 0; j < kMaxTopK; ++j) w[j] = j < k ? pick_w[j] : 0.0f;  // all loads first
-    float sum = 0.0f;  // in pick order, as the serial kernel adds them
-#pragma unroll
-    for (int j = 0; j < kMaxTopK; ++j) {
-      if (j < k) sum += w[j];
-    }
-    sum_all = sum;
-  }
-  __syncthreads();
-  const float sum = sum_all;
-  const int ks = append >= 0 ? k + 1 : k;  // the output row stride (RouteParams::append_expert)
-  for (int j = tid; j < k; j += kRouteBlockThreads) {
-    float w = pick_w[j];
-    if (renormalize && k > 1) w /= (sum + 1e-20f);
-    idx[t * ks + j] = pick_e[j];
-    weights[t * ks + j] = w * scaling;
-  }
-  if (append >= 0 && tid == kRouteBlockThreads - 1) {
-    idx[t * ks + k] = append;
-    weights[t * ks + k] = 1.0f;
-  }
-}
-
 __device__ float GluOf(float a, float u, int kind, float b1, bool has_b2, float b2) {
   if (kind == 0) return a * Sigmoid(a) * u;
   const float s = b1 * tanhf(a / b1) * Sigmoid(a);
@@ -1569,10 +1459,6 @@ void MoeRoute(const float* logits, const float* bias, int64_t T, int64_t E, int6
     std::abort();
   }
   if (T == 0) return;
-  static const EnvForce block = EnvForced("KIMIRT_MOE_ROUTE_BLOCK");
-  if (E > 32 * 8 && E <= kRouteMaxE && block == EnvForce::kOn) return MoeRouteBlock(logits, bias, T, E, k, renormalize,
-                                                                                   scaling, combine_biased, append, idx,
-                                                                                   weights, s);
   if (E <= kRouteMaxE) {
     LaunchPdl("MoeRoute", E <= 32 * 8 ? MoeRouteWarpKernel<8> : MoeRouteWarpKernel<32>,
               dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)), dim3(kRouteWarps * 32), 0, s, logits,
@@ -1612,15 +1498,6 @@ void MoeRouteGroupSplit(const float* logits, const float* bias, int64_t T, int64
 }
 
 uint64_t MoeRouteGroupSplitLaunches() { return route_group_split_calls.load(std::memory_order_relaxed); }
-
-void MoeRouteBlock(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
-                   float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights, cudaStream_t s) {
-  if (k < 1 || k > kMaxTopK || k > E || E > kRouteMaxE) std::abort();
-  if (T == 0) return;
-  LaunchPdl("MoeRouteBlock", MoeRouteBlockKernel, dim3(static_cast<unsigned>(T)), dim3(kRouteBlockThreads), 0, s, logits,
-            bias, E, static_cast<int>(k), renormalize, scaling, combine_biased, append, idx, weights);
-  CheckLaunch("MoeRouteBlock");
-}
 
 void MoeRouteSerial(const float* logits, const float* bias, int64_t T, int64_t E, int64_t k, bool renormalize,
                     float scaling, bool combine_biased, int32_t append, int32_t* idx, float* weights,

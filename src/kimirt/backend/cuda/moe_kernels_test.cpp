@@ -509,7 +509,7 @@ TEST_F(CudaBackendMoe, FusedRouteChainGivesTheTwoCallsBits) {
 // experts, with logits and biases on a coarse grid so that many choice values tie exactly (the
 // tie rule: the lower expert id first), for both combine rules and with and without
 // renormalization.
-TEST_F(CudaBackendMoe, RouterWarpAndBlockKernelsGiveTheSerialKernelsBits) {
+TEST_F(CudaBackendMoe, RouterWarpKernelGivesTheSerialKernelsBits) {
   struct Case {
     int64_t E, k;
   };
@@ -543,15 +543,6 @@ TEST_F(CudaBackendMoe, RouterWarpAndBlockKernelsGiveTheSerialKernelsBits) {
           const Tensor got_w = gpu_->Download(w[0]);
           for (int64_t i = 0; i < T * ks; ++i) ASSERT_EQ(got_idx.i32()[i], want_idx.i32()[i]) << "slot " << i;
           ExpectSameBits(got_w, gpu_->Download(w[1]), "combine weights");
-          // The block-per-token kernel (the KIMIRT_MOE_ROUTE_BLOCK trial) gives the same bits.
-          Tensor block_idx = gpu_->Empty({T, ks}, DType::kI32), block_w = Poisoned({T, ks});
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          cuda::MoeRouteBlock(lp, bp, T, c.E, c.k, renormalize, 2.5f, combine_biased, append,
-                              static_cast<int32_t*>(block_idx.raw()), static_cast<float*>(block_w.raw()), nullptr);
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          const Tensor got_block_idx = gpu_->Download(block_idx);
-          for (int64_t i = 0; i < T * ks; ++i) ASSERT_EQ(got_block_idx.i32()[i], want_idx.i32()[i]) << "block, slot " << i;
-          ExpectSameBits(gpu_->Download(block_w), gpu_->Download(w[1]), "combine weights (block kernel)");
           if (append < 0) {
             plain_idx = got_idx;
             plain_w = got_w;
