@@ -230,9 +230,13 @@ filter=${KIMIRT_TEST_FILTER:-$filter}  # a subset, for a rerun of what failed
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease. The PeerAllReduce tests run
   # thread ranks on this one GPU: 32 hardware queues, so no two ranks' streams share one.
-  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" 2>&1 |
-    tee "$out/gtest-cuda.txt" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' | head -60
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # Into the file, read after: a `| head` on the live output would close the pipe once it has its
+  # lines and SIGPIPE the test binary mid-suite, silently (session 30: 61 failure lines of one
+  # test ended the suite at the next write).
+  rm -f "$out/gtest-cuda.json"  # a binary that dies writes none: no older one may stand in for it
+  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" \
+    >"$out/gtest-cuda.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' "$out/gtest-cuda.txt" | head -60
   # The peer all-reduce's IPC path between processes, every rank on this one GPU (NCCL's own
   # checks need two: `nccl`). 2 and 4 process ranks, 20 exact calls each.
   for n in 2 4; do
@@ -901,9 +905,8 @@ if [[ "$what" == pgemm ]]; then
 fi
 if [[ "$what" == mlapre ]]; then
   timeout 300 "$root/kimirt_tests" --gtest_filter='CudaBackendMlaPrefill*:CpuPagedMlaPrefill*' \
-    --gtest_output="json:$out/gtest-mlapre.json" 2>&1 | tee "$out/gtest-mlapre.txt" |
-    grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|worst row|error' | head -40
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    --gtest_output="json:$out/gtest-mlapre.json" >"$out/gtest-mlapre.txt" 2>&1 || status=1
+  grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|worst row|error' "$out/gtest-mlapre.txt" | head -40
   timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 \
     --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1 \
     --prompt-len 8192 --decode-tokens 4 --peak-gbps 4800 --json "$out/bench-model-kimi-linear-2layer-bf16-prompt8192.json" \
