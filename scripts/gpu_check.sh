@@ -91,7 +91,7 @@
 #   k3tp8     issue 17 on nvidia-h200-x8: K3 cut to 36 layers served with the seed's command line at
 #             TP8 (weights made at load), GPU memory vs `kimirt plan`, bench serve at 1/8/64, then the
 #             2-layer K3's bench model at TP8 (latent projections replicated, then --shard-latent-moe)
-#             and scripts/tp_compare.py (TP1 vs TP8, batch invariance).
+#             and scripts/tp_compare.py (TP1 vs TP8, batch invariance; again with --shard-latent-moe).
 #   tp2       that last part alone (-tp 2 --device cuda end to end), on nvidia-h200-x2.
 #   mnode     (also in nccl) multi-node on one host (docs/distributed.md "Multi-node"): two
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
@@ -833,6 +833,11 @@ if [[ "$what" == k3tp8 ]]; then
     --json "$out/bench-model-k3-2layer-tp8-shard-latent.json" 2>&1 | tail -6
   timeout 1800 python3 scripts/tp_compare.py --kimirt "$root/kimirt" --config "$k2" --tp 1 8 \
     --out "$out/tp-compare-k3-2layer.json" -- --device cuda --gpu-memory-utilization 0.5 2>&1 | tail -1 || status=1
+  # The same with the latent projections split (a no-op at TP 1): greedy texts and batch
+  # invariance must hold with the all-gather and the joined all-reduce too.
+  timeout 1800 python3 scripts/tp_compare.py --kimirt "$root/kimirt" --config "$k2" --tp 1 8 \
+    --out "$out/tp-compare-k3-2layer-shard-latent.json" -- --device cuda --gpu-memory-utilization 0.5 \
+    --shard-latent-moe 2>&1 | tail -1 || status=1
 fi
 if [[ "$what" == full48 ]]; then
   timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/RandomWeightsLoadOnDevice.*cuda*' \
