@@ -73,8 +73,9 @@ Tensor RunMoe(const ModuleContext& m, const MoeWeights& w, const Tensor& y, Tens
   const int64_t Dl = c.ExpertHiddenSize();
   const bool latent_split = c.UsesLatentMoe() && w.latent_down.dim(0) != Dl;
   // Steps 2-4: latent down-projection, experts in latent space, FP32 combine. Split, each rank
-  // computes its Dl / tp latent columns and the latent is gathered whole (its elements are
-  // the same dot products either way).
+  // computes its Dl / tp latent columns and the latent is gathered whole: the same dot products
+  // (a GPU GEMV may cut their k differently for the narrower weight: a fixed, batch-independent
+  // rounding).
   Tensor z = !c.UsesLatentMoe() ? y : latent_split ? m.AllGatherColumns(m.Linear(y, w.latent_down))
                                                    : m.Linear(y, w.latent_down);
   Tensor routed = be.Empty({T, z.dim(1)});
