@@ -1532,17 +1532,6 @@ void LaunchChunkParallel(const KdaChunkArgs& a, cudaStream_t s, int vb, bool sta
 
 }  // namespace
 
-int SmCount() {
-  static const int count = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 132;
-    }
-    return n;
-  }();
-  return count;
-}
-
 int KdaChunkValueBlock(int64_t batch, int64_t heads, bool bf16_operands) {
   if (bf16_operands) {
     // The state kernel: 32 columns (3 blocks per SM) while all blocks fit in one wave, else 64

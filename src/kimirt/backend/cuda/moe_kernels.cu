@@ -6,7 +6,6 @@
 // (or, for Kimi-Linear-48B, biased: spec §15.6) scores, renormalized in top-k order.
 #include "kimirt/backend/cuda/block_reduce.cuh"
 #include "kimirt/backend/cuda/decode_tiled.cuh"
-#include "kimirt/backend/cuda/env_switch.h"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/mma_bf16.cuh"
 #include "kimirt/backend/cuda/mxfp4_tiled.cuh"
@@ -91,13 +90,12 @@ struct RouteCand {
 };
 
 // Candidate `me`'s place among cand[0 .. n) in the (value desc, id asc) order: how many come
-// before it. Both route kernels pick by it (any candidate type with c and e).
-template <typename Cand>
-__device__ __forceinline__ int RankAmong(const Cand* cand, int n, const Cand& me) {
+// before it (the warp route kernel picks by it).
+__device__ __forceinline__ int RankAmong(const RouteCand* cand, int n, const RouteCand& me) {
   int rank = 0;
 #pragma unroll 4
   for (int o = 0; o < n; ++o) {
-    const Cand other = cand[o];
+    const RouteCand other = cand[o];
     rank += other.c > me.c || (other.c == me.c && other.e < me.e);
   }
   return rank;
