@@ -3,7 +3,7 @@
 //
 //   mla_decode_bench [--device cuda] [--contexts 4096,8192,32768,131072] [--dtypes bf16,fp8]
 //                    [--heads 32] [--batch 1] [--iters 100] [--peak-gbps 4800] [--json OUT.json]
-//                    [--variants ring4,ring2,wgmma,wgmma-item,wgmma-pipe] [--kvb-dtype f32|bf16]
+//                    [--variants ring4,ring2,wgmma,wgmma-item] [--kvb-dtype f32|bf16]
 //
 // One MLA layer at K3 / Kimi-Linear widths (latent 512 + shared key 64, head dims 128), a pool
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random

@@ -31,9 +31,6 @@
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
 #             at prompt 32768, batch 1 and 8, with each ($OUT/mla-persist-*.json).
-#   mlapipe   the same A/B for the pipelined split (wgmma-pipe: tile t + 1's scores under tile t's
-#             softmax, the same bits) against the persistent one (wgmma), batch 8 again in the
-#             other order ($OUT/mla-pipe-*.json).
 #   moe       One MoE layer at real widths: moe_bench (routed experts and router; K3 MXFP4 896 ×
 #             3584 × 3072 top-16, its TP-8 slice (intermediate 384), Kimi-Linear-48B BF16 256 × 2304
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
@@ -149,7 +146,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|mla|mlapersist|mlapipe|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -337,29 +334,23 @@ PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
 fi
-if [[ "$what" == mlapersist || "$what" == mlapipe ]]; then
-  va=wgmma-item vb=wgmma tag=persist
-  [[ $what == mlapipe ]] && va=wgmma vb=wgmma-pipe tag=pipe
+if [[ "$what" == mlapersist ]]; then
   timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:MlaDecodePersistSchedule.*' \
-    --gtest_output="json:$out/gtest-mla$tag.json" 2>&1 | tail -8
+    --gtest_output="json:$out/gtest-mlapersist.json" 2>&1 | tail -8
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for batch in 1 8 32; do
     ctx=4096,32768,131072; [[ $batch == 32 ]] && ctx=4096,32768
     timeout 200 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch "$batch" --contexts "$ctx" \
-      --variants $va,$vb --iters 50 --json "$out/mla-$tag-b$batch.json" 2>&1 | tail -4
+      --variants wgmma-item,wgmma --iters 50 --json "$out/mla-persist-b$batch.json" 2>&1 | tail -4
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
-  if [[ $what == mlapipe ]]; then
-    timeout 200 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768,131072 \
-      --variants $vb,$va --iters 50 --json "$out/mla-$tag-b8-again.json" 2>&1 | tail -3
-  fi
   timeout 200 "$root/mla_decode_bench" --heads 32 --dtypes fp8 --kvb-dtype bf16 --batch 8 --contexts 32768 \
-    --variants $va,$vb --iters 50 --json "$out/mla-$tag-fp8-b8.json" 2>&1 | tail -3
-  for v in $va $vb; do
+    --variants wgmma-item,wgmma --iters 50 --json "$out/mla-persist-fp8-b8.json" 2>&1 | tail -3
+  for v in wgmma-item wgmma; do
     KIMIRT_MLA_DECODE_VARIANT=$v timeout 300 "$root/kimirt" bench model --device cuda \
       --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
       --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-$tag-model-$v.json" 2>&1 | tail -3
+      --json "$out/mla-persist-model-$v.json" 2>&1 | tail -3
   done
 fi
 if [[ "$what" == mlaprof ]]; then

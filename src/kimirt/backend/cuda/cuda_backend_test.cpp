@@ -868,16 +868,6 @@ TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
                                {32768, 65, 32768, 2049, 9000, 32768, 640}, {32});
 }
 
-// wgmma-pipe issues tile t + 1's scores under tile t's softmax: the same wgmmas on the same
-// operands, so wgmma's bits, item by item across runs of one and many tiles (FP8 rows take
-// wgmma's own loop: compared too, so a dispatch that sent them elsewhere would show).
-TEST_F(CudaBackendTest, PagedDecodePipelinedWgmmaGivesTheSerialLoopsBits) {
-  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmma, cuda::MlaDecodeVariant::kWgmmaPipe,
-                               {1, 100, 4097, 32768, 33, 1000}, {12, 48});
-  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmma, cuda::MlaDecodeVariant::kWgmmaPipe,
-                               {32768, 65, 32768, 2049, 9000, 32768, 640, 32, 64}, {32});
-}
-
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's
 // cost (tiles of 32 positions + 1 an item) past its share by more than one item's.
 TEST(MlaDecodePersistSchedule, CoversEveryItemOnceInBalancedRuns) {

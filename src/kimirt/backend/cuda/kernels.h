@@ -332,13 +332,11 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // sums, held to the CPU at the same bar; BF16 and FP8 latents.
 // Measured on an H200 (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32
 // heads): BF16 34 against 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132.
-// wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one), and
-// wgmma-pipe the persistent kernel with tile t + 1's scores under tile t's softmax (BF16 latents;
-// FP8 ones run wgmma's loop): the same sums, so the same bits.
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaPipe = 4 };
+// wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one): the
+// same sums, so the same bits.
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
-                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
-                                                          MlaDecodeVariant::kWgmmaPipe};
+                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem};
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
@@ -349,9 +347,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
 // --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 and FP8 latents of 512 + 64 ---
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
-// pipelined: BF16 rows' next tile's scores under this tile's softmax (FP8 rows ignore it).
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, bool pipelined, cudaStream_t s);
+                              bool persistent, cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -594,10 +594,9 @@ std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment'
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
   if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma") == 0) return MlaDecodeVariant::kWgmma;
   if (std::strcmp(name, "wgmma-item") == 0) return MlaDecodeVariant::kWgmmaItem;
-  if (std::strcmp(name, "wgmma-pipe") == 0) return MlaDecodeVariant::kWgmmaPipe;
   if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item, wgmma-pipe)\n", name);
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item)\n", name);
   std::abort();
 }
 
@@ -605,7 +604,6 @@ const char* MlaDecodeVariantName(MlaDecodeVariant v) {
   switch (v) {
     case MlaDecodeVariant::kWgmma: return "wgmma";
     case MlaDecodeVariant::kWgmmaItem: return "wgmma-item";
-    case MlaDecodeVariant::kWgmmaPipe: return "wgmma-pipe";
     case MlaDecodeVariant::kRing2: return "ring2";
     case MlaDecodeVariant::kRing4: break;
   }
@@ -631,9 +629,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     std::abort();
   }
   const MlaDecodeVariant v = CurrentMlaDecodeVariant();
-  const bool wgmma = v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem || v == MlaDecodeVariant::kWgmmaPipe;
-  if (wgmma && MlaPagedDecodeWgmmaSupported(a)) {
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, v != MlaDecodeVariant::kWgmmaItem, v == MlaDecodeVariant::kWgmmaPipe, s);
+  if ((v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem) && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, v == MlaDecodeVariant::kWgmma, s);
     return;
   }
   const bool ring2 = v == MlaDecodeVariant::kRing2;

@@ -186,18 +186,6 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], float (&s_rope)[16],
   wgmma::Commit();
 }
 
-// This warpgroup's half of S (IssueScores) of the tile whose panels are at st.
-template <int kKind>
-__device__ __forceinline__ void IssueGroupScores(float (&s)[16], float (&s_rope)[16], int wg, uint64_t desc_q, uint32_t st) {
-  constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;  // kind 2: the rope steps apart
-  const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
-  if (wg == 0) {
-    IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
-  } else {
-    IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
-  }
-}
-
 // Eight FP8 E4M3 codes as eight BF16 (exact), in PackBf16's order.
 __device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
   const unsigned w[2] = {codes.x, codes.y};
@@ -243,107 +231,12 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float*
   wgmma::FenceProxyAsync();  // these stores → the wgmmas' reads (after the next tile's barrier)
 }
 
-// This warpgroup's partial S (kind 2: and warpgroup 1's rope part) into the swap, for the other
-// warpgroup to add.
-template <int kKind>
-__device__ __forceinline__ void SwapScores(float4* swap, int wg, int tid, const float (&s)[16], const float (&s_rope)[16]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-    if (kKind == 2 && wg == 1) {
-      swap[(8 + j) * 128 + tid % 128] = make_float4(s_rope[4 * j], s_rope[4 * j + 1], s_rope[4 * j + 2], s_rope[4 * j + 3]);
-    }
-  }
-}
-
-// 2. of a tile: the head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e) from s
-// and the other warpgroup's swapped half, the online softmax over the quad (m, l), ō rescaled, and
-// P's parts as the A fragments of the tile's two k16 steps. `valid`: the tile's positions inside
-// the split. Kind 2: s = scale · (latent scale · latent sum + rope scale · rope sum) with the rows'
-// scales at `scales`, and P carries the row's latent scale (ō sums p · scale · code; l sums p
-// alone), as the mma.sync split does.
-template <int kKind>
-__device__ __forceinline__ void SoftmaxTile(const float (&s)[16], const float4* swap, const float* scales, int wg,
-                                            int tid, int c, int valid, float scale, float& m, float& l,
-                                            float (&o0)[64], float (&o1)[64], unsigned (&pa)[2][4]) {
-  float x[8], lat_scale[8];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
-    const float t[4] = {s[4 * j] + y.x, s[4 * j + 1] + y.y, s[4 * j + 2] + y.z, s[4 * j + 3] + y.w};
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * c + e;
-      float sc = t[e] + t[e + 2];  // hi row + lo row
-      if constexpr (kKind == 2) {
-        const float4 r = swap[(8 + j) * 128 + tid % 128];  // warpgroup 1's rope, the same in both
-        const float rope = (e == 0 ? r.x + r.z : r.y + r.w);
-        const float2 rs = *reinterpret_cast<const float2*>(scales + 2 * col);
-        sc = rs.x * sc + rs.y * rope;
-        lat_scale[2 * j + e] = rs.x;
-      }
-      x[2 * j + e] = col < valid ? scale * sc : -INFINITY;
-    }
-  }
-  float mx = x[0];
-#pragma unroll
-  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
-  const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    x[i] = expf(x[i] - m_new);
-    sum += x[i];
-    if constexpr (kKind == 2) x[i] *= lat_scale[i];
-  }
-  l = l * corr + sum;
-  m = m_new;
-  // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
-  // bits are the same either way; after the first tiles the max rarely moves).
-  if (__any_sync(0xffffffffu, corr != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
-  }
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {  // k step kk: columns 16kk .. 16kk + 15, rows g (hi) and g + 8 (lo)
-    SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk][0], pa[kk][1]);
-    SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
-  }
-}
-
-// 3. of a tile: ō += P · c over the tile's positions ascending (the tile's panels at st; this
-// warpgroup's 256 dims), issued and committed.
-__device__ __forceinline__ void IssueOut(float (&o0)[64], float (&o1)[64], const unsigned (&pa)[2][4], uint32_t st, int wg) {
-  wgmma::FenceRegs(o0);
-  wgmma::FenceRegs(o1);
-  wgmma::Fence();
-  const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
-    wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
-    wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
-  }
-  wgmma::Commit();
-}
-
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
 // l from zero, the tiles of its split in order), so the schedule never changes a bit.
-//
-// kPipe (BF16 rows; MlaDecodeVariant::kWgmmaPipe): tile t + 1's S is issued before tile t's swap
-// and softmax and waited for with tile t's ō, so the tensor cores work while the softmax runs
-// (FlashAttention-3's intra-warpgroup overlap, as the MLA prefill kernel does). The same wgmmas
-// on the same operands into accumulators from zero: the same bits as the serial tile loop. The
-// price is the copy ring's reach: S(t + 1) needs tile t + 1 a tile earlier, so one tile is in
-// flight while one is worked on, against two (a fourth stage does not fit beside q̄).
-template <int kKind, bool kPipe>
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  static_assert(!kPipe || kKind == 1, "FP8 rows are widened into one tile of panels, which S(t + 1) would overwrite");
   using L = Layout<kKind>;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -419,90 +312,120 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
     const int ntiles = item.Tiles();
 
-    auto stage_of = [ring](int tile) { return ring + (tile % kStages) * L::kStageBytes; };
-    const float* no_scales = nullptr;  // kind 1 rows carry none
-    if constexpr (!kPipe) {
-      for (int it = 0; it < ntiles; ++it, ++t) {
-        CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
-        if constexpr (kKind == 1) wgmma::FenceProxyAsync();
-        __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
-        if (ahead) issue((t + kStages - 1) % kStages);
-        CpAsyncCommit();
-        const uint32_t stage = stage_of(t);
-        // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the
-        // tile (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
-        uint32_t st = stage;
-        if constexpr (kKind == 2) {
-          st = base + kQBytes;
-          const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
+    for (int it = 0; it < ntiles; ++it, ++t) {
+      CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
+      if constexpr (kKind == 1) wgmma::FenceProxyAsync();
+      __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
+      if (ahead) issue((t + kStages - 1) % kStages);
+      CpAsyncCommit();
+      const uint32_t stage = ring + (t % kStages) * L::kStageBytes;
+      // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the tile
+      // (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
+      uint32_t st = stage;
+      if constexpr (kKind == 2) {
+        st = base + kQBytes;
+        const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
 #pragma unroll
-          for (int i = 0; i < kPanels; ++i) {
-            *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
-                WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
-          }
-          wgmma::FenceProxyAsync();
-          __syncthreads();
-        }
-
-        // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
-        // steps apart).
-        float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
-        IssueGroupScores<kKind>(s, s_rope, wg, desc_q, st);
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(s);
-        if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
-        SwapScores<kKind>(swap, wg, tid, s, s_rope);
-        __syncthreads();
-
-        unsigned pa[2][4];  // 2.
-        const float* scales =
-            kKind == 2 ? reinterpret_cast<const float*>(base_ptr + (stage - base) + L::kCodeBytes) : no_scales;
-        SoftmaxTile<kKind>(s, swap, scales, wg, tid, c, item.s1 - item.s0 - it * kTile, a.scale, m, l, o0, o1, pa);
-
-        // 3., waited for here, so the panels are free once both warpgroups pass the next tile's
-        // barrier.
-        IssueOut(o0, o1, pa, st, wg);
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(o0);
-        wgmma::FenceRegs(o1);
-      }
-    } else {
-      // The item's first tile has landed (the next may still be in flight; no copy is issued
-      // here, so each tile below still commits one group): its S.
-      float s[16], no_rope[16];
-      CpAsyncWait<kStages - 2>();
-      wgmma::FenceProxyAsync();
-      __syncthreads();
-      IssueGroupScores<kKind>(s, no_rope, wg, desc_q, stage_of(t));
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(s);
-      for (int it = 0; it < ntiles; ++it, ++t) {
-        const bool next = it + 1 < ntiles;
-        if (next) {
-          CpAsyncWait<0>();  // this thread's copies of tile t + 1 have landed ...
-        } else {
-          CpAsyncWait<1>();
+        for (int i = 0; i < kPanels; ++i) {
+          *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
+              WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
         }
         wgmma::FenceProxyAsync();
-        __syncthreads();  // ... everyone's; both warpgroups are done with tile t − 1's stage and the swap
-        if (ahead) issue((t + kStages - 1) % kStages);
-        CpAsyncCommit();
-        SwapScores<kKind>(swap, wg, tid, s, no_rope);
-        float s_next[16];
-        if (next) IssueGroupScores<kKind>(s_next, no_rope, wg, desc_q, stage_of(t + 1));  // 1. of tile t + 1 under 2.
         __syncthreads();
-        unsigned pa[2][4];
-        SoftmaxTile<kKind>(s, swap, no_scales, wg, tid, c, item.s1 - item.s0 - it * kTile, a.scale, m, l, o0, o1, pa);
-        IssueOut(o0, o1, pa, stage_of(t), wg);  // 3.
-        wgmma::Wait<0>();  // ō(t) and S(t + 1)
-        wgmma::FenceRegs(o0);
-        wgmma::FenceRegs(o1);
-        if (next) {
-          wgmma::FenceRegs(s_next);
+      }
+
+      // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
+      // steps apart).
+      float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
+      constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;
+      const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
+      if (wg == 0) {
+        IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
+      } else {
+        IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
+      }
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
 #pragma unroll
-          for (int i = 0; i < 16; ++i) s[i] = s_next[i];
+      for (int j = 0; j < 4; ++j) {
+        swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+        if (kKind == 2 && wg == 1) {
+          swap[(8 + j) * 128 + tid % 128] = make_float4(s_rope[4 * j], s_rope[4 * j + 1], s_rope[4 * j + 2], s_rope[4 * j + 3]);
         }
       }
+      __syncthreads();
+
+      // 2. The head's scores at this lane's 8 columns (x[2n + e]: column 8n + 2c + e), the online
+      // softmax over the quad, P's parts as the A fragments of the tile's two k16 steps. Kind 2:
+      // s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's
+      // latent scale (ō sums p · scale · code; l sums p alone), as the mma.sync split does.
+      const int valid = item.s1 - item.s0 - it * kTile;
+      const float* scales = reinterpret_cast<const float*>(base_ptr + (stage - base) + L::kCodeBytes);
+      float x[8], lat_scale[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 y = swap[((1 - wg) * 4 + j) * 128 + tid % 128];
+        const float t[4] = {s[4 * j] + y.x, s[4 * j + 1] + y.y, s[4 * j + 2] + y.z, s[4 * j + 3] + y.w};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * c + e;
+          float sc = t[e] + t[e + 2];  // hi row + lo row
+          if constexpr (kKind == 2) {
+            const float4 r = swap[(8 + j) * 128 + tid % 128];  // warpgroup 1's rope, the same in both
+            const float rope = (e == 0 ? r.x + r.z : r.y + r.w);
+            const float2 rs = *reinterpret_cast<const float2*>(scales + 2 * col);
+            sc = rs.x * sc + rs.y * rope;
+            lat_scale[2 * j + e] = rs.x;
+          }
+          x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
+        }
+      }
+      float mx = x[0];
+#pragma unroll
+      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
+      const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = expf(x[i] - m_new);
+        sum += x[i];
+        if constexpr (kKind == 2) x[i] *= lat_scale[i];
+      }
+      l = l * corr + sum;
+      m = m_new;
+      // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
+      // bits are the same either way; after the first tiles the max rarely moves).
+      if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
+      }
+      unsigned pa[2][4];  // k step kk: columns 16kk .. 16kk + 15, rows g (hi) and g + 8 (lo)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk][0], pa[kk][1]);
+        SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk][2], pa[kk][3]);
+      }
+
+      // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
+      // once both warpgroups pass the next tile's barrier.
+      wgmma::FenceRegs(o0);
+      wgmma::FenceRegs(o1);
+      wgmma::Fence();
+      const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
+        wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
+        wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(o0);
+      wgmma::FenceRegs(o1);
     }
 
     // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
@@ -525,16 +448,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-template <int kKind, bool kPipe>
+template <int kKind>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
   constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kPipe>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kPipe>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
 
@@ -545,19 +468,13 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
 }
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, bool pipelined, cudaStream_t s) {
+                              bool persistent, cudaStream_t s) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
     std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  if (a.kind == 2) {
-    Launch<2, false>(a, qc, part_o, part_ml, persistent, s);  // FP8: the serial tile loop (kPipe's note)
-  } else if (pipelined) {
-    Launch<1, true>(a, qc, part_o, part_ml, persistent, s);
-  } else {
-    Launch<1, false>(a, qc, part_o, part_ml, persistent, s);
-  }
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda
