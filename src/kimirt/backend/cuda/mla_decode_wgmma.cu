@@ -234,16 +234,15 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float*
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
 // l from zero, the tiles of its split in order), so the schedule never changes a bit.
-template <int kKind, int kAblate>
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
   using L = Layout<kKind>;
-  constexpr bool kRingOnly = kAblate >= 10;  // trial: copies only, kAblate − 10 stages from the base
-  constexpr int kStages = kRingOnly ? kAblate - 10 : L::kStages;
+  constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // panels at multiples of 1 KB (the swizzle's)
-  const uint32_t q_addr = base, ring = kRingOnly ? base : base + L::kRingAt;  // stage s at ring + s · kStageBytes
+  const uint32_t q_addr = base, ring = base + L::kRingAt;  // stage s at ring + s · kStageBytes
   unsigned char* const base_ptr = smem_raw + (base - raw);
   float4* const swap = reinterpret_cast<float4*>(base_ptr + L::kSwapAt);
   int w0 = static_cast<int>(blockIdx.x), w1 = w0 + 1;
@@ -273,9 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t at = valid ? row_ahead : 0;
     const unsigned char* src = static_cast<const unsigned char*>(a.values) + at * kRowBytes + sub * 16;
     const uint32_t st = ring + stage * L::kStageBytes;
-    if constexpr (kAblate == 2) {
-      (void)src, (void)st, (void)valid;
-    } else if constexpr (kKind == 1) {
+    if constexpr (kKind == 1) {
 #pragma unroll
       for (int p = 0; p < kPanels; ++p) CpAsync16(st + sw + p * kTilePanelBytes, src + p * 128, valid);
     } else {
@@ -306,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t b = item.b;
     if (b != q_of) {
       // Every thread is past the previous tile's score barrier, so no wgmma still reads q̄.
-      if constexpr (!kRingOnly) LoadQuery(a, qc, b, h0, tid, base_ptr);
+      LoadQuery(a, qc, b, h0, tid, base_ptr);
       q_of = b;
     }
     float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
@@ -337,7 +334,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncthreads();
       }
 
-      if constexpr (kAblate != 1 && !kRingOnly) {
       // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
       // steps apart).
       float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
@@ -430,7 +426,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceRegs(o0);
       wgmma::FenceRegs(o1);
-      }
     }
 
     // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
@@ -453,24 +448,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-int AblateMode() {
-  static const int mode = [] {
-    const char* e = std::getenv("KIMIRT_MLA_ABLATE");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  return mode;
-}
-
-template <int kKind, int kAblate>
+template <int kKind>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
-  constexpr size_t bytes = kAblate >= 10 ? (kAblate - 10) * kTileBytes + 1024 : Layout<kKind>::kSmemBytes;
+  constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kAblate>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kAblate>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
 
@@ -487,26 +474,7 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  const int ab = AblateMode();
-  if (a.kind == 2) {
-    Launch<2, 0>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 1) {
-    Launch<1, 1>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 12) {
-    Launch<1, 12>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 13) {
-    Launch<1, 13>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 14) {
-    Launch<1, 14>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 15) {
-    Launch<1, 15>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 16) {
-    Launch<1, 16>(a, qc, part_o, part_ml, persistent, s);
-  } else if (ab == 2) {
-    Launch<1, 2>(a, qc, part_o, part_ml, persistent, s);
-  } else {
-    Launch<1, 0>(a, qc, part_o, part_ml, persistent, s);
-  }
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda
