@@ -61,6 +61,9 @@
 #   hbmread   bench/hbm_read_bench.cu: HBM read bandwidth by access pattern (rows × bytes a warp
 #             reads a round, L2 hints, occupancy), what the decode kernels' weight streams can reach
 #             ($OUT/hbm-read.json).
+#   tmastream bench/tma_stream_bench.cu: a layer's latent rows (302 MB) streamed by TMA through 1-6
+#             stages of 32- or 64-row tiles an SM — the bytes in flight the next MLA decode split
+#             needs ($OUT/tma-stream.json); then TmaTest.* (the boxes' layout).
 #   prefprof  Nsight Compute kernel times of one 8K prefill (2048-token chunks) at the 2-layer
 #             Kimi-Linear-48B widths, BF16, grouped by kernel (issue 14).
 #   prof48    Nsight Compute kernel times of one decode step at the 2-layer Kimi-Linear-48B widths
@@ -146,7 +149,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -581,6 +584,12 @@ PY
 fi
 if [[ "$what" == hbmread ]]; then
   timeout 120 "$root/hbm_read_bench" --json "$out/hbm-read.json" 2>&1 | tail -20
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if [[ "$what" == tmastream ]]; then
+  timeout 60 "$root/kimirt_tests" --gtest_filter='TmaTest.*' 2>&1 | tail -4
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  timeout 120 "$root/tma_stream_bench" --json "$out/tma-stream.json" 2>&1 | tail -12
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if [[ "$what" == decode48 ]]; then

@@ -24,6 +24,10 @@ __device__ __forceinline__ void FenceMbarInit() { asm volatile("fence.mbarrier_i
 __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// This thread arrives (a consumer letting the producer refill what the barrier guards).
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Waits until the phase of parity `parity` (0 for the first, then 1, 0, ...) has completed.
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   asm volatile(
