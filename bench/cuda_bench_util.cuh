@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #define BENCH_CUDA_OK(expr)                                                                           \
@@ -86,6 +88,26 @@ double GraphMsPerCall(cudaStream_t s, int reps, int calls, Fn fn) {
   BENCH_CUDA_OK(cudaGraphExecDestroy(exec));
   BENCH_CUDA_OK(cudaGraphDestroy(graph));
   return ms / calls;
+}
+
+// The flags of the HBM streaming benches (hbm_read_bench, tma_stream_bench): --json FILE,
+// --peak-gbps GB/s, --reps N. False, saying which, on any other flag.
+struct StreamBenchFlags {
+  std::string json;
+  double peak_gbps = 4800;
+  int reps = 20;
+};
+inline bool ParseStreamBenchFlags(int argc, char** argv, const char* bench, StreamBenchFlags* f) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--json")) f->json = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--peak-gbps")) f->peak_gbps = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps")) f->reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "%s: unknown flag %s\n", bench, argv[i]);
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace kimirt::bench

@@ -14,8 +14,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -100,18 +98,11 @@ struct Point {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json;
-  double peak = 4800;
-  int reps = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--json")) json = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--peak-gbps")) peak = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "hbm_read_bench: unknown flag %s\n", argv[i]);
-      return 2;
-    }
-  }
+  kimirt::bench::StreamBenchFlags flags;
+  if (!kimirt::bench::ParseStreamBenchFlags(argc, argv, "hbm_read_bench", &flags)) return 2;
+  const std::string& json = flags.json;
+  const double peak = flags.peak_gbps;
+  const int reps = flags.reps;
   const int64_t bytes = kRows * kRowBytes;
   char* buf = nullptr;
   uint32_t* sink = nullptr;
