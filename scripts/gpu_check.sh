@@ -27,10 +27,6 @@
 #             model` on the 2-layer Kimi-Linear-48B at prompt 1024 and 32768 (batch 1), the 32K
 #             step against the 1K step (issue 12), the 32K step again with the old split (ring4,
 #             64 splits), and the kernel at 32K and 128K with 64 splits (the schedule before).
-#   seesaw    the seesaw MLA decode split (mla_decode_seesaw.cu) against wgmma: the PagedDecode*
-#             tests and TmaTest.*, then mla_decode_bench with both at batch 1, 8 and 32 (BF16, 32K
-#             and 128K; $OUT/mla-seesaw-b*.json) and the 2-layer 48B decode step at prompt 32768,
-#             batch 1 and 8, with each ($OUT/mla-seesaw-model-*.json).
 #   mlapersist the persistent wgmma MLA decode split against one block an item (wgmma-item; the
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
@@ -153,7 +149,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|seesaw|seesawprof|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -340,48 +336,6 @@ if len(step) == 2:
 PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
-fi
-if [[ "$what" == seesaw ]]; then
-  timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:TmaTest.*' \
-    --gtest_output="json:$out/gtest-seesaw.json" 2>&1 | grep -E "^\[  (FAILED|  OK|PASSED) |Failure|error|Expected|Which|sequence" | head -60
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for batch in 1 8 32; do
-    ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
-    timeout 200 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch "$batch" --contexts "$ctx" \
-      --variants wgmma,seesaw --iters 50 --json "$out/mla-seesaw-b$batch.json" 2>&1 | tail -4
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  done
-  for v in wgmma seesaw; do
-    KIMIRT_MLA_DECODE_VARIANT=$v timeout 200 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-seesaw-model-$v.json" 2>&1 | tail -3
-  done
-fi
-if [[ "$what" == seesawprof ]]; then
-  # Where the seesaw split's time goes: both splits at 32 to 128 splits a sequence (fewer, longer
-  # items; KIMIRT_MLA_DECODE_SPLITS, read once a process), batch 1 and 8, 32K; then Nsight Compute
-  # on one launch of each at batch 8 ($OUT/ncu-seesaw-*.txt).
-  timeout 120 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence" | head -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for splits in ${KIMIRT_SEESAW_SPLITS:-32 64 128}; do
-    for batch in 1 8; do
-      echo "--- $splits splits a sequence, batch $batch ---"
-      KIMIRT_MLA_DECODE_SPLITS=$splits timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
-        --batch "$batch" --contexts 32768 --variants wgmma,seesaw --iters 30 \
-        --json "$out/mla-seesaw-splits$splits-b$batch.json" 2>&1 | tail -2
-    done
-  done
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for v in seesaw wgmma; do
-    f="$out/ncu-seesaw-$v.txt"
-    timeout 120 "$ncu" --clock-control none --target-processes all -k regex:MlaDecode -s 3 -c 1 --section SpeedOfLight \
-      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis "$root/mla_decode_bench" \
-      --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768 --iters 2 --variants $v >"$f" 2>&1 || status=1
-    echo "--- ncu $v ---"
-    grep -vE '^==PROF==|^ *-+ *$' "$f" | grep -E 'Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|No Eligible|Active Warps' | head -30
-  done
 fi
 if [[ "$what" == mlapersist ]]; then
   timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:MlaDecodePersistSchedule.*' \

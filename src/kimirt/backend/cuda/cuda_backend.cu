@@ -1404,7 +1404,6 @@ cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
   a.layers = s_.layers;
   a.layer = layer;
   a.block_size = s_.block_size;
-  a.blocks = blocks_;
   a.r = s_.latent_dim;
   a.dr = s_.rope_dim;
   a.B = step_b_;

@@ -850,19 +850,6 @@ TEST_F(CudaBackendTest, PagedDecodeNineteenSequencesGiveEachItsBitsAlone) {
                    /*bf16_weights=*/true);
 }
 
-// The seesaw split loads a tile as TMA boxes of a paged block's rows (mla_decode_seesaw.cu):
-// blocks of 8, 32 and 128 rows (eight, two and one box a tile), items of 1 to 5 tiles (3 and 5:
-// a last pair of one tile), partial last tiles; against the CPU and each sequence alone, with
-// every variant (seesaw's block shapes are what is new here).
-TEST_F(CudaBackendTest, PagedDecodeSeesawEveryBlockShape) {
-  for (int block_size : {8, 32, 128}) {
-    SCOPED_TRACE("block size " + std::to_string(block_size));
-    CheckPagedDecode(testing::MakePagedDecodeCase({10000, 1, 65, 20000, 129}, /*heads=*/32, DType::kBF16,
-                                                  90 + static_cast<uint64_t>(block_size), block_size),
-                     /*bf16_weights=*/true);
-  }
-}
-
 // ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
 // bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
 // (one split to the most; splits of 1 .. 16 tiles, partial last tiles).

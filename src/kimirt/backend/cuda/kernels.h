@@ -288,7 +288,6 @@ struct PagedDecodeArgs {
   const float* scales = nullptr;  // FP8: [blocks, layers, block_size, 2]
   int kind = 0;                   // 0 F32, 1 BF16, 2 FP8 E4M3
   int layers = 0, layer = 0, block_size = 0;
-  int64_t blocks = 0;  // the pool's blocks (the seesaw split's tensor map spans them all)
   int64_t r = 0, dr = 0, B = 0, H = 0;
   float scale = 1.0f;
   // Device metadata of the step (KvStorage::SetDecodeStep): the work count, per sequence
@@ -334,13 +333,10 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // Measured on an H200 (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32
 // heads): BF16 34 against 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132.
 // wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one): the
-// same sums, so the same bits. seesaw (mla_decode_seesaw.cu; BF16 latents in blocks of 8, 16, 32
-// or a multiple of 64 rows, else wgmma's kernel) is FlashMLA's shape: 64-position tiles by TMA,
-// the two warpgroups on alternate tiles; its own sums, held to the CPU at the same bar.
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kSeesaw = 4 };
+// same sums, so the same bits.
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
-                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
-                                                          MlaDecodeVariant::kSeesaw};
+                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem};
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
@@ -353,10 +349,6 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               bool persistent, cudaStream_t s);
-// --- mla_decode_seesaw.cu: the split as MlaDecodeVariant::kSeesaw ---
-bool MlaPagedDecodeSeesawSupported(const PagedDecodeArgs& a);
-void MlaPagedDecodeSplitSeesaw(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                               cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -596,9 +596,7 @@ MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
   if (std::strcmp(name, "wgmma-item") == 0) return MlaDecodeVariant::kWgmmaItem;
   if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  if (std::strcmp(name, "seesaw") == 0) return MlaDecodeVariant::kSeesaw;
-  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item, seesaw)\n",
-               name);
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item)\n", name);
   std::abort();
 }
 
@@ -607,7 +605,6 @@ const char* MlaDecodeVariantName(MlaDecodeVariant v) {
     case MlaDecodeVariant::kWgmma: return "wgmma";
     case MlaDecodeVariant::kWgmmaItem: return "wgmma-item";
     case MlaDecodeVariant::kRing2: return "ring2";
-    case MlaDecodeVariant::kSeesaw: return "seesaw";
     case MlaDecodeVariant::kRing4: break;
   }
   return "ring4";
@@ -632,13 +629,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     std::abort();
   }
   const MlaDecodeVariant v = CurrentMlaDecodeVariant();
-  if (v == MlaDecodeVariant::kSeesaw && MlaPagedDecodeSeesawSupported(a)) {
-    MlaPagedDecodeSplitSeesaw(a, qc, part_o, part_ml, s);
-    return;
-  }
-  const bool wgmma = v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem || v == MlaDecodeVariant::kSeesaw;
-  if (wgmma && MlaPagedDecodeWgmmaSupported(a)) {  // seesaw's FP8 latents and other block sizes too
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, v != MlaDecodeVariant::kWgmmaItem, s);
+  if ((v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem) && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, v == MlaDecodeVariant::kWgmma, s);
     return;
   }
   const bool ring2 = v == MlaDecodeVariant::kRing2;
