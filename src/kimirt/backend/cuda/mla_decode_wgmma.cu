@@ -263,7 +263,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kRowBytes = kKind == 1 ? kW * 2 : kW;
   const int row = tid / 8, sub = tid % 8;
   const uint32_t sw = wgmma::SwizzledOffset(row, sub);
-  const uint64_t read_policy = L2Policy(a.l2_hints ? L2Hint::kEvictFirst : L2Hint::kNormal);
   TileStream copy;
   copy.Begin(a, w0, w1, row);
   int64_t row_ahead = -1;
@@ -275,11 +274,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st = ring + stage * L::kStageBytes;
     if constexpr (kKind == 1) {
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p) CpAsync16Hinted(st + sw + p * kTilePanelBytes, src + p * 128, valid, read_policy);
+      for (int p = 0; p < kPanels; ++p) CpAsync16(st + sw + p * kTilePanelBytes, src + p * 128, valid);
     } else {
 #pragma unroll
       for (int i = 0; i < (kW / 16 + 7) / 8; ++i) {
-        if (sub + 8 * i < kW / 16) CpAsync16Hinted(st + row * kW + (sub + 8 * i) * 16, src + 128 * i, valid, read_policy);
+        if (sub + 8 * i < kW / 16) CpAsync16(st + row * kW + (sub + 8 * i) * 16, src + 128 * i, valid);
       }
       if (sub == 0) CpAsync8(base_ptr + (st - base) + L::kCodeBytes + row * 8, a.scales + at * 2, valid);
     }
@@ -434,12 +433,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int64_t head = h0 + 8 * warp + g;
     if (head < a.H) {
-      float2* po = reinterpret_cast<float2*>(part_o + (work * a.H + head) * kR + 256 * wg + 2 * c);
-      const uint64_t write_policy = L2Policy(a.l2_hints ? L2Hint::kEvictLast : L2Hint::kNormal);
+      float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
 #pragma unroll
       for (int n = 0; n < 16; ++n) {
-        StoreHinted(po + 4 * n, make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]), write_policy);
-        StoreHinted(po + 64 + 4 * n, make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]), write_policy);
+        *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
+        *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
       }
       if (wg == 0 && c == 0) {
         part_ml[(work * a.H + head) * 2] = m;
