@@ -27,13 +27,6 @@
 #             model` on the 2-layer Kimi-Linear-48B at prompt 1024 and 32768 (batch 1), the 32K
 #             step against the 1K step (issue 12), the 32K step again with the old split (ring4,
 #             64 splits), and the kernel at 32K and 128K with 64 splits (the schedule before).
-#   l2hints   the wgmma MLA decode split with KIMIRT_MLA_L2_HINTS=1 (latent rows read evict-first,
-#             partial outputs stored evict-last, so the combine finds them in L2) against without:
-#             the PagedDecode tests under the hints, then mla_decode_bench at batch 1, 8 and 32
-#             (BF16, 32K and 128K) alternating 0 / 1 / 0 / 1 ($OUT/mla-l2hints-H-R-bB.json), and the
-#             2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
-#   schains   as l2hints for KIMIRT_MLA_S_CHAINS=2 (each warpgroup's S as two chains of 9 k steps
-#             in two accumulators; BF16 rows; its own bits) ($OUT/mla-schains-*.json).
 #   mlapersist the persistent wgmma MLA decode split against one block an item (wgmma-item; the
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
@@ -156,7 +149,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|schains|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -344,34 +337,6 @@ PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
 fi
-# An A/B of the wgmma MLA decode split under an environment switch ($1, off "0", on $2; files
-# tagged $3): the PagedDecode tests with it on, then mla_decode_bench at batch 1, 8 and 32
-# alternating off / on / off / on, and the 2-layer 48B decode step at prompt 32768 with each.
-mla_env_ab() {
-  local var=$1 on=$2 tag=$3
-  env "$var=$on" timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence" | head -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for round in 1 2; do
-    for v in 0 "$on"; do
-      for batch in 1 8 32; do
-        ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
-        echo "--- round $round, $var=$v, batch $batch ---"
-        env "$var=$v" timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
-          --batch "$batch" --contexts "$ctx" --variants wgmma --iters 30 \
-          --json "$out/mla-$tag-$v-$round-b$batch.json" 2>&1 | tail -2
-      done
-    done
-  done
-  for v in 0 "$on"; do
-    env "$var=$v" timeout 200 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-$tag-model-$v.json" 2>&1 | tail -3
-  done
-}
-[[ "$what" == l2hints ]] && mla_env_ab KIMIRT_MLA_L2_HINTS 1 l2hints
-[[ "$what" == schains ]] && mla_env_ab KIMIRT_MLA_S_CHAINS 2 schains
 if [[ "$what" == mlapersist ]]; then
   timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:MlaDecodePersistSchedule.*' \
     --gtest_output="json:$out/gtest-mlapersist.json" 2>&1 | tail -8

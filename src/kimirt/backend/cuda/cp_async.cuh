@@ -40,38 +40,4 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// L2 cache policies (PTX createpolicy) for the hinted copies and stores below: evict_first for
-// data read once (a decode split's latent rows: they should not push out what is read again),
-// evict_last for data read back soon (its partial outputs, read by the combine), evict_normal as
-// if no hint were given.
-enum class L2Hint { kNormal, kEvictFirst, kEvictLast };
-__device__ __forceinline__ uint64_t L2Policy(L2Hint hint) {
-  uint64_t p;
-  if (hint == L2Hint::kEvictFirst) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  } else if (hint == L2Hint::kEvictLast) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  }
-  return p;
-}
-// CpAsync16 under an L2 policy.
-__device__ __forceinline__ void CpAsync16Hinted(uint32_t dst, const void* src, bool valid, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
-// A 4-byte global load under an L2 policy.
-__device__ __forceinline__ float LoadHinted(const float* src, uint64_t policy) {
-  float v;
-  asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;\n" : "=f"(v) : "l"(src), "l"(policy) : "memory");
-  return v;
-}
-// An 8-byte global store under an L2 policy.
-__device__ __forceinline__ void StoreHinted(float2* dst, float2 v, uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(dst), "f"(v.x), "f"(v.y), "l"(policy)
-               : "memory");
-}
-
 }  // namespace kimirt::cuda

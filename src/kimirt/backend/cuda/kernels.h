@@ -306,10 +306,6 @@ struct PagedDecodeArgs {
   // an item never changes its sums, so this may look at the whole step.
   const int32_t* block_work = nullptr;
   int64_t persist_blocks = 0;
-  // KIMIRT_MLA_L2_HINTS=1 (a trial, read once a process; MlaPagedDecode sets it): the wgmma split
-  // reads its latent rows evict-first and stores its partial outputs evict-last, so the combine
-  // finds them in L2, and reads them evict-first.
-  bool l2_hints = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
 int64_t MlaDecodeSplitLen(int64_t context);

@@ -49,7 +49,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace kimirt::cuda {
 namespace {
@@ -235,13 +234,9 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float*
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
 // l from zero, the tiles of its split in order), so the schedule never changes a bit.
-// kChains 2 (a trial, BF16 rows only: KIMIRT_MLA_S_CHAINS=2): each warpgroup's 18 k steps of S as
-// two chains of 9 into two accumulators, added when both are done — independent wgmmas the tensor
-// cores can overlap where one chain of 18 waits on each step (its own sums, so its own bits).
-template <int kKind, int kChains = 1>
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  static_assert(kChains == 1 || kKind == 1, "FP8 rows use the second accumulator for the rope");
   using L = Layout<kKind>;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -268,7 +263,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kRowBytes = kKind == 1 ? kW * 2 : kW;
   const int row = tid / 8, sub = tid % 8;
   const uint32_t sw = wgmma::SwizzledOffset(row, sub);
-  const uint64_t read_policy = L2Policy(a.l2_hints ? L2Hint::kEvictFirst : L2Hint::kNormal);
   TileStream copy;
   copy.Begin(a, w0, w1, row);
   int64_t row_ahead = -1;
@@ -280,11 +274,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st = ring + stage * L::kStageBytes;
     if constexpr (kKind == 1) {
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p) CpAsync16Hinted(st + sw + p * kTilePanelBytes, src + p * 128, valid, read_policy);
+      for (int p = 0; p < kPanels; ++p) CpAsync16(st + sw + p * kTilePanelBytes, src + p * 128, valid);
     } else {
 #pragma unroll
       for (int i = 0; i < (kW / 16 + 7) / 8; ++i) {
-        if (sub + 8 * i < kW / 16) CpAsync16Hinted(st + row * kW + (sub + 8 * i) * 16, src + 128 * i, valid, read_policy);
+        if (sub + 8 * i < kW / 16) CpAsync16(st + row * kW + (sub + 8 * i) * 16, src + 128 * i, valid);
       }
       if (sub == 0) CpAsync8(base_ptr + (st - base) + L::kCodeBytes + row * 8, a.scales + at * 2, valid);
     }
@@ -344,20 +338,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // steps apart).
       float s[16], s_rope[16];  // m64n32 accumulators: [4n + e] row g (e < 2) or g + 8, column 8n + 2c + e % 2
       constexpr int kRopeFrom = kKind == 1 ? 2 * kStepsPerGroup : kLatentSteps;
-      constexpr int kHalf = kStepsPerGroup / 2;  // kChains 2: the second chain's first step
       const uint64_t desc_tile = wgmma::Desc128B(st, 16, 1024);
       if (wg == 0) {
-        IssueScores<0, kChains == 2 ? kHalf : kRopeFrom>(s, s_rope, desc_q, desc_tile);
+        IssueScores<0, kRopeFrom>(s, s_rope, desc_q, desc_tile);
       } else {
-        IssueScores<kStepsPerGroup, kChains == 2 ? kStepsPerGroup + kHalf : kRopeFrom>(s, s_rope, desc_q, desc_tile);
+        IssueScores<kStepsPerGroup, kRopeFrom>(s, s_rope, desc_q, desc_tile);
       }
       wgmma::Wait<0>();
       wgmma::FenceRegs(s);
-      if constexpr (kKind == 2 || kChains == 2) wgmma::FenceRegs(s_rope);
-      if constexpr (kChains == 2) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += s_rope[i];
-      }
+      if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         swap[(wg * 4 + j) * 128 + tid % 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
@@ -444,12 +433,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int64_t head = h0 + 8 * warp + g;
     if (head < a.H) {
-      float2* po = reinterpret_cast<float2*>(part_o + (work * a.H + head) * kR + 256 * wg + 2 * c);
-      const uint64_t write_policy = L2Policy(a.l2_hints ? L2Hint::kEvictLast : L2Hint::kNormal);
+      float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
 #pragma unroll
       for (int n = 0; n < 16; ++n) {
-        StoreHinted(po + 4 * n, make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]), write_policy);
-        StoreHinted(po + 64 + 4 * n, make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]), write_policy);
+        *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
+        *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
       }
       if (wg == 0 && c == 0) {
         part_ml[(work * a.H + head) * 2] = m;
@@ -460,17 +448,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-template <int kKind, int kChains = 1>
+template <int kKind>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
   constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kChains>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kChains>, grid, dim3(kThreads), bytes, s, a, qc, part_o,
-            part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
 
@@ -487,17 +474,7 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  static const bool two_chains = [] {
-    const char* v = std::getenv("KIMIRT_MLA_S_CHAINS");
-    return v != nullptr && std::strcmp(v, "2") == 0;
-  }();
-  if (a.kind == 2) {
-    Launch<2>(a, qc, part_o, part_ml, persistent, s);
-  } else if (two_chains) {
-    Launch<1, 2>(a, qc, part_o, part_ml, persistent, s);
-  } else {
-    Launch<1>(a, qc, part_o, part_ml, persistent, s);
-  }
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda

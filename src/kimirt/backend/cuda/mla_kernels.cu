@@ -10,7 +10,6 @@
 //   absorbed: key = [c_s ‖ k_s], value = c_s, with the query absorbed beforehand (AbsorbQuery)
 //             and the output expanded afterwards (AbsorbOutput).
 #include "kimirt/backend/cuda/block_reduce.cuh"
-#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
 
@@ -20,7 +19,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace kimirt::cuda {
 namespace {
@@ -477,16 +475,13 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
   const int64_t dim = int64_t{blockIdx.y} * kCombineDims + d;
   const float* po = part_o + (j0 * a.H + h) * a.r + dim;
   const int64_t stride = a.H * a.r;
-  // KIMIRT_MLA_L2_HINTS: the partial outputs were stored evict-last for this read; read once, they
-  // go evict-first so they do not hold L2 from the kernels after.
-  const uint64_t policy = L2Policy(a.l2_hints ? L2Hint::kEvictFirst : L2Hint::kNormal);
   // This thread's first kCombineAhead parts, loaded while warp 0 works out the weights (they do
   // not need them): 32 splits all ahead, 128 (32K) half. The sum below keeps its order.
   float ahead[kCombineAhead];
 #pragma unroll
   for (int i = 0; i < kCombineAhead; ++i) {
     const int64_t j = q + int64_t{i} * kCombineGroups;
-    ahead[i] = dim < a.r && j < n ? LoadHinted(po + j * stride, policy) : 0.0f;
+    ahead[i] = dim < a.r && j < n ? po[j * stride] : 0.0f;
   }
   if (threadIdx.x < 32) {
     float mx = -INFINITY;
@@ -510,9 +505,7 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
       if (j < n) v += e[j] * ahead[i];
     }
 #pragma unroll 8
-    for (int64_t j = q + int64_t{kCombineAhead} * kCombineGroups; j < n; j += kCombineGroups) {
-      v += e[j] * LoadHinted(po + j * stride, policy);
-    }
+    for (int64_t j = q + int64_t{kCombineAhead} * kCombineGroups; j < n; j += kCombineGroups) v += e[j] * po[j * stride];
   }
   if (q > 0) partial[q - 1][d] = v;
   __syncthreads();
@@ -550,14 +543,8 @@ std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int
   return begin;
 }
 
-void MlaPagedDecode(const PagedDecodeArgs& step, const float* qc, float* part_o, float* part_ml, float* o_bar,
+void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s) {
-  static const bool hints = [] {
-    const char* v = std::getenv("KIMIRT_MLA_L2_HINTS");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  PagedDecodeArgs a = step;
-  a.l2_hints = hints;
   if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
     std::fprintf(stderr, "kimirt: paged MLA decode with latent %lld / rope %lld exceeds the kernel's %lld / %lld\n",
                  static_cast<long long>(a.r), static_cast<long long>(a.dr),
