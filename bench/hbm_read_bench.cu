@@ -100,9 +100,6 @@ struct Point {
 int main(int argc, char** argv) {
   kimirt::bench::StreamBenchFlags flags;
   if (!kimirt::bench::ParseStreamBenchFlags(argc, argv, "hbm_read_bench", &flags)) return 2;
-  const std::string& json = flags.json;
-  const double peak = flags.peak_gbps;
-  const int reps = flags.reps;
   const int64_t bytes = kRows * kRowBytes;
   char* buf = nullptr;
   uint32_t* sink = nullptr;
@@ -116,12 +113,12 @@ int main(int argc, char** argv) {
   const size_t occ4 = 48 * 1024;
   auto run = [&](const std::string& name, auto kernel, unsigned grid, size_t smem, auto... args) {
     if (smem > 0) BENCH_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const double ms = kimirt::bench::TimeMs(s, 3, reps, [&](int) {
+    const double ms = kimirt::bench::TimeMs(s, 3, flags.reps, [&](int) {
       kernel<<<grid, kWarps * 32, smem, s>>>(args...);
     });
     points.push_back({name, ms, bytes / (ms * 1e-3) / 1e9});
     std::printf("%-28s %9.3f ms %9.1f GB/s %6.3f of peak\n", name.c_str(), ms, points.back().gbps,
-                points.back().gbps / peak);
+                points.back().gbps / flags.peak_gbps);
   };
   const unsigned row_grid_base = static_cast<unsigned>(kRows / kWarps);
   for (const size_t smem : {occ4, size_t{0}}) {
@@ -136,13 +133,13 @@ int main(int argc, char** argv) {
     run("rows8x1024 " + occ, RowsKernel<8, 0>, row_grid_base / 8, smem, buf, sink);
     run("flat all " + occ, FlatKernel, static_cast<unsigned>(bytes / 8192 / kWarps), smem, buf, bytes, sink);
   }
-  if (!json.empty()) {
-    std::ofstream f(json);
-    f << "{\n  \"device\": \"cuda\",\n  \"bytes\": " << bytes << ",\n  \"peak_gb_per_s\": " << peak
+  if (!flags.json.empty()) {
+    std::ofstream f(flags.json);
+    f << "{\n  \"device\": \"cuda\",\n  \"bytes\": " << bytes << ",\n  \"peak_gb_per_s\": " << flags.peak_gbps
       << ",\n  \"points\": [\n";
     for (size_t i = 0; i < points.size(); ++i) {
       f << "    {\"pattern\": \"" << points[i].name << "\", \"ms\": " << points[i].ms << ", \"gb_per_s\": "
-        << points[i].gbps << ", \"bandwidth_fraction\": " << points[i].gbps / peak << "}"
+        << points[i].gbps << ", \"bandwidth_fraction\": " << points[i].gbps / flags.peak_gbps << "}"
         << (i + 1 < points.size() ? ",\n" : "\n");
     }
     f << "  ]\n}\n";

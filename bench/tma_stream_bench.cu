@@ -1,6 +1,6 @@
 // How many bytes in flight an SM needs to read a layer's latent rows near HBM speed through TMA
 // (docs/cuda.md "Which half sets a tile's time": the MLA decode split's cp.async ring, two tiles of
-// 36 KB in flight, moved only ~2.0-2.5 TB/s by itself on an H100). A pool shaped like the 48B's
+// 36 KB in flight, moved the whole op's latent bytes at 1.65-2.5 TB/s by itself on an H100). A pool shaped like the 48B's
 // latent cache at batch 8 and 32K (262,144 rows of 576 BF16, 302 MB: far past L2) is streamed once
 // per call by one block an SM, each walking its contiguous run of tiles (32 or 64 rows, nine
 // 128-byte-swizzled panels each: the split's tiles) through `stages` buffers: thread 0 loads a
@@ -80,9 +80,6 @@ struct Point {
 int main(int argc, char** argv) {
   kimirt::bench::StreamBenchFlags flags;
   if (!kimirt::bench::ParseStreamBenchFlags(argc, argv, "tma_stream_bench", &flags)) return 2;
-  const std::string& json = flags.json;
-  const double peak = flags.peak_gbps;
-  const int reps = flags.reps;
   const int64_t bytes = kRows * kCols * 2;
   void* pool = nullptr;
   uint32_t* sink = nullptr;
@@ -104,13 +101,13 @@ int main(int argc, char** argv) {
     }
     const size_t smem = static_cast<size_t>(stages) * tile_rows * 128 * kPanels + 16 * stages + 1024;
     BENCH_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const double ms = kimirt::bench::TimeMs(s, 3, reps, [&](int) {
+    const double ms = kimirt::bench::TimeMs(s, 3, flags.reps, [&](int) {
       kernel<<<sms, kThreads, smem, s>>>(map, sink);
     });
     BENCH_CUDA_OK(cudaStreamSynchronize(s));
     points.push_back({tile_rows, stages, ms, bytes / (ms * 1e-3) / 1e9});
     std::printf("tiles of %2d rows, %d stages (%6.1f KB in flight an SM) %8.3f ms %8.1f GB/s %6.3f of peak\n", tile_rows,
-                stages, stages * tile_rows * 1152 / 1024.0, ms, points.back().gbps, points.back().gbps / peak);
+                stages, stages * tile_rows * 1152 / 1024.0, ms, points.back().gbps, points.back().gbps / flags.peak_gbps);
   };
   run(32, 1, StreamKernel<32, 1>);
   run(32, 2, StreamKernel<32, 2>);
@@ -121,13 +118,13 @@ int main(int argc, char** argv) {
   run(64, 1, StreamKernel<64, 1>);
   run(64, 2, StreamKernel<64, 2>);
   run(64, 3, StreamKernel<64, 3>);
-  if (!json.empty()) {
-    std::ofstream f(json);
-    f << "{\n  \"bench\": \"tma_stream\",\n  \"device\": \"cuda\",\n  \"bytes\": " << bytes << ",\n  \"peak_gb_per_s\": " << peak
+  if (!flags.json.empty()) {
+    std::ofstream f(flags.json);
+    f << "{\n  \"bench\": \"tma_stream\",\n  \"device\": \"cuda\",\n  \"bytes\": " << bytes << ",\n  \"peak_gb_per_s\": " << flags.peak_gbps
       << ",\n  \"points\": [\n";
     for (size_t i = 0; i < points.size(); ++i) {
       f << "    {\"tile_rows\": " << points[i].tile_rows << ", \"stages\": " << points[i].stages << ", \"ms\": " << points[i].ms
-        << ", \"gb_per_s\": " << points[i].gbps << ", \"bandwidth_fraction\": " << points[i].gbps / peak << "}"
+        << ", \"gb_per_s\": " << points[i].gbps << ", \"bandwidth_fraction\": " << points[i].gbps / flags.peak_gbps << "}"
         << (i + 1 < points.size() ? ",\n" : "\n");
     }
     f << "  ]\n}\n";

@@ -3,8 +3,9 @@
 // tensor — rows × 64 BF16 columns land in a 128-byte-swizzled panel, the layout our wgmma
 // descriptors read (wgmma.cuh, SwizzledOffset) — and the consumers wait on the barrier for its
 // bytes: no copy instructions in the consumers' warps, and one barrier a box instead of a
-// block-wide __syncthreads. The groundwork for an MLA decode split shaped like FlashMLA's
-// (docs/cuda.md "Which half sets a tile's time"); tma.h makes the tensor maps on the host.
+// block-wide __syncthreads. Used by tma_stream_bench (bench/) and TmaTest; the seesaw MLA decode
+// split built on it (trial fee8584, reverted: docs/cuda.md "The seesaw split"); tma.h makes the
+// tensor maps on the host.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a 128-byte descriptor passed as a __grid_constant__ kernel parameter)
