@@ -31,6 +31,11 @@
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
 #             at prompt 32768, batch 1 and 8, with each ($OUT/mla-persist-*.json).
+#   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
+#             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
+#             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
+#             32K and 128K), two rounds in swapped order, and the 2-layer 48B decode step at prompt
+#             32768, batch 1 and 8, with each ($OUT/mla-ws-*.json).
 #   moe       One MoE layer at real widths: moe_bench (routed experts and router; K3 MXFP4 896 ×
 #             3584 × 3072 top-16, its TP-8 slice (intermediate 384), Kimi-Linear-48B BF16 256 × 2304
 #             × 1024 top-8; batches 1, 8, 32, 64: time and bandwidth at 4.25 bits an MXFP4 weight),
@@ -149,7 +154,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -473,6 +478,28 @@ sanitize() {
   grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-$name.txt" | head -10
   [[ $rc -eq 0 ]] || status=1
 }
+if [[ "$what" == mlaws ]]; then
+  timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \
+    --gtest_output="json:$out/gtest-mlaws.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|wgmma-ws" | head -20
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for tool in memcheck racecheck; do
+    sanitize "$tool" 150 'CudaBackendTest.PagedDecodeNineteenSequences*' mlaws
+  done
+  for order in "wgmma,wgmma-ws" "wgmma-ws,wgmma"; do
+    for batch in 1 8 32; do
+      ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
+      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch "$batch" \
+        --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-ws-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
+  done
+  for v in wgmma wgmma-ws; do
+    KIMIRT_MLA_DECODE_VARIANT=$v timeout 200 "$root/kimirt" bench model --device cuda \
+      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
+      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
+      --json "$out/mla-ws-model-$v.json" 2>&1 | tail -3
+  done
+fi
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

@@ -850,6 +850,16 @@ TEST_F(CudaBackendTest, PagedDecodeNineteenSequencesGiveEachItsBitsAlone) {
                    /*bf16_weights=*/true);
 }
 
+// Blocks of the persistent splits walking runs of items across sequences (three 32K contexts and
+// short ones, 32 heads: ~390 items on the device's ~132 blocks), against the CPU, each sequence
+// alone giving its row's bits: the warp-specialized split's hand-offs (a scorer warpgroup a tile
+// ahead of the accumulating ones, q̄ reloaded where the sequence changes) under every variant.
+TEST_F(CudaBackendTest, PagedDecodeBlocksWalkingRunsOfItemsMatchCpu) {
+  CheckPagedDecode(testing::MakePagedDecodeCase({32768, 65, 32768, 2049, 9000, 32768, 640}, /*heads=*/32,
+                                                DType::kBF16, 23, /*block_size=*/64),
+                   /*bf16_weights=*/true);
+}
+
 // ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
 // bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
 // (one split to the most; splits of 1 .. 16 tiles, partial last tiles).

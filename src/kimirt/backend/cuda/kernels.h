@@ -334,9 +334,13 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // heads): BF16 34 against 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132.
 // wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one): the
 // same sums, so the same bits.
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3 };
+// wgmma-ws (a trial) splits wgmma's roles by warpgroup — one scores and runs the softmax a tile
+// ahead, two accumulate ō and copy the tiles (mla_decode_wgmma.cu): its own sums (BF16 rows; FP8
+// rows take wgmma's kernel).
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
-                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem};
+                                                          MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
+                                                          MlaDecodeVariant::kWgmmaWs};
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
@@ -349,6 +353,10 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               bool persistent, cudaStream_t s);
+// The warp-specialized split (MlaDecodeVariant::kWgmmaWs) over a.block_work's runs, or one block an
+// item without them; FP8 rows go to MlaPagedDecodeSplitWgmma.
+void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
+                                cudaStream_t s);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -40,6 +40,7 @@
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
+#include "kimirt/backend/cuda/tma.cuh"
 #include "kimirt/backend/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -199,16 +200,15 @@ __device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// q̄ of sequence b's heads h0 .. h0 + 31 as hi and lo rows, swizzled into the panels at base_ptr:
-// 32 heads × 72 chunks of 8 values, 9 a thread, all loads before the conversions. Heads past H
-// are zeros (never stored).
-__device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float* qc, int64_t b, int64_t h0, int tid,
-                                          unsigned char* base_ptr) {
-  constexpr int kChunks = kW / 8, kPer = kHeads * kChunks / kThreads;
+// One round of LoadQuery: chunks k0, k0 + kN, ... (kPer of them).
+template <int kN, int kPer>
+__device__ __forceinline__ void LoadQueryRound(const PagedDecodeArgs& a, const float* qc, int64_t b, int64_t h0, int k0,
+                                               unsigned char* base_ptr) {
+  constexpr int kChunks = kW / 8;
   float4 v[kPer][2];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+    const int k = k0 + i * kN, hh = k / kChunks, e8 = k % kChunks;
     if (h0 + hh < a.H) {
       const float4* src = reinterpret_cast<const float4*>(qc + ((b * a.H + h0 + hh) * kW + e8 * 8));
       v[i][0] = src[0], v[i][1] = src[1];
@@ -218,7 +218,7 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float*
   }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int k = tid + i * kThreads, hh = k / kChunks, e8 = k % kChunks;
+    const int k = k0 + i * kN, hh = k / kChunks, e8 = k % kChunks;
     uint4 hi, lo;
     SplitPair(v[i][0].x, v[i][0].y, hi.x, lo.x);
     SplitPair(v[i][0].z, v[i][0].w, hi.y, lo.y);
@@ -227,6 +227,20 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float*
     unsigned char* panel = base_ptr + (e8 / 8) * kQPanelBytes;
     *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 0), e8 % 8)) = hi;
     *reinterpret_cast<uint4*>(panel + wgmma::SwizzledOffset(QRow(hh, 1), e8 % 8)) = lo;
+  }
+}
+
+// q̄ of sequence b's heads h0 .. h0 + 31 as hi and lo rows, swizzled into the panels at base_ptr,
+// by kN threads (tid < kN): 32 heads × 72 chunks of 8 values, in rounds of kPer a thread, each
+// round's loads before its conversions. Heads past H are zeros (never stored).
+template <int kN = kThreads, int kPer = kHeads * (kW / 8) / kN>
+__device__ __forceinline__ void LoadQuery(const PagedDecodeArgs& a, const float* qc, int64_t b, int64_t h0, int tid,
+                                          unsigned char* base_ptr) {
+  constexpr int kChunks = kW / 8;
+  static_assert(kHeads * kChunks % (kN * kPer) == 0, "whole rounds");
+#pragma unroll 1
+  for (int r0 = 0; r0 < kHeads * kChunks; r0 += kN * kPer) {
+    LoadQueryRound<kN, kPer>(a, qc, b, h0, tid + r0, base_ptr);
   }
   wgmma::FenceProxyAsync();  // these stores → the wgmmas' reads (after the next tile's barrier)
 }
@@ -461,6 +475,282 @@ void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, b
   CheckLaunch("MlaDecodeWgmma");
 }
 
+
+// --- The warp-specialized split (MlaDecodeVariant::kWgmmaWs; BF16 rows) ---
+// The wgmma split above runs each tile as one chain for both warpgroups: S (each its half of the k
+// steps), a block barrier to swap the halves, the softmax, ō, its wait, the next tile's barrier.
+// Measured alone (docs/cuda.md "Which half sets a tile's time") that chain takes ~2 µs a tile
+// where the tensor cores and shared memory need ~0.7. Here the roles are split by warpgroup:
+//   2 (the scorer) runs S over all 36 k steps in one m64n32 accumulator, then the online softmax,
+//     and hands each head's rescale factor and P's hi / lo A fragments (the registers the
+//     accumulators' threads at the same warp and lane need) to the others through shared memory;
+//   0 and 1 (the accumulators) own ō's dims 256u .. 256u + 255 as before, and copy the tiles:
+//     warpgroup u the panels it reads (4u .. 4u + 3) and chunks 4u .. 4u + 3 of the rope panel
+//     (read by S alone), so each refills its own panels of a stage as soon as its ō of that
+//     tile is done, with no barrier between the two.
+// The scorer's S and softmax of tile t + 1 run under the accumulators' ō of tile t. The hand-offs
+// are shared-memory barriers (tma.cuh): full[s] (256 copying threads, each after its own copies
+// of the tile landed and were fenced for the async proxy), pfull[p] (the scorer's 128 threads
+// wrote P and the factors of tile t, p = t mod 2) and pempty[p] (the 256 accumulator threads read
+// them). Four stages of 36 KB: while the scorer works on t + 1 and ō on t, t + 2 and t + 3 are in
+// flight.
+// Bits: S summed by the tensor cores over all 36 k steps (the wgmma split adds two warpgroups' 18
+// in F32), then the same softmax, P and ō steps: its own bits, held by the same tests to the CPU,
+// and each sequence alone to its row of the batch; the schedule (which block runs an item) never
+// changes a bit, as in the persistent wgmma split.
+constexpr int kWsThreads = 384, kWsStages = 4;
+struct WsLayout {
+  // From the (16-byte aligned) start: two P buffers (2 uint4 for each of the scorer's threads),
+  // the factors [2][32], the barriers; then q̄ and the ring from the next multiple of 1 KB.
+  static constexpr uint32_t kPBytes = 128 * 32;
+  static constexpr uint32_t kCorrAt = 2 * kPBytes;
+  static constexpr uint32_t kBarAt = kCorrAt + 2 * kHeads * 4;
+  static constexpr uint32_t kSmallBytes = kBarAt + (kWsStages + 4) * 8;
+  static constexpr size_t kSmemBytes = kSmallBytes + 1023 + kQBytes + kWsStages * kTileBytes;
+};
+static_assert(WsLayout::kSmemBytes <= 227 * 1024, "one block an SM");
+
+__device__ __forceinline__ void ScorerBarrier() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+__global__ void __launch_bounds__(kWsThreads, 1)
+    MlaDecodeWsKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+  using L = WsLayout;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw = SharedAddress(smem_raw);
+  const uint32_t base = (raw + L::kSmallBytes + 1023u) & ~1023u;  // panels at multiples of 1 KB
+  const uint32_t q_addr = base, ring = base + kQBytes;            // stage s at ring + s · kTileBytes
+  unsigned char* const base_ptr = smem_raw + (base - raw);
+  uint4* const pbuf = reinterpret_cast<uint4*>(smem_raw);  // [2][128 scorer threads][2]
+  float* const pcorr = reinterpret_cast<float*>(smem_raw + L::kCorrAt);  // [2][32 heads]
+  const uint32_t bars = raw + L::kBarAt;
+  const auto full = [bars](int s) { return bars + 8u * s; };
+  const auto pfull = [bars](int p) { return bars + 8u * (kWsStages + p); };
+  const auto pempty = [bars](int p) { return bars + 8u * (kWsStages + 2 + p); };
+
+  int w0 = static_cast<int>(blockIdx.x), w1 = w0 + 1;
+  if (a.block_work != nullptr) {
+    w0 = a.block_work[blockIdx.x], w1 = a.block_work[blockIdx.x + 1];
+  } else if (w0 >= *a.work_count) {
+    w1 = w0;
+  }
+  if (w0 >= w1) return;  // the whole block: no work this step
+  const int64_t h0 = int64_t{blockIdx.y} * kHeads;
+  const int tid = threadIdx.x, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32, g = lane / 4,
+            c = lane % 4;
+  int total = 0;  // the block's tiles
+  for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
+  if (tid == 0) {
+    for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), 256);
+    for (int p = 0; p < 2; ++p) tma::MbarInit(pfull(p), 128), tma::MbarInit(pempty(p), 256);
+    tma::FenceMbarInit();
+  }
+  __syncthreads();
+
+  // The accumulators' copies: thread wtid of warpgroup wg < 2 takes row wtid / 4 of every tile:
+  // chunks 2q, 2q + 1 (q = wtid mod 4) of panels 4 wg .. 4 wg + 3 and chunk 4 wg + q of the rope
+  // panel, each to its swizzled place. The first four tiles go out before the wait for the kernel
+  // ahead (the rows were written before it passed its own wait, as in the wgmma split).
+  const int row = wtid / 4, q = wtid % 4;
+  TileStream copy;
+  int64_t row_ahead = -1;
+  bool ahead = false;
+  auto issue = [&](int stage) {
+    const bool valid = row_ahead >= 0;
+    const unsigned char* src = static_cast<const unsigned char*>(a.values) + (valid ? row_ahead : 0) * (kW * 2);
+    const uint32_t st = ring + stage * kTileBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int p = 4 * wg + i;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        CpAsync16(st + p * kTilePanelBytes + wgmma::SwizzledOffset(row, 2 * q + h), src + p * 128 + (2 * q + h) * 16, valid);
+      }
+    }
+    const int rc = 4 * wg + q;
+    CpAsync16(st + 8 * kTilePanelBytes + wgmma::SwizzledOffset(row, rc), src + 8 * 128 + rc * 16, valid);
+    ahead = copy.Next(a, &row_ahead);
+  };
+  if (wg < 2) {
+    copy.Begin(a, w0, w1, row);
+    ahead = copy.Next(a, &row_ahead);
+#pragma unroll
+    for (int i = 0; i < kWsStages; ++i) {
+      if (ahead) issue(i);
+      CpAsyncCommit();  // one group a tile, empty past the end: the wait count is the same each tile
+    }
+  }
+  PdlWait();
+  PdlTrigger();
+  // The first item's q̄ by all 384 threads in one round (a block's first tile waits on it; later
+  // sequences' q̄ the scorer loads alone).
+  const int first_b = Item::Load(a, w0).b;
+  LoadQuery<kWsThreads, 6>(a, qc, first_b, h0, tid, base_ptr);
+  __syncthreads();
+
+  if (wg < 2) {
+    // The accumulators: ō's dims 256 wg + [0, 256).
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
+    CpAsyncWait<kWsStages - 2>();  // tiles 0 and 1
+    wgmma::FenceProxyAsync();
+    tma::MbarArrive(full(0));
+    if (total > 1) tma::MbarArrive(full(1));
+
+    int t = 0;  // the block's tile count so far
+    for (int work = w0; work < w1; ++work) {
+      const Item item = Item::Load(a, work);
+      float o0[64], o1[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o0[i] = o1[i] = 0.0f;
+      const int ntiles = item.Tiles();
+      for (int it = 0; it < ntiles; ++it, ++t) {
+        const int p = t & 1;
+        tma::MbarWait(pfull(p), (t >> 1) & 1);
+        const uint4 f0 = pbuf[(p * 128 + wtid) * 2], f1 = pbuf[(p * 128 + wtid) * 2 + 1];
+        const float corr = pcorr[p * kHeads + 8 * warp + g];
+        tma::MbarArrive(pempty(p));
+        const unsigned pa[2][4] = {{f0.x, f0.y, f0.z, f0.w}, {f1.x, f1.y, f1.z, f1.w}};
+        // ō · corr, skipped by a warp whose heads all kept their max (as in the wgmma split).
+        if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
+        }
+        const uint32_t stage = ring + (t % kWsStages) * kTileBytes;
+        wgmma::FenceRegs(o0);
+        wgmma::FenceRegs(o1);
+        wgmma::Fence();
+        const uint64_t desc_v = wgmma::Desc128B(stage + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
+          wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
+          wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+        }
+        wgmma::Commit();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o0);
+        wgmma::FenceRegs(o1);
+        // This warpgroup's panels of the stage are free (the scorer's S of tile t ended before its
+        // P): tile t + 4 goes there. Then tile t + 2 is announced once this thread's copies of it
+        // have landed.
+        if (ahead) issue(t % kWsStages);
+        CpAsyncCommit();
+        if (t + 2 < total) {
+          CpAsyncWait<kWsStages - 2>();
+          wgmma::FenceProxyAsync();
+          tma::MbarArrive(full((t + 2) % kWsStages));
+        }
+      }
+      // The split's unnormalized ō (hi row + lo row).
+      const int64_t head = h0 + 8 * warp + g;
+      if (head < a.H) {
+        float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
+          *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
+        }
+      }
+    }
+    CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
+    return;
+  }
+
+  // The scorer.
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::: "memory");
+  const uint64_t desc_q = wgmma::Desc128B(q_addr, 16, 1024);
+  int q_of = first_b;  // the sequence whose q̄ the panels hold
+  int t = 0;
+  for (int work = w0; work < w1; ++work) {
+    const Item item = Item::Load(a, work);
+    const int64_t b = item.b;
+    if (b != q_of) {
+      ScorerBarrier();  // every warp's S of the last tile is done reading q̄
+      LoadQuery<128, 6>(a, qc, b, h0, wtid, base_ptr);
+      ScorerBarrier();  // ... and all of the new q̄ is in place (fenced for the async proxy)
+      q_of = b;
+    }
+    float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
+    const int ntiles = item.Tiles();
+    for (int it = 0; it < ntiles; ++it, ++t) {
+      const int stage_index = t % kWsStages;
+      tma::MbarWait(full(stage_index), (t / kWsStages) & 1);
+      const uint64_t desc_tile = wgmma::Desc128B(ring + stage_index * kTileBytes, 16, 1024);
+      // S over all 36 k steps, ascending, from zero: s[4n + e] row g (e < 2) or g + 8, column
+      // 8n + 2c + e % 2.
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+      wgmma::FenceRegs(s);
+      wgmma::Fence();
+#pragma unroll
+      for (int step = 0; step < 2 * kStepsPerGroup; ++step) {
+        const int pn = step / 4, col = (step % 4) * 32;
+        wgmma::WgmmaSS_m64n32k16<0>(s, desc_q + ((pn * kQPanelBytes + col) >> 4),
+                                    desc_tile + ((pn * kTilePanelBytes + col) >> 4));
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      // The online softmax of the wgmma split (its step 2 without the swap).
+      const int valid = item.s1 - item.s0 - it * kTile;
+      float x[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * c + e;
+          x[2 * j + e] = col < valid ? a.scale * (s[4 * j + e] + s[4 * j + e + 2]) : -INFINITY;
+        }
+      }
+      float mx = x[0];
+#pragma unroll
+      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      const float corr = expf(m - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = expf(x[i] - m_new);
+        sum += x[i];
+      }
+      l = l * corr + sum;
+      m = m_new;
+      uint4 pa[2];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        SplitPair(x[4 * kk], x[4 * kk + 1], pa[kk].x, pa[kk].y);
+        SplitPair(x[4 * kk + 2], x[4 * kk + 3], pa[kk].z, pa[kk].w);
+      }
+      const int p = t & 1;
+      if (t >= 2) tma::MbarWait(pempty(p), ((t >> 1) - 1) & 1);  // P of tile t − 2 was read
+      pbuf[(p * 128 + wtid) * 2] = pa[0];
+      pbuf[(p * 128 + wtid) * 2 + 1] = pa[1];
+      if (c == 0) pcorr[p * kHeads + 8 * warp + g] = corr;
+      tma::MbarArrive(pfull(p));
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int64_t head = h0 + 8 * warp + g;
+    if (head < a.H && c == 0) {
+      part_ml[(work * a.H + head) * 2] = m;
+      part_ml[(work * a.H + head) * 2 + 1] = l;
+    }
+  }
+}
+
+void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+  constexpr size_t bytes = WsLayout::kSmemBytes;
+  static std::atomic<uint64_t> configured{0};
+  AllowDynamicSmem(MlaDecodeWsKernel, bytes, true, "MLA decode kernel (wgmma-ws)", &configured);
+  const bool walk = a.block_work != nullptr;
+  const int64_t blocks = walk ? a.persist_blocks : a.num_work;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml);
+  CheckLaunch("MlaDecodeWs");
+}
+
 }  // namespace
 
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
@@ -475,6 +765,15 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
     std::abort();
   }
   a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
+}
+
+void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
+                                cudaStream_t s) {
+  if (a.kind != 1 || !MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
+    return;
+  }
+  LaunchWs(a, qc, part_o, part_ml, s);
 }
 
 }  // namespace kimirt::cuda
