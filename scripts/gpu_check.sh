@@ -31,6 +31,11 @@
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
 #             at prompt 32768, batch 1 and 8, with each ($OUT/mla-persist-*.json).
+#   l2hints   the default MLA decode split (wgmma-ws) with KIMIRT_MLA_L2_HINTS=1 (partial outputs
+#             stored evict-last so the combine finds them in L2, read there evict-first) against
+#             without: the PagedDecode tests under the hints, then mla_decode_bench at batch 1, 8
+#             and 32 (BF16, 32K and 128K) alternating 0 / 1 / 0 / 1 ($OUT/mla-l2hints-H-R-bB.json),
+#             and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -154,7 +159,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -237,13 +242,23 @@ filter='CudaBackend*:PeerAllReduce.*:CudaWeightSlabs.*:CudaMxfp4LoadTest.*:Devic
 filter=${KIMIRT_TEST_FILTER:-$filter}  # a subset, for a rerun of what failed
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease. The PeerAllReduce tests run
-  # thread ranks on this one GPU: 32 hardware queues, so no two ranks' streams share one.
+  # thread ranks on this one GPU: 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), one a stream.
   # Into the file, read after: a `| head` on the live output would close the pipe once it has its
   # lines and SIGPIPE the test binary mid-suite, silently (session 30: 61 failure lines of one
   # test ended the suite at the next write).
-  rm -f "$out/gtest-cuda.json"  # a binary that dies writes none: no older one may stand in for it
-  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" \
-    >"$out/gtest-cuda.txt" 2>&1 || status=1
+  # The PeerAllReduce tests go first, in a process of their own: CUDA deals a process's streams
+  # onto the 32 queues in creation order, and after the backend tests' streams two ranks' streams
+  # shared one (session 33, H100): rank A's next call, queued behind its spinning call, then
+  # blocked rank B's call behind it in that queue, and the back-to-back test hung until its
+  # watchdog. A fresh process holds only the ranks' streams.
+  rm -f "$out/gtest-cuda.json" "$out/gtest-peer.json"  # a binary that dies writes none: no older one may stand in for it
+  if [[ "$filter" == *PeerAllReduce* ]]; then
+    CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 "$root/kimirt_tests" --gtest_filter='PeerAllReduce.*' \
+      --gtest_output="json:$out/gtest-peer.json" >"$out/gtest-peer.txt" 2>&1 || status=1
+    grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' "$out/gtest-peer.txt" | head -20
+  fi
+  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="${filter//PeerAllReduce.\*:/}" \
+    --gtest_output="json:$out/gtest-cuda.json" >"$out/gtest-cuda.txt" 2>&1 || status=1
   grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' "$out/gtest-cuda.txt" | head -60
   # The peer all-reduce's IPC path between processes, every rank on this one GPU (NCCL's own
   # checks need two: `nccl`). 2 and 4 process ranks, 20 exact calls each.
@@ -478,12 +493,34 @@ sanitize() {
   grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-$name.txt" | head -10
   [[ $rc -eq 0 ]] || status=1
 }
+if [[ "$what" == l2hints ]]; then
+  KIMIRT_MLA_L2_HINTS=1 timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
+    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence" | head -20
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for round in 1 2; do
+    for v in 0 1; do
+      for batch in 1 8 32; do
+        ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
+        echo "--- round $round, KIMIRT_MLA_L2_HINTS=$v, batch $batch ---"
+        KIMIRT_MLA_L2_HINTS=$v timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
+          --batch "$batch" --contexts "$ctx" --variants wgmma-ws --iters 30 \
+          --json "$out/mla-l2hints-$v-$round-b$batch.json" 2>&1 | tail -2
+      done
+    done
+  done
+  for v in 0 1; do
+    KIMIRT_MLA_L2_HINTS=$v timeout 200 "$root/kimirt" bench model --device cuda \
+      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
+      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
+      --json "$out/mla-l2hints-model-$v.json" 2>&1 | tail -3
+  done
+fi
 if [[ "$what" == mlaws ]]; then
   timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \
     --gtest_output="json:$out/gtest-mlaws.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|wgmma-ws" | head -20
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for tool in memcheck racecheck; do
-    sanitize "$tool" 150 'CudaBackendTest.PagedDecodeNineteenSequences*' mlaws
+    sanitize "$tool" 100 'CudaBackendTest.PagedDecodeNineteenSequences*' mlaws
   done
   for order in "wgmma,wgmma-ws" "wgmma-ws,wgmma"; do
     for batch in 1 8 32; do
