@@ -3,7 +3,7 @@
 //
 //   mla_decode_bench [--device cuda] [--contexts 4096,8192,32768,131072] [--dtypes bf16,fp8]
 //                    [--heads 32] [--batch 1] [--iters 100] [--peak-gbps 4800] [--json OUT.json]
-//                    [--variants ring4,ring2,wgmma,wgmma-item] [--kvb-dtype f32|bf16]
+//                    [--variants ring4,ring2,wgmma,wgmma-item,wgmma-ws] [--kvb-dtype f32|bf16]
 //
 // One MLA layer at K3 / Kimi-Linear widths (latent 512 + shared key 64, head dims 128), a pool
 // of 64-token blocks handed out in reverse (tables run downwards, like a pool in use), random
@@ -61,7 +61,7 @@ Tensor RandomHost(SplitMix64& rng, Shape shape, float scale) {
 
 struct Options {
   std::string device = "cuda", contexts = "4096,8192,32768,131072", dtypes = "bf16,fp8", json,
-              variants = "ring4,ring2,wgmma", kvb_dtype = "f32";
+              variants = "ring4,ring2,wgmma,wgmma-ws", kvb_dtype = "f32";
   int64_t heads = 32, batch = 1, iters = 100;
   double peak_gbps = 4800;
 };

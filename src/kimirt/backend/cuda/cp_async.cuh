@@ -40,4 +40,31 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// L2 cache policies (PTX createpolicy) for the hinted loads and stores below: evict_first for data
+// read once, evict_last for data read back soon. Not for cp.async: its .L2::cache_hint form trapped
+// as an illegal instruction on an H100 under every policy, created or constant, where ld and st
+// took all of them (session 33, .carry's polprobe; the cp.async hints of trial 975177e crashed
+// every MLA decode through the combine).
+enum class L2Hint { kEvictFirst, kEvictLast };
+__device__ __forceinline__ uint64_t L2Policy(L2Hint hint) {
+  uint64_t p;
+  if (hint == L2Hint::kEvictFirst) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  }
+  return p;
+}
+// A 4-byte global load under an L2 policy.
+__device__ __forceinline__ float LoadHinted(const float* src, uint64_t policy) {
+  float v;
+  asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;\n" : "=f"(v) : "l"(src), "l"(policy) : "memory");
+  return v;
+}
+// An 8-byte global store under an L2 policy.
+__device__ __forceinline__ void StoreHinted(float2* dst, float2 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(dst), "f"(v.x), "f"(v.y), "l"(policy)
+               : "memory");
+}
+
 }  // namespace kimirt::cuda

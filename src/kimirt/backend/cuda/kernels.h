@@ -306,6 +306,10 @@ struct PagedDecodeArgs {
   // an item never changes its sums, so this may look at the whole step.
   const int32_t* block_work = nullptr;
   int64_t persist_blocks = 0;
+  // KIMIRT_MLA_L2_HINTS=1 (a trial, read once a process; MlaPagedDecode sets it): the wgmma-ws split
+  // stores its partial outputs evict-last, so the combine finds them in L2, and the combine reads
+  // them evict-first (the same values: the same bits).
+  bool l2_hints = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
 int64_t MlaDecodeSplitLen(int64_t context);
@@ -324,24 +328,24 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
-// Three shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma, read once a process, so
-// a captured graph and the eager calls of a run use the same kernel; an unknown name aborts naming
-// it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM, 2 stages) run
-// the same sums in the same order on mma.sync, so the same bits (mla_decode_kernels.cu). wgmma
-// (the default; mla_decode_wgmma.cu) puts 32 heads' two BF16 parts in one m64 wgmma: its own
-// sums, held to the CPU at the same bar; BF16 and FP8 latents.
-// Measured on an H200 (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32
-// heads): BF16 34 against 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132.
-// wgmma-item is wgmma's kernel one block an item (the schedule before the persistent one): the
-// same sums, so the same bits.
-// wgmma-ws (a trial) splits wgmma's roles by warpgroup — one scores and runs the softmax a tile
-// ahead, two accumulate ō and copy the tiles (mla_decode_wgmma.cu): its own sums (BF16 rows; FP8
-// rows take wgmma's kernel).
+// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws, read once
+// a process, so a captured graph and the eager calls of a run use the same kernel; an unknown name
+// aborts naming it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM,
+// 2 stages) run the same sums in the same order on mma.sync, so the same bits
+// (mla_decode_kernels.cu). wgmma (mla_decode_wgmma.cu) puts 32 heads' two BF16 parts in one m64
+// wgmma: its own sums, held to the CPU at the same bar; BF16 and FP8 latents. Measured on an H200
+// (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32 heads): BF16 34 against
+// 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132. wgmma-item is wgmma's
+// kernel one block an item (the schedule before the persistent one): the same sums, so the same
+// bits. wgmma-ws (the default) splits wgmma's roles by warpgroup — one scores and runs the
+// softmax a tile ahead, two accumulate ō and copy the tiles: its own sums (S over 36 k steps in
+// one accumulator), BF16 rows (FP8 rows take wgmma's kernel); on an H100 0.90-0.93× wgmma's time
+// at batch 8-32, the same at batch 1 (docs/cuda.md "The warp-specialized split").
 enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
                                                           MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
                                                           MlaDecodeVariant::kWgmmaWs};
-MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma
+MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma-ws
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
 // Overrides the environment's choice for the rest of the process (tests run every variant);

@@ -640,14 +640,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           tma::MbarArrive(full((t + 2) % kWsStages));
         }
       }
-      // The split's unnormalized ō (hi row + lo row).
+      // The split's unnormalized ō (hi row + lo row); KIMIRT_MLA_L2_HINTS: evict-last, for the
+      // combine to read from L2.
       const int64_t head = h0 + 8 * warp + g;
       if (head < a.H) {
-        float* po = part_o + (work * a.H + head) * kR + 256 * wg + 2 * c;
+        float2* po = reinterpret_cast<float2*>(part_o + (work * a.H + head) * kR + 256 * wg + 2 * c);
+        const uint64_t policy = a.l2_hints ? L2Policy(L2Hint::kEvictLast) : 0;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o0[4 * n] + o0[4 * n + 2], o0[4 * n + 1] + o0[4 * n + 3]);
-          *reinterpret_cast<float2*>(po + 128 + 8 * n) = make_float2(o1[4 * n] + o1[4 * n + 2], o1[4 * n + 1] + o1[4 * n + 3]);
+        for (int n = 0; n < 32; ++n) {
+          const float* o = n < 16 ? o0 + 4 * n : o1 + 4 * (n - 16);
+          const float2 v = make_float2(o[0] + o[2], o[1] + o[3]);
+          float2* dst = po + (n < 16 ? 4 * n : 64 + 4 * (n - 16));
+          if (a.l2_hints) {
+            StoreHinted(dst, v, policy);
+          } else {
+            *dst = v;
+          }
         }
       }
     }

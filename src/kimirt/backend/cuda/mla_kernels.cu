@@ -10,6 +10,7 @@
 //   absorbed: key = [c_s ‖ k_s], value = c_s, with the query absorbed beforehand (AbsorbQuery)
 //             and the output expanded afterwards (AbsorbOutput).
 #include "kimirt/backend/cuda/block_reduce.cuh"
+#include "kimirt/backend/cuda/cp_async.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/pdl.cuh"
 
@@ -475,13 +476,18 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
   const int64_t dim = int64_t{blockIdx.y} * kCombineDims + d;
   const float* po = part_o + (j0 * a.H + h) * a.r + dim;
   const int64_t stride = a.H * a.r;
+  // KIMIRT_MLA_L2_HINTS: the parts were stored evict-last for this read; read once, they go
+  // evict-first so they do not hold L2 from the kernels after.
+  const bool hinted = a.l2_hints;
+  const uint64_t policy = hinted ? L2Policy(L2Hint::kEvictFirst) : 0;
+  const auto part = [&](int64_t j) { return hinted ? LoadHinted(po + j * stride, policy) : po[j * stride]; };
   // This thread's first kCombineAhead parts, loaded while warp 0 works out the weights (they do
   // not need them): 32 splits all ahead, 128 (32K) half. The sum below keeps its order.
   float ahead[kCombineAhead];
 #pragma unroll
   for (int i = 0; i < kCombineAhead; ++i) {
     const int64_t j = q + int64_t{i} * kCombineGroups;
-    ahead[i] = dim < a.r && j < n ? po[j * stride] : 0.0f;
+    ahead[i] = dim < a.r && j < n ? part(j) : 0.0f;
   }
   if (threadIdx.x < 32) {
     float mx = -INFINITY;
@@ -505,7 +511,7 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
       if (j < n) v += e[j] * ahead[i];
     }
 #pragma unroll 8
-    for (int64_t j = q + int64_t{kCombineAhead} * kCombineGroups; j < n; j += kCombineGroups) v += e[j] * po[j * stride];
+    for (int64_t j = q + int64_t{kCombineAhead} * kCombineGroups; j < n; j += kCombineGroups) v += e[j] * part(j);
   }
   if (q > 0) partial[q - 1][d] = v;
   __syncthreads();
@@ -543,8 +549,14 @@ std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int
   return begin;
 }
 
-void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
+void MlaPagedDecode(const PagedDecodeArgs& step, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s) {
+  static const bool hints = [] {
+    const char* v = std::getenv("KIMIRT_MLA_L2_HINTS");
+    return v != nullptr && v[0] == '1';
+  }();
+  PagedDecodeArgs a = step;
+  a.l2_hints = hints;
   if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
     std::fprintf(stderr, "kimirt: paged MLA decode with latent %lld / rope %lld exceeds the kernel's %lld / %lld\n",
                  static_cast<long long>(a.r), static_cast<long long>(a.dr),
