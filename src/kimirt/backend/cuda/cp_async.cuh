@@ -43,8 +43,8 @@ __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_a
 // L2 cache policies (PTX createpolicy) for the hinted loads and stores below: evict_first for data
 // read once, evict_last for data read back soon. Not for cp.async: its .L2::cache_hint form trapped
 // as an illegal instruction on an H100 under every policy, created or constant, where ld and st
-// took all of them (session 33, .carry's polprobe; the cp.async hints of trial 975177e crashed
-// every MLA decode through the combine).
+// took all of them (session 33, bench/l2_hint_bench.cu; the cp.async hints of trial 975177e
+// crashed every MLA decode through the combine).
 enum class L2Hint { kEvictFirst, kEvictLast };
 __device__ __forceinline__ uint64_t L2Policy(L2Hint hint) {
   uint64_t p;

@@ -200,6 +200,27 @@ __device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// ō += P · c for one tile: warpgroup wg's dims 256 wg + [0, 256) as two m64n128 accumulators, P's
+// hi / lo A fragments of the tile's two k16 steps in pa, the tile's panels at `stage` read as the
+// MN-major B operand; issued, committed and waited for (the panels are free after).
+__device__ __forceinline__ void AccumulateTile(float (&o0)[64], float (&o1)[64], const unsigned (&pa)[2][4],
+                                               uint32_t stage, int wg) {
+  wgmma::FenceRegs(o0);
+  wgmma::FenceRegs(o1);
+  wgmma::Fence();
+  const uint64_t desc_v = wgmma::Desc128B(stage + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
+    wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
+    wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
+  }
+  wgmma::Commit();
+  wgmma::Wait<0>();
+  wgmma::FenceRegs(o0);
+  wgmma::FenceRegs(o1);
+}
+
 // One round of LoadQuery: chunks k0, k0 + kN, ... (kPer of them).
 template <int kN, int kPer>
 __device__ __forceinline__ void LoadQueryRound(const PagedDecodeArgs& a, const float* qc, int64_t b, int64_t h0, int k0,
@@ -426,20 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
       // once both warpgroups pass the next tile's barrier.
-      wgmma::FenceRegs(o0);
-      wgmma::FenceRegs(o1);
-      wgmma::Fence();
-      const uint64_t desc_v = wgmma::Desc128B(st + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
-        wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
-        wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
-      }
-      wgmma::Commit();
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(o0);
-      wgmma::FenceRegs(o1);
+      AccumulateTile(o0, o1, pa, st, wg);
     }
 
     // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
@@ -614,21 +622,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
           for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
         }
-        const uint32_t stage = ring + (t % kWsStages) * kTileBytes;
-        wgmma::FenceRegs(o0);
-        wgmma::FenceRegs(o1);
-        wgmma::Fence();
-        const uint64_t desc_v = wgmma::Desc128B(stage + 4 * wg * kTilePanelBytes, kTilePanelBytes, 1024);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          constexpr uint32_t kStep = 16 * 128 >> 4, kHalf = 2 * kTilePanelBytes >> 4;  // descriptor units
-          wgmma::WgmmaRS_m64n128k16<1>(o0, pa[kk], desc_v + kk * kStep);
-          wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
-        }
-        wgmma::Commit();
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(o0);
-        wgmma::FenceRegs(o1);
+        AccumulateTile(o0, o1, pa, ring + (t % kWsStages) * kTileBytes, wg);
         // This warpgroup's panels of the stage are free (the scorer's S of tile t ended before its
         // P): tile t + 4 goes there. Then tile t + 2 is announced once this thread's copies of it
         // have landed.
