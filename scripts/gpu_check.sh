@@ -242,23 +242,13 @@ filter='CudaBackend*:PeerAllReduce.*:CudaWeightSlabs.*:CudaMxfp4LoadTest.*:Devic
 filter=${KIMIRT_TEST_FILTER:-$filter}  # a subset, for a rerun of what failed
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease. The PeerAllReduce tests run
-  # thread ranks on this one GPU: 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), one a stream.
+  # thread ranks on this one GPU: 32 hardware queues, so no two ranks' streams share one.
   # Into the file, read after: a `| head` on the live output would close the pipe once it has its
   # lines and SIGPIPE the test binary mid-suite, silently (session 30: 61 failure lines of one
   # test ended the suite at the next write).
-  # The PeerAllReduce tests go first, in a process of their own: CUDA deals a process's streams
-  # onto the 32 queues in creation order, and after the backend tests' streams two ranks' streams
-  # shared one (session 33, H100): rank A's next call, queued behind its spinning call, then
-  # blocked rank B's call behind it in that queue, and the back-to-back test hung until its
-  # watchdog. A fresh process holds only the ranks' streams.
-  rm -f "$out/gtest-cuda.json" "$out/gtest-peer.json"  # a binary that dies writes none: no older one may stand in for it
-  if [[ "$filter" == *PeerAllReduce* ]]; then
-    CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 "$root/kimirt_tests" --gtest_filter='PeerAllReduce.*' \
-      --gtest_output="json:$out/gtest-peer.json" >"$out/gtest-peer.txt" 2>&1 || status=1
-    grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' "$out/gtest-peer.txt" | head -20
-  fi
-  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="${filter//PeerAllReduce.\*:/}" \
-    --gtest_output="json:$out/gtest-cuda.json" >"$out/gtest-cuda.txt" 2>&1 || status=1
+  rm -f "$out/gtest-cuda.json"  # a binary that dies writes none: no older one may stand in for it
+  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 300 "$root/kimirt_tests" --gtest_filter="$filter" --gtest_output="json:$out/gtest-cuda.json" \
+    >"$out/gtest-cuda.txt" 2>&1 || status=1
   grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|error' "$out/gtest-cuda.txt" | head -60
   # The peer all-reduce's IPC path between processes, every rank on this one GPU (NCCL's own
   # checks need two: `nccl`). 2 and 4 process ranks, 20 exact calls each.

@@ -306,9 +306,9 @@ struct PagedDecodeArgs {
   // an item never changes its sums, so this may look at the whole step.
   const int32_t* block_work = nullptr;
   int64_t persist_blocks = 0;
-  // KIMIRT_MLA_L2_HINTS=1 (a trial, read once a process; MlaPagedDecode sets it): the wgmma-ws split
-  // stores its partial outputs evict-last, so the combine finds them in L2, and the combine reads
-  // them evict-first (the same values: the same bits).
+  // L2 hints (MlaPagedDecode sets them; on unless KIMIRT_MLA_L2_HINTS=0, read once a process): the
+  // wgmma-ws split stores its partial outputs evict-last, so the combine finds them in L2, and the
+  // combine reads them evict-first (the same values: the same bits).
   bool l2_hints = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
