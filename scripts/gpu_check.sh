@@ -347,6 +347,13 @@ PY
   echo "--- paged MLA decode kernel, batch 1 (fraction of 4.8 TB/s; issue 12 target >= 0.80 at 32K) ---"
   cat "$out/mla-decode-bench.txt"
 fi
+# The 2-layer 48B decode step at prompt 32K, batch 1 and 8, under the setting $1 (VAR=VALUE):
+# $out/$2.json.
+step48_32k() {
+  env "$1" timeout 300 "$root/kimirt" bench model --device cuda \
+    --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
+    --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 --json "$out/$2.json" 2>&1 | tail -3
+}
 if [[ "$what" == mlapersist ]]; then
   timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:MlaDecodePersistSchedule.*' \
     --gtest_output="json:$out/gtest-mlapersist.json" 2>&1 | tail -8
@@ -360,10 +367,7 @@ if [[ "$what" == mlapersist ]]; then
   timeout 200 "$root/mla_decode_bench" --heads 32 --dtypes fp8 --kvb-dtype bf16 --batch 8 --contexts 32768 \
     --variants wgmma-item,wgmma --iters 50 --json "$out/mla-persist-fp8-b8.json" 2>&1 | tail -3
   for v in wgmma-item wgmma; do
-    KIMIRT_MLA_DECODE_VARIANT=$v timeout 300 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-persist-model-$v.json" 2>&1 | tail -3
+    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v mla-persist-model-$v
   done
 fi
 if [[ "$what" == mlaprof ]]; then
@@ -499,10 +503,7 @@ if [[ "$what" == l2hints ]]; then
     done
   done
   for v in 0 1; do
-    KIMIRT_MLA_L2_HINTS=$v timeout 200 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-l2hints-model-$v.json" 2>&1 | tail -3
+    step48_32k KIMIRT_MLA_L2_HINTS=$v mla-l2hints-model-$v
   done
 fi
 if [[ "$what" == mlaws ]]; then
@@ -521,10 +522,7 @@ if [[ "$what" == mlaws ]]; then
     done
   done
   for v in wgmma wgmma-ws; do
-    KIMIRT_MLA_DECODE_VARIANT=$v timeout 200 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 \
-      --json "$out/mla-ws-model-$v.json" 2>&1 | tail -3
+    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v mla-ws-model-$v
   done
 fi
 if [[ "$what" == gemmrace ]]; then

@@ -200,6 +200,17 @@ __device__ __forceinline__ uint4 WidenFp8x8(uint2 codes) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// The work items w0 .. w1 − 1 this block runs: a run of a.block_work (persistent), else the one
+// item blockIdx.x (none past the step's count).
+__device__ __forceinline__ void BlockItems(const PagedDecodeArgs& a, int* w0, int* w1) {
+  *w0 = static_cast<int>(blockIdx.x), *w1 = *w0 + 1;
+  if (a.block_work != nullptr) {
+    *w0 = a.block_work[blockIdx.x], *w1 = a.block_work[blockIdx.x + 1];
+  } else if (*w0 >= *a.work_count) {
+    *w1 = *w0;
+  }
+}
+
 // ō += P · c for one tile: warpgroup wg's dims 256 wg + [0, 256) as two m64n128 accumulators, P's
 // hi / lo A fragments of the tile's two k16 steps in pa, the tile's panels at `stage` read as the
 // MN-major B operand; issued, committed and waited for (the panels are free after).
@@ -280,12 +291,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = base, ring = base + L::kRingAt;  // stage s at ring + s · kStageBytes
   unsigned char* const base_ptr = smem_raw + (base - raw);
   float4* const swap = reinterpret_cast<float4*>(base_ptr + L::kSwapAt);
-  int w0 = static_cast<int>(blockIdx.x), w1 = w0 + 1;
-  if (a.block_work != nullptr) {
-    w0 = a.block_work[blockIdx.x], w1 = a.block_work[blockIdx.x + 1];
-  } else if (w0 >= *a.work_count) {
-    w1 = w0;
-  }
+  int w0, w1;
+  BlockItems(a, &w0, &w1);
   if (w0 >= w1) return;  // the whole block: no work this step
   const int64_t h0 = int64_t{blockIdx.y} * kHeads;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, c = lane % 4;
@@ -535,12 +542,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const auto pfull = [bars](int p) { return bars + 8u * (kWsStages + p); };
   const auto pempty = [bars](int p) { return bars + 8u * (kWsStages + 2 + p); };
 
-  int w0 = static_cast<int>(blockIdx.x), w1 = w0 + 1;
-  if (a.block_work != nullptr) {
-    w0 = a.block_work[blockIdx.x], w1 = a.block_work[blockIdx.x + 1];
-  } else if (w0 >= *a.work_count) {
-    w1 = w0;
-  }
+  int w0, w1;
+  BlockItems(a, &w0, &w1);
   if (w0 >= w1) return;  // the whole block: no work this step
   const int64_t h0 = int64_t{blockIdx.y} * kHeads;
   const int tid = threadIdx.x, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32, g = lane / 4,
