@@ -357,8 +357,9 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               bool persistent, cudaStream_t s);
-// The warp-specialized split (MlaDecodeVariant::kWgmmaWs) over a.block_work's runs, or one block an
-// item without them; FP8 rows go to MlaPagedDecodeSplitWgmma.
+// The warp-specialized split (MlaDecodeVariant::kWgmmaWs; latents of MlaPagedDecodeWgmmaSupported)
+// over a.block_work's runs, or one block an item without them; FP8 rows go to
+// MlaPagedDecodeSplitWgmma.
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                                 cudaStream_t s);
 

@@ -211,6 +211,29 @@ __device__ __forceinline__ void BlockItems(const PagedDecodeArgs& a, int* w0, in
   }
 }
 
+// One tile of the online softmax for the head a quad holds: this lane's 8 scores x (−inf past
+// the split's end) become e^(x − m_new), the running max m and this lane's share of the sum l move
+// on, and the factor for ō's rescale, e^(m − m_new), is returned (0 on the first tile, m = −inf;
+// m_new is finite: a tile holds at least one position).
+__device__ __forceinline__ float SoftmaxStep(float (&x)[8], float& m, float& l) {
+  float mx = x[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float corr = expf(m - m_new);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[i] = expf(x[i] - m_new);
+    sum += x[i];
+  }
+  l = l * corr + sum;
+  m = m_new;
+  return corr;
+}
+
 // ō += P · c for one tile: warpgroup wg's dims 256 wg + [0, 256) as two m64n128 accumulators, P's
 // hi / lo A fragments of the tile's two k16 steps in pa, the tile's panels at `stage` read as the
 // MN-major B operand; issued, committed and waited for (the panels are free after).
@@ -423,22 +446,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
         }
       }
-      float mx = x[0];
+      const float corr = SoftmaxStep(x, m, l);
+      if constexpr (kKind == 2) {
 #pragma unroll
-      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m, mx);  // finite: a tile holds at least one position
-      const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        x[i] = expf(x[i] - m_new);
-        sum += x[i];
-        if constexpr (kKind == 2) x[i] *= lat_scale[i];
+        for (int i = 0; i < 8; ++i) x[i] *= lat_scale[i];
       }
-      l = l * corr + sum;
-      m = m_new;
       // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
       // bits are the same either way; after the first tiles the max rarely moves).
       if (__any_sync(0xffffffffu, corr != 1.0f)) {
@@ -494,8 +506,8 @@ void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, b
 // --- The warp-specialized split (MlaDecodeVariant::kWgmmaWs; BF16 rows) ---
 // The wgmma split above runs each tile as one chain for both warpgroups: S (each its half of the k
 // steps), a block barrier to swap the halves, the softmax, ō, its wait, the next tile's barrier.
-// Measured alone (docs/cuda.md "Which half sets a tile's time") that chain takes ~2 µs a tile
-// where the tensor cores and shared memory need ~0.7. Here the roles are split by warpgroup:
+// Measured alone (docs/cuda.md "Which half sets a tile's time") that chain takes up to 2.9 µs a
+// tile where the tensor cores and shared memory need ~0.6-1.1 (computed from their peaks). Here the roles are split by warpgroup:
 //   2 (the scorer) runs S over all 36 k steps in one m64n32 accumulator, then the online softmax,
 //     and hands each head's rescale factor and P's hi / lo A fragments (the registers the
 //     accumulators' threads at the same warp and lane need) to the others through shared memory;
@@ -707,21 +719,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           x[2 * j + e] = col < valid ? a.scale * (s[4 * j + e] + s[4 * j + e + 2]) : -INFINITY;
         }
       }
-      float mx = x[0];
-#pragma unroll
-      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, x[i]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m, mx);
-      const float corr = expf(m - m_new);
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        x[i] = expf(x[i] - m_new);
-        sum += x[i];
-      }
-      l = l * corr + sum;
-      m = m_new;
+      const float corr = SoftmaxStep(x, m, l);
       uint4 pa[2];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
@@ -774,7 +772,7 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
 
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                                 cudaStream_t s) {
-  if (a.kind != 1 || !MlaPagedDecodeWgmmaSupported(a)) {
+  if (a.kind != 1) {
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }

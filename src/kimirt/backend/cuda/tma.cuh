@@ -3,9 +3,10 @@
 // tensor — rows × 64 BF16 columns land in a 128-byte-swizzled panel, the layout our wgmma
 // descriptors read (wgmma.cuh, SwizzledOffset) — and the consumers wait on the barrier for its
 // bytes: no copy instructions in the consumers' warps, and one barrier a box instead of a
-// block-wide __syncthreads. Used by tma_stream_bench (bench/) and TmaTest; the seesaw MLA decode
-// split built on it (trial fee8584, reverted: docs/cuda.md "The seesaw split"); tma.h makes the
-// tensor maps on the host.
+// block-wide __syncthreads. The box loads are used by tma_stream_bench (bench/) and TmaTest (the
+// seesaw MLA decode split built on them: trial fee8584, reverted, docs/cuda.md "The seesaw
+// split"); the barriers also hand tiles between the warpgroups of the warp-specialized MLA decode
+// split (mla_decode_wgmma.cu). tma.h makes the tensor maps on the host.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a 128-byte descriptor passed as a __grid_constant__ kernel parameter)
