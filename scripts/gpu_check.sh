@@ -36,6 +36,13 @@
 #             without: the PagedDecode tests under the hints, then mla_decode_bench at batch 1, 8
 #             and 32 (BF16, 32K and 128K) alternating 0 / 1 / 0 / 1 ($OUT/mla-l2hints-H-R-bB.json),
 #             and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
+#   mlawsprof Nsight Compute on the wgmma-ws split at batch 8, 32K: stalls, and every SASS
+#             instruction's stall samples ($OUT/ncu-mlaws-source.csv, ncu-mlaws.ncu-rep).
+#   mlamerge  the same A/B for KIMIRT_MLA_MERGE (wgmma-ws chaining the merge groups its blocks run
+#             whole: one partial output a group instead of one a split): $OUT/mla-mlamerge-*.
+#   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
+#             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
+#             watchdog prints where one hangs ($OUT/peerhang.txt).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -159,7 +166,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlamerge|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -387,6 +394,22 @@ if [[ "$what" == mlaprof ]]; then
     grep -vE '^==PROF==|^ *-+ *$' "$f" | grep -E '[0-9]' | tail -90
   done
 fi
+if [[ "$what" == mlawsprof ]]; then
+  # Nsight Compute on one launch of the warp-specialized split (wgmma-ws; BF16 latents, 32 heads,
+  # 32K, batch 8): throughput, where the warps stall, and the stall samples of every SASS
+  # instruction ($OUT/ncu-mlaws-source.csv: which wait each warpgroup spends its time in).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 240 "$ncu" --clock-control none -k regex:MlaDecodeWs -s 3 -c 1 --import-source no \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SourceCounters -o "$out/ncu-mlaws" -f \
+    "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768 \
+    --iters 2 --variants wgmma-ws >"$out/ncu-mlaws-run.txt" 2>&1 || status=1
+  "$ncu" -i "$out/ncu-mlaws.ncu-rep" >"$out/ncu-mlaws.txt" 2>&1
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mlaws.txt" | grep -E '[0-9]' | tail -80
+  "$ncu" -i "$out/ncu-mlaws.ncu-rep" --page source --csv --print-source sass >"$out/ncu-mlaws-source.csv" 2>&1 ||
+    echo "ncu --page source failed: $(head -3 "$out/ncu-mlaws-source.csv")"
+  echo "source rows: $(wc -l <"$out/ncu-mlaws-source.csv")"
+fi
 if [[ "$what" == moeprof ]]; then
   # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,
   # occupancy, warp stalls and memory of each ExpertMma launch (issue 13's bandwidth target).
@@ -487,24 +510,38 @@ sanitize() {
   grep -E 'Invalid|hazard|Race|ERROR SUMMARY|RACECHECK SUMMARY|Barrier' "$out/$tool-$name.txt" | head -10
   [[ $rc -eq 0 ]] || status=1
 }
-if [[ "$what" == l2hints ]]; then
-  KIMIRT_MLA_L2_HINTS=1 timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
+# An on / off switch of the default MLA decode split, A/B: the PagedDecode tests with $1=1, then
+# mla_decode_bench at batch 1, 8 and 32 (BF16, 32K and 128K) alternating $1=0 / 1 / 0 / 1
+# ($OUT/mla-$2-V-R-bB.json), and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
+mla_switch_ab() {
+  env "$1=1" timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
     grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence" | head -20
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for round in 1 2; do
     for v in 0 1; do
       for batch in 1 8 32; do
         ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
-        echo "--- round $round, KIMIRT_MLA_L2_HINTS=$v, batch $batch ---"
-        KIMIRT_MLA_L2_HINTS=$v timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
+        echo "--- round $round, $1=$v, batch $batch ---"
+        env "$1=$v" timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
           --batch "$batch" --contexts "$ctx" --variants wgmma-ws --iters 30 \
-          --json "$out/mla-l2hints-$v-$round-b$batch.json" 2>&1 | tail -2
+          --json "$out/mla-$2-$v-$round-b$batch.json" 2>&1 | tail -2
       done
     done
   done
   for v in 0 1; do
-    step48_32k KIMIRT_MLA_L2_HINTS=$v mla-l2hints-model-$v
+    step48_32k "$1=$v" "mla-$2-model-$v"
   done
+}
+[[ "$what" == l2hints ]] && mla_switch_ab KIMIRT_MLA_L2_HINTS l2hints
+[[ "$what" == mlamerge ]] && mla_switch_ab KIMIRT_MLA_MERGE mlamerge
+if [[ "$what" == peerhang ]]; then
+  # The back-to-back peer test alone, repeated until it fails (its watchdog prints every rank's
+  # counters and peers' flags before it aborts them): how often it hangs, and where.
+  CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 240 "$root/kimirt_tests" \
+    --gtest_filter='PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer:PeerAllReduce.CallsInAGraphAdvanceOnEveryReplay' \
+    --gtest_repeat=${KIMIRT_PEER_REPEAT:-40} >"$out/peerhang.txt" 2>&1 || status=1
+  echo "peerhang: $(grep -c '^\[       OK' "$out/peerhang.txt") passed, $(grep -c '^\[  FAILED' "$out/peerhang.txt") failed"
+  grep -E -A6 'counters:|Failure' "$out/peerhang.txt" | head -60
 fi
 if [[ "$what" == mlaws ]]; then
   timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \

@@ -98,6 +98,10 @@ class PeerAllReduce {
   }
   // Ends every wait of this rank's calls, now and later (any thread).
   void Abort();
+  // This rank's counters (the epoch each block last finished) and the flags its peers wrote (the
+  // epoch each peer's block last arrived at), copied while kernels may still run: what a test
+  // prints when its ranks stop making progress. A line saying why where the copy fails.
+  std::string DescribeState() const;
 
  private:
   PeerAllReduce() = default;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -107,6 +108,10 @@ void OnRanks(int ranks, const std::function<void(Rank&)>& fn) {
     std::unique_lock<std::mutex> lock(mu);
     if (cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished == ranks; })) return;
     timed_out = true;
+    // Where each rank stands, for the failure's record, before the waits are ended.
+    for (PeerAllReduce* p : live) {
+      if (p != nullptr) std::fprintf(stderr, "%s\n", p->DescribeState().c_str());
+    }
     for (PeerAllReduce* p : live) {
       if (p != nullptr) p->Abort();
     }
@@ -226,9 +231,15 @@ TEST(PeerAllReduce, EveryRankGetsTheRankOrderedSumBitForBit) {
   }
 }
 
-TEST(PeerAllReduce, BackToBackCallsWithoutTheHostBetween) {
-  // 40 calls queued on each rank's stream, each on its own buffer, before any is read back: a
-  // fast rank reaches call k + 2's half while a slow one still reads call k's.
+TEST(PeerAllReduce, FortyCallsInARowEachOnItsOwnBuffer) {
+  // 40 calls, each on its own buffer, read back only after the last: every rank launches its next
+  // call as soon as its own last one ended, so a fast rank is a call ahead of a slow one still
+  // reading (its sum after the barrier) — the halves and epochs in turn, with no host barrier.
+  // One call in flight a stream: thread ranks of one GPU can share a hardware queue (CUDA deals
+  // streams onto its connections), and a queued call waiting for its stream's previous one would
+  // block a peer's call behind it in that queue. With all 40 queued at once, 14 of 26 repetitions
+  // hung so on an H100 (session 34: one rank's first kernel never started while the others waited
+  // at epoch 1). On a GPU each, as served, no two ranks share a queue.
   constexpr int kRanksHere = 4, kCalls = 40;
   constexpr size_t kN = 7168 * 2 + 1;
   std::vector<size_t> bad(kRanksHere, 0);
@@ -240,7 +251,10 @@ TEST(PeerAllReduce, BackToBackCallsWithoutTheHostBetween) {
     }
     CUDA_OK(cudaStreamSynchronize(k.stream));
     k.Meet();
-    for (int c = 0; c < kCalls; ++c) CUDA_OK(k.peer.Launch(d[static_cast<size_t>(c)], kN, k.stream));
+    for (int c = 0; c < kCalls; ++c) {
+      CUDA_OK(k.peer.Launch(d[static_cast<size_t>(c)], kN, k.stream));
+      CUDA_OK(cudaStreamSynchronize(k.stream));
+    }
     for (int c = 0; c < kCalls; ++c) {
       bad[static_cast<size_t>(k.rank)] += Mismatches(k.Down(d[static_cast<size_t>(c)], kN),
                                                      RankOrderedSum(kN, kRanksHere, c));
