@@ -38,8 +38,6 @@
 #             and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
 #   mlawsprof Nsight Compute on the wgmma-ws split at batch 8, 32K: stalls, and every SASS
 #             instruction's stall samples ($OUT/ncu-mlaws-source.csv, ncu-mlaws.ncu-rep).
-#   mlamerge  the same A/B for KIMIRT_MLA_MERGE (wgmma-ws chaining the merge groups its blocks run
-#             whole: one partial output a group instead of one a split): $OUT/mla-mlamerge-*.
 #   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
@@ -166,7 +164,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlamerge|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -533,7 +531,6 @@ mla_switch_ab() {
   done
 }
 [[ "$what" == l2hints ]] && mla_switch_ab KIMIRT_MLA_L2_HINTS l2hints
-[[ "$what" == mlamerge ]] && mla_switch_ab KIMIRT_MLA_MERGE mlamerge
 if [[ "$what" == peerhang ]]; then
   # The back-to-back peer test alone, repeated until it fails (its watchdog prints every rank's
   # counters and peers' flags before it aborts them): how often it hangs, and where.

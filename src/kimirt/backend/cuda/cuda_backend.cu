@@ -1444,7 +1444,7 @@ void CudaKvStorage::AttendDecode(int layer, const Tensor& q, const Tensor& w_kvb
   a.H = H;
   a.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
   Tensor part_o = be_.Raw({step_work_cap_, H, r}, DType::kF32);
-  Tensor part_ml = be_.Raw({cuda::MlaDecodeMlScratch(step_work_cap_, H)}, DType::kF32);
+  Tensor part_ml = be_.Raw({step_work_cap_, H, 2}, DType::kF32);
   Tensor o_bar = be_.Raw({B, H, r}, DType::kF32);
   cuda::MlaPagedDecode(a, CudaBackend::F(qc), CudaBackend::F(part_o), CudaBackend::F(part_ml), CudaBackend::F(o_bar),
                        be_.stream_);

@@ -863,35 +863,6 @@ TEST_F(CudaBackendTest, PagedDecodeBlocksWalkingRunsOfItemsMatchCpu) {
 // ring2 keeps ring4's sums in ring4's order (mla_decode_kernels.cu), so the whole op gives ring4's
 // bits: BF16 and FP8 latents, 12 and 32 heads (one and two head blocks), contexts 1 .. 32K
 // (one split to the most; splits of 1 .. 16 tiles, partial last tiles).
-// The warp-specialized split chains the merge groups its blocks run whole (one partial output a
-// group) and the combine chains the rest: the same functions in the same order, so the same bits
-// as every split writing its own part. Eight 32K contexts make 1,024 items on the device's ~132
-// blocks, runs of ~8 items, so most groups are chained in the split; the other case has runs of
-// ~4 items across short and long sequences, so groups cut by a run's end too.
-TEST_F(CudaBackendTest, PagedDecodeChainedGroupsGiveEachSplitsOwnPartsBits) {
-  const int layer = 1;
-  for (const std::vector<int64_t>& contexts :
-       {std::vector<int64_t>(8, 32768), std::vector<int64_t>{32768, 65, 32768, 2049, 9000, 32768, 640}}) {
-    SCOPED_TRACE(std::to_string(contexts.size()) + " sequences");
-    const testing::PagedDecodeCase c = testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kBF16, 91);
-    auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
-    const Tensor q = Up(c.q), w = Up(c.w_kvb);
-    const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
-    MlaDecodeVariantScope scope(cuda::MlaDecodeVariant::kWgmmaWs);
-    const bool saved = cuda::MlaMergeGroups();
-    std::vector<Tensor> got;
-    for (bool merge : {false, true}) {
-      cuda::SetMlaMergeGroups(merge);
-      Tensor o = Poisoned({static_cast<int64_t>(c.step.size()), c.mla.heads * c.mla.v_dim});
-      kv->AttendDecode(layer, q, w, c.mla, &o);
-      got.push_back(Down(o));
-    }
-    cuda::SetMlaMergeGroups(saved);
-    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[1].f32()[i])) << "element " << i;
-    EXPECT_EQ(std::memcmp(got[0].f32(), got[1].f32(), static_cast<size_t>(n) * sizeof(float)), 0);
-  }
-}
-
 TEST_F(CudaBackendTest, PagedDecodeRing2GivesRing4sBits) {
   ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kRing4, cuda::MlaDecodeVariant::kRing2,
                                {1, 100, 4097, 32768, 33, 1000}, {12, 32});

@@ -310,11 +310,6 @@ struct PagedDecodeArgs {
   // wgmma-ws split stores its partial outputs evict-last, so the combine finds them in L2, and the
   // combine reads them evict-first (the same values: the same bits).
   bool l2_hints = false;
-  // The warp-specialized split chains the merge groups (mla_merge.cuh) a block runs whole and
-  // writes one partial output a group, at the group's first item; it marks each group's first
-  // item in the flags after part_ml (int32 [num_work]: 1 chained, 0 each split its own), which
-  // the combine reads. MlaPagedDecode sets it for that split (KIMIRT_MLA_MERGE=0: off).
-  bool merge_groups = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
 int64_t MlaDecodeSplitLen(int64_t context);
@@ -327,16 +322,9 @@ int SmCount();
 // across consecutive splits and its copy ring runs on from one item into the next.
 std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int64_t blocks);
 // ō [B, H, r] of the absorbed queries qc [B, H, r + dr] (AbsorbQuery). part_o [num_work, H, r]
-// and part_ml [num_work, H, 2] then int32 [num_work] (MlaDecodeMlScratch floats) are scratch for
-// the splits.
+// and part_ml [num_work, H, 2] are scratch for the splits.
 void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml, float* o_bar,
                     cudaStream_t s);
-inline int64_t MlaDecodeMlScratch(int64_t num_work, int64_t H) { return num_work * H * 2 + num_work; }
-// Whether the warp-specialized split chains the merge groups its blocks run whole
-// (PagedDecodeArgs::merge_groups): on unless KIMIRT_MLA_MERGE=0; SetMlaMergeGroups overrides it for
-// the rest of the process (tests run both: the same bits).
-bool MlaMergeGroups();
-void SetMlaMergeGroups(bool on);
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);

@@ -39,7 +39,6 @@
 #include "kimirt/backend/cuda/dynamic_smem.cuh"
 #include "kimirt/backend/cuda/kernels.h"
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
-#include "kimirt/backend/cuda/mla_merge.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/tma.cuh"
 #include "kimirt/backend/cuda/wgmma.cuh"
@@ -532,34 +531,13 @@ struct WsLayout {
   // the factors [2][32], the barriers; then q̄ and the ring from the next multiple of 1 KB.
   static constexpr uint32_t kPBytes = 128 * 32;
   static constexpr uint32_t kCorrAt = 2 * kPBytes;
-  static constexpr uint32_t kMergeAt = kCorrAt + 2 * kHeads * 4;  // [2][32 heads] float2 (a, b)
-  static constexpr uint32_t kBarAt = kMergeAt + 2 * kHeads * 8;
+  static constexpr uint32_t kBarAt = kCorrAt + 2 * kHeads * 4;
   static constexpr uint32_t kSmallBytes = kBarAt + (kWsStages + 4) * 8;
   static constexpr size_t kSmemBytes = kSmallBytes + 1023 + kQBytes + kWsStages * kTileBytes;
 };
 static_assert(WsLayout::kSmemBytes <= 227 * 1024, "one block an SM");
 
 __device__ __forceinline__ void ScorerBarrier() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
-
-// Item w's place in its merge group (mla_merge.cuh) for a block running items w0 .. w1 − 1:
-// `slot`, the item whose partial output and (max, sum) it writes (the group's first where the
-// block runs the whole group, else its own); `chain`, whether it meets the group's running
-// result (a later item of a whole group); `last`, whether the group ends with it.
-struct WsGroupPlace {
-  int slot, first;
-  bool whole, chain, last;
-  __device__ static WsGroupPlace Of(const PagedDecodeArgs& a, int w, int64_t b, int w0, int w1) {
-    WsGroupPlace g;
-    int last_item;
-    const int j0 = a.split_begin[b];
-    MergeGroupOf(w, j0, a.split_begin[b + 1] - j0, &g.first, &last_item);
-    g.whole = a.merge_groups && g.first >= w0 && last_item < w1;
-    g.slot = g.whole ? g.first : w;
-    g.chain = g.whole && w > g.first;
-    g.last = !g.whole || w == last_item;
-    return g;
-  }
-};
 
 __global__ void __launch_bounds__(kWsThreads, 1)
     MlaDecodeWsKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
@@ -571,7 +549,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   unsigned char* const base_ptr = smem_raw + (base - raw);
   uint4* const pbuf = reinterpret_cast<uint4*>(smem_raw);  // [2][128 scorer threads][2]
   float* const pcorr = reinterpret_cast<float*>(smem_raw + L::kCorrAt);  // [2][32 heads]
-  float2* const pmerge = reinterpret_cast<float2*>(smem_raw + L::kMergeAt);  // [2][32 heads]
   const uint32_t bars = raw + L::kBarAt;
   const auto full = [bars](int s) { return bars + 8u * s; };
   const auto pfull = [bars](int p) { return bars + 8u * (kWsStages + p); };
@@ -644,18 +621,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     int t = 0;  // the block's tile count so far
     for (int work = w0; work < w1; ++work) {
       const Item item = Item::Load(a, work);
-      const WsGroupPlace place = WsGroupPlace::Of(a, work, item.b, w0, w1);
       float o0[64], o1[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) o0[i] = o1[i] = 0.0f;
-      float2 merge = make_float2(0.0f, 0.0f);  // (a, b) of this item's chain step
       const int ntiles = item.Tiles();
       for (int it = 0; it < ntiles; ++it, ++t) {
         const int p = t & 1;
         tma::MbarWait(pfull(p), (t >> 1) & 1);
         const uint4 f0 = pbuf[(p * 128 + wtid) * 2], f1 = pbuf[(p * 128 + wtid) * 2 + 1];
         const float corr = pcorr[p * kHeads + 8 * warp + g];
-        if (place.chain && it == ntiles - 1) merge = pmerge[p * kHeads + 8 * warp + g];
         tma::MbarArrive(pempty(p));
         const unsigned pa[2][4] = {{f0.x, f0.y, f0.z, f0.w}, {f1.x, f1.y, f1.z, f1.w}};
         // ō · corr, skipped by a warp whose heads all kept their max (as in the wgmma split).
@@ -675,35 +649,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           tma::MbarArrive(full((t + 2) % kWsStages));
         }
       }
-      // The split's unnormalized ō (hi row + lo row) into its slot, chained onto the group's
-      // running result there (this thread's own stores of the group's earlier items) where the
-      // group runs whole here. KIMIRT_MLA_L2_HINTS: evict-last, for the combine (or this
-      // block's next item) to read from L2.
+      // The split's unnormalized ō (hi row + lo row); KIMIRT_MLA_L2_HINTS: evict-last, for the
+      // combine to read from L2.
       const int64_t head = h0 + 8 * warp + g;
       if (head < a.H) {
-        float2* po = reinterpret_cast<float2*>(part_o + (place.slot * a.H + head) * kR + 256 * wg + 2 * c);
+        float2* po = reinterpret_cast<float2*>(part_o + (work * a.H + head) * kR + 256 * wg + 2 * c);
         const uint64_t policy = a.l2_hints ? L2Policy(L2Hint::kEvictLast) : 0;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float2 run[16];  // a half at a time: 32 registers beside ō's 128
-          if (place.chain) {
-#pragma unroll
-            for (int n = 0; n < 16; ++n) run[n] = __ldcg(po + 64 * half + 4 * n);
-          }
-#pragma unroll
-          for (int n = 0; n < 16; ++n) {
-            const float* o = half == 0 ? o0 + 4 * n : o1 + 4 * n;
-            float2 v = make_float2(o[0] + o[2], o[1] + o[3]);
-            if (place.chain) {
-              v.x = MergeStep(run[n].x, v.x, merge.x, merge.y);
-              v.y = MergeStep(run[n].y, v.y, merge.x, merge.y);
-            }
-            float2* dst = po + 64 * half + 4 * n;
-            if (a.l2_hints) {
-              StoreHinted(dst, v, policy);
-            } else {
-              *dst = v;
-            }
+        for (int n = 0; n < 32; ++n) {
+          const float* o = n < 16 ? o0 + 4 * n : o1 + 4 * (n - 16);
+          const float2 v = make_float2(o[0] + o[2], o[1] + o[3]);
+          float2* dst = po + (n < 16 ? 4 * n : 64 + 4 * (n - 16));
+          if (a.l2_hints) {
+            StoreHinted(dst, v, policy);
+          } else {
+            *dst = v;
           }
         }
       }
@@ -717,13 +677,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint64_t desc_q = wgmma::Desc128B(q_addr, 16, 1024);
   int q_of = first_b;  // the sequence whose q̄ the panels hold
   int t = 0;
-  float m_run = 0.0f, l_run = 0.0f;  // a whole group's running (max, sum), chained in item order
-  int* const group_flags = reinterpret_cast<int*>(part_ml + a.num_work * a.H * 2);
   for (int work = w0; work < w1; ++work) {
     const Item item = Item::Load(a, work);
     const int64_t b = item.b;
-    const WsGroupPlace place = WsGroupPlace::Of(a, work, b, w0, w1);
-    if (a.merge_groups && work == place.first && wtid == 0) group_flags[work] = place.whole ? 1 : 0;
     if (b != q_of) {
       ScorerBarrier();  // every warp's S of the last tile is done reading q̄
       LoadQuery<128, 6>(a, qc, b, h0, wtid, base_ptr);
@@ -731,7 +687,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       q_of = b;
     }
     float m = -INFINITY, l = 0.0f;  // head 8·warp + g's running max and this lane's share of the sum
-    MergeFactors chain_step{};      // a chain item's step onto the group's (m_run, l_run)
     const int ntiles = item.Tiles();
     for (int it = 0; it < ntiles; ++it, ++t) {
       const int stage_index = t % kWsStages;
@@ -765,10 +720,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
       }
       const float corr = SoftmaxStep(x, m, l);
-      // The item's last tile: m is final, so the chain step's factors go out with its P.
-      MergeFactors merge{};
-      const bool merge_now = place.chain && it == ntiles - 1;
-      if (merge_now) merge = MergeFactorsOf(m_run, m);
       uint4 pa[2];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
@@ -779,24 +730,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (t >= 2) tma::MbarWait(pempty(p), ((t >> 1) - 1) & 1);  // P of tile t − 2 was read
       pbuf[(p * 128 + wtid) * 2] = pa[0];
       pbuf[(p * 128 + wtid) * 2 + 1] = pa[1];
-      if (c == 0) {
-        pcorr[p * kHeads + 8 * warp + g] = corr;
-        if (merge_now) pmerge[p * kHeads + 8 * warp + g] = make_float2(merge.a, merge.b);
-      }
-      if (merge_now) chain_step = merge;
+      if (c == 0) pcorr[p * kHeads + 8 * warp + g] = corr;
       tma::MbarArrive(pfull(p));
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (!place.chain) {
-      m_run = m, l_run = l;  // the item alone, or a whole group's first
-    } else {
-      m_run = chain_step.m, l_run = MergeStep(l_run, l, chain_step.a, chain_step.b);
-    }
     const int64_t head = h0 + 8 * warp + g;
-    if (head < a.H && c == 0 && place.last) {
-      part_ml[(place.slot * a.H + head) * 2] = m_run;
-      part_ml[(place.slot * a.H + head) * 2 + 1] = l_run;
+    if (head < a.H && c == 0) {
+      part_ml[(work * a.H + head) * 2] = m;
+      part_ml[(work * a.H + head) * 2 + 1] = l;
     }
   }
 }
