@@ -38,6 +38,9 @@
 #             and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
 #   mlawsprof Nsight Compute on the wgmma-ws split at batch 8, 32K: stalls, and every SASS
 #             instruction's stall samples ($OUT/ncu-mlaws-source.csv, ncu-mlaws.ncu-rep).
+#   mlasplits the default split at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
+#             4K-128K, batch 1, 8, 32, and the 2-layer 48B step at 32K with 64 and 128
+#             ($OUT/mla-splits-*.json): the split count's trade between batch 1 and the parts.
 #   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
@@ -164,7 +167,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -531,6 +534,23 @@ mla_switch_ab() {
   done
 }
 [[ "$what" == l2hints ]] && mla_switch_ab KIMIRT_MLA_L2_HINTS l2hints
+if [[ "$what" == mlasplits ]]; then
+  # The split count a sequence takes (KIMIRT_MLA_DECODE_SPLITS: one bound for every context) with
+  # the default split (wgmma-ws): 16, 32, 64 and 128 splits at 4K-128K, batch 1, 8 and 32
+  # ($OUT/mla-splits-N-bB.json) — fewer splits write fewer partial outputs, more spread batch 1 —
+  # then the 2-layer 48B step at prompt 32K, batch 1 and 8, at 64 and 128.
+  for n in 128 64 32 16; do
+    for batch in 1 8 32; do
+      ctx=4096,8192,32768,65536,131072; [[ $batch == 32 ]] && ctx=4096,8192,32768,65536
+      echo "--- KIMIRT_MLA_DECODE_SPLITS=$n, batch $batch ---"
+      KIMIRT_MLA_DECODE_SPLITS=$n timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
+        --batch "$batch" --contexts "$ctx" --variants wgmma-ws --iters 30 --json "$out/mla-splits-$n-b$batch.json" 2>&1 | tail -3
+    done
+  done
+  for n in 64 128; do
+    step48_32k KIMIRT_MLA_DECODE_SPLITS=$n "mla-splits-model-$n"
+  done
+fi
 if [[ "$what" == peerhang ]]; then
   # The back-to-back peer test alone, repeated until it fails (its watchdog prints every rank's
   # counters and peers' flags before it aborts them): how often it hangs, and where.
