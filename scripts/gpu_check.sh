@@ -41,9 +41,6 @@
 #   mlasplits the default split at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
 #             4K-128K, batch 1, 8, 32, and the 2-layer 48B step at 32K with 64 and 128
 #             ($OUT/mla-splits-*.json): the split count's trade between batch 1 and the parts.
-#   minsplit  the MLA decode split's least length, 64 (default) against 128 positions
-#             (KIMIRT_MLA_DECODE_MIN_SPLIT): kernel at 1K-16K, batch 1, 8, 32, and the 2-layer 48B
-#             step at prompt 256 and 4096 ($OUT/mla-minsplit-*.json).
 #   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
@@ -170,7 +167,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|minsplit|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -552,33 +549,6 @@ if [[ "$what" == mlasplits ]]; then
   done
   for n in 64 128; do
     step48_32k KIMIRT_MLA_DECODE_SPLITS=$n "mla-splits-model-$n"
-  done
-fi
-if [[ "$what" == minsplit ]]; then
-  # The split's least length (KIMIRT_MLA_DECODE_MIN_SPLIT 64, the default, against 128): the
-  # PagedDecode tests at 128, then mla_decode_bench at 1K-16K, batch 1, 8 and 32, alternating
-  # 64 / 128 twice ($OUT/mla-minsplit-L-R-bB.json), and the 2-layer 48B decode step (issue 12's
-  # table: prompt 256 at batch 1, 8, 32, 64; prompt 4096 at batch 1, 8, 32) with each.
-  KIMIRT_MLA_DECODE_MIN_SPLIT=128 timeout 150 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' 2>&1 |
-    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence" | head -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for round in $(seq 1 "${KIMIRT_MINSPLIT_ROUNDS:-2}"); do
-    for len in 64 128; do
-      for batch in 1 8 32; do
-        echo "--- round $round, KIMIRT_MLA_DECODE_MIN_SPLIT=$len, batch $batch ---"
-        KIMIRT_MLA_DECODE_MIN_SPLIT=$len timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
-          --batch "$batch" --contexts 1024,4096,8192,16384 --variants wgmma-ws --iters 30 \
-          --json "$out/mla-minsplit-$len-$round-b$batch.json" 2>&1 | tail -4
-      done
-    done
-  done
-  for len in 64 128; do
-    for prompt in 256 4096; do
-      sizes=1,8,32,64; [[ $prompt == 4096 ]] && sizes=1,8,32
-      KIMIRT_MLA_DECODE_MIN_SPLIT=$len timeout 200 "$root/kimirt" bench model --device cuda \
-        --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes $sizes \
-        --prompt-len $prompt --decode-tokens 32 --peak-gbps 4800 --json "$out/mla-minsplit-model-$len-p$prompt.json" 2>&1 | tail -5
-    done
   done
 fi
 if [[ "$what" == peerhang ]]; then

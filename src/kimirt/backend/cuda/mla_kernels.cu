@@ -323,22 +323,9 @@ constexpr int kDecodeMaxRow = static_cast<int>(kMlaDecodeMaxLatent + kMlaDecodeM
 constexpr int kLatentPerLane = static_cast<int>(kMlaDecodeMaxLatent / 32);
 constexpr int kRowPerLane = kDecodeMaxRow / 32;
 constexpr int kTileLoads = (kDecodeTile * kDecodeMaxRow + kDecodeThreads - 1) / kDecodeThreads;
-// Splits: at least MinSplit() positions, at most kMaxSplits per sequence (bounds the scratch).
-constexpr int64_t kMaxSplits = 256;
-// 64 positions (two 32-position tiles: a short context still spreads over a few blocks, for batch
-// 1's latency). Every split writes a 64 KB partial output (32 heads) that the combine reads back,
-// so at batch 8 and 32 fewer, longer splits win: with the ws split at 4K, splits of 128 took batch
-// 1 19.9 → 22.0 µs, batch 8 75.9 → 65.4, batch 32 253.7 → 197.7 (one H100, docs/cuda.md "The
-// split count"). KIMIRT_MLA_DECODE_MIN_SPLIT (a multiple of 64, read once a process) for A/B runs
-// of that trade at the model's level.
-int64_t MinSplit() {
-  static const int64_t v = [] {
-    const char* env = std::getenv("KIMIRT_MLA_DECODE_MIN_SPLIT");
-    const int64_t n = env != nullptr ? std::atoll(env) : 0;
-    return n >= 64 && n % 64 == 0 ? n : int64_t{64};
-  }();
-  return v;
-}
+// Splits: at least kMinSplit positions (two tensor-core tiles: a short context still spreads over
+// a few blocks), at most kMaxSplits per sequence (bounds the scratch).
+constexpr int64_t kMinSplit = 64, kMaxSplits = 256;
 // The splits a sequence of `context` positions takes at most: 64, and 128 from 32K positions on,
 // where the ring2 split (two blocks an SM) makes the extra blocks pay: measured on one H200, batch
 // 1, BF16, 32 heads (docs/cuda.md "MLA decode on tensor cores",
@@ -539,7 +526,7 @@ __global__ void __launch_bounds__(kCombineDims* kCombineGroups)
 int64_t MlaDecodeSplitLen(int64_t context) {
   const int64_t splits = MaxSplits(context);
   const int64_t per_split = (context + splits - 1) / splits;
-  return std::max(MinSplit(), (per_split + 63) / 64 * 64);
+  return std::max(kMinSplit, (per_split + 63) / 64 * 64);
 }
 
 std::vector<int32_t> MlaDecodePersistSchedule(std::span<const int32_t> work, int64_t blocks) {
