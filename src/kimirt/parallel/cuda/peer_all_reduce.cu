@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 
 namespace kimirt {
 namespace {
@@ -358,33 +359,38 @@ PeerAllReduce::~PeerAllReduce() {
 
 std::string PeerAllReduce::DescribeState() const {
   const int me = args_.rank;
-  std::vector<uint32_t> counters(kPeerBlocks), flags(kPeerBlocks * kPeerMaxRanks);
+  // Where a copy does not finish, its destination must outlive it: the buffers are freed only
+  // after it did (else released, a few KB, on a path that ends in a test's failure).
+  auto counters = std::make_unique<std::vector<uint32_t>>(kPeerBlocks);
+  auto flags = std::make_unique<std::vector<uint32_t>>(kPeerBlocks * kPeerMaxRanks);
   cudaStream_t s = nullptr;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
     cudaGetLastError();
     return "rank " + std::to_string(me) + ": no stream to read the state";
   }
-  cudaMemcpyAsync(counters.data(), args_.counters, counters.size() * 4, cudaMemcpyDeviceToHost, s);
-  cudaMemcpyAsync(flags.data(), args_.flags[me], flags.size() * 4, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(counters->data(), args_.counters, counters->size() * 4, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(flags->data(), args_.flags[me], flags->size() * 4, cudaMemcpyDeviceToHost, s);
   // Bounded: a copy queued behind a spinning kernel would never end.
   cudaError_t e = cudaErrorNotReady;
   for (int i = 0; i < 2000 && e == cudaErrorNotReady; ++i) {
     e = cudaStreamQuery(s);
     if (e == cudaErrorNotReady) usleep(1000);
   }
+  cudaStreamDestroy(s);  // released once its work is done
   if (e != cudaSuccess) {
     cudaGetLastError();
+    counters.release();  // still the copy's destination
+    flags.release();
     return "rank " + std::to_string(me) + ": the state copy did not finish (" + cudaGetErrorString(e) + ")";
   }
-  cudaStreamDestroy(s);
   // Appended piece by piece (GCC 12 warns falsely on `" " + std::to_string(...)`).
   std::string out = "rank " + std::to_string(me) + " counters:";
-  for (uint32_t c : counters) out.append(1, ' ').append(std::to_string(c));
+  for (uint32_t c : *counters) out.append(1, ' ').append(std::to_string(c));
   for (int r = 0; r < args_.ranks; ++r) {
     if (r == me) continue;
     out.append("\n  flags from rank ").append(std::to_string(r)).append(":");
     for (int b = 0; b < kPeerBlocks; ++b) {
-      out.append(1, ' ').append(std::to_string(flags[static_cast<size_t>(b * kPeerMaxRanks + r)]));
+      out.append(1, ' ').append(std::to_string((*flags)[static_cast<size_t>(b * kPeerMaxRanks + r)]));
     }
   }
   return out;
