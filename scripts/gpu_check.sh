@@ -41,6 +41,9 @@
 #   mlasplits the default split at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
 #             4K-128K, batch 1, 8, 32, and the 2-layer 48B step at 32K with 64 and 128
 #             ($OUT/mla-splits-*.json): the split count's trade between batch 1 and the parts.
+#   bars      issues 12-14's bars in one call (for an H200): the 2-layer 48B decode table, its 32K /
+#             1K step, its 8K and 32K prefill, the MLA decode op at 32K, K3's MoE layer, and the
+#             whole 48B's batch-1 step where it fits; a table of bar against measure ($OUT/bars.json).
 #   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
@@ -167,7 +170,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|bars|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -550,6 +553,80 @@ if [[ "$what" == mlasplits ]]; then
   for n in 64 128; do
     step48_32k KIMIRT_MLA_DECODE_SPLITS=$n "mla-splits-model-$n"
   done
+fi
+if [[ "$what" == bars ]]; then
+  # Issues 12-14's bars in one call (for a rare H200; figures of 4.8 TB/s): the 2-layer 48B decode
+  # table (prompt 256), its 32K step against its 1K step (batch 1), its 8K and 32K prefill
+  # (2,048-token chunks), the MLA decode op at 32K, K3's MoE layer at batch 1 and 32, and, where
+  # the GPU holds it (~98 GB: an H200), the whole 48B's batch-1 step against its bytes' time.
+  # Each measurement's JSON in $OUT (bars-*.json), then one table of bar against measure.
+  cfg2="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
+  timeout 200 "$root/kimirt" bench model --device cuda --config "$cfg2" --random-weights --batch-sizes 1,8,32,64 \
+    --prompt-len 256 --decode-tokens 32 --peak-gbps 4800 --json "$out/bars-2layer-p256.json" 2>&1 | tail -5
+  for len in 1024 8192 32768; do
+    timeout 240 "$root/kimirt" bench model --device cuda --config "$cfg2" --random-weights --batch-sizes 1 \
+      --prompt-len $len --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 --json "$out/bars-2layer-p$len.json" 2>&1 | tail -2
+  done
+  timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768 \
+    --variants wgmma-ws --iters 30 --json "$out/bars-mla-b8.json" 2>&1 | tail -2
+  for batch in 1 32; do
+    timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch $batch --contexts 32768 \
+      --variants wgmma-ws --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -1
+  done
+  timeout 200 "$root/moe_bench" --device cuda --configs k3 --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \
+    --json "$out/bars-moe-k3.json" 2>&1 | tail -3
+  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if (( ${gib:-0} > 120000 )); then
+    timeout 300 "$root/kimirt" bench model --device cuda --dtype bfloat16 --config "$root/shared/configs/kimi-linear-48b-a3b.json" \
+      --random-weights --batch-sizes 1 --prompt-len 1024 --decode-tokens 32 --peak-gbps 4800 \
+      --json "$out/bars-48b-full.json" 2>&1 | tail -2
+  else
+    echo "the whole 48B (~98 GB) does not fit this GPU (${gib} MiB): its bar not measured"
+  fi
+  python3 - "$out" <<'PY' || true
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except Exception as e:
+        return None
+rows = []
+def row(issue, what, target, got):
+    rows.append((issue, what, target, got))
+d = load("bars-2layer-p256.json")
+if d:
+    for p in d["points"]:
+        bw = p["decode_step_bytes"] / (p["decode_step_ms_median"] * 1e-3) / 4.8e12
+        if p["batch"] in (1, 32):
+            row(12, f"2-layer 48B decode, batch {p['batch']} (median step)", ">= 0.70" if p["batch"] == 1 else ">= 0.60", f"{bw:.3f} of 4.8 TB/s")
+s = {n: load(f"bars-2layer-p{n}.json") for n in (1024, 8192, 32768)}
+if s[1024] and s[32768]:
+    a, b = s[1024]["points"][0]["decode_step_ms_median"], s[32768]["points"][0]["decode_step_ms_median"]
+    row(12, "2-layer 48B batch-1 step, 32K over 1K", "<= 1.25x", f"{b / a:.3f}x ({b:.3f} / {a:.3f} ms)")
+if s[8192] and s[32768]:
+    t8, t32 = s[8192]["points"][0]["prefill_seconds"], s[32768]["points"][0]["prefill_seconds"]
+    row(14, "2-layer 48B prefill at 8K (2,048-token chunks)", ">= 200,000 tok/s", f"{8192 / t8:,.0f} tok/s")
+    row(14, "2-layer 48B prefill, 32K over 8K", "<= 4.5x", f"{t32 / t8:.2f}x")
+for batch in (1, 8, 32):
+    m = load(f"bars-mla-b{batch}.json")
+    if m:
+        r = m["results"][0]
+        row(12, f"MLA decode op, 32K, batch {batch} (graph)", ">= 0.80", f"{r['fraction_of_peak_graph']:.3f} ({r['us_per_call_graph']:.1f} us)")
+k = load("bars-moe-k3.json")
+if k:
+    for p in k["configs"][0]["points"]:
+        row(13, f"K3 MoE layer (MXFP4), batch {p['batch']}", ">= 0.60", f"{p['bandwidth_fraction']:.3f}")
+f = load("bars-48b-full.json")
+if f:
+    p = f["points"][0]
+    roof = p["decode_step_bytes"] / 4.8e12 * 1e3
+    row(12, "whole 48B batch-1 step over its bytes' time", "<= 1.3x", f"{p['decode_step_ms_median'] / roof:.2f}x ({p['decode_step_ms_median']:.3f} / {roof:.3f} ms)")
+print("--- bars (issue, measure, target, measured) ---")
+for r in rows:
+    print(f"issue {r[0]} | {r[1]} | {r[2]} | {r[3]}")
+json.dump([dict(zip(("issue", "measure", "target", "measured"), r)) for r in rows], open(os.path.join(out, "bars.json"), "w"), indent=1)
+PY
 fi
 if [[ "$what" == peerhang ]]; then
   # The back-to-back peer test alone, repeated until it fails (its watchdog prints every rank's
