@@ -47,6 +47,8 @@
 #   peerhang  PeerAllReduce.FortyCallsInARowEachOnItsOwnBuffer and CallsInAGraphAdvanceOnEveryReplay
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
+#   mlatma    the same A/B for wgmma-ws-tma (wgmma-ws with TMA copies) against wgmma-ws
+#             ($OUT/mla-tma-*.json; the tests include PagedDecodeTmaCopiesGiveTheWsSplitsBits).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -170,7 +172,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|bars|peerhang|mlawsprof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|bars|peerhang|mlawsprof|mlatma|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -637,25 +639,31 @@ if [[ "$what" == peerhang ]]; then
   echo "peerhang: $(grep -c '^\[       OK' "$out/peerhang.txt") passed, $(grep -c '^\[  FAILED' "$out/peerhang.txt") failed"
   grep -E -A6 'counters:|Failure' "$out/peerhang.txt" | head -60
 fi
-if [[ "$what" == mlaws ]]; then
-  timeout 200 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \
-    --gtest_output="json:$out/gtest-mlaws.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|wgmma-ws" | head -20
+# Two MLA decode variants A/B ($1 the base, $2 the new; $3 names the files): the PagedDecode tests
+# (every variant against the CPU, and their bit checks), memcheck and racecheck of the 19-sequence
+# test, then mla_decode_bench with both at batch 1, 8 and 32 (BF16, 32K and 128K) in both orders,
+# and the 2-layer 48B step at prompt 32K, batch 1 and 8, with each.
+mla_variants_ab() {
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \
+    --gtest_output="json:$out/gtest-$3.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|$2" | head -20
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for tool in memcheck racecheck; do
-    sanitize "$tool" 100 'CudaBackendTest.PagedDecodeNineteenSequences*' mlaws
+    sanitize "$tool" 100 'CudaBackendTest.PagedDecodeNineteenSequences*' "$3"
   done
-  for order in "wgmma,wgmma-ws" "wgmma-ws,wgmma"; do
+  for order in "$1,$2" "$2,$1"; do
     for batch in 1 8 32; do
       ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
       timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch "$batch" \
-        --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-ws-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
+        --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-$3-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
   done
-  for v in wgmma wgmma-ws; do
-    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v mla-ws-model-$v
+  for v in "$1" "$2"; do
+    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-$3-model-$v"
   done
-fi
+}
+[[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
+[[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

@@ -1417,6 +1417,7 @@ cuda::PagedDecodeArgs CudaKvStorage::StepArgs(int layer) const {
   a.tables = a.work + 3 * step_work_cap_;
   a.block_work = a.tables + step_tables_cap_;
   a.persist_blocks = cuda::SmCount();
+  a.pool_rows = blocks_ * s_.layers * s_.block_size;
   return a;
 }
 

@@ -126,14 +126,15 @@ class CudaBackendTest : public testing::CudaCpuTest {
   // The whole paged decode op under variants v0 and v1, bit for bit, for BF16 and FP8 latents and
   // each head count (finite, so a NaN in both cannot pass).
   void ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant v0, cuda::MlaDecodeVariant v1,
-                                    const std::vector<int64_t>& contexts, const std::vector<int64_t>& head_counts) {
+                                    const std::vector<int64_t>& contexts, const std::vector<int64_t>& head_counts,
+                                    int block_size = 16) {
     const int layer = 1;
     for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
       for (int64_t heads : head_counts) {
         SCOPED_TRACE(std::string(DTypeName(dtype)) + " heads " + std::to_string(heads) + " " +
                      cuda::MlaDecodeVariantName(v0) + " vs " + cuda::MlaDecodeVariantName(v1));
         const testing::PagedDecodeCase c =
-            testing::MakePagedDecodeCase(contexts, heads, dtype, 70 + static_cast<uint64_t>(heads));
+            testing::MakePagedDecodeCase(contexts, heads, dtype, 70 + static_cast<uint64_t>(heads), block_size);
         auto kv = testing::FillPagedDecodeStorage(*gpu_, c, layer);
         const Tensor q = Up(c.q), w = Up(c.w_kvb);
         const int64_t n = static_cast<int64_t>(c.step.size()) * c.mla.heads * c.mla.v_dim;
@@ -876,6 +877,20 @@ TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
                                {1, 100, 4097, 32768, 33, 1000}, {12, 48});
   ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaItem, cuda::MlaDecodeVariant::kWgmma,
                                {32768, 65, 32768, 2049, 9000, 32768, 640}, {32});
+}
+
+// The TMA form of the warp-specialized split copies the same rows into the same panels (boxes of
+// a paged block's rows: 16 here, 32 from blocks of 64; 8 too), zeroing a partial tile's rows past
+// its item's end as cp.async's zero-fill did: wgmma-ws's bits, partial tiles, items of one tile and
+// blocks walking runs of items across sequences included.
+TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
+  for (int block_size : {16, 64, 8}) {
+    SCOPED_TRACE("block size " + std::to_string(block_size));
+    ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,
+                                 {1, 100, 4097, 32768, 33, 1000}, {32, 12}, block_size);
+  }
+  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,
+                               {32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64);
 }
 
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's

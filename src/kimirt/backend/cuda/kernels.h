@@ -306,6 +306,7 @@ struct PagedDecodeArgs {
   // an item never changes its sums, so this may look at the whole step.
   const int32_t* block_work = nullptr;
   int64_t persist_blocks = 0;
+  int64_t pool_rows = 0;  // rows of `values` (blocks · layers · block_size): the TMA split's tensor map
   // L2 hints (MlaPagedDecode sets them; on unless KIMIRT_MLA_L2_HINTS=0, read once a process): the
   // wgmma-ws split stores its partial outputs evict-last, so the combine finds them in L2, and the
   // combine reads them evict-first (the same values: the same bits).
@@ -341,10 +342,13 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // softmax a tile ahead, two accumulate ō and copy the tiles: its own sums (S over 36 k steps in
 // one accumulator), BF16 rows (FP8 rows take wgmma's kernel); on an H100 0.90-0.93× wgmma's time
 // at batch 8-32, the same at batch 1 (docs/cuda.md "The warp-specialized split").
-enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4 };
+// wgmma-ws-tma (trial, thirty-fourth session): wgmma-ws with the tiles copied by TMA — one thread
+// of each accumulating warpgroup asks for its panels in boxes of a paged block's rows (blocks of
+// 8, 16 or a multiple of 32 rows; else wgmma-ws) — the same sums, so wgmma-ws's bits.
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
                                                           MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
-                                                          MlaDecodeVariant::kWgmmaWs};
+                                                          MlaDecodeVariant::kWgmmaWs, MlaDecodeVariant::kWgmmaWsTma};
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma-ws
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
@@ -361,7 +365,7 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
 // over a.block_work's runs, or one block an item without them; FP8 rows go to
 // MlaPagedDecodeSplitWgmma.
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s);
+                                cudaStream_t s, bool tma = false);
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -41,6 +41,7 @@
 #include "kimirt/backend/cuda/ldmatrix_mma.cuh"
 #include "kimirt/backend/cuda/pdl.cuh"
 #include "kimirt/backend/cuda/tma.cuh"
+#include "kimirt/backend/cuda/tma.h"
 #include "kimirt/backend/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -50,6 +51,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace kimirt::cuda {
 namespace {
@@ -154,6 +156,27 @@ struct TileStream {
     }
     --tiles_left;
     *at = cur.Next(a);
+    return true;
+  }
+};
+
+// The tiles of the block's items w0 .. w1 − 1 in order, as their first position, their item's end
+// and the sequence's first table entry: the walk of the TMA copies (wgmma-ws-tma), which look up
+// each box's row in the table themselves.
+struct TileStreamPos {
+  int item, end, tiles_left, s, s1, table;
+  __device__ void Begin(int w0, int w1) { item = w0 - 1, end = w1, tiles_left = 0, s = s1 = table = 0; }
+  // False past the last item's last tile.
+  __device__ bool Next(const PagedDecodeArgs& a) {
+    if (tiles_left == 0) {
+      if (++item >= end) return false;
+      const Item it = Item::Load(a, item);
+      s = it.s0, s1 = it.s1, table = a.table_begin[it.b], tiles_left = it.Tiles();
+      if (tiles_left == 0) return false;
+    } else {
+      s += kTile;
+    }
+    --tiles_left;
     return true;
   }
 };
@@ -539,8 +562,37 @@ static_assert(WsLayout::kSmemBytes <= 227 * 1024, "one block an SM");
 
 __device__ __forceinline__ void ScorerBarrier() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 
+// The TMA form's copies (kTma): one thread of each accumulating warpgroup (its thread 0) asks for
+// the warpgroup's panels of a tile (and warpgroup 0 for the rope panel) in boxes of box_rows rows
+// (a paged block's rows: 8, 16, or 32 where blocks hold a multiple of 32), each box's pool row
+// looked up a tile ahead; its bytes are announced on full[s] (two arrivals a stage, one a
+// warpgroup), so no copy instruction or copy wait in the other 255 threads. Boxes wholly past the
+// item's end are not asked for, and rows past it (other positions of the block, or stale shared
+// memory) are zeroed by their panels' warpgroup before ō reads them (cp.async zero-fills them);
+// the scores mask them as before. The same values reach the same wgmmas: wgmma-ws's bits.
+struct WsBoxStream {
+  TileStreamPos pos;
+  int64_t rows[4];  // the next tile's boxes' pool rows (−1: past its item's end)
+  bool ahead;
+  __device__ void Look(const PagedDecodeArgs& a, int box_rows) {
+    ahead = pos.Next(a);
+    if (!ahead) return;
+    const int bs = a.block_size;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      rows[j] = -1;
+      const int p = pos.s + j * box_rows;
+      if (j * box_rows < kTile && p < pos.s1) {
+        rows[j] = (int64_t{a.tables[pos.table + p / bs]} * a.layers + a.layer) * bs + p % bs;
+      }
+    }
+  }
+};
+
+template <bool kTma>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    MlaDecodeWsKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
+    MlaDecodeWsKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml,
+                      const __grid_constant__ CUtensorMap map, int box_rows) {
   using L = WsLayout;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
@@ -563,7 +615,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   int total = 0;  // the block's tiles
   for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
   if (tid == 0) {
-    for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), 256);
+    for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), kTma ? 2 : 256);
     for (int p = 0; p < 2; ++p) tma::MbarInit(pfull(p), 128), tma::MbarInit(pempty(p), 256);
     tma::FenceMbarInit();
   }
@@ -593,7 +645,32 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     CpAsync16(st + 8 * kTilePanelBytes + wgmma::SwizzledOffset(row, rc), src + 8 * 128 + rc * 16, valid);
     ahead = copy.Next(a, &row_ahead);
   };
-  if (wg < 2) {
+  // The TMA form: warpgroup wg's thread 0 asks for the tile's boxes of its panels on full[stage].
+  WsBoxStream boxes;
+  const bool producer = kTma && wg < 2 && wtid == 0;
+  auto issue_tma = [&](int stage) {
+    const uint32_t st = ring + stage * kTileBytes;
+    const int p0 = 4 * wg, panels = wg == 0 ? 5 : 4;  // latent panels p0 .. p0 + 3; warpgroup 0 the rope too
+    int loaded = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) loaded += boxes.rows[j] >= 0 ? 1 : 0;
+    tma::MbarArriveExpectTx(full(stage), static_cast<uint32_t>(loaded * box_rows * 128 * panels));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (boxes.rows[j] < 0) continue;
+      const int32_t y = static_cast<int32_t>(boxes.rows[j]);
+      const uint32_t dst = st + j * box_rows * 128;
+      for (int i = 0; i < 4; ++i) tma::Load2D(dst + (p0 + i) * kTilePanelBytes, &map, full(stage), 64 * (p0 + i), y);
+      if (wg == 0) tma::Load2D(dst + 8 * kTilePanelBytes, &map, full(stage), 64 * 8, y);
+    }
+    boxes.Look(a, box_rows);
+  };
+  if (producer) {
+    boxes.pos.Begin(w0, w1);
+    boxes.Look(a, box_rows);
+    for (int i = 0; i < kWsStages && boxes.ahead; ++i) issue_tma(i);
+  }
+  if (!kTma && wg < 2) {
     copy.Begin(a, w0, w1, row);
     ahead = copy.Next(a, &row_ahead);
 #pragma unroll
@@ -613,10 +690,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg < 2) {
     // The accumulators: ō's dims 256 wg + [0, 256).
     asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
-    CpAsyncWait<kWsStages - 2>();  // tiles 0 and 1
-    wgmma::FenceProxyAsync();
-    tma::MbarArrive(full(0));
-    if (total > 1) tma::MbarArrive(full(1));
+    if constexpr (!kTma) {
+      CpAsyncWait<kWsStages - 2>();  // tiles 0 and 1
+      wgmma::FenceProxyAsync();
+      tma::MbarArrive(full(0));
+      if (total > 1) tma::MbarArrive(full(1));
+    }
 
     int t = 0;  // the block's tile count so far
     for (int work = w0; work < w1; ++work) {
@@ -637,16 +716,44 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
           for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
         }
-        AccumulateTile(o0, o1, pa, ring + (t % kWsStages) * kTileBytes, wg);
+        const uint32_t stage = ring + (t % kWsStages) * kTileBytes;
+        if constexpr (kTma) {
+          // The stage's copies landed before the scorer's S (it waited): done already, but this
+          // warpgroup's reads acquire the boxes' bytes from the barrier itself, as any TMA consumer.
+          tma::MbarWait(full(t % kWsStages), (t / kWsStages) & 1);
+          // A partial tile (its item's last): rows valid .. 31 of this warpgroup's panels as zeros
+          // before ō reads them (S, done before P came, read them masked).
+          const int valid = item.s1 - item.s0 - it * kTile;
+          if (valid < kTile) {
+            unsigned char* panels = base_ptr + (stage - base) + 4 * wg * kTilePanelBytes;
+            for (int i = wtid; i < 4 * (kTile - valid) * 8; i += 128) {
+              const int p = i / ((kTile - valid) * 8), r = valid + i % ((kTile - valid) * 8) / 8, chunk = i % 8;
+              *reinterpret_cast<uint4*>(panels + p * kTilePanelBytes + wgmma::SwizzledOffset(r, chunk)) =
+                  make_uint4(0u, 0u, 0u, 0u);
+            }
+            wgmma::FenceProxyAsync();
+            // The warpgroup's zeros, then its wgmmas (named barriers 2 and 3: one a warpgroup).
+            if (wg == 0) {
+              asm volatile("bar.sync 2, 128;\n" ::: "memory");
+            } else {
+              asm volatile("bar.sync 3, 128;\n" ::: "memory");
+            }
+          }
+        }
+        AccumulateTile(o0, o1, pa, stage, wg);
         // This warpgroup's panels of the stage are free (the scorer's S of tile t ended before its
-        // P): tile t + 4 goes there. Then tile t + 2 is announced once this thread's copies of it
-        // have landed.
-        if (ahead) issue(t % kWsStages);
-        CpAsyncCommit();
-        if (t + 2 < total) {
-          CpAsyncWait<kWsStages - 2>();
-          wgmma::FenceProxyAsync();
-          tma::MbarArrive(full((t + 2) % kWsStages));
+        // P): tile t + 4 goes there. Then (cp.async) tile t + 2 is announced once this thread's
+        // copies of it have landed; TMA's land on the barrier by themselves.
+        if constexpr (kTma) {
+          if (producer && boxes.ahead) issue_tma(t % kWsStages);
+        } else {
+          if (ahead) issue(t % kWsStages);
+          CpAsyncCommit();
+          if (t + 2 < total) {
+            CpAsyncWait<kWsStages - 2>();
+            wgmma::FenceProxyAsync();
+            tma::MbarArrive(full((t + 2) % kWsStages));
+          }
         }
       }
       // The split's unnormalized ō (hi row + lo row); KIMIRT_MLA_L2_HINTS: evict-last, for the
@@ -668,7 +775,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
       }
     }
-    CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
+    if constexpr (!kTma) CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
     return;
   }
 
@@ -743,14 +850,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, cudaStream_t s) {
+// The TMA form's box: a paged block's rows where they are 8 or 16, 32 where blocks hold a
+// multiple of 32 (a tile's rows then lie in one block: items start at multiples of 64); 0 where
+// neither (wgmma-ws's copies then).
+int WsTmaBoxRows(int block_size) {
+  if (block_size == 8 || block_size == 16) return block_size;
+  return block_size % kTile == 0 ? kTile : 0;
+}
+
+template <bool kTma>
+void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, const CUtensorMap& map, int box_rows,
+              cudaStream_t s) {
   constexpr size_t bytes = WsLayout::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWsKernel, bytes, true, "MLA decode kernel (wgmma-ws)", &configured);
+  AllowDynamicSmem(MlaDecodeWsKernel<kTma>, bytes, true, kTma ? "MLA decode kernel (wgmma-ws-tma)" : "MLA decode kernel (wgmma-ws)",
+                   &configured);
   const bool walk = a.block_work != nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel<kTma>, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml, map,
+            box_rows);
   CheckLaunch("MlaDecodeWs");
 }
 
@@ -771,12 +890,25 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
 }
 
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s) {
+                                cudaStream_t s, bool tma) {
   if (a.kind != 1) {
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }
-  LaunchWs(a, qc, part_o, part_ml, s);
+  CUtensorMap map{};
+  const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
+  std::string error;
+  if (box_rows > 0 && MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
+                                                static_cast<uint32_t>(box_rows), &error)) {
+    LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
+    return;
+  }
+  static std::atomic<bool> said{false};
+  if (tma && !said.exchange(true)) {
+    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n",
+                 box_rows > 0 ? error.c_str() : ("paged blocks of " + std::to_string(a.block_size) + " rows").c_str());
+  }
+  LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
 }
 
 }  // namespace kimirt::cuda
