@@ -48,7 +48,7 @@
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
 #   mlatma    the same A/B for wgmma-ws-tma (wgmma-ws with TMA copies) against wgmma-ws
-#             ($OUT/mla-tma-*.json; the tests include PagedDecodeTmaCopiesGiveTheWsSplitsBits).
+#             ($OUT/mla-tma-*.json; the tests add CudaMlaTmaTrial.*, outside `tests`' filter).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -639,16 +639,16 @@ if [[ "$what" == peerhang ]]; then
   echo "peerhang: $(grep -c '^\[       OK' "$out/peerhang.txt") passed, $(grep -c '^\[  FAILED' "$out/peerhang.txt") failed"
   grep -E -A6 'counters:|Failure' "$out/peerhang.txt" | head -60
 fi
-# Two MLA decode variants A/B ($1 the base, $2 the new; $3 names the files): the PagedDecode tests
+# Two MLA decode variants A/B ($1 the base, $2 the new; $3 names the files; $4 more tests): the PagedDecode tests
 # (every variant against the CPU, and their bit checks), memcheck and racecheck of the 19-sequence
 # test, then mla_decode_bench with both at batch 1, 8 and 32 (BF16, 32K and 128K) in both orders,
 # and the 2-layer 48B step at prompt 32K, batch 1 and 8, with each.
 mla_variants_ab() {
-  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*' \
+  timeout 240 "$root/kimirt_tests" --gtest_filter="CudaBackendTest.PagedDecode*${4:+:$4}" \
     --gtest_output="json:$out/gtest-$3.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|$2" | head -20
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for tool in memcheck racecheck; do
-    sanitize "$tool" 100 'CudaBackendTest.PagedDecodeNineteenSequences*' "$3"
+    sanitize "$tool" 150 "CudaBackendTest.PagedDecodeNineteenSequences*${4:+:$4}" "$3"
   done
   for order in "$1,$2" "$2,$1"; do
     for batch in 1 8 32; do
@@ -663,7 +663,7 @@ mla_variants_ab() {
   done
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
-[[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
+[[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma 'CudaMlaTmaTrial.*'
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm
