@@ -895,11 +895,22 @@ void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }
-  CUtensorMap map{};
+  // The pool's tensor map, made again only when the pool or the box changes (a storage's pool is
+  // fixed until it grows): one a thread, since a thread launches one storage's layers in turn.
+  thread_local CUtensorMap map{};
+  thread_local const void* map_values = nullptr;
+  thread_local int64_t map_rows = 0;
+  thread_local int map_box = 0;
   const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
   std::string error;
-  if (box_rows > 0 && MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
-                                                static_cast<uint32_t>(box_rows), &error)) {
+  if (box_rows > 0 && (map_values != a.values || map_rows != a.pool_rows || map_box != box_rows)) {
+    map_values = nullptr;
+    if (MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
+                                  static_cast<uint32_t>(box_rows), &error)) {
+      map_values = a.values, map_rows = a.pool_rows, map_box = box_rows;
+    }
+  }
+  if (box_rows > 0 && map_values != nullptr) {
     LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
     return;
   }
