@@ -569,9 +569,7 @@ if [[ "$what" == bars ]]; then
     timeout 240 "$root/kimirt" bench model --device cuda --config "$cfg2" --random-weights --batch-sizes 1 \
       --prompt-len $len --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 --json "$out/bars-2layer-p$len.json" 2>&1 | tail -2
   done
-  timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768 \
-    --variants wgmma-ws --iters 30 --json "$out/bars-mla-b8.json" 2>&1 | tail -2
-  for batch in 1 32; do
+  for batch in 1 8 32; do
     timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch $batch --contexts 32768 \
       --variants wgmma-ws --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -1
   done

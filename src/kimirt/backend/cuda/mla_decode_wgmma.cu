@@ -612,8 +612,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int64_t h0 = int64_t{blockIdx.y} * kHeads;
   const int tid = threadIdx.x, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32, g = lane / 4,
             c = lane % 4;
-  int total = 0;  // the block's tiles
-  for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
+  int total = 0;  // the block's tiles: when the cp.async copies may announce a stage (TMA's need not)
+  if constexpr (!kTma) {
+    for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
+  }
   if (tid == 0) {
     for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), kTma ? 2 : 256);
     for (int p = 0; p < 2; ++p) tma::MbarInit(pfull(p), 128), tma::MbarInit(pempty(p), 256);
@@ -897,27 +899,30 @@ void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float
   }
   // The pool's tensor map, made again only when the pool or the box changes (a storage's pool is
   // fixed until it grows): one a thread, since a thread launches one storage's layers in turn.
+  // A refused map is remembered too, so a pool the driver will not map is not asked again each launch.
   thread_local CUtensorMap map{};
   thread_local const void* map_values = nullptr;
   thread_local int64_t map_rows = 0;
   thread_local int map_box = 0;
+  thread_local std::string map_error;
   const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
-  std::string error;
   if (box_rows > 0 && (map_values != a.values || map_rows != a.pool_rows || map_box != box_rows)) {
-    map_values = nullptr;
-    if (MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
-                                  static_cast<uint32_t>(box_rows), &error)) {
-      map_values = a.values, map_rows = a.pool_rows, map_box = box_rows;
+    map_error.clear();
+    if (!MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
+                                   static_cast<uint32_t>(box_rows), &map_error) &&
+        map_error.empty()) {
+      map_error = "no tensor map for the latent pool";
     }
+    map_values = a.values, map_rows = a.pool_rows, map_box = box_rows;
   }
-  if (box_rows > 0 && map_values != nullptr) {
+  if (box_rows > 0 && map_error.empty()) {
     LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
     return;
   }
   static std::atomic<bool> said{false};
   if (tma && !said.exchange(true)) {
     std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n",
-                 box_rows > 0 ? error.c_str() : ("paged blocks of " + std::to_string(a.block_size) + " rows").c_str());
+                 box_rows > 0 ? map_error.c_str() : ("paged blocks of " + std::to_string(a.block_size) + " rows").c_str());
   }
   LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
 }
