@@ -31,11 +31,14 @@
 #             same bits): the PagedDecode* and schedule tests, then mla_decode_bench with both at
 #             batch 1, 8 and 32 (BF16; FP8 at batch 8), 4K-128K, and the 2-layer 48B decode step
 #             at prompt 32768, batch 1 and 8, with each ($OUT/mla-persist-*.json).
-#   l2hints   the default MLA decode split (wgmma-ws) with KIMIRT_MLA_L2_HINTS=1 (partial outputs
-#             stored evict-last so the combine finds them in L2, read there evict-first) against
-#             without: the PagedDecode tests under the hints, then mla_decode_bench at batch 1, 8
-#             and 32 (BF16, 32K and 128K) alternating 0 / 1 / 0 / 1 ($OUT/mla-l2hints-H-R-bB.json),
-#             and the 2-layer 48B decode step at prompt 32768, batch 1 and 8, with each.
+#   l2hints   the default MLA decode split (wgmma-ws-tma) with KIMIRT_MLA_L2_HINTS=1 (partial outputs
+#             stored evict-last so the combine finds them in L2, read there evict-first; the latent
+#             rows' TMA boxes asked evict-first) against without: the PagedDecode tests under the
+#             hints, then mla_decode_bench at batch 1, 8 and 32 (BF16, 32K and 128K) alternating
+#             0 / 1 / 0 / 1 ($OUT/mla-l2hints-H-R-bB.json), and the 2-layer 48B decode step at
+#             prompt 32768, batch 1 and 8, with each.
+#   rowhint   the same for KIMIRT_MLA_L2_ROW_HINT (the TMA split's latent rows asked evict-first),
+#             the 2-layer 48B step twice each ($OUT/mla-rowhint-*.json).
 #   mlawsprof Nsight Compute on the wgmma-ws split at batch 8, 32K: stalls, and every SASS
 #             instruction's stall samples ($OUT/ncu-mlaws-source.csv, ncu-mlaws.ncu-rep).
 #   mlasplits the default split at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
@@ -48,7 +51,7 @@
 #             repeated (KIMIRT_PEER_REPEAT, 40): passes and failures, and the ranks' state the
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
 #   mlatma    the same A/B for wgmma-ws-tma (wgmma-ws with TMA copies) against wgmma-ws
-#             ($OUT/mla-tma-*.json; the tests add CudaMlaTmaTrial.*, outside `tests`' filter).
+#             ($OUT/mla-tma-*.json; the PagedDecode tests, TMA against ws bits among them).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -172,7 +175,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|bars|peerhang|mlawsprof|mlatma|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -529,7 +532,7 @@ mla_switch_ab() {
         ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
         echo "--- round $round, $1=$v, batch $batch ---"
         env "$1=$v" timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 \
-          --batch "$batch" --contexts "$ctx" --variants wgmma-ws --iters 30 \
+          --batch "$batch" --contexts "$ctx" --variants wgmma-ws-tma --iters 30 \
           --json "$out/mla-$2-$v-$round-b$batch.json" 2>&1 | tail -2
       done
     done
@@ -539,6 +542,14 @@ mla_switch_ab() {
   done
 }
 [[ "$what" == l2hints ]] && mla_switch_ab KIMIRT_MLA_L2_HINTS l2hints
+if [[ "$what" == rowhint ]]; then
+  # The TMA split's latent rows asked evict-first (KIMIRT_MLA_L2_ROW_HINT) against not, the other
+  # hints on: the A/B above, then the 2-layer 48B step at 32K twice more in the other order.
+  mla_switch_ab KIMIRT_MLA_L2_ROW_HINT rowhint
+  for v in 1 0; do
+    step48_32k "KIMIRT_MLA_L2_ROW_HINT=$v" "mla-rowhint-model2-$v"
+  done
+fi
 if [[ "$what" == mlasplits ]]; then
   # The split count a sequence takes (KIMIRT_MLA_DECODE_SPLITS: one bound for every context) with
   # the default split (wgmma-ws): 16, 32, 64 and 128 splits at 4K-128K, batch 1, 8 and 32
@@ -571,7 +582,7 @@ if [[ "$what" == bars ]]; then
   done
   for batch in 1 8 32; do
     timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch $batch --contexts 32768 \
-      --variants wgmma-ws --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -1
+      --variants wgmma-ws-tma --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -1
   done
   timeout 200 "$root/moe_bench" --device cuda --configs k3 --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \
     --json "$out/bars-moe-k3.json" 2>&1 | tail -3
@@ -661,7 +672,7 @@ mla_variants_ab() {
   done
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
-[[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma 'CudaMlaTmaTrial.*'
+[[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

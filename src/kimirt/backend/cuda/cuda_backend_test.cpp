@@ -883,11 +883,9 @@ TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
 // The TMA form of the warp-specialized split copies the same rows into the same panels (boxes of
 // a paged block's rows: 16 here, 32 from blocks of 64; 8 too), zeroing a partial tile's rows past
 // its item's end as cp.async's zero-fill did: wgmma-ws's bits, partial tiles, items of one tile and
-// blocks walking runs of items across sequences included. A trial not yet run on a GPU, so a
-// suite of its own outside gpu_check.sh tests' filter (a hang would stop the suite): mlatma runs it.
-class CudaMlaTmaTrial : public CudaBackendTest {};
+// blocks walking runs of items across sequences included.
 // BF16 latents only: both variants send FP8 rows to the wgmma split, where the comparison could not fail.
-TEST_F(CudaMlaTmaTrial, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
+TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
   for (int block_size : {16, 64, 8}) {
     SCOPED_TRACE("block size " + std::to_string(block_size));
     ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,

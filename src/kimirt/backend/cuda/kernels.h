@@ -311,6 +311,10 @@ struct PagedDecodeArgs {
   // wgmma-ws split stores its partial outputs evict-last, so the combine finds them in L2, and the
   // combine reads them evict-first (the same values: the same bits).
   bool l2_hints = false;
+  // The TMA split's latent rows (read once a step) asked evict-first (KIMIRT_MLA_L2_ROW_HINT=1, off
+  // by default: on an H100 the op 10% faster at batch 1 and 3% slower at batch 32, docs/cuda.md
+  // "TMA copies in the ws split").
+  bool l2_row_hint = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;
 int64_t MlaDecodeSplitLen(int64_t context);
@@ -329,7 +333,7 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
-// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws, read once
+// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws|wgmma-ws-tma, read once
 // a process, so a captured graph and the eager calls of a run use the same kernel; an unknown name
 // aborts naming it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM,
 // 2 stages) run the same sums in the same order on mma.sync, so the same bits
@@ -338,20 +342,19 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // (docs/cuda.md "MLA decode on wgmma"; against ring2, the whole call at 32 heads): BF16 34 against
 // 51 µs at 32K, 74 against 120 at 128K; FP8 37 against 51, 95 against 132. wgmma-item is wgmma's
 // kernel one block an item (the schedule before the persistent one): the same sums, so the same
-// bits. wgmma-ws (the default) splits wgmma's roles by warpgroup — one scores and runs the
-// softmax a tile ahead, two accumulate ō and copy the tiles: its own sums (S over 36 k steps in
-// one accumulator), BF16 rows (FP8 rows take wgmma's kernel); on an H100 0.90-0.93× wgmma's time
-// at batch 8-32, the same at batch 1 (docs/cuda.md "The warp-specialized split").
-// wgmma-ws-tma (trial, thirty-fourth session): wgmma-ws with the tiles copied by TMA — one thread
-// of each accumulating warpgroup asks for its panels in boxes of a paged block's rows (blocks of
-// 8, 16 or a multiple of 32 rows; else wgmma-ws) — the same sums, so wgmma-ws's bits. Not in
-// kMlaDecodeVariants (the list every PagedDecode test runs) until it has run on a GPU: its own
-// tests are CudaMlaTmaTrial.* (gpu_check.sh mlatma), outside the suite's filter.
+// bits. wgmma-ws splits wgmma's roles by warpgroup — one scores and runs the softmax a tile
+// ahead, two accumulate ō and copy the tiles: its own sums (S over 36 k steps in one
+// accumulator), BF16 rows (FP8 rows take wgmma's kernel); on an H100 0.90-0.93× wgmma's time at
+// batch 8-32, the same at batch 1 (docs/cuda.md "The warp-specialized split"). wgmma-ws-tma (the
+// default) is wgmma-ws with the tiles copied by TMA — one thread of each accumulating warpgroup
+// asks for its panels in boxes of a paged block's rows (blocks of 8, 16 or a multiple of 32
+// rows; other blocks take wgmma-ws) — the same sums, so wgmma-ws's bits; on an H100 0.96-0.98×
+// wgmma-ws's time (docs/cuda.md "TMA copies in the ws split").
 enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
                                                           MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
-                                                          MlaDecodeVariant::kWgmmaWs};
-MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma-ws
+                                                          MlaDecodeVariant::kWgmmaWs, MlaDecodeVariant::kWgmmaWsTma};
+MlaDecodeVariant ParseMlaDecodeVariant(const char* name);  // null or "" = wgmma-ws-tma
 const char* MlaDecodeVariantName(MlaDecodeVariant v);
 MlaDecodeVariant CurrentMlaDecodeVariant();
 // Overrides the environment's choice for the rest of the process (tests run every variant);

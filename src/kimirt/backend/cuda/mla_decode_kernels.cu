@@ -592,9 +592,9 @@ std::atomic<int> g_variant{-1};  // SetMlaDecodeVariant's, else the environment'
 }  // namespace
 
 MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
-  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma-ws") == 0) return MlaDecodeVariant::kWgmmaWs;
+  if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma-ws-tma") == 0) return MlaDecodeVariant::kWgmmaWsTma;
   if (std::strcmp(name, "wgmma") == 0) return MlaDecodeVariant::kWgmma;
-  if (std::strcmp(name, "wgmma-ws-tma") == 0) return MlaDecodeVariant::kWgmmaWsTma;
+  if (std::strcmp(name, "wgmma-ws") == 0) return MlaDecodeVariant::kWgmmaWs;
   if (std::strcmp(name, "wgmma-item") == 0) return MlaDecodeVariant::kWgmmaItem;
   if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;

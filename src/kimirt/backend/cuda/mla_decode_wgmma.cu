@@ -650,6 +650,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // The TMA form: warpgroup wg's thread 0 asks for the tile's boxes of its panels on full[stage].
   WsBoxStream boxes;
   const bool producer = kTma && wg < 2 && wtid == 0;
+  // Each latent row is read once a step: asked evict-first (a.l2_row_hint), it leaves L2 to the
+  // partial outputs the combine reads back (stored evict-last) and the weights.
+  const uint64_t row_policy = producer && a.l2_row_hint ? L2Policy(L2Hint::kEvictFirst) : 0;
+  auto load = [&](uint32_t dst, int32_t x, int32_t y, uint32_t bar) {
+    if (a.l2_row_hint) {
+      tma::Load2DHinted(dst, &map, bar, x, y, row_policy);
+    } else {
+      tma::Load2D(dst, &map, bar, x, y);
+    }
+  };
   auto issue_tma = [&](int stage) {
     const uint32_t st = ring + stage * kTileBytes;
     const int p0 = 4 * wg, panels = wg == 0 ? 5 : 4;  // latent panels p0 .. p0 + 3; warpgroup 0 the rope too
@@ -662,8 +672,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (boxes.rows[j] < 0) continue;
       const int32_t y = static_cast<int32_t>(boxes.rows[j]);
       const uint32_t dst = st + j * box_rows * 128;
-      for (int i = 0; i < 4; ++i) tma::Load2D(dst + (p0 + i) * kTilePanelBytes, &map, full(stage), 64 * (p0 + i), y);
-      if (wg == 0) tma::Load2D(dst + 8 * kTilePanelBytes, &map, full(stage), 64 * 8, y);
+      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * kTilePanelBytes, 64 * (p0 + i), y, full(stage));
+      if (wg == 0) load(dst + 8 * kTilePanelBytes, 64 * 8, y, full(stage));
     }
     boxes.Look(a, box_rows);
   };
@@ -919,10 +929,11 @@ void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float
     LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
     return;
   }
+  // Blocks of other sizes take the cp.async copies as documented (kernels.h); a pool the driver
+  // would not map is unexpected, so said once.
   static std::atomic<bool> said{false};
-  if (tma && !said.exchange(true)) {
-    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n",
-                 box_rows > 0 ? map_error.c_str() : ("paged blocks of " + std::to_string(a.block_size) + " rows").c_str());
+  if (box_rows > 0 && !said.exchange(true)) {
+    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n", map_error.c_str());
   }
   LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
 }

@@ -557,8 +557,13 @@ void MlaPagedDecode(const PagedDecodeArgs& step, const float* qc, float* part_o,
     const char* v = std::getenv("KIMIRT_MLA_L2_HINTS");
     return v == nullptr || v[0] != '0';
   }();
+  static const bool row_hint = [] {
+    const char* v = std::getenv("KIMIRT_MLA_L2_ROW_HINT");
+    return v != nullptr && v[0] == '1';
+  }();
   PagedDecodeArgs a = step;
   a.l2_hints = hints;
+  a.l2_row_hint = row_hint;
   if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
     std::fprintf(stderr, "kimirt: paged MLA decode with latent %lld / rope %lld exceeds the kernel's %lld / %lld\n",
                  static_cast<long long>(a.r), static_cast<long long>(a.dr),

@@ -50,4 +50,14 @@ __device__ __forceinline__ void Load2D(uint32_t dst, const CUtensorMap* map, uin
       : "memory");
 }
 
+// Load2D under an L2 policy (createpolicy; cp_async.cuh's L2Policy): a stream read once, asked
+// evict-first, leaves L2 to what is read again.
+__device__ __forceinline__ void Load2DHinted(uint32_t dst, const CUtensorMap* map, uint32_t bar, int32_t x, int32_t y,
+                                             uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "l"(policy)
+      : "memory");
+}
+
 }  // namespace kimirt::cuda::tma
