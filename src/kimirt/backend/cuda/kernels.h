@@ -311,9 +311,9 @@ struct PagedDecodeArgs {
   // wgmma-ws split stores its partial outputs evict-last, so the combine finds them in L2, and the
   // combine reads them evict-first (the same values: the same bits).
   bool l2_hints = false;
-  // The TMA split's latent rows (read once a step) asked evict-first (KIMIRT_MLA_L2_ROW_HINT=1, off
-  // by default: on an H100 the op 10% faster at batch 1 and 3% slower at batch 32, docs/cuda.md
-  // "TMA copies in the ws split").
+  // The TMA split's latent rows (read once a step) asked evict-first: MlaPagedDecode sets it where
+  // the step's items are one wave of blocks (KIMIRT_MLA_L2_ROW_HINT=0 / 1 forces it; docs/cuda.md
+  // "The latent rows asked evict-first").
   bool l2_row_hint = false;
 };
 constexpr int64_t kMlaDecodeMaxLatent = 512, kMlaDecodeMaxRope = 128;

@@ -557,13 +557,17 @@ void MlaPagedDecode(const PagedDecodeArgs& step, const float* qc, float* part_o,
     const char* v = std::getenv("KIMIRT_MLA_L2_HINTS");
     return v == nullptr || v[0] != '0';
   }();
-  static const bool row_hint = [] {
+  // The latent rows asked evict-first where the step's splits are one wave (a block an item: batch
+  // 1), where it took 3-5% off the op on an H100; with blocks streaming many items it cost 3-4% at
+  // 128K and batch 32 (docs/cuda.md "The latent rows asked evict-first"). A hint, so the same bits
+  // either way. KIMIRT_MLA_L2_ROW_HINT=0 / 1 (read once a process) forces it.
+  static const int row_hint_env = [] {
     const char* v = std::getenv("KIMIRT_MLA_L2_ROW_HINT");
-    return v != nullptr && v[0] == '1';
+    return v == nullptr || v[0] == '\0' ? -1 : v[0] == '1' ? 1 : 0;
   }();
   PagedDecodeArgs a = step;
   a.l2_hints = hints;
-  a.l2_row_hint = row_hint;
+  a.l2_row_hint = row_hint_env >= 0 ? row_hint_env == 1 : hints && a.num_work <= SmCount();
   if (a.r > kMlaDecodeMaxLatent || a.dr > kMlaDecodeMaxRope) {
     std::fprintf(stderr, "kimirt: paged MLA decode with latent %lld / rope %lld exceeds the kernel's %lld / %lld\n",
                  static_cast<long long>(a.r), static_cast<long long>(a.dr),
