@@ -52,6 +52,10 @@
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
 #   mlatma    the same A/B for wgmma-ws-tma (wgmma-ws with TMA copies) against wgmma-ws
 #             ($OUT/mla-tma-*.json; the PagedDecode tests, TMA against ws bits among them).
+#   mlafp8    FP8 rows in the ws split (trial wgmma-ws-tma-fp8) against the wgmma split the default
+#             sends them to: CudaMlaFp8WsTrial.* (outside `tests`' filter), memcheck and racecheck of
+#             it, mla_decode_bench FP8 at batch 1, 8, 32 both orders, and the 2-layer 48B step at
+#             32K with an FP8 latent cache under each ($OUT/mla-fp8-*.json).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -175,7 +179,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -673,6 +677,31 @@ mla_variants_ab() {
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
 [[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
+if [[ "$what" == mlafp8 ]]; then
+  # FP8 rows in the ws split (trial wgmma-ws-tma-fp8) against the default, which sends them to the
+  # wgmma split: its test, memcheck and racecheck of it, then mla_decode_bench with FP8 latents,
+  # both orders, and the 2-layer 48B step at prompt 32K with an FP8 latent cache under each.
+  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaMlaFp8WsTrial.*' --gtest_output="json:$out/gtest-fp8.json" 2>&1 |
+    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|block size" | head -20
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for tool in memcheck racecheck; do
+    sanitize "$tool" 200 'CudaMlaFp8WsTrial.PagedDecodeFp8NineteenSequences' fp8
+  done
+  for order in wgmma-ws-tma,wgmma-ws-tma-fp8 wgmma-ws-tma-fp8,wgmma-ws-tma; do
+    for batch in 1 8 32; do
+      ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
+      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes fp8 --kvb-dtype bf16 --batch "$batch" \
+        --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-fp8-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
+  done
+  for v in wgmma-ws-tma wgmma-ws-tma-fp8; do
+    env KIMIRT_MLA_DECODE_VARIANT=$v timeout 300 "$root/kimirt" bench model --device cuda \
+      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
+      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --kv-cache-dtype fp8 --peak-gbps 4800 \
+      --json "$out/mla-fp8-model-$v.json" 2>&1 | tail -3
+  done
+fi
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,8 +95,9 @@ class CudaBackendTest : public testing::CudaCpuTest {
   // Runs `c` on both backends (kv_b held as BF16 on the GPU when `bf16_weights`; the CPU then
   // gets the rounded values) and checks the GPU against the CPU, row by row, and each row
   // against its sequence alone, with every variant of the tensor-core split (F32 latents take
-  // the CUDA-core split whatever the variant).
-  void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights) {
+  // the CUDA-core split whatever the variant), or those named.
+  void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights,
+                        std::span<const cuda::MlaDecodeVariant> variants = cuda::kMlaDecodeVariants) {
     const int layer = 1;
     const Tensor gpu_w = bf16_weights ? UpBf16(c.w_kvb) : Up(c.w_kvb);
     auto cpu_kv = testing::FillPagedDecodeStorage(*cpu_, c, layer);
@@ -116,8 +118,8 @@ class CudaBackendTest : public testing::CudaCpuTest {
     }
     Tensor want = cpu_->Empty({B, width});
     cpu_kv->AttendDecode(layer, c.q, c.w_kvb, c.mla, &want);
-    for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
-      if (c.kv.dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
+    for (cuda::MlaDecodeVariant v : variants) {
+      if (c.kv.dtype == DType::kF32 && v != variants[0]) continue;
       SCOPED_TRACE(cuda::MlaDecodeVariantName(v));
       MlaDecodeVariantScope scope(v);
       CheckPagedDecodeGpu(c, *gpu_kv, gpu_w, want);
@@ -893,6 +895,38 @@ TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
   }
   ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,
                                {32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64, {DType::kBF16});
+}
+
+// FP8 rows in the warp-specialized split (wgmma-ws-tma-fp8: the codes widened into its panels by
+// the accumulating warpgroups, S's latent and rope steps summed apart): its own sums, held to the
+// CPU at the PagedDecode bar, each sequence alone to its row of the batch, for blocks of 16, 64 and
+// 8 rows, 12 and 32 heads, partial tiles and blocks walking runs of items across sequences. A
+// trial not yet run on a GPU, so a suite of its own outside gpu_check.sh tests' filter (a hang
+// would stop the suite): mlafp8 runs it.
+class CudaMlaFp8WsTrial : public CudaBackendTest {};
+TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8RowsMatchCpu) {
+  const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
+  for (int block_size : {16, 64, 8}) {
+    for (int64_t heads : {32, 12}) {
+      SCOPED_TRACE("block size " + std::to_string(block_size) + " heads " + std::to_string(heads));
+      CheckPagedDecode(testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, DType::kF8E4M3,
+                                                    31 + static_cast<uint64_t>(heads), block_size),
+                       /*bf16_weights=*/true, trial);
+    }
+  }
+  CheckPagedDecode(testing::MakePagedDecodeCase({32768, 65, 32768, 2049, 9000, 32768, 640}, /*heads=*/32,
+                                                DType::kF8E4M3, 29, /*block_size=*/64),
+                   /*bf16_weights=*/true, trial);
+}
+
+// The same on the 19 short sequences of PagedDecodeNineteenSequencesGiveEachItsBitsAlone: small
+// enough for compute-sanitizer (mlafp8 runs memcheck and racecheck on it).
+TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8NineteenSequences) {
+  const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
+  std::vector<int64_t> contexts;
+  for (int64_t i = 0; i < 19; ++i) contexts.push_back(1 + 53 * i);
+  CheckPagedDecode(testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kF8E4M3, 19, /*block_size=*/64),
+                   /*bf16_weights=*/true, trial);
 }
 
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's
