@@ -368,11 +368,11 @@ PY
   cat "$out/mla-decode-bench.txt"
 fi
 # The 2-layer 48B decode step at prompt 32K, batch 1 and 8, under the setting $1 (VAR=VALUE):
-# $out/$2.json.
+# $out/$2.json; $3 ... more bench model flags.
 step48_32k() {
   env "$1" timeout 300 "$root/kimirt" bench model --device cuda \
     --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-    --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 --json "$out/$2.json" 2>&1 | tail -3
+    --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --peak-gbps 4800 --json "$out/$2.json" "${@:3}" 2>&1 | tail -3
 }
 if [[ "$what" == mlapersist ]]; then
   timeout 240 "$root/kimirt_tests" --gtest_filter='CudaBackendTest.PagedDecode*:MlaDecodePersistSchedule.*' \
@@ -663,16 +663,21 @@ mla_variants_ab() {
   for tool in memcheck racecheck; do
     sanitize "$tool" 150 "CudaBackendTest.PagedDecodeNineteenSequences*${4:+:$4}" "$3"
   done
+  mla_bench_orders "$1" "$2" "$3" bf16
+  for v in "$1" "$2"; do
+    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-$3-model-$v"
+  done
+}
+# mla_decode_bench with variants $1 and $2 in both orders at batch 1, 8 (32K, 128K) and 32 (32K),
+# latents of dtype $4 ($OUT/mla-$3-FIRST-first-bB.json).
+mla_bench_orders() {
   for order in "$1,$2" "$2,$1"; do
     for batch in 1 8 32; do
       ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
-      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch "$batch" \
+      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes "$4" --kvb-dtype bf16 --batch "$batch" \
         --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-$3-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
-  done
-  for v in "$1" "$2"; do
-    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-$3-model-$v"
   done
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
@@ -687,19 +692,9 @@ if [[ "$what" == mlafp8 ]]; then
   for tool in memcheck racecheck; do
     sanitize "$tool" 200 'CudaMlaFp8WsTrial.PagedDecodeFp8NineteenSequences' fp8
   done
-  for order in wgmma-ws-tma,wgmma-ws-tma-fp8 wgmma-ws-tma-fp8,wgmma-ws-tma; do
-    for batch in 1 8 32; do
-      ctx=32768,131072; [[ $batch == 32 ]] && ctx=32768
-      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes fp8 --kvb-dtype bf16 --batch "$batch" \
-        --contexts "$ctx" --variants "$order" --iters 30 --json "$out/mla-fp8-${order%%,*}-first-b$batch.json" 2>&1 | tail -4
-      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    done
-  done
+  mla_bench_orders wgmma-ws-tma wgmma-ws-tma-fp8 fp8 fp8
   for v in wgmma-ws-tma wgmma-ws-tma-fp8; do
-    env KIMIRT_MLA_DECODE_VARIANT=$v timeout 300 "$root/kimirt" bench model --device cuda \
-      --config "$root/shared/bench/configs/kimi-linear-48b-2layer.json" --random-weights --batch-sizes 1,8 \
-      --prompt-len 32768 --decode-tokens 32 --prefill-chunk 4096 --kv-cache-dtype fp8 --peak-gbps 4800 \
-      --json "$out/mla-fp8-model-$v.json" 2>&1 | tail -3
+    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-fp8-model-$v" --kv-cache-dtype fp8
   done
 fi
 if [[ "$what" == gemmrace ]]; then
