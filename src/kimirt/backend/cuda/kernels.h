@@ -372,6 +372,7 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               bool persistent, cudaStream_t s);
+// --- mla_decode_ws.cu ---
 // The warp-specialized split (MlaDecodeVariant::kWgmmaWs; latents of MlaPagedDecodeWgmmaSupported)
 // over a.block_work's runs, or one block an item without them; `tma`: its TMA copies where the
 // block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma unless `fp8` (and TMA) takes them.

@@ -6,7 +6,7 @@
 // block-wide __syncthreads. The box loads are used by tma_stream_bench (bench/) and TmaTest (the
 // seesaw MLA decode split built on them: trial fee8584, reverted, docs/cuda.md "The seesaw
 // split"); the barriers also hand tiles between the warpgroups of the warp-specialized MLA decode
-// split (mla_decode_wgmma.cu). tma.h makes the tensor maps on the host.
+// split (mla_decode_ws.cu). tma.h makes the tensor maps on the host.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a 128-byte descriptor passed as a __grid_constant__ kernel parameter)
