@@ -242,11 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
         }
       }
-      const float corr = SoftmaxStep(x, m, l);
-      if constexpr (kKind == 2) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] *= lat_scale[i];
-      }
+      const float corr = SoftmaxStepScaled<kKind>(x, m, l, lat_scale);
       // ō · corr, skipped by a warp whose heads all kept their max (corr = 1: x · 1 is x, so the
       // bits are the same either way; after the first tiles the max rarely moves).
       if (__any_sync(0xffffffffu, corr != 1.0f)) {

@@ -173,6 +173,18 @@ __device__ __forceinline__ float SoftmaxStep(float (&x)[8], float& m, float& l) 
   return corr;
 }
 
+// FP8 rows: after the softmax step, P times each position's latent scale, so ō sums
+// p · scale · code while l summed p alone (the mma.sync split's order). BF16 rows: the step alone.
+template <int kKind>
+__device__ __forceinline__ float SoftmaxStepScaled(float (&x)[8], float& m, float& l, const float (&lat_scale)[8]) {
+  const float corr = SoftmaxStep(x, m, l);
+  if constexpr (kKind == 2) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] *= lat_scale[i];
+  }
+  return corr;
+}
+
 // ō += P · c for one tile: warpgroup wg's dims 256 wg + [0, 256) as two m64n128 accumulators, P's
 // hi / lo A fragments of the tile's two k16 steps in pa, the tile's panels at `stage` read as the
 // MN-major B operand; issued, committed and waited for (the panels are free after).

@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int valid = item.s1 - item.s0 - it * kTile;
       [[maybe_unused]] const float2* scales = reinterpret_cast<const float2*>(smem_raw + L::kScaleAt) + stage_index * kTile;
       float x[8];
-      [[maybe_unused]] float lat_scale[8];
+      float lat_scale[8];  // kind 2: each position's latent scale
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -452,11 +452,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
         }
       }
-      const float corr = SoftmaxStep(x, m, l);
-      if constexpr (kKind == 2) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] *= lat_scale[i];
-      }
+      const float corr = SoftmaxStepScaled<kKind>(x, m, l, lat_scale);
       uint4 pa[2];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
