@@ -41,7 +41,7 @@
 #             the 2-layer 48B step twice each ($OUT/mla-rowhint-*.json).
 #   mlawsprof Nsight Compute on the wgmma-ws split at batch 8, 32K: stalls, and every SASS
 #             instruction's stall samples ($OUT/ncu-mlaws-source.csv, ncu-mlaws.ncu-rep).
-#   mlasplits the default split at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
+#   mlasplits the ws split (wgmma-ws) at 16, 32, 64 and 128 splits a sequence (KIMIRT_MLA_DECODE_SPLITS),
 #             4K-128K, batch 1, 8, 32, and the 2-layer 48B step at 32K with 64 and 128
 #             ($OUT/mla-splits-*.json): the split count's trade between batch 1 and the parts.
 #   bars      issues 12-14's bars in one call (for an H200): the 2-layer 48B decode table, its 32K /
@@ -556,7 +556,7 @@ if [[ "$what" == rowhint ]]; then
 fi
 if [[ "$what" == mlasplits ]]; then
   # The split count a sequence takes (KIMIRT_MLA_DECODE_SPLITS: one bound for every context) with
-  # the default split (wgmma-ws): 16, 32, 64 and 128 splits at 4K-128K, batch 1, 8 and 32
+  # the ws split (wgmma-ws, the default when this was written): 16, 32, 64 and 128 splits at 4K-128K, batch 1, 8 and 32
   # ($OUT/mla-splits-N-bB.json) — fewer splits write fewer partial outputs, more spread batch 1 —
   # then the 2-layer 48B step at prompt 32K, batch 1 and 8, at 64 and 128.
   for n in 128 64 32 16; do
@@ -652,16 +652,16 @@ if [[ "$what" == peerhang ]]; then
   echo "peerhang: $(grep -c '^\[       OK' "$out/peerhang.txt") passed, $(grep -c '^\[  FAILED' "$out/peerhang.txt") failed"
   grep -E -A6 'counters:|Failure' "$out/peerhang.txt" | head -60
 fi
-# Two MLA decode variants A/B ($1 the base, $2 the new; $3 names the files; $4 more tests): the PagedDecode tests
+# Two MLA decode variants A/B ($1 the base, $2 the new; $3 names the files): the PagedDecode tests
 # (every variant against the CPU, and their bit checks), memcheck and racecheck of the 19-sequence
 # test, then mla_decode_bench with both at batch 1, 8 and 32 (BF16, 32K and 128K) in both orders,
 # and the 2-layer 48B step at prompt 32K, batch 1 and 8, with each.
 mla_variants_ab() {
-  timeout 240 "$root/kimirt_tests" --gtest_filter="CudaBackendTest.PagedDecode*${4:+:$4}" \
+  timeout 240 "$root/kimirt_tests" --gtest_filter="CudaBackendTest.PagedDecode*" \
     --gtest_output="json:$out/gtest-$3.json" 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|$2" | head -20
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for tool in memcheck racecheck; do
-    sanitize "$tool" 150 "CudaBackendTest.PagedDecodeNineteenSequences*${4:+:$4}" "$3"
+    sanitize "$tool" 150 "CudaBackendTest.PagedDecodeNineteenSequences*" "$3"
   done
   mla_bench_orders "$1" "$2" "$3" bf16
   for v in "$1" "$2"; do

@@ -887,14 +887,21 @@ TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
 // its item's end as cp.async's zero-fill did: wgmma-ws's bits, partial tiles, items of one tile and
 // blocks walking runs of items across sequences included.
 // BF16 latents only: both variants send FP8 rows to the wgmma split, where the comparison could not fail.
+// Each comparison also checks that the TMA copies ran (a refused tensor map would fall back to
+// the cp.async copies, and the two sides would then be the same kernel).
 TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
+  auto agree = [&](const std::vector<int64_t>& contexts, const std::vector<int64_t>& heads, int block_size) {
+    const int64_t tma_before = cuda::MlaDecodeWsLaunchCounts().tma_bf16;
+    ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma, contexts,
+                                 heads, block_size, {DType::kBF16});
+    EXPECT_GE(cuda::MlaDecodeWsLaunchCounts().tma_bf16 - tma_before, static_cast<int64_t>(heads.size()))
+        << "the TMA copies did not run (see the log for the reason)";
+  };
   for (int block_size : {16, 64, 8}) {
     SCOPED_TRACE("block size " + std::to_string(block_size));
-    ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,
-                                 {1, 100, 4097, 32768, 33, 1000}, {32, 12}, block_size, {DType::kBF16});
+    agree({1, 100, 4097, 32768, 33, 1000}, {32, 12}, block_size);
   }
-  ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma,
-                               {32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64, {DType::kBF16});
+  agree({32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64);
 }
 
 // FP8 rows in the warp-specialized split (wgmma-ws-tma-fp8: the codes widened into its panels by
@@ -903,30 +910,34 @@ TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
 // 8 rows, 12 and 32 heads, partial tiles and blocks walking runs of items across sequences. A
 // trial not yet run on a GPU, so a suite of its own outside gpu_check.sh tests' filter (a hang
 // would stop the suite): mlafp8 runs it.
-class CudaMlaFp8WsTrial : public CudaBackendTest {};
+class CudaMlaFp8WsTrial : public CudaBackendTest {
+ protected:
+  // CheckPagedDecode under the trial, and the FP8 ws kernel ran (else the wgmma split answered).
+  void CheckFp8Ws(const testing::PagedDecodeCase& c) {
+    const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
+    const int64_t before = cuda::MlaDecodeWsLaunchCounts().tma_fp8;
+    CheckPagedDecode(c, /*bf16_weights=*/true, trial);
+    EXPECT_GT(cuda::MlaDecodeWsLaunchCounts().tma_fp8, before) << "the FP8 ws kernel did not run";
+  }
+};
 TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8RowsMatchCpu) {
-  const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
   for (int block_size : {16, 64, 8}) {
     for (int64_t heads : {32, 12}) {
       SCOPED_TRACE("block size " + std::to_string(block_size) + " heads " + std::to_string(heads));
-      CheckPagedDecode(testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, DType::kF8E4M3,
-                                                    31 + static_cast<uint64_t>(heads), block_size),
-                       /*bf16_weights=*/true, trial);
+      CheckFp8Ws(testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, DType::kF8E4M3,
+                                              31 + static_cast<uint64_t>(heads), block_size));
     }
   }
-  CheckPagedDecode(testing::MakePagedDecodeCase({32768, 65, 32768, 2049, 9000, 32768, 640}, /*heads=*/32,
-                                                DType::kF8E4M3, 29, /*block_size=*/64),
-                   /*bf16_weights=*/true, trial);
+  CheckFp8Ws(testing::MakePagedDecodeCase({32768, 65, 32768, 2049, 9000, 32768, 640}, /*heads=*/32,
+                                          DType::kF8E4M3, 29, /*block_size=*/64));
 }
 
 // The same on the 19 short sequences of PagedDecodeNineteenSequencesGiveEachItsBitsAlone: small
 // enough for compute-sanitizer (mlafp8 runs memcheck and racecheck on it).
 TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8NineteenSequences) {
-  const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
   std::vector<int64_t> contexts;
   for (int64_t i = 0; i < 19; ++i) contexts.push_back(1 + 53 * i);
-  CheckPagedDecode(testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kF8E4M3, 19, /*block_size=*/64),
-                   /*bf16_weights=*/true, trial);
+  CheckFp8Ws(testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kF8E4M3, 19, /*block_size=*/64));
 }
 
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's

@@ -378,6 +378,12 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
 // block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma unless `fp8` (and TMA) takes them.
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                                 cudaStream_t s, bool tma = false, bool fp8 = false);
+// The ws split's launches so far in this process, by copy form: what a test checks to know the
+// form it meant to run did run (a refused tensor map or a block size falls back to another).
+struct MlaDecodeWsLaunches {
+  int64_t cp_async = 0, tma_bf16 = 0, tma_fp8 = 0;
+};
+MlaDecodeWsLaunches MlaDecodeWsLaunchCounts();
 
 // --- mla_prefill_kernels.cu: expanded MLA prefill on tensor cores (spec §6.4; issue 14) ---
 // Causal flash attention of the new tokens of a varlen batch of sequences over their expanded

@@ -181,47 +181,38 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::Load2D(dst, &map, bar, x, y);
     }
   };
-  auto issue_tma = [&](int stage) {
-    const uint32_t st = ring + stage * kTileBytes;
-    const int p0 = 4 * wg, panels = wg == 0 ? 5 : 4;  // latent panels p0 .. p0 + 3; warpgroup 0 the rope too
-    int loaded = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) loaded += boxes.rows[j] >= 0 ? 1 : 0;
-    tma::MbarArriveExpectTx(full(stage), static_cast<uint32_t>(loaded * box_rows * 128 * panels));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (boxes.rows[j] < 0) continue;
-      const int32_t y = static_cast<int32_t>(boxes.rows[j]);
-      const uint32_t dst = st + j * box_rows * 128;
-      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * kTilePanelBytes, 64 * (p0 + i), y, full(stage));
-      if (wg == 0) load(dst + 8 * kTilePanelBytes, 64 * 8, y, full(stage));
-    }
-    boxes.Look(a, box_rows);
-  };
-  // Kind 2: the tile's codes into raw stage r on this warpgroup's raw barrier (warpgroup 0 also
-  // the rope panel and the rows' scales).
-  auto issue_raw = [&](int r) {
-    const uint32_t st = raw_ring + r * L::kRawBytes;
+  // Warpgroup wg's boxes of the next tile into the stage at st, on barrier bar: its four latent
+  // panels, warpgroup 0 also the rope panel — kind 1 into the swizzled panels the wgmmas read,
+  // kind 2 as the codes lie (64 bytes a row), warpgroup 0 then also the rows' scales.
+  auto issue_boxes = [&](uint32_t st, uint32_t bar) {
+    constexpr uint32_t kBoxRowBytes = kKind == 1 ? 128 : 64;
+    constexpr uint32_t kPanelBytes = kKind == 1 ? kTilePanelBytes : L::kRawPanelBytes;
     const int p0 = 4 * wg, panels = wg == 0 ? 5 : 4;
+    const uint32_t scale_bytes = kKind == 2 && wg == 0 ? 8 : 0;
     int loaded = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) loaded += boxes.rows[j] >= 0 ? 1 : 0;
-    const uint32_t bar = rawfull(wg, r);
-    tma::MbarArriveExpectTx(bar, static_cast<uint32_t>(loaded * box_rows * (64 * panels + (wg == 0 ? 8 : 0))));
+    tma::MbarArriveExpectTx(bar, static_cast<uint32_t>(loaded * box_rows) * (kBoxRowBytes * panels + scale_bytes));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (boxes.rows[j] < 0) continue;
       const int32_t y = static_cast<int32_t>(boxes.rows[j]);
-      const uint32_t dst = st + j * box_rows * 64;
-      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * L::kRawPanelBytes, 64 * (p0 + i), y, bar);
+      const uint32_t dst = st + j * box_rows * kBoxRowBytes;
+      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * kPanelBytes, 64 * (p0 + i), y, bar);
       if (wg == 0) {
-        load(dst + 8 * L::kRawPanelBytes, 64 * 8, y, bar);
-        tma::BulkLoad(st + L::kRawScaleAt + j * box_rows * 8, a.scales + boxes.rows[j] * 2,
-                      static_cast<uint32_t>(box_rows * 8), bar);
+        load(dst + 8 * kPanelBytes, 64 * 8, y, bar);
+        if constexpr (kKind == 2) {
+          tma::BulkLoad(st + L::kRawScaleAt + j * box_rows * 8, a.scales + boxes.rows[j] * 2,
+                        static_cast<uint32_t>(box_rows * 8), bar);
+        }
       }
     }
     boxes.Look(a, box_rows);
   };
+  // Kind 1: a tile straight into panel stage s on full[s]. Kind 2: its codes into raw stage r on
+  // this warpgroup's raw barrier.
+  auto issue_tma = [&](int stage) { issue_boxes(ring + stage * kTileBytes, full(stage)); };
+  auto issue_raw = [&](int r) { issue_boxes(raw_ring + r * L::kRawBytes, rawfull(wg, r)); };
   if (producer) {
     boxes.pos.Begin(w0, w1);
     boxes.Look(a, box_rows);
@@ -256,7 +247,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // item's end as zeros, refills the raw stage with tile k + 2 and announces the panels on
     // full[k mod kWsStages]. False past the block's last tile.
     TileStreamPos wpos;
-    wpos.Begin(w0, w1);
+    if constexpr (kKind == 2) wpos.Begin(w0, w1);
     int widened = 0;
     auto widen = [&]() -> bool {
       if (!wpos.Next(a)) return false;
@@ -484,6 +475,11 @@ int WsTmaBoxRows(int block_size) {
   return block_size % kTile == 0 ? kTile : 0;
 }
 
+// MlaDecodeWsLaunchCounts's.
+struct {
+  std::atomic<int64_t> cp_async{0}, tma_bf16{0}, tma_fp8{0};
+} g_ws_launches;
+
 template <bool kTma, int kKind = 1>
 void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, const CUtensorMap& map, int box_rows,
               cudaStream_t s) {
@@ -500,14 +496,21 @@ void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml,
   LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel<kTma, kKind>, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml, map,
             box_rows);
   CheckLaunch("MlaDecodeWs");
+  std::atomic<int64_t>& n = kKind == 2 ? g_ws_launches.tma_fp8 : kTma ? g_ws_launches.tma_bf16 : g_ws_launches.cp_async;
+  n.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
 
+MlaDecodeWsLaunches MlaDecodeWsLaunchCounts() {
+  return {g_ws_launches.cp_async.load(), g_ws_launches.tma_bf16.load(), g_ws_launches.tma_fp8.load()};
+}
+
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                                 cudaStream_t s, bool tma, bool fp8) {
   const bool fp8_rows = a.kind == 2;
-  if (a.kind != 1 && !(fp8 && fp8_rows && WsTmaBoxRows(a.block_size) > 0)) {
+  const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
+  if (fp8_rows && !(fp8 && box_rows > 0)) {
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }
@@ -520,7 +523,6 @@ void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float
   thread_local int64_t map_rows = 0;
   thread_local int map_box = 0, map_kind = 0;
   thread_local std::string map_error;
-  const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
   if (box_rows > 0 && (map_values != a.values || map_rows != a.pool_rows || map_box != box_rows || map_kind != a.kind)) {
     map_error.clear();
     const bool made = fp8_rows ? MakeTensorMapU8(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW, 64,
@@ -535,17 +537,18 @@ void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float
              : LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
     return;
   }
-  if (fp8_rows) {  // no map for the codes: the wgmma split
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);
-    return;
-  }
-  // Blocks of other sizes take the cp.async copies as documented (kernels.h); a pool the driver
-  // would not map is unexpected, so said once.
+  // Blocks of other sizes take the cp.async copies (FP8 rows the wgmma split) as documented
+  // (kernels.h); a pool the driver would not map is unexpected, so said once.
   static std::atomic<bool> said{false};
   if (box_rows > 0 && !said.exchange(true)) {
-    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n", map_error.c_str());
+    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking %s\n", map_error.c_str(),
+                 fp8_rows ? "the wgmma split for FP8 rows" : "wgmma-ws");
   }
-  LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
+  if (fp8_rows) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);
+  } else {
+    LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
+  }
 }
 
 }  // namespace kimirt::cuda
