@@ -52,10 +52,9 @@
 #             watchdog prints where one hangs ($OUT/peerhang.txt).
 #   mlatma    the same A/B for wgmma-ws-tma (wgmma-ws with TMA copies) against wgmma-ws
 #             ($OUT/mla-tma-*.json; the PagedDecode tests, TMA against ws bits among them).
-#   mlafp8    FP8 rows in the ws split (trial wgmma-ws-tma-fp8) against the wgmma split the default
-#             sends them to: CudaMlaFp8WsTrial.* (outside `tests`' filter), memcheck and racecheck of
-#             it, mla_decode_bench FP8 at batch 1, 8, 32 both orders, and the 2-layer 48B step at
-#             32K with an FP8 latent cache under each ($OUT/mla-fp8-*.json).
+#   mlafp8prof Nsight Compute on the FP8 rows' split (the wgmma split) and the BF16 rows' (the
+#             default, wgmma-ws-tma) at batch 8, 32K in one run: stalls and every SASS
+#             instruction's stall samples ($OUT/ncu-mlafp8*, ncu-mlabf16*).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -179,7 +178,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -407,21 +406,31 @@ if [[ "$what" == mlaprof ]]; then
     grep -vE '^==PROF==|^ *-+ *$' "$f" | grep -E '[0-9]' | tail -90
   done
 fi
-if [[ "$what" == mlawsprof ]]; then
-  # Nsight Compute on one launch of the warp-specialized split (wgmma-ws; BF16 latents, 32 heads,
-  # 32K, batch 8): throughput, where the warps stall, and the stall samples of every SASS
-  # instruction ($OUT/ncu-mlaws-source.csv: which wait each warpgroup spends its time in).
+# Nsight Compute on one launch of an MLA decode split (32 heads, 32K, batch 8): throughput, where
+# the warps stall, and the stall samples of every SASS instruction ($OUT/ncu-NAME-source.csv).
+# Arguments: NAME, the kernel's regex, the latent dtype, the variant.
+mla_split_prof() {
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 240 "$ncu" --clock-control none -k regex:MlaDecodeWs -s 3 -c 1 --import-source no \
+  timeout 200 "$ncu" --clock-control none -k "regex:$2" -s 3 -c 1 --import-source no \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-    --section MemoryWorkloadAnalysis --section SourceCounters -o "$out/ncu-mlaws" -f \
-    "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch 8 --contexts 32768 \
-    --iters 2 --variants wgmma-ws >"$out/ncu-mlaws-run.txt" 2>&1 || status=1
-  "$ncu" -i "$out/ncu-mlaws.ncu-rep" >"$out/ncu-mlaws.txt" 2>&1
-  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-mlaws.txt" | grep -E '[0-9]' | tail -80
-  "$ncu" -i "$out/ncu-mlaws.ncu-rep" --page source --csv --print-source sass >"$out/ncu-mlaws-source.csv" 2>&1 ||
-    echo "ncu --page source failed: $(head -3 "$out/ncu-mlaws-source.csv")"
-  echo "source rows: $(wc -l <"$out/ncu-mlaws-source.csv")"
+    --section MemoryWorkloadAnalysis --section SourceCounters -o "$out/ncu-$1" -f \
+    "$root/mla_decode_bench" --heads 32 --dtypes "$3" --kvb-dtype bf16 --batch 8 --contexts 32768 \
+    --iters 2 --variants "$4" >"$out/ncu-$1-run.txt" 2>&1 || status=1
+  "$ncu" -i "$out/ncu-$1.ncu-rep" >"$out/ncu-$1.txt" 2>&1
+  echo "--- $1: $3 rows, $4"
+  grep -vE '^==PROF==|^ *-+ *$' "$out/ncu-$1.txt" | grep -E '[0-9]' | tail -80
+  "$ncu" -i "$out/ncu-$1.ncu-rep" --page source --csv --print-source sass >"$out/ncu-$1-source.csv" 2>&1 ||
+    echo "ncu --page source failed: $(head -3 "$out/ncu-$1-source.csv")"
+  echo "source rows: $(wc -l <"$out/ncu-$1-source.csv")"
+}
+# The warp-specialized split (wgmma-ws; BF16 latents): which wait each warpgroup spends its time in.
+[[ "$what" == mlawsprof ]] && mla_split_prof mlaws MlaDecodeWs bf16 wgmma-ws
+if [[ "$what" == mlafp8prof ]]; then
+  # FP8 rows (the wgmma split takes them) beside BF16 rows (the default ws split with TMA copies)
+  # in one run: an FP8 tile is half the bytes and took longer (docs/cuda.md "Tried and dropped:
+  # FP8 rows in the ws split"), so where does its time go.
+  mla_split_prof mlafp8 MlaDecodeWgmma fp8 wgmma-ws-tma
+  mla_split_prof mlabf16 MlaDecodeWs bf16 wgmma-ws-tma
 fi
 if [[ "$what" == moeprof ]]; then
   # Nsight Compute on the K3-width MXFP4 decode experts (moe_bench k3, batch 1 and 32): throughput,
@@ -682,21 +691,6 @@ mla_bench_orders() {
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
 [[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
-if [[ "$what" == mlafp8 ]]; then
-  # FP8 rows in the ws split (trial wgmma-ws-tma-fp8) against the default, which sends them to the
-  # wgmma split: its test, memcheck and racecheck of it, then mla_decode_bench with FP8 latents,
-  # both orders, and the 2-layer 48B step at prompt 32K with an FP8 latent cache under each.
-  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaMlaFp8WsTrial.*' --gtest_output="json:$out/gtest-fp8.json" 2>&1 |
-    grep -E "^\[  (FAILED|PASSED) |Failure|actual|sequence|block size" | head -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for tool in memcheck racecheck; do
-    sanitize "$tool" 200 'CudaMlaFp8WsTrial.PagedDecodeFp8NineteenSequences' fp8
-  done
-  mla_bench_orders wgmma-ws-tma wgmma-ws-tma-fp8 fp8 fp8
-  for v in wgmma-ws-tma wgmma-ws-tma-fp8; do
-    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-fp8-model-$v" --kv-cache-dtype fp8
-  done
-fi
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -95,9 +94,8 @@ class CudaBackendTest : public testing::CudaCpuTest {
   // Runs `c` on both backends (kv_b held as BF16 on the GPU when `bf16_weights`; the CPU then
   // gets the rounded values) and checks the GPU against the CPU, row by row, and each row
   // against its sequence alone, with every variant of the tensor-core split (F32 latents take
-  // the CUDA-core split whatever the variant), or those named.
-  void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights,
-                        std::span<const cuda::MlaDecodeVariant> variants = cuda::kMlaDecodeVariants) {
+  // the CUDA-core split whatever the variant).
+  void CheckPagedDecode(testing::PagedDecodeCase c, bool bf16_weights) {
     const int layer = 1;
     const Tensor gpu_w = bf16_weights ? UpBf16(c.w_kvb) : Up(c.w_kvb);
     auto cpu_kv = testing::FillPagedDecodeStorage(*cpu_, c, layer);
@@ -118,8 +116,8 @@ class CudaBackendTest : public testing::CudaCpuTest {
     }
     Tensor want = cpu_->Empty({B, width});
     cpu_kv->AttendDecode(layer, c.q, c.w_kvb, c.mla, &want);
-    for (cuda::MlaDecodeVariant v : variants) {
-      if (c.kv.dtype == DType::kF32 && v != variants[0]) continue;
+    for (cuda::MlaDecodeVariant v : cuda::kMlaDecodeVariants) {
+      if (c.kv.dtype == DType::kF32 && v != cuda::kMlaDecodeVariants[0]) continue;
       SCOPED_TRACE(cuda::MlaDecodeVariantName(v));
       MlaDecodeVariantScope scope(v);
       CheckPagedDecodeGpu(c, *gpu_kv, gpu_w, want);
@@ -891,10 +889,10 @@ TEST_F(CudaBackendTest, PagedDecodePersistentWgmmaGivesOneBlockAnItemsBits) {
 // the cp.async copies, and the two sides would then be the same kernel).
 TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
   auto agree = [&](const std::vector<int64_t>& contexts, const std::vector<int64_t>& heads, int block_size) {
-    const int64_t tma_before = cuda::MlaDecodeWsLaunchCounts().tma_bf16;
+    const int64_t tma_before = cuda::MlaDecodeWsLaunchCounts().tma;
     ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWs, cuda::MlaDecodeVariant::kWgmmaWsTma, contexts,
                                  heads, block_size, {DType::kBF16});
-    EXPECT_GE(cuda::MlaDecodeWsLaunchCounts().tma_bf16 - tma_before, static_cast<int64_t>(heads.size()))
+    EXPECT_GE(cuda::MlaDecodeWsLaunchCounts().tma - tma_before, static_cast<int64_t>(heads.size()))
         << "the TMA copies did not run (see the log for the reason)";
   };
   for (int block_size : {16, 64, 8}) {
@@ -902,42 +900,6 @@ TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
     agree({1, 100, 4097, 32768, 33, 1000}, {32, 12}, block_size);
   }
   agree({32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64);
-}
-
-// FP8 rows in the warp-specialized split (wgmma-ws-tma-fp8: the codes widened into its panels by
-// the accumulating warpgroups, S's latent and rope steps summed apart): its own sums, held to the
-// CPU at the PagedDecode bar, each sequence alone to its row of the batch, for blocks of 16, 64 and
-// 8 rows, 12 and 32 heads, partial tiles and blocks walking runs of items across sequences. A
-// trial not yet run on a GPU, so a suite of its own outside gpu_check.sh tests' filter (a hang
-// would stop the suite): mlafp8 runs it.
-class CudaMlaFp8WsTrial : public CudaBackendTest {
- protected:
-  // CheckPagedDecode under the trial, and the FP8 ws kernel ran (else the wgmma split answered).
-  void CheckFp8Ws(const testing::PagedDecodeCase& c) {
-    const cuda::MlaDecodeVariant trial[] = {cuda::MlaDecodeVariant::kWgmmaWsTmaFp8};
-    const int64_t before = cuda::MlaDecodeWsLaunchCounts().tma_fp8;
-    CheckPagedDecode(c, /*bf16_weights=*/true, trial);
-    EXPECT_GT(cuda::MlaDecodeWsLaunchCounts().tma_fp8, before) << "the FP8 ws kernel did not run";
-  }
-};
-TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8RowsMatchCpu) {
-  for (int block_size : {16, 64, 8}) {
-    for (int64_t heads : {32, 12}) {
-      SCOPED_TRACE("block size " + std::to_string(block_size) + " heads " + std::to_string(heads));
-      CheckFp8Ws(testing::MakePagedDecodeCase({1, 100, 4097, 32768, 33, 1000}, heads, DType::kF8E4M3,
-                                              31 + static_cast<uint64_t>(heads), block_size));
-    }
-  }
-  CheckFp8Ws(testing::MakePagedDecodeCase({32768, 65, 32768, 2049, 9000, 32768, 640}, /*heads=*/32,
-                                          DType::kF8E4M3, 29, /*block_size=*/64));
-}
-
-// The same on the 19 short sequences of PagedDecodeNineteenSequencesGiveEachItsBitsAlone: small
-// enough for compute-sanitizer (mlafp8 runs memcheck and racecheck on it).
-TEST_F(CudaMlaFp8WsTrial, PagedDecodeFp8NineteenSequences) {
-  std::vector<int64_t> contexts;
-  for (int64_t i = 0; i < 19; ++i) contexts.push_back(1 + 53 * i);
-  CheckFp8Ws(testing::MakePagedDecodeCase(contexts, /*heads=*/32, DType::kF8E4M3, 19, /*block_size=*/64));
 }
 
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's

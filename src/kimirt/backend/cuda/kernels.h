@@ -333,7 +333,7 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
-// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws|wgmma-ws-tma|wgmma-ws-tma-fp8, read once
+// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws|wgmma-ws-tma, read once
 // a process, so a captured graph and the eager calls of a run use the same kernel; an unknown name
 // aborts naming it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM,
 // 2 stages) run the same sums in the same order on mma.sync, so the same bits
@@ -349,14 +349,10 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // default) is wgmma-ws with the tiles copied by TMA — one thread of each accumulating warpgroup
 // asks for its panels in boxes of a paged block's rows (blocks of 8, 16 or a multiple of 32
 // rows; other blocks take wgmma-ws) — the same sums, so wgmma-ws's bits; on an H100 0.96-0.98×
-// wgmma-ws's time (docs/cuda.md "TMA copies in the ws split"). wgmma-ws-tma-fp8 (trial, thirty-fifth
-// session) is wgmma-ws-tma that also takes FP8 rows (the codes widened into its panels by the
-// accumulating warpgroups; elsewhere FP8 rows take wgmma's kernel): its own sums, held to the CPU.
-// Not in kMlaDecodeVariants until it has run on a GPU: its test is CudaMlaFp8WsTrial.* (gpu_check.sh
-// mlafp8), outside the suite's filter.
-enum class MlaDecodeVariant : int {
-  kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5, kWgmmaWsTmaFp8 = 6
-};
+// wgmma-ws's time (docs/cuda.md "TMA copies in the ws split"). FP8 rows in the ws split were
+// tried and measured slower than wgmma's kernel (docs/cuda.md "Tried and dropped: FP8 rows in
+// the ws split").
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
                                                           MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
                                                           MlaDecodeVariant::kWgmmaWs, MlaDecodeVariant::kWgmmaWsTma};
@@ -375,13 +371,13 @@ void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* 
 // --- mla_decode_ws.cu ---
 // The warp-specialized split (MlaDecodeVariant::kWgmmaWs; latents of MlaPagedDecodeWgmmaSupported)
 // over a.block_work's runs, or one block an item without them; `tma`: its TMA copies where the
-// block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma unless `fp8` (and TMA) takes them.
+// block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma.
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s, bool tma = false, bool fp8 = false);
+                                cudaStream_t s, bool tma = false);
 // The ws split's launches so far in this process, by copy form: what a test checks to know the
 // form it meant to run did run (a refused tensor map or a block size falls back to another).
 struct MlaDecodeWsLaunches {
-  int64_t cp_async = 0, tma_bf16 = 0, tma_fp8 = 0;
+  int64_t cp_async = 0, tma = 0;
 };
 MlaDecodeWsLaunches MlaDecodeWsLaunchCounts();
 

@@ -42,30 +42,18 @@ namespace kimirt::cuda {
 using namespace mla_wgmma;  // NOLINT: this file's kernel is built from those parts
 namespace {
 
-constexpr int kWsThreads = 384;
-// Kind 1 (BF16 rows): four stages of panels. Kind 2 (FP8 rows, TMA only): three stages of BF16
-// panels the accumulators widen the codes into, each with its rows' scales, and two raw stages the
-// codes land in as they lie (9 panels of 32 rows × 64 codes, then the rows' two scales).
-template <int kKind>
+constexpr int kWsThreads = 384, kWsStages = 4;
 struct WsLayout {
-  static constexpr int kStages = kKind == 1 ? 4 : 3;
-  static constexpr int kRawStages = kKind == 1 ? 0 : 2;
   // From the (16-byte aligned) start: two P buffers (2 uint4 for each of the scorer's threads),
-  // the factors [2][32], kind 2's scales [kStages][32 rows][2], the barriers (full[kStages],
-  // pfull[2], pempty[2], kind 2's raw[2 warpgroups][kRawStages]); then q̄, the ring of panels and
-  // the raw ring from the next multiple of 1 KB.
+  // the factors [2][32], the barriers (full[kWsStages], pfull[2], pempty[2]); then q̄ and the ring
+  // from the next multiple of 1 KB.
   static constexpr uint32_t kPBytes = 128 * 32;
   static constexpr uint32_t kCorrAt = 2 * kPBytes;
-  static constexpr uint32_t kScaleAt = kCorrAt + 2 * kHeads * 4;
-  static constexpr uint32_t kBarAt = kScaleAt + (kKind == 2 ? kStages * kTile * 8 : 0);
-  static constexpr uint32_t kSmallBytes = kBarAt + (kStages + 4 + 2 * kRawStages) * 8;
-  static constexpr uint32_t kRawPanelBytes = kTile * 64;
-  static constexpr uint32_t kRawScaleAt = kPanels * kRawPanelBytes;
-  static constexpr uint32_t kRawBytes = kRawScaleAt + kTile * 8;
-  static constexpr size_t kSmemBytes = kSmallBytes + 1023 + kQBytes + kStages * kTileBytes + kRawStages * kRawBytes;
+  static constexpr uint32_t kBarAt = kCorrAt + 2 * kHeads * 4;
+  static constexpr uint32_t kSmallBytes = kBarAt + (kWsStages + 4) * 8;
+  static constexpr size_t kSmemBytes = kSmallBytes + 1023 + kQBytes + kWsStages * kTileBytes;
 };
-static_assert(WsLayout<1>::kSmemBytes <= 227 * 1024 && WsLayout<2>::kSmemBytes <= 227 * 1024, "one block an SM");
-static_assert(WsLayout<2>::kRawBytes % 128 == 0, "raw stages 128-byte aligned (TMA)");
+static_assert(WsLayout::kSmemBytes <= 227 * 1024, "one block an SM");
 
 __device__ __forceinline__ void ScorerBarrier() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 
@@ -96,22 +84,11 @@ struct WsBoxStream {
   }
 };
 
-// FP8 rows (kKind 2, TMA only): the codes land in a raw stage as they lie (boxes of a paged
-// block's rows × 64 codes, each warpgroup's panels on its own barrier, warpgroup 0 also the rope
-// panel and the rows' scales by a bulk copy); each accumulating warpgroup widens its panels into
-// the stage of BF16 panels three tiles ahead of its ō (every E4M3 value is a BF16 value), rows
-// past the item's end as zeros, warpgroup 0 the scales too, and announces them on full[s] (256
-// arrivals). The scorer sums S's latent and rope k steps apart and scales them per row, and P
-// carries the row's latent scale, as the wgmma split does for FP8 rows: its own sums (S over 32
-// latent k steps in one accumulator), held to the CPU.
-template <bool kTma, int kKind>
+template <bool kTma>
 __global__ void __launch_bounds__(kWsThreads, 1)
     MlaDecodeWsKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml,
                       const __grid_constant__ CUtensorMap map, int box_rows) {
-  static_assert(kKind == 1 || kTma, "FP8 rows take the TMA copies only");
-  using L = WsLayout<kKind>;
-  constexpr int kWsStages = L::kStages;
-  constexpr int kRaw = L::kRawStages > 0 ? L::kRawStages : 1;  // kind 2's raw stages (a divisor for kind 1 too)
+  using L = WsLayout;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
   const uint32_t base = (raw + L::kSmallBytes + 1023u) & ~1023u;  // panels at multiples of 1 KB
@@ -123,8 +100,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const auto full = [bars](int s) { return bars + 8u * s; };
   const auto pfull = [bars](int p) { return bars + 8u * (kWsStages + p); };
   const auto pempty = [bars](int p) { return bars + 8u * (kWsStages + 2 + p); };
-  const auto rawfull = [bars](int u, int r) { return bars + 8u * (kWsStages + 4 + u * kRaw + r); };
-  const uint32_t raw_ring = ring + kWsStages * kTileBytes;  // kind 2: raw stage r at raw_ring + r · kRawBytes
 
   int w0, w1;
   BlockItems(a, &w0, &w1);
@@ -137,9 +112,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
   }
   if (tid == 0) {
-    for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), kTma && kKind == 1 ? 2 : 256);
+    for (int s = 0; s < kWsStages; ++s) tma::MbarInit(full(s), kTma ? 2 : 256);
     for (int p = 0; p < 2; ++p) tma::MbarInit(pfull(p), 128), tma::MbarInit(pempty(p), 256);
-    for (int r = 0; r < 2 * L::kRawStages; ++r) tma::MbarInit(rawfull(r / kRaw, r % kRaw), 1);
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -181,46 +155,29 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::Load2D(dst, &map, bar, x, y);
     }
   };
-  // Warpgroup wg's boxes of the next tile into the stage at st, on barrier bar: its four latent
-  // panels, warpgroup 0 also the rope panel — kind 1 into the swizzled panels the wgmmas read,
-  // kind 2 as the codes lie (64 bytes a row), warpgroup 0 then also the rows' scales.
-  auto issue_boxes = [&](uint32_t st, uint32_t bar) {
-    constexpr uint32_t kBoxRowBytes = kKind == 1 ? 128 : 64;
-    constexpr uint32_t kPanelBytes = kKind == 1 ? kTilePanelBytes : L::kRawPanelBytes;
+  // Warpgroup wg's boxes of the next tile into stage `stage`, on full[stage]: its four latent
+  // panels, warpgroup 0 also the rope panel, into the swizzled panels the wgmmas read.
+  auto issue_tma = [&](int stage) {
+    const uint32_t st = ring + stage * kTileBytes, bar = full(stage);
     const int p0 = 4 * wg, panels = wg == 0 ? 5 : 4;
-    const uint32_t scale_bytes = kKind == 2 && wg == 0 ? 8 : 0;
     int loaded = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) loaded += boxes.rows[j] >= 0 ? 1 : 0;
-    tma::MbarArriveExpectTx(bar, static_cast<uint32_t>(loaded * box_rows) * (kBoxRowBytes * panels + scale_bytes));
+    tma::MbarArriveExpectTx(bar, static_cast<uint32_t>(loaded * box_rows * 128 * panels));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (boxes.rows[j] < 0) continue;
       const int32_t y = static_cast<int32_t>(boxes.rows[j]);
-      const uint32_t dst = st + j * box_rows * kBoxRowBytes;
-      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * kPanelBytes, 64 * (p0 + i), y, bar);
-      if (wg == 0) {
-        load(dst + 8 * kPanelBytes, 64 * 8, y, bar);
-        if constexpr (kKind == 2) {
-          tma::BulkLoad(st + L::kRawScaleAt + j * box_rows * 8, a.scales + boxes.rows[j] * 2,
-                        static_cast<uint32_t>(box_rows * 8), bar);
-        }
-      }
+      const uint32_t dst = st + j * box_rows * 128;
+      for (int i = 0; i < 4; ++i) load(dst + (p0 + i) * kTilePanelBytes, 64 * (p0 + i), y, bar);
+      if (wg == 0) load(dst + 8 * kTilePanelBytes, 64 * 8, y, bar);
     }
     boxes.Look(a, box_rows);
   };
-  // Kind 1: a tile straight into panel stage s on full[s]. Kind 2: its codes into raw stage r on
-  // this warpgroup's raw barrier.
-  auto issue_tma = [&](int stage) { issue_boxes(ring + stage * kTileBytes, full(stage)); };
-  auto issue_raw = [&](int r) { issue_boxes(raw_ring + r * L::kRawBytes, rawfull(wg, r)); };
   if (producer) {
     boxes.pos.Begin(w0, w1);
     boxes.Look(a, box_rows);
-    if constexpr (kKind == 1) {
-      for (int i = 0; i < kWsStages && boxes.ahead; ++i) issue_tma(i);
-    } else {
-      for (int i = 0; i < L::kRawStages && boxes.ahead; ++i) issue_raw(i);
-    }
+    for (int i = 0; i < kWsStages && boxes.ahead; ++i) issue_tma(i);
   }
   if (!kTma && wg < 2) {
     copy.Begin(a, w0, w1, row);
@@ -242,50 +199,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg < 2) {
     // The accumulators: ō's dims 256 wg + [0, 256).
     asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
-    // Kind 2: widens the block's next tile k (this warpgroup's panels; warpgroup 0 also the rope
-    // panel and the scales) from raw stage k mod 2 into panel stage k mod kWsStages, rows past its
-    // item's end as zeros, refills the raw stage with tile k + 2 and announces the panels on
-    // full[k mod kWsStages]. False past the block's last tile.
-    TileStreamPos wpos;
-    if constexpr (kKind == 2) wpos.Begin(w0, w1);
-    int widened = 0;
-    auto widen = [&]() -> bool {
-      if (!wpos.Next(a)) return false;
-      const int k = widened++, r = k % kRaw, st = k % kWsStages;
-      const int valid = min(kTile, wpos.s1 - wpos.s);
-      tma::MbarWait(rawfull(wg, r), (k / kRaw) & 1);
-      const unsigned char* src = base_ptr + (raw_ring + r * L::kRawBytes - base);
-      unsigned char* dst = base_ptr + (ring + st * kTileBytes - base);
-      const int panels = wg == 0 ? 5 : 4;
-      for (int i = wtid; i < panels * kTile * 8; i += 128) {
-        const int pi = i / (kTile * 8), rr = i % (kTile * 8) / 8, chunk = i % 8;
-        const int pn = pi < 4 ? 4 * wg + pi : 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (rr < valid) v = WidenFp8x8(*reinterpret_cast<const uint2*>(src + pn * L::kRawPanelBytes + rr * 64 + chunk * 8));
-        *reinterpret_cast<uint4*>(dst + pn * kTilePanelBytes + wgmma::SwizzledOffset(rr, chunk)) = v;
-      }
-      if (wg == 0 && wtid < kTile) {
-        float2 sc = make_float2(0.0f, 0.0f);  // masked rows: P = 0 times a zero scale
-        if (wtid < valid) sc = *reinterpret_cast<const float2*>(src + L::kRawScaleAt + wtid * 8);
-        *reinterpret_cast<float2*>(smem_raw + L::kScaleAt + (st * kTile + wtid) * 8) = sc;
-      }
-      wgmma::FenceProxyAsync();  // the panels → the wgmmas' reads
-      // The warpgroup's reads of the raw stage and writes of its panels are done (named barriers
-      // 2 and 3: one a warpgroup): the raw stage takes tile k + 2, the panels are announced.
-      if (wg == 0) {
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      } else {
-        asm volatile("bar.sync 3, 128;\n" ::: "memory");
-      }
-      if (producer && boxes.ahead) issue_raw(r);
-      tma::MbarArrive(full(st));
-      return true;
-    };
-    if constexpr (kKind == 2) {
-      for (int i = 0; i < kWsStages; ++i) {
-        if (!widen()) break;
-      }
-    }
     if constexpr (!kTma) {
       CpAsyncWait<kWsStages - 2>();  // tiles 0 and 1
       wgmma::FenceProxyAsync();
@@ -313,7 +226,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           for (int i = 0; i < 64; ++i) o0[i] *= corr, o1[i] *= corr;
         }
         const uint32_t stage = ring + (t % kWsStages) * kTileBytes;
-        if constexpr (kTma && kKind == 1) {
+        if constexpr (kTma) {
           // The stage's copies landed before the scorer's S (it waited): done already, but this
           // warpgroup's reads acquire the boxes' bytes from the barrier itself, as any TMA consumer.
           tma::MbarWait(full(t % kWsStages), (t / kWsStages) & 1);
@@ -340,9 +253,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         // This warpgroup's panels of the stage are free (the scorer's S of tile t ended before its
         // P): tile t + 4 goes there. Then (cp.async) tile t + 2 is announced once this thread's
         // copies of it have landed; TMA's land on the barrier by themselves.
-        if constexpr (kKind == 2) {
-          widen();  // tile t + kWsStages into this stage
-        } else if constexpr (kTma) {
+        if constexpr (kTma) {
           if (producer && boxes.ahead) issue_tma(t % kWsStages);
         } else {
           if (ahead) issue(t % kWsStages);
@@ -398,52 +309,33 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::MbarWait(full(stage_index), (t / kWsStages) & 1);
       const uint64_t desc_tile = wgmma::Desc128B(ring + stage_index * kTileBytes, 16, 1024);
       // S over all 36 k steps, ascending, from zero: s[4n + e] row g (e < 2) or g + 8, column
-      // 8n + 2c + e % 2. Kind 2: the latent steps into s, the rope steps into s_rope.
-      float s[16], s_rope[16];
+      // 8n + 2c + e % 2.
+      float s[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) s[i] = 0.0f;
       wgmma::FenceRegs(s);
-      if constexpr (kKind == 2) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s_rope[i] = 0.0f;
-        wgmma::FenceRegs(s_rope);
-      }
       wgmma::Fence();
 #pragma unroll
       for (int step = 0; step < 2 * kStepsPerGroup; ++step) {
         const int pn = step / 4, col = (step % 4) * 32;
         const uint64_t dq = desc_q + ((pn * kQPanelBytes + col) >> 4), dt = desc_tile + ((pn * kTilePanelBytes + col) >> 4);
-        if (kKind == 2 && step >= kLatentSteps) {
-          wgmma::WgmmaSS_m64n32k16<0>(s_rope, dq, dt);
-        } else {
-          wgmma::WgmmaSS_m64n32k16<0>(s, dq, dt);
-        }
+        wgmma::WgmmaSS_m64n32k16<0>(s, dq, dt);
       }
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceRegs(s);
-      if constexpr (kKind == 2) wgmma::FenceRegs(s_rope);
-      // The online softmax of the wgmma split (its step 2 without the swap). Kind 2: s = scale ·
-      // (latent scale · latent sum + rope scale · rope sum), and P carries the latent scale.
+      // The online softmax of the wgmma split (its step 2 without the swap).
       const int valid = item.s1 - item.s0 - it * kTile;
-      [[maybe_unused]] const float2* scales = reinterpret_cast<const float2*>(smem_raw + L::kScaleAt) + stage_index * kTile;
       float x[8];
-      float lat_scale[8];  // kind 2: each position's latent scale
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * j + 2 * c + e;
-          float sc = s[4 * j + e] + s[4 * j + e + 2];  // hi row + lo row
-          if constexpr (kKind == 2) {
-            const float2 rs = scales[col];
-            sc = rs.x * sc + rs.y * (s_rope[4 * j + e] + s_rope[4 * j + e + 2]);
-            lat_scale[2 * j + e] = rs.x;
-          }
-          x[2 * j + e] = col < valid ? a.scale * sc : -INFINITY;
+          x[2 * j + e] = col < valid ? a.scale * (s[4 * j + e] + s[4 * j + e + 2]) : -INFINITY;  // hi row + lo row
         }
       }
-      const float corr = SoftmaxStepScaled<kKind>(x, m, l, lat_scale);
+      const float corr = SoftmaxStep(x, m, l);
       uint4 pa[2];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
@@ -477,78 +369,64 @@ int WsTmaBoxRows(int block_size) {
 
 // MlaDecodeWsLaunchCounts's.
 struct {
-  std::atomic<int64_t> cp_async{0}, tma_bf16{0}, tma_fp8{0};
+  std::atomic<int64_t> cp_async{0}, tma{0};
 } g_ws_launches;
 
-template <bool kTma, int kKind = 1>
+template <bool kTma>
 void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, const CUtensorMap& map, int box_rows,
               cudaStream_t s) {
-  constexpr size_t bytes = WsLayout<kKind>::kSmemBytes;
+  constexpr size_t bytes = WsLayout::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWsKernel<kTma, kKind>, bytes, true,
-                   kKind == 2 ? "MLA decode kernel (wgmma-ws-tma, FP8)"
-                   : kTma     ? "MLA decode kernel (wgmma-ws-tma)"
-                              : "MLA decode kernel (wgmma-ws)",
+  AllowDynamicSmem(MlaDecodeWsKernel<kTma>, bytes, true, kTma ? "MLA decode kernel (wgmma-ws-tma)" : "MLA decode kernel (wgmma-ws)",
                    &configured);
   const bool walk = a.block_work != nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel<kTma, kKind>, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml, map,
+  LaunchPdl("MlaDecodeWs", MlaDecodeWsKernel<kTma>, grid, dim3(kWsThreads), bytes, s, a, qc, part_o, part_ml, map,
             box_rows);
   CheckLaunch("MlaDecodeWs");
-  std::atomic<int64_t>& n = kKind == 2 ? g_ws_launches.tma_fp8 : kTma ? g_ws_launches.tma_bf16 : g_ws_launches.cp_async;
-  n.fetch_add(1, std::memory_order_relaxed);
+  (kTma ? g_ws_launches.tma : g_ws_launches.cp_async).fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
 
-MlaDecodeWsLaunches MlaDecodeWsLaunchCounts() {
-  return {g_ws_launches.cp_async.load(), g_ws_launches.tma_bf16.load(), g_ws_launches.tma_fp8.load()};
-}
+MlaDecodeWsLaunches MlaDecodeWsLaunchCounts() { return {g_ws_launches.cp_async.load(), g_ws_launches.tma.load()}; }
 
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s, bool tma, bool fp8) {
-  const bool fp8_rows = a.kind == 2;
-  const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
-  if (fp8_rows && !(fp8 && box_rows > 0)) {
+                                cudaStream_t s, bool tma) {
+  if (a.kind != 1) {
     MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }
-  // The pool's tensor map, made again only when the pool, its kind or the box changes (a storage's
-  // pool is fixed until it grows): one a thread, since a thread launches one storage's layers in
-  // turn. A refused map is remembered too, so a pool the driver will not map is not asked again
-  // each launch. BF16 rows: 64-column boxes into swizzled panels; FP8 rows: 64 codes a row as they lie.
+  // The pool's tensor map, made again only when the pool or the box changes (a storage's pool is
+  // fixed until it grows): one a thread, since a thread launches one storage's layers in turn.
+  // A refused map is remembered too, so a pool the driver will not map is not asked again each launch.
   thread_local CUtensorMap map{};
   thread_local const void* map_values = nullptr;
   thread_local int64_t map_rows = 0;
-  thread_local int map_box = 0, map_kind = 0;
+  thread_local int map_box = 0;
   thread_local std::string map_error;
-  if (box_rows > 0 && (map_values != a.values || map_rows != a.pool_rows || map_box != box_rows || map_kind != a.kind)) {
+  const int box_rows = tma ? WsTmaBoxRows(a.block_size) : 0;
+  if (box_rows > 0 && (map_values != a.values || map_rows != a.pool_rows || map_box != box_rows)) {
     map_error.clear();
-    const bool made = fp8_rows ? MakeTensorMapU8(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW, 64,
-                                                 static_cast<uint32_t>(box_rows), &map_error)
-                               : MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
-                                                           static_cast<uint32_t>(box_rows), &map_error);
-    if (!made && map_error.empty()) map_error = "no tensor map for the latent pool";
-    map_values = a.values, map_rows = a.pool_rows, map_box = box_rows, map_kind = a.kind;
+    if (!MakeTensorMapBf16Swizzled(&map, a.values, static_cast<uint64_t>(a.pool_rows), kW, kW * 2,
+                                   static_cast<uint32_t>(box_rows), &map_error) &&
+        map_error.empty()) {
+      map_error = "no tensor map for the latent pool";
+    }
+    map_values = a.values, map_rows = a.pool_rows, map_box = box_rows;
   }
   if (box_rows > 0 && map_error.empty()) {
-    fp8_rows ? LaunchWs<true, 2>(a, qc, part_o, part_ml, map, box_rows, s)
-             : LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
+    LaunchWs<true>(a, qc, part_o, part_ml, map, box_rows, s);
     return;
   }
-  // Blocks of other sizes take the cp.async copies (FP8 rows the wgmma split) as documented
-  // (kernels.h); a pool the driver would not map is unexpected, so said once.
+  // Blocks of other sizes take the cp.async copies as documented (kernels.h); a pool the driver
+  // would not map is unexpected, so said once.
   static std::atomic<bool> said{false};
   if (box_rows > 0 && !said.exchange(true)) {
-    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking %s\n", map_error.c_str(),
-                 fp8_rows ? "the wgmma split for FP8 rows" : "wgmma-ws");
+    std::fprintf(stderr, "kimirt: wgmma-ws-tma: %s; taking wgmma-ws\n", map_error.c_str());
   }
-  if (fp8_rows) {
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);
-  } else {
-    LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
-  }
+  LaunchWs<false>(a, qc, part_o, part_ml, map, 0, s);
 }
 
 }  // namespace kimirt::cuda

@@ -12,13 +12,8 @@
 
 namespace kimirt::cuda {
 
-namespace {
-
-// The driver's cuTensorMapEncodeTiled for a 2-D matrix [rows, cols] of `type`, rows `row_bytes`
-// apart, in boxes of box_rows × box_cols; `what` names the matrix in the error.
-bool EncodeTiled2D(CUtensorMap* map, CUtensorMapDataType type, const char* what, const void* base, uint64_t rows,
-                   uint64_t cols, uint64_t row_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle,
-                   std::string* error) {
+bool MakeTensorMapBf16Swizzled(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint64_t row_bytes,
+                               uint32_t box_rows, std::string* error) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -34,33 +29,18 @@ bool EncodeTiled2D(CUtensorMap* map, CUtensorMapDataType type, const char* what,
   }
   const cuuint64_t dims[2] = {cols, rows};      // innermost first
   const cuuint64_t strides[1] = {row_bytes};    // of every dimension but the innermost, in bytes
-  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t box[2] = {64, box_rows};     // 64 BF16 = the swizzle's 128 bytes
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    *error = "cuTensorMapEncodeTiled refused a " + std::to_string(rows) + " x " + std::to_string(cols) + " " + what +
-             " matrix with rows " + std::to_string(row_bytes) + " bytes apart in boxes of " + std::to_string(box_rows) +
-             " x " + std::to_string(box_cols) + " (CUresult " + std::to_string(static_cast<int>(r)) + ")";
+    *error = "cuTensorMapEncodeTiled refused a " + std::to_string(rows) + " x " + std::to_string(cols) +
+             " BF16 matrix with rows " + std::to_string(row_bytes) + " bytes apart in boxes of " +
+             std::to_string(box_rows) + " x 64 (CUresult " + std::to_string(static_cast<int>(r)) + ")";
     return false;
   }
   return true;
-}
-
-}  // namespace
-
-bool MakeTensorMapBf16Swizzled(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint64_t row_bytes,
-                               uint32_t box_rows, std::string* error) {
-  // 64 BF16 = the swizzle's 128 bytes.
-  return EncodeTiled2D(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "BF16", base, rows, cols, row_bytes, 64, box_rows,
-                       CU_TENSOR_MAP_SWIZZLE_128B, error);
-}
-
-bool MakeTensorMapU8(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint64_t row_bytes,
-                     uint32_t box_cols, uint32_t box_rows, std::string* error) {
-  return EncodeTiled2D(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, "byte", base, rows, cols, row_bytes, box_cols, box_rows,
-                       CU_TENSOR_MAP_SWIZZLE_NONE, error);
 }
 
 namespace {

@@ -50,14 +50,6 @@ __device__ __forceinline__ void Load2D(uint32_t dst, const CUtensorMap* map, uin
       : "memory");
 }
 
-// A 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src
-// into shared memory at dst, completing on barrier `bar`.
-__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // Load2D under an L2 policy (createpolicy; cp_async.cuh's L2Policy): a stream read once, asked
 // evict-first, leaves L2 to what is read again.
 __device__ __forceinline__ void Load2DHinted(uint32_t dst, const CUtensorMap* map, uint32_t bar, int32_t x, int32_t y,

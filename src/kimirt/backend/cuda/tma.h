@@ -18,12 +18,6 @@ namespace kimirt::cuda {
 bool MakeTensorMapBf16Swizzled(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint64_t row_bytes,
                                uint32_t box_rows, std::string* error);
 
-// A tensor map of a row-major byte matrix [rows, cols] (FP8 codes) at `base`, rows `row_bytes`
-// apart (a multiple of 16), read as they lie in boxes of box_rows × box_cols (box_cols a multiple
-// of 16, at most 256), no swizzle.
-bool MakeTensorMapU8(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint64_t row_bytes,
-                     uint32_t box_cols, uint32_t box_rows, std::string* error);
-
 // For the tests: the boxes of `map` at (column 64p, row y) for p = 0 .. panels − 1, each into its
 // own 1,024-aligned panel of box_rows × 128 bytes by one thread's TMA copies on one barrier, then
 // the panels' shared memory copied out as it lies into out [panels · box_rows · 64] (BF16 bits).
