@@ -53,19 +53,23 @@ namespace {
 constexpr uint32_t kSwapSlotBytes = 4 * 128 * 16;  // a warpgroup's partial S tile: 4 float4 a thread
 // Shared memory of kind 1 (BF16 rows, copied straight into the swizzled panels the wgmmas read)
 // and kind 2 (FP8 E4M3 codes and their two F32 scales a row, copied as they lie, then widened
-// into one tile of panels: every E4M3 value is a BF16 value). Offsets from the 1 KB-aligned base.
-template <int kKind>
+// into a tile of panels: every E4M3 value is a BF16 value; kAhead: one of two, a tile ahead).
+// Offsets from the 1 KB-aligned base.
+template <int kKind, bool kAhead>
 struct Layout {
-  static constexpr int kStages = kKind == 1 ? 3 : 5;  // kind 2: 5 stages of 18 KB (3 of 36 for kind 1)
+  // Kind 1: 3 stages of 36 KB; kind 2: 5 of 18 KB, or 3 beside the second widened tile (kAhead).
+  static constexpr int kStages = kKind == 1 || kAhead ? 3 : 5;
   static constexpr uint32_t kCodeBytes = kTile * kW;  // kind 2: a stage's codes, then its scales
   static constexpr uint32_t kStageBytes = kKind == 1 ? kTileBytes : kCodeBytes + kTile * 8;
-  static constexpr uint32_t kRingAt = kQBytes + (kKind == 1 ? 0 : kTileBytes);  // kind 2: the widened tile first
+  static constexpr uint32_t kRingAt = kQBytes + (kKind == 1 ? 0 : kAhead ? 2 * kTileBytes : kTileBytes);  // kind 2: the widened tiles first
   static constexpr uint32_t kSwapAt = kRingAt + kStages * kStageBytes;
   // Slots: each warpgroup's partial S (kind 2: latent k steps), and kind 2 warpgroup 1's rope.
   static constexpr int kSwapSlots = kKind == 1 ? 2 : 3;
   static constexpr size_t kSmemBytes = kSwapAt + kSwapSlots * kSwapSlotBytes + 1024;  // + alignment
 };
-static_assert(Layout<1>::kSmemBytes <= 227 * 1024 && Layout<2>::kSmemBytes <= 227 * 1024, "one block an SM");
+static_assert(Layout<1, false>::kSmemBytes <= 227 * 1024 && Layout<2, false>::kSmemBytes <= 227 * 1024 &&
+                  Layout<2, true>::kSmemBytes <= 227 * 1024,
+              "one block an SM");
 
 // S's k steps kStep0 .. kStep0 + 17 (of 36), from zero, issued and committed: those below
 // kRopeFrom into s, the others into s_rope (FP8 rows scale their latent and rope parts apart). q̄
@@ -98,11 +102,14 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], float (&s_rope)[16],
 
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
-// l from zero, the tiles of its split in order), so the schedule never changes a bit.
-template <int kKind>
+// l from zero, the tiles of its split in order), so the schedule never changes a bit. kAhead (FP8
+// rows only; trial): each tile widened a tile ahead, while the tensor cores run the tile before's
+// ō, into one of two widened tiles — the same values into the same wgmmas, so the same bits.
+template <int kKind, bool kAhead>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  using L = Layout<kKind>;
+  static_assert(kKind == 2 || !kAhead, "BF16 rows are not widened");
+  using L = Layout<kKind, kAhead>;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
@@ -150,11 +157,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (ahead) issue(i);
     CpAsyncCommit();  // one group a tile, empty past the end: the wait count is the same each tile
   }
+  // kAhead: the block's tile k widened from its stage into widened tile k mod 2 (this thread's
+  // row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7), once every thread's copies of it
+  // have landed; the barrier also orders every thread's last reads of what is overwritten here —
+  // tile k − 1's stage (its codes widened and its scales read before), which takes the copy of
+  // tile k + 2, and widened tile k − 2 (S and ō of it waited for). Tile k − 1's ō runs on the
+  // tensor cores meanwhile; the caller's next barrier makes the widened tile whole.
+  int total = 0;  // kAhead: the block's tiles
+  if constexpr (kAhead) {
+    for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
+  }
+  auto widen = [&](int k) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (ahead) issue((k + kStages - 1) % kStages);
+    CpAsyncCommit();
+    const unsigned char* codes = base_ptr + L::kRingAt + (k % kStages) * L::kStageBytes + row * kW + sub * 8;
+    unsigned char* dst = base_ptr + kQBytes + (k % 2) * kTileBytes + sw;
+#pragma unroll
+    for (int i = 0; i < kPanels; ++i) {
+      *reinterpret_cast<uint4*>(dst + i * kTilePanelBytes) = WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
+    }
+    wgmma::FenceProxyAsync();
+  };
   // Launched with LaunchPdl (pdl.cuh). The step's metadata and the latent rows were written
   // before the kernel ahead of this one (AbsorbQuery) passed its own PdlWait, so the copies above
   // may start while it runs; q̄ is its output, read after the wait. Nothing is written before it.
   PdlWait();
   PdlTrigger();
+  if constexpr (kAhead) {
+    if (total > 0) widen(0);
+    __syncthreads();
+  }
 
   const uint64_t desc_q = wgmma::Desc128B(q_addr, 16, 1024);
   int q_of = -1;  // the sequence whose q̄ the panels hold
@@ -166,6 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Every thread is past the previous tile's score barrier, so no wgmma still reads q̄.
       LoadQuery(a, qc, b, h0, tid, base_ptr);
       q_of = b;
+      if constexpr (kAhead) __syncthreads();  // q̄ whole before S (else the tile's barrier)
     }
     float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
 #pragma unroll
@@ -174,16 +209,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ntiles = item.Tiles();
 
     for (int it = 0; it < ntiles; ++it, ++t) {
-      CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
-      if constexpr (kKind == 1) wgmma::FenceProxyAsync();
-      __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
-      if (ahead) issue((t + kStages - 1) % kStages);
-      CpAsyncCommit();
+      if constexpr (!kAhead) {
+        CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
+        if constexpr (kKind == 1) wgmma::FenceProxyAsync();
+        __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
+        if (ahead) issue((t + kStages - 1) % kStages);
+        CpAsyncCommit();
+      }
       const uint32_t stage = ring + (t % kStages) * L::kStageBytes;
-      // The panels the wgmmas read: kind 1 the stage itself; kind 2 its codes widened into the tile
-      // (this thread's row, panel i's chunk `sub` from codes i·64 + 8·sub .. + 7).
+      // The panels the wgmmas read: kind 1 the stage itself; kind 2 the tile widened from it
+      // (kAhead: by widen(t), a tile ago).
       uint32_t st = stage;
-      if constexpr (kKind == 2) {
+      if constexpr (kAhead) {
+        st = base + kQBytes + (t % 2) * kTileBytes;
+      } else if constexpr (kKind == 2) {
         st = base + kQBytes;
         const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
 #pragma unroll
@@ -257,8 +296,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
-      // once both warpgroups pass the next tile's barrier.
-      AccumulateTile(o0, o1, pa, st, wg);
+      // once both warpgroups pass the next tile's barrier. kAhead: tile t + 1 is widened while the
+      // tensor cores run it, then the barrier that makes it whole.
+      if constexpr (!kAhead) {
+        AccumulateTile(o0, o1, pa, st, wg);
+      } else {
+        AccumulateTile<false>(o0, o1, pa, st, wg);
+        if (t + 1 < total) widen(t + 1);
+        AccumulateWait(o0, o1);
+        __syncthreads();
+      }
     }
 
     // The split's unnormalized ō (hi row + lo row) and (max, sum) per head.
@@ -281,16 +328,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-template <int kKind>
+template <int kKind, bool kAhead = false>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
-  constexpr size_t bytes = Layout<kKind>::kSmemBytes;
+  constexpr size_t bytes = Layout<kKind, kAhead>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kAhead>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kAhead>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
 
@@ -301,13 +348,17 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
 }
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, cudaStream_t s) {
+                              bool persistent, cudaStream_t s, bool fp8_ahead) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
     std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
+  if (a.kind == 1) {
+    Launch<1>(a, qc, part_o, part_ml, persistent, s);
+  } else {
+    fp8_ahead ? Launch<2, true>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
+  }
 }
 
 }  // namespace kimirt::cuda

@@ -187,7 +187,9 @@ __device__ __forceinline__ float SoftmaxStepScaled(float (&x)[8], float& m, floa
 
 // ō += P · c for one tile: warpgroup wg's dims 256 wg + [0, 256) as two m64n128 accumulators, P's
 // hi / lo A fragments of the tile's two k16 steps in pa, the tile's panels at `stage` read as the
-// MN-major B operand; issued, committed and waited for (the panels are free after).
+// MN-major B operand; issued, committed and (kWait) waited for (the panels are free after).
+// Without kWait the caller works on beside the tensor cores and ends with AccumulateWait.
+template <bool kWait = true>
 __device__ __forceinline__ void AccumulateTile(float (&o0)[64], float (&o1)[64], const unsigned (&pa)[2][4],
                                                uint32_t stage, int wg) {
   wgmma::FenceRegs(o0);
@@ -201,6 +203,15 @@ __device__ __forceinline__ void AccumulateTile(float (&o0)[64], float (&o1)[64],
     wgmma::WgmmaRS_m64n128k16<1>(o1, pa[kk], desc_v + kk * kStep + kHalf);
   }
   wgmma::Commit();
+  if constexpr (kWait) {
+    wgmma::Wait<0>();
+    wgmma::FenceRegs(o0);
+    wgmma::FenceRegs(o1);
+  }
+}
+
+// The wait of an AccumulateTile<false>.
+__device__ __forceinline__ void AccumulateWait(float (&o0)[64], float (&o1)[64]) {
   wgmma::Wait<0>();
   wgmma::FenceRegs(o0);
   wgmma::FenceRegs(o1);
