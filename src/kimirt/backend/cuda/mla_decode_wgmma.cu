@@ -25,8 +25,10 @@
 // K-major for S ([positions, 576]) and MN-major for ō ([positions, 512], 64 dims a panel) are the
 // same bytes. Three stages of 36 KB by cp.async, q̄ (72 KB) and the partial scores: one block an
 // SM, two tiles in flight while one is worked on. FP8 E4M3 rows (codes and a latent and a rope
-// scale each) come in as they lie, five stages of 18 KB, and are widened into one tile of panels
-// (exactly: every E4M3 value is a BF16 value); warpgroup 1 keeps its rope k steps' scores apart,
+// scale each) come in as they lie, three stages of 18 KB, and are widened (exactly: every E4M3
+// value is a BF16 value) into one of two tiles of panels a tile ahead, while the tensor cores run
+// the tile before's ō (docs/cuda.md "FP8 rows widened a tile ahead"); warpgroup 1 keeps its rope
+// k steps' scores apart,
 // s = scale · (latent scale · latent sum + rope scale · rope sum), and P carries the row's latent
 // scale into ō while l sums P alone, as the mma.sync split does.
 //
@@ -53,23 +55,20 @@ namespace {
 constexpr uint32_t kSwapSlotBytes = 4 * 128 * 16;  // a warpgroup's partial S tile: 4 float4 a thread
 // Shared memory of kind 1 (BF16 rows, copied straight into the swizzled panels the wgmmas read)
 // and kind 2 (FP8 E4M3 codes and their two F32 scales a row, copied as they lie, then widened
-// into a tile of panels: every E4M3 value is a BF16 value; kAhead: one of two, a tile ahead).
-// Offsets from the 1 KB-aligned base.
-template <int kKind, bool kAhead>
+// into one of two tiles of panels, a tile ahead: every E4M3 value is a BF16 value). Offsets from
+// the 1 KB-aligned base.
+template <int kKind>
 struct Layout {
-  // Kind 1: 3 stages of 36 KB; kind 2: 5 of 18 KB, or 3 beside the second widened tile (kAhead).
-  static constexpr int kStages = kKind == 1 || kAhead ? 3 : 5;
+  static constexpr int kStages = 3;                   // kind 1: 36 KB a stage; kind 2: 18 KB
   static constexpr uint32_t kCodeBytes = kTile * kW;  // kind 2: a stage's codes, then its scales
   static constexpr uint32_t kStageBytes = kKind == 1 ? kTileBytes : kCodeBytes + kTile * 8;
-  static constexpr uint32_t kRingAt = kQBytes + (kKind == 1 ? 0 : kAhead ? 2 * kTileBytes : kTileBytes);  // kind 2: the widened tiles first
+  static constexpr uint32_t kRingAt = kQBytes + (kKind == 1 ? 0 : 2 * kTileBytes);  // kind 2: the widened tiles first
   static constexpr uint32_t kSwapAt = kRingAt + kStages * kStageBytes;
   // Slots: each warpgroup's partial S (kind 2: latent k steps), and kind 2 warpgroup 1's rope.
   static constexpr int kSwapSlots = kKind == 1 ? 2 : 3;
   static constexpr size_t kSmemBytes = kSwapAt + kSwapSlots * kSwapSlotBytes + 1024;  // + alignment
 };
-static_assert(Layout<1, false>::kSmemBytes <= 227 * 1024 && Layout<2, false>::kSmemBytes <= 227 * 1024 &&
-                  Layout<2, true>::kSmemBytes <= 227 * 1024,
-              "one block an SM");
+static_assert(Layout<1>::kSmemBytes <= 227 * 1024 && Layout<2>::kSmemBytes <= 227 * 1024, "one block an SM");
 
 // S's k steps kStep0 .. kStep0 + 17 (of 36), from zero, issued and committed: those below
 // kRopeFrom into s, the others into s_rope (FP8 rows scale their latent and rope parts apart). q̄
@@ -102,14 +101,12 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], float (&s_rope)[16],
 
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
-// l from zero, the tiles of its split in order), so the schedule never changes a bit. kAhead (FP8
-// rows only; trial): each tile widened a tile ahead, while the tensor cores run the tile before's
-// ō, into one of two widened tiles — the same values into the same wgmmas, so the same bits.
-template <int kKind, bool kAhead>
+// l from zero, the tiles of its split in order), so the schedule never changes a bit.
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  static_assert(kKind == 2 || !kAhead, "BF16 rows are not widened");
-  using L = Layout<kKind, kAhead>;
+  constexpr bool kAhead = kKind == 2;  // FP8 rows: each tile widened a tile ahead
+  using L = Layout<kKind>;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw = SharedAddress(smem_raw);
@@ -219,20 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t stage = ring + (t % kStages) * L::kStageBytes;
       // The panels the wgmmas read: kind 1 the stage itself; kind 2 the tile widened from it
       // (kAhead: by widen(t), a tile ago).
-      uint32_t st = stage;
-      if constexpr (kAhead) {
-        st = base + kQBytes + (t % 2) * kTileBytes;
-      } else if constexpr (kKind == 2) {
-        st = base + kQBytes;
-        const unsigned char* codes = base_ptr + (stage - base) + row * kW + sub * 8;
-#pragma unroll
-        for (int i = 0; i < kPanels; ++i) {
-          *reinterpret_cast<uint4*>(base_ptr + kQBytes + i * kTilePanelBytes + sw) =
-              WidenFp8x8(*reinterpret_cast<const uint2*>(codes + i * 64));
-        }
-        wgmma::FenceProxyAsync();
-        __syncthreads();
-      }
+      const uint32_t st = kAhead ? base + kQBytes + (t % 2) * kTileBytes : stage;
 
       // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
       // steps apart).
@@ -328,16 +312,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-template <int kKind, bool kAhead = false>
+template <int kKind>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
-  constexpr size_t bytes = Layout<kKind, kAhead>::kSmemBytes;
+  constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kAhead>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kAhead>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
 }
 
@@ -348,17 +332,13 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
 }
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, cudaStream_t s, bool fp8_ahead) {
+                              bool persistent, cudaStream_t s) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
     std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  if (a.kind == 1) {
-    Launch<1>(a, qc, part_o, part_ml, persistent, s);
-  } else {
-    fp8_ahead ? Launch<2, true>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
-  }
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda
