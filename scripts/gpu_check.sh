@@ -583,7 +583,7 @@ fi
 if [[ "$what" == bars ]]; then
   # Issues 12-14's bars in one call (for a rare H200; figures of 4.8 TB/s): the 2-layer 48B decode
   # table (prompt 256), its 32K step against its 1K step (batch 1), its 8K and 32K prefill
-  # (2,048-token chunks), the MLA decode op at 32K, K3's MoE layer at batch 1 and 32, and, where
+  # (2,048-token chunks), the MLA decode op at 32K (BF16 and FP8 rows), K3's MoE layer at batch 1 and 32, and, where
   # the GPU holds it (~98 GB: an H200), the whole 48B's batch-1 step against its bytes' time.
   # Each measurement's JSON in $OUT (bars-*.json), then one table of bar against measure.
   cfg2="$root/shared/bench/configs/kimi-linear-48b-2layer.json"
@@ -594,8 +594,8 @@ if [[ "$what" == bars ]]; then
       --prompt-len $len --decode-tokens 32 --prefill-chunk 2048 --peak-gbps 4800 --json "$out/bars-2layer-p$len.json" 2>&1 | tail -2
   done
   for batch in 1 8 32; do
-    timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16 --kvb-dtype bf16 --batch $batch --contexts 32768 \
-      --variants wgmma-ws-tma --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -1
+    timeout 100 "$root/mla_decode_bench" --heads 32 --dtypes bf16,fp8 --kvb-dtype bf16 --batch $batch --contexts 32768 \
+      --variants wgmma-ws-tma --iters 30 --json "$out/bars-mla-b$batch.json" 2>&1 | tail -2
   done
   timeout 200 "$root/moe_bench" --device cuda --configs k3 --batch-sizes 1,32 --iters 50 --peak-gbps 4800 \
     --json "$out/bars-moe-k3.json" 2>&1 | tail -3
@@ -634,9 +634,8 @@ if s[8192] and s[32768]:
     row(14, "2-layer 48B prefill, 32K over 8K", "<= 4.5x", f"{t32 / t8:.2f}x")
 for batch in (1, 8, 32):
     m = load(f"bars-mla-b{batch}.json")
-    if m:
-        r = m["results"][0]
-        row(12, f"MLA decode op, 32K, batch {batch} (graph)", ">= 0.80", f"{r['fraction_of_peak_graph']:.3f} ({r['us_per_call_graph']:.1f} us)")
+    for r in (m["results"] if m else []):
+        row(12, f"MLA decode op, 32K, batch {batch}, {r['dtype']} rows (graph)", ">= 0.80", f"{r['fraction_of_peak_graph']:.3f} ({r['us_per_call_graph']:.1f} us)")
 k = load("bars-moe-k3.json")
 if k:
     for p in k["configs"][0]["points"]:
