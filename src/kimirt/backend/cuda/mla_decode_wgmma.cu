@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Every thread is past the previous tile's score barrier, so no wgmma still reads q̄.
       LoadQuery(a, qc, b, h0, tid, base_ptr);
       q_of = b;
-      if constexpr (kAhead) __syncthreads();  // q̄ whole before S (else the tile's barrier)
+      if constexpr (kAhead) __syncthreads();  // q̄ whole before S (BF16 rows: the tile's barrier)
     }
     float o0[64], o1[64];  // ō, this warpgroup's dims 256wg + [0, 128) and + [128, 256)
 #pragma unroll
@@ -208,14 +208,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int it = 0; it < ntiles; ++it, ++t) {
       if constexpr (!kAhead) {
         CpAsyncWait<kStages - 2>();  // this thread's copies of tile t have landed ...
-        if constexpr (kKind == 1) wgmma::FenceProxyAsync();
+        wgmma::FenceProxyAsync();
         __syncthreads();  // ... everyone's; and both warpgroups are done with tile t − 1's stage
         if (ahead) issue((t + kStages - 1) % kStages);
         CpAsyncCommit();
       }
       const uint32_t stage = ring + (t % kStages) * L::kStageBytes;
-      // The panels the wgmmas read: kind 1 the stage itself; kind 2 the tile widened from it
-      // (kAhead: by widen(t), a tile ago).
+      // The panels the wgmmas read: kind 1 the stage itself; kind 2 the tile widened from it by
+      // widen(t), a tile ago.
       const uint32_t st = kAhead ? base + kQBytes + (t % 2) * kTileBytes : stage;
 
       // 1. This warpgroup's half of S over k ascending, from zero (kind 2: warpgroup 1's rope
@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // 3. ō += P · c over the tile's positions ascending; waited for here, so the panels are free
-      // once both warpgroups pass the next tile's barrier. kAhead: tile t + 1 is widened while the
-      // tensor cores run it, then the barrier that makes it whole.
+      // once both warpgroups pass the next tile's barrier. FP8 rows: tile t + 1 is widened while
+      // the tensor cores run it, then the barrier that makes it whole.
       if constexpr (!kAhead) {
         AccumulateTile(o0, o1, pa, st, wg);
       } else {
