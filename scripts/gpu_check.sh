@@ -55,6 +55,9 @@
 #   mlafp8prof Nsight Compute on the FP8 rows' split (the wgmma split) and the BF16 rows' (the
 #             default, wgmma-ws-tma) at batch 8, 32K in one run: stalls and every SASS
 #             instruction's stall samples ($OUT/ncu-mlafp8*, ncu-mlabf16*).
+#   tp2shared the tp2 mode's tests, benches, serve and rank-death check with both ranks on this one
+#             GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL): -tp 2's
+#             correctness where only one GPU is lent; its times mean nothing (the ranks take turns).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -178,7 +181,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|tp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -1172,9 +1175,19 @@ if [[ "$what" == nccl ]]; then
   # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
   echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
 fi
-if [[ "$what" == nccl || "$what" == tp2 ]]; then
+if [[ "$what" == tp2shared ]]; then
+  # The same as tp2 with both ranks on this one GPU (KIMIRT_RANKS_SHARE_GPU=1, rank_device.h: the
+  # peer all-reduce alone, no NCCL; docs/distributed.md "Ranks sharing one GPU"): the -tp 2 path's
+  # correctness where no two-GPU machine is lent. The ranks' kernels take turns on the GPU, so its
+  # times say nothing about TP 2's speed; each rank's memory budget is a smaller share.
+  export KIMIRT_RANKS_SHARE_GPU=1
+fi
+if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
   # -tp 2 --device cuda: the runner's ranks as processes, rank r on GPU r, over NCCL.
-  timeout 560 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*:RankDevice*' \
+  filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*'
+  [[ "$what" == tp2shared ]] || filter="$filter:RankDevice*"  # (they set and clear the variable)
+  util=0.5; [[ "$what" == tp2shared ]] && util=0.3
+  timeout 560 "$root/kimirt_tests" --gtest_filter="$filter" \
     --gtest_output="json:$out/gtest-cudaranks.json" >"$out/gtest-cudaranks.txt" 2>&1 || status=1
   echo "--- ProcessRanksCuda (2 GPUs): TP 2 logits vs TP 1, greedy tokens, decode graphs vs eager, a killed follower"
   grep -E '^\[ +(OK|FAILED|PASSED) +\]|Failure|Expected|Which is|rank [0-9]|GPUs|vs one GPU' "$out/gtest-cudaranks.txt" | head -40
@@ -1185,7 +1198,7 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
     status=1
   echo "--- bench model -tp 2 --device cuda --enforce-eager (built-in model)"; tail -5 "$out/bench-model-tp2-eager.txt"
   log="$out/serve-cuda-tp2.log"
-  "$root/kimirt" serve -tp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  "$root/kimirt" serve -tp 2 --device cuda --port 8124 --gpu-memory-utilization $util >"$log" 2>&1 &
   server=$!
   await_listening "$log" || status=1
   grep -E "loaded in|listening|rank" "$log" | head -8
@@ -1196,7 +1209,7 @@ if [[ "$what" == nccl || "$what" == tp2 ]]; then
   # timeout is 300 s).
   log="$out/serve-cuda-tp2-rank-dies.log"
   KIMIRT_FAULT_RANK_DIES_IN_STEP=1:6 "$root/kimirt" serve -tp 2 --device cuda --port 8128 \
-    --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+    --gpu-memory-utilization $util >"$log" 2>&1 &
   server=$!
   await_listening "$log" || status=1
   t0=$(date +%s.%N)

@@ -1,6 +1,7 @@
 // GPU tests of -tp 2 --device cuda: one process per GPU over NCCL (process_ranks_runner.h; CUDA
 // builds, run by `scripts/gpu_check.sh nccl` on a machine with two GPUs, e.g. nvidia-h200-x2).
-// With fewer than two GPUs they fail saying so (never skip).
+// With fewer than two GPUs they fail saying so (never skip). Under KIMIRT_RANKS_SHARE_GPU=1 the
+// -tp 2 ones run with both ranks on one GPU (`scripts/gpu_check.sh tp2shared`; rank_device.h).
 //   - every logits tensor of the process-ranks trace (a prefill in two chunks, five decode steps,
 //     a second sequence resumed from a shared block + KDA snapshot) at TP 2 equals TP 1 on one
 //     GPU within the CPU TP tests' tolerance (model_consistency_test.cpp: 1e-5 × max|logit|),
@@ -36,6 +37,7 @@
 #include "kimirt/backend/backend_factory.h"
 #include "kimirt/engine/engine_test_util.h"
 #include "kimirt/engine/model_runner.h"
+#include "kimirt/engine/rank_device.h"
 #include "kimirt/engine/runner_trace_test_util.h"
 #include "kimirt/testing/test_data.h"
 
@@ -66,9 +68,12 @@ RunnerOptions CudaOptions(int tp, int pp = 1) {
   return o;
 }
 
-#define KIMIRT_REQUIRE_TWO_GPUS()                                                                         \
-  ASSERT_GE(VisibleCudaDevices(), 2) << "-tp 2 --device cuda needs two GPUs; " << VisibleCudaDevices() \
-                                     << " visible (run on nvidia-h200-x2: scripts/gpu_check.sh nccl)"
+// Two GPUs, or one under KIMIRT_RANKS_SHARE_GPU=1 (every rank on GPU 0, the peer all-reduce
+// alone: the -tp 2 tests' correctness where one GPU is lent; rank_device.h).
+#define KIMIRT_REQUIRE_TWO_GPUS()                                                                                    \
+  ASSERT_GE(VisibleCudaDevices(), RanksShareGpu() ? 1 : 2)                                                          \
+      << "-tp 2 --device cuda needs two GPUs (or KIMIRT_RANKS_SHARE_GPU=1 and one); " << VisibleCudaDevices()        \
+      << " visible (run on nvidia-h200-x2: scripts/gpu_check.sh nccl)"
 
 // The trace of `source` on one GPU (`one`'s options) and on two ranks (`two`'s): call by call
 // within the CPU TP tests' tolerance, 1e-5 × max|logit|, and the greedy token of each call's last

@@ -268,6 +268,7 @@ Status JoinNccl(const RunnerOptions& o, int rank, const std::string& master_addr
   no.stream = BackendStream(*out->backend);
   no.timeout = std::chrono::milliseconds(o.rank_timeout_ms);  // above the longest legitimate step, as the TCP links' deadline
   no.tag = "tp";
+  no.share_gpu = RanksShareGpu();  // every rank on GPU 0: the peer all-reduce alone (rank_device.h)
   if (o.pp == 1) {
     KIMIRT_ASSIGN_OR_RETURN(out->comm, MakeNcclCommunicator(*out->store, no));
     return Status::Ok();
@@ -1068,6 +1069,10 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const ModelSource&
     }
     // This host's ranks only: across nodes, the others check their own GPUs.
     KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.local_followers < 0 ? World(o) : 1 + o.local_followers, VisibleCudaDevices()));
+    if (RanksShareGpu() && o.pp > 1) {
+      return InvalidArgument("KIMIRT_RANKS_SHARE_GPU=1 runs -tp only (the pipeline's sends and receives need NCCL, "
+                             "which will not put two ranks on one GPU)");
+    }
     // NVLink multicast stays off in every process of the group (issue 15 item 5): the followers
     // get it from the spawner; rank 0 is this process, before its NCCL init. Forced, not
     // defaulted, so that all ranks agree.

@@ -17,6 +17,11 @@ Status NoSuchDevice(int rank, int device, int visible) {
 
 }  // namespace
 
+bool RanksShareGpu() {
+  const char* v = std::getenv("KIMIRT_RANKS_SHARE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
 Result<int> RankCudaDevice(int rank, const char* local_rank, int visible) {
   if (local_rank == nullptr) return InvalidArgument("rank " + std::to_string(rank) + ": LOCAL_RANK is not set");
   char* end = nullptr;
@@ -25,12 +30,16 @@ Result<int> RankCudaDevice(int rank, const char* local_rank, int visible) {
     return InvalidArgument("rank " + std::to_string(rank) + ": LOCAL_RANK is \"" + local_rank +
                            "\", not a device index");
   }
+  if (RanksShareGpu()) {
+    if (visible < 1) return NoSuchDevice(rank, 0, visible);
+    return 0;
+  }
   if (device >= visible) return NoSuchDevice(rank, static_cast<int>(device), visible);
   return static_cast<int>(device);
 }
 
 Status CheckGpusForRanks(int ranks, int visible) {
-  if (visible >= ranks) return Status::Ok();
+  if (visible >= (RanksShareGpu() ? 1 : ranks)) return Status::Ok();
   return NoSuchDevice(visible, visible, visible);
 }
 

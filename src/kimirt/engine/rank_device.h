@@ -9,11 +9,19 @@
 namespace kimirt {
 
 // `local_rank` as given by the launcher (LOCAL_RANK; nullptr when unset): the device index of
-// rank `rank`, or an error when it is not a device of the `visible` ones.
+// rank `rank`, or an error when it is not a device of the `visible` ones. With RanksShareGpu(),
+// device 0 for every rank (LOCAL_RANK still checked).
 Result<int> RankCudaDevice(int rank, const char* local_rank, int visible);
 
 // Before starting `ranks` ranks of one host (ranks 0..ranks-1 on devices 0..ranks-1): OK when
-// every one has its GPU, else the error of the first rank without one.
+// every one has its GPU, else the error of the first rank without one. With RanksShareGpu(), OK
+// when one GPU is visible.
 Status CheckGpusForRanks(int ranks, int visible);
+
+// KIMIRT_RANKS_SHARE_GPU=1: every process rank of a host on GPU 0, for checking the -tp path's
+// correctness where one GPU is lent (docs/distributed.md "Ranks sharing one GPU"): the ranks'
+// communicators then run the peer all-reduce alone (NCCL refuses two ranks on one device), and
+// their kernels take turns on the GPU, so it says nothing about speed. Tensor parallelism only.
+bool RanksShareGpu();
 
 }  // namespace kimirt

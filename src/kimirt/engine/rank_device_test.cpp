@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <string>
 
@@ -36,6 +37,26 @@ TEST(RankDevice, AMissingGpuNamesTheRankTheDeviceAndTheCount) {
   EXPECT_EQ(d.status().message(), "rank 1 needs CUDA device 1 (its local rank), but 1 GPU is visible "
                                   "(CUDA_VISIBLE_DEVICES=3): -tp N on one host takes N GPUs");
   EXPECT_NE(RankCudaDevice(1, "1", 0).status().message().find("but 0 GPUs are visible"), std::string::npos);
+}
+
+// KIMIRT_RANKS_SHARE_GPU=1: every rank on device 0 where one GPU is visible; none visible is
+// still an error, and a bad LOCAL_RANK still named.
+TEST(RankDevice, SharingOneGpuPutsEveryRankOnDeviceZero) {
+  const char* was = std::getenv("KIMIRT_RANKS_SHARE_GPU");
+  const std::string saved = was != nullptr ? was : "";
+  setenv("KIMIRT_RANKS_SHARE_GPU", "1", 1);
+  EXPECT_TRUE(RanksShareGpu());
+  EXPECT_EQ(*RankCudaDevice(1, "1", 1), 0);
+  EXPECT_EQ(*RankCudaDevice(3, "3", 2), 0);
+  EXPECT_TRUE(CheckGpusForRanks(4, 1).ok());
+  EXPECT_FALSE(CheckGpusForRanks(2, 0).ok());
+  EXPECT_NE(RankCudaDevice(1, "1", 0).status().message().find("but 0 GPUs are visible"), std::string::npos);
+  EXPECT_EQ(RankCudaDevice(1, "x1", 1).status().message(), "rank 1: LOCAL_RANK is \"x1\", not a device index");
+  setenv("KIMIRT_RANKS_SHARE_GPU", "0", 1);
+  EXPECT_FALSE(RanksShareGpu());
+  EXPECT_FALSE(RankCudaDevice(1, "1", 1).ok());
+  EXPECT_FALSE(CheckGpusForRanks(2, 1).ok());
+  was != nullptr ? setenv("KIMIRT_RANKS_SHARE_GPU", saved.c_str(), 1) : unsetenv("KIMIRT_RANKS_SHARE_GPU");
 }
 
 TEST(RankDevice, ABadLocalRankIsNamed) {

@@ -59,6 +59,12 @@ struct NcclOptions {
   // stream, or KIMIRT_PEER_ALLREDUCE=0 keep NCCL for every size. 2^19 floats (2 MB) covers a
   // 64-row decode message at K3's width (64 × 7168).
   size_t peer_all_reduce_max_elems = size_t{1} << 19;
+  // Every rank of the group on one GPU (KIMIRT_RANKS_SHARE_GPU, rank_device.h; for checking
+  // correctness where one GPU is lent): no NCCL communicator (NCCL refuses two ranks on one
+  // device); every all-reduce and all-gather through the peer kernel, messages past its capacity
+  // in pieces (each element's rank-ordered sum is the same whatever the pieces, so the same bits
+  // as the NCCL path's); no point to point (Send, Recv, a side stream): tensor parallelism only.
+  bool share_gpu = false;
 };
 
 // Whether this build has the NCCL communicator (else the functions below answer Unsupported).

@@ -81,11 +81,11 @@ class NcclCommunicator final : public Communicator {
     // Finalize flushes outstanding work; one that cannot finalize in time (a peer is gone) is
     // aborted instead.
     if (!aborted_ && broken_) AbortLocked("");
-    if (!aborted_) {
+    if (!aborted_ && comm_ != nullptr) {
       const ncclResult_t f = ncclCommFinalize(comm_);
       if ((f != ncclSuccess && f != ncclInProgress) || !Wait(std::chrono::seconds(30)).empty()) AbortLocked("");
     }
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (!aborted_ && comm_ != nullptr) ncclCommDestroy(comm_);
     retired_.push_back({scratch_, scratch_async_});
     cudaStreamSynchronize(stream_);
     // A healthy group's peer regions go after a last barrier of every rank's (~PeerAllReduce); an
@@ -110,9 +110,12 @@ class NcclCommunicator final : public Communicator {
 
   void AllReduceSum(float* data, size_t n) override {
     if (n == 0) return;
-    if (peer_ != nullptr && n <= peer_->capacity()) {
+    if (peer_ != nullptr && (n <= peer_->capacity() || comm_ == nullptr)) {
+      // Ranks sharing a GPU (no NCCL): larger messages in pieces of the capacity.
       Enqueue("peer all-reduce", Capturing(), [&] {
-        CheckCuda(peer_->Launch(data, n, stream_), "peer all-reduce launch");
+        for (size_t off = 0; off < n; off += peer_->capacity()) {
+          CheckCuda(peer_->Launch(data + off, std::min(peer_->capacity(), n - off), stream_), "peer all-reduce launch");
+        }
         return ncclSuccess;
       });
       return;
@@ -141,6 +144,25 @@ class NcclCommunicator final : public Communicator {
       });
       return;
     }
+    if (comm_ == nullptr) {
+      // Ranks sharing a GPU: pieces of the capacity gathered into the scratch, each rank's piece
+      // then copied to its place in recv (rank r's message at recv + r·n). In place, a rank's own
+      // piece lands where it was.
+      const size_t cap = peer_->capacity();
+      const bool capturing = Capturing();
+      float* g = Scratch(cap * static_cast<size_t>(size_), capturing);
+      Enqueue("peer all-gather (pieces)", capturing, [&] {
+        for (size_t off = 0; off < n; off += cap) {
+          const size_t c = std::min(cap, n - off);
+          CheckCuda(peer_->LaunchGather(send + off, c, g, stream_), "peer all-gather launch");
+          CheckCuda(cudaMemcpy2DAsync(recv + off, n * sizeof(float), g, c * sizeof(float), c * sizeof(float),
+                                      static_cast<size_t>(size_), cudaMemcpyDeviceToDevice, stream_),
+                    "peer all-gather copy");
+        }
+        return ncclSuccess;
+      });
+      return;
+    }
     Enqueue("ncclAllGather", Capturing(), [&] { return ncclAllGather(send, recv, n, ncclFloat32, comm_, stream_); });
   }
 
@@ -151,11 +173,13 @@ class NcclCommunicator final : public Communicator {
   // the work issued on the user's stream so far (what a Send reads, the buffer a Recv fills, is
   // made there); the user's stream waits for them at Join.
   void Send(const float* data, size_t n, int peer) override {
+    NeedsNccl("Send");
     SideWaitsForOrder();
     PointToPoint("ncclSend", n, peer, [&] { return ncclSend(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
   void Recv(float* data, size_t n, int peer) override {
+    NeedsNccl("Recv");
     SideWaitsForOrder();
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
   }
@@ -201,8 +225,15 @@ class NcclCommunicator final : public Communicator {
   // arrives into an abort, seen here.
   void Barrier() override {
     float* one = Scratch(static_cast<size_t>(size_), false);  // a barrier waits: never captured
-    Enqueue("ncclAllReduce (Barrier)", false,
-            [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    if (comm_ == nullptr) {
+      Enqueue("peer all-reduce (Barrier)", false, [&] {
+        CheckCuda(peer_->Launch(one, 1, stream_), "peer all-reduce launch");
+        return ncclSuccess;
+      });
+    } else {
+      Enqueue("ncclAllReduce (Barrier)", false,
+              [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    }
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
       ThrowIfAborted();
@@ -271,7 +302,7 @@ class NcclCommunicator final : public Communicator {
       if (stalled.empty() && !aborted_) {
         ncclResult_t async = ncclSuccess;
         std::lock_guard<std::mutex> call_lock(call_mu_);
-        if (!aborted_) ncclCommGetAsyncError(comm_, &async);
+        if (!aborted_ && comm_ != nullptr) ncclCommGetAsyncError(comm_, &async);
         if (async != ncclSuccess && async != ncclInProgress) stalled = "NCCL error: " + NcclMessage(async, comm_);
       }
       if (!stalled.empty() && !aborted_) {
@@ -291,7 +322,7 @@ class NcclCommunicator final : public Communicator {
       abort_reason_ = why.empty() ? "the communicator was aborted after an earlier error" : why;
     }
     if (peer_ != nullptr) peer_->Abort();  // its kernels waiting on a peer return
-    ncclCommAbort(comm_);
+    if (comm_ != nullptr) ncclCommAbort(comm_);
     aborted_ = true;
   }
 
@@ -378,6 +409,11 @@ class NcclCommunicator final : public Communicator {
     CheckCuda(cudaStreamWaitEvent(stream_, to_side_, 0), "cudaStreamWaitEvent (side stream)");
   }
 
+  // Ranks sharing a GPU have no NCCL communicator (NcclOptions::share_gpu).
+  void NeedsNccl(const char* what) {
+    if (comm_ == nullptr) Fail(what, "point to point is not available to ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU)");
+  }
+
   void CheckPeer(int peer, const char* what) {
     if (peer < 0 || peer >= size_ || peer == rank_) Fail(what, "no peer rank " + std::to_string(peer));
   }
@@ -416,7 +452,7 @@ class NcclCommunicator final : public Communicator {
     return scratch_;
   }
 
-  ncclComm_t comm_;
+  ncclComm_t comm_;  // null: ranks sharing one GPU (NcclOptions::share_gpu), the peer kernel for everything
   const int rank_;
   const int size_;
   const NcclOptions o_;
@@ -466,6 +502,25 @@ void ConnectInInit() {
 
 }  // namespace
 
+namespace {
+
+// NcclOptions::share_gpu: the peer all-reduce alone, no NCCL init.
+Result<std::unique_ptr<Communicator>> MakeSharedGpuCommunicator(RendezvousStore& store, const NcclOptions& o, int rank,
+                                                                int size, const std::string& who) {
+  if (o.side_stream || size < 2 || o.peer_all_reduce_max_elems == 0) {
+    return Unsupported(who + ": ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU) run tensor parallelism only: "
+                             "collectives of 2 or more ranks through the peer all-reduce, no point to point");
+  }
+  std::string why_not;
+  Result<std::unique_ptr<PeerAllReduce>> peer =
+      PeerAllReduce::Make(store, o.tag, rank, size, o.peer_all_reduce_max_elems, &why_not);
+  if (!peer.ok()) return peer.status().WithContext(who);
+  if (*peer == nullptr) return Internal(who + ": ranks sharing one GPU need the peer all-reduce: " + why_not);
+  return std::unique_ptr<Communicator>(new NcclCommunicator(nullptr, rank, size, o, std::move(*peer)));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& store, const NcclOptions& o) {
   ConnectInInit();
   const int rank = o.group_rank >= 0 ? o.group_rank : store.rank();
@@ -475,6 +530,7 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(RendezvousStore& stor
   if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
     return Internal(who + ": cudaSetDevice: " + cudaGetErrorString(e));
   }
+  if (o.share_gpu) return MakeSharedGpuCommunicator(store, o, rank, size, who);
   ncclUniqueId id;
   const std::string key = "nccl/unique-id/" + o.tag;
   if (rank == 0) {
