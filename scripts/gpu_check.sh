@@ -55,6 +55,8 @@
 #   mlafp8prof Nsight Compute on the FP8 rows' split (the wgmma split) and the BF16 rows' (the
 #             default, wgmma-ws-tma) at batch 8, 32K in one run: stalls and every SASS
 #             instruction's stall samples ($OUT/ncu-mlafp8*, ncu-mlabf16*).
+#   mlatrace  the MLA decode op kernel by kernel in its graph (the kernel tracer): batch 1 and 8,
+#             32K and 128K, BF16 and FP8 rows ($OUT/trace-mla-b*-summary.*).
 #   tp2shared the tp2 mode's tests, benches, serve and rank-death check with both ranks on this one
 #             GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL): -tp 2's
 #             correctness where only one GPU is lent; its times mean nothing (the ranks take turns).
@@ -181,7 +183,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|tp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -428,6 +430,21 @@ mla_split_prof() {
 }
 # The warp-specialized split (wgmma-ws; BF16 latents): which wait each warpgroup spends its time in.
 [[ "$what" == mlawsprof ]] && mla_split_prof mlaws MlaDecodeWs bf16 wgmma-ws
+if [[ "$what" == mlatrace ]]; then
+  # The MLA decode op kernel by kernel inside its graph (the kernel tracer, as `trace`): the absorb
+  # GEMVs, the split, the combine, at batch 1 and 8, 32K and 128K, BF16 and FP8 rows — where
+  # batch 1's ~35 µs at 32K goes against its bytes' ~8 µs at 4.8 TB/s (docs/cuda.md "Still open").
+  for b in 1 8; do
+    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-mla-b$b.csv" \
+      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes bf16,fp8 --kvb-dtype bf16 --batch $b \
+      --contexts 32768,131072 --variants wgmma-ws-tma --iters 30 >"$out/trace-mla-b$b.txt" 2>&1 || status=1
+    python3 scripts/kernel_trace_summary.py "$out/trace-mla-b$b.csv" --top 12 --json "$out/trace-mla-b$b-summary.json" \
+      >"$out/trace-mla-b$b-summary.txt" || status=1
+    echo "--- traced mla_decode_bench, batch $b (a replay: one call; graphs in the order bf16 32K, 128K, fp8 32K, 128K)"
+    head -70 "$out/trace-mla-b$b-summary.txt"
+    xz -T4 "$out/trace-mla-b$b.csv"
+  done
+fi
 if [[ "$what" == mlafp8prof ]]; then
   # FP8 rows (the wgmma split takes them) beside BF16 rows (the default ws split with TMA copies)
   # in one run: an FP8 tile is half the bytes and took longer (docs/cuda.md "Tried and dropped:
