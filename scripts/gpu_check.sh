@@ -430,19 +430,28 @@ mla_split_prof() {
 }
 # The warp-specialized split (wgmma-ws; BF16 latents): which wait each warpgroup spends its time in.
 [[ "$what" == mlawsprof ]] && mla_split_prof mlaws MlaDecodeWs bf16 wgmma-ws
+# Runs the command after the first four arguments under the kernel tracer ($OUT/trace-NAME.csv,
+# xz'd after), summarizes it (scripts/kernel_trace_summary.py --top TOP) and prints the summary's
+# first LINES lines under TITLE. Arguments: NAME TOP LINES TITLE COMMAND...
+traced() {
+  local name=$1 top=$2 lines=$3 title=$4
+  shift 4
+  CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-$name.csv" \
+    timeout 150 "$@" >"$out/trace-$name.txt" 2>&1 || status=1
+  python3 scripts/kernel_trace_summary.py "$out/trace-$name.csv" --top "$top" --json "$out/trace-$name-summary.json" \
+    >"$out/trace-$name-summary.txt" || status=1
+  echo "--- $title"
+  head -"$lines" "$out/trace-$name-summary.txt"
+  xz -T4 "$out/trace-$name.csv"
+}
 if [[ "$what" == mlatrace ]]; then
   # The MLA decode op kernel by kernel inside its graph (the kernel tracer, as `trace`): the absorb
   # GEMVs, the split, the combine, at batch 1 and 8, 32K and 128K, BF16 and FP8 rows — where
   # batch 1's ~35 µs at 32K goes against its bytes' ~8 µs at 4.8 TB/s (docs/cuda.md "Still open").
   for b in 1 8; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-mla-b$b.csv" \
-      timeout 150 "$root/mla_decode_bench" --heads 32 --dtypes bf16,fp8 --kvb-dtype bf16 --batch $b \
-      --contexts 32768,131072 --variants wgmma-ws-tma --iters 30 >"$out/trace-mla-b$b.txt" 2>&1 || status=1
-    python3 scripts/kernel_trace_summary.py "$out/trace-mla-b$b.csv" --top 12 --json "$out/trace-mla-b$b-summary.json" \
-      >"$out/trace-mla-b$b-summary.txt" || status=1
-    echo "--- traced mla_decode_bench, batch $b (a replay: one call; graphs in the order bf16 32K, 128K, fp8 32K, 128K)"
-    head -70 "$out/trace-mla-b$b-summary.txt"
-    xz -T4 "$out/trace-mla-b$b.csv"
+    traced mla-b$b 12 70 "traced mla_decode_bench, batch $b (a replay: one call; graphs in the order bf16 32K, 128K, fp8 32K, 128K)" \
+      "$root/mla_decode_bench" --heads 32 --dtypes bf16,fp8 --kvb-dtype bf16 --batch $b --contexts 32768,131072 \
+      --variants wgmma-ws-tma --iters 30
   done
 fi
 if [[ "$what" == mlafp8prof ]]; then
@@ -490,14 +499,8 @@ if [[ "$what" == routeprof ]]; then
   # The K3 TP-8 slice's MoE layer at batch 1 (27.7 us in a graph, session 29) kernel by kernel, in
   # moe_bench's graphs of 20 calls (the kernel tracer: a replay's charges are 20 calls' worth).
   for c in k3-tp8 k3; do
-    CUDA_INJECTION64_PATH="$root/libkimirt_kernel_trace.so" KIMIRT_KERNEL_TRACE="$out/trace-moe-$c.csv" \
-      timeout 120 "$root/moe_bench" --device cuda --configs $c --batch-sizes 1 --iters 20 >"$out/trace-moe-$c.txt" 2>&1 ||
-      status=1
-    python3 scripts/kernel_trace_summary.py "$out/trace-moe-$c.csv" --top 20 --json "$out/trace-moe-$c-summary.json" \
-      >"$out/trace-moe-$c-summary.txt" || status=1
-    echo "--- traced moe_bench $c, batch 1 (each replay: 20 calls)"
-    head -24 "$out/trace-moe-$c-summary.txt"
-    xz -T4 "$out/trace-moe-$c.csv"
+    traced moe-$c 20 24 "traced moe_bench $c, batch 1 (each replay: 20 calls)" \
+      "$root/moe_bench" --device cuda --configs $c --batch-sizes 1 --iters 20
   done
 fi
 if [[ "$what" == kdaprof ]]; then
