@@ -58,8 +58,9 @@
 #   mlatrace  the MLA decode op kernel by kernel in its graph (the kernel tracer): batch 1 and 8,
 #             32K and 128K, BF16 and FP8 rows ($OUT/trace-mla-b*-summary.*).
 #   tp2shared the tp2 mode's tests, benches, serve and rank-death check with both ranks on this one
-#             GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL): -tp 2's
-#             correctness where only one GPU is lent; its times mean nothing (the ranks take turns).
+#   pp2shared GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL; the pp2 mode's
+#             sends and receives as the pair's all-gathers): -tp 2's and -pp 2's correctness
+#             where only one GPU is lent; their times mean nothing (the ranks take turns).
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -183,7 +184,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -1195,11 +1196,11 @@ if [[ "$what" == nccl ]]; then
   # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
   echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
 fi
-if [[ "$what" == tp2shared ]]; then
-  # The same as tp2 with both ranks on this one GPU (KIMIRT_RANKS_SHARE_GPU=1, rank_device.h: the
-  # peer all-reduce alone, no NCCL; docs/distributed.md "Ranks sharing one GPU"): the -tp 2 path's
-  # correctness where no two-GPU machine is lent. The ranks' kernels take turns on the GPU, so its
-  # times say nothing about TP 2's speed; each rank's memory budget is a smaller share.
+if [[ "$what" == tp2shared || "$what" == pp2shared ]]; then
+  # The same as tp2 / pp2 with both ranks on this one GPU (KIMIRT_RANKS_SHARE_GPU=1, rank_device.h:
+  # the peer all-reduce alone, no NCCL; docs/distributed.md "Ranks sharing one GPU"): the -tp 2 and
+  # -pp 2 paths' correctness where no two-GPU machine is lent. The ranks' kernels take turns on the
+  # GPU, so its times say nothing about their speed; each rank's memory budget is a smaller share.
   export KIMIRT_RANKS_SHARE_GPU=1
 fi
 if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
@@ -1281,7 +1282,8 @@ if [[ "$what" == nccl || "$what" == mnode ]]; then
     [[ $verdict == same ]] || { echo "got $got"; tail -5 "$out/mnode-$how-node0.log" "$out/mnode-$how-node1.log"; }
   done
 fi
-if [[ "$what" == pp2 ]]; then
+if [[ "$what" == pp2 || "$what" == pp2shared ]]; then
+  util=0.5; [[ "$what" == pp2shared ]] && util=0.3
   timeout 560 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCudaPipeline*:ProcessRanksCudaPipeline*' \
     --gtest_output="json:$out/gtest-cudapp.json" >"$out/gtest-cudapp.txt" 2>&1 || status=1
   echo "--- ProcessRanksCudaPipeline (2 GPUs): PP 2 logits vs one GPU (largest difference printed), greedy tokens"
@@ -1299,19 +1301,19 @@ if [[ "$what" == pp2 ]]; then
   # throughput with two against one (the logits on an NCCL communicator and stream of their own).
   for sif in 1 2; do
     log="$out/serve-cuda-pp2-sif$sif.log"
-    "$root/kimirt" serve -pp 2 --steps-in-flight $sif --device cuda --port 8126 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+    "$root/kimirt" serve -pp 2 --steps-in-flight $sif --device cuda --port 8126 --gpu-memory-utilization $util >"$log" 2>&1 &
     server=$!
     await_listening "$log" || status=1
     echo "--- serve -pp 2 --steps-in-flight $sif --device cuda"
     bench_serve_and_stop 8126 pp2-sif$sif $server
   done
-  "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization 0.5 >"$out/serve-cuda-pp1.log" 2>&1 &
+  "$root/kimirt" serve --device cuda --port 8127 --gpu-memory-utilization $util >"$out/serve-cuda-pp1.log" 2>&1 &
   ref=$!
   await_listening "$out/serve-cuda-pp1.log" || status=1
   want=$(complete 8127)
   stop_server $ref
   log="$out/serve-cuda-pp2.log"
-  "$root/kimirt" serve -pp 2 --device cuda --port 8124 --gpu-memory-utilization 0.5 >"$log" 2>&1 &
+  "$root/kimirt" serve -pp 2 --device cuda --port 8124 --gpu-memory-utilization $util >"$log" 2>&1 &
   server=$!
   await_listening "$log" || status=1
   grep -E "loaded in|listening|rank" "$log" | head -8

@@ -1,7 +1,7 @@
 // GPU tests of -tp 2 --device cuda: one process per GPU over NCCL (process_ranks_runner.h; CUDA
 // builds, run by `scripts/gpu_check.sh nccl` on a machine with two GPUs, e.g. nvidia-h200-x2).
-// With fewer than two GPUs they fail saying so (never skip). Under KIMIRT_RANKS_SHARE_GPU=1 the
-// -tp 2 ones run with both ranks on one GPU (`scripts/gpu_check.sh tp2shared`; rank_device.h).
+// With fewer than two GPUs they fail saying so (never skip). Under KIMIRT_RANKS_SHARE_GPU=1 they
+// run with both ranks on one GPU (`scripts/gpu_check.sh tp2shared`, `pp2shared`; rank_device.h).
 //   - every logits tensor of the process-ranks trace (a prefill in two chunks, five decode steps,
 //     a second sequence resumed from a shared block + KDA snapshot) at TP 2 equals TP 1 on one
 //     GPU within the CPU TP tests' tolerance (model_consistency_test.cpp: 1e-5 × max|logit|),

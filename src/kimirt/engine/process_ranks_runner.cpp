@@ -1069,9 +1069,9 @@ Result<std::unique_ptr<ModelRunner>> CreateProcessRanksRunner(const ModelSource&
     }
     // This host's ranks only: across nodes, the others check their own GPUs.
     KIMIRT_RETURN_IF_ERROR(CheckGpusForRanks(o.local_followers < 0 ? World(o) : 1 + o.local_followers, VisibleCudaDevices()));
-    if (RanksShareGpu() && o.pp > 1) {
-      return InvalidArgument("KIMIRT_RANKS_SHARE_GPU=1 runs -tp only (the pipeline's sends and receives need NCCL, "
-                             "which will not put two ranks on one GPU)");
+    if (RanksShareGpu() && o.pp > 2) {
+      return InvalidArgument("KIMIRT_RANKS_SHARE_GPU=1 runs -pp 2 at most (its sends and receives are the pair's "
+                             "all-gathers: groups of two only)");
     }
     // NVLink multicast stays off in every process of the group (issue 15 item 5): the followers
     // get it from the spawner; rank 0 is this process, before its NCCL init. Forced, not

@@ -21,7 +21,7 @@ Status CheckGpusForRanks(int ranks, int visible);
 // KIMIRT_RANKS_SHARE_GPU=1: every process rank of a host on GPU 0, for checking the -tp path's
 // correctness where one GPU is lent (docs/distributed.md "Ranks sharing one GPU"): the ranks'
 // communicators then run the peer all-reduce alone (NCCL refuses two ranks on one device), and
-// their kernels take turns on the GPU, so it says nothing about speed. Tensor parallelism only.
+// their kernels take turns on the GPU, so it says nothing about speed. -tp N, and -pp 2 at most.
 bool RanksShareGpu();
 
 }  // namespace kimirt

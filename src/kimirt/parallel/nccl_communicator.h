@@ -63,7 +63,8 @@ struct NcclOptions {
   // correctness where one GPU is lent): no NCCL communicator (NCCL refuses two ranks on one
   // device); every all-reduce and all-gather through the peer kernel, messages past its capacity
   // in pieces (each element's rank-ordered sum is the same whatever the pieces, so the same bits
-  // as the NCCL path's); no point to point (Send, Recv, a side stream): tensor parallelism only.
+  // as the NCCL path's); Send and Recv in groups of two, each a pair's all-gather (the two ranks'
+  // calls must come in one order; a receive met by a receive gives NaN).
   bool share_gpu = false;
 };
 

@@ -36,6 +36,20 @@ __global__ void RankOrderedSum(const float* __restrict__ gathered, size_t n, int
   }
 }
 
+// The tag of a sender's piece in SharedPointToPoint (a float's bits, set by a byte memset).
+constexpr uint32_t kSentTag = 0x01010101u;
+
+// The receiver's piece of a pair's all-gather (NcclCommunicator::SharedPointToPoint): the sender's
+// c floats at `slot`, or NaN where the tag after them says the peer was not sending (its calls out
+// of step with this rank's).
+__global__ void TakePiece(const float* __restrict__ slot, size_t c, float* __restrict__ out) {
+  const bool sent = __float_as_uint(slot[c]) == kSentTag;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < c;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = sent ? slot[i] : __int_as_float(0x7fc00000);
+  }
+}
+
 std::string NcclMessage(ncclResult_t r, ncclComm_t comm) {
   std::string m = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);  // comm may be null: then the thread's last error
@@ -109,7 +123,7 @@ class NcclCommunicator final : public Communicator {
   bool has_peer_all_reduce() const { return peer_ != nullptr; }
 
   void AllReduceSum(float* data, size_t n) override {
-    if (n == 0) return;
+    if (n == 0 || (comm_ == nullptr && size_ == 1)) return;  // a group of one sharing a GPU: the sum is the message
     if (peer_ != nullptr && (n <= peer_->capacity() || comm_ == nullptr)) {
       // Ranks sharing a GPU (no NCCL): larger messages in pieces of the capacity.
       Enqueue("peer all-reduce", Capturing(), [&] {
@@ -137,6 +151,10 @@ class NcclCommunicator final : public Communicator {
 
   void AllGather(const float* send, size_t n, float* recv) override {
     if (n == 0) return;
+    if (comm_ == nullptr && size_ == 1) {
+      if (recv != send) CheckCuda(cudaMemcpyAsync(recv, send, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy");
+      return;
+    }
     if (peer_ != nullptr && n <= peer_->capacity()) {
       Enqueue("peer all-gather", Capturing(), [&] {
         CheckCuda(peer_->LaunchGather(send, n, recv, stream_), "peer all-gather launch");
@@ -173,13 +191,13 @@ class NcclCommunicator final : public Communicator {
   // the work issued on the user's stream so far (what a Send reads, the buffer a Recv fills, is
   // made there); the user's stream waits for them at Join.
   void Send(const float* data, size_t n, int peer) override {
-    NeedsNccl("Send");
+    if (comm_ == nullptr) return SharedPointToPoint("peer send", const_cast<float*>(data), n, peer, true);
     SideWaitsForOrder();
     PointToPoint("ncclSend", n, peer, [&] { return ncclSend(data, n, ncclFloat32, peer, comm_, stream_); });
   }
 
   void Recv(float* data, size_t n, int peer) override {
-    NeedsNccl("Recv");
+    if (comm_ == nullptr) return SharedPointToPoint("peer recv", data, n, peer, false);
     SideWaitsForOrder();
     PointToPoint("ncclRecv", n, peer, [&] { return ncclRecv(data, n, ncclFloat32, peer, comm_, stream_); });
   }
@@ -225,7 +243,9 @@ class NcclCommunicator final : public Communicator {
   // arrives into an abort, seen here.
   void Barrier() override {
     float* one = Scratch(static_cast<size_t>(size_), false);  // a barrier waits: never captured
-    if (comm_ == nullptr) {
+    if (comm_ == nullptr && size_ == 1) {
+      // A group of one: nothing to meet, the stream drained below.
+    } else if (comm_ == nullptr) {
       Enqueue("peer all-reduce (Barrier)", false, [&] {
         CheckCuda(peer_->Launch(one, 1, stream_), "peer all-reduce launch");
         return ncclSuccess;
@@ -409,9 +429,38 @@ class NcclCommunicator final : public Communicator {
     CheckCuda(cudaStreamWaitEvent(stream_, to_side_, 0), "cudaStreamWaitEvent (side stream)");
   }
 
-  // Ranks sharing a GPU have no NCCL communicator (NcclOptions::share_gpu).
-  void NeedsNccl(const char* what) {
-    if (comm_ == nullptr) Fail(what, "point to point is not available to ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU)");
+  // Ranks sharing one GPU (no NCCL): a send and its receive are one all-gather of the pair, in
+  // pieces of the peer kernel's capacity less one float: each rank contributes a piece and a tag
+  // after it (the sender's kSentTag, the receiver's 0), and the receiver takes the sender's piece.
+  // A call pairs with the peer's call of the same count, so the two ranks must make their sends
+  // and receives in one order, as NCCL's per-pair order does for one direction; a receive met by
+  // the peer's receive is caught by the tag (the received piece is NaN then), so a pipeline whose
+  // two directions interleave differently on the two ranks fails loudly instead of mixing them.
+  void SharedPointToPoint(const char* what, float* data, size_t n, int peer, bool sending) {
+    CheckPeer(peer, what);
+    if (size_ != 2) Fail(what, "ranks sharing one GPU send and receive in groups of two only");
+    if (n == 0) return;
+    SideWaitsForOrder();
+    const size_t piece = peer_->capacity() - 1;
+    const bool capturing = Capturing();
+    float* staged = Scratch(3 * (piece + 1), capturing);  // this rank's piece and tag, then the pair's
+    float* pair = staged + piece + 1;
+    Enqueue(what, capturing, [&] {
+      for (size_t off = 0; off < n; off += piece) {
+        const size_t c = std::min(piece, n - off);
+        if (sending) {
+          CheckCuda(cudaMemcpyAsync(staged, data + off, c * sizeof(float), cudaMemcpyDeviceToDevice, stream_), what);
+        }
+        CheckCuda(cudaMemsetAsync(staged + c, sending ? 1 : 0, sizeof(float), stream_), what);
+        CheckCuda(peer_->LaunchGather(staged, c + 1, pair, stream_), "peer all-gather launch");
+        if (!sending) {
+          const unsigned blocks = static_cast<unsigned>(std::min<size_t>((c + 255) / 256, 1024));
+          TakePiece<<<blocks, 256, 0, stream_>>>(pair + static_cast<size_t>(peer) * (c + 1), c, data + off);
+          CheckCuda(cudaGetLastError(), "TakePiece launch");
+        }
+      }
+      return ncclSuccess;
+    });
   }
 
   void CheckPeer(int peer, const char* what) {
@@ -507,9 +556,10 @@ namespace {
 // NcclOptions::share_gpu: the peer all-reduce alone, no NCCL init.
 Result<std::unique_ptr<Communicator>> MakeSharedGpuCommunicator(RendezvousStore& store, const NcclOptions& o, int rank,
                                                                 int size, const std::string& who) {
-  if (o.side_stream || size < 2 || o.peer_all_reduce_max_elems == 0) {
-    return Unsupported(who + ": ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU) run tensor parallelism only: "
-                             "collectives of 2 or more ranks through the peer all-reduce, no point to point");
+  if (size == 1) return std::unique_ptr<Communicator>(new NcclCommunicator(nullptr, rank, size, o, nullptr));
+  if (o.peer_all_reduce_max_elems < 2) {
+    return InvalidArgument(who + ": ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU) need the peer all-reduce "
+                                 "(peer_all_reduce_max_elems >= 2)");
   }
   std::string why_not;
   Result<std::unique_ptr<PeerAllReduce>> peer =
