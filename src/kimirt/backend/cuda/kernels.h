@@ -376,12 +376,14 @@ bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // fp8_two_barriers: FP8 rows at two barriers a tile (MlaDecodeVariant::kWgmmaFp8TwoBarriers).
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
                               bool persistent, cudaStream_t s, bool fp8_two_barriers = false);
+// Launches of the two-barrier FP8 kernel so far in this process: its trial test checks it ran.
+int64_t MlaDecodeFp8TwoBarrierLaunches();
 // --- mla_decode_ws.cu ---
 // The warp-specialized split (MlaDecodeVariant::kWgmmaWs; latents of MlaPagedDecodeWgmmaSupported)
 // over a.block_work's runs, or one block an item without them; `tma`: its TMA copies where the
-// block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma (fp8_two_barriers passed on).
+// block size allows. FP8 rows go to MlaPagedDecodeSplitWgmma.
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s, bool tma = false, bool fp8_two_barriers = false);
+                                cudaStream_t s, bool tma = false);
 // The ws split's launches so far in this process, by copy form: what a test checks to know the
 // form it meant to run did run (a refused tensor map or a block size falls back to another).
 struct MlaDecodeWsLaunches {

@@ -635,11 +635,14 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     std::abort();
   }
   const MlaDecodeVariant v = CurrentMlaDecodeVariant();
+  if (v == MlaDecodeVariant::kWgmmaFp8TwoBarriers && a.kind == 2 && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s, /*fp8_two_barriers=*/true);  // the trial
+    return;
+  }
   const bool ws =
       v == MlaDecodeVariant::kWgmmaWs || v == MlaDecodeVariant::kWgmmaWsTma || v == MlaDecodeVariant::kWgmmaFp8TwoBarriers;
   if (ws && MlaPagedDecodeWgmmaSupported(a)) {
-    MlaPagedDecodeSplitWgmmaWs(a, qc, part_o, part_ml, s, v != MlaDecodeVariant::kWgmmaWs,
-                               v == MlaDecodeVariant::kWgmmaFp8TwoBarriers);
+    MlaPagedDecodeSplitWgmmaWs(a, qc, part_o, part_ml, s, v != MlaDecodeVariant::kWgmmaWs);  // BF16 rows of the trial too
     return;
   }
   if ((v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem) && MlaPagedDecodeWgmmaSupported(a)) {

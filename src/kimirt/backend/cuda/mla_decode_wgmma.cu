@@ -340,6 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
+std::atomic<int64_t> g_two_barrier_launches{0};  // MlaDecodeFp8TwoBarrierLaunches's
+
 template <int kKind, bool kTwoBarriers = false>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
   constexpr size_t bytes = Layout<kKind>::kSmemBytes;
@@ -351,9 +353,12 @@ void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, b
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
   LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kTwoBarriers>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
+  if constexpr (kTwoBarriers) g_two_barrier_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
+
+int64_t MlaDecodeFp8TwoBarrierLaunches() { return g_two_barrier_launches.load(); }
 
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
   return a.r == kR && a.dr == kDr && (a.kind == 1 || a.kind == 2);

@@ -393,9 +393,9 @@ void LaunchWs(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml,
 MlaDecodeWsLaunches MlaDecodeWsLaunchCounts() { return {g_ws_launches.cp_async.load(), g_ws_launches.tma.load()}; }
 
 void MlaPagedDecodeSplitWgmmaWs(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                                cudaStream_t s, bool tma, bool fp8_two_barriers) {
+                                cudaStream_t s, bool tma) {
   if (a.kind != 1) {
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s, fp8_two_barriers);  // FP8 rows: the wgmma split
+    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s);  // FP8 rows: the wgmma split
     return;
   }
   // The pool's tensor map, made again only when the pool or the box changes (a storage's pool is
