@@ -62,9 +62,10 @@
 #   mlatrace  the MLA decode op kernel by kernel in its graph (the kernel tracer): batch 1 and 8,
 #             32K and 128K, BF16 and FP8 rows ($OUT/trace-mla-b*-summary.*).
 #   tp2shared the tp2 mode's tests, benches, serve and rank-death check with both ranks on this one
-#   pp2shared GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL; the pp2 mode's
-#             sends and receives as the pair's all-gathers): -tp 2's and -pp 2's correctness
-#             where only one GPU is lent; their times mean nothing (the ranks take turns).
+#             GPU (KIMIRT_RANKS_SHARE_GPU=1: the peer all-reduce alone, no NCCL): -tp 2's
+#             correctness where only one GPU is lent; its times mean nothing (the ranks take turns).
+#   pp2shared the pp2 mode the same way (its sends and receives as the pair's all-gathers): -pp 2's
+#             correctness on one GPU; its times mean nothing either.
 #   mlaws     the warp-specialized MLA decode split (wgmma-ws: a scorer warpgroup a tile ahead of
 #             two accumulating ones) against wgmma: the PagedDecode tests, memcheck and racecheck
 #             of the 19-sequence one, then mla_decode_bench with both at batch 1, 8 and 32 (BF16,
@@ -1317,7 +1318,7 @@ if [[ "$what" == pp2 || "$what" == pp2shared ]]; then
     echo "--- bench model -pp 2 --pp-micro-batches $mb --device cuda (0: one per stage)"; tail -4 "$out/bench-model-pp2-mb$mb.txt"
   done
   # Steps in flight (docs/distributed.md "Steps in flight"; GPUs: only when asked): serving
-  # throughput with two against one (the logits on an NCCL communicator and stream of their own).
+  # throughput with two against one (the logits on a communicator and stream of their own).
   for sif in 1 2; do
     log="$out/serve-cuda-pp2-sif$sif.log"
     "$root/kimirt" serve -pp 2 --steps-in-flight $sif --device cuda --port 8126 --gpu-memory-utilization $util >"$log" 2>&1 &

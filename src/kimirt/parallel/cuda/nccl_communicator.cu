@@ -123,7 +123,7 @@ class NcclCommunicator final : public Communicator {
   bool has_peer_all_reduce() const { return peer_ != nullptr; }
 
   void AllReduceSum(float* data, size_t n) override {
-    if (n == 0 || (comm_ == nullptr && size_ == 1)) return;  // a group of one sharing a GPU: the sum is the message
+    if (n == 0 || Alone()) return;  // the sum is the message
     if (peer_ != nullptr && (n <= peer_->capacity() || comm_ == nullptr)) {
       // Ranks sharing a GPU (no NCCL): larger messages in pieces of the capacity.
       Enqueue("peer all-reduce", Capturing(), [&] {
@@ -151,7 +151,7 @@ class NcclCommunicator final : public Communicator {
 
   void AllGather(const float* send, size_t n, float* recv) override {
     if (n == 0) return;
-    if (comm_ == nullptr && size_ == 1) {
+    if (Alone()) {
       if (recv != send) CheckCuda(cudaMemcpyAsync(recv, send, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy");
       return;
     }
@@ -243,8 +243,8 @@ class NcclCommunicator final : public Communicator {
   // arrives into an abort, seen here.
   void Barrier() override {
     float* one = Scratch(static_cast<size_t>(size_), false);  // a barrier waits: never captured
-    if (comm_ == nullptr && size_ == 1) {
-      // A group of one: nothing to meet, the stream drained below.
+    if (Alone()) {
+      // Nothing to meet: the stream drained below.
     } else if (comm_ == nullptr) {
       Enqueue("peer all-reduce (Barrier)", false, [&] {
         CheckCuda(peer_->Launch(one, 1, stream_), "peer all-reduce launch");
@@ -462,6 +462,10 @@ class NcclCommunicator final : public Communicator {
       return ncclSuccess;
     });
   }
+
+  // A group of one among ranks sharing a GPU (no NCCL communicator, no peer kernel): its
+  // collectives are the identity.
+  bool Alone() const { return comm_ == nullptr && size_ == 1; }
 
   void CheckPeer(int peer, const char* what) {
     if (peer < 0 || peer >= size_ || peer == rank_) Fail(what, "no peer rank " + std::to_string(peer));
