@@ -55,10 +55,6 @@
 #   mlafp8prof Nsight Compute on the FP8 rows' split (the wgmma split) and the BF16 rows' (the
 #             default, wgmma-ws-tma) at batch 8, 32K in one run: stalls and every SASS
 #             instruction's stall samples ($OUT/ncu-mlafp8*, ncu-mlabf16*).
-#   mlafp8twobar FP8 rows in the wgmma split at two barriers a tile (trial wgmma-fp8-2bar) against
-#             the default: CudaMlaFp8TwoBarrierTrial.* (the same bits; outside `tests`' filter),
-#             memcheck and racecheck of it, mla_decode_bench FP8 at batch 1, 8, 32 both orders, and
-#             the 2-layer 48B step at 32K with an FP8 cache under each ($OUT/mla-fp8twobar-*.json).
 #   mlatrace  the MLA decode op kernel by kernel in its graph (the kernel tracer): batch 1 and 8,
 #             32K and 128K, BF16 and FP8 rows ($OUT/trace-mla-b*-summary.*).
 #   tp2shared the tp2 mode's tests, benches, serve and rank-death check with both ranks on this one
@@ -189,7 +185,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlafp8twobar|mlatrace|tp2shared|pp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -719,21 +715,6 @@ mla_bench_orders() {
 }
 [[ "$what" == mlaws ]] && mla_variants_ab wgmma wgmma-ws ws
 [[ "$what" == mlatma ]] && mla_variants_ab wgmma-ws wgmma-ws-tma tma
-if [[ "$what" == mlafp8twobar ]]; then
-  # FP8 rows at two barriers a tile (trial wgmma-fp8-2bar) against the default: its bits test,
-  # memcheck and racecheck of the 19-sequence one, then mla_decode_bench with FP8 latents, both
-  # orders, and the 2-layer 48B step at prompt 32K with an FP8 latent cache under each.
-  timeout 240 "$root/kimirt_tests" --gtest_filter='CudaMlaFp8TwoBarrierTrial.*' --gtest_output="json:$out/gtest-fp8twobar.json" 2>&1 |
-    grep -E "^\[  (FAILED|PASSED) |Failure|actual|heads|block size" | head -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  for tool in memcheck racecheck; do
-    sanitize "$tool" 200 'CudaMlaFp8TwoBarrierTrial.NineteenSequences' fp8twobar
-  done
-  mla_bench_orders wgmma-ws-tma wgmma-fp8-2bar fp8twobar fp8
-  for v in wgmma-ws-tma wgmma-fp8-2bar; do
-    step48_32k KIMIRT_MLA_DECODE_VARIANT=$v "mla-fp8twobar-model-$v" --kv-cache-dtype fp8
-  done
-fi
 if [[ "$what" == gemmrace ]]; then
   for tool in racecheck synccheck; do
     sanitize "$tool" 270 'CudaBackendTest.DecodeGemm*:CudaBackendLinearGroup.*' gemm

@@ -902,36 +902,6 @@ TEST_F(CudaBackendTest, PagedDecodeTmaCopiesGiveTheWsSplitsBits) {
   agree({32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64);
 }
 
-// FP8 rows in wgmma's kernel at two barriers a tile (trial wgmma-fp8-2bar): the same values reach
-// the same wgmmas, so the default's bits — for blocks of 16, 64 and 8 rows, 12 and 32 heads,
-// partial tiles, blocks walking runs of items across sequences, and 19 short sequences (small
-// enough for compute-sanitizer). A trial not yet run on a GPU, so a suite of its own outside
-// gpu_check.sh tests' filter (a hang would stop the suite): mlafp8twobar runs it.
-class CudaMlaFp8TwoBarrierTrial : public CudaBackendTest {
- protected:
-  // The default's bits from the trial, and the trial's kernel ran (else the comparison is of the
-  // default with itself).
-  void Agree(const std::vector<int64_t>& contexts, const std::vector<int64_t>& heads, int block_size) {
-    const int64_t before = cuda::MlaDecodeFp8TwoBarrierLaunches();
-    ExpectMlaDecodeVariantsAgree(cuda::MlaDecodeVariant::kWgmmaWsTma, cuda::MlaDecodeVariant::kWgmmaFp8TwoBarriers,
-                                 contexts, heads, block_size, {DType::kF8E4M3});
-    EXPECT_GE(cuda::MlaDecodeFp8TwoBarrierLaunches() - before, static_cast<int64_t>(heads.size()))
-        << "the two-barrier kernel did not run";
-  }
-};
-TEST_F(CudaMlaFp8TwoBarrierTrial, GivesTheDefaultsBits) {
-  for (int block_size : {16, 64, 8}) {
-    SCOPED_TRACE("block size " + std::to_string(block_size));
-    Agree({1, 100, 4097, 32768, 33, 1000}, {32, 12}, block_size);
-  }
-  Agree({32768, 65, 32768, 2049, 9000, 32768, 640}, {32}, 64);
-}
-TEST_F(CudaMlaFp8TwoBarrierTrial, NineteenSequences) {
-  std::vector<int64_t> contexts;
-  for (int64_t i = 0; i < 19; ++i) contexts.push_back(1 + 53 * i);
-  Agree(contexts, {32}, 64);
-}
-
 // The persistent split's schedule: every item in exactly one run, runs in order, and no block's
 // cost (tiles of 32 positions + 1 an item) past its share by more than one item's.
 TEST(MlaDecodePersistSchedule, CoversEveryItemOnceInBalancedRuns) {

@@ -333,7 +333,7 @@ void MlaPagedDecode(const PagedDecodeArgs& a, const float* qc, float* part_o, fl
 // --- mla_decode_kernels.cu: MlaPagedDecode's split on tensor cores, for BF16 and FP8 latents of
 // the models' widths (512 + 64); the others take the CUDA-core split ---
 bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
-// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws|wgmma-ws-tma|wgmma-fp8-2bar, read once
+// Shapes of that split (KIMIRT_MLA_DECODE_VARIANT=ring4|ring2|wgmma|wgmma-item|wgmma-ws|wgmma-ws-tma, read once
 // a process, so a captured graph and the eager calls of a run use the same kernel; an unknown name
 // aborts naming it). ring4 (one block an SM, a 4-stage cp.async ring) and ring2 (two blocks an SM,
 // 2 stages) run the same sums in the same order on mma.sync, so the same bits
@@ -352,14 +352,8 @@ bool MlaPagedDecodeTcSupported(const PagedDecodeArgs& a);
 // wgmma-ws's time (docs/cuda.md "TMA copies in the ws split"). FP8 rows in the ws split were
 // tried and measured slower than wgmma's kernel (docs/cuda.md "Tried and dropped: FP8 rows in
 // the ws split"); wgmma's kernel widens them a tile ahead instead, beside the tensor cores' ō
-// (docs/cuda.md "FP8 rows widened a tile ahead"). wgmma-fp8-2bar (trial, thirty-sixth session) is
-// wgmma-ws-tma with FP8 rows in wgmma's kernel at two barriers a tile instead of three (a tile's
-// copies waited for a tile earlier): the same values into the same wgmmas, so the default's bits.
-// Not in kMlaDecodeVariants until it has run on a GPU: its test is CudaMlaFp8TwoBarrierTrial.*
-// (gpu_check.sh mlafp8twobar), outside the suite's filter.
-enum class MlaDecodeVariant : int {
-  kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5, kWgmmaFp8TwoBarriers = 6
-};
+// (docs/cuda.md "FP8 rows widened a tile ahead").
+enum class MlaDecodeVariant : int { kRing4 = 0, kRing2 = 1, kWgmma = 2, kWgmmaItem = 3, kWgmmaWs = 4, kWgmmaWsTma = 5 };
 inline constexpr MlaDecodeVariant kMlaDecodeVariants[] = {MlaDecodeVariant::kRing4, MlaDecodeVariant::kRing2,
                                                           MlaDecodeVariant::kWgmma, MlaDecodeVariant::kWgmmaItem,
                                                           MlaDecodeVariant::kWgmmaWs, MlaDecodeVariant::kWgmmaWsTma};
@@ -373,11 +367,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
 // --- mla_decode_wgmma.cu: the split as MlaDecodeVariant::kWgmma, BF16 and FP8 latents of 512 + 64 ---
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a);
 // persistent: a.persist_blocks blocks walk a.block_work's runs of items; else one block an item.
-// fp8_two_barriers: FP8 rows at two barriers a tile (MlaDecodeVariant::kWgmmaFp8TwoBarriers).
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, cudaStream_t s, bool fp8_two_barriers = false);
-// Launches of the two-barrier FP8 kernel so far in this process: its trial test checks it ran.
-int64_t MlaDecodeFp8TwoBarrierLaunches();
+                              bool persistent, cudaStream_t s);
 // --- mla_decode_ws.cu ---
 // The warp-specialized split (MlaDecodeVariant::kWgmmaWs; latents of MlaPagedDecodeWgmmaSupported)
 // over a.block_work's runs, or one block an item without them; `tma`: its TMA copies where the

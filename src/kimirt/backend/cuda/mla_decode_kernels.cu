@@ -595,11 +595,10 @@ MlaDecodeVariant ParseMlaDecodeVariant(const char* name) {
   if (name == nullptr || std::strcmp(name, "") == 0 || std::strcmp(name, "wgmma-ws-tma") == 0) return MlaDecodeVariant::kWgmmaWsTma;
   if (std::strcmp(name, "wgmma") == 0) return MlaDecodeVariant::kWgmma;
   if (std::strcmp(name, "wgmma-ws") == 0) return MlaDecodeVariant::kWgmmaWs;
-  if (std::strcmp(name, "wgmma-fp8-2bar") == 0) return MlaDecodeVariant::kWgmmaFp8TwoBarriers;
   if (std::strcmp(name, "wgmma-item") == 0) return MlaDecodeVariant::kWgmmaItem;
   if (std::strcmp(name, "ring2") == 0) return MlaDecodeVariant::kRing2;
   if (std::strcmp(name, "ring4") == 0) return MlaDecodeVariant::kRing4;
-  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item, wgmma-ws, wgmma-ws-tma, wgmma-fp8-2bar)\n", name);
+  std::fprintf(stderr, "kimirt: KIMIRT_MLA_DECODE_VARIANT=%s: not a variant (ring4, ring2, wgmma, wgmma-item, wgmma-ws, wgmma-ws-tma)\n", name);
   std::abort();
 }
 
@@ -609,7 +608,6 @@ const char* MlaDecodeVariantName(MlaDecodeVariant v) {
     case MlaDecodeVariant::kWgmmaItem: return "wgmma-item";
     case MlaDecodeVariant::kWgmmaWs: return "wgmma-ws";
     case MlaDecodeVariant::kWgmmaWsTma: return "wgmma-ws-tma";
-    case MlaDecodeVariant::kWgmmaFp8TwoBarriers: return "wgmma-fp8-2bar";
     case MlaDecodeVariant::kRing2: return "ring2";
     case MlaDecodeVariant::kRing4: break;
   }
@@ -635,14 +633,8 @@ void MlaPagedDecodeSplitTc(const PagedDecodeArgs& a, const float* qc, float* par
     std::abort();
   }
   const MlaDecodeVariant v = CurrentMlaDecodeVariant();
-  if (v == MlaDecodeVariant::kWgmmaFp8TwoBarriers && a.kind == 2 && MlaPagedDecodeWgmmaSupported(a)) {
-    MlaPagedDecodeSplitWgmma(a, qc, part_o, part_ml, /*persistent=*/true, s, /*fp8_two_barriers=*/true);  // the trial
-    return;
-  }
-  const bool ws =
-      v == MlaDecodeVariant::kWgmmaWs || v == MlaDecodeVariant::kWgmmaWsTma || v == MlaDecodeVariant::kWgmmaFp8TwoBarriers;
-  if (ws && MlaPagedDecodeWgmmaSupported(a)) {
-    MlaPagedDecodeSplitWgmmaWs(a, qc, part_o, part_ml, s, v != MlaDecodeVariant::kWgmmaWs);  // BF16 rows of the trial too
+  if ((v == MlaDecodeVariant::kWgmmaWs || v == MlaDecodeVariant::kWgmmaWsTma) && MlaPagedDecodeWgmmaSupported(a)) {
+    MlaPagedDecodeSplitWgmmaWs(a, qc, part_o, part_ml, s, v == MlaDecodeVariant::kWgmmaWsTma);
     return;
   }
   if ((v == MlaDecodeVariant::kWgmma || v == MlaDecodeVariant::kWgmmaItem) && MlaPagedDecodeWgmmaSupported(a)) {

@@ -102,13 +102,9 @@ __device__ __forceinline__ void IssueScores(float (&s)[16], float (&s_rope)[16],
 // One kernel for both schedules: a block runs the items w0 .. w1 − 1 (persistent: a run of
 // a.block_work; else the one item blockIdx.x), each exactly as a block of its own would (ō, m and
 // l from zero, the tiles of its split in order), so the schedule never changes a bit.
-// kTwoBarriers (FP8 rows; trial wgmma-fp8-2bar): the barrier that makes a widened tile whole is
-// also the one after which the next tile's codes are widened (its copies waited for a tile
-// earlier), two barriers a tile instead of three; the same values into the same wgmmas.
-template <int kKind, bool kTwoBarriers = false>
+template <int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWgmmaKernel(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml) {
-  static_assert(kKind == 2 || !kTwoBarriers, "BF16 rows are not widened");
   constexpr bool kAhead = kKind == 2;  // FP8 rows: each tile widened a tile ahead
   using L = Layout<kKind>;
   constexpr int kStages = L::kStages;
@@ -154,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ahead = copy.Next(a, &row_ahead);
   };
 #pragma unroll
-  for (int i = 0; i < (kTwoBarriers ? kStages : kStages - 1); ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     if (ahead) issue(i);
     CpAsyncCommit();  // one group a tile, empty past the end: the wait count is the same each tile
   }
@@ -168,7 +164,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kAhead) {
     for (int w = w0; w < w1; ++w) total += Item::Load(a, w).Tiles();
   }
-  auto convert = [&](int k) {
+  auto widen = [&](int k) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (ahead) issue((k + kStages - 1) % kStages);
+    CpAsyncCommit();
     const unsigned char* codes = base_ptr + L::kRingAt + (k % kStages) * L::kStageBytes + row * kW + sub * 8;
     unsigned char* dst = base_ptr + kQBytes + (k % 2) * kTileBytes + sw;
 #pragma unroll
@@ -177,27 +177,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::FenceProxyAsync();
   };
-  auto widen = [&](int k) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();
-    if (ahead) issue((k + kStages - 1) % kStages);
-    CpAsyncCommit();
-    convert(k);
-  };
   // Launched with LaunchPdl (pdl.cuh). The step's metadata and the latent rows were written
   // before the kernel ahead of this one (AbsorbQuery) passed its own PdlWait, so the copies above
   // may start while it runs; q̄ is its output, read after the wait. Nothing is written before it.
   PdlWait();
   PdlTrigger();
-  if constexpr (kTwoBarriers) {
-    // Tiles 0, 1 and 2 went out above: tile 0 widened once 0 and 1 have landed everywhere.
-    if (total > 0) {
-      CpAsyncWait<kStages - 2>();
-      __syncthreads();
-      convert(0);
-    }
-    __syncthreads();
-  } else if constexpr (kAhead) {
+  if constexpr (kAhead) {
     if (total > 0) widen(0);
     __syncthreads();
   }
@@ -299,19 +284,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the tensor cores run it, then the barrier that makes it whole.
       if constexpr (!kAhead) {
         AccumulateTile(o0, o1, pa, st, wg);
-      } else if constexpr (kTwoBarriers) {
-        // Tile t + 1's copies landed before the last barrier: widened here with no barrier of its
-        // own; then tile t + 2's copies are waited for before the one barrier, which makes t + 1
-        // whole, orders every read of tile t's stage (its codes, its scales in the softmax above)
-        // and of widened tile t (S, ō waited for) before the copy of tile t + 3 into that stage
-        // and the widening of t + 2 into that tile.
-        AccumulateTile<false>(o0, o1, pa, st, wg);
-        if (t + 1 < total) convert(t + 1);
-        AccumulateWait(o0, o1);
-        CpAsyncWait<0>();
-        __syncthreads();
-        if (ahead) issue(t % kStages);
-        CpAsyncCommit();
       } else {
         AccumulateTile<false>(o0, o1, pa, st, wg);
         if (t + 1 < total) widen(t + 1);
@@ -340,43 +312,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();  // only empty groups remain; nothing in flight when the block ends
 }
 
-std::atomic<int64_t> g_two_barrier_launches{0};  // MlaDecodeFp8TwoBarrierLaunches's
-
-template <int kKind, bool kTwoBarriers = false>
+template <int kKind>
 void Launch(PagedDecodeArgs a, const float* qc, float* part_o, float* part_ml, bool persistent, cudaStream_t s) {
   constexpr size_t bytes = Layout<kKind>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind, kTwoBarriers>, bytes, true, "MLA decode kernel (wgmma)", &configured);
+  AllowDynamicSmem(MlaDecodeWgmmaKernel<kKind>, bytes, true, "MLA decode kernel (wgmma)", &configured);
   const bool walk = persistent && a.block_work != nullptr;
   if (!walk) a.block_work = nullptr;
   const int64_t blocks = walk ? a.persist_blocks : a.num_work;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind, kTwoBarriers>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
+  LaunchPdl("MlaDecodeWgmma", MlaDecodeWgmmaKernel<kKind>, grid, dim3(kThreads), bytes, s, a, qc, part_o, part_ml);
   CheckLaunch("MlaDecodeWgmma");
-  if constexpr (kTwoBarriers) g_two_barrier_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
-
-int64_t MlaDecodeFp8TwoBarrierLaunches() { return g_two_barrier_launches.load(); }
 
 bool MlaPagedDecodeWgmmaSupported(const PagedDecodeArgs& a) {
   return a.r == kR && a.dr == kDr && (a.kind == 1 || a.kind == 2);
 }
 
 void MlaPagedDecodeSplitWgmma(const PagedDecodeArgs& a, const float* qc, float* part_o, float* part_ml,
-                              bool persistent, cudaStream_t s, bool fp8_two_barriers) {
+                              bool persistent, cudaStream_t s) {
   if (!MlaPagedDecodeWgmmaSupported(a)) {
     std::fprintf(stderr, "kimirt: the wgmma MLA decode takes BF16 or FP8 latents of %d + %d, got kind %d, %lld + %lld\n",
                  kR, kDr, a.kind, static_cast<long long>(a.r), static_cast<long long>(a.dr));
     std::abort();
   }
-  if (a.kind == 1) {
-    Launch<1>(a, qc, part_o, part_ml, persistent, s);
-  } else {
-    fp8_two_barriers ? Launch<2, true>(a, qc, part_o, part_ml, persistent, s)
-                     : Launch<2>(a, qc, part_o, part_ml, persistent, s);
-  }
+  a.kind == 1 ? Launch<1>(a, qc, part_o, part_ml, persistent, s) : Launch<2>(a, qc, part_o, part_ml, persistent, s);
 }
 
 }  // namespace kimirt::cuda
