@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "kimirt/core/check.h"
+#include "kimirt/core/dtype_convert.h"
+#include "kimirt/model/tensor_role.h"
 #include "kimirt/model/tensor_table.h"
 
 namespace kimirt {
@@ -13,6 +15,12 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+// An MXFP4 expert tensor held as stored (codes and E8M0 scales, spec §2.9): its TP slices keep
+// scale groups whole. Widened experts (the CPU) may be cut anywhere.
+bool KeepsMxfp4Groups(const TensorSpec& t, const Parallelism& par) {
+  return !par.experts_dequantized && (IsMxfp4Codes(t.role) || IsMxfp4Scales(t.role));
+}
 
 }  // namespace
 
@@ -131,12 +139,6 @@ Status Layout::CheckParallelism(const Parallelism& par) const {
           return InvalidArgument(t.name + ": expert intermediate " + std::to_string(units) +
                                  " does not split over TP " + std::to_string(par.tp));
         }
-        if (!par.experts_dequantized && (units / par.tp) % p.elems_per_index != 0) {
-          return InvalidArgument(t.name + ": a TP " + std::to_string(par.tp) + " slice of " +
-                                 std::to_string(units / par.tp) +
-                                 " intermediate elements cuts an MXFP4 scale group of " +
-                                 std::to_string(p.elems_per_index));
-        }
         break;
       }
       default:
@@ -207,10 +209,18 @@ TensorSlice Layout::SliceFor(const TensorSpec& t, const Parallelism& par, int ra
         return whole();
       }
       KIMIRT_CHECK(units % par.tp == 0);
-      const int64_t elems = units / par.tp;
+      int64_t elems = units / par.tp, begin = rank * elems, length = elems;
+      if (KeepsMxfp4Groups(t, par)) {
+        // Whole 32-element scale groups a rank (docs/distributed.md "MXFP4 experts under TP"):
+        // ceil(G / tp) each, the last ranks fewer or none, so a rank never holds part of a group
+        // whose scale byte another also needs. Where 32 · tp divides the width, the even split.
+        elems = CeilDiv(units, kMxfp4GroupSize * par.tp) * kMxfp4GroupSize;
+        begin = std::min<int64_t>(rank * elems, units);
+        length = std::min<int64_t>(elems, units - begin);
+      }
       const int64_t padded = RoundUp(elems, par.pad_align);
-      s.begin = rank * elems / p.elems_per_index;
-      s.length = elems / p.elems_per_index;
+      s.begin = begin / p.elems_per_index;
+      s.length = length / p.elems_per_index;
       s.allocated = padded / p.elems_per_index;
       break;
     }

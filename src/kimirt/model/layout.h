@@ -94,7 +94,8 @@ struct Parallelism {
   // 103 MB a K3 MoE layer a rank becomes 13 (docs/plan.md "Weights").
   bool shard_latent_moe = false;
   // The loader widens MXFP4 experts before slicing them (CPU backend), so a slice may cut a
-  // 32-element scale group; the planner counts stored bytes and may not.
+  // 32-element scale group; held as stored (CUDA; the planner's count), each rank's slice is
+  // whole groups, ceil(G / tp) of them, the last ranks' fewer or none (SliceFor).
   bool experts_dequantized = false;
 };
 

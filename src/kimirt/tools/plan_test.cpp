@@ -289,8 +289,7 @@ TEST(Plan, SnapshotBytesMatchWhatTheRunnerAllocates) {
   EXPECT_EQ((*one)->kda_snapshot_capacity(), plan.count);
   EXPECT_EQ(r->heaviest().runtime.back().bytes,
             static_cast<uint64_t>((*one)->kda_snapshot_capacity()) * (*one)->kda_snapshot_bytes());
-  // On two ranks each holds half the heads: the bytes the planner's rule gives for TP2. (tiny-a's
-  // layout does not plan at TP2 — its MXFP4 scale groups do not split — so the rule directly.)
+  // On two ranks each holds half the heads: the bytes the planner's rule gives for TP2.
   Result<std::unique_ptr<ModelRunner>> two = runner_for(2);
   ASSERT_TRUE(two.ok()) << two.status().ToString();
   EXPECT_EQ((*two)->kda_snapshot_bytes(), KdaSnapshotBytes(*c, 2, c->NumKdaLayers()));
