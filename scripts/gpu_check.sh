@@ -136,6 +136,8 @@
 #             `serve -tp 2 --device cuda` "nodes" with one GPU each (CUDA_VISIBLE_DEVICES), by
 #             --nnodes/--node-rank flags and by torchrun variables; each greedy completion (text
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
+#   mnodeshared the mnode mode with both "nodes" on GPU 0 (KIMIRT_RANKS_SHARE_GPU=1, as tp2shared):
+#             the launchers' paths on GPUs where one GPU is lent.
 #   full48    the whole Kimi-Linear-48B-A3B (configs/kimi-linear-48b-a3b.json, 98.2 GB of BF16 weights)
 #             on one H200 with random weights made at load (no checkpoint on disk; issues 12, 13, 17):
 #             first the made-at-load == on-disk tests on CUDA (RandomWeightsLoadOnDevice), then
@@ -185,7 +187,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mnodeshared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -1197,7 +1199,7 @@ if [[ "$what" == nccl ]]; then
   # Last: all-reduce latency at decode sizes, the invariant form beside ncclAllReduce.
   echo "--- kimirt dist-check -tp 2 --device cuda --bench (spawned)"; tail -12 "$out/dist-check-spawn.txt"
 fi
-if [[ "$what" == tp2shared || "$what" == pp2shared ]]; then
+if [[ "$what" == tp2shared || "$what" == pp2shared || "$what" == mnodeshared ]]; then
   # The same as tp2 / pp2 with both ranks on this one GPU (KIMIRT_RANKS_SHARE_GPU=1, rank_device.h:
   # the peer all-reduce alone, no NCCL; docs/distributed.md "Ranks sharing one GPU"): the -tp 2 and
   # -pp 2 paths' correctness where no two-GPU machine is lent. The ranks' kernels take turns on the
@@ -1249,8 +1251,10 @@ if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
   tail -c 400 "$out/serve-cuda-tp2-rank-dies-stream.txt"; echo; grep -E "rank 1|stopping" "$log" | head -4
   [[ $rc == 1 && $(python3 -c "print(int($t2 - $t0 < 15))") == 1 ]] || status=1
 fi
-if [[ "$what" == nccl || "$what" == mnode ]]; then
-  "$root/kimirt" serve -tp 2 --device cuda --port 8125 --gpu-memory-utilization 0.5 >"$out/mnode-ref.log" 2>&1 &
+if [[ "$what" == nccl || "$what" == mnode || "$what" == mnodeshared ]]; then
+  # mnodeshared: both "nodes" on GPU 0 (KIMIRT_RANKS_SHARE_GPU=1, above), each at a smaller budget.
+  gpu1=1 mutil=0.5; [[ "$what" == mnodeshared ]] && gpu1=0 mutil=0.3
+  "$root/kimirt" serve -tp 2 --device cuda --port 8125 --gpu-memory-utilization $mutil >"$out/mnode-ref.log" 2>&1 &
   ref=$!
   await_listening "$out/mnode-ref.log" || status=1
   want=$(complete 8125)
@@ -1258,19 +1262,19 @@ if [[ "$what" == nccl || "$what" == mnode ]]; then
   echo "--- mnode: serve -tp 2 --device cuda (one host): exit $rc; $want"
   for how in flags torchrun; do
     if [[ $how == flags ]]; then
-      common=(-tp 2 --device cuda --gpu-memory-utilization 0.5 --nnodes 2 --master-port 29611 --rank-timeout-s 120)
-      CUDA_VISIBLE_DEVICES=1 timeout 400 "$root/kimirt" serve "${common[@]}" --node-rank 1 --master-addr 127.0.0.1 \
+      common=(-tp 2 --device cuda --gpu-memory-utilization $mutil --nnodes 2 --master-port 29611 --rank-timeout-s 120)
+      CUDA_VISIBLE_DEVICES=$gpu1 timeout 400 "$root/kimirt" serve "${common[@]}" --node-rank 1 --master-addr 127.0.0.1 \
         >"$out/mnode-$how-node1.log" 2>&1 &
       n1=$!
       CUDA_VISIBLE_DEVICES=0 "$root/kimirt" serve "${common[@]}" --node-rank 0 --port 8126 >"$out/mnode-$how-node0.log" 2>&1 &
       n0=$!
     else
       env=(WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29612)
-      env "${env[@]}" RANK=1 CUDA_VISIBLE_DEVICES=1 timeout 400 "$root/kimirt" serve -tp 2 --device cuda \
-        --gpu-memory-utilization 0.5 --rank-timeout-s 120 >"$out/mnode-$how-node1.log" 2>&1 &
+      env "${env[@]}" RANK=1 CUDA_VISIBLE_DEVICES=$gpu1 timeout 400 "$root/kimirt" serve -tp 2 --device cuda \
+        --gpu-memory-utilization $mutil --rank-timeout-s 120 >"$out/mnode-$how-node1.log" 2>&1 &
       n1=$!
       env "${env[@]}" RANK=0 CUDA_VISIBLE_DEVICES=0 "$root/kimirt" serve -tp 2 --device cuda --port 8126 \
-        --gpu-memory-utilization 0.5 --rank-timeout-s 120 >"$out/mnode-$how-node0.log" 2>&1 &
+        --gpu-memory-utilization $mutil --rank-timeout-s 120 >"$out/mnode-$how-node0.log" 2>&1 &
       n0=$!
     fi
     await_listening "$out/mnode-$how-node0.log" || status=1
