@@ -392,6 +392,10 @@ Status LoadRank(const ModelSource& source, RunnerOptions o, LoadedRank* out) {
     // allocators stay in lockstep. A rank without room takes part too (with 0), so none waits.
     RunnerOptions mine = o;
     const Result<bool> sized = runner::SizeFromGpuMemory(*out->backend, &mine);
+    // Ranks sharing one GPU (KIMIRT_RANKS_SHARE_GPU) share its room too: each takes its part of
+    // what is left after the weights of all of them (the smallest measure below is the last
+    // rank's to load, taken while the others wait in the collective with theirs loaded).
+    if (sized.ok() && RanksShareGpu()) mine.kv_cache_bytes /= static_cast<uint64_t>(World(o));
     uint64_t least = runner::MinOverRanks(*out->comm, *out->backend, sized.ok() ? mine.kv_cache_bytes : 0);
     if (out->pipeline != nullptr) least = runner::MinOverRanks(*out->pipeline, *out->backend, least);
     if (!sized.ok()) return sized.status().WithContext("rank " + std::to_string(out->comm->rank()));
