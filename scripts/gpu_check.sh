@@ -138,6 +138,8 @@
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
 #   mnodeshared the mnode mode with both "nodes" on GPU 0 (KIMIRT_RANKS_SHARE_GPU=1, as tp2shared):
 #             the launchers' paths on GPUs where one GPU is lent.
+#   capdiag   tiny-a's TP 2 tests on one GPU, each alone, then the first under memcheck with API
+#             errors and host backtraces: which call fails inside its decode capture (session 38).
 #   tp8shared issue 17 item 3 on one GPU: the 2-layer K3 at TP 8 with all eight ranks on GPU 0
 #             against TP 1 (scripts/tp_compare.py: texts, logprobs, batch invariance among 64),
 #             plain and with --shard-latent-moe; dist-check -tp 8 --peer-only first.
@@ -190,7 +192,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mnodeshared|tp8shared|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mnodeshared|tp8shared|capdiag|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -1253,6 +1255,20 @@ if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
     "kimirt processes left: $(pgrep -c -x kimirt || true)"
   tail -c 400 "$out/serve-cuda-tp2-rank-dies-stream.txt"; echo; grep -E "rank 1|stopping" "$log" | head -4
   [[ $rc == 1 && $(python3 -c "print(int($t2 - $t0 < 15))") == 1 ]] || status=1
+fi
+if [[ "$what" == capdiag ]]; then
+  # tiny-a's TP 2 tests with both ranks on GPU 0 aborted in the first (session 38: "CopyColumns
+  # failed to launch: operation not permitted when stream is capturing", a sticky error from an
+  # earlier call inside the decode capture): each TinyA test alone, then the first under memcheck
+  # with every API error reported with its host backtrace, which names the call.
+  export KIMIRT_RANKS_SHARE_GPU=1
+  for t in Tp2LogitsMatchTp1 Tp2BatchedDecodeRowsAreEachSequenceAlone Tp2GreedyGenerationIsTp1s Tp2DecodeGraphsGiveTheEagerBits; do
+    timeout 25 "$root/kimirt_tests" --gtest_filter="Fixtures/ProcessRanksCuda.$t/TinyA" >"$out/capdiag-$t.txt" 2>&1
+    echo "$t: exit $?"; grep -E 'failed to launch|Failure|FAILED|OK \]|capturing' "$out/capdiag-$t.txt" | head -4
+  done
+  timeout 90 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
+    --gtest_filter='Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA' >"$out/capdiag.txt" 2>&1
+  grep -E -A22 'API error|Program hit' "$out/capdiag.txt" | head -70
 fi
 if [[ "$what" == tp8shared ]]; then
   # Issue 17 item 3 where one GPU is lent: the 2-layer K3 (random weights at K3's widths) at TP 8
