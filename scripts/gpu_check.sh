@@ -1258,9 +1258,9 @@ if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
 fi
 if [[ "$what" == capdiag ]]; then
   # tiny-a's TP 2 tests with both ranks on GPU 0 aborted in the first (session 38: "CopyColumns
-  # failed to launch: operation not permitted when stream is capturing", a sticky error from an
-  # earlier call inside the decode capture): each TinyA test alone, then the first under memcheck
-  # with every API error reported with its host backtrace, which names the call.
+  # failed to launch: operation not permitted when stream is capturing": LaunchEx's own check, the
+  # launch refused inside rank 0's decode capture): each TinyA test alone, then the first under
+  # memcheck with every API error reported with its host backtrace, which names the call.
   export KIMIRT_RANKS_SHARE_GPU=1
   for t in Tp2LogitsMatchTp1 Tp2BatchedDecodeRowsAreEachSequenceAlone Tp2GreedyGenerationIsTp1s Tp2DecodeGraphsGiveTheEagerBits; do
     timeout 25 "$root/kimirt_tests" --gtest_filter="Fixtures/ProcessRanksCuda.$t/TinyA" >"$out/capdiag-$t.txt" 2>&1
