@@ -138,8 +138,9 @@
 #             and token logprobs) must equal `serve -tp 2 --device cuda`'s: "same" expected.
 #   mnodeshared the mnode mode with both "nodes" on GPU 0 (KIMIRT_RANKS_SHARE_GPU=1, as tp2shared):
 #             the launchers' paths on GPUs where one GPU is lent.
-#   capdiag   tiny-a's TP 2 tests on one GPU, each alone, then the first under memcheck with API
-#             errors and host backtraces: which call fails inside its decode capture (session 38).
+#   capdiag   the PDL-in-capture test, then tiny-a's TP 2 tests on one GPU, each alone, naming the
+#             launches captured without PDL (KIMIRT_PDL_CAPTURE_LOG); the first under memcheck with
+#             API errors and host backtraces if it still fails (session 38's capture refusal).
 #   tp8shared issue 17 item 3 on one GPU: the 2-layer K3 at TP 8 with all eight ranks on GPU 0
 #             against TP 1 (scripts/tp_compare.py: texts, logprobs, batch invariance among 64),
 #             plain and with --shard-latent-moe; dist-check -tp 8 --peer-only first.
@@ -1259,16 +1260,30 @@ fi
 if [[ "$what" == capdiag ]]; then
   # tiny-a's TP 2 tests with both ranks on GPU 0 aborted in the first (session 38: "CopyColumns
   # failed to launch: operation not permitted when stream is capturing": LaunchEx's own check, the
-  # launch refused inside rank 0's decode capture): each TinyA test alone, then the first under
-  # memcheck with every API error reported with its host backtrace, which names the call.
-  export KIMIRT_RANKS_SHARE_GPU=1
+  # launch refused inside rank 0's decode capture). A programmatic edge may only join kernel
+  # nodes; pdl.cuh now captures a PDL launch that follows anything else plainly, and names it with
+  # KIMIRT_PDL_CAPTURE_LOG (a refused launch names the nodes it would have followed). First the
+  # memset/memcpy-then-PDL capture test, then each TinyA test alone with the log (which launches
+  # were captured plainly, after what), and, if the first still fails, it under memcheck with
+  # every API error reported with its host backtrace.
+  export KIMIRT_RANKS_SHARE_GPU=1 KIMIRT_PDL_CAPTURE_LOG=1
+  "$root/kimirt_tests" --gtest_filter='PdlCaptureTest.*' >"$out/capdiag-pdl.txt" 2>&1 || status=1
+  grep -E 'captured without PDL|failed to launch|OK \]|FAILED' "$out/capdiag-pdl.txt" | sort | uniq -c | head
+  first=0
   for t in Tp2LogitsMatchTp1 Tp2BatchedDecodeRowsAreEachSequenceAlone Tp2GreedyGenerationIsTp1s Tp2DecodeGraphsGiveTheEagerBits; do
-    timeout 25 "$root/kimirt_tests" --gtest_filter="Fixtures/ProcessRanksCuda.$t/TinyA" >"$out/capdiag-$t.txt" 2>&1
-    echo "$t: exit $?"; grep -E 'failed to launch|Failure|FAILED|OK \]|capturing' "$out/capdiag-$t.txt" | head -4
+    timeout 60 "$root/kimirt_tests" --gtest_filter="Fixtures/ProcessRanksCuda.$t/TinyA" >"$out/capdiag-$t.txt" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    [[ $t == Tp2LogitsMatchTp1 ]] && first=$rc
+    echo "$t: exit $rc"; grep -E 'captured without PDL|failed to launch|Failure|FAILED|OK \]' "$out/capdiag-$t.txt" |
+      sed 's/(pid [0-9]*)//' | sort | uniq -c | head -8
   done
-  timeout 90 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
-    --gtest_filter='Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA' >"$out/capdiag.txt" 2>&1
-  grep -E -A22 'API error|Program hit' "$out/capdiag.txt" | head -70
+  if [[ $first != 0 ]]; then
+    timeout 90 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
+      --gtest_filter='Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA' >"$out/capdiag.txt" 2>&1
+    grep -E -A22 'API error|Program hit' "$out/capdiag.txt" | head -70
+  fi
+  unset KIMIRT_PDL_CAPTURE_LOG
 fi
 if [[ "$what" == tp8shared ]]; then
   # Issue 17 item 3 where one GPU is lent: the 2-layer K3 (random weights at K3's widths) at TP 8

@@ -14,6 +14,11 @@
 // Every kernel launched with LaunchPdl must call PdlWait() before it reads its inputs and before
 // it writes anything: then a third kernel that waits on it has also waited on the first.
 // KIMIRT_PDL=0 launches plainly (the same kernels; PdlWait is then a no-op), for A/B runs.
+//
+// Inside a stream capture a programmatic edge "may only be used between kernel nodes"
+// (driver_types.h, cudaGraphDependencyTypeProgrammatic): a PDL launch right after a memcpy or
+// memset node (a collective's copy under TP, say) would be refused, so there it is captured as a
+// plain launch (PdlAllowedOn). Its PdlWait() is then a no-op, as with KIMIRT_PDL=0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +45,14 @@ inline bool PdlEnabled() {
   return on;
 }
 
+// Whether a launch on `s` may overlap the stream's previous work: KIMIRT_PDL is not 0 and, where
+// `s` is capturing, every node the launch would follow is a kernel node (pdl.cu; with
+// KIMIRT_PDL_CAPTURE_LOG set, each launch captured plainly is named on stderr).
+bool PdlAllowedOn(cudaStream_t s, const char* what);
+// A refused launch: aborts naming `what`, the error and, where `s` is capturing, the nodes the
+// launch would have followed.
+[[noreturn]] void LaunchRefused(const char* what, cudaError_t e, cudaStream_t s);
+
 // kernel<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx: blocks in clusters of
 // `cluster_x` along x where it is > 1 (sm_90 thread-block clusters), and allowed to overlap the
 // stream's previous kernel where `pdl` (and KIMIRT_PDL is not 0); a launch error aborts naming
@@ -61,7 +74,7 @@ void LaunchEx(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (pdl && PdlEnabled()) {
+  if (pdl && PdlAllowedOn(s, what)) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -69,10 +82,7 @@ void LaunchEx(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block
   cfg.attrs = attr;
   cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: CUDA kernel %s failed to launch: %s\n", what, cudaGetErrorString(e));
-    std::abort();
-  }
+  if (e != cudaSuccess) LaunchRefused(what, e, s);
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the stream's previous kernel.
