@@ -141,6 +141,8 @@
 #   capdiag   the PDL-in-capture test, then tiny-a's TP 2 tests on one GPU, each alone, naming the
 #             launches captured without PDL (KIMIRT_PDL_CAPTURE_LOG); the first under memcheck with
 #             API errors and host backtraces if it still fails (session 38's capture refusal).
+#   capdiag2  which earlier ProcessRanksCuda test leaves tiny-a's TP 2 test a stale CUDA error (each
+#             before it; then the Failure tests and it under memcheck, API errors with backtraces).
 #   tp8shared issue 17 item 3 on one GPU: the 2-layer K3 at TP 8 with all eight ranks on GPU 0
 #             against TP 1 (scripts/tp_compare.py: texts, logprobs, batch invariance among 64),
 #             plain and with --shard-latent-moe; dist-check -tp 8 --peer-only first.
@@ -193,7 +195,7 @@
 #   chunksweep the prefill chunk on CUDA: the whole Kimi-Linear-48B-A3B (random weights made at load),
 #             a 2048-token prompt at batch 1 and 8 prefilled in chunks of 256, 1024 and 2048 tokens
 #             (`bench model --prefill-chunk`): prefill tok/s, each prompt's prefill time, decode step.
-# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mnodeshared|tp8shared|capdiag|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
+# Usage: bash scripts/gpu_check.sh [tests|memcheck|bench|serve|all|gemm|gemmrace|kdabench|kdachunk|kdaprof|moe|moeab|moesan|moeprof|routeprof|decode48|hbmread|tmastream|mla|l2hints|mlasplits|rowhint|bars|peerhang|mlawsprof|mlatma|mlafp8prof|mlatrace|tp2shared|pp2shared|mnodeshared|tp8shared|capdiag|capdiag2|mlaws|mlapersist|mlaprof|prefill48|prefprof|prof48|pgemm|mlapre|nccl|tp2|mnode|full48|k3tp8|pp2|chunksweep|abbin|trace|cut48|trace48|slabs|mixnorm|abstep]
 set -uo pipefail
 what="${1:-all}"
 out="${OUT:-/tmp/kimirt-out}"
@@ -1284,6 +1286,33 @@ if [[ "$what" == capdiag ]]; then
     grep -E -A22 'API error|Program hit' "$out/capdiag.txt" | head -70
   fi
   unset KIMIRT_PDL_CAPTURE_LOG
+fi
+if [[ "$what" == capdiag2 ]]; then
+  # Session 39: tiny-a's first TP 2 test passes alone (capdiag) but aborts after the earlier
+  # ProcessRanksCuda tests in one process, in CopyColumns' CheckLaunch: cudaGetLastError handing
+  # it an error an earlier call left ("operation not permitted when stream is capturing"). Which
+  # earlier test leaves it: each before the TinyA test; then the Failure tests and it under
+  # memcheck with every API error and its host backtrace (the call that set it).
+  export KIMIRT_RANKS_SHARE_GPU=1
+  tiny=Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA
+  "$root/kimirt_tests" --gtest_filter='CudaCaptureAbandon.*' >"$out/capdiag2-abandon.txt" 2>&1 || status=1
+  grep -E 'OK \]|FAILED|Failure' "$out/capdiag2-abandon.txt" | head -6
+  timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*' \
+    >"$out/capdiag2-all.txt" 2>&1
+  rc=$?
+  echo "tp2shared's test filter in one process: exit $rc"; grep -E 'failed to launch|FAILED|PASSED' "$out/capdiag2-all.txt" | head -6
+  [[ $rc == 0 ]] || status=1
+  [[ $rc == 0 ]] || for x in ProcessRanksCudaFailure.AKilledFollowerIsAnErrorNamingItsRankNotAHang \
+           ProcessRanksCudaFailure.AFollowerDyingInsideAStepEndsTheStepNamingIt ProcessRanksCudaRealWidth.Tp2LogitsMatchOneGpu; do
+    timeout 90 "$root/kimirt_tests" --gtest_filter="$x:$tiny" >"$out/capdiag2-${x#*.}.txt" 2>&1
+    echo "$x then TinyA: exit $?"; grep -E 'failed to launch|FAILED|OK \]' "$out/capdiag2-${x#*.}.txt" | head -4
+  done
+  if [[ $rc != 0 ]]; then
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
+      --gtest_filter="ProcessRanksCudaFailure.*:$tiny" >"$out/capdiag2-memcheck.txt" 2>&1
+    echo "memcheck: exit $?"
+    grep -E -A16 'API error|Program hit' "$out/capdiag2-memcheck.txt" | head -60
+  fi
 fi
 if [[ "$what" == tp8shared ]]; then
   # Issue 17 item 3 where one GPU is lent: the 2-layer K3 (random weights at K3's widths) at TP 8

@@ -256,6 +256,10 @@ class Backend {
   virtual bool HasGraph(const std::string& /*key*/) const { return false; }
   virtual void CaptureBegin(const std::string& /*key*/) {}
   virtual bool CaptureEnd(const Tensor& /*output*/) { return false; }
+  // A capture whose launches threw (a collective aborted by a dead peer): ended and thrown away,
+  // its errors with it, so the backend runs eagerly again and no later call inherits an error
+  // from it. Nothing when not capturing.
+  virtual void CaptureAbandon() {}
   virtual Tensor Replay(const std::string& /*key*/) { return {}; }
   // Forgets the graph under `key`, if any (tensor-parallel ranks whose peers' capture failed).
   virtual void DropGraph(const std::string& /*key*/) {}

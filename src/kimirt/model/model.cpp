@@ -367,7 +367,13 @@ Tensor Model::Launch(const SequenceRows& rows, std::span<const int32_t> ids, con
       // Second time this shape: capture it (the first ran eagerly, so every lazily made table,
       // such as the MoE's expert pointers, already exists outside the graph), then replay.
       be_.CaptureBegin(key);
-      Tensor captured = RunLayers(rows, ids, o, paged_decode);
+      Tensor captured;
+      try {
+        captured = RunLayers(rows, ids, o, paged_decode);
+      } catch (...) {
+        be_.CaptureAbandon();  // a collective aborted inside the capture: the stream leaves it
+        throw;
+      }
       bool captured_ok = be_.CaptureEnd(captured);
       if (comm_.size() > 1 && MinOverRanks(comm_, be_, captured_ok ? 1.0f : 0.0f) == 0.0f) {
         // A peer's capture failed: no rank may replay its graph alone.

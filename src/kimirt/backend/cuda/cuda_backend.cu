@@ -223,6 +223,7 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t blas)
       : device_(device), stream_(stream), blas_(blas), pool_(std::make_shared<DevicePool>(device)) {}
   ~CudaBackend() override {
+    CaptureAbandon();  // else the stream, still capturing, refuses the calls below
     cudaStreamSynchronize(stream_);
     if (prefetch_stream_ != nullptr) {
       cudaStreamSynchronize(prefetch_stream_);
@@ -233,6 +234,9 @@ class CudaBackend final : public Backend {
     for (auto& [key, g] : graphs_) DestroyGraph(g);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
+    // A failure here (a device a dead peer left in error) is not the next backend's: it must not
+    // surface in an unrelated CheckLaunch of this thread.
+    (void)cudaGetLastError();
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -328,6 +332,20 @@ class CudaBackend final : public Backend {
     }
     graphs_.emplace(capture_key_, std::move(g));
     return true;
+  }
+
+  void CaptureAbandon() override {
+    if (!capture_pool_) return;
+    if (prefetch_forked_) {  // joined, unchecked: a capture already invalidated refuses it
+      (void)cudaEventRecord(prefetch_join_, prefetch_stream_);
+      (void)cudaStreamWaitEvent(stream_, prefetch_join_, 0);
+      prefetch_forked_ = false;
+    }
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    capture_pool_.reset();
+    (void)cudaGetLastError();
   }
 
   Tensor Replay(const std::string& key) override {
