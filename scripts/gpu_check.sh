@@ -1296,6 +1296,10 @@ if [[ "$what" == capdiag2 ]]; then
   export KIMIRT_RANKS_SHARE_GPU=1
   tiny=Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA
   "$root/kimirt_tests" --gtest_filter='CudaCaptureAbandon.*' >"$out/capdiag2-abandon.txt" 2>&1 || status=1
+  # What the driver does with a PDL launch after a memset / memcpy node when pdl.cu does not
+  # launch it plainly: refused (the test aborts), or captured (and then: the eager bits?).
+  KIMIRT_PDL_CAPTURE_GUARD=0 "$root/kimirt_tests" --gtest_filter='PdlCaptureTest.*' >"$out/capdiag2-noguard.txt" 2>&1
+  echo "PdlCaptureTest without the guard: exit $?"; grep -E 'failed to launch|OK \]|FAILED|Failure' "$out/capdiag2-noguard.txt" | head -4
   grep -E 'OK \]|FAILED|Failure' "$out/capdiag2-abandon.txt" | head -6
   timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*' \
     >"$out/capdiag2-all.txt" 2>&1

@@ -52,6 +52,10 @@ std::string CaptureDependencies(cudaStream_t s, bool* all_kernels) {
 
 bool PdlAllowedOn(cudaStream_t s, const char* what) {
   if (!PdlEnabled()) return false;
+  // KIMIRT_PDL_CAPTURE_GUARD=0: every PDL launch keeps its attribute in a capture too, to see what
+  // the driver does with a programmatic edge from a non-kernel node (gpu_check capdiag2).
+  static const bool guard = EnvSwitchOn("KIMIRT_PDL_CAPTURE_GUARD");
+  if (!guard) return true;
   bool all_kernels = true;
   const std::string deps = CaptureDependencies(s, &all_kernels);
   if (!all_kernels) {

@@ -1,9 +1,7 @@
 // A PDL launch inside a stream capture right after a memset or memcpy node (pdl.cuh): captured as
-// a plain launch, the graph gives the eager bits. A programmatic edge may only join kernel nodes
-// (driver_types.h), so before PdlAllowedOn the capture refused the launch and the process
-// aborted ("operation not permitted when stream is capturing": tiny-a's decode at TP 2 on one
-// GPU, session 38). Also the common case: a PDL launch after a kernel node keeps its attribute
-// and the graph still gives the eager bits.
+// a plain launch, since a programmatic edge may only join kernel nodes (driver_types.h), and the
+// graph gives the eager bits. Also the common case: a PDL launch after a kernel node keeps its
+// attribute and the graph still gives the eager bits.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
