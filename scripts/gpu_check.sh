@@ -274,7 +274,7 @@ print("kernels", len(rows), "GPU ms total", sum(tot.values()) / 1e6)
 for k, v in tot.most_common(int(sys.argv[2])): print(f"{v/1e3:10.1f} us {cnt[k]:5d}x {v/1e3/cnt[k]:8.1f} us/call {k}")
 PY
 }
-filter='CudaBackend*:PeerAllReduce.*:CudaWeightSlabs.*:CudaMxfp4LoadTest.*:Devices/BenchModelFootprint.*cuda*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
+filter='CudaBackend*:TmaTest.*:MoeDecodeTokenTiles.*:MlaDecodePersistSchedule.*:PrefillGemmDeathTest.*:PeerAllReduce.*:CudaWeightSlabs.*:CudaMxfp4LoadTest.*:Devices/BenchModelFootprint.*cuda*:Fixtures/GoldenTest.*cuda*:Fixtures/Bf16SpreadTest.*cuda*:Fixtures/DecodeBatchTest.*cuda*:Devices/EngineTest.*cuda*:Devices/PrefixCachingEngineTest.*cuda*:Fixtures/ExpertStandInTest.*cuda*:Fixtures/RandomWeightsLoadOnDevice.*cuda*'
 filter=${KIMIRT_TEST_FILTER:-$filter}  # a subset, for a rerun of what failed
 if [[ "$what" == tests || "$what" == all ]]; then
   # Time limits everywhere: a hung kernel must not eat the lease. The PeerAllReduce tests run
@@ -1269,7 +1269,7 @@ if [[ "$what" == capdiag ]]; then
   # were captured plainly, after what), and, if the first still fails, it under memcheck with
   # every API error reported with its host backtrace.
   export KIMIRT_RANKS_SHARE_GPU=1 KIMIRT_PDL_CAPTURE_LOG=1
-  "$root/kimirt_tests" --gtest_filter='PdlCaptureTest.*' >"$out/capdiag-pdl.txt" 2>&1 || status=1
+  "$root/kimirt_tests" --gtest_filter='CudaBackendPdlCapture.*' >"$out/capdiag-pdl.txt" 2>&1 || status=1
   grep -E 'captured without PDL|failed to launch|OK \]|FAILED' "$out/capdiag-pdl.txt" | sort | uniq -c | head
   first=0
   for t in Tp2LogitsMatchTp1 Tp2BatchedDecodeRowsAreEachSequenceAlone Tp2GreedyGenerationIsTp1s Tp2DecodeGraphsGiveTheEagerBits; do
@@ -1295,11 +1295,11 @@ if [[ "$what" == capdiag2 ]]; then
   # memcheck with every API error and its host backtrace (the call that set it).
   export KIMIRT_RANKS_SHARE_GPU=1
   tiny=Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA
-  "$root/kimirt_tests" --gtest_filter='CudaCaptureAbandon.*' >"$out/capdiag2-abandon.txt" 2>&1 || status=1
+  "$root/kimirt_tests" --gtest_filter='CudaBackendCaptureAbandon.*' >"$out/capdiag2-abandon.txt" 2>&1 || status=1
   # What the driver does with a PDL launch after a memset / memcpy node when pdl.cu does not
   # launch it plainly: refused (the test aborts), or captured (and then: the eager bits?).
-  KIMIRT_PDL_CAPTURE_GUARD=0 "$root/kimirt_tests" --gtest_filter='PdlCaptureTest.*' >"$out/capdiag2-noguard.txt" 2>&1
-  echo "PdlCaptureTest without the guard: exit $?"; grep -E 'failed to launch|OK \]|FAILED|Failure' "$out/capdiag2-noguard.txt" | head -4
+  KIMIRT_PDL_CAPTURE_GUARD=0 "$root/kimirt_tests" --gtest_filter='CudaBackendPdlCapture.*' >"$out/capdiag2-noguard.txt" 2>&1
+  echo "CudaBackendPdlCapture without the guard: exit $?"; grep -E 'failed to launch|OK \]|FAILED|Failure' "$out/capdiag2-noguard.txt" | head -4
   grep -E 'OK \]|FAILED|Failure' "$out/capdiag2-abandon.txt" | head -6
   timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*' \
     >"$out/capdiag2-all.txt" 2>&1

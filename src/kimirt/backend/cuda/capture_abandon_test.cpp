@@ -13,7 +13,7 @@
 namespace kimirt {
 namespace {
 
-class CudaCaptureAbandon : public testing::CudaCpuTest {
+class CudaBackendCaptureAbandon : public testing::CudaCpuTest {
  protected:
   // y := a + b, then y + y, on `be`, checked on the host.
   void ExpectEagerWorks(Backend& be, const char* what) {
@@ -28,7 +28,7 @@ class CudaCaptureAbandon : public testing::CudaCpuTest {
   }
 };
 
-TEST_F(CudaCaptureAbandon, AnAbandonedCaptureEndsAndLeavesNoErrorBehind) {
+TEST_F(CudaBackendCaptureAbandon, AnAbandonedCaptureEndsAndLeavesNoErrorBehind) {
   const Tensor a = gpu_->Upload(Random({3, 70})), b = gpu_->Upload(Random({3, 70}));
   const Tensor w = gpu_->Upload(Random({9, 70}, 0.1f));
   const Tensor* const prefetch[] = {&w};
@@ -53,7 +53,7 @@ TEST_F(CudaCaptureAbandon, AnAbandonedCaptureEndsAndLeavesNoErrorBehind) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-TEST_F(CudaCaptureAbandon, ABackendDestroyedMidCaptureLeavesNoErrorBehind) {
+TEST_F(CudaBackendCaptureAbandon, ABackendDestroyedMidCaptureLeavesNoErrorBehind) {
   {
     auto be = MakeBackend("cuda");
     ASSERT_TRUE(be.ok()) << be.status().ToString();

@@ -16,7 +16,7 @@ namespace {
 
 constexpr int64_t kT = 3, kC = 40, kN = kT * kC;
 
-class PdlCaptureTest : public ::testing::Test {
+class CudaBackendPdlCapture : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess);
@@ -51,7 +51,7 @@ class PdlCaptureTest : public ::testing::Test {
   float *a_ = nullptr, *b_ = nullptr, *y_ = nullptr, *c_ = nullptr, *cols_ = nullptr;
 };
 
-TEST_F(PdlCaptureTest, LaunchAfterMemsetOrMemcpyNodeIsCapturedAndGivesTheEagerBits) {
+TEST_F(CudaBackendPdlCapture, LaunchAfterMemsetOrMemcpyNodeIsCapturedAndGivesTheEagerBits) {
   Work();
   const std::vector<float> eager = Y();
   for (int64_t t = 0; t < kT; ++t) {
