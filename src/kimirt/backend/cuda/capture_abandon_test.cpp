@@ -1,9 +1,10 @@
 // Backend::CaptureAbandon: a decode-graph capture whose launches threw (a tensor-parallel peer
 // died mid-step: the collective's abort is an exception out of RunLayers, Model::Launch) ends
 // there. Before it, the stream stayed in capture mode: every later call on it was refused, and
-// the backend's destructor left "operation not permitted when stream is capturing" as the
-// thread's last error, which a later test's unrelated CheckLaunch then reported as its own
-// launch failing (session 39, tp2shared: tiny-a's TP 2 test after the fault tests).
+// the backend's destructor would leave "operation not permitted when stream is capturing" as the
+// thread's last error for an unrelated later CheckLaunch to report as its own. That is one way
+// to the stale error session 39 saw in tp2shared (tiny-a's TP 2 test after the real-width and
+// fault tests); whether it was that way is gpu_check capdiag2's question.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>

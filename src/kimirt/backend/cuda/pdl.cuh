@@ -17,8 +17,8 @@
 //
 // Inside a stream capture a programmatic edge "may only be used between kernel nodes"
 // (driver_types.h, cudaGraphDependencyTypeProgrammatic): a PDL launch right after a memcpy or
-// memset node (a collective's copy under TP, say) would be refused, so there it is captured as a
-// plain launch (PdlAllowedOn). Its PdlWait() is then a no-op, as with KIMIRT_PDL=0.
+// memset node (a collective's copy under TP, say) has no edge it may take, so there it is
+// captured as a plain launch (PdlAllowedOn). Its PdlWait() is then a no-op, as with KIMIRT_PDL=0.
 #pragma once
 
 #include <cuda_runtime.h>
