@@ -140,9 +140,10 @@
 #             the launchers' paths on GPUs where one GPU is lent.
 #   capdiag   the PDL-in-capture test, then tiny-a's TP 2 tests on one GPU, each alone, naming the
 #             launches captured without PDL (KIMIRT_PDL_CAPTURE_LOG); the first under memcheck with
-#             API errors and host backtraces if it still fails (session 38's capture refusal).
+#             API errors and host backtraces if it fails (session 38's abort; session 39: each
+#             passes alone, the abort is a stale error left by an earlier test: capdiag2).
 #   capdiag2  which earlier ProcessRanksCuda test leaves tiny-a's TP 2 test a stale CUDA error (each
-#             before it; then the Failure tests and it under memcheck, API errors with backtraces).
+#             before it; then the first such pair under memcheck, API errors with backtraces).
 #   tp8shared issue 17 item 3 on one GPU: the 2-layer K3 at TP 8 with all eight ranks on GPU 0
 #             against TP 1 (scripts/tp_compare.py: texts, logprobs, batch invariance among 64),
 #             plain and with --shard-latent-moe; dist-check -tp 8 --peer-only first.
@@ -1262,8 +1263,8 @@ if [[ "$what" == nccl || "$what" == tp2 || "$what" == tp2shared ]]; then
 fi
 if [[ "$what" == capdiag ]]; then
   # tiny-a's TP 2 tests with both ranks on GPU 0 aborted in the first (session 38: "CopyColumns
-  # failed to launch: operation not permitted when stream is capturing": LaunchEx's own check, the
-  # launch refused inside rank 0's decode capture). A programmatic edge may only join kernel
+  # failed to launch: operation not permitted when stream is capturing"; session 39 ran this mode:
+  # each passes alone, so that was a stale error an earlier test left: capdiag2). A programmatic edge may only join kernel
   # nodes; pdl.cuh now captures a PDL launch that follows anything else plainly, and names it with
   # KIMIRT_PDL_CAPTURE_LOG (a refused launch names the nodes it would have followed). First the
   # memset/memcpy-then-PDL capture test, then each TinyA test alone with the log (which launches
@@ -1292,7 +1293,7 @@ if [[ "$what" == capdiag2 ]]; then
   # Session 39: tiny-a's first TP 2 test passes alone (capdiag) but aborts after the earlier
   # ProcessRanksCuda tests in one process, in CopyColumns' CheckLaunch: cudaGetLastError handing
   # it an error an earlier call left ("operation not permitted when stream is capturing"). Which
-  # earlier test leaves it: each before the TinyA test; then the Failure tests and it under
+  # earlier test leaves it: each before the TinyA test; then the first pair that fails under
   # memcheck with every API error and its host backtrace (the call that set it).
   export KIMIRT_RANKS_SHARE_GPU=1
   tiny=Fixtures/ProcessRanksCuda.Tp2LogitsMatchTp1/TinyA
@@ -1307,14 +1308,17 @@ if [[ "$what" == capdiag2 ]]; then
   rc=$?
   echo "tp2shared's test filter in one process: exit $rc"; grep -E 'failed to launch|FAILED|PASSED' "$out/capdiag2-all.txt" | head -6
   [[ $rc == 0 ]] || status=1
+  culprit=""
   [[ $rc == 0 ]] || for x in ProcessRanksCudaFailure.AKilledFollowerIsAnErrorNamingItsRankNotAHang \
            ProcessRanksCudaFailure.AFollowerDyingInsideAStepEndsTheStepNamingIt ProcessRanksCudaRealWidth.Tp2LogitsMatchOneGpu; do
     timeout 90 "$root/kimirt_tests" --gtest_filter="$x:$tiny" >"$out/capdiag2-${x#*.}.txt" 2>&1
-    echo "$x then TinyA: exit $?"; grep -E 'failed to launch|FAILED|OK \]' "$out/capdiag2-${x#*.}.txt" | head -4
+    xrc=$?
+    echo "$x then TinyA: exit $xrc"; grep -E 'failed to launch|FAILED|OK \]' "$out/capdiag2-${x#*.}.txt" | head -4
+    [[ $xrc != 0 && -z "$culprit" ]] && culprit=$x
   done
-  if [[ $rc != 0 ]]; then
-    timeout 150 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
-      --gtest_filter="ProcessRanksCudaFailure.*:$tiny" >"$out/capdiag2-memcheck.txt" 2>&1
+  if [[ -n "$culprit" ]]; then
+    timeout 240 compute-sanitizer --tool memcheck --report-api-errors all --show-backtrace host "$root/kimirt_tests" \
+      --gtest_filter="$culprit:$tiny" >"$out/capdiag2-memcheck.txt" 2>&1
     echo "memcheck: exit $?"
     grep -E -A16 'API error|Program hit' "$out/capdiag2-memcheck.txt" | head -60
   fi
