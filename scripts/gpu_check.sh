@@ -1301,19 +1301,19 @@ if [[ "$what" == capdiag2 ]]; then
   # What the driver does with a PDL launch after a memset / memcpy node when pdl.cu does not
   # launch it plainly: refused (the test aborts), or captured (and then: the eager bits?).
   KIMIRT_PDL_CAPTURE_GUARD=0 "$root/kimirt_tests" --gtest_filter='CudaBackendPdlCapture.*' >"$out/capdiag2-noguard.txt" 2>&1
-  echo "CudaBackendPdlCapture without the guard: exit $?"; grep -E 'failed to launch|OK \]|FAILED|Failure' "$out/capdiag2-noguard.txt" | head -4
+  echo "CudaBackendPdlCapture without the guard: exit $?"; grep -E 'failed to launch|error found after|OK \]|FAILED|Failure' "$out/capdiag2-noguard.txt" | head -4
   grep -E 'OK \]|FAILED|Failure' "$out/capdiag2-abandon.txt" | head -6
   timeout 120 "$root/kimirt_tests" --gtest_filter='Fixtures/ProcessRanksCuda.*:ProcessRanksCudaRealWidth*:ProcessRanksCudaFailure*' \
     >"$out/capdiag2-all.txt" 2>&1
   rc=$?
-  echo "tp2shared's test filter in one process: exit $rc"; grep -E 'failed to launch|FAILED|PASSED' "$out/capdiag2-all.txt" | head -6
+  echo "tp2shared's test filter in one process: exit $rc"; grep -E 'failed to launch|error found after|FAILED|PASSED' "$out/capdiag2-all.txt" | head -6
   [[ $rc == 0 ]] || status=1
   culprit=""
   [[ $rc == 0 ]] || for x in ProcessRanksCudaFailure.AKilledFollowerIsAnErrorNamingItsRankNotAHang \
            ProcessRanksCudaFailure.AFollowerDyingInsideAStepEndsTheStepNamingIt ProcessRanksCudaRealWidth.Tp2LogitsMatchOneGpu; do
     timeout 90 "$root/kimirt_tests" --gtest_filter="$x:$tiny" >"$out/capdiag2-${x#*.}.txt" 2>&1
     xrc=$?
-    echo "$x then TinyA: exit $xrc"; grep -E 'failed to launch|FAILED|OK \]' "$out/capdiag2-${x#*.}.txt" | head -4
+    echo "$x then TinyA: exit $xrc"; grep -E 'failed to launch|error found after|FAILED|OK \]' "$out/capdiag2-${x#*.}.txt" | head -4
     [[ $xrc != 0 && -z "$culprit" ]] && culprit=$x
   done
   if [[ -n "$culprit" ]]; then

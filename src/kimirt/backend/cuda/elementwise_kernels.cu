@@ -91,10 +91,13 @@ __global__ void EmbeddingKernel(const int32_t* ids, int64_t T, const void* __res
 
 }  // namespace
 
+// cudaGetLastError returns the thread's last unread error, not only this launch's: session 38
+// read an error an earlier call had left as CopyColumns' launch refused. The message says both.
 void CheckLaunch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
-    std::fprintf(stderr, "kimirt: CUDA kernel %s failed to launch: %s\n", what, cudaGetErrorString(e));
+    std::fprintf(stderr, "kimirt: CUDA error found after launching %s (its launch's, or one an earlier call left unread): %s\n",
+                 what, cudaGetErrorString(e));
     std::abort();
   }
 }

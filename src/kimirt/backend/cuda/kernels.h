@@ -591,7 +591,8 @@ __device__ inline void Weights8At(const void* w, int64_t i, bool bf16, float (&o
 }
 #endif
 
-// Aborts with the kernel's name when a launch failed (a bad configuration is a programmer error).
+// Aborts with the kernel's name when the thread has an unread CUDA error after a launch: the
+// launch's own (a bad configuration is a programmer error) or one an earlier call left.
 void CheckLaunch(const char* what);
 
 }  // namespace kimirt::cuda
