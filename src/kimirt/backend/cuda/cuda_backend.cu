@@ -336,11 +336,7 @@ class CudaBackend final : public Backend {
 
   void CaptureAbandon() override {
     if (!capture_pool_) return;
-    if (prefetch_forked_) {  // joined, unchecked: a capture already invalidated refuses it
-      (void)cudaEventRecord(prefetch_join_, prefetch_stream_);
-      (void)cudaStreamWaitEvent(stream_, prefetch_join_, 0);
-      prefetch_forked_ = false;
-    }
+    JoinPrefetches(/*checked=*/false);
     cudaGraph_t graph = nullptr;
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -469,10 +465,15 @@ class CudaBackend final : public Backend {
     prefetch_forked_ = true;
   }
   // The prefetch stream joined back into the main one: a capture must end on one stream.
-  void JoinPrefetches() {
+  // `checked` false: an abandoned capture's join, which an invalidated capture may refuse.
+  void JoinPrefetches(bool checked = true) {
     if (!prefetch_forked_) return;
-    KIMIRT_CUDA_OK(cudaEventRecord(prefetch_join_, prefetch_stream_));
-    KIMIRT_CUDA_OK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
+    const cudaError_t join_record = cudaEventRecord(prefetch_join_, prefetch_stream_);
+    const cudaError_t join_wait = cudaStreamWaitEvent(stream_, prefetch_join_, 0);
+    if (checked) {
+      KIMIRT_CUDA_OK(join_record);
+      KIMIRT_CUDA_OK(join_wait);
+    }
     prefetch_forked_ = false;
   }
   // KIMIRT_L2_PREFETCH_MB: the bytes one PrefetchWeights call may ask for (0: none). 16 MB: the
